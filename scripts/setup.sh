@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# One idempotent setup: system libraries, the venv with pinned packages, and the Triton 2.51
+# runtime from the nvidia-pytriton wheel laid out as a backend folder. Says what it does;
+# stops with the reason on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${VENV:-$ROOT/.venv}
+PYTHON=${PYTHON:-python3.11}
+TRITON_HOME=$ROOT/.triton
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] FAILED: %s\n' "$*" >&2; exit 1; }
+
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found on PATH; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"
+
+# System libraries: the Python-backend stub embeds libpython3.11; perf_analyzer needs libb64.
+need_apt=()
+ldconfig -p | grep -q 'libpython3.11.so.1.0' || need_apt+=(libpython3.11)
+ldconfig -p | grep -q 'libb64.so.0d' || need_apt+=(libb64-0d)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing Debian packages: ${need_apt[*]}"
+    apt-get update -qq >/dev/null || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null \
+      || die "apt-get install ${need_apt[*]} failed"
+  else
+    die "missing system packages ${need_apt[*]}: run as root or 'sudo apt-get install ${need_apt[*]}'"
+  fi
+else
+  say "system libraries present (libpython3.11, libb64)"
+fi
+
+# The venv, reinstalled only when the pins change.
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating venv $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV" || die "python -m venv failed (Debian: apt-get install python3.11-venv)"
+fi
+stamp=$VENV/.setup-stamp
+want=$(cat pyproject.toml requirements/constraints.txt | sha256sum | cut -c1-16)
+gpu=no
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu=yes
+want="$want-gpu=$gpu"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing pinned packages into $VENV (gpu=$gpu)"
+  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+  "$VENV/bin/pip" install -q -c requirements/constraints.txt \
+    -e ".[server,train,dev]" \
+    || die "pip install failed"
+  if [ "$gpu" = yes ]; then
+    say "NVIDIA GPU found: replacing onnxruntime with onnxruntime-gpu"
+    "$VENV/bin/pip" uninstall -q -y onnxruntime
+    "$VENV/bin/pip" install -q "onnxruntime-gpu==$(grep -i '^onnxruntime==' requirements/constraints.txt | cut -d= -f3)" \
+      || die "pip install onnxruntime-gpu failed"
+  fi
+  echo "$want" > "$stamp"
+else
+  say "venv up to date ($VENV)"
+fi
+
+# Triton's Python backend folder: library, utils and the 3.11 stub side by side.
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+PYTRITON=$SITE/pytriton/tritonserver
+[ -x "$PYTRITON/bin/tritonserver" ] || die "tritonserver not found in nvidia-pytriton ($PYTRITON)"
+mkdir -p "$TRITON_HOME/backends/python"
+cp -f "$PYTRITON/backends/python/libtriton_python.so" \
+      "$PYTRITON/backends/python/triton_python_backend_utils.py" "$TRITON_HOME/backends/python/"
+cp -f "$PYTRITON/python_backend_stubs/3.11/triton_python_backend_stub" "$TRITON_HOME/backends/python/"
+chmod +x "$TRITON_HOME/backends/python/triton_python_backend_stub"
+cat > "$TRITON_HOME/env.sh" <<ENV
+# Sourced by the Makefile and the test fixture: how to run this checkout's tritonserver.
+export TRITONSERVER_BIN="$PYTRITON/bin/tritonserver"
+export TRITON_BACKEND_DIR="$TRITON_HOME/backends"
+export TRITON_LD_LIBRARY_PATH="$SITE/nvidia_pytriton.libs"
+export PERF_ANALYZER_BIN="$VENV/bin/perf_analyzer"
+export PERF_ANALYZER_LD_LIBRARY_PATH="$SITE/nvidia/cuda_runtime/lib"
+ENV
+LD_LIBRARY_PATH="$SITE/nvidia/cuda_runtime/lib" "$VENV/bin/perf_analyzer" --version >/dev/null 2>&1 \
+  || die "perf_analyzer does not start: $(LD_LIBRARY_PATH="$SITE/nvidia/cuda_runtime/lib" "$VENV/bin/perf_analyzer" --version 2>&1 | head -1)"
+say "perf_analyzer: $VENV/bin/perf_analyzer (from tritonclient 2.51.0)"
+say "tritonserver: $PYTRITON/bin/tritonserver (Triton 2.51 from nvidia-pytriton 0.7.0)"
+say "python backend: $TRITON_HOME/backends/python"
+say "done"

@@ -145,11 +145,11 @@ def _at_least(name: str, array: NDArray[Any], low: int) -> None:
 
 
 def _unique(name: str, ids: NDArray[np.object_]) -> None:
-    seen: set[bytes] = set()
+    seen: dict[bytes, int] = {}
     for i, value in enumerate(ids.tolist()):
         if value in seen:
-            raise DispatchInputError(name, f"ids must be unique, {value!r} repeats (row {i})")
-        seen.add(value)
+            raise DispatchInputError(name, f"ids must be unique, row {i} repeats row {seen[value]}")
+        seen[value] = i
 
 
 def _count(name: str, n: int, limit: int) -> None:

@@ -1,0 +1,51 @@
+"""The client's errors, each carrying one line fit to show a person as is.
+
+Three kinds, because callers act on them differently: a bad window is the caller's to fix
+(`WindowJSONError`), a refusal comes from the server and names its rule
+(`DispatchServerError`), and an unreachable or silent server is worth a retry
+(`DispatchConnectionError`).
+"""
+
+from __future__ import annotations
+
+
+def one_line(text: str) -> str:
+    """Join a multi-line message (e.g. a server traceback) so logs and the CLI keep one line."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+class WindowJSONError(ValueError):
+    """A window document broke a structural rule; the message names the field path and rule.
+
+    `path` is like ``orders[3].pickup``; ``window`` stands for the document as a whole.
+    """
+
+    def __init__(self, path: str, rule: str) -> None:
+        self.path = path
+        self.rule = rule
+        super().__init__(f"{path}: {rule}")
+
+
+class DispatchError(Exception):
+    """Base of the errors raised while talking to the server."""
+
+    def __init__(self, message: str) -> None:
+        self.message = one_line(message)
+        super().__init__(self.message)
+
+
+class DispatchServerError(DispatchError):
+    """The server answered with an error (or an answer that breaks the contract).
+
+    `message` is the server's own text, on one line; `status` is the protocol's code
+    (HTTP status such as ``"400"``, or a gRPC code such as ``"StatusCode.INVALID_ARGUMENT"``)
+    when there was one.
+    """
+
+    def __init__(self, message: str, status: str | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class DispatchConnectionError(DispatchError):
+    """The server could not be reached or did not answer in time; retrying may help."""

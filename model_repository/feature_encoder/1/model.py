@@ -1,0 +1,12 @@
+"""Triton entry point for feature_encoder; the work is in the dispatch_service library."""
+
+import triton_python_backend_utils as pb_utils
+from dispatch_service.triton_adapter import adapter_for
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.adapter = adapter_for(pb_utils, args, "feature_encoder")
+
+    def execute(self, requests):
+        return self.adapter.execute(requests)

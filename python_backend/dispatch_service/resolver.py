@@ -1,0 +1,513 @@
+"""The `topk_resolver` step: rank each order's candidates, keep the Top-K, assign riders.
+
+Plain numpy/scipy so the Triton Python backend, offline tools and tests share one code
+path. The inputs come from upstream models, not from the caller, yet a bad tensor must
+end one request with a `DispatchInputError` that names it, never crash the model.
+
+Scoring
+    Each objective is mapped to a utility that depends on that pair alone (never on the
+    rest of the window, so an order's ranking cannot change because another order
+    arrived) and is monotone: latency ``1 / (1 + eta / eta_scale)``, on-time
+    ``clip(p, 0, 1)``, cost ``1 / (1 + cost / cost_scale)``. The score is
+    ``sum(w * u) / sum(w)``, in [0, 1]. Rounding is monotone, so if pair a is at least
+    as good as pair b on every objective its computed score is >= b's.
+
+Ranking
+    Candidates of one order sort by score descending, then ETA ascending, on-time
+    descending, cost ascending, then a 64-bit FNV-1a hash of the rider id, then the rider
+    row. The objective tie-breaks make the order Pareto-consistent even when a weight is
+    zero: a pair that dominates another has a score at least as high, and on equal scores
+    the first objective where they differ favours it. The id hash spreads exact ties over
+    riders deterministically across processes (Python's ``hash()`` is salted); the row
+    settles a hash collision. The Top-K list is the first ``min(top_k, N)`` valid
+    candidates, padded with index -1, id b'' and zeros.
+
+Assignment
+    Each order gets at most one rider from its Top-K list, and rider r at most
+    ``spare_r = max(capacity_r - load_r, 0)`` new orders. The objective is
+    lexicographic: first the number of assigned orders, then the sum of their scores.
+    It is solved as a minimum-cost full matching of a sparse bipartite graph with
+    ``scipy.sparse.csgraph.min_weight_full_bipartite_matching`` (LAPJVsp):
+
+    * one row per order;
+    * ``c_r = min(spare_r, deg_r)`` interchangeable slot columns for rider r, where
+      ``deg_r`` is the number of Top-K lists naming r (r can never take more than that);
+      order b links to every slot of every rider in its list at cost ``2 - s_br``, in
+      [1, 2] so that no cost is an explicit zero, which sparse matrices drop;
+    * one private dummy column per order ("unassigned") at cost ``D = 2B + 3``.
+
+    Why this is optimal: full matchings and feasible assignments correspond one to one
+    up to permuting a rider's identical slots -- an assigned order takes a distinct slot
+    of its rider, of which there are at most ``spare_r``, and an unassigned order takes
+    its own dummy, which always exists, so a full matching always exists too. A matching
+    that assigns m orders with score sum S costs ``B*D - m*(D - 2) - S``. Since
+    ``0 <= S <= m <= B`` and ``D - 2 > B``, one more assigned order always lowers the
+    cost by more than any difference in S can raise it, so the minimum-cost matching
+    has the most assigned orders and, among those, the largest score sum. LAPJVsp is an
+    exact shortest-augmenting-path solver, so the matching it returns is optimal;
+    it is also deterministic for a given input, and the graph is built in a fixed order.
+    Connected components of the graph (riders shared between orders) are solved one at a
+    time, which keeps each augmenting-path search small; the optimum of a disconnected
+    graph is the union of its components' optima.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.sparse import coo_matrix, csr_matrix
+from scipy.sparse.csgraph import connected_components, min_weight_full_bipartite_matching
+
+from dispatch_service.contracts import (
+    CANDIDATE_RIDER_INDEX,
+    DISPATCH_OUTPUTS,
+    OBJECTIVES,
+    PAIR_OBJECTIVES,
+)
+from dispatch_service.errors import DispatchInputError
+
+__all__ = [
+    "Resolution",
+    "ResolverSettings",
+    "assign",
+    "fnv1a_64",
+    "resolve",
+    "score_pairs",
+]
+
+_FNV_OFFSET: Final = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME: Final = np.uint64(0x100000001B3)
+
+_ETA, _ONTIME, _COST = range(len(OBJECTIVES))
+
+
+@dataclass(frozen=True)
+class ResolverSettings:
+    """Server-side knobs; the scales set where a utility falls to one half."""
+
+    top_k: int = 5
+    eta_scale_minutes: float = 30.0
+    cost_scale_cny: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ValueError(f"top_k must be a positive int, got {self.top_k!r}")
+        for name in ("eta_scale_minutes", "cost_scale_cny"):
+            value = float(getattr(self, name))
+            if not np.isfinite(value) or value <= 0.0:
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Resolution:
+    """The resolver's answer, one field per contract output (eq=False: arrays inside)."""
+
+    topk_rider_ids: NDArray[np.object_]
+    topk_rider_index: NDArray[np.int32]
+    topk_score: NDArray[np.float32]
+    topk_eta_minutes: NDArray[np.float32]
+    topk_ontime_probability: NDArray[np.float32]
+    topk_cost: NDArray[np.float32]
+    assigned_rider_ids: NDArray[np.object_]
+    assigned_rider_index: NDArray[np.int32]
+    assigned_score: NDArray[np.float32]
+
+    def as_tensors(self) -> dict[str, NDArray[Any]]:
+        """The outputs keyed by contract name, in the contract's dtypes."""
+        return {
+            spec.name: np.asarray(getattr(self, spec.name.lower()), dtype=spec.numpy_dtype)
+            for spec in DISPATCH_OUTPUTS
+        }
+
+
+# ---- stable rider-id hash ------------------------------------------------------------
+
+
+def fnv1a_64(ids: Iterable[bytes]) -> NDArray[np.uint64]:
+    """64-bit FNV-1a of each id: a tie-break that is identical in every process.
+
+    Vectorised over ids; the Python loop runs over byte positions (at most the longest
+    id, 64 under the contract), masking ids that are already finished.
+    """
+    items = list(ids)
+    count = len(items)
+    out = np.full(count, _FNV_OFFSET, dtype=np.uint64)
+    if count == 0:
+        return out
+    lengths = np.fromiter((len(item) for item in items), dtype=np.int64, count=count)
+    width = int(lengths.max())
+    if width == 0:
+        return out
+    # 'S' pads with NUL bytes; real trailing NULs survive in the buffer, and the mask
+    # comes from the true lengths, so they are hashed too.
+    raw = np.array(items, dtype=f"S{width}").view(np.uint8).reshape(count, width)
+    for column in range(width):
+        live = lengths > column
+        mixed = (out ^ raw[:, column].astype(np.uint64)) * _FNV_PRIME  # wraps mod 2**64
+        np.copyto(out, mixed, where=live)
+    return out
+
+
+# ---- scoring -------------------------------------------------------------------------
+
+
+def _weights(weights: ArrayLike) -> NDArray[np.float64]:
+    try:
+        array = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DispatchInputError("OBJECTIVE_WEIGHTS", "must be numeric") from None
+    if array.shape != (len(OBJECTIVES),):
+        raise DispatchInputError(
+            "OBJECTIVE_WEIGHTS", f"must have shape [{len(OBJECTIVES)}], got {array.shape}"
+        )
+    if not np.isfinite(array).all() or (array < 0).any() or float(array.sum()) <= 0.0:
+        raise DispatchInputError(
+            "OBJECTIVE_WEIGHTS", "weights must be finite and >= 0 with a positive sum"
+        )
+    return array
+
+
+def score_pairs(
+    objectives: ArrayLike,
+    weights: ArrayLike,
+    settings: ResolverSettings | None = None,
+) -> NDArray[np.float64]:
+    """Weighted utility of each pair, shape ``objectives.shape[:-1]``, in [0, 1].
+
+    Each term uses only its own pair's value, so scores are comparable across windows.
+    Evaluated in float64 with a fixed operation order: every step is monotone, so
+    dominance is never reversed by rounding.
+    """
+    settings = settings or ResolverSettings()
+    w = _weights(weights)
+    obj = np.asarray(objectives, dtype=np.float64)
+    if obj.ndim < 1 or obj.shape[-1] != len(OBJECTIVES):
+        raise DispatchInputError(
+            PAIR_OBJECTIVES.name, f"must have {len(OBJECTIVES)} columns, got shape {obj.shape}"
+        )
+    latency = 1.0 / (1.0 + obj[..., _ETA] / settings.eta_scale_minutes)
+    ontime = np.clip(obj[..., _ONTIME], 0.0, 1.0)
+    cost = 1.0 / (1.0 + obj[..., _COST] / settings.cost_scale_cny)
+    total = w[0] * latency + w[1] * ontime + w[2] * cost
+    result: NDArray[np.float64] = total / float(w.sum())
+    return result
+
+
+# ---- validation ----------------------------------------------------------------------
+
+
+def _first_row(mask: NDArray[np.bool_]) -> int:
+    return int(np.argwhere(mask)[0][0])
+
+
+def _candidates(value: ArrayLike, num_riders: int) -> NDArray[np.int64]:
+    name = CANDIDATE_RIDER_INDEX.name
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        raise DispatchInputError(name, f"must be INT32, got {array.dtype}")
+    if array.ndim != 2:
+        raise DispatchInputError(name, f"must have shape [B, N], got {array.shape}")
+    index = array.astype(np.int64)
+    bad = (index < -1) | (index >= num_riders)
+    if bad.any():
+        b, j = (int(x) for x in np.argwhere(bad)[0])
+        raise DispatchInputError(
+            name, f"must be -1 or a rider row in [0, {num_riders}), got {index[b, j]} at [{b}, {j}]"
+        )
+    if index.shape[1] > 1:
+        ordered = np.sort(index, axis=1)
+        repeated = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+        if repeated.any():
+            b = _first_row(repeated)
+            raise DispatchInputError(name, f"order {b} lists a rider more than once")
+    return index
+
+
+def _objectives(value: ArrayLike, valid: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """[B, N, 3] float64 with the rows of missing candidates zeroed."""
+    name = PAIR_OBJECTIVES.name
+    array = np.asarray(value)
+    if array.dtype.kind != "f":
+        raise DispatchInputError(name, f"must be FP32, got {array.dtype}")
+    if array.ndim != 2 or array.shape[1] != len(OBJECTIVES):
+        raise DispatchInputError(
+            name, f"must have shape [P, {len(OBJECTIVES)}], got {array.shape}"
+        )
+    num_orders, num_candidates = valid.shape
+    pairs = num_orders * num_candidates
+    if array.shape[0] != pairs:
+        raise DispatchInputError(
+            name,
+            f"must have B*N = {num_orders}*{num_candidates} = {pairs} rows "
+            f"like {CANDIDATE_RIDER_INDEX.name}, got {array.shape[0]}",
+        )
+    obj = array.astype(np.float64).reshape(num_orders, num_candidates, len(OBJECTIVES))
+    obj[~valid] = 0.0
+    flat_valid = valid.reshape(-1)
+    flat = obj.reshape(pairs, len(OBJECTIVES))
+    bad = ~np.isfinite(flat).all(axis=1) & flat_valid
+    if bad.any():
+        raise DispatchInputError(
+            name, f"must be finite on valid pairs, got NaN or infinity (row {_first_row(bad)})"
+        )
+    for column, label in ((_ETA, "ETA minutes"), (_COST, "cost")):
+        negative = (flat[:, column] < 0) & flat_valid
+        if negative.any():
+            raise DispatchInputError(
+                name, f"{label} must be >= 0 on valid pairs (row {_first_row(negative)})"
+            )
+    return obj
+
+
+def _counts(name: str, value: ArrayLike, num_riders: int) -> NDArray[np.int64]:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        raise DispatchInputError(name, f"must be INT32, got {array.dtype}")
+    if array.shape != (num_riders,):
+        raise DispatchInputError(
+            name, f"must have shape [{num_riders}] like RIDER_IDS, got {array.shape}"
+        )
+    counts = array.astype(np.int64)
+    negative = counts < 0
+    if negative.any():
+        row = _first_row(negative)
+        raise DispatchInputError(name, f"must be >= 0, got {counts[row]} (row {row})")
+    return counts
+
+
+def _rider_ids(value: ArrayLike) -> NDArray[Any]:
+    array = np.asarray(value)
+    if array.dtype.kind not in "OS":
+        raise DispatchInputError("RIDER_IDS", f"must be BYTES, got {array.dtype}")
+    if array.ndim != 1:
+        raise DispatchInputError("RIDER_IDS", f"must have shape [R], got {array.shape}")
+    return array
+
+
+def _id_bytes(ids: NDArray[Any], rows: NDArray[np.int64]) -> list[bytes]:
+    """The ids of the given rows as bytes (str is UTF-8 encoded; anything else is refused)."""
+    out: list[bytes] = []
+    for row, item in zip(rows.tolist(), ids[rows].tolist(), strict=True):
+        if isinstance(item, bytes):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(item.encode("utf-8"))
+        else:
+            raise DispatchInputError(
+                "RIDER_IDS", f"must hold bytes, got {type(item).__name__} (row {row})"
+            )
+    return out
+
+
+# ---- assignment ----------------------------------------------------------------------
+
+
+def _match(
+    edge_rows: NDArray[np.int64],
+    edge_cols: NDArray[np.int64],
+    edge_cost: NDArray[np.float64],
+    num_orders: int,
+    num_slots: int,
+) -> NDArray[np.int64]:
+    """Matched column per order (>= num_slots: that order's dummy), component by component."""
+    dummy_cost = 2.0 * num_orders + 3.0
+    order_ids = np.arange(num_orders, dtype=np.int64)
+    matched = num_slots + order_ids  # default: every order on its own dummy
+    if edge_rows.size == 0:
+        return matched
+    # Components over orders + slots; dummies are private so they never join two orders.
+    size = num_orders + num_slots
+    graph = coo_matrix(
+        (np.ones(edge_rows.size, dtype=np.int8), (edge_rows, num_orders + edge_cols)),
+        shape=(size, size),
+    )
+    num_parts, labels = connected_components(graph, directed=False)
+    order_part = labels[:num_orders]
+    edge_part = order_part[edge_rows]
+    slot_part = labels[num_orders:]
+
+    # Group orders, slots and edges by component once; each group's local ids are its ranks.
+    order_sorted = np.argsort(order_part, kind="stable")
+    slot_sorted = np.argsort(slot_part, kind="stable")
+    edge_sorted = np.argsort(edge_part, kind="stable")
+    order_bounds = np.searchsorted(order_part[order_sorted], np.arange(num_parts + 1))
+    slot_bounds = np.searchsorted(slot_part[slot_sorted], np.arange(num_parts + 1))
+    edge_bounds = np.searchsorted(edge_part[edge_sorted], np.arange(num_parts + 1))
+    local_order = np.empty(num_orders, dtype=np.int64)
+    local_order[order_sorted] = order_ids - order_bounds[order_part[order_sorted]]
+    local_slot = np.empty(num_slots, dtype=np.int64)
+    local_slot[slot_sorted] = np.arange(num_slots) - slot_bounds[slot_part[slot_sorted]]
+
+    for part in range(num_parts):
+        e0, e1 = int(edge_bounds[part]), int(edge_bounds[part + 1])
+        if e0 == e1:
+            continue  # a lone order (no edges) or a slot alone: nothing to decide
+        members = order_sorted[order_bounds[part] : order_bounds[part + 1]]
+        slots = slot_sorted[slot_bounds[part] : slot_bounds[part + 1]]
+        edges = edge_sorted[e0:e1]
+        n_orders, n_slots = members.size, slots.size
+        rows = np.concatenate((local_order[edge_rows[edges]], np.arange(n_orders)))
+        cols = np.concatenate((local_slot[edge_cols[edges]], n_slots + np.arange(n_orders)))
+        data = np.concatenate((edge_cost[edges], np.full(n_orders, dummy_cost)))
+        matrix = csr_matrix((data, (rows, cols)), shape=(n_orders, n_slots + n_orders))
+        row_ind, col_ind = min_weight_full_bipartite_matching(matrix)
+        col_ind = col_ind.astype(np.int64)
+        to_slot = col_ind < n_slots
+        global_cols = np.where(to_slot, slots[np.minimum(col_ind, n_slots - 1)], num_slots)
+        chosen = members[row_ind]
+        matched[chosen] = np.where(to_slot, global_cols, num_slots + chosen)
+    return matched
+
+
+def _assign_slots(
+    topk_index: NDArray[np.int64],
+    topk_score: NDArray[np.float64],
+    spare: NDArray[np.int64],
+) -> NDArray[np.int64]:
+    """Chosen Top-K position per order, -1 = unassigned (inputs already validated)."""
+    num_orders = topk_index.shape[0]
+    chosen = np.full(num_orders, -1, dtype=np.int64)
+    order_of, position = np.nonzero(topk_index >= 0)
+    rider = topk_index[order_of, position]
+    if rider.size == 0:
+        return chosen
+    riders, rider_of_edge, degree = np.unique(rider, return_inverse=True, return_counts=True)
+    slots_per_rider = np.minimum(spare[riders], degree)
+    keep = slots_per_rider[rider_of_edge] > 0
+    order_of, position, rider_of_edge = order_of[keep], position[keep], rider_of_edge[keep]
+    if order_of.size == 0:
+        return chosen
+    first_slot = np.cumsum(slots_per_rider) - slots_per_rider
+    num_slots = int(slots_per_rider.sum())
+
+    # Expand each (order, rider) edge to every slot of that rider, without Python loops.
+    copies = slots_per_rider[rider_of_edge]
+    edge_ids = np.repeat(np.arange(order_of.size), copies)
+    starts = np.cumsum(copies) - copies
+    within = np.arange(edge_ids.size) - starts[edge_ids]
+    edge_rows = order_of[edge_ids]
+    edge_cols = first_slot[rider_of_edge[edge_ids]] + within
+    edge_cost = 2.0 - topk_score[order_of, position][edge_ids]
+
+    matched = _match(edge_rows, edge_cols, edge_cost, num_orders, num_slots)
+    slot_rider = np.repeat(riders, slots_per_rider)
+    assigned = matched < num_slots
+    rider_rows = np.full(num_orders, -1, dtype=np.int64)
+    rider_rows[assigned] = slot_rider[matched[assigned]]
+    hit = (topk_index == rider_rows[:, None]) & assigned[:, None]
+    chosen[assigned] = np.argmax(hit[assigned], axis=1)
+    return chosen
+
+
+def assign(
+    topk_rider_index: ArrayLike,
+    topk_score: ArrayLike,
+    rider_load: ArrayLike,
+    rider_capacity: ArrayLike,
+) -> NDArray[np.int32]:
+    """Rider row per order (-1 = unassigned): most orders first, then most total score.
+
+    Each order takes at most one rider from its own list (row of `topk_rider_index`,
+    -1 pads); rider r takes at most ``max(capacity_r - load_r, 0)`` orders.
+    """
+    load = np.asarray(rider_load)
+    num_riders = int(load.shape[0]) if load.ndim == 1 else -1
+    spare = np.maximum(
+        _counts("RIDER_CAPACITY", rider_capacity, num_riders)
+        - _counts("RIDER_LOAD", load, num_riders),
+        0,
+    )
+    index = _candidates(topk_rider_index, num_riders)
+    score = np.asarray(topk_score, dtype=np.float64)
+    if score.shape != index.shape:
+        raise DispatchInputError(
+            "TOPK_SCORE", f"must have the shape of TOPK_RIDER_INDEX {index.shape}, got {score.shape}"
+        )
+    if not np.isfinite(score[index >= 0]).all():
+        raise DispatchInputError("TOPK_SCORE", "must be finite where a rider is listed")
+    position = _assign_slots(index, score, spare)
+    rows = np.take_along_axis(index, np.maximum(position, 0)[:, None], axis=1)[:, 0]
+    result: NDArray[np.int32] = np.where(position >= 0, rows, -1).astype(np.int32)
+    return result
+
+
+# ---- the step ------------------------------------------------------------------------
+
+
+def resolve(
+    objectives: ArrayLike,
+    candidate_rider_index: ArrayLike,
+    rider_ids: ArrayLike,
+    rider_load: ArrayLike,
+    rider_capacity: ArrayLike,
+    weights: ArrayLike,
+    settings: ResolverSettings | None = None,
+) -> Resolution:
+    """Top-K riders per order and a capacity-respecting assignment for one window."""
+    settings = settings or ResolverSettings()
+    ids = _rider_ids(rider_ids)
+    num_riders = int(ids.shape[0])
+    load = _counts("RIDER_LOAD", rider_load, num_riders)
+    capacity = _counts("RIDER_CAPACITY", rider_capacity, num_riders)
+    w = _weights(weights)
+    index = _candidates(candidate_rider_index, num_riders)
+    valid = index >= 0
+    obj = _objectives(objectives, valid)
+    num_orders, num_candidates = index.shape
+    k = min(settings.top_k, num_candidates)
+
+    # Ids and hashes only for the riders someone listed.
+    used = np.unique(index[valid])
+    used_ids = _id_bytes(ids, used)
+    id_table = np.empty(num_riders + 1, dtype=object)
+    id_table[num_riders] = b""
+    id_table[used] = np.array(used_ids + [b""], dtype=object)[:-1]  # keep bytes as objects
+    rider_hash = np.zeros(num_riders + 1, dtype=np.uint64)
+    rider_hash[used] = fnv1a_64(used_ids)
+    safe_index = np.where(valid, index, num_riders)
+
+    score = score_pairs(obj, w, settings)
+    score[~valid] = 0.0
+    eta, ontime, cost = obj[..., _ETA], obj[..., _ONTIME], obj[..., _COST]
+    # np.lexsort: the last key is the primary one.
+    order = np.lexsort(
+        (safe_index, rider_hash[safe_index], cost, -ontime, eta, -score, ~valid), axis=-1
+    )[:, :k]
+
+    top_index = np.take_along_axis(safe_index, order, axis=1)
+    top_valid = top_index < num_riders
+    top_score = np.take_along_axis(score, order, axis=1)
+
+    def pick(values: NDArray[np.float64]) -> NDArray[np.float32]:
+        out: NDArray[np.float32] = np.where(
+            top_valid, np.take_along_axis(values, order, axis=1), 0.0
+        ).astype(np.float32)
+        return out
+
+    position = _assign_slots(
+        np.where(top_valid, top_index, -1), top_score, np.maximum(capacity - load, 0)
+    )
+    assigned = position >= 0
+    safe_position = np.maximum(position, 0)[:, None]
+    assigned_index = np.where(
+        assigned, np.take_along_axis(top_index, safe_position, axis=1)[:, 0], num_riders
+    )
+    assigned_score = np.where(
+        assigned, np.take_along_axis(top_score, safe_position, axis=1)[:, 0], 0.0
+    )
+    topk_index = np.where(top_valid, top_index, -1).astype(np.int32)
+    return Resolution(
+        topk_rider_ids=id_table[top_index],
+        topk_rider_index=topk_index,
+        topk_score=pick(score),
+        topk_eta_minutes=pick(eta),
+        topk_ontime_probability=pick(ontime),
+        topk_cost=pick(cost),
+        assigned_rider_ids=id_table[assigned_index],
+        assigned_rider_index=np.where(assigned, assigned_index, -1).astype(np.int32),
+        assigned_score=assigned_score.astype(np.float32),
+    )

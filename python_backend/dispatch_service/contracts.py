@@ -161,7 +161,9 @@ RESOLVER_WINDOW_INPUTS: Final = ("RIDER_IDS", "RIDER_LOAD", "RIDER_CAPACITY", "O
 
 # ---- the answer: outputs of `topk_resolver` and the `dispatch` ensemble ------------------
 DISPATCH_OUTPUTS: Final[tuple[TensorSpec, ...]] = (
-    TensorSpec("TOPK_RIDER_IDS", "BYTES", (B, K), doc="best riders per order, best first; b'' pads"),
+    TensorSpec(
+        "TOPK_RIDER_IDS", "BYTES", (B, K), doc="best riders per order, best first; b'' pads"
+    ),
     TensorSpec("TOPK_RIDER_INDEX", "INT32", (B, K), doc="row of RIDER_* per Top-K slot; -1 pads"),
     TensorSpec("TOPK_SCORE", "FP32", (B, K), doc="weighted score in [0, 1]; 0 pads"),
     TensorSpec("TOPK_ETA_MINUTES", "FP32", (B, K), doc="predicted minutes to delivery"),

@@ -92,7 +92,5 @@ class OnnxScorer:
         """`score` without the checks, for features already checked."""
         if pair_features.shape[0] == 0:
             return np.zeros((0, MODEL_OUTPUTS[0].dims[1]), dtype=np.float32)
-        result = self.session.run(
-            [MODEL_OUTPUTS[0].name], {MODEL_INPUTS[0].name: pair_features}
-        )[0]
+        result = self.session.run([MODEL_OUTPUTS[0].name], {MODEL_INPUTS[0].name: pair_features})[0]
         return np.asarray(result, dtype=np.float32)

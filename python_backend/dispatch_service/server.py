@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class TritonRuntime:
 
 @dataclass
 class ServerOptions:
-    model_repository: Path = REPO_ROOT / "model_repository"
+    model_repository: Path = MODEL_REPOSITORY
     ports: Ports = field(default_factory=Ports)
     profile: str = "cpu"
     model_control: str = "none"  # or "explicit"
@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve the dispatch model repository")
     parser.add_argument("--venv", type=Path, default=REPO_ROOT / ".venv")
     parser.add_argument("--backend-dir", type=Path, default=REPO_ROOT / ".triton" / "backends")
-    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     parser.add_argument("--profile", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--http-port", type=int, default=8000)

@@ -44,9 +44,7 @@ def _convert(key: str, text: str, kind: Any) -> Any:
         if kind is str:
             return text
     except ValueError:
-        raise SettingsError(
-            f"parameter {key!r}: {text!r} is not a valid {kind.__name__}"
-        ) from None
+        raise SettingsError(f"parameter {key!r}: {text!r} is not a valid {kind.__name__}") from None
     raise SettingsError(f"parameter {key!r}: unsupported settings type {kind!r}")
 
 

@@ -54,13 +54,15 @@ class TritonStepAdapter:
             outputs = self.step.run(self._inputs(request))
         except DispatchInputError as exc:
             return self.reject(request, exc)
-        except Exception as exc:  # noqa: BLE001 - any failure answers this request only
+        except Exception as exc:  # any failure answers this request only
             return self.internal_error(request, exc)
         return self.response(outputs)
 
     def response(self, outputs: dict[str, NDArray[Any]]) -> Any:
         return self.pb.InferenceResponse(
-            output_tensors=[self.pb.Tensor(name, np.asarray(value)) for name, value in outputs.items()]
+            output_tensors=[
+                self.pb.Tensor(name, np.asarray(value)) for name, value in outputs.items()
+            ]
         )
 
     def error(self, request: Any, message: str, code: Any) -> Any:
@@ -111,7 +113,9 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
         (input_name,) = self.step.input_names
         for i, request in enumerate(requests):
             if request.is_cancelled():
-                responses[i] = self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
+                responses[i] = self.error(
+                    request, "request cancelled", self.pb.TritonError.CANCELLED
+                )
                 continue
             tensor = self.pb.get_input_tensor_by_name(request, input_name)
             try:
@@ -127,7 +131,7 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
         if members:
             try:
                 scored = self.step.run_batch(batch)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 for i in members:
                     responses[i] = self.internal_error(requests[i], exc)
             else:

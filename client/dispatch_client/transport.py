@@ -1,0 +1,170 @@
+"""How request tensors reach Triton: one small protocol, two implementations.
+
+`DispatchClient` depends only on `Transport`, so tests can hand it an in-memory fake and
+HTTP or gRPC are a constructor choice. Both implementations translate tritonclient's and
+the socket layer's exceptions into `DispatchServerError` (the server said no; its
+message, on one line) or `DispatchConnectionError` (nobody answered).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from numpy.typing import NDArray
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+
+__all__ = [
+    "DEFAULT_GRPC_URL",
+    "DEFAULT_HTTP_URL",
+    "DEFAULT_TIMEOUT_S",
+    "GrpcTransport",
+    "HttpTransport",
+    "ProtocolName",
+    "Transport",
+    "make_transport",
+]
+
+DEFAULT_HTTP_URL = "localhost:8000"
+DEFAULT_GRPC_URL = "localhost:8001"
+DEFAULT_TIMEOUT_S = 60.0
+
+ProtocolName = Literal["http", "grpc"]
+
+
+class Transport(Protocol):
+    """Sends one inference request and returns the named outputs as numpy arrays."""
+
+    def infer(
+        self, model_name: str, inputs: dict[str, NDArray[Any]], output_names: Sequence[str]
+    ) -> dict[str, NDArray[Any]]:
+        """Run `model_name` on `inputs`; raise DispatchServerError/DispatchConnectionError."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the transport is not used afterwards."""
+        ...
+
+
+def _check_url(url: str) -> str:
+    # tritonclient wants host:port and fails obscurely on a scheme; say so up front.
+    if "://" in url or not url.strip():
+        raise ValueError(f"url must be host:port without a scheme, got {url!r}")
+    return url.strip()
+
+
+def _server_error(exc: InferenceServerException) -> DispatchServerError:
+    message = exc.message() or str(exc) or "the server returned an error without a message"
+    status = exc.status()
+    return DispatchServerError(str(message), None if status is None else str(status))
+
+
+def _outputs(result: Any, output_names: Sequence[str]) -> dict[str, NDArray[Any]]:
+    arrays: dict[str, NDArray[Any]] = {}
+    for name in output_names:
+        array = result.as_numpy(name)
+        if array is None:
+            raise DispatchServerError(f"the response lacks the requested output {name}")
+        arrays[name] = np.asarray(array)
+    return arrays
+
+
+class HttpTransport:
+    """Triton's HTTP/REST endpoint (default port 8000), tensors sent as binary data.
+
+    Not safe to share between threads (tritonclient's HTTP client is not).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_HTTP_URL,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self.url = _check_url(url)
+        self._client: Any = httpclient.InferenceServerClient(
+            url=self.url, connection_timeout=connect_timeout_s, network_timeout=timeout_s
+        )
+
+    def infer(
+        self, model_name: str, inputs: dict[str, NDArray[Any]], output_names: Sequence[str]
+    ) -> dict[str, NDArray[Any]]:
+        """Send the inputs as binary tensors and ask for binary outputs (no JSON floats)."""
+        request = []
+        for name, value in inputs.items():
+            array = np.asarray(value)
+            item = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            item.set_data_from_numpy(array, binary_data=True)
+            request.append(item)
+        wanted = [httpclient.InferRequestedOutput(n, binary_data=True) for n in output_names]
+        try:
+            result = self._client.infer(model_name, request, outputs=wanted)
+        except InferenceServerException as exc:
+            raise _server_error(exc) from exc
+        except TimeoutError as exc:
+            raise DispatchConnectionError(f"no answer from {self.url} over HTTP in time") from exc
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            raise DispatchConnectionError(f"cannot reach {self.url} over HTTP: {reason}") from exc
+        return _outputs(result, output_names)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class GrpcTransport:
+    """Triton's gRPC endpoint (default port 8001)."""
+
+    def __init__(self, url: str = DEFAULT_GRPC_URL, *, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.url = _check_url(url)
+        self.timeout_s = timeout_s
+        self._client: Any = grpcclient.InferenceServerClient(url=self.url)
+
+    def infer(
+        self, model_name: str, inputs: dict[str, NDArray[Any]], output_names: Sequence[str]
+    ) -> dict[str, NDArray[Any]]:
+        """One unary call bounded by `timeout_s`."""
+        request = []
+        for name, value in inputs.items():
+            array = np.asarray(value)
+            item = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            item.set_data_from_numpy(array)
+            request.append(item)
+        wanted = [grpcclient.InferRequestedOutput(n) for n in output_names]
+        try:
+            result = self._client.infer(
+                model_name, request, outputs=wanted, client_timeout=self.timeout_s
+            )
+        except InferenceServerException as exc:
+            # gRPC reports transport failures with the same exception; tell them apart by
+            # code so callers know whether the server spoke at all.
+            status = str(exc.status())
+            text = str(exc.message() or exc)
+            if status == "StatusCode.DEADLINE_EXCEEDED":
+                raise DispatchConnectionError(
+                    f"no answer from {self.url} over gRPC within {self.timeout_s:g} s"
+                ) from exc
+            if status == "StatusCode.UNAVAILABLE" and "failed to connect" in text.lower():
+                raise DispatchConnectionError(f"cannot reach {self.url} over gRPC: {text}") from exc
+            raise _server_error(exc) from exc
+        return _outputs(result, output_names)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def make_transport(
+    protocol: ProtocolName, url: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Transport:
+    """Build the transport for `protocol`, on its default port when `url` is None."""
+    if protocol == "http":
+        return HttpTransport(url or DEFAULT_HTTP_URL, timeout_s=timeout_s)
+    if protocol == "grpc":
+        return GrpcTransport(url or DEFAULT_GRPC_URL, timeout_s=timeout_s)
+    raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")

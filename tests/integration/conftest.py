@@ -1,0 +1,39 @@
+"""A real tritonserver on free loopback ports for the whole integration session."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from dispatch_service.paths import REPO_ROOT
+from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    venv = Path(sys.prefix)
+    runtime = TritonRuntime.from_venv(venv, REPO_ROOT / ".triton" / "backends")
+    log = tmp_path_factory.mktemp("triton") / "server.log"
+    server = TritonServer(runtime, ServerOptions(ports=Ports.free()), log)
+    with server:
+        yield server
+    print(f"tritonserver log: {log}")
+
+
+@pytest.fixture(scope="session")
+def http_client(triton: TritonServer) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(triton.http_url, network_timeout=120.0)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def grpc_client(triton: TritonServer) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    yield client
+    client.close()

@@ -1,0 +1,212 @@
+"""Bad input gets an error naming the tensor and the rule; the next good request is served."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from dispatch_service.contracts import MAX_ORDERS, MAX_RIDERS
+from triton_helpers import infer_grpc, infer_http, sim_window
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+Mutation = Callable[[Arrays], None]
+
+
+def _set(name: str, value: Any) -> Mutation:
+    def mutate(w: Arrays) -> None:
+        w[name] = value(w) if callable(value) else value
+
+    return mutate
+
+
+def _drop(name: str) -> Mutation:
+    def mutate(w: Arrays) -> None:
+        del w[name]
+
+    return mutate
+
+
+def _cell(name: str, index: tuple[int, ...], value: Any) -> Mutation:
+    def mutate(w: Arrays) -> None:
+        array = w[name].copy()
+        array[index] = value
+        w[name] = array
+
+    return mutate
+
+
+def _ids(n: int, prefix: str) -> np.ndarray[Any, Any]:
+    return np.array([f"{prefix}{i}".encode() for i in range(n)], dtype=object)
+
+
+def _orders(n: int) -> Mutation:
+    """A window with n orders (all order tensors resized consistently)."""
+
+    def mutate(w: Arrays) -> None:
+        take = np.arange(n) % len(w["ORDER_IDS"])
+        for name in list(w):
+            if name.startswith("ORDER_"):
+                w[name] = w[name][take]
+        w["ORDER_IDS"] = _ids(n, "o")
+
+    return mutate
+
+
+def _riders(n: int) -> Mutation:
+    def mutate(w: Arrays) -> None:
+        take = np.arange(n) % len(w["RIDER_IDS"])
+        for name in list(w):
+            if name.startswith("RIDER_"):
+                w[name] = w[name][take]
+        w["RIDER_IDS"] = _ids(n, "r")
+
+    return mutate
+
+
+# (case id, mutation, words the error must contain)
+CASES: list[tuple[str, Mutation, tuple[str, ...]]] = [
+    ("missing tensor", _drop("RIDER_CAPACITY"), ("RIDER_CAPACITY",)),
+    (
+        "wrong dtype",
+        _set("ORDER_PICKUP", lambda w: w["ORDER_PICKUP"].astype(np.float32)),
+        ("ORDER_PICKUP", "FP"),
+    ),
+    (
+        "wrong shape",
+        _set("ORDER_PICKUP", lambda w: w["ORDER_PICKUP"][:, :1].copy()),
+        ("ORDER_PICKUP",),
+    ),
+    (
+        "row count mismatch",
+        _set("ORDER_DROPOFF", lambda w: w["ORDER_DROPOFF"][:-1].copy()),
+        ("ORDER_DROPOFF", "rows"),
+    ),
+    ("zero orders", _orders(0), ("ORDER_IDS", "between 1 and")),
+    ("too many orders", _orders(MAX_ORDERS + 1), ("ORDER_IDS", f"{MAX_ORDERS}")),
+    ("zero riders", _riders(0), ("RIDER_IDS", "between 1 and")),
+    ("too many riders", _riders(MAX_RIDERS + 1), ("RIDER_IDS", f"{MAX_RIDERS}")),
+    ("NaN coordinate", _cell("ORDER_PICKUP", (3, 0), np.nan), ("ORDER_PICKUP", "finite")),
+    ("infinite coordinate", _cell("RIDER_POSITION", (1, 1), np.inf), ("RIDER_POSITION", "finite")),
+    (
+        "NaN promise",
+        _cell("ORDER_PROMISED_MINUTES", (0,), np.nan),
+        ("ORDER_PROMISED_MINUTES", "finite"),
+    ),
+    ("latitude out of range", _cell("ORDER_DROPOFF", (2, 0), 91.0), ("ORDER_DROPOFF", "latitude")),
+    (
+        "longitude out of range",
+        _cell("RIDER_POSITION", (0, 1), -181.0),
+        ("RIDER_POSITION", "longitude"),
+    ),
+    (
+        "unknown coordinate system",
+        _set("COORD_SYSTEM", np.array([b"MERCATOR"], dtype=object)),
+        ("COORD_SYSTEM", "must be one of"),
+    ),
+    ("negative capacity", _cell("RIDER_CAPACITY", (4,), -1), ("RIDER_CAPACITY", ">= 0")),
+    ("negative load", _cell("RIDER_LOAD", (4,), -2), ("RIDER_LOAD", ">= 0")),
+    ("empty order id", _cell("ORDER_IDS", (0,), b""), ("ORDER_IDS", "empty")),
+    ("over-long rider id", _cell("RIDER_IDS", (0,), b"r" * 65), ("RIDER_IDS", "64 bytes")),
+    (
+        "duplicate rider id",
+        _set(
+            "RIDER_IDS", lambda w: np.array([w["RIDER_IDS"][0], *w["RIDER_IDS"][:-1]], dtype=object)
+        ),
+        ("RIDER_IDS", "unique"),
+    ),
+    ("unknown constraint bit", _cell("ORDER_CONSTRAINTS", (0,), 64), ("ORDER_CONSTRAINTS", "bits")),
+    ("unknown vehicle", _cell("RIDER_VEHICLE", (0,), 7), ("RIDER_VEHICLE",)),
+    ("zero promise", _cell("ORDER_PROMISED_MINUTES", (0,), 0.0), ("ORDER_PROMISED_MINUTES",)),
+    (
+        "negative weights",
+        _set("OBJECTIVE_WEIGHTS", np.array([-1.0, 1.0, 1.0], dtype=np.float32)),
+        ("OBJECTIVE_WEIGHTS", ">= 0"),
+    ),
+    (
+        "NaN weights",
+        _set("OBJECTIVE_WEIGHTS", np.array([np.nan, 1.0, 1.0], dtype=np.float32)),
+        ("OBJECTIVE_WEIGHTS", "finite"),
+    ),
+    (
+        "created far after dispatch time",
+        _set("ORDER_CREATED_AT", lambda w: w["ORDER_CREATED_AT"] + 10_000),
+        ("ORDER_CREATED_AT",),
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def good() -> Arrays:
+    return sim_window(seed=77, orders=12, riders=40)
+
+
+@pytest.fixture(scope="module")
+def good_answer(good: Arrays, http_client: httpclient.InferenceServerClient) -> Arrays:
+    return infer_http(http_client, good)
+
+
+def _bad(good: Arrays, mutate: Mutation) -> Arrays:
+    window = {name: array.copy() for name, array in good.items()}
+    mutate(window)
+    return window
+
+
+@pytest.mark.parametrize(("case", "mutate", "words"), CASES, ids=[c[0] for c in CASES])
+def test_bad_window_is_rejected_with_a_clear_error_over_http(
+    case: str,
+    mutate: Mutation,
+    words: tuple[str, ...],
+    good: Arrays,
+    good_answer: Arrays,
+    http_client: httpclient.InferenceServerClient,
+) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        infer_http(http_client, _bad(good, mutate))
+    message = info.value.message()
+    for word in words:
+        assert word in message, f"{case}: {message!r} lacks {word!r}"
+    assert http_client.is_server_live() and http_client.is_model_ready("dispatch")
+    again = infer_http(http_client, good)
+    for name, expected in good_answer.items():
+        np.testing.assert_array_equal(again[name], expected, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("case", "mutate", "words"),
+    [c for c in CASES if c[0] in {"NaN coordinate", "unknown coordinate system", "wrong dtype"}],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_bad_window_is_rejected_over_grpc_too(
+    case: str,
+    mutate: Mutation,
+    words: tuple[str, ...],
+    good: Arrays,
+    good_answer: Arrays,
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        infer_grpc(grpc_client, _bad(good, mutate))
+    for word in words:
+        assert word in info.value.message()
+    again = infer_grpc(grpc_client, good)
+    np.testing.assert_array_equal(
+        again["ASSIGNED_RIDER_INDEX"], good_answer["ASSIGNED_RIDER_INDEX"]
+    )
+
+
+def test_intermediate_model_rejects_malformed_features_directly(
+    http_client: httpclient.InferenceServerClient,
+) -> None:
+    features = np.full((4, 28), np.nan, dtype=np.float32)
+    tensor = httpclient.InferInput("PAIR_FEATURES", list(features.shape), "FP32")
+    tensor.set_data_from_numpy(features)
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("dispatch_model", [tensor])
+    assert "PAIR_FEATURES" in info.value.message()
+    assert "finite" in info.value.message()

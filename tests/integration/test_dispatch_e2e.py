@@ -1,0 +1,173 @@
+"""The `dispatch` ensemble on a live server, over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from dispatch_service import geo
+from dispatch_service.contracts import CoordSystem
+from dispatch_service.pipeline import DispatchPipeline
+from dispatch_service.server import TritonServer
+from triton_helpers import OUTPUT_NAMES, infer_grpc, infer_http, sim_window, triton_dtype
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+@pytest.fixture(scope="module")
+def window() -> Arrays:
+    return sim_window(seed=2024, orders=64, riders=200)
+
+
+@pytest.fixture(scope="module")
+def http_result(http_client: httpclient.InferenceServerClient, window: Arrays) -> Arrays:
+    return infer_http(http_client, window)
+
+
+def test_server_is_ready_with_every_model(http_client: httpclient.InferenceServerClient) -> None:
+    assert http_client.is_server_ready()
+    for model in ("feature_encoder", "dispatch_model", "topk_resolver", "dispatch"):
+        assert http_client.is_model_ready(model), model
+
+
+def assert_valid_answer(window: Arrays, result: Arrays) -> None:
+    num_orders = len(window["ORDER_IDS"])
+    rider_ids = window["RIDER_IDS"]
+    topk_index = result["TOPK_RIDER_INDEX"]
+    topk_ids = result["TOPK_RIDER_IDS"]
+    scores = result["TOPK_SCORE"]
+    assert topk_index.shape[0] == num_orders and topk_index.shape[1] >= 1
+    for b in range(num_orders):
+        valid = topk_index[b] >= 0
+        assert valid.all(), f"order {b} got fewer than K riders in a 200-rider window"
+        assert len(set(topk_index[b].tolist())) == topk_index.shape[1], "riders repeat"
+        assert list(topk_ids[b]) == [rider_ids[i] for i in topk_index[b]]
+        assert np.all(np.diff(scores[b]) <= 0), "Top-K not sorted by score"
+        assert np.all((scores[b] > 0) & (scores[b] <= 1))
+    spare = np.maximum(window["RIDER_CAPACITY"] - window["RIDER_LOAD"], 0)
+    assigned = result["ASSIGNED_RIDER_INDEX"]
+    counts = np.bincount(assigned[assigned >= 0], minlength=len(rider_ids))
+    assert np.all(counts <= spare), "a rider is over capacity"
+    for b in np.flatnonzero(assigned >= 0):
+        assert assigned[b] in topk_index[b]
+        assert result["ASSIGNED_RIDER_IDS"][b] == rider_ids[assigned[b]]
+        k = list(topk_index[b]).index(assigned[b])
+        assert result["ASSIGNED_SCORE"][b] == pytest.approx(scores[b][k])
+    assert (assigned >= 0).mean() > 0.9, "most orders of a well-supplied window are assigned"
+
+
+def assert_same(a: Arrays, b: Arrays) -> None:
+    for name in OUTPUT_NAMES:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_http_answer_is_valid(window: Arrays, http_result: Arrays) -> None:
+    assert_valid_answer(window, http_result)
+
+
+def test_grpc_and_http_json_agree_with_http_binary(
+    window: Arrays,
+    http_result: Arrays,
+    http_client: httpclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    assert_same(http_result, infer_grpc(grpc_client, window))
+    assert_same(http_result, infer_http(http_client, window, binary=False))
+
+
+def test_repeated_calls_give_identical_answers(
+    window: Arrays, http_result: Arrays, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    for _ in range(3):
+        assert_same(http_result, infer_grpc(grpc_client, window))
+
+
+def test_server_answers_like_the_in_process_library(window: Arrays, http_result: Arrays) -> None:
+    local = DispatchPipeline.from_repository().run(window)
+    for name in OUTPUT_NAMES:
+        if local[name].dtype.kind == "f":
+            np.testing.assert_allclose(http_result[name], local[name], rtol=1e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(http_result[name], local[name], err_msg=name)
+
+
+def test_objective_weights_override_per_request(
+    window: Arrays, http_result: Arrays, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    cost_only = dict(window, OBJECTIVE_WEIGHTS=np.array([0.0, 0.0, 1.0], dtype=np.float32))
+    result = infer_grpc(grpc_client, cost_only)
+    assert_valid_answer(window, result)
+    costs = result["TOPK_COST"]
+    assert np.all(np.diff(costs, axis=1) >= -1e-6), "cost-only weights rank by cost"
+    assert not np.array_equal(result["TOPK_RIDER_INDEX"], http_result["TOPK_RIDER_INDEX"])
+
+
+@pytest.mark.parametrize("system", [CoordSystem.GCJ02, CoordSystem.BD09])
+def test_chinese_datums_give_the_wgs84_answer(
+    system: CoordSystem,
+    window: Arrays,
+    http_result: Arrays,
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    shifted = dict(window)
+    for name in ("ORDER_PICKUP", "ORDER_DROPOFF", "RIDER_POSITION"):
+        shifted[name] = geo.from_wgs84(window[name], system)
+    shifted["COORD_SYSTEM"] = np.array([system.name.encode()], dtype=object)
+    assert not np.allclose(shifted["ORDER_PICKUP"], window["ORDER_PICKUP"], atol=1e-4)
+    result = infer_grpc(grpc_client, shifted)
+    np.testing.assert_array_equal(result["TOPK_RIDER_INDEX"], http_result["TOPK_RIDER_INDEX"])
+    np.testing.assert_allclose(result["TOPK_SCORE"], http_result["TOPK_SCORE"], atol=1e-4)
+
+
+def test_small_window_fewer_riders_than_k_pads(
+    http_client: httpclient.InferenceServerClient,
+) -> None:
+    window = sim_window(seed=5, orders=1, riders=3)
+    result = infer_http(http_client, window)
+    index = result["TOPK_RIDER_INDEX"][0]
+    assert (index >= 0).sum() <= 3
+    padded = index < 0
+    assert all(rider == b"" for rider in result["TOPK_RIDER_IDS"][0][padded])
+
+
+def test_concurrent_windows_are_batched_and_answered_each_correctly(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    windows = [sim_window(seed=100 + i, orders=8 + i, riders=60) for i in range(6)]
+    pipeline = DispatchPipeline.from_repository()
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        pending = []
+        for window in windows:
+            inputs = []
+            for name, array in window.items():
+                tensor = grpcclient.InferInput(name, list(array.shape), triton_dtype(array))
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            results: list[Any] = []
+            pending.append(results)
+            client.async_infer(
+                "dispatch", inputs, lambda result, error, out=results: out.append((result, error))
+            )
+        for window, results in zip(windows, pending, strict=True):
+            _wait(results)
+            result, error = results[0]
+            assert error is None, error
+            expected = pipeline.run(window)
+            np.testing.assert_array_equal(
+                result.as_numpy("ASSIGNED_RIDER_INDEX"), expected["ASSIGNED_RIDER_INDEX"]
+            )
+    finally:
+        client.close()
+
+
+def _wait(results: list[Any], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not results and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert results, "no answer in time"

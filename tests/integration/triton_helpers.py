@@ -1,0 +1,57 @@
+"""Helpers for the integration tests: simulated windows and raw tritonclient calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from dispatch_service.contracts import DISPATCH_OUTPUTS
+from dispatch_service.simulator import generate_window
+from dispatch_service.window import window_to_tensors
+
+OUTPUT_NAMES = [spec.name for spec in DISPATCH_OUTPUTS]
+
+
+def sim_window(seed: int, orders: int, riders: int) -> dict[str, np.ndarray[Any, Any]]:
+    return window_to_tensors(generate_window(np.random.default_rng(seed), orders, riders))
+
+
+def infer_http(
+    client: httpclient.InferenceServerClient,
+    tensors: dict[str, np.ndarray[Any, Any]],
+    model: str = "dispatch",
+    binary: bool = True,
+) -> dict[str, np.ndarray[Any, Any]]:
+    inputs = []
+    for name, array in tensors.items():
+        tensor = httpclient.InferInput(name, list(array.shape), triton_dtype(array))
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in OUTPUT_NAMES]
+    result = client.infer(model, inputs, outputs=outputs)
+    return {name: result.as_numpy(name) for name in OUTPUT_NAMES}
+
+
+def infer_grpc(
+    client: grpcclient.InferenceServerClient,
+    tensors: dict[str, np.ndarray[Any, Any]],
+    model: str = "dispatch",
+) -> dict[str, np.ndarray[Any, Any]]:
+    inputs = []
+    for name, array in tensors.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), triton_dtype(array))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    outputs = [grpcclient.InferRequestedOutput(n) for n in OUTPUT_NAMES]
+    result = client.infer(model, inputs, outputs=outputs)
+    return {name: result.as_numpy(name) for name in OUTPUT_NAMES}
+
+
+def triton_dtype(array: np.ndarray[Any, Any]) -> str:
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    names = {"f4": "FP32", "f8": "FP64", "i4": "INT32", "i8": "INT64", "b1": "BOOL"}
+    return names[f"{array.dtype.kind}{array.dtype.itemsize}"]

@@ -1,0 +1,130 @@
+"""Every config.pbtxt and the ONNX graph agree with contracts.py, the one definition."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from dispatch_service import contracts
+from dispatch_service.contracts import TensorSpec
+from dispatch_service.onnx_runner import OrtSettings
+from dispatch_service.settings import load_settings, parameters_from_model_config, reject_unknown
+from dispatch_service.steps import FeatureEncoderStep, TopKResolverStep
+
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+def load_config(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def io_of(tensors: object) -> list[tuple[str, str, tuple[int, ...], bool]]:
+    rows = []
+    for t in tensors:  # type: ignore[attr-defined]
+        dtype = model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_")
+        dtype = "BYTES" if dtype == "STRING" else dtype
+        rows.append((t.name, dtype, tuple(t.dims), bool(getattr(t, "optional", False))))
+    return rows
+
+
+def spec_rows(specs: tuple[TensorSpec, ...], drop_batch: bool = False) -> list[object]:
+    return [
+        (s.name, s.triton_dtype, s.dims[1:] if drop_batch else s.dims, s.optional) for s in specs
+    ]
+
+
+def params(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in REPO.iterdir() if p.is_dir()))
+def test_folder_name_equals_model_name(folder: str) -> None:
+    assert load_config(REPO / folder / "config.pbtxt").name == folder
+
+
+def test_feature_encoder_declares_the_window_and_encoder_outputs() -> None:
+    config = load_config(REPO / "feature_encoder" / "config.pbtxt")
+    assert config.max_batch_size == 0
+    assert io_of(config.input) == spec_rows(contracts.WINDOW_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.ENCODER_OUTPUTS)
+    FeatureEncoderStep.from_parameters(params(config))
+
+
+def test_topk_resolver_declares_its_inputs_and_the_dispatch_outputs() -> None:
+    config = load_config(REPO / "topk_resolver" / "config.pbtxt")
+    assert [row[0] for row in io_of(config.input)] == list(TopKResolverStep.input_names)
+    expected = [contracts.spec_by_name(n) for n in TopKResolverStep.input_names]
+    assert io_of(config.input) == spec_rows(tuple(expected))
+    assert io_of(config.output) == spec_rows(contracts.DISPATCH_OUTPUTS)
+    TopKResolverStep.from_parameters(params(config))
+
+
+@pytest.mark.parametrize("config_file", ["config.pbtxt", "configs/gpu.pbtxt"])
+def test_both_dispatch_model_profiles_declare_the_same_tensors(config_file: str) -> None:
+    config = load_config(REPO / "dispatch_model" / config_file)
+    assert config.name == "dispatch_model"
+    assert config.max_batch_size >= contracts.MAX_PAIRS
+    assert config.HasField("dynamic_batching")
+    assert io_of(config.input) == spec_rows(contracts.MODEL_INPUTS, drop_batch=True)
+    assert io_of(config.output) == spec_rows(contracts.MODEL_OUTPUTS, drop_batch=True)
+
+
+def test_profiles_differ_only_in_how_the_model_runs() -> None:
+    cpu = load_config(REPO / "dispatch_model" / "config.pbtxt")
+    gpu = load_config(REPO / "dispatch_model" / "configs" / "gpu.pbtxt")
+    assert cpu.backend == "python"
+    assert gpu.backend == "onnxruntime"
+    assert [g.kind for g in gpu.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_GPU]
+    assert cpu.version_policy == gpu.version_policy
+    reject_unknown(params(cpu), OrtSettings)
+    load_settings(OrtSettings, params(cpu))
+
+
+def test_ensemble_chains_the_three_steps_over_the_contract() -> None:
+    config = load_config(REPO / "dispatch" / "config.pbtxt")
+    assert config.platform == "ensemble"
+    assert io_of(config.input) == spec_rows(contracts.WINDOW_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.DISPATCH_OUTPUTS)
+    available = {t.name for t in config.input}
+    for step in config.ensemble_scheduling.step:
+        step_config = load_config(REPO / step.model_name / "config.pbtxt")
+        declared = {t.name for t in step_config.input}
+        assert set(step.input_map) <= declared
+        required = {t.name for t in step_config.input if not t.optional}
+        assert required <= set(step.input_map), step.model_name
+        assert set(step.input_map.values()) <= available, step.model_name
+        assert set(step.output_map) == {t.name for t in step_config.output}
+        available |= set(step.output_map.values())
+    assert {t.name for t in config.output} <= available
+
+
+def test_onnx_graph_matches_the_contract() -> None:
+    model = onnx.load(str(REPO / "dispatch_model" / "1" / "model.onnx"))
+    onnx.checker.check_model(model)
+    (graph_in,) = model.graph.input
+    (graph_out,) = model.graph.output
+    assert graph_in.name == contracts.PAIR_FEATURES.name
+    assert graph_out.name == contracts.PAIR_OBJECTIVES.name
+    in_dims = graph_in.type.tensor_type.shape.dim
+    out_dims = graph_out.type.tensor_type.shape.dim
+    assert in_dims[0].dim_param  # dynamic batch
+    assert in_dims[1].dim_value == contracts.NUM_PAIR_FEATURES
+    assert out_dims[1].dim_value == len(contracts.OBJECTIVES)
+    assert graph_in.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert max(op.version for op in model.opset_import if op.domain in ("", "ai.onnx")) >= 17
+
+
+def test_feature_layout_shipped_with_the_model_matches() -> None:
+    layout = json.loads((REPO / "dispatch_model" / "1" / "feature_layout.json").read_text())
+    assert layout["version"] == contracts.FEATURE_LAYOUT_VERSION
+    assert tuple(layout["features"]) == contracts.PAIR_FEATURE_NAMES
+
+
+def test_parameters_from_model_config_reads_string_values() -> None:
+    config = {"parameters": {"top_k": {"string_value": "7"}}}
+    assert parameters_from_model_config(json.dumps(config)) == {"top_k": "7"}

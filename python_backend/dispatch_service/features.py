@@ -254,7 +254,7 @@ def encode_pairs(
     vehicle = window.rider_vehicle
 
     def flag(values: NDArray[np.int64], bit: int) -> NDArray[np.float64]:
-        return ((values & bit) != 0).astype(np.float64)
+        return np.asarray((values & bit) != 0, dtype=np.float64)
 
     columns: dict[str, NDArray[np.float64] | float] = {
         "pickup_distance_km": geo.haversine_km(r_lat, r_lon, p_lat, p_lon),

@@ -119,7 +119,9 @@ def _centre(q: NDArray[np.int64], bits: int, half_range: float) -> FloatArray:
     return np.asarray(half_range * (2.0 * q.astype(np.float64) + 1.0 - scale) / scale)
 
 
-def _interleave(lat_q: NDArray[np.int64], lon_q: NDArray[np.int64], precision: int) -> NDArray[np.int64]:
+def _interleave(
+    lat_q: NDArray[np.int64], lon_q: NDArray[np.int64], precision: int
+) -> NDArray[np.int64]:
     """Interleave the bits (longitude first, most significant first) into one integer."""
     lat_bits, lon_bits = _bit_split(precision)
     code = np.zeros(lat_q.shape, dtype=np.int64)
@@ -132,7 +134,9 @@ def _interleave(lat_q: NDArray[np.int64], lon_q: NDArray[np.int64], precision: i
     return code
 
 
-def _deinterleave(code: NDArray[np.int64], precision: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+def _deinterleave(
+    code: NDArray[np.int64], precision: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     total = 5 * precision
     lat_q = np.zeros(code.shape, dtype=np.int64)
     lon_q = np.zeros(code.shape, dtype=np.int64)
@@ -291,10 +295,10 @@ def _bd09_to_gcj02(latlon: FloatArray) -> FloatArray:
     x = latlon[:, 1] - 0.0065
     z = np.sqrt(x * x + y * y) - 0.00002 * np.sin(y * _BD_X_PI)
     theta = np.arctan2(y, x) - 0.000003 * np.cos(x * _BD_X_PI)
-    gcj = np.stack([z * np.sin(theta), z * np.cos(theta)], axis=1)
+    gcj: FloatArray = np.stack([z * np.sin(theta), z * np.cos(theta)], axis=1)
     for _ in range(_INVERSE_MAX_ITER):
-        error = latlon - _gcj02_to_bd09(gcj)
-        gcj = gcj + error
+        error: FloatArray = latlon - _gcj02_to_bd09(gcj)
+        gcj = np.asarray(gcj + error, dtype=np.float64)
         if float(np.max(np.abs(error), initial=0.0)) < _INVERSE_TOLERANCE_DEG:
             break
     return gcj

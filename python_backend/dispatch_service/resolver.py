@@ -46,6 +46,7 @@ Assignment
     has the most assigned orders and, among those, the largest score sum. LAPJVsp is an
     exact shortest-augmenting-path solver, so the matching it returns is optimal;
     it is also deterministic for a given input, and the graph is built in a fixed order.
+    Ranking and matching use the float64 scores; the outputs round them to float32.
     The whole window is one solver call: augmenting-path searches only reach their own
     connected component anyway, and splitting into components first (hundreds of them in
     a city-sized window) cost more in per-call overhead than it saved.
@@ -365,6 +366,15 @@ def _assign_slots(
     return chosen
 
 
+def _at_position(values: NDArray[Any], position: NDArray[np.int64], fill: float) -> NDArray[Any]:
+    """``values[b, position[b]]``, or `fill` where the position is -1 (even with no columns)."""
+    rows = values.shape[0]
+    padded = np.concatenate((values, np.full((rows, 1), fill, dtype=values.dtype)), axis=1)
+    column = np.where(position >= 0, position, values.shape[1])
+    picked: NDArray[Any] = padded[np.arange(rows), column]
+    return picked
+
+
 def assign(
     topk_rider_index: ArrayLike,
     topk_score: ArrayLike,
@@ -392,11 +402,12 @@ def assign(
             "TOPK_SCORE",
             f"must have the shape of TOPK_RIDER_INDEX {index.shape}, got {score.shape}",
         )
-    if not np.isfinite(score[index >= 0]).all():
-        raise DispatchInputError("TOPK_SCORE", "must be finite where a rider is listed")
+    listed = score[index >= 0]
+    if not (np.isfinite(listed) & (listed >= 0.0) & (listed <= 1.0)).all():
+        # The cost 2 - s must stay in [1, 2] for cardinality to dominate (module docstring).
+        raise DispatchInputError("TOPK_SCORE", "must lie in [0, 1] where a rider is listed")
     position = _assign_slots(index, score, spare)
-    rows = np.take_along_axis(index, np.maximum(position, 0)[:, None], axis=1)[:, 0]
-    result: NDArray[np.int32] = np.where(position >= 0, rows, -1).astype(np.int32)
+    result: NDArray[np.int32] = _at_position(index, position, -1).astype(np.int32)
     return result
 
 
@@ -457,13 +468,8 @@ def resolve(
         np.where(top_valid, top_index, -1), top_score, np.maximum(capacity - load, 0)
     )
     assigned = position >= 0
-    safe_position = np.maximum(position, 0)[:, None]
-    assigned_index = np.where(
-        assigned, np.take_along_axis(top_index, safe_position, axis=1)[:, 0], num_riders
-    )
-    assigned_score = np.where(
-        assigned, np.take_along_axis(top_score, safe_position, axis=1)[:, 0], 0.0
-    )
+    assigned_index = _at_position(top_index, position, num_riders)
+    assigned_score = _at_position(top_score, position, 0.0)
     topk_index = np.where(top_valid, top_index, -1).astype(np.int32)
     return Resolution(
         topk_rider_ids=id_table[top_index],

@@ -55,10 +55,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import numpy as np
-from dispatch_service.contracts import WINDOW_INPUTS, CoordSystem, OrderConstraint, Vehicle
 from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.errors import WindowJSONError
+from dispatch_service.contracts import WINDOW_INPUTS, CoordSystem, OrderConstraint, Vehicle
 
 __all__ = [
     "WindowJSONError",

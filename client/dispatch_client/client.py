@@ -1,0 +1,221 @@
+"""`DispatchClient`: send one dispatch window, get per-order results back.
+
+The `dispatch` ensemble answers in padded [B, K] tensors; callers want, per order, the
+riders that were really ranked and the one assigned. This module does that reshaping once,
+and checks the answer's shapes so a contract drift shows up as an error, not as results
+attached to the wrong order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, NamedTuple, Self
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from dispatch_client.errors import DispatchServerError
+from dispatch_client.transport import (
+    DEFAULT_GRPC_URL,
+    DEFAULT_HTTP_URL,
+    DEFAULT_TIMEOUT_S,
+    GrpcTransport,
+    HttpTransport,
+    Transport,
+)
+from dispatch_service.contracts import DISPATCH_OUTPUTS, WINDOW_INPUTS
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "Candidate",
+    "DispatchClient",
+    "DispatchResult",
+    "OrderResult",
+    "parse_dispatch_outputs",
+]
+
+DEFAULT_MODEL_NAME = "dispatch"
+OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_OUTPUTS)
+_INPUT_NAMES = frozenset(spec.name for spec in WINDOW_INPUTS)
+_TOPK = (  # the index first: it defines K and marks padding
+    "TOPK_RIDER_INDEX",
+    "TOPK_RIDER_IDS",
+    "TOPK_SCORE",
+    "TOPK_ETA_MINUTES",
+    "TOPK_ONTIME_PROBABILITY",
+    "TOPK_COST",
+)
+_ASSIGNED = ("ASSIGNED_RIDER_IDS", "ASSIGNED_RIDER_INDEX", "ASSIGNED_SCORE")
+
+
+class Candidate(NamedTuple):
+    """One ranked rider for an order (a Top-K slot that is not padding)."""
+
+    rider_id: str
+    score: float
+    eta_minutes: float
+    ontime_probability: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class OrderResult:
+    """What the server decided for one order; `assigned_*` are None when unassigned."""
+
+    order_id: str
+    top_k: tuple[Candidate, ...]
+    assigned_rider_id: str | None
+    assigned_score: float | None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "order_id": self.order_id,
+            "assigned_rider_id": self.assigned_rider_id,
+            "assigned_score": self.assigned_score,
+            "top_k": [c._asdict() for c in self.top_k],
+        }
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    """Results in the window's order order (the i-th entry answers the i-th order)."""
+
+    orders: tuple[OrderResult, ...]
+
+    def assignments(self) -> dict[str, str | None]:
+        """Order id -> assigned rider id (None when the order stays unassigned)."""
+        return {o.order_id: o.assigned_rider_id for o in self.orders}
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data; `null` marks an unassigned order."""
+        return {"orders": [o.to_json_dict() for o in self.orders]}
+
+
+class DispatchClient:
+    """Calls the `dispatch` ensemble through a `Transport`; closes it on exit.
+
+    >>> with DispatchClient.http("localhost:8000") as client:  # doctest: +SKIP
+    ...     result = client.dispatch(window_from_json(text))
+    """
+
+    def __init__(self, transport: Transport, *, model_name: str = DEFAULT_MODEL_NAME) -> None:
+        self.transport = transport
+        self.model_name = model_name
+
+    @classmethod
+    def http(
+        cls,
+        url: str = DEFAULT_HTTP_URL,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        model_name: str = DEFAULT_MODEL_NAME,
+    ) -> DispatchClient:
+        return cls(HttpTransport(url, timeout_s=timeout_s), model_name=model_name)
+
+    @classmethod
+    def grpc(
+        cls,
+        url: str = DEFAULT_GRPC_URL,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        model_name: str = DEFAULT_MODEL_NAME,
+    ) -> DispatchClient:
+        return cls(GrpcTransport(url, timeout_s=timeout_s), model_name=model_name)
+
+    def dispatch(self, window: Mapping[str, ArrayLike]) -> DispatchResult:
+        """Send window tensors (e.g. from `window_from_json`) and parse the answer.
+
+        Raises ValueError for a tensor name the contract does not know or a missing
+        ORDER_IDS (caught before any network traffic), and the transport's errors.
+        """
+        unknown = sorted(set(window) - _INPUT_NAMES)
+        if unknown:
+            raise ValueError(f"unknown window tensor(s) {', '.join(unknown)}")
+        inputs = {name: np.asarray(value) for name, value in window.items() if value is not None}
+        if "ORDER_IDS" not in inputs:
+            raise ValueError("window tensors lack ORDER_IDS")
+        outputs = self.transport.infer(self.model_name, inputs, OUTPUT_NAMES)
+        return parse_dispatch_outputs(inputs["ORDER_IDS"], outputs)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def parse_dispatch_outputs(
+    order_ids: ArrayLike, outputs: Mapping[str, ArrayLike]
+) -> DispatchResult:
+    """Turn the ensemble's padded outputs into per-order results, dropping padding (-1).
+
+    Raises DispatchServerError when an output is missing or shaped against the contract.
+    """
+    ids = [_text(v) for v in np.asarray(order_ids, dtype=object).reshape(-1)]
+    count = len(ids)
+    arrays = {name: _output(outputs, name) for name in (*_TOPK, *_ASSIGNED)}
+    width = arrays["TOPK_RIDER_INDEX"].shape[1] if arrays["TOPK_RIDER_INDEX"].ndim == 2 else -1
+    for name in _TOPK:
+        if arrays[name].shape != (count, width):
+            raise DispatchServerError(
+                f"malformed response: {name} has shape {arrays[name].shape}, "
+                f"expected ({count}, K) for {count} orders"
+            )
+    for name in _ASSIGNED:
+        if arrays[name].shape != (count,):
+            raise DispatchServerError(
+                f"malformed response: {name} has shape {arrays[name].shape}, expected ({count},)"
+            )
+
+    results = []
+    for row, order_id in enumerate(ids):
+        top_k = tuple(
+            Candidate(
+                rider_id=_text(arrays["TOPK_RIDER_IDS"][row, slot]),
+                score=_short_float(arrays["TOPK_SCORE"][row, slot]),
+                eta_minutes=_short_float(arrays["TOPK_ETA_MINUTES"][row, slot]),
+                ontime_probability=_short_float(arrays["TOPK_ONTIME_PROBABILITY"][row, slot]),
+                cost=_short_float(arrays["TOPK_COST"][row, slot]),
+            )
+            for slot in range(width)
+            if int(arrays["TOPK_RIDER_INDEX"][row, slot]) >= 0
+        )
+        assigned = int(arrays["ASSIGNED_RIDER_INDEX"][row]) >= 0
+        results.append(
+            OrderResult(
+                order_id=order_id,
+                top_k=top_k,
+                assigned_rider_id=_text(arrays["ASSIGNED_RIDER_IDS"][row]) if assigned else None,
+                assigned_score=_short_float(arrays["ASSIGNED_SCORE"][row]) if assigned else None,
+            )
+        )
+    return DispatchResult(orders=tuple(results))
+
+
+def _output(outputs: Mapping[str, ArrayLike], name: str) -> NDArray[Any]:
+    value = outputs.get(name)
+    if value is None:
+        raise DispatchServerError(f"malformed response: output {name} is missing")
+    return np.asarray(value)
+
+
+def _text(value: Any) -> str:
+    # Ids went out as UTF-8; `replace` keeps a corrupted one visible instead of fatal.
+    if isinstance(value, bytes | bytearray | np.bytes_):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _short_float(value: Any) -> float:
+    """Shortest decimal of the FP32 value, so JSON shows 0.8, not 0.800000011920929."""
+    return float(str(np.float32(value)))

@@ -42,8 +42,8 @@ IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 
 UTC_OFFSET_S: Final = 8 * 3600  # Shanghai local time, UTC+8 (no daylight saving)
-# Monday 2024-03-04 00:00 local time: windows without a dispatch time fall in the weeks after.
-EPOCH_MONDAY_LOCAL: Final = 1_709_481_600
+# Unix time of Monday 2024-03-04 00:00 local time (UTC+8); random windows fall in the weeks after.
+MONDAY_MIDNIGHT_LOCAL: Final = 1_709_481_600
 THERMAL_EQUIPMENT_BIT: Final = 1
 
 
@@ -525,7 +525,7 @@ def random_dispatch_time(rng: np.random.Generator, config: CityConfig = DEFAULT_
     else:
         hour = int(rng.integers(0, 24))
     second = int(rng.integers(0, 3600))
-    return EPOCH_MONDAY_LOCAL - UTC_OFFSET_S + day * 86_400 + hour * 3600 + second
+    return MONDAY_MIDNIGHT_LOCAL + day * 86_400 + hour * 3600 + second
 
 
 def _clip_to_city(latlon: FloatArray, config: CityConfig) -> FloatArray:

@@ -14,7 +14,7 @@ from dispatch_service import geo
 from dispatch_service.contracts import CoordSystem
 from dispatch_service.pipeline import DispatchPipeline
 from dispatch_service.server import TritonServer
-from triton_helpers import OUTPUT_NAMES, infer_grpc, infer_http, sim_window, triton_dtype
+from triton_helpers import OUTPUT_NAMES, grpc_inputs, infer_grpc, infer_http, sim_window
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 
@@ -144,11 +144,7 @@ def test_concurrent_windows_are_batched_and_answered_each_correctly(
     try:
         pending = []
         for window in windows:
-            inputs = []
-            for name, array in window.items():
-                tensor = grpcclient.InferInput(name, list(array.shape), triton_dtype(array))
-                tensor.set_data_from_numpy(array)
-                inputs.append(tensor)
+            inputs = grpc_inputs(window)
             results: list[Any] = []
             pending.append(results)
             client.async_infer(

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import np_to_triton_dtype
 
 from dispatch_service.contracts import DISPATCH_OUTPUTS
 from dispatch_service.simulator import generate_window
@@ -27,7 +28,7 @@ def infer_http(
 ) -> dict[str, np.ndarray[Any, Any]]:
     inputs = []
     for name, array in tensors.items():
-        tensor = httpclient.InferInput(name, list(array.shape), triton_dtype(array))
+        tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)
     outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in OUTPUT_NAMES]
@@ -35,23 +36,21 @@ def infer_http(
     return {name: result.as_numpy(name) for name in OUTPUT_NAMES}
 
 
+def grpc_inputs(tensors: dict[str, np.ndarray[Any, Any]]) -> list[grpcclient.InferInput]:
+    inputs = []
+    for name, array in tensors.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
 def infer_grpc(
     client: grpcclient.InferenceServerClient,
     tensors: dict[str, np.ndarray[Any, Any]],
     model: str = "dispatch",
 ) -> dict[str, np.ndarray[Any, Any]]:
-    inputs = []
-    for name, array in tensors.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), triton_dtype(array))
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+    inputs = grpc_inputs(tensors)
     outputs = [grpcclient.InferRequestedOutput(n) for n in OUTPUT_NAMES]
     result = client.infer(model, inputs, outputs=outputs)
     return {name: result.as_numpy(name) for name in OUTPUT_NAMES}
-
-
-def triton_dtype(array: np.ndarray[Any, Any]) -> str:
-    if array.dtype.kind in "OSU":
-        return "BYTES"
-    names = {"f4": "FP32", "f8": "FP64", "i4": "INT32", "i8": "INT64", "b1": "BOOL"}
-    return names[f"{array.dtype.kind}{array.dtype.itemsize}"]

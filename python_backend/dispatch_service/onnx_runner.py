@@ -58,9 +58,9 @@ class OnnxScorer:
         inputs = self.session.get_inputs()
         outputs = self.session.get_outputs()
         expected_in, expected_out = MODEL_INPUTS[0], MODEL_OUTPUTS[0]
-        if [i.name for i in inputs] != [expected_in.name] or inputs[0].shape[1] != (
+        if [i.name for i in inputs] != [expected_in.name] or list(inputs[0].shape[1:]) != [
             NUM_PAIR_FEATURES
-        ):
+        ]:
             raise ValueError(
                 f"{model_path}: expected one input {expected_in.name} [batch, {NUM_PAIR_FEATURES}],"
                 f" found {[(i.name, i.shape) for i in inputs]}"

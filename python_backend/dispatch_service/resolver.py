@@ -275,7 +275,7 @@ def _counts(name: str, value: ArrayLike, num_riders: int) -> NDArray[np.int64]:
     negative = counts < 0
     if negative.any():
         row = _first_row(negative)
-        raise DispatchInputError(name, f"must be >= 0, got {counts[row]} (row {row})")
+        raise DispatchInputError(name, f"must be >= 0 (row {row})")
     return counts
 
 

@@ -106,7 +106,9 @@ def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.ob
     raw = _fetch(tensors, name)
     out = np.empty(raw.shape[0], dtype=object)
     for i, item in enumerate(raw.tolist()):
-        value = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        if not isinstance(item, str | bytes):
+            raise DispatchInputError(name, f"ids must be bytes or text (row {i})")
+        value = item.encode("utf-8") if isinstance(item, str) else item
         if not value:
             raise DispatchInputError(name, f"ids must not be empty (row {i})")
         if len(value) > max_bytes:
@@ -141,7 +143,7 @@ def _at_least(name: str, array: NDArray[Any], low: int) -> None:
     bad = array < low
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
-        raise DispatchInputError(name, f"must be >= {low}, got {array[row]} (row {row})")
+        raise DispatchInputError(name, f"must be >= {low} (row {row})")
 
 
 def _unique(name: str, ids: NDArray[np.object_]) -> None:
@@ -175,9 +177,7 @@ def parse_coord_system(value: Any) -> CoordSystem:
         return CoordSystem[key]
     except KeyError:
         allowed = ", ".join(c.name for c in CoordSystem)
-        raise DispatchInputError(
-            "COORD_SYSTEM", f"must be one of {allowed}, got {str(text)[:32]!r}"
-        ) from None
+        raise DispatchInputError("COORD_SYSTEM", f"must be one of {allowed}") from None
 
 
 def parse_objective_weights(value: Any | None) -> NDArray[np.float64]:

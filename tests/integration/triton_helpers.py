@@ -33,7 +33,14 @@ def infer_http(
         inputs.append(tensor)
     outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in OUTPUT_NAMES]
     result = client.infer(model, inputs, outputs=outputs)
-    return {name: result.as_numpy(name) for name in OUTPUT_NAMES}
+    return {name: _as_bytes(result.as_numpy(name)) for name in OUTPUT_NAMES}
+
+
+def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """JSON responses carry BYTES as text; compare them as the bytes they are."""
+    if array.dtype.kind != "O":
+        return array
+    return np.vectorize(lambda v: v.encode() if isinstance(v, str) else v, otypes=[object])(array)
 
 
 def grpc_inputs(tensors: dict[str, np.ndarray[Any, Any]]) -> list[grpcclient.InferInput]:

@@ -69,15 +69,13 @@ def run_perf_analyzer(
         "25",
         "--max-trials",
         "6",
-        "--percentile",
-        "99",
         "-f",
         str(out_csv),
     ]
     env = dict(os.environ, LD_LIBRARY_PATH=library_path)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
-        raise RuntimeError(f"perf_analyzer failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"perf_analyzer failed:\n{done.stdout[:3000]}\n{done.stderr[:3000]}")
     return " ".join(command)
 
 

@@ -65,11 +65,16 @@ class OnnxScorer:
                 f"{model_path}: expected one input {expected_in.name} [batch, {NUM_PAIR_FEATURES}],"
                 f" found {[(i.name, i.shape) for i in inputs]}"
             )
-        if [o.name for o in outputs] != [expected_out.name]:
+        width = expected_out.dims[1]
+        if [o.name for o in outputs] != [expected_out.name] or list(outputs[0].shape[1:]) != [
+            width
+        ]:
             raise ValueError(
-                f"{model_path}: expected one output {expected_out.name}, "
-                f"found {[o.name for o in outputs]}"
+                f"{model_path}: expected one output {expected_out.name} [batch, {width}], "
+                f"found {[(o.name, o.shape) for o in outputs]}"
             )
+        if inputs[0].type != "tensor(float)" or outputs[0].type != "tensor(float)":
+            raise ValueError(f"{model_path}: input and output must be float32 tensors")
 
     def check(self, pair_features: NDArray[np.float32]) -> None:
         """Reject features the model cannot score, naming the tensor and the rule."""

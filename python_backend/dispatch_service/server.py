@@ -32,14 +32,16 @@ class Ports:
 
     @classmethod
     def free(cls) -> Ports:
-        return cls(free_port(), free_port(), free_port())
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        """Three distinct loopback ports nobody listens on right now."""
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
+        try:
+            for sock in sockets:  # held open together, so the three differ
+                sock.bind(("127.0.0.1", 0))
+            http, grpc, metrics = (int(sock.getsockname()[1]) for sock in sockets)
+        finally:
+            for sock in sockets:
+                sock.close()
+        return cls(http, grpc, metrics)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ class TritonServer:
             "--exit-timeout-secs=10",
             "--log-verbose=0",
         ]
+        if opts.load_models and opts.model_control != "explicit":
+            raise ValueError("load_models needs model_control='explicit'")
         args += [f"--load-model={name}" for name in opts.load_models]
         args += list(opts.extra_args)
         return args

@@ -39,6 +39,16 @@ class WindowLimits:
     max_riders: int = MAX_RIDERS
     max_id_bytes: int = MAX_ID_BYTES
 
+    def __post_init__(self) -> None:
+        # Above the contract's limits a window would not fit dispatch_model's batch.
+        for name, value, ceiling in (
+            ("max_orders", self.max_orders, MAX_ORDERS),
+            ("max_riders", self.max_riders, MAX_RIDERS),
+            ("max_id_bytes", self.max_id_bytes, MAX_ID_BYTES),
+        ):
+            if not 1 <= value <= ceiling:
+                raise ValueError(f"{name} must be within [1, {ceiling}], got {value}")
+
 
 @dataclass(frozen=True)
 class DispatchWindow:

@@ -1,6 +1,7 @@
 """Triton entry point for feature_encoder; the work is in the dispatch_service library."""
 
 import triton_python_backend_utils as pb_utils
+
 from dispatch_service.triton_adapter import adapter_for
 
 

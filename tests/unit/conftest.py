@@ -1,0 +1,70 @@
+"""Shared unit-test fixtures.
+
+`contract_model` is a tiny ONNX graph that honours the dispatch_model contract
+(PAIR_FEATURES [batch, 28] FP32 -> PAIR_OBJECTIVES [batch, 3] FP32, every output positive
+and the on-time column in (0, 1)), so the scorer, the steps, the pipeline and the Triton
+adapter can be tested without the trained model file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dispatch_service.contracts import (
+    MODEL_INPUTS,
+    MODEL_OUTPUTS,
+    NUM_PAIR_FEATURES,
+    OBJECTIVES,
+)
+
+CONTRACT_MODEL_HIDDEN = 32
+# Sigmoid outputs times these give ETA in (0, 60) min, P(on time) in (0, 1), cost in (0, 20).
+CONTRACT_MODEL_OUTPUT_SCALE = (60.0, 1.0, 20.0)
+
+
+def write_contract_model(path: Path, seed: int = 7) -> Path:
+    """Save a small random MLP with the contract's input and output to ``path``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    in_name, out_name = MODEL_INPUTS[0].name, MODEL_OUTPUTS[0].name
+    arrays = {
+        "w1": rng.normal(0.0, 0.3, (NUM_PAIR_FEATURES, CONTRACT_MODEL_HIDDEN)),
+        "b1": rng.normal(0.0, 0.1, CONTRACT_MODEL_HIDDEN),
+        "w2": rng.normal(0.0, 0.3, (CONTRACT_MODEL_HIDDEN, len(OBJECTIVES))),
+        "b2": rng.normal(0.0, 0.1, len(OBJECTIVES)),
+        "scale": np.asarray(CONTRACT_MODEL_OUTPUT_SCALE),
+    }
+    initializers = [
+        numpy_helper.from_array(value.astype(np.float32), name) for name, value in arrays.items()
+    ]
+    nodes = [
+        helper.make_node("Gemm", [in_name, "w1", "b1"], ["a1"]),
+        helper.make_node("Relu", ["a1"], ["h1"]),
+        helper.make_node("Gemm", ["h1", "w2", "b2"], ["a2"]),
+        helper.make_node("Sigmoid", ["a2"], ["s2"]),
+        helper.make_node("Mul", ["s2", "scale"], [out_name]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "contract_test_model",
+        [helper.make_tensor_value_info(in_name, TensorProto.FLOAT, ["batch", NUM_PAIR_FEATURES])],
+        [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, ["batch", len(OBJECTIVES)])],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def contract_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of a contract-conforming ONNX model (not the trained one)."""
+    return write_contract_model(tmp_path_factory.mktemp("contract_model") / "model.onnx")

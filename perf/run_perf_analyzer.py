@@ -99,7 +99,7 @@ def read_rows(out_csv: Path) -> list[dict[str, float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", help="gRPC host:port of a running server (default: start one)")
-    parser.add_argument("--concurrency", default="1:8:*2")
+    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "perf" / "reports")
     args = parser.parse_args()
 
@@ -129,13 +129,18 @@ def main() -> int:
         for size, (orders, riders) in SIZES.items():
             data = out / f"input_{size}.json"
             input_data_file(data, orders, riders, range(1000, 1008))
-            out_csv = out / f"perf_{size}.csv"
-            command = run_perf_analyzer(perf_bin, perf_libs, url, data, args.concurrency, out_csv)
+            rows: list[dict[str, float]] = []
+            for level in args.concurrency.split(","):
+                out_csv = out / f"perf_{size}_c{level}.csv"
+                command = run_perf_analyzer(
+                    perf_bin, perf_libs, url, data, f"{level}:{level}", out_csv
+                )
+                rows += read_rows(out_csv)
             results["sizes"][size] = {
                 "orders": orders,
                 "riders": riders,
                 "command": command,
-                "rows": read_rows(out_csv),
+                "rows": rows,
             }
     finally:
         if server is not None:

@@ -23,6 +23,8 @@ from types import TracebackType
 
 from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
 
+ADMIN_KEY_HEADER = "admin-key"
+
 
 @dataclass(frozen=True)
 class Ports:
@@ -80,8 +82,11 @@ class ServerOptions:
     model_repository: Path = MODEL_REPOSITORY
     ports: Ports = field(default_factory=Ports)
     profile: str = "cpu"
-    model_control: str = "none"  # or "explicit"
-    load_models: Sequence[str] = ()
+    # Explicit control so operators can load/unload versions live; "*" loads everything.
+    model_control: str = "explicit"
+    load_models: Sequence[str] = ("*",)
+    # Load/unload endpoints answer only callers presenting this key (header `admin-key`).
+    admin_key: str | None = None
     extra_args: Sequence[str] = ()
     host: str = "127.0.0.1"
 
@@ -136,6 +141,11 @@ class TritonServer:
         if opts.load_models and opts.model_control != "explicit":
             raise ValueError("load_models needs model_control='explicit'")
         args += [f"--load-model={name}" for name in opts.load_models]
+        if opts.admin_key:
+            args += [
+                f"--http-restricted-api=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
+                f"--grpc-restricted-protocol=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
+            ]
         args += list(opts.extra_args)
         return args
 

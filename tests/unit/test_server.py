@@ -142,10 +142,24 @@ def test_command_carries_repository_backends_ports_and_profile(tmp_path: Path) -
         "--grpc-address=127.0.0.1",
         "--metrics-address=127.0.0.1",
         "--model-config-name=gpu",
-        "--model-control-mode=none",
+        "--model-control-mode=explicit",
+        "--load-model=*",
     ):
         assert flag in command
-    assert not any(arg.startswith("--load-model") for arg in command)
+    assert not any("restricted" in arg for arg in command)
+
+
+def test_an_admin_key_restricts_the_repository_endpoints(tmp_path: Path) -> None:
+    options = ServerOptions(admin_key="s3cret")
+    command = TritonServer(make_runtime(tmp_path), options, tmp_path / "log").command()
+    assert "--http-restricted-api=model-repository:admin-key=s3cret" in command
+    assert "--grpc-restricted-protocol=model-repository:admin-key=s3cret" in command
+
+
+def test_load_models_need_explicit_control(tmp_path: Path) -> None:
+    options = ServerOptions(model_control="none")
+    with pytest.raises(ValueError, match="explicit"):
+        TritonServer(make_runtime(tmp_path), options, tmp_path / "log").command()
 
 
 def test_command_defaults_to_the_cpu_profile(tmp_path: Path) -> None:

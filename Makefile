@@ -8,7 +8,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 SEED ?= 7
 
-.PHONY: setup serve test test-unit test-integration lint typecheck check model perf clean
+.PHONY: setup serve test test-unit test-integration lint typecheck check model perf warmup clean
 
 setup:
 	@bash scripts/setup.sh
@@ -45,3 +45,7 @@ perf: setup
 
 clean:
 	rm -rf $(VENV) .triton .pytest_cache .mypy_cache .ruff_cache
+
+# Regenerate model_repository/*/warmup/ after changing the contract or the encoder.
+warmup: setup
+	$(PY) -m dispatch_service.warmup

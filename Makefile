@@ -39,9 +39,9 @@ check: lint typecheck test
 model: setup
 	$(PY) -m dispatch_service.training --seed $(SEED)
 
-# First perf_analyzer run of the ensemble; writes perf/reports/.
+# Quick perf_analyzer sweep of the ensemble over gRPC; writes perf/reports/<stamp>/.
 perf: setup
-	$(PY) perf/run_perf_analyzer.py
+	$(PY) -m perf.run_perf_analyzer
 
 clean:
 	rm -rf $(VENV) .triton .pytest_cache .mypy_cache .ruff_cache
@@ -49,3 +49,43 @@ clean:
 # Regenerate model_repository/*/warmup/ after changing the contract or the encoder.
 warmup: setup
 	$(PY) -m dispatch_service.warmup
+
+# Sign one model version folder (writes MANIFEST.json + MANIFEST.sig into it):
+#   make sign MODEL=dispatch_model VERSION=2 KEY=path/to/signing.key
+# Without KEY the private key PEM is read from the environment variable DISPATCH_SIGNING_KEY.
+.PHONY: sign
+sign: setup
+	@test -n "$(MODEL)" -a -n "$(VERSION)" || { \
+		echo "usage: make sign MODEL=dispatch_model VERSION=2 [KEY=path/to/signing.key]" >&2; exit 2; }
+	$(PY) -m dispatch_service.admin sign --model $(MODEL) --version $(VERSION) $(if $(KEY),--key $(KEY))
+
+# ONNX Runtime profile of the served dispatch_model over simulator windows: prints the
+# per-operator table, writes the trace under perf/reports/profile-<stamp>/.
+.PHONY: profile
+profile: setup
+	$(PY) -m dispatch_service.profiling
+
+# Every entry point (HTTP JSON, HTTP binary, gRPC, gRPC + system shm) over a concurrency
+# sweep and small/medium/large windows, against the in-process limit and a FastAPI baseline;
+# writes perf/reports/bench-<stamp>/ (report.md, summary.json, plots). Under 10 minutes on
+# 2 cores; `make bench-quick` is a 1-2 minute smoke run.
+.PHONY: bench bench-quick
+bench: setup
+	$(PY) -m perf.bench
+
+bench-quick: setup
+	$(PY) -m perf.bench --quick
+
+# Retrain dispatch_model version 2 (log features, more data, wider net) and compare it with
+# version 1 on the same held-out pairs and policy windows in its card. Several minutes.
+.PHONY: model-v2
+model-v2: setup
+	$(PY) -m dispatch_service.training --seed $(SEED) --windows 3000 --epochs 40 \
+		--eval-windows 256 --hidden 192,96 --log-features --version 2 \
+		--compare-with model_repository/dispatch_model/1
+
+# Latency cost of shadow scoring: the same windows with shadow_percent 0 and 100 on a
+# server of its own; prints p50/p95/p99 per setting.
+.PHONY: shadow-cost
+shadow-cost: setup
+	$(PY) -m perf.shadow_cost

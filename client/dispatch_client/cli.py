@@ -1,6 +1,11 @@
 """`dispatch-client`: send a window JSON file to the server and print the result JSON.
 
-    dispatch-client [--url URL] [--protocol http|grpc] [--model NAME] [--timeout S] [FILE|-]
+    dispatch-client [--url URL] [--protocol http|grpc|grpc-shm] [--model NAME] [--timeout S]
+                    [FILE|-]
+
+``grpc-shm`` is gRPC with the tensors in system shared memory (server on the same host);
+its regions are sized for the window read and released before the command exits, also on
+Ctrl-C or SIGTERM.
 
 The result goes to stdout; every failure is one line ``error: ...`` on stderr, so scripts
 can log it as is. Exit codes: 0 success, 2 bad input (usage, unreadable file, bad JSON or
@@ -17,6 +22,7 @@ from typing import NoReturn
 
 from dispatch_client.client import DEFAULT_MODEL_NAME, DispatchClient
 from dispatch_client.errors import DispatchError, WindowJSONError, one_line
+from dispatch_client.shm import ShmCapacity
 from dispatch_client.transport import DEFAULT_TIMEOUT_S, ProtocolName, Transport, make_transport
 from dispatch_client.window_json import window_from_json
 
@@ -57,9 +63,16 @@ def _parser() -> argparse.ArgumentParser:
         "the Top-K riders and the assignment per order as JSON.",
     )
     parser.add_argument(
-        "--url", help="server host:port (default localhost:8000 for http, localhost:8001 for grpc)"
+        "--url",
+        help="server host:port (default localhost:8000 for http, localhost:8001 for grpc "
+        "and grpc-shm)",
     )
-    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument(
+        "--protocol",
+        choices=("http", "grpc", "grpc-shm"),
+        default="http",
+        help="grpc-shm: gRPC with tensors in system shared memory, server on this host",
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL_NAME, help="model name (%(default)s)")
     parser.add_argument(
         "--timeout",
@@ -108,11 +121,19 @@ def main(
     except WindowJSONError as exc:
         return _fail(f"{source}: {exc}", EXIT_INPUT)
 
-    factory = transport_factory or (lambda p, u, t: make_transport(p, u, timeout_s=t))
+    def default_factory(protocol: ProtocolName, url: str | None, timeout_s: float) -> Transport:
+        capacity = ShmCapacity.for_window(window) if protocol == "grpc-shm" else None
+        return make_transport(protocol, url, timeout_s=timeout_s, shm_capacity=capacity)
+
+    factory = transport_factory or default_factory
     try:
         transport = factory(args.protocol, args.url, args.timeout)
     except ValueError as exc:  # a malformed --url
         return _fail(f"--url: {exc}", EXIT_INPUT)
+    except DispatchError as exc:  # grpc-shm registers its regions up front
+        return _fail(exc.message, EXIT_SERVER)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
 
     try:
         with DispatchClient(transport, model_name=args.model) as client:

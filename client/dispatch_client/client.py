@@ -25,7 +25,14 @@ from dispatch_client.transport import (
     HttpTransport,
     Transport,
 )
-from dispatch_service.contracts import DISPATCH_OUTPUTS, WINDOW_INPUTS
+from dispatch_service.contracts import (
+    DISPATCH_ENSEMBLE_OUTPUTS,
+    FEATURE_ENTRY_INPUTS,
+    FEATURE_ENTRY_MODEL_NAME,
+    NUM_PAIR_FEATURES,
+    ROUTING_INPUTS,
+    WINDOW_INPUTS,
+)
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -37,8 +44,11 @@ __all__ = [
 ]
 
 DEFAULT_MODEL_NAME = "dispatch"
-OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_OUTPUTS)
-_INPUT_NAMES = frozenset(spec.name for spec in WINDOW_INPUTS)
+# The resolver's answer plus the router's per-order ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL.
+OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS)
+# The window, plus the optional MODEL_VERSION_TAG ("stable", "canary" or a version number).
+_INPUT_NAMES = frozenset(spec.name for spec in (*WINDOW_INPUTS, *ROUTING_INPUTS))
+_FEATURE_SPECS = {spec.name: spec for spec in FEATURE_ENTRY_INPUTS}
 _TOPK = (  # the index first: it defines K and marks padding
     "TOPK_RIDER_INDEX",
     "TOPK_RIDER_IDS",
@@ -68,14 +78,23 @@ class OrderResult:
     top_k: tuple[Candidate, ...]
     assigned_rider_id: str | None
     assigned_score: float | None
+    # dispatch_model version that scored the order (0: rule-based) and the fallback level
+    # (0 chosen version, 1 stable retry, 2 rule-based); None when the answer lacks them.
+    model_version: int | None = None
+    fallback_level: int | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "order_id": self.order_id,
             "assigned_rider_id": self.assigned_rider_id,
             "assigned_score": self.assigned_score,
             "top_k": [c._asdict() for c in self.top_k],
         }
+        if self.model_version is not None:
+            data["model_version"] = self.model_version
+        if self.fallback_level is not None:
+            data["fallback_level"] = self.fallback_level
+        return data
 
 
 @dataclass(frozen=True)
@@ -139,6 +158,56 @@ class DispatchClient:
         outputs = self.transport.infer(self.model_name, inputs, OUTPUT_NAMES)
         return parse_dispatch_outputs(inputs["ORDER_IDS"], outputs)
 
+    def dispatch_features(
+        self,
+        order_ids: ArrayLike,
+        features: Mapping[str, ArrayLike],
+        *,
+        model_name: str = FEATURE_ENTRY_MODEL_NAME,
+    ) -> DispatchResult:
+        """Send already encoded pair features to the `dispatch_features` ensemble.
+
+        `features` holds the tensors of `contracts.FEATURE_ENTRY_INPUTS`: PAIR_FEATURES
+        [B x N, 28] (the served model versions' layout, rows in CANDIDATE_RIDER_INDEX order),
+        CANDIDATE_RIDER_INDEX [B, N], ORDER_USER_IDS [B] (canary routing), RIDER_IDS,
+        RIDER_LOAD, RIDER_CAPACITY and optionally OBJECTIVE_WEIGHTS and MODEL_VERSION_TAG.
+        `order_ids` ([B]) label the results; they are not sent. Numeric tensors are cast to
+        the contract's dtypes. Raises ValueError for an unknown or
+        missing tensor or inconsistent shapes (before any network traffic), and the
+        transport's errors.
+        """
+        unknown = sorted(set(features) - set(_FEATURE_SPECS))
+        if unknown:
+            raise ValueError(f"unknown feature tensor(s) {', '.join(unknown)}")
+        inputs: dict[str, NDArray[Any]] = {}
+        for name, spec in _FEATURE_SPECS.items():
+            value = features.get(name)
+            if value is None:
+                if not spec.optional:
+                    raise ValueError(f"feature tensors lack {name}")
+                continue
+            dtype = object if spec.triton_dtype == "BYTES" else spec.numpy_dtype
+            inputs[name] = np.asarray(value, dtype=dtype)
+        ids = np.asarray(order_ids, dtype=object).reshape(-1)
+        pairs, candidates = inputs["PAIR_FEATURES"], inputs["CANDIDATE_RIDER_INDEX"]
+        if pairs.ndim != 2 or pairs.shape[1] != NUM_PAIR_FEATURES:
+            raise ValueError(
+                f"PAIR_FEATURES must have shape [P, {NUM_PAIR_FEATURES}], got {pairs.shape}"
+            )
+        if candidates.ndim != 2 or candidates.shape[0] != len(ids):
+            raise ValueError(
+                f"CANDIDATE_RIDER_INDEX must have shape [B, N] with B = {len(ids)} orders, "
+                f"got {candidates.shape}"
+            )
+        if inputs["ORDER_USER_IDS"].shape != (len(ids),):
+            raise ValueError(f"ORDER_USER_IDS must have shape [{len(ids)}] like the order ids")
+        if pairs.shape[0] != candidates.size:
+            raise ValueError(
+                f"PAIR_FEATURES must have B x N = {candidates.size} rows, got {pairs.shape[0]}"
+            )
+        outputs = self.transport.infer(model_name, inputs, OUTPUT_NAMES)
+        return parse_dispatch_outputs(ids, outputs)
+
     def close(self) -> None:
         self.transport.close()
 
@@ -177,6 +246,8 @@ def parse_dispatch_outputs(
                 f"malformed response: {name} has shape {arrays[name].shape}, expected ({count},)"
             )
 
+    versions = _routing_output(outputs, "ORDER_MODEL_VERSION", count)
+    levels = _routing_output(outputs, "ORDER_FALLBACK_LEVEL", count)
     results = []
     for row, order_id in enumerate(ids):
         top_k = tuple(
@@ -197,9 +268,24 @@ def parse_dispatch_outputs(
                 top_k=top_k,
                 assigned_rider_id=_text(arrays["ASSIGNED_RIDER_IDS"][row]) if assigned else None,
                 assigned_score=_short_float(arrays["ASSIGNED_SCORE"][row]) if assigned else None,
+                model_version=None if versions is None else int(versions[row]),
+                fallback_level=None if levels is None else int(levels[row]),
             )
         )
     return DispatchResult(orders=tuple(results))
+
+
+def _routing_output(outputs: Mapping[str, ArrayLike], name: str, count: int) -> NDArray[Any] | None:
+    """An optional per-order routing output ([B] ints), None when the answer lacks it."""
+    value = outputs.get(name)
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.shape != (count,):
+        raise DispatchServerError(
+            f"malformed response: {name} has shape {array.shape}, expected ({count},)"
+        )
+    return array
 
 
 def _output(outputs: Mapping[str, ArrayLike], name: str) -> NDArray[Any]:

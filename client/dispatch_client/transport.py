@@ -1,15 +1,17 @@
-"""How request tensors reach Triton: one small protocol, two implementations.
+"""How request tensors reach Triton: one small protocol, three implementations.
 
 `DispatchClient` depends only on `Transport`, so tests can hand it an in-memory fake and
 HTTP or gRPC are a constructor choice. Both implementations translate tritonclient's and
 the socket layer's exceptions into `DispatchServerError` (the server said no; its
-message, on one line) or `DispatchConnectionError` (nobody answered).
+message, on one line) or `DispatchConnectionError` (nobody answered). The third,
+`dispatch_client.shm.GrpcShmTransport` (protocol ``grpc-shm``), passes tensors through
+shared memory registered with the server.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -19,6 +21,9 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 
+if TYPE_CHECKING:
+    from dispatch_client.shm import ShmCapacity
+
 __all__ = [
     "DEFAULT_GRPC_URL",
     "DEFAULT_HTTP_URL",
@@ -27,6 +32,8 @@ __all__ = [
     "HttpTransport",
     "ProtocolName",
     "Transport",
+    "check_url",
+    "grpc_error",
     "make_transport",
 ]
 
@@ -34,7 +41,7 @@ DEFAULT_HTTP_URL = "localhost:8000"
 DEFAULT_GRPC_URL = "localhost:8001"
 DEFAULT_TIMEOUT_S = 60.0
 
-ProtocolName = Literal["http", "grpc"]
+ProtocolName = Literal["http", "grpc", "grpc-shm"]
 
 
 class Transport(Protocol):
@@ -51,7 +58,7 @@ class Transport(Protocol):
         ...
 
 
-def _check_url(url: str) -> str:
+def check_url(url: str) -> str:
     # tritonclient wants host:port and fails obscurely on a scheme; say so up front.
     if "://" in url or not url.strip():
         raise ValueError(f"url must be host:port without a scheme, got {url!r}")
@@ -62,6 +69,23 @@ def _server_error(exc: InferenceServerException) -> DispatchServerError:
     message = exc.message() or str(exc) or "the server returned an error without a message"
     status = exc.status()
     return DispatchServerError(str(message), None if status is None else str(status))
+
+
+def grpc_error(
+    exc: InferenceServerException, url: str, timeout_s: float
+) -> DispatchServerError | DispatchConnectionError:
+    """A gRPC failure as the client's error: the server's refusal, or nobody answering.
+
+    gRPC reports transport failures with the same exception; the code tells them apart, so
+    callers know whether the server spoke at all.
+    """
+    status = str(exc.status())
+    text = str(exc.message() or exc)
+    if status == "StatusCode.DEADLINE_EXCEEDED":
+        return DispatchConnectionError(f"no answer from {url} over gRPC within {timeout_s:g} s")
+    if status == "StatusCode.UNAVAILABLE" and "failed to connect" in text.lower():
+        return DispatchConnectionError(f"cannot reach {url} over gRPC: {text}")
+    return _server_error(exc)
 
 
 def _outputs(result: Any, output_names: Sequence[str]) -> dict[str, NDArray[Any]]:
@@ -87,7 +111,7 @@ class HttpTransport:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        self.url = _check_url(url)
+        self.url = check_url(url)
         self._client: Any = httpclient.InferenceServerClient(
             url=self.url, connection_timeout=connect_timeout_s, network_timeout=timeout_s
         )
@@ -122,7 +146,7 @@ class GrpcTransport:
     """Triton's gRPC endpoint (default port 8001)."""
 
     def __init__(self, url: str = DEFAULT_GRPC_URL, *, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.url = _check_url(url)
+        self.url = check_url(url)
         self.timeout_s = timeout_s
         self._client: Any = grpcclient.InferenceServerClient(url=self.url)
 
@@ -142,17 +166,7 @@ class GrpcTransport:
                 model_name, request, outputs=wanted, client_timeout=self.timeout_s
             )
         except InferenceServerException as exc:
-            # gRPC reports transport failures with the same exception; tell them apart by
-            # code so callers know whether the server spoke at all.
-            status = str(exc.status())
-            text = str(exc.message() or exc)
-            if status == "StatusCode.DEADLINE_EXCEEDED":
-                raise DispatchConnectionError(
-                    f"no answer from {self.url} over gRPC within {self.timeout_s:g} s"
-                ) from exc
-            if status == "StatusCode.UNAVAILABLE" and "failed to connect" in text.lower():
-                raise DispatchConnectionError(f"cannot reach {self.url} over gRPC: {text}") from exc
-            raise _server_error(exc) from exc
+            raise grpc_error(exc, self.url, self.timeout_s) from exc
         return _outputs(result, output_names)
 
     def close(self) -> None:
@@ -160,11 +174,24 @@ class GrpcTransport:
 
 
 def make_transport(
-    protocol: ProtocolName, url: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    protocol: ProtocolName,
+    url: str | None = None,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    shm_capacity: ShmCapacity | None = None,
 ) -> Transport:
-    """Build the transport for `protocol`, on its default port when `url` is None."""
+    """Build the transport for `protocol`, on its default port when `url` is None.
+
+    ``grpc-shm`` is gRPC with system shared memory (client and server on one host);
+    `shm_capacity` sizes its regions (default `ShmCapacity()`). Unlike the others it talks
+    to the server at once: it registers its regions.
+    """
     if protocol == "http":
         return HttpTransport(url or DEFAULT_HTTP_URL, timeout_s=timeout_s)
     if protocol == "grpc":
         return GrpcTransport(url or DEFAULT_GRPC_URL, timeout_s=timeout_s)
-    raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+    if protocol == "grpc-shm":
+        from dispatch_client.shm import GrpcShmTransport
+
+        return GrpcShmTransport(url or DEFAULT_GRPC_URL, timeout_s=timeout_s, capacity=shm_capacity)
+    raise ValueError(f"protocol must be 'http', 'grpc' or 'grpc-shm', got {protocol!r}")

@@ -175,8 +175,72 @@ DISPATCH_OUTPUTS: Final[tuple[TensorSpec, ...]] = (
 )
 
 
+# ---- server-side canary: `dispatch_router` between feature_encoder and topk_resolver ----
+MODEL_VERSION_TAG = TensorSpec(
+    "MODEL_VERSION_TAG",
+    "BYTES",
+    (1,),
+    optional=True,
+    doc="optional A/B tag forcing a dispatch_model version: stable | canary | a version number",
+)
+ORDER_MODEL_VERSION = TensorSpec(
+    "ORDER_MODEL_VERSION",
+    "INT32",
+    (B,),
+    doc="dispatch_model version that scored the order; 0 = the rule-based dispatcher",
+)
+ORDER_FALLBACK_LEVEL = TensorSpec(
+    "ORDER_FALLBACK_LEVEL",
+    "INT32",
+    (B,),
+    doc="0 chosen version answered, 1 stable retry answered, 2 rule-based dispatcher answered",
+)
+ROUTING_INPUTS: Final = (MODEL_VERSION_TAG,)
+ROUTING_OUTPUTS: Final = (ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL)
+ROUTER_INPUTS: Final = (
+    PAIR_FEATURES,
+    CANDIDATE_RIDER_INDEX,
+    next(spec for spec in WINDOW_INPUTS if spec.name == "ORDER_USER_IDS"),
+    MODEL_VERSION_TAG,
+)
+ROUTER_OUTPUTS: Final = (PAIR_OBJECTIVES, *ROUTING_OUTPUTS)
+# The `dispatch` ensemble: the window plus the optional tag in; the resolver's answer plus
+# the per-order routing outputs out (DISPATCH_OUTPUTS stays the resolver's own outputs).
+DISPATCH_ENSEMBLE_INPUTS: Final = (*WINDOW_INPUTS, *ROUTING_INPUTS)
+DISPATCH_ENSEMBLE_OUTPUTS: Final = (*DISPATCH_OUTPUTS, *ROUTING_OUTPUTS)
+
+
 def spec_by_name(name: str) -> TensorSpec:
-    for spec in (*WINDOW_INPUTS, *ENCODER_OUTPUTS, *MODEL_OUTPUTS, *DISPATCH_OUTPUTS):
+    for spec in (
+        *WINDOW_INPUTS,
+        *ENCODER_OUTPUTS,
+        *MODEL_OUTPUTS,
+        *DISPATCH_OUTPUTS,
+        *ROUTING_INPUTS,
+        *ROUTING_OUTPUTS,
+    ):
         if spec.name == name:
             return spec
     raise KeyError(name)
+
+
+# ---- the feature-level entry point: the `dispatch_features` ensemble ----------------------
+# For co-located feature services that already hold pair features: the caller encodes the
+# window (layout of the served dispatch_model versions, `v1` above), and the ensemble runs
+# the same dispatch_router -> topk_resolver steps as `dispatch`, so canary routing, fallback
+# and the answer are those of `dispatch` for the same window. ORDER_USER_IDS is needed for
+# the per-user canary routing.
+FEATURE_ENTRY_MODEL_NAME: Final = "dispatch_features"
+FEATURE_ENTRY_INPUTS: Final[tuple[TensorSpec, ...]] = (
+    TensorSpec(
+        PAIR_FEATURES.name,
+        PAIR_FEATURES.triton_dtype,
+        PAIR_FEATURES.dims,
+        doc="one row per candidate pair, P = B x N rows in CANDIDATE_RIDER_INDEX order",
+    ),
+    CANDIDATE_RIDER_INDEX,
+    *(spec for spec in WINDOW_INPUTS if spec.name == "ORDER_USER_IDS"),
+    *(spec for spec in WINDOW_INPUTS if spec.name in RESOLVER_WINDOW_INPUTS),
+    *ROUTING_INPUTS,
+)
+FEATURE_ENTRY_OUTPUTS: Final = DISPATCH_ENSEMBLE_OUTPUTS

@@ -1,6 +1,9 @@
 """ONNX Runtime on the CPU for the `cpu` profile's dispatch_model (Python backend).
 
-The `gpu` profile runs the same file in Triton's native onnxruntime backend instead.
+The `gpu` profile runs the same file in Triton's native onnxruntime backend instead. Where
+that backend is missing (the embedded Triton), `execution_provider: "cuda"` runs ONNX
+Runtime's CUDA EP inside this Python-backend model (needs onnxruntime-gpu); it never falls
+back to the CPU quietly: a session that did not get the CUDA EP fails the model load.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class OrtSettings:
     intra_op_num_threads: int = 1
     inter_op_num_threads: int = 1
     graph_optimization_level: str = "all"
+    execution_provider: str = "cpu"  # or "cuda" (onnxruntime-gpu, CUDA EP, no CPU fallback)
+    cuda_device_id: int = 0  # set from a KIND_GPU instance's device by the adapter
 
     def __post_init__(self) -> None:
         if self.graph_optimization_level not in _OPT_LEVELS:
@@ -40,6 +45,58 @@ class OrtSettings:
             )
         if self.intra_op_num_threads < 0 or self.inter_op_num_threads < 0:
             raise ValueError("thread counts must be >= 0 (0 lets ONNX Runtime choose)")
+        if self.execution_provider not in _PROVIDERS:
+            raise ValueError(
+                f"execution_provider must be one of {', '.join(_PROVIDERS)}, "
+                f"got {self.execution_provider!r}"
+            )
+        if self.cuda_device_id < 0:
+            raise ValueError("cuda_device_id must be >= 0")
+
+
+_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def execution_providers(settings: OrtSettings) -> list[str | tuple[str, dict[str, str]]]:
+    """The providers to ask for; for CUDA a grow-as-needed arena (no power-of-two jumps).
+
+    Raises RuntimeError when this onnxruntime build lacks the provider (CPU-only wheel).
+    """
+    wanted = _PROVIDERS[settings.execution_provider]
+    available = ort.get_available_providers()
+    if wanted not in available:
+        raise RuntimeError(
+            f"execution_provider {settings.execution_provider!r} needs {wanted}, which this "
+            f"onnxruntime lacks (available: {', '.join(available)}); install onnxruntime-gpu"
+        )
+    if settings.execution_provider == "cpu":
+        return [wanted]
+    options = {
+        "device_id": str(settings.cuda_device_id),
+        "arena_extend_strategy": "kSameAsRequested",
+    }
+    return [(wanted, options)]
+
+
+def check_providers(session: ort.InferenceSession, settings: OrtSettings) -> None:
+    """Fail when ONNX Runtime quietly dropped the requested provider (e.g. CUDA libs missing)."""
+    wanted = _PROVIDERS[settings.execution_provider]
+    active = session.get_providers()
+    if not active or active[0] != wanted:
+        raise RuntimeError(
+            f"ONNX Runtime did not enable {wanted} (active: {', '.join(active)}); "
+            "refusing to run on another device"
+        )
+
+
+def session_options(settings: OrtSettings) -> ort.SessionOptions:
+    """The ONNX Runtime session options the served model runs with (also used to profile it)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_num_threads
+    options.inter_op_num_threads = settings.inter_op_num_threads
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization_level]
+    return options
 
 
 class OnnxScorer:
@@ -47,14 +104,11 @@ class OnnxScorer:
 
     def __init__(self, model_path: str | Path, settings: OrtSettings | None = None) -> None:
         settings = settings or OrtSettings()
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = settings.intra_op_num_threads
-        options.inter_op_num_threads = settings.inter_op_num_threads
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization_level]
+        options = session_options(settings)
         self.session = ort.InferenceSession(
-            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            str(model_path), sess_options=options, providers=execution_providers(settings)
         )
+        check_providers(self.session, settings)
         inputs = self.session.get_inputs()
         outputs = self.session.get_outputs()
         expected_in, expected_out = MODEL_INPUTS[0], MODEL_OUTPUTS[0]

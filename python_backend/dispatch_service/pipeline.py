@@ -2,23 +2,35 @@
 
 The same step objects the Triton models run, configured from the same `config.pbtxt`
 parameters; used for evaluation, as the benchmarks' no-serving limit, and by tests that
-compare the server's answer with the library's.
+compare the server's answer with the library's. Given a `metrics` sink it records the same
+custom metrics the Triton models do (`dispatch_service.metrics`); by default none.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from numpy.typing import NDArray
 
+from dispatch_service.errors import DispatchInputError
+from dispatch_service.metrics import (
+    MetricsSink,
+    NullMetrics,
+    StepObserver,
+    encoder_observations,
+    rejection_observation,
+    resolver_observations,
+)
 from dispatch_service.paths import MODEL_REPOSITORY
 from dispatch_service.steps import (
     Arrays,
     DispatchModelStep,
     FeatureEncoderStep,
+    Step,
     TopKResolverStep,
 )
 
@@ -37,10 +49,14 @@ class DispatchPipeline:
     encoder: FeatureEncoderStep
     model: DispatchModelStep
     resolver: TopKResolverStep
+    metrics: MetricsSink = field(default_factory=NullMetrics, compare=False)
 
     @classmethod
     def from_repository(
-        cls, repository: Path = MODEL_REPOSITORY, model_version: int = 1
+        cls,
+        repository: Path = MODEL_REPOSITORY,
+        model_version: int = 1,
+        metrics: MetricsSink | None = None,
     ) -> DispatchPipeline:
         return cls(
             encoder=FeatureEncoderStep.from_parameters(
@@ -53,9 +69,28 @@ class DispatchPipeline:
             resolver=TopKResolverStep.from_parameters(
                 config_parameters(repository / "topk_resolver" / "config.pbtxt")
             ),
+            metrics=metrics if metrics is not None else NullMetrics(),
         )
 
     def run(self, tensors: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        encoded = self.encoder.run(tensors)
-        scored = self.model.run(encoded)
-        return self.resolver.run({**tensors, **encoded, **scored})
+        encoded = self._observed(self.encoder, tensors, encoder_observations)
+        scored = self._observed(self.model, encoded, None)
+        return self._observed(
+            self.resolver, {**tensors, **encoded, **scored}, resolver_observations
+        )
+
+    def _observed(
+        self,
+        step: Step,
+        inputs: Mapping[str, NDArray[Any] | None],
+        observer: StepObserver | None,
+    ) -> Arrays:
+        started = time.perf_counter()
+        try:
+            outputs = step.run(inputs)
+        except DispatchInputError as exc:
+            self.metrics.record([rejection_observation(exc)])
+            raise
+        if observer is not None:
+            self.metrics.record(observer(outputs, (time.perf_counter() - started) * 1000.0))
+        return outputs

@@ -8,6 +8,8 @@ the server the same way. The runtime comes from the `nvidia-pytriton` wheel in t
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import signal
 import socket
@@ -21,9 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from dispatch_service.model_control import ModelControlError, load_model, ready_versions
 from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.signing import SigningError, TrustedKeys
+from dispatch_service.verified_load import LoadPlan, plan_load
 
 ADMIN_KEY_HEADER = "admin-key"
+TRUSTED_KEYS_ENV = "DISPATCH_TRUSTED_KEYS"
+ADMIN_KEY_ENV = "DISPATCH_ADMIN_KEY"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,18 @@ class TritonRuntime:
             python_bin_dir=venv / "bin",
         )
 
+    @classmethod
+    def from_install(cls, tritonserver: Path, python_bin_dir: Path) -> TritonRuntime:
+        """A stock install such as the NGC image's /opt/tritonserver/bin/tritonserver: its own
+        lib/ and backends/ (which hold the native onnxruntime backend the `gpu` profile uses)."""
+        root = tritonserver.resolve().parent.parent
+        return cls(
+            tritonserver=tritonserver,
+            library_path=root / "lib",
+            backend_dir=root / "backends",
+            python_bin_dir=python_bin_dir,
+        )
+
     def check(self) -> None:
         missing = [
             str(path)
@@ -87,8 +108,17 @@ class ServerOptions:
     load_models: Sequence[str] = ("*",)
     # Load/unload endpoints answer only callers presenting this key (header `admin-key`).
     admin_key: str | None = None
+    # A directory of trusted *.pub keys: only models whose versions verify are loaded
+    # (dispatch_service.verified_load). None: every model loads unverified (a warning).
+    trusted_keys: Path | None = None
     extra_args: Sequence[str] = ()
     host: str = "127.0.0.1"
+    # `gpu` profile only: Triton's pinned host pool (GPU<->CPU copies between ensemble steps)
+    # and CUDA pool per GPU (GPU tensors between steps, CUDA shared-memory I/O). The largest
+    # window's PAIR_FEATURES is 32768 x 28 x 4 B = 3.5 MiB: 512 MiB holds ~128 in flight.
+    pinned_memory_pool_bytes: int = 512 << 20
+    cuda_memory_pool_bytes: int = 512 << 20
+    cuda_memory_pool_devices: Sequence[int] = (0,)
 
 
 class ServerError(RuntimeError):
@@ -103,6 +133,7 @@ class TritonServer:
         self.options = options
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
+        self.load_plan: LoadPlan | None = None  # set by start() when trusted keys are given
 
     @property
     def http_url(self) -> str:
@@ -140,11 +171,18 @@ class TritonServer:
         ]
         if opts.load_models and opts.model_control != "explicit":
             raise ValueError("load_models needs model_control='explicit'")
-        args += [f"--load-model={name}" for name in opts.load_models]
+        loads = self.load_plan.startup if self.load_plan is not None else opts.load_models
+        args += [f"--load-model={name}" for name in loads]
         if opts.admin_key:
             args += [
                 f"--http-restricted-api=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
                 f"--grpc-restricted-protocol=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
+            ]
+        if opts.profile == "gpu":
+            args.append(f"--pinned-memory-pool-byte-size={opts.pinned_memory_pool_bytes}")
+            args += [
+                f"--cuda-memory-pool-byte-size={device}:{opts.cuda_memory_pool_bytes}"
+                for device in opts.cuda_memory_pool_devices
             ]
         args += list(opts.extra_args)
         return args
@@ -153,12 +191,20 @@ class TritonServer:
         env = dict(os.environ)
         env["PATH"] = f"{self.runtime.python_bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["LD_LIBRARY_PATH"] = str(self.runtime.library_path)
+        if self.options.trusted_keys is not None:
+            # Verified mode: the stubs write no __pycache__ into the version folders, which
+            # keeps them exactly as signed and keeps Triton from taking a fresh .pyc for a
+            # changed model (a later ensemble load would reload it from its files).
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
         return env
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
         self.runtime.check()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        notes = self.plan_verified_load()
         with self.log_path.open("wb") as log:
+            log.write("".join(f"{line}\n" for line in notes).encode())
+            log.flush()
             self.process = subprocess.Popen(
                 self.command(),
                 stdout=log,
@@ -167,7 +213,71 @@ class TritonServer:
                 start_new_session=True,
             )
         self.wait_ready(timeout_s)
+        self.load_after_start()
         return self
+
+    def plan_verified_load(self) -> list[str]:
+        """Verify the repository's signatures (with trusted keys) and decide what loads.
+
+        Returns the log lines: one per refused version and per refused or restricted model,
+        or one warning that nothing is verified. Raises SigningError for an unusable key
+        directory (missing, holding a bad key, or no key at all).
+        """
+        opts = self.options
+        if opts.trusted_keys is None:
+            self.load_plan = None
+            line = json.dumps(
+                {
+                    "event": "signatures_not_verified",
+                    "reason": "no trusted keys configured (--trusted-keys): models load unverified",
+                }
+            )
+            logger.warning(line)
+            return [line]
+        trusted = TrustedKeys.from_directory(opts.trusted_keys)
+        if not len(trusted):
+            raise SigningError(f"no trusted keys (*.pub) in {opts.trusted_keys}")
+        plan = plan_load(opts.model_repository, trusted, opts.profile, opts.load_models)
+        self.load_plan = plan
+        lines = plan.log_lines()
+        for line in lines:
+            logger.warning(line)
+        summary = json.dumps(
+            {
+                "event": "signatures_verified",
+                "trusted_keys": sorted(trusted.keys),
+                "load": list(plan.startup),
+                "restricted": {name: list(v) for name, v in plan.restricted.items()},
+                "deferred": list(plan.deferred),
+                "refused": sorted(plan.refused),
+            },
+            sort_keys=True,
+        )
+        logger.info(summary)
+        return [*lines, summary]
+
+    def load_after_start(self) -> None:
+        """Load what the plan defers: restricted models with their override, then dependents."""
+        plan = self.load_plan
+        if plan is None:
+            return
+        key = self.options.admin_key
+        try:
+            for name in plan.restricted:
+                load_model(self.http_url, name, plan.override_config(name), admin_key=key)
+            for name in plan.deferred:
+                load_model(self.http_url, name, admin_key=key)
+            # Loading an ensemble re-reads its steps' folders; fail closed if that brought
+            # back a version the plan refused.
+            for name, versions in plan.restricted.items():
+                serving = ready_versions(self.http_url, name, admin_key=key)
+                if serving != tuple(sorted(versions)):
+                    raise ModelControlError(
+                        f"{name} serves versions {list(serving)}, verified {list(versions)}"
+                    )
+        except ModelControlError as exc:
+            self.stop()
+            raise ServerError(f"loading verified models after start failed: {exc}") from None
 
     def is_ready(self) -> bool:
         url = f"http://{self.http_url}/v2/health/ready"
@@ -232,18 +342,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--log", type=Path, default=REPO_ROOT / ".triton" / "server.log")
+    parser.add_argument(
+        "--tritonserver",
+        type=Path,
+        default=None,
+        help="run this tritonserver with its own lib/ and backends/ (e.g. the NGC image's "
+        "/opt/tritonserver/bin/tritonserver, which has the onnxruntime backend of the gpu "
+        "profile) instead of the embedded one",
+    )
+    parser.add_argument(
+        "--trusted-keys",
+        type=Path,
+        default=os.environ.get(TRUSTED_KEYS_ENV) or None,
+        help=f"directory of trusted *.pub keys: load only verified models (env {TRUSTED_KEYS_ENV})",
+    )
+    parser.add_argument(
+        "--admin-key",
+        default=os.environ.get(ADMIN_KEY_ENV) or None,
+        help=f"key the model-repository endpoints require in header {ADMIN_KEY_HEADER!r} "
+        f"(env {ADMIN_KEY_ENV})",
+    )
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     options = ServerOptions(
         model_repository=args.model_repository,
         ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
         profile=args.profile,
         host=args.host,
+        admin_key=args.admin_key,
+        trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
     )
-    server = TritonServer(TritonRuntime.from_venv(args.venv, args.backend_dir), options, args.log)
+    runtime = (
+        TritonRuntime.from_venv(args.venv, args.backend_dir)
+        if args.tritonserver is None
+        else TritonRuntime.from_install(args.tritonserver, args.venv / "bin")
+    )
+    server = TritonServer(runtime, options, args.log)
     print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True)
     try:
         server.start()
-    except (ServerError, FileNotFoundError) as exc:
+    except (ServerError, FileNotFoundError, SigningError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(

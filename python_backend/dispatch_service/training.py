@@ -16,6 +16,13 @@ Model: a multi-output MLP ``F -> hidden... -> 3`` with ReLU; heads are the log o
 Log-space regression predicts a median; a smearing factor fitted on the training set turns
 it back into a mean. Feature standardisation and all of that post-processing are part of the
 exported graph, so the server feeds raw features and reads minutes, probability and CNY.
+
+``--log-features`` (version 2) makes better use of the same 28 input columns: the graph
+appends ``log(1 + max(a . x, 0))`` of a few linear combinations of them (distances, total
+distance, slack, overdue minutes, promise, order age; ``LOG_FEATURES``). Travel time is a
+product of distance and slowness and on-time is a normal CDF of log(budget / travel) in the
+simulator, so these columns make the log-ETA and on-time heads close to additive. The served
+input stays PAIR_FEATURES [batch, 28]: the router feeds every version the same tensor.
 """
 
 from __future__ import annotations
@@ -51,12 +58,34 @@ from dispatch_service.contracts import (
     PAIR_FEATURE_NAMES,
 )
 from dispatch_service.features import EncoderSettings, encode_window
-from dispatch_service.paths import MODEL_REPOSITORY
+from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
 
 F32 = NDArray[np.float32]
 F64 = NDArray[np.float64]
 
 DEFAULT_OUT_DIR: Final = MODEL_REPOSITORY / "dispatch_model" / "1"
+# Derived input columns of --log-features: name -> coefficients of the raw features whose
+# weighted sum s gives the column log(1 + max(s, 0)).
+LOG_FEATURES: Final[tuple[tuple[str, tuple[tuple[str, float], ...]], ...]] = (
+    ("log1p_pickup_distance_km", (("pickup_distance_km", 1.0),)),
+    ("log1p_trip_distance_km", (("trip_distance_km", 1.0),)),
+    ("log1p_total_distance_km", (("pickup_distance_km", 1.0), ("trip_distance_km", 1.0))),
+    ("log1p_slack_minutes", (("slack_minutes", 1.0),)),
+    ("log1p_overdue_minutes", (("slack_minutes", -1.0),)),
+    ("log1p_promised_minutes", (("promised_minutes", 1.0),)),
+    ("log1p_order_age_minutes", (("order_age_minutes", 1.0),)),
+)
+
+
+def log_feature_matrix() -> NDArray[np.float32]:
+    """[F, len(LOG_FEATURES)]: column j holds the coefficients of derived feature j."""
+    matrix = np.zeros((NUM_PAIR_FEATURES, len(LOG_FEATURES)), dtype=np.float32)
+    for j, (_, terms) in enumerate(LOG_FEATURES):
+        for feature, coefficient in terms:
+            matrix[PAIR_FEATURE_NAMES.index(feature), j] = coefficient
+    return matrix
+
+
 OPSET: Final = 17
 IR_VERSION: Final = 8  # opset 17's IR; loads in the ONNX Runtime of Triton 24.10 as well
 # Independent random streams derived from the one seed.
@@ -80,6 +109,7 @@ class TrainConfig:
     batch_size: int = 1024
     learning_rate: float = 3e-3
     final_learning_rate: float = 1e-4
+    log_features: bool = False  # append LOG_FEATURES inside the graph (version 2)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
 
 
@@ -149,10 +179,22 @@ class MLP:
     # Output column c: log-value = z_c * out_scale_c + out_offset_c (column 1: a logit).
     out_scale: F32
     out_offset: F32
+    derived: F32 | None = None  # [F, k] LOG_FEATURES coefficients; None: raw features only
+
+    @staticmethod
+    def inputs_of(x: F32, derived: F32) -> F32:
+        """``x`` followed by the columns log(1 + max(x @ derived, 0)), in float32."""
+        logs = np.log(np.float32(1.0) + np.maximum(x @ derived, np.float32(0.0)))
+        out: F32 = np.concatenate([x, logs.astype(np.float32)], axis=1)
+        return out
+
+    def inputs(self, x: F32) -> F32:
+        """The network's input columns: the raw features, then any derived log columns."""
+        return x if self.derived is None else self.inputs_of(x, self.derived)
 
     def hidden_forward(self, x: F32) -> tuple[list[F32], F32]:
         """Activations of every hidden layer and the raw output z (standardised heads)."""
-        h = (x - self.feature_mean) * self.feature_scale
+        h = (self.inputs(x) - self.feature_mean) * self.feature_scale
         acts = [h]
         for w, b in zip(self.weights[:-1], self.biases[:-1], strict=True):
             h = np.maximum(h @ w + b, np.float32(0.0))
@@ -196,7 +238,10 @@ def fit(data: Dataset, config: TrainConfig, log: bool = False) -> tuple[MLP, Fit
     init_rng = np.random.default_rng([config.seed, _STREAM_INIT])
     shuffle_rng = np.random.default_rng([config.seed, _STREAM_SHUFFLE])
     x = data.features
-    mean, scale = _standardise(x)
+    derived = log_feature_matrix() if config.log_features else None
+    mean, scale = _standardise(
+        x if derived is None else MLP.inputs_of(x, derived)  # statistics of every input column
+    )
     log_eta = np.log(np.maximum(data.eta_minutes, 1e-3))
     log_cost = np.log(np.maximum(data.cost_cny, 1e-3))
     eta_mu, eta_sd = float(log_eta.mean()), float(max(log_eta.std(), 1e-6))
@@ -205,7 +250,7 @@ def fit(data: Dataset, config: TrainConfig, log: bool = False) -> tuple[MLP, Fit
         [(log_eta - eta_mu) / eta_sd, data.on_time, (log_cost - cost_mu) / cost_sd], axis=1
     ).astype(np.float32)
 
-    sizes = (NUM_PAIR_FEATURES, *config.hidden, len(OBJECTIVES))
+    sizes = (int(mean.shape[0]), *config.hidden, len(OBJECTIVES))
     weights = [
         (init_rng.standard_normal((a, b)) * math.sqrt(2.0 / a)).astype(np.float32)
         for a, b in itertools.pairwise(sizes)
@@ -218,6 +263,7 @@ def fit(data: Dataset, config: TrainConfig, log: bool = False) -> tuple[MLP, Fit
         biases=biases,
         out_scale=np.ones(3, dtype=np.float32),
         out_offset=np.zeros(3, dtype=np.float32),
+        derived=derived,
     )
     params = [*weights, *biases]
     moment1 = [np.zeros_like(p) for p in params]
@@ -298,8 +344,19 @@ def to_onnx(model: MLP, doc: str = "") -> onnx.ModelProto:
         inits.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    nodes = [
-        helper.make_node("Sub", [in_name, const("feature_mean", model.feature_mean)], ["x_c"]),
+    nodes = []
+    columns = in_name
+    if model.derived is not None:  # x -> [x, log(1 + relu(x @ derived))]
+        columns = "x_all"
+        nodes += [
+            helper.make_node("MatMul", [in_name, const("derived", model.derived)], ["d_lin"]),
+            helper.make_node("Relu", ["d_lin"], ["d_pos"]),
+            helper.make_node("Add", [const("one", np.asarray(1.0, np.float32)), "d_pos"], ["d_1p"]),
+            helper.make_node("Log", ["d_1p"], ["d_log"]),
+            helper.make_node("Concat", [in_name, "d_log"], [columns], axis=1),
+        ]
+    nodes += [
+        helper.make_node("Sub", [columns, const("feature_mean", model.feature_mean)], ["x_c"]),
         helper.make_node("Mul", ["x_c", const("feature_scale", model.feature_scale)], ["h0"]),
     ]
     last = len(model.weights) - 1
@@ -421,6 +478,32 @@ def holdout_metrics(predicted: F64, data: Dataset) -> dict[str, float]:
     }
 
 
+def paired_differences(predicted: F64, reference: F64, data: Dataset) -> dict[str, list[float]]:
+    """Per-pair loss differences (this model minus the reference) on the same labels.
+
+    metric -> [mean, standard error]: the mean is the change of that held-out error, the
+    standard error says whether it is more than the luck of which pairs were held out.
+    """
+    y = data.on_time
+
+    def losses(p: F64) -> dict[str, F64]:
+        prob = np.clip(p[:, 1], 1e-7, 1.0 - 1e-7)
+        return {
+            "eta_mae_minutes": np.abs(p[:, 0] - data.eta_minutes),
+            "ontime_brier": (p[:, 1] - y) ** 2,
+            "ontime_log_loss": -(y * np.log(prob) + (1.0 - y) * np.log(1.0 - prob)),
+            "cost_mae_cny": np.abs(p[:, 2] - data.cost_cny),
+        }
+
+    mine, theirs = losses(predicted), losses(reference)
+    out: dict[str, list[float]] = {}
+    for key, loss in mine.items():
+        diff = loss - theirs[key]
+        se = float(diff.std(ddof=1) / math.sqrt(diff.size)) if diff.size > 1 else float("nan")
+        out[key] = [float(diff.mean()), se]
+    return out
+
+
 # ---------------------------------------------------------------------------------- outputs
 
 
@@ -451,7 +534,7 @@ def render_card(card: dict[str, Any]) -> str:
     """MODEL_CARD.md from the same dict as model_card.json."""
     data, arch, ho, floor = card["data"], card["architecture"], card["holdout"], card["noise_floor"]
     lines = [
-        "# dispatch_model version 1: model card",
+        f"# dispatch_model version {card.get('version', 1)}: model card",
         "",
         "Scores one order-rider pair of a dispatch window: predicted ETA (minutes from",
         "dispatch to delivery), probability of delivering within the promise, and cost (CNY).",
@@ -483,6 +566,14 @@ def render_card(card: dict[str, Any]) -> str:
         f"{arch['parameters']} parameters; Adam, {arch['epochs']} epochs, batch "
         f"{arch['batch_size']}, cosine learning rate {arch['learning_rate']} -> "
         f"{arch['final_learning_rate']}",
+        *(
+            [
+                f"- inputs: the {NUM_PAIR_FEATURES} features plus, computed inside the graph, "
+                f"log(1 + max(s, 0)) of: {', '.join(arch['derived_features'])}",
+            ]
+            if arch.get("derived_features")
+            else []
+        ),
         "- heads: log ETA (squared error, smearing-corrected), on-time logit (cross-entropy),",
         "  log cost (squared error, smearing-corrected); standardisation inside the graph",
         f"- ONNX opset {card['onnx']['opset']}, IR {card['onnx']['ir_version']}, "
@@ -506,10 +597,54 @@ def render_card(card: dict[str, Any]) -> str:
         "The noise floor column scores the simulator's noise-free expectation, which no model",
         "that sees only the pair features can beat on average.",
     ]
+    comparison = card.get("comparison")
+    if comparison:
+        lines += ["", *_comparison_lines(card, comparison)]
     policy = card.get("policy_evaluation")
     if policy:
         lines += ["", "## Dispatch policy in the simulator", "", policy["markdown"]]
     return "\n".join(lines) + "\n"
+
+
+_COMPARED: Final = (  # (key, label, digits, lower is better)
+    ("eta_mae_minutes", "ETA MAE, minutes", 3, True),
+    ("eta_bias_minutes", "ETA bias, minutes", 3, None),
+    ("ontime_brier", "on-time Brier score", 4, True),
+    ("ontime_log_loss", "on-time log-loss", 4, True),
+    ("ontime_auc", "on-time AUC", 4, False),
+    ("cost_mae_cny", "cost MAE, CNY", 3, True),
+)
+
+
+def _comparison_lines(card: dict[str, Any], comparison: dict[str, Any]) -> list[str]:
+    this, ref = card["holdout"], comparison["holdout"]
+    label = comparison["reference_label"]
+    lines = [
+        f"## Compared with {label} on the same held-out pairs",
+        "",
+        f"Both models scored the {card['data']['holdout_pairs']} held-out pairs above "
+        f"(`{comparison['reference_model']}`, run in onnxruntime like this one).",
+        "",
+        f"| output | version {card.get('version', 1)} | {label} | change | paired SE |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    paired = comparison.get("paired", {})
+    for key, name, digits, lower_better in _COMPARED:
+        delta = this[key] - ref[key]
+        verdict = ""
+        if lower_better is not None and delta != 0.0:
+            verdict = " (better)" if (delta < 0.0) == lower_better else " (worse)"
+        se = f"{paired[key][1]:.{digits + 1}f}" if key in paired else "-"
+        lines.append(
+            f"| {name} | {_fmt(this[key], digits)} | {_fmt(ref[key], digits)} | "
+            f"{delta:+.{digits}f}{verdict} | {se} |"
+        )
+    lines += [
+        "",
+        "Paired SE: standard error of the mean per-pair difference of that error between the",
+        "two models (same pairs, same labels); a change of several SE is not held-out luck.",
+    ]
+    return lines
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -522,17 +657,32 @@ def _command(args: argparse.Namespace) -> str:
             parts += ["--" + flag.replace("_", "-"), str(value)]
     if args.hidden is not None:
         parts += ["--hidden", args.hidden]
+    if args.log_features:
+        parts.append("--log-features")
+    if args.version != 1:
+        parts += ["--version", str(args.version)]
+    if args.compare_with is not None:
+        parts += ["--compare-with", _display_path(Path(args.compare_with))]
     if args.no_eval:
         parts.append("--no-eval")
-    if args.out_dir != str(DEFAULT_OUT_DIR):
+    if args.out_dir != str(_version_dir(args.version)):
         parts += ["--out-dir", args.out_dir]
     return " ".join(shlex.quote(p) for p in parts)
 
 
 def train_and_export(
-    config: TrainConfig, out_dir: Path, command: str = "", log: bool = False
+    config: TrainConfig,
+    out_dir: Path,
+    command: str = "",
+    log: bool = False,
+    version: int = 1,
+    reference: Path | None = None,
 ) -> TrainResult:
-    """Simulate, train, check and write model.onnx, feature_layout.json and the card."""
+    """Simulate, train, check and write model.onnx, feature_layout.json and the card.
+
+    ``reference``: a served version's folder; its model.onnx is scored on the same held-out
+    pairs and the card compares the two.
+    """
     started = time.perf_counter()
     train = build_dataset(
         np.random.default_rng([config.seed, _STREAM_TRAIN]),
@@ -587,7 +737,7 @@ def train_and_export(
             "label": "one noisy realisation per pair (simulator.sample_outcome)",
         },
         "architecture": {
-            "layers": [NUM_PAIR_FEATURES, *config.hidden, len(OBJECTIVES)],
+            "layers": [int(model.feature_mean.size), *config.hidden, len(OBJECTIVES)],
             "activation": "relu",
             "parameters": model.parameter_count,
             "epochs": config.epochs,
@@ -595,6 +745,7 @@ def train_and_export(
             "learning_rate": config.learning_rate,
             "final_learning_rate": config.final_learning_rate,
             "final_train_loss": report.final_loss,
+            "derived_features": [name for name, _ in LOG_FEATURES] if config.log_features else [],
         },
         "onnx": {
             "opset": OPSET,
@@ -607,9 +758,28 @@ def train_and_export(
         "train_seconds": report.seconds,
         "host": f"{platform.machine()}, {_cpu_count()} CPUs, Python {platform.python_version()}",
     }
+    card["version"] = version
+    if reference is not None:
+        reference_out = ort_predict((reference / "model.onnx").read_bytes(), holdout.features)
+        card["comparison"] = {
+            "reference_label": f"version {reference.name}",
+            "reference_model": _display_path(reference / "model.onnx"),
+            "holdout": holdout_metrics(reference_out.astype(np.float64), holdout),
+            "paired": paired_differences(
+                numpy_out.astype(np.float64), reference_out.astype(np.float64), holdout
+            ),
+        }
     card["wall_seconds"] = time.perf_counter() - started
     _write_card(out_dir, card)
     return TrainResult(model=model, model_path=model_path, card=card)
+
+
+def _display_path(path: Path) -> str:
+    """A path relative to the checkout where it lies inside it (cards stay machine-neutral)."""
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
 
 
 def _cpu_count() -> int:
@@ -644,7 +814,25 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, help=f"minibatch ({TrainConfig.batch_size})")
     parser.add_argument("--hidden", help="hidden layer widths, e.g. 128,64")
     parser.add_argument(
-        "--out-dir", help=f"where model.onnx and its card go (default {DEFAULT_OUT_DIR})"
+        "--log-features",
+        action="store_true",
+        help="append the LOG_FEATURES columns inside the graph (version 2)",
+    )
+    parser.add_argument(
+        "--version",
+        type=int,
+        default=1,
+        help="the dispatch_model version this run produces (card title, default folder)",
+    )
+    parser.add_argument(
+        "--compare-with",
+        help="a served version's folder (e.g. model_repository/dispatch_model/1): score it on "
+        "the same held-out pairs and policy windows and compare in the card",
+    )
+    parser.add_argument(
+        "--out-dir",
+        help=f"where model.onnx and its card go (default {MODEL_REPOSITORY}/dispatch_model/"
+        "<version>)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="tiny data and few epochs: for tests, not serving"
@@ -654,6 +842,20 @@ def _parser() -> argparse.ArgumentParser:
         "--no-eval", action="store_true", help="skip the model-vs-nearest-rider evaluation"
     )
     return parser
+
+
+def _version_dir(version: int) -> Path:
+    return MODEL_REPOSITORY / "dispatch_model" / str(version)
+
+
+def _policy_versus(results: dict[str, Any], ref_name: str, version: int) -> str:
+    model, ref = results["model"], results[ref_name]
+    return (
+        f"Version {version} (`model`) vs {ref_name.replace('_', ' ')}: "
+        f"{model.mean_delivery_minutes - ref.mean_delivery_minutes:+.2f} minutes mean delivery, "
+        f"{100.0 * (model.ontime_rate - ref.ontime_rate):+.1f} points on-time rate, "
+        f"{model.mean_cost_cny - ref.mean_cost_cny:+.2f} CNY mean cost."
+    )
 
 
 QUICK: Final = {"windows": 24, "holdout_windows": 8, "epochs": 3, "eval_windows": 4}
@@ -670,6 +872,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             overrides[name] = value
     if args.hidden is not None:
         overrides["hidden"] = tuple(int(part) for part in args.hidden.split(",") if part)
+    if args.log_features:
+        overrides["log_features"] = True
     config = TrainConfig(**{**asdict(base), **overrides, "encoder": base.encoder})
     if config.windows < 1 or config.holdout_windows < 1 or config.epochs < 1:
         raise SystemExit("--windows, --holdout-windows and --epochs must be >= 1")
@@ -679,14 +883,26 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.version < 1:
+        parser.error("--version must be >= 1")
     if args.out_dir is None:
         if args.quick:
             parser.error("--quick needs --out-dir: a toy model must not replace the served one")
-        args.out_dir = str(DEFAULT_OUT_DIR)
+        args.out_dir = str(_version_dir(args.version))
+    reference = None if args.compare_with is None else Path(args.compare_with)
+    if reference is not None and not (reference / "model.onnx").is_file():
+        parser.error(f"--compare-with: no model.onnx in {reference}")
     config = config_from_args(args)
     out_dir = Path(args.out_dir)
     started = time.perf_counter()
-    result = train_and_export(config, out_dir, command=_command(args), log=True)
+    result = train_and_export(
+        config,
+        out_dir,
+        command=_command(args),
+        log=True,
+        version=args.version,
+        reference=reference,
+    )
     card = result.card
     print(f"wrote {result.model_path} ({card['onnx']['bytes']} bytes)")
     print("held-out:", json.dumps(card["holdout"], indent=None))
@@ -704,9 +920,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         comparison = evaluation.evaluate_policies(
             result.model_path, eval_config, include_oracle=True
         )
+        if reference is not None:  # the reference version on the same windows and noise
+            ref_name = f"version_{reference.name}"
+            ref = evaluation.evaluate_policies(reference / "model.onnx", eval_config)["model"]
+            comparison = {"model": comparison.pop("model"), ref_name: ref, **comparison}
         print(evaluation.format_table(comparison))
         card["wall_seconds"] = time.perf_counter() - started
-        append_policy_evaluation(out_dir, card, evaluation.card_section(comparison, eval_config))
+        section = evaluation.card_section(comparison, eval_config)
+        if reference is not None:
+            section["markdown"] += "\n\n" + _policy_versus(comparison, ref_name, args.version)
+        append_policy_evaluation(out_dir, card, section)
     print(f"wall time {time.perf_counter() - started:.1f} s")
     return 0
 

@@ -5,11 +5,15 @@ arrays become response tensors, and an exception becomes that request's own erro
 response (INVALID_ARG for bad input, INTERNAL otherwise) so one bad request never fails
 its batch neighbours nor the model. `pb_utils` is passed in because it only exists inside
 the backend stub.
+
+It also records the model's custom metrics (`dispatch_service.metrics`) and logs one JSON
+line per model instance load and unload and per rejected or failed request.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +24,16 @@ from numpy.typing import NDArray
 
 from dispatch_service.contracts import PAIR_OBJECTIVES
 from dispatch_service.errors import DispatchInputError
+from dispatch_service.metrics import (
+    STEP_OBSERVERS,
+    MetricsSink,
+    NullMetrics,
+    Observation,
+    StepObserver,
+    TritonMetrics,
+    metrics_of,
+    rejection_observation,
+)
 from dispatch_service.settings import parameters_from_model_config
 from dispatch_service.steps import DispatchModelStep, FeatureEncoderStep, Step, TopKResolverStep
 
@@ -32,10 +46,62 @@ def _log(pb_utils: Any, level: str, **fields: Any) -> None:
 class TritonStepAdapter:
     """Runs a `Step` once per request."""
 
-    def __init__(self, pb_utils: Any, model_name: str, step: Step) -> None:
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        step: Step,
+        *,
+        version: str = "",
+        instance: str = "",
+        metrics: MetricsSink | None = None,
+        observer: StepObserver | None = None,
+    ) -> None:
         self.pb = pb_utils
         self.model_name = model_name
         self.step = step
+        self.version = version
+        self.instance = instance
+        self.metrics: MetricsSink = metrics if metrics is not None else NullMetrics()
+        self.observer = observer
+        self._metrics_failed = False
+
+    def loaded(self) -> None:
+        """Log this instance's load (called once `initialize` has built the adapter)."""
+        self._log_lifecycle("model_loaded")
+
+    def finalize(self) -> None:
+        """Log the unload and release the custom metrics (Triton's `finalize`)."""
+        self._log_lifecycle("model_unloaded")
+        close = getattr(self.metrics, "close", None)
+        if close is not None:
+            close()
+        self.metrics = NullMetrics()
+
+    def _log_lifecycle(self, event: str) -> None:
+        _log(
+            self.pb,
+            "info",
+            event=event,
+            model=self.model_name,
+            version=self.version,
+            instance=self.instance,
+        )
+
+    def record(self, observations: list[Observation]) -> None:
+        """Record metrics; a metrics failure is logged once and never fails a request."""
+        try:
+            self.metrics.record(observations)
+        except Exception as exc:
+            if not self._metrics_failed:
+                self._metrics_failed = True
+                _log(
+                    self.pb,
+                    "error",
+                    event="metrics_failed",
+                    model=self.model_name,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         return [self._respond(request) for request in requests]
@@ -50,12 +116,16 @@ class TritonStepAdapter:
     def _respond(self, request: Any) -> Any:
         if request.is_cancelled():
             return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
+        started = time.perf_counter()
         try:
             outputs = self.step.run(self._inputs(request))
         except DispatchInputError as exc:
             return self.reject(request, exc)
         except Exception as exc:  # any failure answers this request only
             return self.internal_error(request, exc)
+        if self.observer is not None:
+            elapsed_ms = (time.perf_counter() - started) * 1000.0
+            self.record(self.observer(outputs, elapsed_ms))
         return self.response(outputs)
 
     def response(self, outputs: dict[str, NDArray[Any]]) -> Any:
@@ -77,7 +147,9 @@ class TritonStepAdapter:
             request_id=request.request_id(),
             tensor=exc.tensor,
             rule=exc.rule,
+            code=exc.code,
         )
+        self.record([rejection_observation(exc)])
         return self.error(request, str(exc), self.pb.TritonError.INVALID_ARG)
 
     def internal_error(self, request: Any, exc: Exception) -> Any:
@@ -102,8 +174,19 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
 
     step: DispatchModelStep
 
-    def __init__(self, pb_utils: Any, model_name: str, step: DispatchModelStep) -> None:
-        super().__init__(pb_utils, model_name, step)
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        step: DispatchModelStep,
+        *,
+        version: str = "",
+        instance: str = "",
+        metrics: MetricsSink | None = None,
+    ) -> None:
+        super().__init__(
+            pb_utils, model_name, step, version=version, instance=instance, metrics=metrics
+        )
         self.step = step
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
@@ -120,7 +203,7 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
             tensor = self.pb.get_input_tensor_by_name(request, input_name)
             try:
                 if tensor is None:
-                    raise DispatchInputError(input_name, "is required but missing")
+                    raise DispatchInputError(input_name, "is required but missing", "missing")
                 features = tensor.as_numpy()
                 self.step.scorer.check(features)
             except DispatchInputError as exc:
@@ -140,16 +223,60 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
         return responses
 
 
+def with_instance_device(parameters: dict[str, str], args: dict[str, str]) -> dict[str, str]:
+    """A KIND_GPU instance's CUDA session runs on the GPU Triton placed the instance on."""
+    if str(args.get("model_instance_kind", "")).upper() != "GPU" or "cuda_device_id" in parameters:
+        return parameters
+    return {**parameters, "cuda_device_id": str(args.get("model_instance_device_id", "0"))}
+
+
 def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAdapter:
-    """Build the adapter a `model.py` needs from Triton's `initialize` args."""
+    """Build the adapter a `model.py` needs from Triton's `initialize` args; log the load."""
     parameters = parameters_from_model_config(args["model_config"])
     name = args["model_name"]
+    version = str(args.get("model_version", ""))
+    labels = {"version": version, "instance": str(args.get("model_instance_name", ""))}
+    adapter: TritonStepAdapter
     if model == "feature_encoder":
-        return TritonStepAdapter(pb_utils, name, FeatureEncoderStep.from_parameters(parameters))
-    if model == "topk_resolver":
-        return TritonStepAdapter(pb_utils, name, TopKResolverStep.from_parameters(parameters))
-    if model == "dispatch_model":
+        step: Step = FeatureEncoderStep.from_parameters(parameters)
+    elif model == "topk_resolver":
+        step = TopKResolverStep.from_parameters(parameters)
+    elif model == "dispatch_model":
         path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
-        step = DispatchModelStep.from_parameters(path, parameters)
-        return TritonBatchedModelAdapter(pb_utils, name, step)
-    raise ValueError(f"no adapter for model {model!r}")
+        adapter = TritonBatchedModelAdapter(
+            pb_utils,
+            name,
+            DispatchModelStep.from_parameters(path, with_instance_device(parameters, args)),
+            metrics=triton_metrics(pb_utils, model, name, version),
+            **labels,
+        )
+        adapter.loaded()
+        return adapter
+    else:
+        raise ValueError(f"no adapter for model {model!r}")
+    adapter = TritonStepAdapter(
+        pb_utils,
+        name,
+        step,
+        metrics=triton_metrics(pb_utils, model, name, version),
+        observer=STEP_OBSERVERS.get(model),
+        **labels,
+    )
+    adapter.loaded()
+    return adapter
+
+
+def triton_metrics(pb_utils: Any, model: str, model_name: str, version: str) -> MetricsSink:
+    """The model's custom metrics on Triton's metrics port; none (logged) where unavailable."""
+    try:
+        labels = {"model": model_name, "version": version}
+        return TritonMetrics(pb_utils, labels, metrics_of(model))
+    except Exception as exc:  # e.g. a server started with --allow-metrics=false
+        _log(
+            pb_utils,
+            "warn",
+            event="metrics_unavailable",
+            model=model_name,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return NullMetrics()

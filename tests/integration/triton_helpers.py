@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -9,11 +10,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from dispatch_service.contracts import DISPATCH_OUTPUTS
+from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS, DISPATCH_OUTPUTS
 from dispatch_service.simulator import generate_window
 from dispatch_service.window import window_to_tensors
 
 OUTPUT_NAMES = [spec.name for spec in DISPATCH_OUTPUTS]
+# The resolver's answer plus the router's per-order ORDER_MODEL_VERSION / ORDER_FALLBACK_LEVEL.
+ROUTED_OUTPUT_NAMES = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
 
 
 def sim_window(seed: int, orders: int, riders: int) -> dict[str, np.ndarray[Any, Any]]:
@@ -25,15 +28,16 @@ def infer_http(
     tensors: dict[str, np.ndarray[Any, Any]],
     model: str = "dispatch",
     binary: bool = True,
+    output_names: Sequence[str] = OUTPUT_NAMES,
 ) -> dict[str, np.ndarray[Any, Any]]:
     inputs = []
     for name, array in tensors.items():
         tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)
-    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in OUTPUT_NAMES]
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in output_names]
     result = client.infer(model, inputs, outputs=outputs)
-    return {name: _as_bytes(result.as_numpy(name)) for name in OUTPUT_NAMES}
+    return {name: _as_bytes(result.as_numpy(name)) for name in output_names}
 
 
 def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -232,5 +232,5 @@ def test_help_goes_to_stdout_and_exits_0(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["--help"]) == EXIT_OK
     out, err = capsys.readouterr()
     assert out.startswith("usage: dispatch-client")
-    assert "--protocol {http,grpc}" in out
+    assert "--protocol {http,grpc,grpc-shm}" in out
     assert err == ""

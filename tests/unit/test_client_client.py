@@ -19,7 +19,7 @@ from dispatch_client.client import (
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.transport import GrpcTransport, HttpTransport, Transport
 from dispatch_client.window_json import window_from_dict
-from dispatch_service.contracts import DISPATCH_OUTPUTS
+from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS
 
 Array = np.ndarray[Any, Any]
 
@@ -97,7 +97,7 @@ def test_dispatch_sends_the_window_and_asks_for_every_output() -> None:
 
     [(model, inputs, names)] = fake.calls
     assert model == "dispatch"
-    assert names == tuple(spec.name for spec in DISPATCH_OUTPUTS)
+    assert names == tuple(spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS)
     assert list(inputs) == list(tensors)
     for name, array in tensors.items():
         assert inputs[name].dtype == array.dtype
@@ -300,3 +300,29 @@ def test_package_exports_the_public_api() -> None:
     )
     for name in dispatch_client.__all__:
         assert hasattr(dispatch_client, name), name
+
+
+def test_routing_outputs_label_each_order_with_its_version_and_level() -> None:
+    out = outputs()
+    out["ORDER_MODEL_VERSION"] = np.array([2, 1, 0], dtype=np.int32)
+    out["ORDER_FALLBACK_LEVEL"] = np.array([0, 1, 2], dtype=np.int32)
+    result = DispatchClient(FakeTransport(out)).dispatch(window())
+    assert [(o.model_version, o.fallback_level) for o in result.orders] == [
+        (2, 0),
+        (1, 1),
+        (0, 2),
+    ]
+    assert result.to_json_dict()["orders"][1]["model_version"] == 1
+    assert result.to_json_dict()["orders"][2]["fallback_level"] == 2
+    out["ORDER_FALLBACK_LEVEL"] = np.array([0, 1], dtype=np.int32)
+    with pytest.raises(DispatchServerError, match="ORDER_FALLBACK_LEVEL"):
+        DispatchClient(FakeTransport(out)).dispatch(window())
+
+
+def test_the_version_tag_is_a_known_input() -> None:
+    fake = FakeTransport(outputs())
+    tensors: dict[str, Any] = dict(window())
+    tensors["MODEL_VERSION_TAG"] = np.array([b"canary"], dtype=object)
+    DispatchClient(fake).dispatch(tensors)
+    [(_, inputs, _)] = fake.calls
+    assert inputs["MODEL_VERSION_TAG"].tolist() == [b"canary"]

@@ -198,5 +198,5 @@ def test_make_transport_picks_protocol_and_default_port() -> None:
     assert isinstance(grpc, GrpcTransport) and grpc.url == "example:9001"
     assert isinstance(make_transport("grpc"), GrpcTransport)
     assert make_transport("grpc").url == "localhost:8001"  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match="protocol must be 'http' or 'grpc'"):
+    with pytest.raises(ValueError, match="protocol must be 'http', 'grpc' or 'grpc-shm'"):
         make_transport("ftp")  # type: ignore[arg-type]

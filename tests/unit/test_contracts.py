@@ -13,6 +13,7 @@ from tritonclient.grpc import model_config_pb2
 from dispatch_service import contracts
 from dispatch_service.contracts import TensorSpec
 from dispatch_service.onnx_runner import OrtSettings
+from dispatch_service.routing import RouterSettings
 from dispatch_service.settings import load_settings, parameters_from_model_config, reject_unknown
 from dispatch_service.steps import FeatureEncoderStep, TopKResolverStep
 
@@ -88,8 +89,10 @@ def test_profiles_differ_only_in_how_the_model_runs() -> None:
 def test_ensemble_chains_the_three_steps_over_the_contract() -> None:
     config = load_config(REPO / "dispatch" / "config.pbtxt")
     assert config.platform == "ensemble"
-    assert io_of(config.input) == spec_rows(contracts.WINDOW_INPUTS)
-    assert io_of(config.output) == spec_rows(contracts.DISPATCH_OUTPUTS)
+    assert io_of(config.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.DISPATCH_ENSEMBLE_OUTPUTS)
+    steps = [step.model_name for step in config.ensemble_scheduling.step]
+    assert steps == ["feature_encoder", "dispatch_router", "topk_resolver"]
     available = {t.name for t in config.input}
     for step in config.ensemble_scheduling.step:
         step_config = load_config(REPO / step.model_name / "config.pbtxt")
@@ -103,8 +106,35 @@ def test_ensemble_chains_the_three_steps_over_the_contract() -> None:
     assert {t.name for t in config.output} <= available
 
 
-def test_onnx_graph_matches_the_contract() -> None:
-    model = onnx.load(str(REPO / "dispatch_model" / "1" / "model.onnx"))
+SERVED_VERSIONS = (1, 2)
+
+
+def test_router_declares_the_routing_contract_and_valid_settings() -> None:
+    config = load_config(REPO / "dispatch_router" / "config.pbtxt")
+    assert config.backend == "python" and config.max_batch_size == 0
+    assert io_of(config.input) == spec_rows(contracts.ROUTER_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.ROUTER_OUTPUTS)
+    settings = RouterSettings.from_parameters(params(config))
+    # Shipped: version 1 serves everyone, version 2 is the canary at 0 %.
+    assert (settings.stable_version, settings.canary_version) == SERVED_VERSIONS
+    assert settings.canary_percent == 0
+
+
+@pytest.mark.parametrize("config_file", ["config.pbtxt", "configs/gpu.pbtxt"])
+def test_both_profiles_serve_versions_1_and_2_side_by_side(config_file: str) -> None:
+    config = load_config(REPO / "dispatch_model" / config_file)
+    assert tuple(config.version_policy.specific.versions) == SERVED_VERSIONS
+    for version in SERVED_VERSIONS:
+        folder = REPO / "dispatch_model" / str(version)
+        for name in ("model.onnx", "model.py", "feature_layout.json", "model_card.json"):
+            assert (folder / name).is_file(), f"{folder}/{name}"
+    v1, v2 = ((REPO / "dispatch_model" / str(v) / "model.py").read_text() for v in (1, 2))
+    assert v1 == v2, "every version runs the same adapter"
+
+
+@pytest.mark.parametrize("version", SERVED_VERSIONS)
+def test_onnx_graph_matches_the_contract(version: int) -> None:
+    model = onnx.load(str(REPO / "dispatch_model" / str(version) / "model.onnx"))
     onnx.checker.check_model(model)
     (graph_in,) = model.graph.input
     (graph_out,) = model.graph.output
@@ -119,8 +149,10 @@ def test_onnx_graph_matches_the_contract() -> None:
     assert max(op.version for op in model.opset_import if op.domain in ("", "ai.onnx")) >= 17
 
 
-def test_feature_layout_shipped_with_the_model_matches() -> None:
-    layout = json.loads((REPO / "dispatch_model" / "1" / "feature_layout.json").read_text())
+@pytest.mark.parametrize("version", SERVED_VERSIONS)
+def test_feature_layout_shipped_with_the_model_matches(version: int) -> None:
+    folder = REPO / "dispatch_model" / str(version)
+    layout = json.loads((folder / "feature_layout.json").read_text())
     assert layout["version"] == contracts.FEATURE_LAYOUT_VERSION
     assert tuple(layout["features"]) == contracts.PAIR_FEATURE_NAMES
 
@@ -128,3 +160,45 @@ def test_feature_layout_shipped_with_the_model_matches() -> None:
 def test_parameters_from_model_config_reads_string_values() -> None:
     config = {"parameters": {"top_k": {"string_value": "7"}}}
     assert parameters_from_model_config(json.dumps(config)) == {"top_k": "7"}
+
+
+def _assert_steps_chain(config: model_config_pb2.ModelConfig) -> set[str]:
+    """Every step reads only tensors available before it; returns all tensors produced."""
+    available = {t.name for t in config.input}
+    for step in config.ensemble_scheduling.step:
+        step_config = load_config(REPO / step.model_name / "config.pbtxt")
+        declared = {t.name for t in step_config.input}
+        assert set(step.input_map) <= declared, step.model_name
+        required = {t.name for t in step_config.input if not t.optional}
+        assert required <= set(step.input_map), step.model_name
+        assert set(step.input_map.values()) <= available, step.model_name
+        assert set(step.output_map) == {t.name for t in step_config.output}, step.model_name
+        available |= set(step.output_map.values())
+    return available
+
+
+def test_feature_entry_ensemble_declares_the_feature_contract() -> None:
+    config = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
+    assert config.name == contracts.FEATURE_ENTRY_MODEL_NAME
+    assert config.platform == "ensemble"
+    assert io_of(config.input) == spec_rows(contracts.FEATURE_ENTRY_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.FEATURE_ENTRY_OUTPUTS)
+    assert {t.name for t in config.output} <= _assert_steps_chain(config)
+
+
+def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
+    features, candidates, *rest = contracts.FEATURE_ENTRY_INPUTS
+    assert features.name == contracts.PAIR_FEATURES.name
+    assert (features.triton_dtype, features.dims) == ("FP32", (-1, contracts.NUM_PAIR_FEATURES))
+    assert candidates == contracts.CANDIDATE_RIDER_INDEX
+    window = {spec.name: spec for spec in contracts.WINDOW_INPUTS}
+    for spec in rest:  # everything else is a tensor `dispatch` takes, declared the same
+        assert spec in (window.get(spec.name), *contracts.ROUTING_INPUTS), spec.name
+    dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
+    entry = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
+    assert list(entry.output) == list(dispatch.output)
+    # the steps after the encoder, mapped exactly as in `dispatch`
+    assert list(entry.ensemble_scheduling.step) == list(dispatch.ensemble_scheduling.step)[1:]
+    encoder = dispatch.ensemble_scheduling.step[0]
+    assert encoder.model_name == "feature_encoder"
+    assert set(encoder.output_map.values()) == {features.name, candidates.name}

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from dispatch_service.contracts import NUM_PAIR_FEATURES, OBJECTIVES
 from dispatch_service.errors import DispatchInputError
-from dispatch_service.onnx_runner import OnnxScorer, OrtSettings
+from dispatch_service.onnx_runner import OnnxScorer, OrtSettings, session_options
 
 F = NUM_PAIR_FEATURES
 Dims = Sequence[int | str]
@@ -258,3 +258,11 @@ def test_rows_are_scored_independently_of_their_batch(contract_model: Path) -> N
     together = scorer.score(array)
     for row in (0, 17, 39):
         np.testing.assert_array_equal(scorer.score(array[row : row + 1]), together[row : row + 1])
+
+
+def test_session_options_carry_the_settings() -> None:
+    options = session_options(OrtSettings(2, 3, "basic"))
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 3)
+    assert options.graph_optimization_level.name == "ORT_ENABLE_BASIC"
+    assert options.execution_mode.name == "ORT_SEQUENTIAL"
+    assert not options.enable_profiling

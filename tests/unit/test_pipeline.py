@@ -12,6 +12,16 @@ from numpy.typing import NDArray
 
 from dispatch_service.contracts import DISPATCH_OUTPUTS
 from dispatch_service.errors import DispatchInputError
+from dispatch_service.metrics import (
+    CANDIDATES_PER_ORDER,
+    CAPACITY_CONFLICTS,
+    ENCODER_LATENCY,
+    RESOLVER_LATENCY,
+    VALIDATION_REJECTIONS,
+    InMemoryMetrics,
+    candidates_per_order,
+    capacity_conflicts,
+)
 from dispatch_service.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline import DispatchPipeline, config_parameters
 from dispatch_service.settings import SettingsError
@@ -148,3 +158,28 @@ def test_committed_pipeline_answers_a_window_with_the_contract() -> None:
     assert rider_ids is not None
     for row, rider in zip(assigned.tolist(), outputs["ASSIGNED_RIDER_IDS"].tolist(), strict=True):
         assert rider == (rider_ids[row] if row >= 0 else b"")
+
+
+def test_the_pipeline_records_the_same_custom_metrics_as_the_models() -> None:
+    sink = InMemoryMetrics()
+    pipeline = DispatchPipeline.from_repository(metrics=sink)
+    window = window_tensors(30, 6, seed=2)
+    out = pipeline.run(window)
+    assert len(sink.observed(ENCODER_LATENCY)) == len(sink.observed(RESOLVER_LATENCY)) == 1
+    candidates = pipeline.encoder.run(window)["CANDIDATE_RIDER_INDEX"]
+    assert sink.observed(CANDIDATES_PER_ORDER) == [candidates_per_order(candidates)]
+    conflicts = capacity_conflicts(
+        out["TOPK_RIDER_INDEX"],
+        out["TOPK_SCORE"],
+        out["ASSIGNED_RIDER_INDEX"],
+        out["ASSIGNED_SCORE"],
+    )
+    assert sink.counter(CAPACITY_CONFLICTS) == conflicts > 0
+
+    bad = dict(window)
+    bad["RIDER_IDS"] = np.array([b"r"] * 6, dtype=object)
+    with pytest.raises(DispatchInputError, match="RIDER_IDS: ids must be unique"):
+        pipeline.run(bad)
+    assert sink.counter(VALIDATION_REJECTIONS, tensor="RIDER_IDS", rule="unique") == 1
+    assert len(sink.observed(ENCODER_LATENCY)) == 1  # a rejected window is no latency sample
+    assert DispatchPipeline.from_repository().metrics.record([]) is None  # none by default

@@ -14,6 +14,12 @@ from numpy.typing import NDArray
 
 from dispatch_service.contracts import NUM_PAIR_FEATURES, OBJECTIVES
 from dispatch_service.errors import DispatchInputError
+from dispatch_service.metrics import (
+    STEP_OBSERVERS,
+    NullMetrics,
+    candidates_per_order,
+    capacity_conflicts,
+)
 from dispatch_service.paths import MODEL_REPOSITORY
 from dispatch_service.settings import SettingsError
 from dispatch_service.simulator import generate_window
@@ -26,7 +32,7 @@ from dispatch_service.triton_adapter import (
 from dispatch_service.window import window_to_tensors
 
 COMMITTED_MODEL = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
-LOG_FIELDS = {"event", "model", "request_id", "tensor", "rule"}
+LOG_FIELDS = {"event", "model", "request_id", "tensor", "rule", "code"}
 
 
 # ---- a stand-in for triton_python_backend_utils -------------------------------------
@@ -115,6 +121,63 @@ class FakeRequest:
         return self._cancelled
 
 
+class FakeMetric:
+    def __init__(self, labels: dict[str, str], buckets: list[float] | None) -> None:
+        self.labels = labels
+        self.buckets = buckets
+        self.value = 0.0
+        self.observations: list[float] = []
+
+    def increment(self, value: float) -> None:
+        self.value += value
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+    def observe(self, value: float) -> None:
+        self.observations.append(value)
+
+
+class FakeMetricFamily:
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name = name
+        self.kind = kind
+        self.metrics: list[FakeMetric] = []
+
+    def Metric(  # noqa: N802 (pb_utils' spelling)
+        self, labels: dict[str, str], buckets: list[float] | None = None
+    ) -> FakeMetric:
+        if (self.kind == "HISTOGRAM") != (buckets is not None):
+            raise ValueError("Failed to create metric. Missing required buckets.")
+        metric = FakeMetric(labels, buckets)
+        self.metrics.append(metric)
+        return metric
+
+
+class FakeMetricFamilies:
+    """`pb_utils.MetricFamily`: the kinds as attributes; calling it creates a family."""
+
+    COUNTER: ClassVar[str] = "COUNTER"
+    GAUGE: ClassVar[str] = "GAUGE"
+    HISTOGRAM: ClassVar[str] = "HISTOGRAM"
+
+    def __init__(self) -> None:
+        self.created: dict[str, FakeMetricFamily] = {}
+
+    def __call__(self, name: str, description: str, kind: str) -> FakeMetricFamily:
+        family = FakeMetricFamily(name, description, kind)
+        self.created[name] = family
+        return family
+
+    def series(self, name: str, **labels: str) -> FakeMetric:
+        (metric,) = (
+            m
+            for m in self.created[name].metrics
+            if all(m.labels.get(k) == v for k, v in labels.items())
+        )
+        return metric
+
+
 class FakePbUtils:
     Tensor = FakeTensor
     TritonError = FakeTritonError
@@ -122,6 +185,7 @@ class FakePbUtils:
 
     def __init__(self) -> None:
         self.Logger = FakeLogger()
+        self.MetricFamily = FakeMetricFamilies()
 
     @staticmethod
     def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:
@@ -296,6 +360,7 @@ def test_a_rejection_logs_one_json_line_without_payload() -> None:
         "request_id": "req-42",
         "tensor": "ORDER_PICKUP",
         "rule": "latitude must be within [-90.0, 90.0] (row 3)",
+        "code": "range",
     }
     for payload in ("SECRET", "123.45", "121.47", "o2"):
         assert payload not in line
@@ -487,6 +552,7 @@ def triton_args(name: str, parameters: dict[str, str], repository: Path) -> dict
         "model_name": name,
         "model_repository": str(repository),
         "model_version": "1",
+        "model_instance_name": f"{name}_0_0",
     }
 
 
@@ -537,3 +603,155 @@ def test_adapter_for_accepts_backend_parameters(tmp_path: Path) -> None:
 def test_adapter_for_an_unknown_model(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no adapter for model 'dispatch'"):
         adapter_for(FakePbUtils(), triton_args("dispatch", {}, tmp_path), "dispatch")
+
+
+# ---- custom metrics and load/unload logs ---------------------------------------------
+
+
+def test_load_and_unload_are_one_json_line_each(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    adapter = adapter_for(pb, triton_args("feature_encoder", {}, tmp_path), "feature_encoder")
+    loaded = {
+        "event": "model_loaded",
+        "model": "feature_encoder",
+        "version": "1",
+        "instance": "feature_encoder_0_0",
+    }
+    assert json_lines(pb, "info") == [loaded]
+    adapter.finalize()
+    assert json_lines(pb, "info") == [loaded, {**loaded, "event": "model_unloaded"}]
+    assert all("\n" not in line for _, line in pb.Logger.lines)
+    assert isinstance(adapter.metrics, NullMetrics)  # the Triton metrics are released
+
+
+def test_the_encoder_records_latency_candidates_and_rejections(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    args = triton_args("feature_encoder", {"candidates_per_order": "3"}, tmp_path)
+    adapter = adapter_for(pb, args, "feature_encoder")
+    good = [window_request(1, "a"), window_request(2, "c")]
+    pickup = np.array(good[0].inputs["ORDER_PICKUP"], copy=True)
+    pickup[0, 1] = 200.0
+    twice = np.array([b"o1", b"o2", b"o1", b"o4"], dtype=object)
+    responses = adapter.execute(
+        [
+            good[0],
+            window_request(1, "b", ORDER_PICKUP=pickup),
+            good[1],
+            window_request(3, "d", ORDER_IDS=twice),
+            window_request(4, "e", ORDER_IDS=twice),
+        ]
+    )
+    families = pb.MetricFamily
+    labels = {"model": "feature_encoder", "version": "1"}
+    latency = families.series("dispatch_encoder_latency_ms", **labels)
+    assert len(latency.observations) == 2 and min(latency.observations) >= 0.0
+    assert latency.buckets is not None and latency.buckets[0] > 0
+    candidates = families.series("dispatch_candidates_per_order", **labels)
+    expected = [
+        candidates_per_order(responses[i].outputs()["CANDIDATE_RIDER_INDEX"]) for i in (0, 2)
+    ]
+    assert candidates.observations == expected
+    rejections = families.created["dispatch_validation_rejections_total"].metrics
+    counted = {(m.labels["tensor"], m.labels["rule"]): m.value for m in rejections}
+    assert counted == {("ORDER_PICKUP", "range"): 1.0, ("ORDER_IDS", "unique"): 2.0}
+    assert all(m.labels["model"] == "feature_encoder" for m in rejections)
+    codes = [entry["code"] for entry in json_lines(pb, "warn")]
+    assert codes == ["range", "unique", "unique"]
+
+
+def test_the_resolver_records_capacity_conflicts(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    adapter = adapter_for(pb, triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
+    window = dict(window_to_tensors(generate_window(np.random.default_rng(5), 30, 6)))
+    encoded = FeatureEncoderStep().run(window)
+    scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
+    inputs = {**window, **encoded, **scored}
+    request = FakeRequest({name: inputs.get(name) for name in adapter.step.input_names})
+    (response,) = adapter.execute([request])
+    out = response.outputs()
+    expected = capacity_conflicts(
+        out["TOPK_RIDER_INDEX"],
+        out["TOPK_SCORE"],
+        out["ASSIGNED_RIDER_INDEX"],
+        out["ASSIGNED_SCORE"],
+    )
+    assert expected > 0  # 30 orders, 6 riders
+    labels = {"model": "topk_resolver", "version": "1"}
+    assert pb.MetricFamily.series("dispatch_capacity_conflicts_total", **labels).value == expected
+    latency = pb.MetricFamily.series("dispatch_resolver_latency_ms", **labels)
+    assert len(latency.observations) == 1
+    # a model exposes only its own families (plus rejections)
+    assert set(pb.MetricFamily.created) == {
+        "dispatch_resolver_latency_ms",
+        "dispatch_capacity_conflicts_total",
+        "dispatch_validation_rejections_total",
+    }
+
+
+def test_the_batched_model_counts_rejections_by_rule(tmp_path: Path, contract_model: Path) -> None:
+    (tmp_path / "1").mkdir()
+    shutil.copy(contract_model, tmp_path / "1" / "model.onnx")
+    pb = FakePbUtils()
+    adapter = adapter_for(pb, triton_args("dispatch_model", {}, tmp_path), "dispatch_model")
+    with_nan = pairs(4, 10)
+    with_nan[1, 3] = np.inf
+    adapter.execute(
+        [
+            model_request(pairs(3, 0)),
+            model_request(with_nan),
+            model_request(pairs(4, 11)[:, :-1]),
+            model_request(pairs(4, 12).astype(np.float64)),
+            model_request(None),
+        ]
+    )
+    assert set(pb.MetricFamily.created) == {"dispatch_validation_rejections_total"}
+    rejections = pb.MetricFamily.created["dispatch_validation_rejections_total"].metrics
+    counted = {m.labels["rule"]: m.value for m in rejections}
+    assert counted == {"not_finite": 1.0, "shape": 1.0, "dtype": 1.0, "missing": 1.0}
+    assert {m.labels["tensor"] for m in rejections} == {"PAIR_FEATURES"}
+
+
+class BrokenMetrics:
+    def record(self, observations: object) -> None:
+        raise RuntimeError("metrics IPC failed")
+
+
+def test_a_metrics_failure_never_fails_a_request() -> None:
+    pb = FakePbUtils()
+    adapter = TritonStepAdapter(
+        pb,
+        "feature_encoder",
+        FeatureEncoderStep(),
+        metrics=BrokenMetrics(),
+        observer=STEP_OBSERVERS["feature_encoder"],
+    )
+    responses = adapter.execute([window_request(1), window_request(2)])
+    assert all(not r.has_error() for r in responses)
+    (logged,) = json_lines(pb, "error")  # logged once, not per request
+    assert logged["event"] == "metrics_failed"
+    assert "metrics IPC failed" in logged["error"]
+
+
+class RefusingMetricFamilies(FakeMetricFamilies):
+    def __call__(self, name: str, description: str, kind: str) -> FakeMetricFamily:
+        raise RuntimeError("metrics are disabled")
+
+
+def test_without_custom_metrics_the_model_still_loads(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    pb.MetricFamily = RefusingMetricFamilies()
+    adapter = adapter_for(pb, triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
+    assert isinstance(adapter.metrics, NullMetrics)
+    (warned,) = json_lines(pb, "warn")
+    assert warned["event"] == "metrics_unavailable"
+    assert "metrics are disabled" in warned["error"]
+    assert json_lines(pb, "info")[0]["event"] == "model_loaded"
+
+
+@pytest.mark.parametrize("model", ["feature_encoder", "dispatch_model", "topk_resolver"])
+def test_each_model_py_hands_initialize_execute_and_finalize_to_the_adapter(model: str) -> None:
+    source = (MODEL_REPOSITORY / model / "1" / "model.py").read_text()
+    assert f'adapter_for(pb_utils, args, "{model}")' in source
+    assert "return self.adapter.execute(requests)" in source
+    assert "self.adapter.finalize()" in source
+    assert len(source.splitlines()) <= 20

@@ -11,3 +11,6 @@ class TritonPythonModel:
 
     def execute(self, requests):
         return self.adapter.execute(requests)
+
+    def finalize(self):
+        self.adapter.finalize()

@@ -1,0 +1,1 @@
+"""Reference services the benchmark compares against; not part of the product."""

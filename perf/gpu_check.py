@@ -1,0 +1,424 @@
+"""GPU check: cpu profile vs gpu profile with CUDA shared memory vs gpu profile with copies.
+
+Run through `perf/gpu_check.sh` (which fails fast without an NVIDIA GPU and bounds the run to
+five minutes). Three configurations, one window size (default 64 orders x 200 riders):
+
+1. ``cpu``: the embedded Triton, `cpu` profile, plain gRPC (tensors copied into messages).
+2. ``gpu + CUDA shm``: the `gpu` profile; the client's `GrpcShmTransport` with
+   `CudaShmBackend` (inputs and outputs in CUDA IPC regions registered once), and
+   perf_analyzer ``--shared-memory cuda`` for the load run.
+3. ``gpu + copies``: the same `gpu` server, plain gRPC.
+
+Which `gpu` server runs depends on the host, and the report says which:
+
+- ``native``: a stock tritonserver with the onnxruntime backend (the NGC image's
+  /opt/tritonserver, or ``--tritonserver``): `dispatch_model/configs/gpu.pbtxt` as shipped,
+  Triton's ORT backend with the CUDA EP, ``KIND_GPU``.
+- ``python-ort-cuda``: the embedded Triton has no onnxruntime backend, so dispatch_model
+  stays a Python-backend model whose ONNX Runtime session uses the CUDA EP
+  (``execution_provider: "cuda"``, onnxruntime-gpu; the load fails rather than run on the
+  CPU). Its config is derived from `config.pbtxt` into a scratch repository (KIND_GPU; if
+  the embedded build refuses a GPU instance for a Python model, KIND_CPU with the session
+  still on GPU 0, noted in the report). This measures the GPU for the model step only;
+  the encoder, router and resolver run on the CPU in every configuration.
+
+Per configuration: latency p50/p99 of sequential requests from `DispatchClient` (concurrency
+1), throughput and p50/p99 from perf_analyzer at concurrency 128, and GPU memory in use
+(nvidia-smi) after the runs. Writes report.md and summary.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_client import DispatchClient
+from dispatch_client.errors import DispatchError
+from dispatch_client.shm import CudaShmBackend, GrpcShmTransport, ShmCapacity
+from dispatch_client.transport import GrpcTransport, Transport
+from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS
+from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.server import (
+    Ports,
+    ServerError,
+    ServerOptions,
+    TritonRuntime,
+    TritonServer,
+)
+from dispatch_service.simulator import generate_window
+from dispatch_service.window import window_to_tensors
+from perf.pa import SharedMemory
+
+NATIVE_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+OUTPUT_NAMES = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
+Tensors = dict[str, NDArray[Any]]
+
+
+class NoGpuError(RuntimeError):
+    pass
+
+
+@dataclass
+class Row:
+    config: str
+    server: str
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    requests: int = 0
+    c128_per_s: float | None = None
+    c128_p50_ms: float | None = None
+    c128_p99_ms: float | None = None
+    gpu_memory_mib: int | None = None
+    same_assignment_as_cpu: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- host ------------------------------------------------------------------------------------
+
+
+def gpu_memory_mib() -> list[int]:
+    """Memory in use per GPU (nvidia-smi); raises NoGpuError without a usable GPU."""
+    if shutil.which("nvidia-smi") is None:
+        raise NoGpuError("no NVIDIA GPU: nvidia-smi not found")
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    values = [int(v) for v in done.stdout.split() if v.strip().isdigit()]
+    if done.returncode != 0 or not values:
+        raise NoGpuError(f"no NVIDIA GPU: nvidia-smi failed ({done.stderr.strip()[:200]})")
+    return values
+
+
+def gpu_names() -> str:
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return "; ".join(line.strip() for line in done.stdout.splitlines() if line.strip())
+
+
+def native_tritonserver(given: Path | None) -> Path | None:
+    """A tritonserver that has the onnxruntime backend next to it, if any."""
+    for candidate in (given, NATIVE_TRITONSERVER):
+        if candidate is not None and candidate.exists():
+            runtime = TritonRuntime.from_install(candidate, Path(sys.prefix) / "bin")
+            if (runtime.backend_dir / "onnxruntime").is_dir():
+                return candidate
+    return None
+
+
+def derived_repository(target: Path, kind: str) -> Path:
+    """The model repository with dispatch_model's `gpu` config = its `cpu` config on CUDA."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for folder in MODEL_REPOSITORY.iterdir():
+        if folder.is_dir() and folder.name != "dispatch_model":
+            (target / folder.name).symlink_to(folder.resolve(), target_is_directory=True)
+    source = MODEL_REPOSITORY / "dispatch_model"
+    model = target / "dispatch_model"
+    model.mkdir()
+    for entry in source.iterdir():
+        if entry.name != "configs":
+            (model / entry.name).symlink_to(entry.resolve())
+    config = text_format.Parse(
+        (source / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    del config.instance_group[:]
+    group = config.instance_group.add()
+    group.count = 1
+    group.kind = model_config_pb2.ModelInstanceGroup.Kind.Value(kind)
+    config.parameters["execution_provider"].string_value = "cuda"
+    (model / "configs").mkdir()
+    (model / "configs" / "gpu.pbtxt").write_text(text_format.MessageToString(config))
+    return target
+
+
+def load_failure(log: Path) -> str:
+    """The server log's first model-load failure, on one line (why a gpu server did not start)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        if "failed to load '" in line and "version" in line:
+            return line.split("] ", 1)[-1].split("\\n", 1)[0][:400]
+    return ""
+
+
+# ---- measurements ----------------------------------------------------------------------------
+
+
+def sequential(
+    client: DispatchClient, window: Tensors, seconds: float, limit: int = 5000
+) -> tuple[float, float, int, dict[str, Any]]:
+    """(p50 ms, p99 ms, requests, last answer) of back-to-back requests."""
+    answer = client.dispatch(window).to_json_dict()
+    for _ in range(20):  # warm-up
+        client.dispatch(window)
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(latencies) < limit:
+        started = time.perf_counter()
+        client.dispatch(window)
+        latencies.append(time.perf_counter() - started)
+    p50, p99 = np.percentile(np.asarray(latencies) * 1000.0, [50, 99])
+    return float(p50), float(p99), len(latencies), answer
+
+
+def assignments(answer: dict[str, Any]) -> list[Any]:
+    return [order["assigned_rider_id"] for order in answer["orders"]]
+
+
+def perf_analyzer_c128(
+    url: str,
+    input_data: Path,
+    out: Path,
+    name: str,
+    shared_memory: SharedMemory,
+    output_shm_size: int,
+    requests: int,
+    timeout_s: float,
+) -> tuple[float, float, float] | str:
+    """(infer/s, p50 ms, p99 ms) at concurrency 128, or the reason it failed."""
+    from perf.pa import PaJob, PerfAnalyzer
+
+    job = PaJob(
+        url=url,
+        protocol="grpc",
+        input_data=input_data,
+        concurrency=128,
+        request_count=max(requests, 128),
+        csv_path=out / f"pa-{name}.csv",
+        shared_memory=shared_memory,
+        output_shm_size=output_shm_size if shared_memory != "none" else None,
+    )
+    outcome = PerfAnalyzer.from_venv().run(job, timeout_s=timeout_s)
+    if not outcome.ok:
+        return f"perf_analyzer failed ({outcome.returncode}): {outcome.log_tail[-300:]}"
+    row = outcome.rows[0]
+    return row.throughput_per_s, row.p50_ms, row.p99_ms
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--orders", type=int, default=64)
+    parser.add_argument("--riders", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=6.0, help="sequential run per config")
+    parser.add_argument("--budget", type=float, default=270.0, help="seconds for everything")
+    parser.add_argument("--tritonserver", type=Path, help="stock tritonserver with ORT backend")
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + float(args.budget)
+
+    try:
+        baseline = gpu_memory_mib()
+    except NoGpuError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    window = window_to_tensors(
+        generate_window(np.random.default_rng(4242), args.orders, args.riders)
+    )
+    from perf.pa import output_shm_size, write_input_data
+    from perf.windows import NEUTRAL_OPTIONAL_INPUTS, optional_inputs
+
+    pa_window = {
+        **window,
+        **{
+            n: NEUTRAL_OPTIONAL_INPUTS[n] for n in optional_inputs() if n in NEUTRAL_OPTIONAL_INPUTS
+        },
+    }
+    input_data = args.out / "input.json"
+    write_input_data(input_data, [pa_window])
+    capacity = ShmCapacity.for_window(window)
+
+    native = native_tritonserver(args.tritonserver)
+    summary: dict[str, Any] = {
+        "gpus": gpu_names(),
+        "gpu_memory_mib_before": baseline,
+        "window": {"orders": args.orders, "riders": args.riders},
+        "gpu_server": "native" if native else "python-ort-cuda",
+    }
+    rows: list[Row] = []
+    cpu_answer: dict[str, Any] | None = None
+    pa_requests = 2000
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    def measure(
+        row: Row, server: TritonServer, make: Callable[[], Transport], shared_memory: SharedMemory
+    ) -> None:
+        nonlocal cpu_answer, pa_requests
+        if left() < 30:
+            row.notes.append("skipped: out of time")
+            return
+        try:
+            with DispatchClient(make()) as client:
+                row.p50_ms, row.p99_ms, row.requests, answer = sequential(
+                    client, window, min(args.seconds, left() / 4)
+                )
+        except DispatchError as exc:
+            row.notes.append(f"client failed: {exc.message[:300]}")
+            return
+        if cpu_answer is None:
+            cpu_answer = answer
+        row.same_assignment_as_cpu = assignments(answer) == assignments(cpu_answer)
+        if row.p50_ms:
+            pa_requests = int(min(20000, max(1000, 8 * 1000.0 / row.p50_ms * args.seconds)))
+        probe = GrpcTransport(server.grpc_url)
+        try:  # perf_analyzer needs one region size for every output: the largest, with room
+            answer_arrays = probe.infer("dispatch", dict(pa_window), OUTPUT_NAMES)
+        finally:
+            probe.close()
+        result = perf_analyzer_c128(
+            server.grpc_url,
+            input_data,
+            args.out,
+            row.config.split()[0] + ("-shm" if shared_memory != "none" else ""),
+            shared_memory,
+            output_shm_size([answer_arrays]),
+            pa_requests,
+            timeout_s=max(20.0, min(90.0, left() - 20)),
+        )
+        if isinstance(result, str):
+            row.notes.append(result)
+        else:
+            row.c128_per_s, row.c128_p50_ms, row.c128_p99_ms = result
+        row.gpu_memory_mib = gpu_memory_mib()[0]
+
+    # 1. cpu profile
+    cpu_row = Row("cpu (plain gRPC)", "embedded, cpu profile")
+    rows.append(cpu_row)
+    cpu_runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
+    cpu_options = ServerOptions(ports=Ports.free())
+    try:
+        with TritonServer(cpu_runtime, cpu_options, args.out / "server-cpu.log") as server:
+            measure(cpu_row, server, lambda: GrpcTransport(server.grpc_url), "none")
+    except ServerError as exc:
+        cpu_row.notes.append(f"server failed: {str(exc)[:300]}")
+
+    # 2 + 3. gpu profile
+    shm_row = Row("gpu + CUDA shm", "")
+    copy_row = Row("gpu + copies (plain gRPC)", "")
+    rows += [shm_row, copy_row]
+    with ExitStack() as stack:
+        gpu_server: TritonServer | None = None
+        attempts: list[tuple[str, TritonRuntime, Path]] = []
+        if native is not None:
+            runtime = TritonRuntime.from_install(native, Path(sys.prefix) / "bin")
+            attempts.append(("native ORT backend, KIND_GPU", runtime, MODEL_REPOSITORY))
+        else:
+            for kind in ("KIND_GPU", "KIND_CPU"):
+                repo = derived_repository(args.out / f"repository-{kind.lower()}", kind)
+                label = f"embedded, Python-backend ORT with CUDA EP, {kind} instance"
+                attempts.append((label, cpu_runtime, repo))
+        for label, runtime, repo in attempts:
+            if left() < 60:
+                break
+            options = ServerOptions(model_repository=repo, ports=Ports.free(), profile="gpu")
+            log = args.out / f"server-gpu-{len(summary.get('gpu_attempts', []))}.log"
+            try:
+                gpu_server = stack.enter_context(TritonServer(runtime, options, log))
+            except ServerError as exc:
+                reason = load_failure(log) or str(exc)[-300:]
+                summary.setdefault("gpu_attempts", []).append(f"{label}: {reason}")
+                continue
+            summary.setdefault("gpu_attempts", []).append(f"{label}: started")
+            shm_row.server = copy_row.server = label
+            break
+        if gpu_server is None:
+            for row in (shm_row, copy_row):
+                row.notes.append("no gpu server could start (see summary.json gpu_attempts)")
+        else:
+            url = gpu_server.grpc_url
+            try:
+                CudaShmBackend()
+            except DispatchError as exc:
+                shm_row.notes.append(f"CUDA shm unavailable: {exc.message[:300]}")
+            else:
+                measure(
+                    shm_row,
+                    gpu_server,
+                    lambda: GrpcShmTransport(url, capacity=capacity, backend="cuda"),
+                    "cuda",
+                )
+            measure(copy_row, gpu_server, lambda: GrpcTransport(url), "none")
+
+    summary["rows"] = [asdict(row) for row in rows]
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (args.out / "report.md").write_text(render(summary, rows))
+    print((args.out / "report.md").read_text())
+    return 0
+
+
+def _fmt(value: float | int | None, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+
+def render(summary: dict[str, Any], rows: Sequence[Row]) -> str:
+    window = summary["window"]
+    lines = [
+        "# GPU check: cpu profile vs gpu profile (CUDA shared memory / copies)",
+        "",
+        f"GPUs: {summary['gpus']}. Window: {window['orders']} orders x {window['riders']} "
+        f"riders. gpu server: `{summary['gpu_server']}` (see perf/gpu_check.py for what "
+        "each measures). GPU memory before any server: "
+        f"{summary['gpu_memory_mib_before']} MiB.",
+        "",
+        "| config | server | p50 ms (c=1) | p99 ms (c=1) | infer/s (c=128) | p50 ms (c=128) "
+        "| p99 ms (c=128) | GPU MiB used | same assignment as cpu |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in rows:
+        same = {None: "-", True: "yes", False: "no"}[row.same_assignment_as_cpu]
+        lines.append(
+            f"| {row.config} | {row.server or '-'} | {_fmt(row.p50_ms)} | {_fmt(row.p99_ms)} "
+            f"| {_fmt(row.c128_per_s, 1)} | {_fmt(row.c128_p50_ms)} | {_fmt(row.c128_p99_ms)} "
+            f"| {_fmt(row.gpu_memory_mib)} | {same} |"
+        )
+    lines += [
+        "",
+        "c=1: sequential requests from `DispatchClient` (the CUDA shm row through "
+        '`GrpcShmTransport(backend="cuda")`). c=128: perf_analyzer over gRPC '
+        "(`--shared-memory cuda` for the CUDA shm row). GPU memory: nvidia-smi, GPU 0, after "
+        "the runs.",
+        "",
+    ]
+    notes = [f"- {row.config}: {note}" for row in rows for note in row.notes]
+    notes += [f"- gpu server attempt: {a}" for a in summary.get("gpu_attempts", [])]
+    if notes:
+        lines += ["Notes:", "", *notes, ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

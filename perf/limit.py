@@ -1,0 +1,103 @@
+"""The in-process limit: `DispatchPipeline` (encoder -> ONNX Runtime -> resolver) called
+directly, no serving, on the same windows and the same model configuration as the server.
+
+- single thread: per-window latency p50/p99 and windows (orders) per second;
+- N worker processes (default 2, one per core): aggregate throughput, each process with its
+  own pipeline, started together behind a barrier.
+
+Each run stops after `max_windows` windows or `max_seconds`, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from numpy.typing import NDArray
+
+from dispatch_service.paths import MODEL_REPOSITORY
+from dispatch_service.pipeline import DispatchPipeline
+from perf.stats import LimitStats, level_stats
+from perf.windows import SIZES, simulated_windows
+
+
+def run_windows(
+    pipeline: DispatchPipeline,
+    windows: Sequence[Mapping[str, NDArray[Any]]],
+    max_windows: int,
+    max_seconds: float,
+) -> tuple[list[float], float]:
+    """Run windows round-robin; per-window latencies (s) and the elapsed time (s)."""
+    latencies: list[float] = []
+    start = time.perf_counter()
+    deadline = start + max_seconds
+    while len(latencies) < max_windows and time.perf_counter() < deadline:
+        sent = time.perf_counter()
+        pipeline.run(windows[len(latencies) % len(windows)])
+        latencies.append(time.perf_counter() - sent)
+    return latencies, time.perf_counter() - start
+
+
+def _worker(
+    size_names: Sequence[str],
+    repository: Path,
+    max_windows: int,
+    max_seconds: float,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """One worker process: its own pipeline; per size, start with the others, then run."""
+    pipeline = DispatchPipeline.from_repository(repository)
+    prepared = {name: simulated_windows(SIZES[name]) for name in size_names}
+    for name in size_names:
+        windows = prepared[name]
+        pipeline.run(windows[0])  # warm-up, not measured
+        barrier.wait(timeout=300)
+        started = time.time()
+        latencies, _ = run_windows(pipeline, windows, max_windows, max_seconds)
+        results.put((name, len(latencies), started, time.time()))
+
+
+def measure(
+    size_names: Sequence[str],
+    max_windows: int,
+    max_seconds: float,
+    processes: int = 2,
+    repository: Path = MODEL_REPOSITORY,
+) -> dict[str, LimitStats]:
+    """The limit for each size: first 1 thread here, then `processes` spawned workers."""
+    pipeline = DispatchPipeline.from_repository(repository)
+    singles = {}
+    for name in size_names:
+        windows = simulated_windows(SIZES[name])
+        pipeline.run(windows[0])  # warm-up, not measured
+        latencies, elapsed = run_windows(pipeline, windows, max_windows, max_seconds)
+        singles[name] = level_stats(1, latencies, elapsed)
+
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding ORT threads
+    barrier = context.Barrier(processes)
+    results = context.Queue()
+    args = (list(size_names), repository, max_windows, max_seconds, barrier, results)
+    workers = [context.Process(target=_worker, args=args) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    outcomes: dict[str, list[tuple[int, float, float]]] = {name: [] for name in size_names}
+    try:
+        for _ in range(processes * len(size_names)):
+            name, count, started, ended = results.get(timeout=max_seconds + 300)
+            outcomes[name].append((count, started, ended))
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.terminate()
+    stats = {}
+    for name in size_names:
+        runs = outcomes[name]
+        span = max(end for _, _, end in runs) - min(start for _, start, _ in runs)
+        total = sum(count for count, _, _ in runs)
+        stats[name] = LimitStats(name, SIZES[name].orders, singles[name], processes, total / span)
+    return stats

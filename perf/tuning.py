@@ -1,0 +1,264 @@
+"""Model-configuration variants for tuning runs, applied to a copy of the model repository.
+
+An override names a model, a setting and a value:
+
+    dispatch_model.queue_delay_us=0          dynamic_batching.max_queue_delay_microseconds
+    feature_encoder.instances=1              instance_group[0].count
+    dispatch_model.param.intra_op_num_threads=2   parameters { key: ... string_value: ... }
+
+`patched_repository` copies the repository and rewrites the named config.pbtxt files with
+Triton's own protobuf schema; the checked-in repository is never touched.
+
+`python -m perf.tuning --variant "dispatch_model.queue_delay_us=0" ...` measures the
+unchanged configuration and each variant (perf_analyzer, gRPC, short levels) and appends
+one entry per variant to perf/tuning_log.json, which the bench report shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
+
+TUNING_LOG = REPO_ROOT / "perf" / "tuning_log.json"
+SETTINGS = ("queue_delay_us", "instances", "param")
+
+
+@dataclass(frozen=True)
+class ConfigOverride:
+    model: str
+    setting: str  # one of SETTINGS
+    value: str
+    key: str = ""  # parameter name for setting "param"
+
+    def __str__(self) -> str:
+        key = f".{self.key}" if self.key else ""
+        return f"{self.model}.{self.setting}{key}={self.value}"
+
+
+def parse_override(text: str) -> ConfigOverride:
+    target, sep, value = text.partition("=")
+    parts = target.strip().split(".")
+    if not sep or not value.strip() or len(parts) < 2:
+        raise ValueError(f"override must look like MODEL.SETTING=VALUE, got {text!r}")
+    model, setting, rest = parts[0], parts[1], parts[2:]
+    value = value.strip()
+    if setting == "param":
+        if len(rest) != 1 or not rest[0]:
+            raise ValueError(f"parameter override must be MODEL.param.KEY=VALUE, got {text!r}")
+        return ConfigOverride(model, setting, value, rest[0])
+    if setting not in SETTINGS or rest:
+        raise ValueError(f"unknown setting {'.'.join(parts[1:])!r}; known: {', '.join(SETTINGS)}")
+    if not value.isdigit():
+        raise ValueError(f"{setting} needs a non-negative integer, got {value!r}")
+    return ConfigOverride(model, setting, value)
+
+
+def apply_override(config: Any, override: ConfigOverride) -> None:
+    """Change one setting of a parsed `model_config_pb2.ModelConfig` in place."""
+    if override.setting == "queue_delay_us":
+        if not config.HasField("dynamic_batching"):
+            raise ValueError(f"{override.model} has no dynamic_batching to tune")
+        config.dynamic_batching.max_queue_delay_microseconds = int(override.value)
+    elif override.setting == "instances":
+        if not config.instance_group:
+            raise ValueError(f"{override.model} has no instance_group")
+        config.instance_group[0].count = int(override.value)
+    else:
+        config.parameters[override.key].string_value = override.value
+
+
+def _load_config(path: Path) -> Any:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def patched_repository(
+    source: Path, destination: Path, overrides: Sequence[ConfigOverride]
+) -> Path:
+    """Copy `source` to `destination` and apply `overrides` there; returns `destination`."""
+    from google.protobuf import text_format
+
+    shutil.copytree(source, destination, ignore=shutil.ignore_patterns("__pycache__"))
+    for override in overrides:
+        path = destination / override.model / "config.pbtxt"
+        if not path.exists():
+            raise ValueError(f"no model {override.model!r} in {source}")
+        config = _load_config(path)
+        apply_override(config, override)
+        path.write_text(text_format.MessageToString(config))
+    return destination
+
+
+def config_digest(repository: Path) -> dict[str, dict[str, str]]:
+    """Per model, the settings a tuning run touches, as read from config.pbtxt."""
+    digest: dict[str, dict[str, str]] = {}
+    for path in sorted(repository.glob("*/config.pbtxt")):
+        config = _load_config(path)
+        entry: dict[str, str] = {}
+        if config.platform == "ensemble":
+            entry["kind"] = "ensemble"
+        else:
+            entry["instances"] = str(sum(group.count or 1 for group in config.instance_group))
+        if config.HasField("dynamic_batching"):
+            delay = config.dynamic_batching.max_queue_delay_microseconds
+            entry["queue_delay_us"] = str(delay)
+        for key in ("intra_op_num_threads", "inter_op_num_threads"):
+            if key in config.parameters:
+                entry[key] = config.parameters[key].string_value
+        digest[config.name or path.parent.name] = entry
+    return digest
+
+
+# ---- tuning runs -----------------------------------------------------------------------------
+
+METRICS = (
+    ("small", 1, "p50_ms"),
+    ("small", 1, "p99_ms"),
+    ("small", 64, "throughput_per_s"),
+    ("small", 64, "p99_ms"),
+    ("medium", 16, "throughput_per_s"),
+)
+
+
+def metric_key(size: str, concurrency: int, field: str) -> str:
+    name = "windows_per_s" if field == "throughput_per_s" else field
+    return f"{size}_c{concurrency}_{name}"
+
+
+def tuning_entry(
+    change: str,
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    conditions: str,
+    date: str,
+) -> dict[str, Any]:
+    return {
+        "date": date,
+        "change": change,
+        "before": dict(before),
+        "after": dict(after),
+        "conditions": conditions,
+        "decision": "",
+    }
+
+
+def noise_percent(first: Mapping[str, float], second: Mapping[str, float]) -> float:
+    """Largest relative difference (%) between two measurements of the same configuration."""
+    changes = [
+        abs(second[key] - value) / value * 100.0
+        for key, value in first.items()
+        if key in second and value
+    ]
+    return max(changes, default=0.0)
+
+
+def append_log(path: Path, entries: Sequence[Mapping[str, Any]]) -> None:
+    existing = json.loads(path.read_text()) if path.exists() else []
+    path.write_text(json.dumps([*existing, *entries], indent=2) + "\n")
+
+
+def _measure(repository: Path, work: Path, seconds: float) -> dict[str, float]:
+    """The METRICS of one configuration: perf_analyzer over gRPC, one level at a time."""
+    from dispatch_service.pipeline import DispatchPipeline
+    from perf.bench import TritonSession, pa_level, prepare_workload
+    from perf.stats import request_budget
+    from perf.windows import SIZES, optional_inputs
+
+    work.mkdir(parents=True, exist_ok=True)
+    pipeline = DispatchPipeline.from_repository(repository)
+    levels = sorted({(size, concurrency) for size, concurrency, _ in METRICS})
+    optional = optional_inputs(repository)
+    workloads = {
+        size: prepare_workload(SIZES[size], pipeline, work, optional) for size, _ in levels
+    }
+    figures: dict[str, float] = {}
+    with TritonSession(repository, work / "server.log") as session:
+        rate = 100.0
+        for size, concurrency in levels:
+            count = request_budget(rate, seconds, concurrency)
+            row, failure, _ = pa_level(
+                session.pa,
+                session.endpoints,
+                "grpc",
+                workloads[size],
+                concurrency,
+                count,
+                work,
+                120,
+            )
+            if row is None:
+                print(f"  {failure}", flush=True)
+                continue
+            rate = row.throughput_per_s
+            for m_size, m_concurrency, field in METRICS:
+                if (m_size, m_concurrency) == (size, concurrency):
+                    figures[metric_key(size, concurrency, field)] = float(getattr(row, field))
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Measure model-configuration variants")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        required=True,
+        help="comma-separated overrides, e.g. 'dispatch_model.queue_delay_us=0'",
+    )
+    parser.add_argument("--seconds", type=float, default=2.0, help="per level")
+    parser.add_argument("--log", type=Path, default=TUNING_LOG)
+    parser.add_argument("--dry-run", action="store_true", help="print entries, do not append")
+    args = parser.parse_args(argv)
+    variants = [[parse_override(o) for o in v.split(",") if o.strip()] for v in args.variant]
+    entries = []
+    with tempfile.TemporaryDirectory(prefix="dispatch-tuning-") as tmp:
+        work = Path(tmp)
+        base = patched_repository(MODEL_REPOSITORY, work / "repo-base", [])
+        before = _measure(base, work / "base", args.seconds)
+        print(f"unchanged: {before}", flush=True)
+        measured = []
+        for number, overrides in enumerate(variants):
+            repo = patched_repository(MODEL_REPOSITORY, work / f"repo-{number}", overrides)
+            after = _measure(repo, work / f"variant-{number}", args.seconds)
+            change = ", ".join(str(o) for o in overrides)
+            print(f"{change}: {after}", flush=True)
+            load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+            measured.append((change, after, load))
+        # The unchanged configuration once more: how far apart two runs of the same thing
+        # are on this machine right now, i.e. the noise every entry must be read against.
+        repeat = _measure(base, work / "base-repeat", args.seconds)
+        print(f"unchanged, again: {repeat}", flush=True)
+        noise = noise_percent(before, repeat)
+        for change, after, load in measured:
+            entries.append(
+                tuning_entry(
+                    change,
+                    before,
+                    after,
+                    f"{os.cpu_count()} cores, load average {load}; unchanged config re-run "
+                    f"differed by up to {noise:.0f}%",
+                    time.strftime("%Y-%m-%d"),
+                )
+            )
+    if args.dry_run:
+        print(json.dumps(entries, indent=2))
+    else:
+        append_log(args.log, entries)
+        print(f"appended {len(entries)} entries to {args.log}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The Triton bridge of `dispatch_router`: tensors in, BLS calls of dispatch_model, tensors out.
+
+The routing decisions, fallback chain and shadow comparison are `routing`'s; this module only
+reads the request tensors, calls a `dispatch_model` version through BLS
+(``pb_utils.InferenceRequest(model_name="dispatch_model", model_version=N)``, awaited with
+``async_exec`` so that primary and shadow calls overlap), records the metrics and answers.
+``pb_utils`` is passed in because it only exists inside the backend stub.
+
+Settings are parsed once per load from config.pbtxt ``parameters`` (`RouterSettings`); a
+config-override load (`router_control.apply_router_settings`) builds a new instance with the
+new settings and logs them as one JSON line, while the old instance drains. A request's
+answer never depends on anything but the settings and the request: no state between calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_service.contracts import (
+    CANDIDATE_RIDER_INDEX,
+    MODEL_VERSION_TAG,
+    ORDER_FALLBACK_LEVEL,
+    ORDER_MODEL_VERSION,
+    PAIR_FEATURES,
+    PAIR_OBJECTIVES,
+)
+from dispatch_service.errors import DispatchInputError
+from dispatch_service.metrics import (
+    VALIDATION_REJECTIONS,
+    MetricsSink,
+    NullMetrics,
+    Observation,
+    TritonMetrics,
+    rejection_observation,
+)
+from dispatch_service.routing import (
+    ROUTER_METRICS,
+    ModelCallError,
+    RoutedScores,
+    RouterSettings,
+    choose_versions,
+    parse_version_tag,
+    route_and_score,
+    routed_observations,
+    settings_record,
+    shadow_sampled,
+)
+from dispatch_service.settings import parameters_from_model_config
+
+ROUTER_MODEL_NAME: Final = "dispatch_router"
+SCORED_MODEL_NAME: Final = "dispatch_model"
+_USER_IDS: Final = "ORDER_USER_IDS"
+
+
+def _log(pb_utils: Any, level: str, **fields: Any) -> None:
+    getattr(pb_utils.Logger, f"log_{level}")(json.dumps(fields, sort_keys=True, default=str))
+
+
+class DispatchRouterAdapter:
+    """Answers dispatch_router requests; one instance per Triton model instance."""
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        settings: RouterSettings,
+        *,
+        metrics: MetricsSink | None = None,
+        draw: Callable[[], float] = random.random,
+        target_model: str = SCORED_MODEL_NAME,
+    ) -> None:
+        self.pb = pb_utils
+        self.model_name = model_name
+        self.settings = settings
+        self.metrics: MetricsSink = metrics if metrics is not None else NullMetrics()
+        self.draw = draw  # uniform [0, 1): the shadow sample
+        self.target_model = target_model
+        self._metrics_failed = False
+
+    # ---- Triton entry points ---------------------------------------------------------------
+
+    async def execute(self, requests: Sequence[Any]) -> list[Any]:
+        return list(await asyncio.gather(*(self._respond(request) for request in requests)))
+
+    def finalize(self) -> None:
+        close = getattr(self.metrics, "close", None)
+        if close is not None:
+            close()
+        self.metrics = NullMetrics()
+
+    # ---- one request ----------------------------------------------------------------------
+
+    def _input(self, request: Any, name: str) -> NDArray[Any] | None:
+        tensor = self.pb.get_input_tensor_by_name(request, name)
+        return None if tensor is None else tensor.as_numpy()
+
+    def _required(self, request: Any, name: str) -> NDArray[Any]:
+        value = self._input(request, name)
+        if value is None:
+            raise DispatchInputError(name, "is required but missing", "missing")
+        return value
+
+    async def _respond(self, request: Any) -> Any:
+        if request.is_cancelled():
+            return self._error("request cancelled", self.pb.TritonError.CANCELLED)
+        try:
+            user_ids = self._required(request, _USER_IDS)
+            forced = parse_version_tag(self._input(request, MODEL_VERSION_TAG.name), self.settings)
+            routed = await route_and_score(
+                self._required(request, PAIR_FEATURES.name),
+                self._required(request, CANDIDATE_RIDER_INDEX.name),
+                choose_versions(user_ids, self.settings, forced),
+                self.settings,
+                self.score,
+                shadow=shadow_sampled(self.draw(), self.settings),
+            )
+        except DispatchInputError as exc:
+            return self._reject(request, exc)
+        except Exception as exc:  # answers this request only
+            return self._internal_error(request, exc)
+        self._report(request, routed)
+        return self.pb.InferenceResponse(
+            output_tensors=[
+                self.pb.Tensor(PAIR_OBJECTIVES.name, routed.objectives),
+                self.pb.Tensor(ORDER_MODEL_VERSION.name, routed.model_version),
+                self.pb.Tensor(ORDER_FALLBACK_LEVEL.name, routed.fallback_level),
+            ]
+        )
+
+    async def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
+        """One BLS call of `version`; an error response raises ModelCallError."""
+        call = self.pb.InferenceRequest(
+            model_name=self.target_model,
+            model_version=int(version),
+            inputs=[self.pb.Tensor(PAIR_FEATURES.name, features)],
+            requested_output_names=[PAIR_OBJECTIVES.name],
+        )
+        response = await call.async_exec()
+        if response.has_error():
+            raise ModelCallError(response.error().message())
+        tensor = self.pb.get_output_tensor_by_name(response, PAIR_OBJECTIVES.name)
+        if tensor is None:
+            raise ModelCallError(f"the answer lacks {PAIR_OBJECTIVES.name}")
+        scores: NDArray[Any] = tensor.as_numpy()
+        return scores
+
+    # ---- reporting ------------------------------------------------------------------------
+
+    def _record(self, observations: list[Observation]) -> None:
+        try:
+            self.metrics.record(observations)
+        except Exception as exc:  # metrics never fail a request; say so once
+            if not self._metrics_failed:
+                self._metrics_failed = True
+                _log(
+                    self.pb,
+                    "error",
+                    event="metrics_failed",
+                    model=self.model_name,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+
+    def _report(self, request: Any, routed: RoutedScores) -> None:
+        self._record(routed_observations(routed))
+        for call in routed.calls:
+            if call.error is not None:
+                _log(
+                    self.pb,
+                    "warn",
+                    event="model_call_failed",
+                    model=self.model_name,
+                    request_id=request.request_id(),
+                    target=self.target_model,
+                    target_version=call.version,
+                    role=call.role,
+                    orders=call.orders,
+                    error=call.error,
+                )
+
+    def _error(self, message: str, code: Any) -> Any:
+        return self.pb.InferenceResponse(error=self.pb.TritonError(message, code))
+
+    def _reject(self, request: Any, exc: DispatchInputError) -> Any:
+        _log(
+            self.pb,
+            "warn",
+            event="request_rejected",
+            model=self.model_name,
+            request_id=request.request_id(),
+            tensor=exc.tensor,
+            rule=exc.rule,
+            code=exc.code,
+        )
+        self._record([rejection_observation(exc)])
+        return self._error(str(exc), self.pb.TritonError.INVALID_ARG)
+
+    def _internal_error(self, request: Any, exc: Exception) -> Any:
+        _log(
+            self.pb,
+            "error",
+            event="request_failed",
+            model=self.model_name,
+            request_id=request.request_id(),
+            error=f"{type(exc).__name__}: {exc}",
+            trace=traceback.format_exc(limit=5),
+        )
+        return self._error(
+            f"{self.model_name}: internal error ({type(exc).__name__}: {exc})",
+            self.pb.TritonError.INTERNAL,
+        )
+
+
+def router_metrics(pb_utils: Any, model_name: str, version: str) -> MetricsSink:
+    """The router's custom metrics on Triton's metrics port; none (logged) where unavailable.
+
+    Every series carries ``pid``, the stub process's id. Triton shares one Prometheus series
+    between the `Metric` objects of all processes that ask for the same name and labels, but
+    counts references per process: when the old router generation of a live reload unloads,
+    it frees the shared series while the new generation still writes to it (heap corruption,
+    a crashed server). A per-process label keeps every process on series of its own; sum
+    over ``pid`` (``sum without (pid) (...)``) for the model's totals.
+    """
+    try:
+        return TritonMetrics(
+            pb_utils,
+            {"model": model_name, "version": version, "pid": str(os.getpid())},
+            metrics=(*ROUTER_METRICS, VALIDATION_REJECTIONS),
+        )
+    except Exception as exc:  # e.g. a server started with --allow-metrics=false
+        _log(
+            pb_utils,
+            "warn",
+            event="metrics_unavailable",
+            model=model_name,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return NullMetrics()
+
+
+def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAdapter:
+    """Build the adapter from Triton's `initialize` args and log the settings it runs with.
+
+    Bad settings raise (SettingsError / ValueError), which fails the load: Triton then keeps
+    the previous router serving.
+    """
+    settings = RouterSettings.from_parameters(parameters_from_model_config(args["model_config"]))
+    name = args["model_name"]
+    version = str(args.get("model_version", ""))
+    adapter = DispatchRouterAdapter(
+        pb_utils, name, settings, metrics=router_metrics(pb_utils, name, version)
+    )
+    record = settings_record(
+        settings,
+        model=name,
+        version=version,
+        instance=str(args.get("model_instance_name", "")),
+    )
+    _log(pb_utils, "info", **record)
+    return adapter

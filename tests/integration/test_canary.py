@@ -1,0 +1,322 @@
+"""Server-side canary, shadow traffic and the fallback chain on a live server.
+
+These tests change the server's state (router settings, loaded dispatch_model versions), so
+they run against their own server (module scope, own free ports, an admin key), never the
+session server the other integration tests share. Every test puts back what it changed.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from dispatch_service import geo
+from dispatch_service.features import feasible_mask
+from dispatch_service.model_control import (
+    ModelControlError,
+    load_model,
+    model_config,
+    ready_versions,
+    unload_model,
+    with_versions,
+)
+from dispatch_service.paths import REPO_ROOT
+from dispatch_service.router_control import (
+    RouterControlError,
+    apply_router_settings,
+    read_router_settings,
+    router_config_with,
+)
+from dispatch_service.routing import RouterSettings
+from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.simulator import generate_window
+from dispatch_service.window import window_from_tensors, window_to_tensors
+from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+ADMIN_KEY = "canary-test-key"
+SHIPPED = RouterSettings(stable_version=1, canary_version=2)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
+    log = tmp_path_factory.mktemp("canary") / "server.log"
+    options = ServerOptions(ports=Ports.free(), admin_key=ADMIN_KEY)
+    with TritonServer(runtime, options, log) as started:
+        yield started
+    print(f"canary tritonserver log: {log}")
+
+
+@pytest.fixture(scope="module")
+def client(server: TritonServer) -> Iterator[httpclient.InferenceServerClient]:
+    http = httpclient.InferenceServerClient(server.http_url, network_timeout=120.0)
+    yield http
+    http.close()
+
+
+@pytest.fixture
+def router(server: TritonServer) -> Iterator[str]:
+    """The server's HTTP address; the shipped router settings are back after the test."""
+    assert read_router_settings(server.http_url) == SHIPPED
+    try:
+        yield server.http_url
+    finally:
+        if read_router_settings(server.http_url) != SHIPPED:
+            apply_router_settings(server.http_url, SHIPPED, admin_key=ADMIN_KEY)
+
+
+def apply(url: str, **changes: int) -> None:
+    options = {"stable_version": 1, "canary_version": 2, **changes}
+    apply_router_settings(url, RouterSettings(**options), admin_key=ADMIN_KEY)
+
+
+def window(seed: int, orders: int, riders: int, users: int | None = None) -> Arrays:
+    tensors = dict(window_to_tensors(generate_window(np.random.default_rng(seed), orders, riders)))
+    count = orders if users is None else users
+    ids = [f"user-{i % count}".encode() for i in range(orders)]
+    tensors["ORDER_USER_IDS"] = np.array(ids, dtype=object)
+    return tensors
+
+
+def dispatch(
+    client: httpclient.InferenceServerClient, tensors: Arrays, tag: str | None = None
+) -> Arrays:
+    if tag is not None:
+        tensors = {**tensors, "MODEL_VERSION_TAG": np.array([tag.encode()], dtype=object)}
+    return infer_http(client, tensors, output_names=ROUTED_OUTPUT_NAMES)
+
+
+def assert_valid(tensors: Arrays, result: Arrays) -> None:
+    """Top-K consistent with the riders, sorted, feasible; nobody above capacity."""
+    rider_ids = tensors["RIDER_IDS"]
+    index, scores = result["TOPK_RIDER_INDEX"], result["TOPK_SCORE"]
+    assert index.shape[0] == len(tensors["ORDER_IDS"])
+    for b in range(index.shape[0]):
+        row = index[b][index[b] >= 0]
+        assert len(row) >= 1
+        assert list(result["TOPK_RIDER_IDS"][b][: len(row)]) == [rider_ids[i] for i in row]
+        assert np.all(np.diff(scores[b][: len(row)]) <= 0)
+    spare = np.maximum(tensors["RIDER_CAPACITY"] - tensors["RIDER_LOAD"], 0)
+    assigned = result["ASSIGNED_RIDER_INDEX"]
+    taken = np.bincount(assigned[assigned >= 0], minlength=len(rider_ids))
+    assert np.all(taken <= spare), "a rider is over capacity"
+    for b in np.flatnonzero(assigned >= 0):
+        assert assigned[b] in index[b]
+
+
+def metric(server: TritonServer, name: str, **labels: str) -> float:
+    """Sum of the series of `name` whose labels include `labels` (0 when none)."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{re.escape(name)}\{{(.*)\}} (\S+)", line)
+        if match is None:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+# ---- routing -------------------------------------------------------------------------------
+
+
+def test_shipped_settings_send_everyone_to_the_stable_version(
+    router: str, client: httpclient.InferenceServerClient
+) -> None:
+    tensors = window(1, 64, 200)
+    result = dispatch(client, tensors)
+    assert result["ORDER_MODEL_VERSION"].dtype == np.int32
+    assert result["ORDER_MODEL_VERSION"].tolist() == [1] * 64
+    assert result["ORDER_FALLBACK_LEVEL"].tolist() == [0] * 64
+    assert_valid(tensors, result)
+
+
+def test_a_percentage_change_applies_to_the_next_request_and_sticks_per_user(
+    router: str, client: httpclient.InferenceServerClient
+) -> None:
+    tensors = window(2, 1000, 400)
+    apply(router, canary_percent=30)
+    assert read_router_settings(router).canary_percent == 30
+    first = dispatch(client, tensors)["ORDER_MODEL_VERSION"]
+    assert abs(float(np.mean(first == 2)) - 0.30) <= 0.05
+    assert set(first.tolist()) == {1, 2}
+
+    # Same users, another window and another order: each keeps its version.
+    again = window(3, 1000, 400)
+    order = np.random.default_rng(0).permutation(1000)
+    again["ORDER_USER_IDS"] = tensors["ORDER_USER_IDS"][order]
+    np.testing.assert_array_equal(dispatch(client, again)["ORDER_MODEL_VERSION"], first[order])
+
+    apply(router, canary_percent=60)
+    wider = dispatch(client, tensors)["ORDER_MODEL_VERSION"]
+    assert abs(float(np.mean(wider == 2)) - 0.60) <= 0.05
+    assert np.all(wider[first == 2] == 2), "raising the share moved a canary user back"
+
+
+def test_a_tag_forces_the_version(router: str, client: httpclient.InferenceServerClient) -> None:
+    tensors = window(4, 40, 150)
+    for tag, version in (("canary", 2), ("stable", 1), ("2", 2), ("1", 1)):
+        result = dispatch(client, tensors, tag)
+        assert result["ORDER_MODEL_VERSION"].tolist() == [version] * 40, tag
+        assert result["ORDER_FALLBACK_LEVEL"].tolist() == [0] * 40, tag
+    absent = dispatch(client, tensors, "9")  # not served: the stable version answers
+    assert absent["ORDER_MODEL_VERSION"].tolist() == [1] * 40
+    assert absent["ORDER_FALLBACK_LEVEL"].tolist() == [1] * 40
+    with pytest.raises(InferenceServerException, match="MODEL_VERSION_TAG") as info:
+        dispatch(client, tensors, "newest")
+    assert info.value.status() == "400"
+
+
+def test_a_refused_load_keeps_the_old_router_serving(
+    router: str, client: httpclient.InferenceServerClient
+) -> None:
+    apply(router, canary_percent=20)
+    config = model_config(router, "dispatch_router")
+    bad = router_config_with(config, SHIPPED)
+    bad["parameters"]["canary_percent"] = {"string_value": "150"}
+    with pytest.raises(ModelControlError):
+        load_model(router, "dispatch_router", bad, admin_key=ADMIN_KEY)
+    with pytest.raises(RouterControlError) as refused:  # no admin key: 403
+        apply_router_settings(router, SHIPPED)
+    assert refused.value.status == 403
+    assert read_router_settings(router).canary_percent == 20
+    result = dispatch(client, window(5, 200, 200))
+    assert abs(float(np.mean(result["ORDER_MODEL_VERSION"] == 2)) - 0.20) <= 0.08
+
+
+# ---- shadow --------------------------------------------------------------------------------
+
+
+def test_shadow_scoring_changes_no_answer_and_exports_agreement(
+    router: str, server: TritonServer, client: httpclient.InferenceServerClient
+) -> None:
+    tensors = window(6, 64, 200)
+    plain = dispatch(client, tensors)
+    labels = {"primary": "1", "shadow": "2"}
+    before = metric(server, "dispatch_shadow_orders_total", **labels)
+    apply(router, shadow_percent=100)
+    for _ in range(3):
+        shadowed = dispatch(client, tensors)
+        for name in ROUTED_OUTPUT_NAMES:
+            np.testing.assert_array_equal(shadowed[name], plain[name], err_msg=name)
+    orders = metric(server, "dispatch_shadow_orders_total", **labels) - before
+    assert orders == 3 * 64
+    agreed = metric(server, "dispatch_shadow_top1_agreements_total", **labels)
+    pairs = metric(server, "dispatch_shadow_pairs_total", **labels)
+    score_diff = metric(server, "dispatch_shadow_score_abs_diff_total", **labels)
+    assert 0 < agreed <= metric(server, "dispatch_shadow_orders_total", **labels)
+    assert pairs > 0 and 0 < score_diff / pairs < 0.5
+    assert metric(server, "dispatch_router_model_calls_total", model_version="2", role="shadow")
+
+
+# ---- fallback chain ------------------------------------------------------------------------
+
+
+def nearest_feasible(tensors: Arrays) -> np.ndarray[Any, Any]:
+    win = window_from_tensors(tensors)
+    feasible = feasible_mask(win)
+    out = np.full(win.num_orders, -1)
+    for b in range(win.num_orders):
+        if feasible[b].any():
+            dist = geo.haversine_km(
+                win.rider_position[:, 0], win.rider_position[:, 1], *win.pickup[b]
+            )
+            out[b] = int(np.argmin(np.where(feasible[b], dist, np.inf)))
+    return out
+
+
+def test_fallback_chain_under_injected_faults(
+    router: str, server: TritonServer, client: httpclient.InferenceServerClient
+) -> None:
+    tensors = window(7, 64, 200)
+    served = model_config(router, "dispatch_model")
+    levels = {lvl: metric(server, "dispatch_router_orders_total", level=lvl) for lvl in ("1", "2")}
+    apply(router, canary_percent=100)
+    try:
+        assert dispatch(client, tensors)["ORDER_MODEL_VERSION"].tolist() == [2] * 64
+
+        # The canary (version 2) is unloaded: the stable version answers at level 1.
+        load_model(router, "dispatch_model", with_versions(served, [1]), admin_key=ADMIN_KEY)
+        assert ready_versions(router, "dispatch_model", ADMIN_KEY) == (1,)
+        result = dispatch(client, tensors)
+        assert result["ORDER_FALLBACK_LEVEL"].tolist() == [1] * 64
+        assert result["ORDER_MODEL_VERSION"].tolist() == [1] * 64
+        assert_valid(tensors, result)
+
+        # No version at all: the rule-based dispatcher answers at level 2, nearest first.
+        unload_model(router, "dispatch_model", admin_key=ADMIN_KEY)
+        result = dispatch(client, tensors)
+        assert result["ORDER_FALLBACK_LEVEL"].tolist() == [2] * 64
+        assert result["ORDER_MODEL_VERSION"].tolist() == [0] * 64
+        assert_valid(tensors, result)
+        np.testing.assert_array_equal(result["TOPK_RIDER_INDEX"][:, 0], nearest_feasible(tensors))
+    finally:
+        load_model(router, "dispatch_model", admin_key=ADMIN_KEY)
+
+    assert ready_versions(router, "dispatch_model", ADMIN_KEY) == (1, 2)
+    result = dispatch(client, tensors)
+    assert result["ORDER_FALLBACK_LEVEL"].tolist() == [0] * 64
+    assert result["ORDER_MODEL_VERSION"].tolist() == [2] * 64
+    for lvl in ("1", "2"):
+        counted = metric(server, "dispatch_router_orders_total", level=lvl) - levels[lvl]
+        assert counted == 64, lvl
+    assert metric(server, "dispatch_router_fallbacks_total", model_version="2", level="1") >= 64
+
+
+# ---- live change under load ----------------------------------------------------------------
+
+
+def test_a_live_percentage_change_under_load_drops_no_request(
+    router: str, server: TritonServer
+) -> None:
+    tensors = window(8, 32, 120)
+    stop = threading.Event()
+    failures: list[str] = []
+    seen: list[set[int]] = []
+
+    def load() -> None:  # its own client: tritonclient's HTTP client is not thread-safe
+        http = httpclient.InferenceServerClient(server.http_url, network_timeout=60.0)
+        deadline = time.monotonic() + 90.0
+        try:
+            for _ in range(2000):
+                if stop.is_set() or time.monotonic() > deadline:
+                    break
+                try:
+                    answer = dispatch(http, tensors)
+                except Exception as exc:  # every failure is a dropped request
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                seen.append(set(answer["ORDER_MODEL_VERSION"].tolist()))
+                stop.wait(0.02)  # bounded load: leave the CPUs room to start the new router
+        finally:
+            http.close()
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        for percent in (50, 100, 0):
+            apply(router, canary_percent=percent)
+            served = len(seen)
+            while len(seen) < served + 3 and worker.is_alive():  # a few answers per setting
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert failures == []
+    assert len(seen) >= 9
+    assert {2} in seen and seen[-1] == {1}

@@ -1,0 +1,324 @@
+"""Signed models on a live server: verified start, restricted endpoints, deploy and rollback.
+
+A server of its own (module scope, its own free ports) over a COPY of the model repository in
+tmp_path, signed there with a throwaway key; the committed repository is never touched. In the
+copy, dispatch_model serves versions 1 and 3 (``version_policy``), and version 3 -- a signed
+copy of version 2 -- has one byte of its model.onnx flipped after signing. So the server
+starts with dispatch_model version 1 only, and version 2 is on disk, signed, not served: what
+`dispatch-admin deploy` puts live.
+
+Background load: a thread sends dispatch windows over gRPC while deploy or rollback runs and
+counts every error; deploy and rollback must drop nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from dispatch_service import admin
+from dispatch_service.contracts import ORDER_FALLBACK_LEVEL, ORDER_MODEL_VERSION
+from dispatch_service.model_control import (
+    ModelControlError,
+    load_model,
+    ready_versions,
+    repository_index,
+)
+from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.router_control import read_router_settings
+from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.signing import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    generate_private_key,
+    private_key_pem,
+    public_key_pem,
+)
+from triton_helpers import OUTPUT_NAMES, grpc_inputs, sim_window
+
+ADMIN_KEY = "lifecycle-test-admin-key"
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
+MODEL = "dispatch_model"
+TAMPERED = 3
+# A server call that takes longer has hung: fail the test instead of waiting on.
+CALL_TIMEOUT_S = 120
+CANARY = 2
+
+
+@dataclass
+class Lifecycle:
+    server: TritonServer
+    repository: Path
+    trusted_keys: Path
+
+    def admin(self, *argv: str) -> tuple[int, str]:
+        out = io.StringIO()
+        return admin.main(list(argv), out=out), out.getvalue()
+
+    def deploy(self, version: int, percent: int) -> tuple[int, str]:
+        return self.admin(
+            "deploy", "--model", MODEL, "--version", str(version),
+            "--canary-percent", str(percent), "--url", self.server.http_url,
+            "--admin-key", ADMIN_KEY, "--trusted-keys", str(self.trusted_keys),
+            "--model-repository", str(self.repository), "--timeout-s", str(CALL_TIMEOUT_S),
+        )  # fmt: skip
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def prepare_repository(root: Path) -> tuple[Path, Path]:
+    """Copy, sign (with the CLI and a throwaway key), tamper; returns (repository, keys)."""
+    repository = root / "repo"
+    shutil.copytree(
+        MODEL_REPOSITORY,
+        repository,
+        ignore=shutil.ignore_patterns("__pycache__", MANIFEST_NAME, SIGNATURE_NAME),
+    )
+    shutil.copytree(repository / MODEL / str(CANARY), repository / MODEL / str(TAMPERED))
+    config = repository / MODEL / "config.pbtxt"
+    lines = [line for line in config.read_text().splitlines() if "version_policy" not in line]
+    lines.append(f"version_policy: {{ specific: {{ versions: [ 1, {TAMPERED} ] }} }}")
+    config.write_text("\n".join(lines) + "\n")
+
+    key = generate_private_key()
+    key_file = root / "signing.key"
+    key_file.write_bytes(private_key_pem(key))
+    key_file.chmod(0o600)
+    trusted = root / "trusted_keys"
+    trusted.mkdir()
+    (trusted / "ops.pub").write_bytes(public_key_pem(key.public_key()))
+    for model_dir in sorted(p for p in repository.iterdir() if (p / "config.pbtxt").is_file()):
+        if '"ensemble"' in (model_dir / "config.pbtxt").read_text():
+            continue
+        for version_dir in sorted(p for p in model_dir.iterdir() if p.name.isdigit()):
+            code = admin.main(
+                [
+                    "sign",
+                    "--model",
+                    model_dir.name,
+                    "--version",
+                    version_dir.name,
+                    "--key",
+                    str(key_file),
+                    "--model-repository",
+                    str(repository),
+                ],
+                out=io.StringIO(),
+            )
+            assert code == 0, f"signing {version_dir} failed"
+    flip_byte(repository / MODEL / str(TAMPERED) / "model.onnx")
+    return repository, trusted
+
+
+@pytest.fixture(scope="module")
+def lifecycle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lifecycle]:
+    root = tmp_path_factory.mktemp("lifecycle")
+    repository, trusted = prepare_repository(root)
+    runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
+    options = ServerOptions(
+        model_repository=repository,
+        ports=Ports.free(),
+        admin_key=ADMIN_KEY,
+        trusted_keys=trusted,
+    )
+    server = TritonServer(runtime, options, root / "server.log")
+    with server:
+        yield Lifecycle(server, repository, trusted)
+    print(f"lifecycle tritonserver log: {server.log_path}")
+
+
+# ---- background load ---------------------------------------------------------------------
+
+ROUTING_OUTPUTS = (ORDER_MODEL_VERSION.name, ORDER_FALLBACK_LEVEL.name)
+
+
+@dataclass
+class BackgroundLoad:
+    """Sends dispatch windows over gRPC from a thread until stopped (at most ``limit``)."""
+
+    grpc_url: str
+    limit: int = 5000
+    sent: int = 0
+    errors: list[str] = field(default_factory=list)
+    versions: Counter[int] = field(default_factory=Counter)  # orders per scoring version
+    fallbacks: Counter[int] = field(default_factory=Counter)  # orders per fallback level
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _first: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        windows = [sim_window(seed=900 + i, orders=8, riders=40) for i in range(4)]
+        outputs = [grpcclient.InferRequestedOutput(n) for n in (*OUTPUT_NAMES, *ROUTING_OUTPUTS)]
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            while not self._stop.is_set() and self.sent < self.limit:
+                window = windows[self.sent % len(windows)]
+                try:
+                    result = client.infer(
+                        "dispatch",
+                        grpc_inputs(window),
+                        outputs=outputs,
+                        client_timeout=CALL_TIMEOUT_S,
+                    )
+                    self.versions.update(result.as_numpy(ORDER_MODEL_VERSION.name).tolist())
+                    self.fallbacks.update(result.as_numpy(ORDER_FALLBACK_LEVEL.name).tolist())
+                except InferenceServerException as exc:
+                    self.errors.append(str(exc))
+                self.sent += 1
+                self._first.set()
+        finally:
+            client.close()
+            self._first.set()
+
+    def __enter__(self) -> BackgroundLoad:
+        self._thread = threading.Thread(target=self._run, name="dispatch-load", daemon=True)
+        self._thread.start()
+        assert self._first.wait(timeout=60), "no answer to the first background request"
+        return self
+
+    def until(self, more: int) -> None:
+        """Let at least ``more`` further requests finish (bounded by the thread's life)."""
+        target = self.sent + more
+        while self.sent < target and self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=0.05)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+
+def dispatch_once(lifecycle: Lifecycle) -> dict[str, np.ndarray[Any, Any]]:
+    window = sim_window(seed=77, orders=16, riders=60)
+    names = (*OUTPUT_NAMES, *ROUTING_OUTPUTS)
+    with grpcclient.InferenceServerClient(lifecycle.server.grpc_url) as client:
+        result = client.infer(
+            "dispatch",
+            grpc_inputs(window),
+            outputs=[grpcclient.InferRequestedOutput(n) for n in names],
+        )
+    return {name: result.as_numpy(name) for name in names}
+
+
+# ---- tests -------------------------------------------------------------------------------
+
+
+def test_a_tampered_version_is_refused_at_start_and_the_rest_serve(lifecycle: Lifecycle) -> None:
+    events = []
+    for line in lifecycle.server.log_path.read_text().splitlines():
+        if line.startswith("{"):
+            events.append(json.loads(line))
+    assert {
+        "event": "model_version_refused",
+        "model": MODEL,
+        "version": TAMPERED,
+        "reason": "digest mismatch on file model.onnx",
+        "check": "digest_mismatch",
+    } in events
+    assert {"event": "model_restricted", "model": MODEL, "versions": [1]} in events
+    url = lifecycle.server.http_url
+    assert ready_versions(url, MODEL, ADMIN_KEY) == (1,)
+    ready = {e["name"] for e in repository_index(url, ADMIN_KEY) if e.get("state") == "READY"}
+    assert {"dispatch", "dispatch_router", "feature_encoder", "topk_resolver", MODEL} <= ready
+    answer = dispatch_once(lifecycle)
+    assert set(answer[ORDER_MODEL_VERSION.name].tolist()) == {1}
+    assert set(answer[ORDER_FALLBACK_LEVEL.name].tolist()) == {0}
+
+
+def test_a_load_without_the_admin_key_is_refused_and_with_it_accepted(
+    lifecycle: Lifecycle,
+) -> None:
+    server = lifecycle.server
+    with pytest.raises(ModelControlError) as refused:
+        load_model(server.http_url, "topk_resolver")
+    assert refused.value.status == 403
+    with pytest.raises(ModelControlError) as wrong:
+        load_model(server.http_url, "topk_resolver", admin_key="not-the-key")
+    assert wrong.value.status == 403
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with pytest.raises(InferenceServerException, match="admin-key"):
+            client.load_model("topk_resolver")
+        # gRPC carries the key under Triton's prefix for restricted protocols.
+        client.load_model("topk_resolver", headers={GRPC_ADMIN_HEADER: ADMIN_KEY})
+        assert client.is_model_ready("topk_resolver")
+    load_model(server.http_url, "topk_resolver", admin_key=ADMIN_KEY)
+    assert ready_versions(server.http_url, "topk_resolver", ADMIN_KEY) == (1,)
+
+
+def test_deploy_of_a_tampered_version_fails_and_the_old_keeps_serving(
+    lifecycle: Lifecycle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = lifecycle.server.http_url
+    settings_before = read_router_settings(url)
+    versions_before = ready_versions(url, MODEL, ADMIN_KEY)
+    code, _ = lifecycle.deploy(TAMPERED, 50)
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"deploy failed: {MODEL} version {TAMPERED} refused: digest mismatch on file model.onnx"
+    ]
+    assert read_router_settings(url) == settings_before
+    assert ready_versions(url, MODEL, ADMIN_KEY) == versions_before
+    assert set(dispatch_once(lifecycle)[ORDER_FALLBACK_LEVEL.name].tolist()) == {0}
+
+
+def test_deploy_and_rollback_under_load_drop_no_request(lifecycle: Lifecycle) -> None:
+    url = lifecycle.server.http_url
+    with BackgroundLoad(lifecycle.server.grpc_url) as deploy_load:
+        code, text = lifecycle.deploy(CANARY, 50)
+        deploy_load.until(40)
+    assert code == 0, text
+    assert ready_versions(url, MODEL, ADMIN_KEY) == (1, CANARY)
+    settings = read_router_settings(url)
+    assert (settings.stable_version, settings.canary_version) == (1, CANARY)
+    assert settings.canary_percent == 50
+    print(
+        f"deploy under load: {deploy_load.sent} requests, {len(deploy_load.errors)} errors, "
+        f"orders by version {dict(deploy_load.versions)}, "
+        f"by fallback level {dict(deploy_load.fallbacks)}"
+    )
+    assert deploy_load.errors == []
+    assert deploy_load.versions[CANARY] > 0  # the canary serves once routed
+
+    with BackgroundLoad(lifecycle.server.grpc_url) as rollback_load:
+        code, text = lifecycle.admin(
+            "rollback", "--url", url, "--admin-key", ADMIN_KEY, "--unload-canary",
+            "--timeout-s", str(CALL_TIMEOUT_S),
+        )  # fmt: skip
+        rollback_load.until(40)
+    assert code == 0, text
+    assert f"canary {CANARY} removed, unloaded" in text
+    settings = read_router_settings(url)
+    assert (settings.canary_version, settings.canary_percent, settings.shadow_percent) == (0, 0, 0)
+    assert ready_versions(url, MODEL, ADMIN_KEY) == (1,)
+    print(
+        f"rollback under load: {rollback_load.sent} requests, {len(rollback_load.errors)} "
+        f"errors, orders by version {dict(rollback_load.versions)}, "
+        f"by fallback level {dict(rollback_load.fallbacks)}"
+    )
+    assert rollback_load.errors == []
+    answer = dispatch_once(lifecycle)
+    assert set(answer[ORDER_MODEL_VERSION.name].tolist()) == {1}

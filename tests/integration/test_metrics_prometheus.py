@@ -1,0 +1,331 @@
+"""Triton's own metrics and the project's custom metrics, scraped by a real Prometheus.
+
+Starts `prometheus` (Debian package, installed by `make setup`) on a free loopback port with
+a 1 s scrape of the session server's metrics port, sends real dispatch traffic and some bad
+requests, and reads the results back through Prometheus's HTTP API. Every wait polls
+with a deadline; Prometheus is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from dispatch_service.metrics import (
+    ALL_METRICS,
+    CANDIDATE_BUCKETS,
+    LATENCY_BUCKETS_MS,
+    capacity_conflicts,
+)
+from dispatch_service.server import TritonServer
+from triton_helpers import infer_grpc, sim_window
+
+DEADLINE_S = 45.0
+TRITON_METRICS = (
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_count",
+    "nv_inference_exec_count",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_infer_duration_us",
+)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _poll(what: str, check: Callable[[], bool], deadline_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {deadline_s:.0f} s: {what}")
+        time.sleep(0.25)
+
+
+@dataclass
+class Prometheus:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """Instant query; the result vector (metric labels and value)."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        answer = _get_json(url)
+        assert answer["status"] == "success", answer
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
+
+    def value(self, promql: str) -> float:
+        """Sum of an instant query's samples; 0 when there are none (not yet created)."""
+        return sum(float(sample["value"][1]) for sample in self.query(promql))
+
+    def by_labels(self, promql: str, *labels: str) -> dict[tuple[str, ...], float]:
+        return {
+            tuple(sample["metric"].get(label, "") for label in labels): float(sample["value"][1])
+            for sample in self.query(promql)
+        }
+
+    def names(self) -> set[str]:
+        answer = _get_json(f"{self.url}/api/v1/label/__name__/values")
+        return set(answer["data"])
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Prometheus]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail(
+            "prometheus is not installed (Debian package `prometheus`): run `make setup`",
+            pytrace=False,
+        )
+    work = tmp_path_factory.mktemp("prometheus")
+    target = urllib.parse.urlsplit(triton.metrics_url)
+    config = work / "prometheus.yml"
+    config.write_text(
+        json.dumps(  # JSON is YAML
+            {
+                "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                "scrape_configs": [
+                    {
+                        "job_name": "triton",
+                        "metrics_path": target.path,
+                        "static_configs": [{"targets": [target.netloc]}],
+                    }
+                ],
+            }
+        )
+    )
+    port = _free_port()
+    log = work / "prometheus.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    server = Prometheus(f"http://127.0.0.1:{port}", process, log)
+    try:
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"prometheus exited:\n{server.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
+                    return bool(response.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        _poll("prometheus ready", ready)
+        _poll("first scrape of the server", lambda: server.value('up{job="triton"}') == 1.0)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+
+
+def _counts(prom: Prometheus) -> dict[str, Any]:
+    return {
+        "encoder": prom.value("dispatch_encoder_latency_ms_count"),
+        "resolver": prom.value("dispatch_resolver_latency_ms_count"),
+        "candidates": prom.value("dispatch_candidates_per_order_count"),
+        "conflicts": prom.value("dispatch_capacity_conflicts_total"),
+        "rejections": prom.by_labels(
+            "sum by (model, tensor, rule) (dispatch_validation_rejections_total)",
+            "model",
+            "tensor",
+            "rule",
+        ),
+        "success": prom.value('nv_inference_request_success{model="dispatch"}'),
+        "failure": prom.value('nv_inference_request_failure{model="dispatch"}'),
+        "queue_us": prom.value("nv_inference_queue_duration_us"),
+    }
+
+
+def _bad_windows() -> list[tuple[tuple[str, str, str], dict[str, np.ndarray[Any, Any]]]]:
+    """(expected model, tensor, rule label) and the window that breaks it."""
+    bad = []
+    for seed in range(3):
+        window = sim_window(100 + seed, 6, 12)
+        pickup = window["ORDER_PICKUP"].copy()
+        pickup[seed, 0] = 95.0
+        window["ORDER_PICKUP"] = pickup
+        bad.append((("feature_encoder", "ORDER_PICKUP", "range"), window))
+    for seed in range(2):
+        window = sim_window(200 + seed, 4, 8)
+        window["ORDER_IDS"] = np.array([b"a", b"b", b"a", b"c"], dtype=object)
+        bad.append((("feature_encoder", "ORDER_IDS", "unique"), window))
+    window = sim_window(300, 3, 5)
+    window["COORD_SYSTEM"] = np.array([b"ED50"], dtype=object)
+    bad.append((("feature_encoder", "COORD_SYSTEM", "unknown_value"), window))
+    return bad
+
+
+def test_traffic_moves_triton_and_custom_metrics_in_prometheus(
+    prometheus: Prometheus, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    before = _counts(prometheus)
+
+    # Good windows, some with far fewer riders than orders so capacity forces conflicts.
+    conflicts = 0
+    sizes = [(20, 40), (64, 20), (30, 8), (5, 50), (12, 3)]
+    for seed, (orders, riders) in enumerate(sizes):
+        out = infer_grpc(grpc_client, sim_window(seed, orders, riders))
+        conflicts += capacity_conflicts(
+            out["TOPK_RIDER_INDEX"],
+            out["TOPK_SCORE"],
+            out["ASSIGNED_RIDER_INDEX"],
+            out["ASSIGNED_SCORE"],
+        )
+    assert conflicts > 0
+    bad = _bad_windows()
+    for _, window in bad:
+        with pytest.raises(InferenceServerException):
+            infer_grpc(grpc_client, window)
+    expected_rejections: dict[tuple[str, ...], float] = {}
+    for labels, _ in bad:
+        expected_rejections[labels] = expected_rejections.get(labels, 0.0) + 1.0
+
+    good = len(sizes)
+    seen: dict[str, Any] = {}
+
+    def moved() -> bool:
+        seen.update(_counts(prometheus))
+        rejections = {
+            labels: seen["rejections"].get(labels, 0.0) - before["rejections"].get(labels, 0.0)
+            for labels in set(seen["rejections"]) | set(before["rejections"])
+        }
+        seen["rejection_deltas"] = {k: v for k, v in rejections.items() if v}
+        return (
+            seen["encoder"] - before["encoder"] == good
+            and seen["resolver"] - before["resolver"] == good
+            and seen["candidates"] - before["candidates"] == good
+            and seen["conflicts"] - before["conflicts"] == conflicts
+            and seen["success"] - before["success"] == good
+            # this Triton build counts a failed ensemble request more than once (reason OTHER)
+            and seen["failure"] - before["failure"] >= len(bad)
+            and seen["rejection_deltas"] == expected_rejections
+        )
+
+    try:
+        _poll("the traffic shows in Prometheus", moved)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\nbefore: {before}\nlast seen: {seen}\n"
+            f"expected: {good} good windows, {conflicts} conflicts, "
+            f"rejections {expected_rejections}"
+        ) from None
+    assert seen["queue_us"] > before["queue_us"]
+
+
+def test_metric_names_and_labels(
+    prometheus: Prometheus, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    infer_grpc(grpc_client, sim_window(7, 4, 10))  # every series exists after one window
+    _poll(
+        "the custom histograms are scraped",
+        lambda: prometheus.value("dispatch_resolver_latency_ms_count") > 0,
+    )
+    names = prometheus.names()
+    missing = [name for name in TRITON_METRICS if name not in names]
+    assert not missing, f"Triton metrics not scraped: {missing}"
+    for spec in ALL_METRICS:
+        if spec.kind.value == "histogram":
+            expected = {f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count"}
+        else:
+            expected = {spec.name}
+        if spec.labels:  # labelled series appear with their first value (previous test)
+            continue
+        assert expected <= names, f"{spec.name}: {sorted(expected - names)} not scraped"
+
+    models = {
+        "dispatch_encoder_latency_ms_count": "feature_encoder",
+        "dispatch_candidates_per_order_count": "feature_encoder",
+        "dispatch_resolver_latency_ms_count": "topk_resolver",
+        "dispatch_capacity_conflicts_total": "topk_resolver",
+    }
+    for name, model in models.items():
+        series = prometheus.query(name)
+        assert series, name
+        for sample in series:
+            labels = sample["metric"]
+            assert labels["model"] == model and labels["version"] == "1", labels
+
+    for name, buckets in (
+        ("dispatch_encoder_latency_ms_bucket", LATENCY_BUCKETS_MS),
+        ("dispatch_resolver_latency_ms_bucket", LATENCY_BUCKETS_MS),
+        ("dispatch_candidates_per_order_bucket", CANDIDATE_BUCKETS),
+    ):
+        bounds = {float(sample["metric"]["le"]) for sample in prometheus.query(name)}
+        assert bounds == {*buckets, float("inf")}, name
+
+    rejections = prometheus.query("dispatch_validation_rejections_total")
+    assert rejections, "no rejection series (the traffic test sends bad requests first)"
+    for sample in rejections:
+        labels = sample["metric"]
+        assert set(labels) >= {"model", "version", "tensor", "rule"}, labels
+        assert labels["rule"].isidentifier() and " " not in labels["rule"], labels
+        assert labels["tensor"].isupper(), labels
+
+
+def _logged_events(log: Path, event: str) -> list[dict[str, Any]]:
+    """JSON log lines of one event from the server log (Triton quotes each message)."""
+    found = []
+    for line in log.read_text(errors="replace").splitlines():
+        if f'\\"event\\": \\"{event}\\"' not in line and f'"event": "{event}"' not in line:
+            continue
+        message = line.split("] ", 1)[1]
+        text = json.loads(message) if message.startswith('"') else message
+        found.append(json.loads(text))
+    return found
+
+
+def test_each_model_instance_logged_its_load(triton: TritonServer) -> None:
+    loaded = _logged_events(triton.log_path, "model_loaded")
+    models = {entry["model"] for entry in loaded}
+    assert {"feature_encoder", "dispatch_model", "topk_resolver"} <= models, loaded
+    for entry in loaded:
+        assert set(entry) >= {"event", "model", "version", "instance"}, entry
+        assert entry["version"].isdigit() and entry["instance"].startswith(entry["model"])
+    instances = [(entry["model"], entry["version"], entry["instance"]) for entry in loaded]
+    assert len(instances) == len(set(instances)), "one line per instance"

@@ -1,0 +1,373 @@
+"""Zero-copy transport and the feature-level entry point against the live server.
+
+Regions are real /dev/shm regions registered with the real server; "ours" are those whose
+name carries this process's pid (or a child's). After every test the server lists none of
+ours and /dev/shm holds no file of ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from dispatch_client import DispatchClient
+from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+from dispatch_client.shm import REGION_PREFIX, GrpcShmTransport, ShmCapacity, ShmRegionTooSmallError
+from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS, FEATURE_ENTRY_MODEL_NAME
+from dispatch_service.features import EncoderSettings, encode_window
+from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.pipeline import config_parameters
+from dispatch_service.server import TritonServer
+from dispatch_service.settings import load_settings
+from dispatch_service.window import window_from_tensors
+from triton_helpers import grpc_inputs, sim_window
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+NAMES = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
+EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
+SHM = Path("/dev/shm")
+
+
+def infer_raw(client: grpcclient.InferenceServerClient, tensors: Arrays, model: str) -> Arrays:
+    outputs = [grpcclient.InferRequestedOutput(n) for n in NAMES]
+    result = client.infer(model, grpc_inputs(tensors), outputs=outputs)
+    return {name: result.as_numpy(name) for name in NAMES}
+
+
+def assert_same(left: Arrays, right: Arrays) -> None:
+    assert set(left) == set(right)
+    for name in left:
+        assert left[name].dtype == right[name].dtype, name
+        assert left[name].shape == right[name].shape, name
+        assert np.array_equal(left[name], right[name]), name
+
+
+def server_regions(client: grpcclient.InferenceServerClient, pid: int) -> set[str]:
+    status = client.get_system_shared_memory_status()
+    return {name for name in status.regions if name.startswith(f"{REGION_PREFIX}_{pid}_")}
+
+
+def shm_files(pid: int) -> set[str]:
+    return {p.name for p in SHM.glob(f"{REGION_PREFIX}_{pid}_*")}
+
+
+def stale_files() -> set[str]:
+    """Region files whose creating process is gone (the CLI's, a child's)."""
+    pid_at = len(REGION_PREFIX.split("_"))
+    return {
+        path.name
+        for path in SHM.glob(f"{REGION_PREFIX}_*")
+        if not Path(f"/proc/{path.name.split('_')[pid_at]}").exists()
+    }
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(grpc_client: grpcclient.InferenceServerClient) -> Iterator[None]:
+    yield
+    assert server_regions(grpc_client, os.getpid()) == set(), "regions still registered"
+    assert shm_files(os.getpid()) == set(), "stale /dev/shm files"
+
+
+def transport(triton: TritonServer, capacity: ShmCapacity, **kwargs: Any) -> GrpcShmTransport:
+    # SIGTERM handling is exercised in child processes below; keep pytest's own here.
+    return GrpcShmTransport(triton.grpc_url, capacity=capacity, handle_sigterm=False, **kwargs)
+
+
+# ---- results ------------------------------------------------------------------------------
+
+
+def test_results_through_shared_memory_equal_plain_grpc(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    window = sim_window(seed=2024, orders=64, riders=200)
+    plain = infer_raw(grpc_client, window, "dispatch")
+    with transport(triton, ShmCapacity.for_window(window)) as shm:
+        through_shm = shm.infer("dispatch", dict(window), NAMES)
+        assert_same(through_shm, plain)
+        with DispatchClient(shm) as over_shm, DispatchClient.grpc(triton.grpc_url) as over_grpc:
+            assert over_shm.dispatch(window) == over_grpc.dispatch(window)
+
+
+def test_ten_thousand_requests_reuse_the_regions_and_leave_nothing_behind(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    # Eight different tiny windows, so an answer delivered to the wrong caller shows.
+    windows = [sim_window(seed=100 + i, orders=1, riders=5) for i in range(8)]
+    expected = [infer_raw(grpc_client, w, "dispatch") for w in windows]
+    threads, per_thread = 4, 2500
+    mismatches: list[str] = []
+    errors: list[BaseException] = []
+
+    with transport(triton, ShmCapacity(max_orders=1, max_riders=5), pool_size=threads) as shm:
+        registered = server_regions(grpc_client, os.getpid())
+        assert registered == set(shm.pool.region_names()) and len(registered) == 2 * threads
+
+        def work(worker: int) -> None:
+            try:
+                for i in range(per_thread):
+                    k = (worker + i) % len(windows)
+                    got = shm.infer("dispatch", dict(windows[k]), NAMES)
+                    for name in ("TOPK_RIDER_IDS", "TOPK_SCORE", "ASSIGNED_RIDER_INDEX"):
+                        if not np.array_equal(got[name], expected[k][name]):
+                            mismatches.append(f"request {worker}/{i}: {name}")
+            except BaseException as exc:
+                errors.append(exc)
+
+        started = time.monotonic()
+        pool = [threading.Thread(target=work, args=(w,)) for w in range(threads)]
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+        elapsed = time.monotonic() - started
+        assert errors == [] and mismatches == []
+        # registered once at the start and reused for all 10,000
+        assert server_regions(grpc_client, os.getpid()) == registered
+    print(f"10,000 shm requests in {elapsed:.1f} s ({threads} threads)")
+    assert server_regions(grpc_client, os.getpid()) == set()
+    assert shm_files(os.getpid()) == set()
+
+
+# ---- failures ------------------------------------------------------------------------------
+
+
+def test_an_oversize_request_errors_cleanly_and_the_next_one_works(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    small = sim_window(seed=7, orders=1, riders=5)
+    with transport(triton, ShmCapacity(max_orders=1, max_riders=5)) as shm:
+        with pytest.raises(ShmRegionTooSmallError) as caught:
+            shm.infer("dispatch", dict(sim_window(seed=8, orders=1, riders=200)), NAMES)
+        assert caught.value.direction == "input"
+        assert f"{caught.value.region_bytes}-byte input" in caught.value.message
+        assert_same(
+            shm.infer("dispatch", dict(small), NAMES), infer_raw(grpc_client, small, "dispatch")
+        )
+
+
+def test_a_server_rejection_keeps_the_regions_for_the_next_request(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    good = sim_window(seed=9, orders=2, riders=8)
+    bad = dict(good)
+    bad["ORDER_PICKUP"] = np.array([[91.0, 121.4], [31.2, 121.4]])
+    with transport(triton, ShmCapacity(max_orders=2, max_riders=8), pool_size=1) as shm:
+        names = set(shm.pool.region_names())
+        with pytest.raises(DispatchServerError, match="ORDER_PICKUP"):
+            shm.infer("dispatch", bad, NAMES)
+        assert set(shm.pool.region_names()) == names
+        assert_same(
+            shm.infer("dispatch", dict(good), NAMES), infer_raw(grpc_client, good, "dispatch")
+        )
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_an_exception_mid_request_releases_the_region(
+    triton: TritonServer,
+    grpc_client: grpcclient.InferenceServerClient,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: BaseException,
+) -> None:
+    window = sim_window(seed=11, orders=1, riders=5)
+    with transport(triton, ShmCapacity(max_orders=1, max_riders=5), pool_size=1) as shm:
+        before = server_regions(grpc_client, os.getpid())
+        real = shm._client.infer
+
+        def broken(*args: Any, **kwargs: Any) -> Any:  # inputs are already in the region
+            raise failure
+
+        monkeypatch.setattr(shm._client, "infer", broken)
+        with pytest.raises(type(failure)):
+            shm.infer("dispatch", dict(window), NAMES)
+        assert server_regions(grpc_client, os.getpid()) == set()
+        assert shm_files(os.getpid()) == set()
+        monkeypatch.setattr(shm._client, "infer", real)
+        assert_same(
+            shm.infer("dispatch", dict(window), NAMES), infer_raw(grpc_client, window, "dispatch")
+        )
+        after = server_regions(grpc_client, os.getpid())
+        assert len(after) == 2 and not after & before  # a fresh set replaced the lost one
+
+
+def test_a_timed_out_request_retires_its_regions(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    window = sim_window(seed=12, orders=1, riders=5)
+    with transport(triton, ShmCapacity(max_orders=1, max_riders=5), pool_size=1) as shm:
+        before = set(shm.pool.region_names())
+        shm.timeout_s = 1e-6  # the server may still write later: the set must not be reused
+        with pytest.raises(DispatchConnectionError, match="no answer"):
+            shm.infer("dispatch", dict(window), NAMES)
+        shm.timeout_s = 60.0
+        assert not set(shm.pool.region_names()) & before
+        assert not shm_files(os.getpid()) & before  # unmapped and unlinked at once
+        expected = infer_raw(grpc_client, window, "dispatch")
+        assert_same(shm.infer("dispatch", dict(window), NAMES), expected)
+    # the server unregisters the old pair once the abandoned request lets go (by close)
+    assert not server_regions(grpc_client, os.getpid()) & before
+
+
+CHILD = """
+import sys, time
+from dispatch_client import DispatchClient, window_from_json
+from dispatch_client.shm import GrpcShmTransport, ShmCapacity
+
+url, mode, path = sys.argv[1:4]
+window = window_from_json(open(path, "rb").read())
+transport = GrpcShmTransport(url, capacity=ShmCapacity.for_window(window))
+client = DispatchClient(transport)
+client.dispatch(window)
+if mode == "exit":  # never closed: atexit must release the regions
+    print("ready", flush=True)
+    sys.exit(0)
+with client:
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # requests until a signal stops us
+        client.dispatch(window)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "signum"), [("loop", signal.SIGTERM), ("loop", signal.SIGINT), ("exit", None)]
+)
+def test_a_child_releases_its_regions_on_signal_or_exit(
+    triton: TritonServer,
+    grpc_client: grpcclient.InferenceServerClient,
+    mode: str,
+    signum: signal.Signals | None,
+) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD, triton.grpc_url, mode, str(EXAMPLE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stderr is not None
+            ready, _, _ = select.select([child.stdout], [], [], 60)
+            assert ready and child.stdout.readline().strip() == "ready", child.stderr.read()
+            if signum is not None:
+                assert len(server_regions(grpc_client, child.pid)) == 8  # 4 region sets
+                time.sleep(0.3)  # let it get into the middle of requests
+                child.send_signal(signum)
+            child.wait(timeout=30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    if signum == signal.SIGTERM:
+        assert child.returncode == 128 + signal.SIGTERM
+    elif signum is None:
+        assert child.returncode == 0
+    assert server_regions(grpc_client, child.pid) == set()
+    assert shm_files(child.pid) == set()
+
+
+def test_cli_grpc_shm_answers_like_grpc(triton: TritonServer) -> None:
+    cli = Path(sys.prefix) / "bin" / "dispatch-client"
+
+    def run(protocol: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(cli), "--url", triton.grpc_url, "--protocol", protocol, str(EXAMPLE)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    over_shm, over_grpc = run("grpc-shm"), run("grpc")
+    assert over_shm.returncode == over_grpc.returncode == 0, over_shm.stderr
+    assert json.loads(over_shm.stdout) == json.loads(over_grpc.stdout)
+    assert stale_files() == set()
+
+
+# ---- the feature-level entry point --------------------------------------------------------
+
+
+def encoded(window: Arrays) -> Arrays:
+    """What a co-located feature service sends: the server's own encoder, run locally."""
+    parameters = config_parameters(MODEL_REPOSITORY / "feature_encoder" / "config.pbtxt")
+    pairs = encode_window(window_from_tensors(window), load_settings(EncoderSettings, parameters))
+    tensors = {
+        "PAIR_FEATURES": pairs.pair_features,
+        "CANDIDATE_RIDER_INDEX": pairs.candidate_rider_index,
+        **{
+            name: window[name]
+            for name in ("ORDER_USER_IDS", "RIDER_IDS", "RIDER_LOAD", "RIDER_CAPACITY")
+        },
+    }
+    for optional in ("OBJECTIVE_WEIGHTS", "MODEL_VERSION_TAG"):
+        if optional in window:
+            tensors[optional] = window[optional]
+    return tensors
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"OBJECTIVE_WEIGHTS": np.array([0.1, 0.1, 0.8], np.float32)},
+        {"MODEL_VERSION_TAG": np.array([b"canary"], dtype=object)},
+    ],
+    ids=["defaults", "weights", "canary-tag"],
+)
+def test_features_computed_locally_give_exactly_the_answer_of_dispatch(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient, extra: Arrays
+) -> None:
+    window = {**sim_window(seed=2024, orders=64, riders=200), **extra}
+    via_window = infer_raw(grpc_client, window, "dispatch")
+    via_features = infer_raw(grpc_client, encoded(window), FEATURE_ENTRY_MODEL_NAME)
+    assert_same(via_features, via_window)
+
+
+def test_feature_entry_through_the_client_and_shared_memory(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    window = sim_window(seed=31, orders=16, riders=60)
+    features = encoded(window)
+    with DispatchClient.grpc(triton.grpc_url) as client:
+        expected = client.dispatch(window)
+        assert client.dispatch_features(window["ORDER_IDS"], features) == expected
+    with DispatchClient(transport(triton, ShmCapacity(max_orders=16, max_riders=60))) as client:
+        assert client.dispatch_features(window["ORDER_IDS"], features) == expected
+        assert client.dispatch(window) == expected
+
+
+@pytest.mark.parametrize(
+    ("tensor", "spoil"),
+    [
+        ("PAIR_FEATURES", lambda a: a[:-1]),  # not B x N rows
+        ("CANDIDATE_RIDER_INDEX", lambda a: a + 100),  # rows past RIDER_IDS
+    ],
+)
+def test_feature_entry_rejects_bad_features_and_keeps_serving(
+    triton: TritonServer,
+    grpc_client: grpcclient.InferenceServerClient,
+    tensor: str,
+    spoil: Any,
+) -> None:
+    window = sim_window(seed=41, orders=4, riders=20)
+    good = encoded(window)
+    with pytest.raises(InferenceServerException) as caught:
+        infer_raw(grpc_client, {**good, tensor: spoil(good[tensor])}, FEATURE_ENTRY_MODEL_NAME)
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert f"{tensor}: must" in str(caught.value.message())
+    assert_same(
+        infer_raw(grpc_client, good, FEATURE_ENTRY_MODEL_NAME),
+        infer_raw(grpc_client, window, "dispatch"),
+    )

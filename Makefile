@@ -51,13 +51,14 @@ warmup: setup
 	$(PY) -m dispatch_service.warmup
 
 # Sign one model version folder (writes MANIFEST.json + MANIFEST.sig into it):
-#   make sign MODEL=dispatch_model VERSION=2 KEY=path/to/signing.key
+#   make sign MODEL=dispatch_model VERSION=2 KEY=path/to/signing.key [REPO=model_repository]
 # Without KEY the private key PEM is read from the environment variable DISPATCH_SIGNING_KEY.
 .PHONY: sign
 sign: setup
 	@test -n "$(MODEL)" -a -n "$(VERSION)" || { \
 		echo "usage: make sign MODEL=dispatch_model VERSION=2 [KEY=path/to/signing.key]" >&2; exit 2; }
-	$(PY) -m dispatch_service.admin sign --model $(MODEL) --version $(VERSION) $(if $(KEY),--key $(KEY))
+	$(PY) -m dispatch_service.admin sign --model $(MODEL) --version $(VERSION) \
+		$(if $(KEY),--key $(KEY)) $(if $(REPO),--model-repository $(REPO))
 
 # ONNX Runtime profile of the served dispatch_model over simulator windows: prints the
 # per-operator table, writes the trace under perf/reports/profile-<stamp>/.

@@ -446,6 +446,8 @@ async def route_and_score(
     timeout_s = settings.bls_timeout_ms / 1000.0
 
     def rows_of(orders: NDArray[np.bool_]) -> F32:
+        if orders.all():  # the usual case: one version for the whole window, no copy
+            return np.ascontiguousarray(x)
         return np.ascontiguousarray(per_order[orders].reshape(-1, NUM_PAIR_FEATURES))
 
     objectives = np.zeros((num_orders, width, len(OBJECTIVES)), dtype=np.float32)

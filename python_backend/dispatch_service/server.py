@@ -26,7 +26,7 @@ from types import TracebackType
 from dispatch_service.model_control import ModelControlError, load_model, ready_versions
 from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.signing import SigningError, TrustedKeys
-from dispatch_service.verified_load import LoadPlan, plan_load
+from dispatch_service.verified_load import LoadPlan, plan_load, precompile
 
 ADMIN_KEY_HEADER = "admin-key"
 TRUSTED_KEYS_ENV = "DISPATCH_TRUSTED_KEYS"
@@ -191,11 +191,6 @@ class TritonServer:
         env = dict(os.environ)
         env["PATH"] = f"{self.runtime.python_bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["LD_LIBRARY_PATH"] = str(self.runtime.library_path)
-        if self.options.trusted_keys is not None:
-            # Verified mode: the stubs write no __pycache__ into the version folders, which
-            # keeps them exactly as signed and keeps Triton from taking a fresh .pyc for a
-            # changed model (a later ensemble load would reload it from its files).
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
         return env
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
@@ -239,6 +234,7 @@ class TritonServer:
             raise SigningError(f"no trusted keys (*.pub) in {opts.trusted_keys}")
         plan = plan_load(opts.model_repository, trusted, opts.profile, opts.load_models)
         self.load_plan = plan
+        precompile(opts.model_repository, plan)
         lines = plan.log_lines()
         for line in lines:
             logger.warning(line)

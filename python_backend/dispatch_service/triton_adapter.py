@@ -13,6 +13,7 @@ line per model instance load and unload and per rejected or failed request.
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 from collections.abc import Sequence
@@ -267,9 +268,13 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
 
 
 def triton_metrics(pb_utils: Any, model: str, model_name: str, version: str) -> MetricsSink:
-    """The model's custom metrics on Triton's metrics port; none (logged) where unavailable."""
+    """The model's custom metrics on Triton's metrics port; none (logged) where unavailable.
+
+    Each series carries the stub's `pid`: Triton frees a series shared by several processes
+    when the first of them unloads, so a live reload must never share one (sum over `pid`).
+    """
     try:
-        labels = {"model": model_name, "version": version}
+        labels = {"model": model_name, "version": version, "pid": str(os.getpid())}
         return TritonMetrics(pb_utils, labels, metrics_of(model))
     except Exception as exc:  # e.g. a server started with --allow-metrics=false
         _log(

@@ -26,6 +26,7 @@ One line per refused version and per refused model goes to the log (`LoadPlan.lo
 
 from __future__ import annotations
 
+import compileall
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -252,3 +253,20 @@ def _dependency_order(models: Mapping[str, ModelEntry], names: set[str]) -> tupl
         ordered += ready or remaining  # a cycle cannot be ordered: keep the rest as it is
         remaining = [n for n in remaining if n not in ordered]
     return tuple(ordered)
+
+
+def precompile(repository: Path, plan: LoadPlan) -> None:
+    """Write the .pyc of every Python file of the versions the plan loads, before Triton.
+
+    A Python-backend stub writes ``__pycache__`` into the version folder when it first
+    imports ``model.py``, after Triton has recorded the folder's time; Triton then takes the
+    model for modified, and the next load that reaches it (a dependent ensemble's load
+    re-reads its steps) reloads it from its files, dropping a version-policy override.
+    Compiled beforehand, nothing in the folder changes once Triton has read it. Skipped
+    silently where the repository is read-only (the stubs cannot write there either).
+    """
+    verified = {(v.model, v.version) for v in plan.verifications if v.accepted}
+    for model, version in sorted(verified):
+        folder = repository / model / str(version)
+        if folder.is_dir():
+            compileall.compile_dir(folder, quiet=2, workers=1)

@@ -53,7 +53,10 @@ SHIPPED = RouterSettings(stable_version=1, canary_version=2)
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
     log = tmp_path_factory.mktemp("canary") / "server.log"
-    options = ServerOptions(ports=Ports.free(), admin_key=ADMIN_KEY)
+    # A refused load leaves Triton counting one live model at exit: wait 3 s for it, not 10.
+    options = ServerOptions(
+        ports=Ports.free(), admin_key=ADMIN_KEY, extra_args=("--exit-timeout-secs=3",)
+    )
     with TritonServer(runtime, options, log) as started:
         yield started
     print(f"canary tritonserver log: {log}")
@@ -264,8 +267,8 @@ def test_fallback_chain_under_injected_faults(
         assert result["ORDER_MODEL_VERSION"].tolist() == [0] * 64
         assert_valid(tensors, result)
         np.testing.assert_array_equal(result["TOPK_RIDER_INDEX"][:, 0], nearest_feasible(tensors))
-    finally:
-        load_model(router, "dispatch_model", admin_key=ADMIN_KEY)
+    finally:  # the served config as an override: a plain load would keep the [1] override
+        load_model(router, "dispatch_model", served, admin_key=ADMIN_KEY)
 
     assert ready_versions(router, "dispatch_model", ADMIN_KEY) == (1, 2)
     result = dispatch(client, tensors)

@@ -18,6 +18,7 @@ import json
 import shutil
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -55,7 +56,8 @@ GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
 MODEL = "dispatch_model"
 TAMPERED = 3
 # A server call that takes longer has hung: fail the test instead of waiting on.
-CALL_TIMEOUT_S = 120
+CALL_TIMEOUT_S = 60
+REQUEST_TIMEOUT_S = 30
 CANARY = 2
 
 
@@ -176,7 +178,7 @@ class BackgroundLoad:
                         "dispatch",
                         grpc_inputs(window),
                         outputs=outputs,
-                        client_timeout=CALL_TIMEOUT_S,
+                        client_timeout=REQUEST_TIMEOUT_S,
                     )
                     self.versions.update(result.as_numpy(ORDER_MODEL_VERSION.name).tolist())
                     self.fallbacks.update(result.as_numpy(ORDER_FALLBACK_LEVEL.name).tolist())
@@ -195,9 +197,17 @@ class BackgroundLoad:
         return self
 
     def until(self, more: int) -> None:
-        """Let at least ``more`` further requests finish (bounded by the thread's life)."""
+        """Let ``more`` further requests finish; stop waiting at the first error or after
+        ``CALL_TIMEOUT_S`` (a hung server must fail the test, not stall it)."""
         target = self.sent + more
-        while self.sent < target and self._thread is not None and self._thread.is_alive():
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while (
+            self.sent < target
+            and not self.errors
+            and self._thread is not None
+            and self._thread.is_alive()
+            and time.monotonic() < deadline
+        ):
             self._thread.join(timeout=0.05)
 
     def __exit__(

@@ -133,3 +133,56 @@ def test_quick_cli_writes_model_card_with_policy_figures(tmp_path: Path) -> None
 def test_quick_mode_refuses_to_replace_the_served_model() -> None:
     with pytest.raises(SystemExit):
         training.main(["--quick"])
+
+
+# ---- version 2: log features inside the graph, compared with a reference version ----------
+
+TINY_V2 = training.TrainConfig(
+    seed=3, windows=6, holdout_windows=3, epochs=2, hidden=(16, 8), log_features=True
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_v2(
+    tmp_path_factory: pytest.TempPathFactory, tiny: training.TrainResult
+) -> training.TrainResult:
+    return training.train_and_export(
+        TINY_V2,
+        tmp_path_factory.mktemp("tiny_v2") / "2",
+        command="tiny v2",
+        version=2,
+        reference=tiny.model_path.parent,
+    )
+
+
+def test_log_features_are_computed_inside_the_graph(tiny_v2: training.TrainResult) -> None:
+    session = _session(tiny_v2.model_path)
+    (graph_in,) = session.get_inputs()
+    assert graph_in.shape[1] == NUM_PAIR_FEATURES  # the served input is unchanged
+    rng = np.random.default_rng(4)
+    features = (rng.standard_normal((50, NUM_PAIR_FEATURES)) * 5).astype(np.float32)
+    ort_out = session.run(None, {PAIR_FEATURES.name: features})[0]
+    assert training.max_relative_difference(ort_out, tiny_v2.model.predict(features)) < 1e-5
+    inputs = tiny_v2.model.inputs(features)
+    assert inputs.shape == (50, NUM_PAIR_FEATURES + len(training.LOG_FEATURES))
+    slack = features[:, PAIR_FEATURE_NAMES.index("slack_minutes")]
+    overdue = inputs[:, NUM_PAIR_FEATURES + 4]
+    np.testing.assert_allclose(overdue, np.log1p(np.maximum(-slack, 0)), rtol=1e-5, atol=1e-6)
+
+
+def test_the_card_compares_with_the_reference_on_the_same_pairs(
+    tiny_v2: training.TrainResult, tiny: training.TrainResult
+) -> None:
+    card = tiny_v2.card
+    assert card["version"] == 2
+    assert card["architecture"]["layers"][0] == NUM_PAIR_FEATURES + len(training.LOG_FEATURES)
+    comparison = card["comparison"]
+    assert comparison["reference_label"] == f"version {tiny.model_path.parent.name}"
+    # Same seed and held-out config: the reference is scored on exactly its own held-out set.
+    assert comparison["holdout"] == pytest.approx(tiny.card["holdout"], rel=1e-5)
+    for key, (mean, se) in comparison["paired"].items():
+        assert mean == pytest.approx(card["holdout"][key] - comparison["holdout"][key], abs=1e-4)
+        assert se > 0
+    text = (tiny_v2.model_path.parent / "MODEL_CARD.md").read_text()
+    assert text.startswith("# dispatch_model version 2")
+    assert "Compared with version" in text and "paired SE" in text

@@ -22,6 +22,7 @@ from dispatch_service.server import (
     ServerOptions,
     TritonRuntime,
     TritonServer,
+    main,
 )
 from dispatch_service.signing import (
     SigningError,
@@ -297,6 +298,9 @@ def test_the_launcher_loads_verified_models_then_overrides_then_dependents(
     config = json.loads(loads[0]["body"]["parameters"]["config"])
     assert config["version_policy"] == {"specific": {"versions": [1]}}
     assert loads[1]["body"] == {}
+    # The verified versions are compiled before Triton reads them; the refused one is not.
+    assert list((repo / "scorer" / "1" / "__pycache__").glob("model.*.pyc"))
+    assert not (repo / "scorer" / "2" / "__pycache__").exists()
     log = server.log_path.read_text()
     assert '"reason": "digest mismatch on file model.py"' in log
     assert '"model": "pinned"' in log and '"event": "model_refused"' in log
@@ -339,4 +343,26 @@ def test_the_launcher_fails_closed_when_a_refused_version_comes_back(
     with pytest.raises(ServerError, match=r"scorer serves versions \[1, 2\], verified \[1\]"):
         server.start(timeout_s=30)
     assert server.process is None
-    assert server.environment()["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_serve_cli_takes_trusted_keys_from_the_environment(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    venv = tmp_path / "venv"
+    runtime = TritonRuntime.from_venv(venv, tmp_path / "backends")
+    runtime.tritonserver.parent.mkdir(parents=True)
+    runtime.tritonserver.write_text("#!/bin/sh\nexit 3\n")
+    runtime.library_path.mkdir(parents=True)
+    (runtime.backend_dir / "python").mkdir(parents=True)
+    (tmp_path / "no-keys").mkdir()
+    monkeypatch.setenv("DISPATCH_TRUSTED_KEYS", str(tmp_path / "no-keys"))
+    monkeypatch.setenv("DISPATCH_ADMIN_KEY", "from-env")
+    code = main(
+        [
+            "--venv", str(venv), "--backend-dir", str(runtime.backend_dir),
+            "--model-repository", str(repo), "--log", str(tmp_path / "server.log"),
+            "--http-port", str(Ports.free().http),
+        ]
+    )  # fmt: skip
+    assert code == 1
+    assert "no trusted keys (*.pub)" in capsys.readouterr().err

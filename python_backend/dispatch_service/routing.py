@@ -419,6 +419,10 @@ def _check_shapes(features: ArrayLike, candidates: ArrayLike) -> tuple[F32, NDAr
             f"got {x.shape[0]}",
             "shape",
         )
+    if not np.isfinite(x).all():
+        raise DispatchInputError(
+            PAIR_FEATURES.name, "must be finite, got NaN or infinity", "not_finite"
+        )
     return x, index.astype(np.int64)
 
 
@@ -441,7 +445,12 @@ async def route_and_score(
     num_orders, width = index.shape
     chosen = np.asarray(versions, dtype=np.int32).reshape(-1)
     if chosen.shape != (num_orders,):
-        raise ValueError(f"versions must have shape ({num_orders},), got {chosen.shape}")
+        raise DispatchInputError(
+            "ORDER_USER_IDS",
+            f"must have B = {num_orders} rows like {CANDIDATE_RIDER_INDEX.name}, "
+            f"got {chosen.shape[0]}",
+            "shape",
+        )
     per_order = x.reshape(num_orders, width, NUM_PAIR_FEATURES)
     timeout_s = settings.bls_timeout_ms / 1000.0
 

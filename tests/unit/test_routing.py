@@ -464,6 +464,16 @@ def test_mismatched_tensors_are_input_errors() -> None:
         asyncio.run(
             route_and_score(features, candidates.reshape(-1), versions, CANARY, FakeVersions())
         )
+    with pytest.raises(DispatchInputError, match="ORDER_USER_IDS"):
+        asyncio.run(route_and_score(features, candidates, versions[:-1], CANARY, FakeVersions()))
+
+
+def test_non_finite_features_are_rejected_not_answered_by_the_fallback() -> None:
+    features, candidates, versions = _routed_input()
+    features = features.copy()
+    features[0, 0] = np.nan
+    with pytest.raises(DispatchInputError, match="PAIR_FEATURES: must be finite"):
+        asyncio.run(route_and_score(features, candidates, versions, CANARY, FakeVersions()))
 
 
 def test_observations_count_calls_levels_and_fallbacks() -> None:

@@ -15,10 +15,7 @@ answer never depends on anything but the settings and the request: no state betw
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -37,10 +34,6 @@ from dispatch_service.errors import DispatchInputError
 from dispatch_service.metrics import (
     VALIDATION_REJECTIONS,
     MetricsSink,
-    NullMetrics,
-    Observation,
-    TritonMetrics,
-    rejection_observation,
 )
 from dispatch_service.routing import (
     ROUTER_METRICS,
@@ -55,17 +48,14 @@ from dispatch_service.routing import (
     shadow_sampled,
 )
 from dispatch_service.settings import parameters_from_model_config
+from dispatch_service.triton_adapter import TritonResponder, log_event, triton_metrics
 
 ROUTER_MODEL_NAME: Final = "dispatch_router"
 SCORED_MODEL_NAME: Final = "dispatch_model"
 _USER_IDS: Final = "ORDER_USER_IDS"
 
 
-def _log(pb_utils: Any, level: str, **fields: Any) -> None:
-    getattr(pb_utils.Logger, f"log_{level}")(json.dumps(fields, sort_keys=True, default=str))
-
-
-class DispatchRouterAdapter:
+class DispatchRouterAdapter(TritonResponder):
     """Answers dispatch_router requests; one instance per Triton model instance."""
 
     def __init__(
@@ -77,25 +67,18 @@ class DispatchRouterAdapter:
         metrics: MetricsSink | None = None,
         draw: Callable[[], float] = random.random,
         target_model: str = SCORED_MODEL_NAME,
+        version: str = "",
+        instance: str = "",
     ) -> None:
-        self.pb = pb_utils
-        self.model_name = model_name
+        super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
         self.settings = settings
-        self.metrics: MetricsSink = metrics if metrics is not None else NullMetrics()
         self.draw = draw  # uniform [0, 1): the shadow sample
         self.target_model = target_model
-        self._metrics_failed = False
 
     # ---- Triton entry points ---------------------------------------------------------------
 
     async def execute(self, requests: Sequence[Any]) -> list[Any]:
         return list(await asyncio.gather(*(self._respond(request) for request in requests)))
-
-    def finalize(self) -> None:
-        close = getattr(self.metrics, "close", None)
-        if close is not None:
-            close()
-        self.metrics = NullMetrics()
 
     # ---- one request ----------------------------------------------------------------------
 
@@ -111,7 +94,7 @@ class DispatchRouterAdapter:
 
     async def _respond(self, request: Any) -> Any:
         if request.is_cancelled():
-            return self._error("request cancelled", self.pb.TritonError.CANCELLED)
+            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         try:
             user_ids = self._required(request, _USER_IDS)
             forced = parse_version_tag(self._input(request, MODEL_VERSION_TAG.name), self.settings)
@@ -124,16 +107,16 @@ class DispatchRouterAdapter:
                 shadow=shadow_sampled(self.draw(), self.settings),
             )
         except DispatchInputError as exc:
-            return self._reject(request, exc)
+            return self.reject(request, exc)
         except Exception as exc:  # answers this request only
-            return self._internal_error(request, exc)
+            return self.internal_error(request, exc)
         self._report(request, routed)
-        return self.pb.InferenceResponse(
-            output_tensors=[
-                self.pb.Tensor(PAIR_OBJECTIVES.name, routed.objectives),
-                self.pb.Tensor(ORDER_MODEL_VERSION.name, routed.model_version),
-                self.pb.Tensor(ORDER_FALLBACK_LEVEL.name, routed.fallback_level),
-            ]
+        return self.response(
+            {
+                PAIR_OBJECTIVES.name: routed.objectives,
+                ORDER_MODEL_VERSION.name: routed.model_version,
+                ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
+            }
         )
 
     async def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
@@ -155,25 +138,11 @@ class DispatchRouterAdapter:
 
     # ---- reporting ------------------------------------------------------------------------
 
-    def _record(self, observations: list[Observation]) -> None:
-        try:
-            self.metrics.record(observations)
-        except Exception as exc:  # metrics never fail a request; say so once
-            if not self._metrics_failed:
-                self._metrics_failed = True
-                _log(
-                    self.pb,
-                    "error",
-                    event="metrics_failed",
-                    model=self.model_name,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-
     def _report(self, request: Any, routed: RoutedScores) -> None:
-        self._record(routed_observations(routed))
+        self.record(routed_observations(routed))
         for call in routed.calls:
             if call.error is not None:
-                _log(
+                log_event(
                     self.pb,
                     "warn",
                     event="model_call_failed",
@@ -186,64 +155,10 @@ class DispatchRouterAdapter:
                     error=call.error,
                 )
 
-    def _error(self, message: str, code: Any) -> Any:
-        return self.pb.InferenceResponse(error=self.pb.TritonError(message, code))
-
-    def _reject(self, request: Any, exc: DispatchInputError) -> Any:
-        _log(
-            self.pb,
-            "warn",
-            event="request_rejected",
-            model=self.model_name,
-            request_id=request.request_id(),
-            tensor=exc.tensor,
-            rule=exc.rule,
-            code=exc.code,
-        )
-        self._record([rejection_observation(exc)])
-        return self._error(str(exc), self.pb.TritonError.INVALID_ARG)
-
-    def _internal_error(self, request: Any, exc: Exception) -> Any:
-        _log(
-            self.pb,
-            "error",
-            event="request_failed",
-            model=self.model_name,
-            request_id=request.request_id(),
-            error=f"{type(exc).__name__}: {exc}",
-            trace=traceback.format_exc(limit=5),
-        )
-        return self._error(
-            f"{self.model_name}: internal error ({type(exc).__name__}: {exc})",
-            self.pb.TritonError.INTERNAL,
-        )
-
 
 def router_metrics(pb_utils: Any, model_name: str, version: str) -> MetricsSink:
-    """The router's custom metrics on Triton's metrics port; none (logged) where unavailable.
-
-    Every series carries ``pid``, the stub process's id. Triton shares one Prometheus series
-    between the `Metric` objects of all processes that ask for the same name and labels, but
-    counts references per process: when the old router generation of a live reload unloads,
-    it frees the shared series while the new generation still writes to it (heap corruption,
-    a crashed server). A per-process label keeps every process on series of its own; sum
-    over ``pid`` (``sum without (pid) (...)``) for the model's totals.
-    """
-    try:
-        return TritonMetrics(
-            pb_utils,
-            {"model": model_name, "version": version, "pid": str(os.getpid())},
-            metrics=(*ROUTER_METRICS, VALIDATION_REJECTIONS),
-        )
-    except Exception as exc:  # e.g. a server started with --allow-metrics=false
-        _log(
-            pb_utils,
-            "warn",
-            event="metrics_unavailable",
-            model=model_name,
-            error=f"{type(exc).__name__}: {exc}",
-        )
-        return NullMetrics()
+    """The router's custom metrics (per-process series, see `triton_adapter.triton_metrics`)."""
+    return triton_metrics(pb_utils, model_name, version, (*ROUTER_METRICS, VALIDATION_REJECTIONS))
 
 
 def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAdapter:
@@ -255,14 +170,19 @@ def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAda
     settings = RouterSettings.from_parameters(parameters_from_model_config(args["model_config"]))
     name = args["model_name"]
     version = str(args.get("model_version", ""))
+    instance = str(args.get("model_instance_name", ""))
     adapter = DispatchRouterAdapter(
-        pb_utils, name, settings, metrics=router_metrics(pb_utils, name, version)
-    )
-    record = settings_record(
+        pb_utils,
+        name,
         settings,
-        model=name,
+        metrics=router_metrics(pb_utils, name, version),
         version=version,
-        instance=str(args.get("model_instance_name", "")),
+        instance=instance,
     )
-    _log(pb_utils, "info", **record)
+    adapter.loaded()
+    log_event(
+        pb_utils,
+        "info",
+        **settings_record(settings, model=name, version=version, instance=instance),
+    )
     return adapter

@@ -27,6 +27,7 @@ from dispatch_service.contracts import PAIR_OBJECTIVES
 from dispatch_service.errors import DispatchInputError
 from dispatch_service.metrics import (
     STEP_OBSERVERS,
+    MetricSpec,
     MetricsSink,
     NullMetrics,
     Observation,
@@ -39,32 +40,29 @@ from dispatch_service.settings import parameters_from_model_config
 from dispatch_service.steps import DispatchModelStep, FeatureEncoderStep, Step, TopKResolverStep
 
 
-def _log(pb_utils: Any, level: str, **fields: Any) -> None:
+def log_event(pb_utils: Any, level: str, **fields: Any) -> None:
+    """One JSON log line through Triton's logger (never with request payload)."""
     line = json.dumps(fields, sort_keys=True, default=str)
     getattr(pb_utils.Logger, f"log_{level}")(line)
 
 
-class TritonStepAdapter:
-    """Runs a `Step` once per request."""
+class TritonResponder:
+    """What every adapter shares: error responses, rejection logs, metrics, load/unload logs."""
 
     def __init__(
         self,
         pb_utils: Any,
         model_name: str,
-        step: Step,
         *,
         version: str = "",
         instance: str = "",
         metrics: MetricsSink | None = None,
-        observer: StepObserver | None = None,
     ) -> None:
         self.pb = pb_utils
         self.model_name = model_name
-        self.step = step
         self.version = version
         self.instance = instance
         self.metrics: MetricsSink = metrics if metrics is not None else NullMetrics()
-        self.observer = observer
         self._metrics_failed = False
 
     def loaded(self) -> None:
@@ -80,7 +78,7 @@ class TritonStepAdapter:
         self.metrics = NullMetrics()
 
     def _log_lifecycle(self, event: str) -> None:
-        _log(
+        log_event(
             self.pb,
             "info",
             event=event,
@@ -96,13 +94,72 @@ class TritonStepAdapter:
         except Exception as exc:
             if not self._metrics_failed:
                 self._metrics_failed = True
-                _log(
+                log_event(
                     self.pb,
                     "error",
                     event="metrics_failed",
                     model=self.model_name,
                     error=f"{type(exc).__name__}: {exc}",
                 )
+
+    def response(self, outputs: dict[str, NDArray[Any]]) -> Any:
+        return self.pb.InferenceResponse(
+            output_tensors=[
+                self.pb.Tensor(name, np.asarray(value)) for name, value in outputs.items()
+            ]
+        )
+
+    def error(self, request: Any, message: str, code: Any) -> Any:
+        return self.pb.InferenceResponse(error=self.pb.TritonError(message, code))
+
+    def reject(self, request: Any, exc: DispatchInputError) -> Any:
+        log_event(
+            self.pb,
+            "warn",
+            event="request_rejected",
+            model=self.model_name,
+            request_id=request.request_id(),
+            tensor=exc.tensor,
+            rule=exc.rule,
+            code=exc.code,
+        )
+        self.record([rejection_observation(exc)])
+        return self.error(request, str(exc), self.pb.TritonError.INVALID_ARG)
+
+    def internal_error(self, request: Any, exc: Exception) -> Any:
+        log_event(
+            self.pb,
+            "error",
+            event="request_failed",
+            model=self.model_name,
+            request_id=request.request_id(),
+            error=f"{type(exc).__name__}: {exc}",
+            trace=traceback.format_exc(limit=5),
+        )
+        return self.error(
+            request,
+            f"{self.model_name}: internal error ({type(exc).__name__}: {exc})",
+            self.pb.TritonError.INTERNAL,
+        )
+
+
+class TritonStepAdapter(TritonResponder):
+    """Runs a `Step` once per request."""
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        step: Step,
+        *,
+        version: str = "",
+        instance: str = "",
+        metrics: MetricsSink | None = None,
+        observer: StepObserver | None = None,
+    ) -> None:
+        super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
+        self.step = step
+        self.observer = observer
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         return [self._respond(request) for request in requests]
@@ -128,46 +185,6 @@ class TritonStepAdapter:
             elapsed_ms = (time.perf_counter() - started) * 1000.0
             self.record(self.observer(outputs, elapsed_ms))
         return self.response(outputs)
-
-    def response(self, outputs: dict[str, NDArray[Any]]) -> Any:
-        return self.pb.InferenceResponse(
-            output_tensors=[
-                self.pb.Tensor(name, np.asarray(value)) for name, value in outputs.items()
-            ]
-        )
-
-    def error(self, request: Any, message: str, code: Any) -> Any:
-        return self.pb.InferenceResponse(error=self.pb.TritonError(message, code))
-
-    def reject(self, request: Any, exc: DispatchInputError) -> Any:
-        _log(
-            self.pb,
-            "warn",
-            event="request_rejected",
-            model=self.model_name,
-            request_id=request.request_id(),
-            tensor=exc.tensor,
-            rule=exc.rule,
-            code=exc.code,
-        )
-        self.record([rejection_observation(exc)])
-        return self.error(request, str(exc), self.pb.TritonError.INVALID_ARG)
-
-    def internal_error(self, request: Any, exc: Exception) -> Any:
-        _log(
-            self.pb,
-            "error",
-            event="request_failed",
-            model=self.model_name,
-            request_id=request.request_id(),
-            error=f"{type(exc).__name__}: {exc}",
-            trace=traceback.format_exc(limit=5),
-        )
-        return self.error(
-            request,
-            f"{self.model_name}: internal error ({type(exc).__name__}: {exc})",
-            self.pb.TritonError.INTERNAL,
-        )
 
 
 class TritonBatchedModelAdapter(TritonStepAdapter):
@@ -248,7 +265,7 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
             pb_utils,
             name,
             DispatchModelStep.from_parameters(path, with_instance_device(parameters, args)),
-            metrics=triton_metrics(pb_utils, model, name, version),
+            metrics=triton_metrics(pb_utils, name, version, metrics_of(model)),
             **labels,
         )
         adapter.loaded()
@@ -259,7 +276,7 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
         pb_utils,
         name,
         step,
-        metrics=triton_metrics(pb_utils, model, name, version),
+        metrics=triton_metrics(pb_utils, name, version, metrics_of(model)),
         observer=STEP_OBSERVERS.get(model),
         **labels,
     )
@@ -267,7 +284,9 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
     return adapter
 
 
-def triton_metrics(pb_utils: Any, model: str, model_name: str, version: str) -> MetricsSink:
+def triton_metrics(
+    pb_utils: Any, model_name: str, version: str, definitions: Sequence[MetricSpec]
+) -> MetricsSink:
     """The model's custom metrics on Triton's metrics port; none (logged) where unavailable.
 
     Each series carries the stub's `pid`: Triton frees a series shared by several processes
@@ -275,9 +294,9 @@ def triton_metrics(pb_utils: Any, model: str, model_name: str, version: str) -> 
     """
     try:
         labels = {"model": model_name, "version": version, "pid": str(os.getpid())}
-        return TritonMetrics(pb_utils, labels, metrics_of(model))
+        return TritonMetrics(pb_utils, labels, definitions)
     except Exception as exc:  # e.g. a server started with --allow-metrics=false
-        _log(
+        log_event(
             pb_utils,
             "warn",
             event="metrics_unavailable",

@@ -285,6 +285,12 @@ def test_initialize_parses_the_settings_once_and_logs_them() -> None:
     loaded = [fields for level, fields in pb.Logger.lines if level == "info"]
     assert loaded == [
         {
+            "event": "model_loaded",
+            "model": "dispatch_router",
+            "version": "1",
+            "instance": "dispatch_router_0_0",
+        },
+        {
             "event": "router_settings_loaded",
             "model": "dispatch_router",
             "version": "1",

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchServerError
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
@@ -112,7 +112,7 @@ class DispatchResult:
         return {"orders": [o.to_json_dict() for o in self.orders]}
 
 
-class DispatchClient:
+class DispatchClient(Closing):
     """Calls the `dispatch` ensemble through a `Transport`; closes it on exit.
 
     >>> with DispatchClient.http("localhost:8000") as client:  # doctest: +SKIP
@@ -210,17 +210,6 @@ class DispatchClient:
 
     def close(self) -> None:
         self.transport.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def parse_dispatch_outputs(

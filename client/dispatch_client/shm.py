@@ -47,7 +47,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any, ClassVar, Final, Literal, Protocol, Self
 
 import numpy as np
@@ -56,6 +56,7 @@ from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype, serialize_byte_tensor
 from tritonclient.utils import shared_memory as system_shm
 
+from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
 from dispatch_client.transport import DEFAULT_GRPC_URL, DEFAULT_TIMEOUT_S, check_url, grpc_error
 from dispatch_service.contracts import (
@@ -479,7 +480,7 @@ def _install_sigterm_handler() -> None:
         _SIGTERM_INSTALLED = True
 
 
-class ShmRegionPool:
+class ShmRegionPool(Closing):
     """`size` region sets, registered with the server once, lent out one request at a time.
 
     Thread-safe. `checkout()` blocks (up to its timeout) while every set is in use. A set
@@ -716,17 +717,6 @@ class ShmRegionPool:
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 # ---- (de)serialising tensors -------------------------------------------------------------------
 
@@ -799,7 +789,7 @@ def output_sizes(
 # ---- the transport ---------------------------------------------------------------------------
 
 
-class GrpcShmTransport:
+class GrpcShmTransport(Closing):
     """gRPC with tensors in shared memory; a `Transport`, so `DispatchClient` uses it as is.
 
     Safe to share between threads (each request borrows its own region set). Use it as a
@@ -921,14 +911,3 @@ class GrpcShmTransport:
             self.pool.close()
         finally:
             self._client.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

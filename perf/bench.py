@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,13 @@ from numpy.typing import NDArray
 
 from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.pipeline import DispatchPipeline
-from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.server import (
+    ChildService,
+    Ports,
+    ServerOptions,
+    TritonRuntime,
+    TritonServer,
+)
 from perf import limit
 from perf.bodies import (
     TRITON_INFER_PATH,
@@ -208,15 +213,14 @@ class TritonSession:
         return Endpoints(grpc=self.server.grpc_url, http=self.server.http_url)
 
 
-class FastApiSession:
+class FastApiSession(ChildService):
     """The FastAPI baseline under uvicorn (own process group), stopped on exit."""
 
     def __init__(self, repository: Path, log_path: Path, workers: int = 2) -> None:
+        super().__init__(log_path, "FastAPI baseline")
         self.port = Ports.free().http
         self.repository = repository
-        self.log_path = log_path
         self.workers = workers
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def base(self) -> str:
@@ -235,44 +239,9 @@ class FastApiSession:
             "--workers",
             str(self.workers),
         ]
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=REPO_ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"FastAPI baseline exited; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.25)
-        self.__exit__(None, None, None)
-        raise RuntimeError(f"FastAPI baseline not ready after 120 s; see {self.log_path}")
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=20)
+        self.spawn(command, env, cwd=REPO_ROOT)
+        self.wait_http_ok(f"{self.base}/health", timeout_s=120)
+        return self
 
 
 # ---- one level -------------------------------------------------------------------------------

@@ -125,14 +125,94 @@ class ServerError(RuntimeError):
     pass
 
 
-class TritonServer:
+class ChildService:
+    """A child process in its own process group, its output in a log file.
+
+    Readiness is an HTTP URL answering 200; stopping signals the whole group (SIGTERM, then
+    SIGKILL), so helper processes such as Triton's backend stubs go with it.
+    """
+
+    def __init__(self, log_path: Path, name: str) -> None:
+        self.log_path = log_path
+        self.name = name
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def spawn(
+        self,
+        command: Sequence[str],
+        env: dict[str, str],
+        cwd: Path | None = None,
+        preamble: str = "",
+    ) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            log.write(preamble.encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                list(command),
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @staticmethod
+    def http_ok(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_http_ok(self, url: str, timeout_s: float) -> None:
+        """Wait until `url` answers 200; a dead child or the deadline raises ServerError."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            if self.http_ok(url):
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=timeout_s)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class TritonServer(ChildService):
     """A tritonserver child process; a context manager that always stops it."""
 
     def __init__(self, runtime: TritonRuntime, options: ServerOptions, log_path: Path) -> None:
+        super().__init__(log_path, "tritonserver")
         self.runtime = runtime
         self.options = options
-        self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
         self.load_plan: LoadPlan | None = None  # set by start() when trusted keys are given
 
     @property
@@ -195,18 +275,8 @@ class TritonServer:
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
         self.runtime.check()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         notes = self.plan_verified_load()
-        with self.log_path.open("wb") as log:
-            log.write("".join(f"{line}\n" for line in notes).encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                start_new_session=True,
-            )
+        self.spawn(self.command(), self.environment(), preamble="".join(f"{n}\n" for n in notes))
         self.wait_ready(timeout_s)
         self.load_after_start()
         return self
@@ -276,54 +346,13 @@ class TritonServer:
             raise ServerError(f"loading verified models after start failed: {exc}") from None
 
     def is_ready(self) -> bool:
-        url = f"http://{self.http_url}/v2/health/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return self.http_ok(f"http://{self.http_url}/v2/health/ready")
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise ServerError(
-                    f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
-            if self.is_ready():
-                return
-            time.sleep(0.25)
-        self.stop()
-        raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=timeout_s)
+        self.wait_http_ok(f"http://{self.http_url}/v2/health/ready", timeout_s)
 
     def __enter__(self) -> TritonServer:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,7 @@ from dispatch_service.metrics import (
 from dispatch_service.pipeline import DispatchPipeline
 from dispatch_service.simulator import generate_window
 from dispatch_service.window import window_to_tensors
+from pb_stand_in import FakeMetricFamily
 
 # ---- the metric names the dashboard and deploy checks expect ----------------------------
 
@@ -198,41 +199,17 @@ def test_in_memory_metrics_sum_counters_and_keep_histogram_values() -> None:
 # A stand-in for pb_utils.MetricFamily with the stub's rules on buckets.
 
 
-class FakeMetric:
-    def __init__(self, labels: dict[str, str], buckets: list[float] | None) -> None:
-        self.labels = labels
-        self.buckets = buckets
-        self.calls: list[tuple[str, float]] = []
+class FakeFamily(FakeMetricFamily):
+    """Families register themselves, so a test sees what `TritonMetrics` created."""
 
-    def increment(self, value: float) -> None:
-        self.calls.append(("increment", value))
-
-    def set(self, value: float) -> None:
-        self.calls.append(("set", value))
-
-    def observe(self, value: float) -> None:
-        self.calls.append(("observe", value))
-
-
-class FakeFamily:
     COUNTER: ClassVar[str] = "COUNTER"
     GAUGE: ClassVar[str] = "GAUGE"
     HISTOGRAM: ClassVar[str] = "HISTOGRAM"
     created: ClassVar[list[FakeFamily]] = []
 
     def __init__(self, name: str, description: str, kind: str) -> None:
-        self.name, self.description, self.kind = name, description, kind
-        self.metrics: list[FakeMetric] = []
+        super().__init__(name, description, kind)
         FakeFamily.created.append(self)
-
-    def Metric(  # noqa: N802 (pb_utils' spelling)
-        self, labels: dict[str, str], buckets: list[float] | None = None
-    ) -> FakeMetric:
-        if (self.kind == "HISTOGRAM") != (buckets is not None):
-            raise ValueError("Failed to create metric. Missing required buckets.")
-        metric = FakeMetric(labels, buckets)
-        self.metrics.append(metric)
-        return metric
 
 
 class FakePb:

@@ -18,39 +18,12 @@ from dispatch_service.router_adapter import DispatchRouterAdapter, router_adapte
 from dispatch_service.routing import ROUTED_ORDERS, RouterSettings, rule_based_objectives
 from dispatch_service.settings import SettingsError
 from dispatch_service.simulator import generate_window
-
-
-class FakeTensor:
-    def __init__(self, name: str, array: NDArray[Any]) -> None:
-        self._name = name
-        self._array = np.asarray(array)
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> NDArray[Any]:
-        return self._array
-
-
-class TritonError:
-    INVALID_ARG: ClassVar[str] = "INVALID_ARG"
-    INTERNAL: ClassVar[str] = "INTERNAL"
-    CANCELLED: ClassVar[str] = "CANCELLED"
-
-    def __init__(self, message: str, code: str = "UNKNOWN") -> None:
-        self._message = message
-        self._code = code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> str:
-        return self._code
+from pb_stand_in import FakeTensor, FakeTritonError
 
 
 class Response:
     def __init__(
-        self, output_tensors: list[FakeTensor] | None = None, error: TritonError | None = None
+        self, output_tensors: list[FakeTensor] | None = None, error: FakeTritonError | None = None
     ) -> None:
         self.tensors = {t.name(): t for t in output_tensors or []}
         self._error = error
@@ -58,7 +31,7 @@ class Response:
     def has_error(self) -> bool:
         return self._error is not None
 
-    def error(self) -> TritonError:
+    def error(self) -> FakeTritonError:
         assert self._error is not None
         return self._error
 
@@ -87,7 +60,7 @@ class FakePb:
     """pb_utils with a BLS whose `dispatch_model` answers through `model`."""
 
     Tensor = FakeTensor
-    TritonError = TritonError
+    TritonError = FakeTritonError
     InferenceResponse = Response
 
     def __init__(self, model: Model) -> None:
@@ -142,7 +115,7 @@ def served(*versions: int) -> Model:
 
     def model(version: int, features: NDArray[np.float32]) -> Response:
         if version not in versions:
-            return Response(error=TritonError(f"Request for unknown model version {version}"))
+            return Response(error=FakeTritonError(f"Request for unknown model version {version}"))
         scores = rule_based_objectives(features) * np.float32(1.0 + version / 10.0)
         return Response([FakeTensor("PAIR_OBJECTIVES", scores)])
 
@@ -225,7 +198,7 @@ def test_the_tag_forces_a_version_and_a_bad_tag_is_invalid_arg() -> None:
         Request(window_inputs(MODEL_VERSION_TAG=bad), "req-bad"),
     )
     assert outputs(good)["ORDER_MODEL_VERSION"].tolist() == [2] * 12
-    assert rejected.error().code() == TritonError.INVALID_ARG
+    assert rejected.error().code() == FakeTritonError.INVALID_ARG
     assert rejected.error().message().startswith("MODEL_VERSION_TAG: ")
     (logged,) = [fields for level, fields in pb.Logger.lines if level == "warn"]
     assert logged["event"] == "request_rejected" and logged["request_id"] == "req-bad"
@@ -241,7 +214,7 @@ def test_a_missing_tensor_is_invalid_arg() -> None:
     del inputs["ORDER_USER_IDS"]
     adapter = DispatchRouterAdapter(FakePb(served(1)), "dispatch_router", RouterSettings())
     (response,) = run(adapter, Request(inputs))
-    assert response.error().code() == TritonError.INVALID_ARG
+    assert response.error().code() == FakeTritonError.INVALID_ARG
     assert response.error().message() == "ORDER_USER_IDS: is required but missing"
 
 

@@ -30,40 +30,13 @@ from dispatch_service.triton_adapter import (
     adapter_for,
 )
 from dispatch_service.window import window_to_tensors
+from pb_stand_in import FakeMetric, FakeMetricFamily, FakeTensor, FakeTritonError
 
 COMMITTED_MODEL = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
 LOG_FIELDS = {"event", "model", "request_id", "tensor", "rule", "code"}
 
 
 # ---- a stand-in for triton_python_backend_utils -------------------------------------
-
-
-class FakeTensor:
-    def __init__(self, name: str, array: NDArray[Any]) -> None:
-        self._name = name
-        self._array = array
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> NDArray[Any]:
-        return self._array
-
-
-class FakeTritonError:
-    INVALID_ARG: ClassVar[str] = "INVALID_ARG"
-    INTERNAL: ClassVar[str] = "INTERNAL"
-    CANCELLED: ClassVar[str] = "CANCELLED"
-
-    def __init__(self, message: str, code: str = "UNKNOWN") -> None:
-        self._message = message
-        self._code = code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> str:
-        return self._code
 
 
 class FakeResponse:
@@ -119,39 +92,6 @@ class FakeRequest:
 
     def is_cancelled(self) -> bool:
         return self._cancelled
-
-
-class FakeMetric:
-    def __init__(self, labels: dict[str, str], buckets: list[float] | None) -> None:
-        self.labels = labels
-        self.buckets = buckets
-        self.value = 0.0
-        self.observations: list[float] = []
-
-    def increment(self, value: float) -> None:
-        self.value += value
-
-    def set(self, value: float) -> None:
-        self.value = value
-
-    def observe(self, value: float) -> None:
-        self.observations.append(value)
-
-
-class FakeMetricFamily:
-    def __init__(self, name: str, description: str, kind: str) -> None:
-        self.name = name
-        self.kind = kind
-        self.metrics: list[FakeMetric] = []
-
-    def Metric(  # noqa: N802 (pb_utils' spelling)
-        self, labels: dict[str, str], buckets: list[float] | None = None
-    ) -> FakeMetric:
-        if (self.kind == "HISTOGRAM") != (buckets is not None):
-            raise ValueError("Failed to create metric. Missing required buckets.")
-        metric = FakeMetric(labels, buckets)
-        self.metrics.append(metric)
-        return metric
 
 
 class FakeMetricFamilies:

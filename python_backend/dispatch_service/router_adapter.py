@@ -140,20 +140,27 @@ class DispatchRouterAdapter(TritonResponder):
 
     def _report(self, request: Any, routed: RoutedScores) -> None:
         self.record(routed_observations(routed))
-        for call in routed.calls:
-            if call.error is not None:
-                log_event(
-                    self.pb,
-                    "warn",
-                    event="model_call_failed",
-                    model=self.model_name,
-                    request_id=request.request_id(),
-                    target=self.target_model,
-                    target_version=call.version,
-                    role=call.role,
-                    orders=call.orders,
-                    error=call.error,
-                )
+        log_failed_calls(self.pb, self.model_name, request, routed, self.target_model)
+
+
+def log_failed_calls(
+    pb_utils: Any, model_name: str, request: Any, routed: RoutedScores, target: str
+) -> None:
+    """One warning line per failed version call of a routed request (never its payload)."""
+    for call in routed.calls:
+        if call.error is not None:
+            log_event(
+                pb_utils,
+                "warn",
+                event="model_call_failed",
+                model=model_name,
+                request_id=request.request_id(),
+                target=target,
+                target_version=call.version,
+                role=call.role,
+                orders=call.orders,
+                error=call.error,
+            )
 
 
 def router_metrics(pb_utils: Any, model_name: str, version: str) -> MetricsSink:

@@ -1,5 +1,9 @@
 """Read and change the canary settings of a running server's `dispatch_router`, live.
 
+`dispatch_fused` (the one-process entry point) routes with the same settings: when it is
+loaded, `apply_router_settings` reloads it with them too, after the router, so that both
+entry points answer a user from the same version.
+
 The settings live in dispatch_router's config ``parameters`` (`routing.RouterSettings`).
 `apply_router_settings` takes the configuration the router runs with now, replaces those
 parameters and loads the model with that configuration as an override
@@ -22,7 +26,13 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, Final
 
-from dispatch_service.model_control import ModelControlError, load_model, model_config
+from dispatch_service.fused import FUSED_MODEL_NAME, FusedSettings
+from dispatch_service.model_control import (
+    ModelControlError,
+    load_model,
+    model_config,
+    ready_versions,
+)
 from dispatch_service.routing import RouterSettings
 from dispatch_service.settings import SettingsError, parameters_from_model_config
 
@@ -43,14 +53,21 @@ class RouterControlError(ModelControlError):
     """Reading or changing the router settings failed; the previous settings keep serving."""
 
 
-def _current_config(http_url: str, timeout_s: float) -> dict[str, Any]:
+def _current_config(
+    http_url: str, timeout_s: float, model: str = ROUTER_MODEL_NAME
+) -> dict[str, Any]:
     try:
-        return model_config(http_url, ROUTER_MODEL_NAME, timeout_s)
+        return model_config(http_url, model, timeout_s)
     except ModelControlError as exc:
         raise RouterControlError(
-            f"cannot read the {ROUTER_MODEL_NAME} configuration from {http_url}: {exc}",
-            exc.status,
+            f"cannot read the {model} configuration from {http_url}: {exc}", exc.status
         ) from None
+
+
+def _routing_of(model: str, parameters: dict[str, str]) -> RouterSettings:
+    if model == FUSED_MODEL_NAME:
+        return FusedSettings.from_parameters(parameters).routing
+    return RouterSettings.from_parameters(parameters)
 
 
 def read_router_settings(
@@ -85,29 +102,53 @@ def apply_router_settings(
     admin_key: str | None = None,
     timeout_s: float = 120.0,
 ) -> None:
-    """Reload dispatch_router with `settings`, live; raise RouterControlError if refused.
+    """Reload dispatch_router (and dispatch_fused, when loaded) with `settings`, live; raise
+    RouterControlError if refused.
 
     Builds the override from the configuration the router runs with now, so every other
     field (instances, inputs, outputs) stays as it is. Returns once Triton reports the load
     done and the router reads back the new settings.
     """
-    override = router_config_with(_current_config(http_url, timeout_s), settings)
+    _apply(http_url, ROUTER_MODEL_NAME, settings, admin_key, timeout_s)
     try:
-        load_model(http_url, ROUTER_MODEL_NAME, override, admin_key=admin_key, timeout_s=timeout_s)
+        fused_loaded = bool(ready_versions(http_url, FUSED_MODEL_NAME, admin_key, timeout_s))
     except ModelControlError as exc:
         raise RouterControlError(
-            f"loading {ROUTER_MODEL_NAME} with {asdict(settings)} failed ({exc}); "
-            "the previous settings keep serving",
+            f"{ROUTER_MODEL_NAME} runs with {asdict(settings)}, but whether {FUSED_MODEL_NAME} "
+            f"needs them too could not be read ({exc})",
             exc.status,
         ) from None
-    now = read_router_settings(http_url, timeout_s=timeout_s)
-    if now != settings:
+    if fused_loaded:
+        _apply(http_url, FUSED_MODEL_NAME, settings, admin_key, timeout_s)
+
+
+def _apply(
+    http_url: str, model: str, settings: RouterSettings, admin_key: str | None, timeout_s: float
+) -> None:
+    override = router_config_with(_current_config(http_url, timeout_s, model), settings)
+    try:
+        load_model(http_url, model, override, admin_key=admin_key, timeout_s=timeout_s)
+    except ModelControlError as exc:
         raise RouterControlError(
-            f"{ROUTER_MODEL_NAME} reports {asdict(now)} after loading {asdict(settings)}"
-        )
+            f"loading {model} with {asdict(settings)} failed ({exc}); "
+            "its previous settings keep serving",
+            exc.status,
+        ) from None
+    config = _current_config(http_url, timeout_s, model)
+    try:
+        now = _routing_of(model, parameters_from_model_config(config))
+    except (SettingsError, ValueError) as exc:
+        raise RouterControlError(f"{model} runs with unreadable settings: {exc}") from None
+    if now != settings:
+        raise RouterControlError(f"{model} reports {asdict(now)} after loading {asdict(settings)}")
     logger.info(
         json.dumps(
-            {"event": "router_settings_applied", "server": http_url, **asdict(settings)},
+            {
+                "event": "router_settings_applied",
+                "model": model,
+                "server": http_url,
+                **asdict(settings),
+            },
             sort_keys=True,
         )
     )

@@ -19,7 +19,10 @@ version folder is verified (`signing.verify_version`). Then:
   back) and a step that pins a version finds it verified. An ensemble over a restricted
   model loads after it (``deferred``) so it finds the override in place. A Python model
   that calls others through BLS declares no dependency: a call to a refused model gets an
-  error response at run time.
+  error response at run time;
+- a Python model that reads another model's files itself (`dispatch_fused` runs its scoring
+  versions' model.onnx in process) depends on those versions like an ensemble on a pinned
+  step: it loads only when they verify.
 
 One line per refused version and per refused model goes to the log (`LoadPlan.log_lines`).
 """
@@ -33,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from dispatch_service.fused import FusedSettings
+from dispatch_service.settings import parameters_from_model_config
 from dispatch_service.signing import Outcome, TrustedKeys, Verification, verify_version
 
 CONFIG_NAME: Final = "config.pbtxt"
@@ -46,7 +51,8 @@ class ModelEntry:
     config: dict[str, Any]  # Triton's JSON form of the config the profile selects
     versions: tuple[int, ...]  # numeric version folders present, ascending
     served: tuple[int, ...]  # those the version policy would serve
-    steps: tuple[tuple[str, int], ...]  # ensemble steps: (model, version; -1 = latest)
+    # ensemble steps and versions a model reads itself: (model, version; -1 = latest)
+    steps: tuple[tuple[str, int], ...]
 
     @property
     def is_ensemble(self) -> bool:
@@ -88,7 +94,18 @@ def read_model(model_dir: Path, profile: str = "cpu") -> ModelEntry:
         (str(step["model_name"]), int(step.get("model_version", -1)))
         for step in config.get("ensemble_scheduling", {}).get("step", [])
     )
-    return ModelEntry(model_dir.name, config, versions, served_versions(config, versions), steps)
+    return ModelEntry(
+        model_dir.name, config, versions, served_versions(config, versions), steps + _reads(config)
+    )
+
+
+def _reads(config: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The (model, version) folders whose files a Python model runs itself, if any."""
+    parameters = parameters_from_model_config(config)
+    if "scoring_model" not in parameters:
+        return ()
+    settings = FusedSettings.from_parameters(parameters)
+    return tuple((settings.scoring_model, v) for v in settings.served_versions())
 
 
 def repository_models(repository: Path, profile: str = "cpu") -> dict[str, ModelEntry]:

@@ -25,7 +25,7 @@ from dispatch_service.window import window_to_tensors
 WARMUP_SEED = 11
 WARMUP_ORDERS = 64
 WARMUP_RIDERS = 200
-WARMUP_MODELS = ("feature_encoder", "topk_resolver")
+WARMUP_MODELS = ("feature_encoder", "topk_resolver", "dispatch_fused")
 
 
 def raw_bytes(array: NDArray[Any]) -> bytes:
@@ -51,6 +51,8 @@ def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, N
     return {
         "feature_encoder": {n: available[n] for n in pipeline.encoder.input_names if n in window},
         "topk_resolver": {n: available[n] for n in pipeline.resolver.input_names if n in available},
+        # dispatch_fused takes the window as feature_encoder does (its optional tag left out).
+        "dispatch_fused": {n: available[n] for n in pipeline.encoder.input_names if n in window},
     }
 
 

@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from dispatch_service.contracts import MAX_ORDERS, MAX_RIDERS
+from dispatch_service.fused import FUSED_MODEL_NAME
 from triton_helpers import infer_grpc, infer_http, sim_window
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -157,22 +158,24 @@ def _bad(good: Arrays, mutate: Mutation) -> Arrays:
     return window
 
 
+@pytest.mark.parametrize("model", ["dispatch", FUSED_MODEL_NAME])
 @pytest.mark.parametrize(("case", "mutate", "words"), CASES, ids=[c[0] for c in CASES])
 def test_bad_window_is_rejected_with_a_clear_error_over_http(
     case: str,
     mutate: Mutation,
     words: tuple[str, ...],
+    model: str,
     good: Arrays,
     good_answer: Arrays,
     http_client: httpclient.InferenceServerClient,
 ) -> None:
     with pytest.raises(InferenceServerException) as info:
-        infer_http(http_client, _bad(good, mutate))
+        infer_http(http_client, _bad(good, mutate), model=model)
     message = info.value.message()
     for word in words:
         assert word in message, f"{case}: {message!r} lacks {word!r}"
-    assert http_client.is_server_live() and http_client.is_model_ready("dispatch")
-    again = infer_http(http_client, good)
+    assert http_client.is_server_live() and http_client.is_model_ready(model)
+    again = infer_http(http_client, good, model=model)
     for name, expected in good_answer.items():
         np.testing.assert_array_equal(again[name], expected, err_msg=name)
 

@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_service import geo
 from dispatch_service.features import feasible_mask
+from dispatch_service.fused import FUSED_MODEL_NAME
 from dispatch_service.model_control import (
     ModelControlError,
     load_model,
@@ -94,11 +95,14 @@ def window(seed: int, orders: int, riders: int, users: int | None = None) -> Arr
 
 
 def dispatch(
-    client: httpclient.InferenceServerClient, tensors: Arrays, tag: str | None = None
+    client: httpclient.InferenceServerClient,
+    tensors: Arrays,
+    tag: str | None = None,
+    model: str = "dispatch",
 ) -> Arrays:
     if tag is not None:
         tensors = {**tensors, "MODEL_VERSION_TAG": np.array([tag.encode()], dtype=object)}
-    return infer_http(client, tensors, output_names=ROUTED_OUTPUT_NAMES)
+    return infer_http(client, tensors, model=model, output_names=ROUTED_OUTPUT_NAMES)
 
 
 def assert_valid(tensors: Arrays, result: Arrays) -> None:
@@ -157,6 +161,12 @@ def test_a_percentage_change_applies_to_the_next_request_and_sticks_per_user(
     first = dispatch(client, tensors)["ORDER_MODEL_VERSION"]
     assert abs(float(np.mean(first == 2)) - 0.30) <= 0.05
     assert set(first.tolist()) == {1, 2}
+    # The one-process entry point got the same settings: same user, same version, same answer.
+    fused = dispatch(client, tensors, model=FUSED_MODEL_NAME)
+    np.testing.assert_array_equal(fused["ORDER_MODEL_VERSION"], first)
+    np.testing.assert_array_equal(
+        fused["ASSIGNED_RIDER_INDEX"], dispatch(client, tensors)["ASSIGNED_RIDER_INDEX"]
+    )
 
     # Same users, another window and another order: each keeps its version.
     again = window(3, 1000, 400)
@@ -209,15 +219,27 @@ def test_shadow_scoring_changes_no_answer_and_exports_agreement(
 ) -> None:
     tensors = window(6, 64, 200)
     plain = dispatch(client, tensors)
-    labels = {"primary": "1", "shadow": "2"}
+    labels = {"primary": "1", "shadow": "2", "model": "dispatch_router"}
+    fused_labels = {**labels, "model": FUSED_MODEL_NAME}
     before = metric(server, "dispatch_shadow_orders_total", **labels)
     apply(router, shadow_percent=100)
+    fused_before = metric(server, "dispatch_shadow_orders_total", **fused_labels)  # after warmup
     for _ in range(3):
         shadowed = dispatch(client, tensors)
         for name in ROUTED_OUTPUT_NAMES:
             np.testing.assert_array_equal(shadowed[name], plain[name], err_msg=name)
     orders = metric(server, "dispatch_shadow_orders_total", **labels) - before
     assert orders == 3 * 64
+    fused = dispatch(client, tensors, model=FUSED_MODEL_NAME)
+    assert_valid(tensors, fused)
+    # dispatch_fused records its metrics just after it answers: wait for them (bounded).
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        fused_orders = metric(server, "dispatch_shadow_orders_total", **fused_labels)
+        if fused_orders - fused_before >= 64:
+            break
+        time.sleep(0.05)
+    assert fused_orders - fused_before == 64
     agreed = metric(server, "dispatch_shadow_top1_agreements_total", **labels)
     pairs = metric(server, "dispatch_shadow_pairs_total", **labels)
     score_diff = metric(server, "dispatch_shadow_score_abs_diff_total", **labels)

@@ -12,9 +12,17 @@ import tritonclient.http as httpclient
 
 from dispatch_service import geo
 from dispatch_service.contracts import CoordSystem
+from dispatch_service.fused import FUSED_MODEL_NAME
 from dispatch_service.pipeline import DispatchPipeline
 from dispatch_service.server import TritonServer
-from triton_helpers import OUTPUT_NAMES, grpc_inputs, infer_grpc, infer_http, sim_window
+from triton_helpers import (
+    OUTPUT_NAMES,
+    ROUTED_OUTPUT_NAMES,
+    grpc_inputs,
+    infer_grpc,
+    infer_http,
+    sim_window,
+)
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 
@@ -31,7 +39,14 @@ def http_result(http_client: httpclient.InferenceServerClient, window: Arrays) -
 
 def test_server_is_ready_with_every_model(http_client: httpclient.InferenceServerClient) -> None:
     assert http_client.is_server_ready()
-    for model in ("feature_encoder", "dispatch_model", "topk_resolver", "dispatch"):
+    for model in (
+        "feature_encoder",
+        "dispatch_model",
+        "topk_resolver",
+        "dispatch_router",
+        "dispatch",
+        FUSED_MODEL_NAME,
+    ):
         assert http_client.is_model_ready(model), model
 
 
@@ -94,6 +109,25 @@ def test_server_answers_like_the_in_process_library(window: Arrays, http_result:
             np.testing.assert_allclose(http_result[name], local[name], rtol=1e-5, err_msg=name)
         else:
             np.testing.assert_array_equal(http_result[name], local[name], err_msg=name)
+
+
+@pytest.mark.parametrize("seed", [2024, 7, 8])
+def test_the_fused_entry_point_answers_exactly_like_the_ensemble(
+    seed: int,
+    http_client: httpclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    window = sim_window(seed=seed, orders=1 + seed % 50, riders=40 + seed % 200)
+    window["MODEL_VERSION_TAG"] = np.array([b"canary" if seed % 2 else b"stable"], dtype=object)
+    ensemble = infer_http(http_client, window, output_names=ROUTED_OUTPUT_NAMES)
+    for fused in (
+        infer_http(http_client, window, model=FUSED_MODEL_NAME, output_names=ROUTED_OUTPUT_NAMES),
+        infer_grpc(grpc_client, window, model=FUSED_MODEL_NAME, output_names=ROUTED_OUTPUT_NAMES),
+    ):
+        for name in ROUTED_OUTPUT_NAMES:
+            np.testing.assert_array_equal(fused[name], ensemble[name], err_msg=name)
+    expected_version = 2 if seed % 2 else 1
+    assert (ensemble["ORDER_MODEL_VERSION"] == expected_version).all()
 
 
 def test_objective_weights_override_per_request(

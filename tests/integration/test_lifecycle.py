@@ -249,6 +249,13 @@ def test_a_tampered_version_is_refused_at_start_and_the_rest_serve(lifecycle: Li
         "check": "digest_mismatch",
     } in events
     assert {"event": "model_restricted", "model": MODEL, "versions": [1]} in events
+    # dispatch_fused would run version 2 (its canary) itself, which dispatch_model does not
+    # serve here: it stays out rather than read a version Triton refused or never loaded.
+    assert {
+        "event": "model_refused",
+        "model": "dispatch_fused",
+        "reason": f"depends on {MODEL} version 2, which does not load",
+    } in events
     url = lifecycle.server.http_url
     assert ready_versions(url, MODEL, ADMIN_KEY) == (1,)
     ready = {e["name"] for e in repository_index(url, ADMIN_KEY) if e.get("state") == "READY"}

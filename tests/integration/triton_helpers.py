@@ -60,8 +60,9 @@ def infer_grpc(
     client: grpcclient.InferenceServerClient,
     tensors: dict[str, np.ndarray[Any, Any]],
     model: str = "dispatch",
+    output_names: Sequence[str] = OUTPUT_NAMES,
 ) -> dict[str, np.ndarray[Any, Any]]:
     inputs = grpc_inputs(tensors)
-    outputs = [grpcclient.InferRequestedOutput(n) for n in OUTPUT_NAMES]
+    outputs = [grpcclient.InferRequestedOutput(n) for n in output_names]
     result = client.infer(model, inputs, outputs=outputs)
-    return {name: result.as_numpy(name) for name in OUTPUT_NAMES}
+    return {name: result.as_numpy(name) for name in output_names}

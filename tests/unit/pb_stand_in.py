@@ -1,11 +1,12 @@
 """Stand-ins for the few `triton_python_backend_utils` names the adapters use.
 
 `pb_utils` only exists inside Triton's backend stub; the adapters take it as a parameter,
-so unit tests pass these instead. Shared by the adapter, router and metrics tests.
+so unit tests pass these instead. Shared by the adapter, router, fused and metrics tests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -89,3 +90,114 @@ class FakeMetricFamily:
         metric = FakeMetric(labels, buckets)
         self.metrics.append(metric)
         return metric
+
+
+class FakeResponse:
+    def __init__(
+        self,
+        output_tensors: list[FakeTensor] | None = None,
+        error: FakeTritonError | None = None,
+    ) -> None:
+        self._tensors = list(output_tensors or [])
+        self._error = error
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> FakeTritonError:
+        assert self._error is not None, "response has no error"
+        return self._error
+
+    def outputs(self) -> dict[str, NDArray[Any]]:
+        assert self._error is None, f"unexpected error: {self._error.message()}"
+        names = [tensor.name() for tensor in self._tensors]
+        assert len(names) == len(set(names)), names
+        return {tensor.name(): tensor.as_numpy() for tensor in self._tensors}
+
+
+class FakeLogger:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def log_info(self, message: str) -> None:
+        self.lines.append(("info", message))
+
+    def log_warn(self, message: str) -> None:
+        self.lines.append(("warn", message))
+
+    def log_error(self, message: str) -> None:
+        self.lines.append(("error", message))
+
+
+class FakeResponseSender:
+    """A request's response sender: records what was sent and with which flags."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, int]] = []
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        self.sent.append((response, flags))
+
+
+class FakeRequest:
+    def __init__(
+        self,
+        inputs: Mapping[str, NDArray[Any] | None],
+        request_id: str = "",
+        cancelled: bool = False,
+    ) -> None:
+        self.inputs = {name: value for name, value in inputs.items() if value is not None}
+        self._id = request_id
+        self._cancelled = cancelled
+        self.sender = FakeResponseSender()
+
+    def get_response_sender(self) -> FakeResponseSender:
+        return self.sender
+
+    def request_id(self) -> str:
+        return self._id
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+
+class FakeMetricFamilies:
+    """`pb_utils.MetricFamily`: the kinds as attributes; calling it creates a family."""
+
+    COUNTER: ClassVar[str] = "COUNTER"
+    GAUGE: ClassVar[str] = "GAUGE"
+    HISTOGRAM: ClassVar[str] = "HISTOGRAM"
+
+    def __init__(self) -> None:
+        self.created: dict[str, FakeMetricFamily] = {}
+
+    def __call__(self, name: str, description: str, kind: str) -> FakeMetricFamily:
+        family = FakeMetricFamily(name, description, kind)
+        self.created[name] = family
+        return family
+
+    def series(self, name: str, **labels: str) -> FakeMetric:
+        (metric,) = (
+            m
+            for m in self.created[name].metrics
+            if all(m.labels.get(k) == v for k, v in labels.items())
+        )
+        return metric
+
+
+class FakePbUtils:
+    """The pb_utils names the adapters use; build a fresh one per test."""
+
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL: ClassVar[int] = 1
+    Tensor = FakeTensor
+    TritonError = FakeTritonError
+    InferenceResponse = FakeResponse
+
+    def __init__(self) -> None:
+        self.Logger = FakeLogger()
+        self.MetricFamily = FakeMetricFamilies()
+
+    @staticmethod
+    def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:
+        array = request.inputs.get(name)
+        return None if array is None else FakeTensor(name, array)

@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from dispatch_service import contracts
 from dispatch_service.contracts import TensorSpec
+from dispatch_service.fused import FUSED_MODEL_NAME, FusedSettings
 from dispatch_service.onnx_runner import OrtSettings
 from dispatch_service.routing import RouterSettings
 from dispatch_service.settings import load_settings, parameters_from_model_config, reject_unknown
@@ -202,3 +203,20 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
     encoder = dispatch.ensemble_scheduling.step[0]
     assert encoder.model_name == "feature_encoder"
     assert set(encoder.output_map.values()) == {features.name, candidates.name}
+
+
+def test_fused_entry_declares_what_dispatch_declares() -> None:
+    fused = load_config(REPO / FUSED_MODEL_NAME / "config.pbtxt")
+    dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
+    assert fused.backend == "python" and fused.max_batch_size == 0
+    assert io_of(fused.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
+    assert list(fused.input) == list(dispatch.input)
+    assert list(fused.output) == list(dispatch.output)
+    settings = FusedSettings.from_parameters(params(fused))
+    router = RouterSettings.from_parameters(
+        params(load_config(REPO / "dispatch_router" / "config.pbtxt"))
+    )
+    assert settings.routing == router
+    assert settings.scoring_model == "dispatch_model"
+    for version in settings.served_versions():
+        assert (REPO / settings.scoring_model / str(version) / "model.onnx").is_file()

@@ -30,107 +30,16 @@ from dispatch_service.triton_adapter import (
     adapter_for,
 )
 from dispatch_service.window import window_to_tensors
-from pb_stand_in import FakeMetric, FakeMetricFamily, FakeTensor, FakeTritonError
+from pb_stand_in import (
+    FakeMetricFamilies,
+    FakeMetricFamily,
+    FakePbUtils,
+    FakeRequest,
+    FakeTritonError,
+)
 
 COMMITTED_MODEL = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
 LOG_FIELDS = {"event", "model", "request_id", "tensor", "rule", "code"}
-
-
-# ---- a stand-in for triton_python_backend_utils -------------------------------------
-
-
-class FakeResponse:
-    def __init__(
-        self,
-        output_tensors: list[FakeTensor] | None = None,
-        error: FakeTritonError | None = None,
-    ) -> None:
-        self._tensors = list(output_tensors or [])
-        self._error = error
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> FakeTritonError:
-        assert self._error is not None, "response has no error"
-        return self._error
-
-    def outputs(self) -> dict[str, NDArray[Any]]:
-        assert self._error is None, f"unexpected error: {self._error.message()}"
-        names = [tensor.name() for tensor in self._tensors]
-        assert len(names) == len(set(names)), names
-        return {tensor.name(): tensor.as_numpy() for tensor in self._tensors}
-
-
-class FakeLogger:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-
-    def log_info(self, message: str) -> None:
-        self.lines.append(("info", message))
-
-    def log_warn(self, message: str) -> None:
-        self.lines.append(("warn", message))
-
-    def log_error(self, message: str) -> None:
-        self.lines.append(("error", message))
-
-
-class FakeRequest:
-    def __init__(
-        self,
-        inputs: Mapping[str, NDArray[Any] | None],
-        request_id: str = "",
-        cancelled: bool = False,
-    ) -> None:
-        self.inputs = {name: value for name, value in inputs.items() if value is not None}
-        self._id = request_id
-        self._cancelled = cancelled
-
-    def request_id(self) -> str:
-        return self._id
-
-    def is_cancelled(self) -> bool:
-        return self._cancelled
-
-
-class FakeMetricFamilies:
-    """`pb_utils.MetricFamily`: the kinds as attributes; calling it creates a family."""
-
-    COUNTER: ClassVar[str] = "COUNTER"
-    GAUGE: ClassVar[str] = "GAUGE"
-    HISTOGRAM: ClassVar[str] = "HISTOGRAM"
-
-    def __init__(self) -> None:
-        self.created: dict[str, FakeMetricFamily] = {}
-
-    def __call__(self, name: str, description: str, kind: str) -> FakeMetricFamily:
-        family = FakeMetricFamily(name, description, kind)
-        self.created[name] = family
-        return family
-
-    def series(self, name: str, **labels: str) -> FakeMetric:
-        (metric,) = (
-            m
-            for m in self.created[name].metrics
-            if all(m.labels.get(k) == v for k, v in labels.items())
-        )
-        return metric
-
-
-class FakePbUtils:
-    Tensor = FakeTensor
-    TritonError = FakeTritonError
-    InferenceResponse = FakeResponse
-
-    def __init__(self) -> None:
-        self.Logger = FakeLogger()
-        self.MetricFamily = FakeMetricFamilies()
-
-    @staticmethod
-    def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:
-        array = request.inputs.get(name)
-        return None if array is None else FakeTensor(name, array)
 
 
 # ---- steps for the generic adapter ---------------------------------------------------

@@ -190,6 +190,31 @@ def test_an_unserved_bad_version_is_reported_but_blocks_nothing(
     assert [v.version for v in plan.refused_versions] == [1]
 
 
+def write_reader(repo: Path, signer: Ed25519PrivateKey, canary: int) -> None:
+    """A Python model that runs scorer versions itself, as dispatch_fused does."""
+    write_model(repo, "reader", [1])
+    config = repo / "reader" / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + 'parameters [ { key: "scoring_model", value: { string_value: "scorer" } },\n'
+        + '  { key: "stable_version", value: { string_value: "1" } },\n'
+        + f'  {{ key: "canary_version", value: {{ string_value: "{canary}" }} }} ]\n'
+    )
+    sign_version(repo / "reader" / "1", signer)
+
+
+def test_a_model_reading_other_versions_loads_only_when_they_verify(
+    repo: Path, signer: Ed25519PrivateKey, trusted: TrustedKeys
+) -> None:
+    write_reader(repo, signer, canary=2)
+    assert "reader" in plan_load(repo, trusted).startup
+    assert plan_load(repo, trusted, requested=["reader"]).startup == ("reader", "scorer")
+    tamper(repo / "scorer" / "2" / "weights.bin")
+    plan = plan_load(repo, trusted)
+    assert plan.refused["reader"] == "depends on scorer version 2, which does not load"
+    assert plan.restricted == {"scorer": (1,)}
+
+
 def test_an_unknown_signer_refuses_everything_signed(repo: Path) -> None:
     stranger = TrustedKeys.from_public_keys(generate_private_key().public_key())
     plan = plan_load(repo, stranger)

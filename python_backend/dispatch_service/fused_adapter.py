@@ -2,13 +2,14 @@
 
 The work is `fused.FusedDispatch`'s; this module reads the request tensors, records the
 metrics the encoder, router and resolver record in the ensemble (same families, labelled
-with this model's name) and answers each request on its own: a bad window gets its own
-INVALID_ARG response and never fails the other requests of the call.
+with this model's name; recorded off the request path, `metrics.BackgroundMetrics`) and
+answers each request on its own: a bad window gets its own INVALID_ARG response and never
+fails the other requests of the call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from dispatch_service.metrics import (
     ENCODER_LATENCY,
     RESOLVER_LATENCY,
     VALIDATION_REJECTIONS,
+    BackgroundMetrics,
     MetricsSink,
     Observation,
     encoder_observations,
@@ -60,18 +62,8 @@ class FusedDispatchAdapter(TritonResponder):
         self.dispatch = dispatch
         self.input_names = tuple(spec.name for spec in DISPATCH_ENSEMBLE_INPUTS)
 
-    async def execute(self, requests: Sequence[Any]) -> None:
-        """Answer each request as soon as it is done, then record its metrics.
-
-        Each metric update is a round trip from the stub to the server (tens of µs), so the
-        answer goes out first through the request's response sender (one final response,
-        which Triton allows a non-decoupled model) and the bookkeeping follows it.
-        """
-        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        for request in requests:
-            response, after = await self._respond(request)
-            request.get_response_sender().send(response, flags=final)
-            after()
+    async def execute(self, requests: Sequence[Any]) -> list[Any]:
+        return [await self._respond(request) for request in requests]
 
     def _inputs(self, request: Any) -> dict[str, NDArray[Any] | None]:
         arrays: dict[str, NDArray[Any] | None] = {}
@@ -80,32 +72,20 @@ class FusedDispatchAdapter(TritonResponder):
             arrays[name] = None if tensor is None else tensor.as_numpy()
         return arrays
 
-    async def _respond(self, request: Any) -> tuple[Any, Callable[[], None]]:
-        """The request's response and what to record once it is sent."""
+    async def _respond(self, request: Any) -> Any:
         if request.is_cancelled():
-            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED), _nothing
+            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         try:
             result = await self.dispatch.run(self._inputs(request))
         except DispatchInputError as exc:
-            return self.reject(request, exc), _nothing
+            return self.reject(request, exc)
         except Exception as exc:  # answers this request only
-            return self.internal_error(request, exc), _nothing
-
-        def after() -> None:
-            self.record(fused_observations(result))
-            log_failed_calls(
-                self.pb,
-                self.model_name,
-                request,
-                result.routed,
-                self.dispatch.settings.scoring_model,
-            )
-
-        return self.response(result.outputs), after
-
-
-def _nothing() -> None:
-    return None
+            return self.internal_error(request, exc)
+        self.record(fused_observations(result))
+        log_failed_calls(
+            self.pb, self.model_name, request, result.routed, self.dispatch.settings.scoring_model
+        )
+        return self.response(result.outputs)
 
 
 def fused_observations(result: FusedResult) -> list[Observation]:
@@ -133,7 +113,8 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
         pb_utils,
         name,
         dispatch,
-        metrics=triton_metrics(pb_utils, name, version, FUSED_METRICS),
+        # Recorded from a thread: the request path only queues its observations.
+        metrics=BackgroundMetrics(triton_metrics(pb_utils, name, version, FUSED_METRICS)),
         version=version,
         instance=instance,
     )

@@ -6,7 +6,8 @@ tested without Triton); recording goes to a `MetricsSink`:
 
 - `TritonMetrics` over `pb_utils.MetricFamily`, created by the Triton adapter, so the values
   appear on Triton's metrics port next to its own `nv_*` metrics;
-- `InMemoryMetrics` for tests and in-process runs, `NullMetrics` to record nothing.
+- `InMemoryMetrics` for tests and in-process runs, `NullMetrics` to record nothing;
+- `BackgroundMetrics` in front of another sink, to record off the request path.
 
 Every recorded value is one IPC call from the Python-backend stub to the server (about
 20 us), so a request records a handful of values, never one per order or pair.
@@ -22,6 +23,8 @@ Every recorded value is one IPC call from the Python-backend stub to the server 
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -243,6 +246,64 @@ class InMemoryMetrics:
 
     def observed(self, metric: MetricSpec, **labels: str) -> list[float]:
         return list(self.histograms.get((metric.name, _label_key(metric, labels)), []))
+
+
+class BackgroundMetrics:
+    """Records into another sink from a thread of its own, off the request path.
+
+    Each value recorded into Triton costs the stub a round trip to the server; here a request
+    only queues its observations, and a daemon thread drains the queue every `interval_s`,
+    adding up the counters of the batch (one update per series instead of one per request)
+    before recording. Values reach the metrics port at most about `interval_s` late; `close`
+    stops the thread and records what is left (model unload). Checked on Triton 2.51: the
+    stub's metric calls work from a Python thread while requests are being served.
+    """
+
+    def __init__(self, inner: MetricsSink, interval_s: float = 0.05) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.inner = inner
+        self.interval_s = interval_s
+        self._queue: deque[Observation] = deque()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
+        self._thread.start()
+
+    def record(self, observations: Iterable[Observation]) -> None:
+        self._queue.extend(observations)  # deque.extend is atomic under the GIL
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def flush(self) -> None:
+        """Record everything queued so far (counters summed per series)."""
+        batch: list[Observation] = []
+        while self._queue:
+            batch.append(self._queue.popleft())
+        if batch:
+            self.inner.record(coalesce_counters(batch))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+def coalesce_counters(observations: Iterable[Observation]) -> list[Observation]:
+    """The same observations with each counter series' increments added into one."""
+    totals: dict[tuple[MetricSpec, tuple[tuple[str, str], ...]], float] = {}
+    others: list[Observation] = []
+    for obs in observations:
+        if obs.metric.kind is MetricKind.COUNTER:
+            key = (obs.metric, obs.labels)
+            totals[key] = totals.get(key, 0.0) + obs.value
+        else:
+            others.append(obs)
+    return [Observation(m, v, labels) for (m, labels), v in totals.items()] + others
 
 
 def _label_key(metric: MetricSpec, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

@@ -129,16 +129,6 @@ class FakeLogger:
         self.lines.append(("error", message))
 
 
-class FakeResponseSender:
-    """A request's response sender: records what was sent and with which flags."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[Any, int]] = []
-
-    def send(self, response: Any = None, flags: int = 0) -> None:
-        self.sent.append((response, flags))
-
-
 class FakeRequest:
     def __init__(
         self,
@@ -149,10 +139,6 @@ class FakeRequest:
         self.inputs = {name: value for name, value in inputs.items() if value is not None}
         self._id = request_id
         self._cancelled = cancelled
-        self.sender = FakeResponseSender()
-
-    def get_response_sender(self) -> FakeResponseSender:
-        return self.sender
 
     def request_id(self) -> str:
         return self._id
@@ -188,7 +174,6 @@ class FakeMetricFamilies:
 class FakePbUtils:
     """The pb_utils names the adapters use; build a fresh one per test."""
 
-    TRITONSERVER_RESPONSE_COMPLETE_FINAL: ClassVar[int] = 1
     Tensor = FakeTensor
     TritonError = FakeTritonError
     InferenceResponse = FakeResponse

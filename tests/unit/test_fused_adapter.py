@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from dispatch_service.fused_adapter import FUSED_METRICS, fused_adapter_for
+from dispatch_service.fused_adapter import FUSED_METRICS, FusedDispatchAdapter, fused_adapter_for
 from dispatch_service.metrics import (
     CANDIDATES_PER_ORDER,
     ENCODER_LATENCY,
@@ -24,8 +24,6 @@ from dispatch_service.settings import SettingsError
 from dispatch_service.simulator import generate_window
 from dispatch_service.window import window_to_tensors
 from pb_stand_in import FakePbUtils, FakeRequest, FakeResponse
-
-FINAL = FakePbUtils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def args(**parameters: str) -> dict[str, str]:
@@ -43,12 +41,10 @@ def window(seed: int, orders: int = 10) -> dict[str, NDArray[Any]]:
     return window_to_tensors(generate_window(np.random.default_rng(seed), orders, 50))
 
 
-def answer(request: FakeRequest) -> FakeResponse:
-    """The one response a request got, sent as the final one."""
-    ((response, flags),) = request.sender.sent
-    assert flags == FINAL
-    assert isinstance(response, FakeResponse)
-    return response
+def execute(adapter: FusedDispatchAdapter, *requests: FakeRequest) -> list[FakeResponse]:
+    responses = asyncio.run(adapter.execute(list(requests)))
+    assert len(responses) == len(requests)
+    return responses
 
 
 @pytest.fixture
@@ -56,12 +52,11 @@ def pb() -> FakePbUtils:
     return FakePbUtils()
 
 
-def test_each_request_gets_one_final_response_through_its_sender(pb: FakePbUtils) -> None:
+def test_each_request_gets_its_answer(pb: FakePbUtils) -> None:
     adapter = fused_adapter_for(pb, args(canary_version="2"))
     requests = [FakeRequest(window(seed), request_id=f"r{seed}") for seed in (1, 2)]
-    assert asyncio.run(adapter.execute(requests)) is None
-    for seed, request in zip((1, 2), requests, strict=True):
-        got = answer(request).outputs()
+    for seed, response in zip((1, 2), execute(adapter, *requests), strict=True):
+        got = response.outputs()
         expected = DispatchPipeline.from_repository().run(window(seed))
         np.testing.assert_array_equal(got["ASSIGNED_RIDER_IDS"], expected["ASSIGNED_RIDER_IDS"])
         np.testing.assert_array_equal(got["TOPK_SCORE"], expected["TOPK_SCORE"])
@@ -75,12 +70,11 @@ def test_a_bad_request_gets_its_own_error_and_its_neighbours_their_answers(
     bad = window(3)
     bad["ORDER_PICKUP"] = bad["ORDER_PICKUP"].astype(np.float32)
     requests = [FakeRequest(window(1)), FakeRequest(bad, request_id="bad"), FakeRequest(window(2))]
-    asyncio.run(adapter.execute(requests))
-    error = answer(requests[1])
+    first, error, last = execute(adapter, *requests)
     assert error.has_error()
     assert error.error().code() == "INVALID_ARG"
     assert "ORDER_PICKUP" in error.error().message()
-    assert not answer(requests[0]).has_error() and not answer(requests[2]).has_error()
+    assert not first.has_error() and not last.has_error()
     rejected = [json.loads(line) for level, line in pb.Logger.lines if level == "warn"]
     assert [(r["event"], r["request_id"], r["tensor"]) for r in rejected] == [
         ("request_rejected", "bad", "ORDER_PICKUP")
@@ -89,9 +83,8 @@ def test_a_bad_request_gets_its_own_error_and_its_neighbours_their_answers(
 
 def test_a_cancelled_request_is_answered_cancelled(pb: FakePbUtils) -> None:
     adapter = fused_adapter_for(pb, args())
-    request = FakeRequest(window(1), cancelled=True)
-    asyncio.run(adapter.execute([request]))
-    assert answer(request).error().code() == "CANCELLED"
+    (response,) = execute(adapter, FakeRequest(window(1), cancelled=True))
+    assert response.error().code() == "CANCELLED"
 
 
 def test_records_the_encoder_router_and_resolver_metrics_per_answer(pb: FakePbUtils) -> None:
@@ -99,7 +92,8 @@ def test_records_the_encoder_router_and_resolver_metrics_per_answer(pb: FakePbUt
     assert set(pb.MetricFamily.created) == {spec.name for spec in FUSED_METRICS}
     bad = window(3)
     del bad["RIDER_IDS"]
-    asyncio.run(adapter.execute([FakeRequest(window(1, orders=7)), FakeRequest(bad)]))
+    execute(adapter, FakeRequest(window(1, orders=7)), FakeRequest(bad))
+    adapter.finalize()  # stops the recording thread after it recorded what was queued
     families = pb.MetricFamily
     for spec in (ENCODER_LATENCY, RESOLVER_LATENCY, CANDIDATES_PER_ORDER):
         assert len(families.series(spec.name).observations) == 1, spec.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,6 +17,7 @@ from dispatch_service.metrics import (
     RESOLVER_LATENCY,
     STEP_OBSERVERS,
     VALIDATION_REJECTIONS,
+    BackgroundMetrics,
     InMemoryMetrics,
     MetricKind,
     MetricSpec,
@@ -24,6 +26,7 @@ from dispatch_service.metrics import (
     TritonMetrics,
     candidates_per_order,
     capacity_conflicts,
+    coalesce_counters,
     encoder_observations,
     metrics_of,
     rejection_observation,
@@ -287,3 +290,64 @@ def test_closing_drops_series_then_families(families: list[FakeFamily]) -> None:
     sink.close()
     assert sink.series == {} and sink.families == {}
     sink.record([Observation(ENCODER_LATENCY, 1.0)])  # after close: ignored
+
+
+# ---- BackgroundMetrics ---------------------------------------------------------------------
+
+
+class SlowCounting(InMemoryMetrics):
+    """InMemoryMetrics that counts how many record calls (IPC batches) reached it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+        self.closed = False
+
+    def record(self, observations: Any) -> None:
+        batch = list(observations)
+        self.calls.append(len(batch))
+        super().record(batch)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_background_metrics_record_off_the_caller_and_add_up_counters() -> None:
+    inner = SlowCounting()
+    sink = BackgroundMetrics(inner, interval_s=3600.0)  # never on its own during the test
+    rejection = rejection_observation(DispatchInputError("RIDER_IDS", "is required", "missing"))
+    for _ in range(50):
+        sink.record([rejection, Observation(ENCODER_LATENCY, 1.5)])
+    assert inner.calls == []  # nothing recorded by the callers themselves
+    sink.close()
+    assert inner.closed
+    assert inner.counter(VALIDATION_REJECTIONS, tensor="RIDER_IDS", rule="missing") == 50
+    assert inner.observed(ENCODER_LATENCY) == [1.5] * 50
+    assert inner.calls == [51]  # one counter update for 50 increments, every histogram value
+
+
+def test_background_metrics_reach_the_sink_within_the_interval() -> None:
+    inner = SlowCounting()
+    sink = BackgroundMetrics(inner, interval_s=0.01)
+    try:
+        sink.record([Observation(CAPACITY_CONFLICTS, 2.0)])
+        deadline = time.monotonic() + 5.0
+        while not inner.calls and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert inner.counter(CAPACITY_CONFLICTS) == 2.0
+    finally:
+        sink.close()
+
+
+def test_background_metrics_need_a_positive_interval() -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        BackgroundMetrics(NullMetrics(), interval_s=0)
+
+
+def test_coalescing_keeps_series_apart_and_every_histogram_value() -> None:
+    a = rejection_observation(DispatchInputError("RIDER_IDS", "x", "missing"))
+    b = rejection_observation(DispatchInputError("ORDER_IDS", "x", "missing"))
+    merged = coalesce_counters([a, b, a, Observation(RESOLVER_LATENCY, 3.0), a])
+    sums = {obs.labels: obs.value for obs in merged if obs.metric is VALIDATION_REJECTIONS}
+    assert sums == {a.labels: 3.0, b.labels: 1.0}
+    assert [obs.value for obs in merged if obs.metric is RESOLVER_LATENCY] == [3.0]

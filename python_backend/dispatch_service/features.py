@@ -110,7 +110,13 @@ def _exact_nearest(
         riders[rows, 0], riders[rows, 1], pickup[:, 0:1], pickup[:, 1:2]
     ).reshape(rows.shape)
     order = np.lexsort((rows, dist), axis=-1)[:, :take]
-    return np.take_along_axis(rows, order, axis=1), np.take_along_axis(dist, order, axis=1)
+    line = np.arange(rows.shape[0])[:, None]
+    return rows[line, order], dist[line, order]
+
+
+def _preselects(take: int, num_riders: int) -> bool:
+    """Whether the dot-product pre-selection leaves any rider out (else rank them all)."""
+    return take + _PRESELECT_MARGIN < num_riders
 
 
 def _nearest_among(
@@ -127,13 +133,11 @@ def _nearest_among(
     with the rider row as tie-break. An order is exact when its ``take``-th distance is
     strictly below a lower bound on every rider left out; the few orders where that
     cannot be shown (near-ties at the cut, co-located riders) are ranked exactly over
-    all riders.
+    all riders. Callers rank few riders exactly instead (`_preselects`).
     """
     num_orders, num_riders = pickup.shape[0], riders.shape[0]
     everyone = np.broadcast_to(np.arange(num_riders, dtype=np.int64), (num_orders, num_riders))
     keep = min(take + _PRESELECT_MARGIN, num_riders)
-    if keep >= num_riders:
-        return _exact_nearest(pickup, riders, everyone, take)[0]
 
     chosen = np.empty((num_orders, take), dtype=np.int64)
     unproven = np.zeros(num_orders, dtype=np.bool_)
@@ -173,21 +177,31 @@ def select_candidates(window: DispatchWindow, n: int) -> NDArray[np.int32]:
     out = np.full((num_orders, n_eff), -1, dtype=np.int32)
     if num_orders == 0 or n_eff == 0:
         return out
-    pickup_xyz = _unit_vectors(window.pickup)
-    rider_xyz = _unit_vectors(window.rider_position)
+    pickup_xyz: NDArray[np.float64] | None = None
+    rider_xyz: NDArray[np.float64] | None = None
     hard = window.constraints.astype(np.int64) & HARD_CONSTRAINTS
-    for bits in np.unique(hard).tolist():
-        orders = np.flatnonzero(hard == bits)
-        riders = np.flatnonzero(_rider_feasible_for(window, int(bits)))
+    # Without hard constraints (most windows) one group holds every order: no gathers.
+    groups: list[tuple[int, IntArray | slice]] = (
+        [(bits, np.flatnonzero(hard == bits)) for bits in np.unique(hard).tolist()]
+        if hard.any()
+        else [(0, slice(None))]
+    )
+    for bits, orders in groups:
+        riders = np.flatnonzero(_rider_feasible_for(window, bits))
         if riders.size == 0:
             continue
         take = min(n_eff, riders.size)
+        pickup = window.pickup[orders]
+        if not _preselects(take, riders.size):
+            # Few riders: rank them all exactly; global rows sort like local ones.
+            everyone = np.broadcast_to(riders, (pickup.shape[0], riders.size))
+            out[orders, :take] = _exact_nearest(pickup, window.rider_position, everyone, take)[0]
+            continue
+        if pickup_xyz is None or rider_xyz is None:
+            pickup_xyz = _unit_vectors(window.pickup)
+            rider_xyz = _unit_vectors(window.rider_position)
         local = _nearest_among(
-            window.pickup[orders],
-            pickup_xyz[orders],
-            window.rider_position[riders],
-            rider_xyz[riders],
-            take,
+            pickup, pickup_xyz[orders], window.rider_position[riders], rider_xyz[riders], take
         )
         out[orders, :take] = riders[local]
     return out
@@ -204,11 +218,53 @@ def _local_time(dispatch_time: int, utc_offset_minutes: int) -> tuple[float, boo
     return seconds_of_day / 3600.0, weekday >= 5
 
 
-def _zone_km(
-    latlon: NDArray[np.float64], precision: int
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    lat, lon = geo.geohash_cell_centre(latlon[:, 0], latlon[:, 1], precision)
-    return geo.en_offset_km(lat, lon)
+# Where each feature comes from: the pair (rider row), the order, or the whole window.
+# Each group is computed as one table and written with one fancy-indexed assignment.
+_PAIR_COLUMNS: Final = (
+    "pickup_distance_km",
+    "approach_bearing_sin",
+    "approach_bearing_cos",
+    "rider_zone_east_km",
+    "rider_zone_north_km",
+    "rider_load",
+    "rider_capacity",
+    "rider_load_ratio",
+    "vehicle_ebike",
+    "vehicle_motorbike",
+    "vehicle_car",
+)
+_ORDER_COLUMNS: Final = (
+    "trip_distance_km",
+    "trip_bearing_sin",
+    "trip_bearing_cos",
+    "pickup_zone_east_km",
+    "pickup_zone_north_km",
+    "dropoff_zone_east_km",
+    "dropoff_zone_north_km",
+    "order_age_minutes",
+    "promised_minutes",
+    "slack_minutes",
+    "needs_thermal_box",
+    "large_item",
+    "fragile",
+    "priority",
+)
+_WINDOW_COLUMNS: Final = ("hour_sin", "hour_cos", "is_weekend")
+if sorted(_PAIR_COLUMNS + _ORDER_COLUMNS + _WINDOW_COLUMNS) != sorted(PAIR_FEATURE_NAMES):
+    raise RuntimeError("encoder columns differ from contracts.PAIR_FEATURE_NAMES")
+_PAIR_AT: Final = np.array([PAIR_FEATURE_NAMES.index(name) for name in _PAIR_COLUMNS])
+_ORDER_AT: Final = np.array([PAIR_FEATURE_NAMES.index(name) for name in _ORDER_COLUMNS])
+_WINDOW_AT: Final = np.array([PAIR_FEATURE_NAMES.index(name) for name in _WINDOW_COLUMNS])
+_ORDER_FLAGS: Final = np.array(
+    [
+        OrderConstraint.THERMAL_BOX,
+        OrderConstraint.LARGE_ITEM,
+        OrderConstraint.FRAGILE,
+        OrderConstraint.PRIORITY,
+    ],
+    dtype=np.int64,
+)
+_VEHICLES: Final = np.array([Vehicle.EBIKE, Vehicle.MOTORBIKE, Vehicle.CAR], dtype=np.int64)
 
 
 def encode_pairs(
@@ -216,8 +272,10 @@ def encode_pairs(
 ) -> NDArray[np.float32]:
     """float32 [B * N, F]: row b * N + j describes order b with candidate j.
 
-    Rows of padded candidates (-1) are all zeros. Per-order and per-rider quantities
-    are computed once and gathered, so the cost is a few passes over B * N values.
+    Rows of padded candidates (-1) are all zeros. Per-order quantities are computed
+    once and gathered; pair and order geometry share one pass (distance, bearing and
+    geohash zone over all their points together), so a small window costs a few dozen
+    numpy calls and a big one a few passes over B * N values.
     """
     num_orders = window.num_orders
     if candidates.ndim != 2 or candidates.shape[0] != num_orders:
@@ -226,72 +284,76 @@ def encode_pairs(
     flat = candidates.reshape(-1).astype(np.int64)
     if flat.size and int(flat.max()) >= window.num_riders:
         raise ValueError("candidates refer to a rider row that does not exist")
-    out = np.zeros((flat.size, NUM_PAIR_FEATURES), dtype=np.float32)
     valid = np.flatnonzero(flat >= 0)
     if valid.size == 0:
-        return out
+        return np.zeros((flat.size, NUM_PAIR_FEATURES), dtype=np.float32)
     o = valid // per_order
     r = flat[valid]
+    pairs = valid.size
 
-    pickup, dropoff, rider = window.pickup, window.dropoff, window.rider_position
-    p_lat, p_lon = pickup[o, 0], pickup[o, 1]
-    r_lat, r_lon = rider[r, 0], rider[r, 1]
-
-    trip_km = geo.haversine_km(pickup[:, 0], pickup[:, 1], dropoff[:, 0], dropoff[:, 1])
-    trip_bearing = geo.bearing_rad(pickup[:, 0], pickup[:, 1], dropoff[:, 0], dropoff[:, 1])
-    approach_bearing = geo.bearing_rad(r_lat, r_lon, p_lat, p_lon)
-    rider_e, rider_n = _zone_km(rider[r], settings.zone_precision)
-    pickup_e, pickup_n = _zone_km(pickup, settings.zone_precision)
-    dropoff_e, dropoff_n = _zone_km(dropoff, settings.zone_precision)
+    # Legs rider -> pickup (one per pair) then pickup -> dropoff (one per order).
+    pickup, dropoff = window.pickup, window.dropoff
+    start = np.concatenate((window.rider_position[r], pickup))
+    end = np.concatenate((pickup[o], dropoff))
+    km, bearing = geo.haversine_bearing(start[:, 0], start[:, 1], end[:, 0], end[:, 1])
+    bearing_sin, bearing_cos = np.sin(bearing), np.cos(bearing)
+    # Zones of the rider (per pair), the pickup and the dropoff (per order).
+    centre = geo.cell_centre_latlon(np.concatenate((start, dropoff)), settings.zone_precision)
+    east, north = geo.en_offset_km(centre[:, 0], centre[:, 1])
 
     hour, weekend = _local_time(window.dispatch_time, settings.utc_offset_minutes)
     hour_angle = 2.0 * np.pi * hour / 24.0
     age = np.maximum((window.dispatch_time - window.created_at.astype(np.float64)) / 60.0, 0.0)
     promised = window.promised_minutes.astype(np.float64)
-    bits = window.constraints.astype(np.int64)
-    load = window.rider_load.astype(np.float64)
-    capacity = window.rider_capacity.astype(np.float64)
-    vehicle = window.rider_vehicle
+    flags = (window.constraints.astype(np.int64)[:, None] & _ORDER_FLAGS) != 0
+    load = window.rider_load[r].astype(np.float64)
+    capacity = window.rider_capacity[r].astype(np.float64)
+    vehicle = window.rider_vehicle[r].astype(np.int64)[:, None] == _VEHICLES
 
-    def flag(values: NDArray[np.int64], bit: int) -> NDArray[np.float64]:
-        return np.asarray((values & bit) != 0, dtype=np.float64)
-
-    columns: dict[str, NDArray[np.float64] | float] = {
-        "pickup_distance_km": geo.haversine_km(r_lat, r_lon, p_lat, p_lon),
-        "trip_distance_km": trip_km[o],
-        "approach_bearing_sin": np.sin(approach_bearing),
-        "approach_bearing_cos": np.cos(approach_bearing),
-        "trip_bearing_sin": np.sin(trip_bearing)[o],
-        "trip_bearing_cos": np.cos(trip_bearing)[o],
-        "rider_zone_east_km": rider_e,
-        "rider_zone_north_km": rider_n,
-        "pickup_zone_east_km": pickup_e[o],
-        "pickup_zone_north_km": pickup_n[o],
-        "dropoff_zone_east_km": dropoff_e[o],
-        "dropoff_zone_north_km": dropoff_n[o],
-        "hour_sin": float(np.sin(hour_angle)),
-        "hour_cos": float(np.cos(hour_angle)),
-        "is_weekend": float(weekend),
-        "order_age_minutes": age[o],
-        "promised_minutes": promised[o],
-        "slack_minutes": (promised - age)[o],
-        "needs_thermal_box": flag(bits, OrderConstraint.THERMAL_BOX)[o],
-        "large_item": flag(bits, OrderConstraint.LARGE_ITEM)[o],
-        "fragile": flag(bits, OrderConstraint.FRAGILE)[o],
-        "priority": flag(bits, OrderConstraint.PRIORITY)[o],
-        "rider_load": load[r],
-        "rider_capacity": capacity[r],
-        "rider_load_ratio": (load / np.maximum(capacity, 1.0))[r],
-        "vehicle_ebike": (vehicle == Vehicle.EBIKE).astype(np.float64)[r],
-        "vehicle_motorbike": (vehicle == Vehicle.MOTORBIKE).astype(np.float64)[r],
-        "vehicle_car": (vehicle == Vehicle.CAR).astype(np.float64)[r],
-    }
-    if tuple(columns) != PAIR_FEATURE_NAMES:
-        raise RuntimeError("encoder columns differ from contracts.PAIR_FEATURE_NAMES")
-    block = np.empty((valid.size, NUM_PAIR_FEATURES), dtype=np.float32)
-    for j, value in enumerate(columns.values()):
-        block[:, j] = value
-    out[valid] = block
+    trip, pickup_zone, dropoff_zone = (
+        slice(pairs, None),
+        slice(pairs, -num_orders),
+        slice(-num_orders, None),
+    )
+    per_order_table = np.column_stack(
+        (
+            km[trip],
+            bearing_sin[trip],
+            bearing_cos[trip],
+            east[pickup_zone],
+            north[pickup_zone],
+            east[dropoff_zone],
+            north[dropoff_zone],
+            age,
+            promised,
+            promised - age,
+            flags,
+        )
+    )
+    per_pair_table = np.column_stack(
+        (
+            km[:pairs],
+            bearing_sin[:pairs],
+            bearing_cos[:pairs],
+            east[:pairs],
+            north[:pairs],
+            load,
+            capacity,
+            load / np.maximum(capacity, 1.0),
+            vehicle,
+        )
+    )
+    if pairs == flat.size:
+        out = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
+        block = out
+    else:
+        out = np.zeros((flat.size, NUM_PAIR_FEATURES), dtype=np.float32)
+        block = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
+    block[:, _PAIR_AT] = per_pair_table
+    block[:, _ORDER_AT] = per_order_table[o]
+    block[:, _WINDOW_AT] = (float(np.sin(hour_angle)), float(np.cos(hour_angle)), float(weekend))
+    if block is not out:
+        out[valid] = block
     return out
 
 

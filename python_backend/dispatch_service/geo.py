@@ -56,6 +56,26 @@ def bearing_rad(lat1: ArrayLike, lon1: ArrayLike, lat2: ArrayLike, lon2: ArrayLi
     return np.asarray(np.mod(np.arctan2(y, x), 2.0 * np.pi))
 
 
+def haversine_bearing(
+    lat1: ArrayLike, lon1: ArrayLike, lat2: ArrayLike, lon2: ArrayLike
+) -> tuple[FloatArray, FloatArray]:
+    """(`haversine_km`, `bearing_rad`) in one pass, bit for bit the same values.
+
+    The two share their radians and cosines; the encoder needs both for every pair, and
+    on small windows the count of numpy calls, not the arithmetic, is the cost.
+    """
+    phi1 = np.radians(_f64(lat1))
+    phi2 = np.radians(_f64(lat2))
+    dlam = np.radians(_f64(lon2) - _f64(lon1))
+    cos_phi1 = np.cos(phi1)
+    cos_phi2 = np.cos(phi2)
+    a = np.sin((phi2 - phi1) * 0.5) ** 2 + cos_phi1 * cos_phi2 * np.sin(dlam * 0.5) ** 2
+    km = 2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(a, 0.0, 1.0)))
+    y = np.sin(dlam) * cos_phi2
+    x = cos_phi1 * np.sin(phi2) - np.sin(phi1) * cos_phi2 * np.cos(dlam)
+    return np.asarray(km), np.asarray(np.mod(np.arctan2(y, x), 2.0 * np.pi))
+
+
 def en_offset_km(lat: ArrayLike, lon: ArrayLike) -> tuple[FloatArray, FloatArray]:
     """(east_km, north_km) of points relative to CITY_CENTRE.
 
@@ -92,26 +112,25 @@ def _bit_split(precision: int) -> tuple[int, int]:
     return total // 2, (total + 1) // 2
 
 
-def _grid(k: NDArray[np.int64], bits: int, half_range: float) -> FloatArray:
-    """Exact cell edges -half_range + 2*half_range*k/2**bits (exact in float64 for <= 30 bits)."""
-    scale = float(1 << bits)
-    return np.asarray(half_range * (2.0 * k.astype(np.float64) - scale) / scale)
-
-
-def _quantise(value: FloatArray, bits: int, half_range: float) -> NDArray[np.int64]:
-    """Cell index as produced by geohash bisection with ``value > mid`` going up.
+def _quantise(latlon: FloatArray, precision: int) -> NDArray[np.int64]:
+    """[n, 2] cell indices (lat, lon) as produced by geohash bisection, ``value > mid`` up.
 
     A float estimate is corrected against the exact cell edges, so points on an edge
-    land in the same cell as the reference bisection (the lower one).
+    land in the same cell as the reference bisection (the lower one). Both axes go
+    through each numpy call together (per-column constants broadcast): these few calls
+    are on the encoder's per-window path. An edge ``k * step - half_range`` is exact in
+    float64 (``step`` is 45 or 90 times a power of two and ``k < 2**30``).
     """
-    top = (1 << bits) - 1
-    scaled = (value + half_range) * (float(1 << bits) / (2.0 * half_range))
-    q = np.clip(np.floor(np.nan_to_num(scaled)), 0, top).astype(np.int64)
-    down = (q > 0) & (value <= _grid(q, bits, half_range))
-    q -= down
-    up = (q < top) & (value > _grid(q + 1, bits, half_range))
-    q += up
-    return q
+    lat_bits, lon_bits = _bit_split(precision)
+    half = np.array([90.0, 180.0])
+    cells = np.array([float(1 << lat_bits), float(1 << lon_bits)])
+    step = 2.0 * half / cells
+    top = cells - 1.0
+    # fmax/fmin rather than clip: NaN lands in cell 0 and infinities at the ends.
+    q = np.fmin(np.fmax(np.floor((latlon + half) * (cells / (2.0 * half))), 0.0), top)
+    q -= (q > 0.0) & (latlon <= q * step - half)
+    q += (q < top) & (latlon > (q + 1.0) * step - half)
+    return q.astype(np.int64)
 
 
 def _centre(q: NDArray[np.int64], bits: int, half_range: float) -> FloatArray:
@@ -153,9 +172,9 @@ def _quantise_latlon(
     lat: ArrayLike, lon: ArrayLike, precision: int
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     _check_precision(precision)
-    lat_bits, lon_bits = _bit_split(precision)
     lat_arr, lon_arr = np.broadcast_arrays(_f64(lat), _f64(lon))
-    return _quantise(lat_arr, lat_bits, 90.0), _quantise(lon_arr, lon_bits, 180.0)
+    q = _quantise(np.stack((lat_arr.reshape(-1), lon_arr.reshape(-1)), axis=1), precision)
+    return q[:, 0].reshape(lat_arr.shape), q[:, 1].reshape(lat_arr.shape)
 
 
 def geohash_encode(lat: ArrayLike, lon: ArrayLike, precision: int = 7) -> NDArray[np.str_]:
@@ -206,6 +225,16 @@ def geohash_cell_centre(
     lat_q, lon_q = _quantise_latlon(lat, lon, precision)
     lat_bits, lon_bits = _bit_split(precision)
     return _centre(lat_q, lat_bits, 90.0), _centre(lon_q, lon_bits, 180.0)
+
+
+def cell_centre_latlon(latlon: FloatArray, precision: int = 5) -> FloatArray:
+    """`geohash_cell_centre` for an [n, 2] array of [lat, lon]; returns [n, 2] centres."""
+    _check_precision(precision)
+    q = _quantise(latlon, precision)
+    lat_bits, lon_bits = _bit_split(precision)
+    half = np.array([90.0, 180.0])
+    cells = np.array([float(1 << lat_bits), float(1 << lon_bits)])
+    return np.asarray(half * (2.0 * q.astype(np.float64) + 1.0 - cells) / cells)
 
 
 # ----------------------------------------------------------------------- GCJ-02 and BD-09

@@ -82,6 +82,12 @@ __all__ = [
 
 _FNV_OFFSET: Final = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME: Final = np.uint64(0x100000001B3)
+_FNV_MASK: Final = (1 << 64) - 1
+# Up to this many id bytes in all a plain Python loop beats the per-column numpy passes.
+_FNV_SCALAR_BYTES: Final = 256
+# Rider ids recur from window to window; their hashes are kept up to this many entries.
+_HASH_CACHE_SIZE: Final = 1 << 15
+_hash_cache: dict[bytes, int] = {}
 
 _ETA, _ONTIME, _COST = range(len(OBJECTIVES))
 
@@ -136,9 +142,9 @@ def fnv1a_64(ids: Iterable[bytes]) -> NDArray[np.uint64]:
     """
     items = list(ids)
     count = len(items)
+    if sum(map(len, items)) <= _FNV_SCALAR_BYTES:
+        return np.fromiter(map(_fnv1a_scalar, items), dtype=np.uint64, count=count)
     out = np.full(count, _FNV_OFFSET, dtype=np.uint64)
-    if count == 0:
-        return out
     lengths = np.fromiter((len(item) for item in items), dtype=np.int64, count=count)
     width = int(lengths.max())
     if width == 0:
@@ -151,6 +157,29 @@ def fnv1a_64(ids: Iterable[bytes]) -> NDArray[np.uint64]:
         mixed = (out ^ raw[:, column].astype(np.uint64)) * _FNV_PRIME  # wraps mod 2**64
         np.copyto(out, mixed, where=live)
     return out
+
+
+def _fnv1a_scalar(item: bytes) -> int:
+    value = 0xCBF29CE484222325
+    for byte in item:
+        value = ((value ^ byte) * 0x100000001B3) & _FNV_MASK
+    return value
+
+
+def _rider_hashes(ids: list[bytes]) -> NDArray[np.uint64]:
+    """`fnv1a_64` through a bounded cache: most riders were hashed in an earlier window."""
+    cache = _hash_cache
+    found = [cache.get(item) for item in ids]
+    if None in found:
+        missing = [item for item, value in zip(ids, found, strict=True) if value is None]
+        fresh = dict(zip(missing, fnv1a_64(missing).tolist(), strict=True))
+        found = [
+            fresh[item] if value is None else value for item, value in zip(ids, found, strict=True)
+        ]
+        if len(cache) + len(fresh) > _HASH_CACHE_SIZE:
+            cache.clear()
+        cache.update(fresh)
+    return np.array(found, dtype=np.uint64)
 
 
 # ---- scoring -------------------------------------------------------------------------
@@ -190,6 +219,13 @@ def score_pairs(
         raise DispatchInputError(
             PAIR_OBJECTIVES.name, f"must have {len(OBJECTIVES)} columns, got shape {obj.shape}"
         )
+    return _score(obj, w, settings)
+
+
+def _score(
+    obj: NDArray[np.float64], w: NDArray[np.float64], settings: ResolverSettings
+) -> NDArray[np.float64]:
+    """`score_pairs` on inputs already checked (resolve validates them once)."""
     latency = 1.0 / (1.0 + obj[..., _ETA] / settings.eta_scale_minutes)
     ontime = np.clip(obj[..., _ONTIME], 0.0, 1.0)
     cost = 1.0 / (1.0 + obj[..., _COST] / settings.cost_scale_cny)
@@ -313,17 +349,66 @@ def _match(
     num_orders: int,
     num_slots: int,
 ) -> NDArray[np.int64]:
-    """Matched column per order; ``num_slots + b`` is order b's dummy (unassigned)."""
-    order_ids = np.arange(num_orders, dtype=np.int64)
-    dummy_cost = 2.0 * num_orders + 3.0
-    rows = np.concatenate((edge_rows, order_ids))
-    cols = np.concatenate((edge_cols, num_slots + order_ids))
-    data = np.concatenate((edge_cost, np.full(num_orders, dummy_cost)))
-    graph = csr_matrix((data, (rows, cols)), shape=(num_orders, num_slots + num_orders))
+    """Matched column per order; ``num_slots + b`` is order b's dummy (unassigned).
+
+    The edges must come sorted by (row, column). The CSR arrays are then written
+    directly, each row's edges followed by its dummy (the largest column): exactly the
+    canonical matrix a COO build would sort itself into, for a fraction of the cost.
+    """
+    # int32 like scipy's own build: columns and entries stay far below 2**31 under the
+    # contract's limits (at most MAX_ORDERS * MAX_CANDIDATES * MAX_ORDERS entries).
+    indptr = np.zeros(num_orders + 1, dtype=np.int32)
+    np.cumsum(np.bincount(edge_rows, minlength=num_orders) + 1, out=indptr[1:])
+    total = int(indptr[-1])
+    # Edge e sits after the dummies of the rows before its own.
+    edge_at = np.arange(edge_rows.size) + edge_rows
+    dummy_at = indptr[1:] - 1
+    indices = np.empty(total, dtype=np.int32)
+    indices[edge_at] = edge_cols
+    indices[dummy_at] = np.arange(num_slots, num_slots + num_orders)
+    data = np.empty(total, dtype=np.float64)
+    data[edge_at] = edge_cost
+    data[dummy_at] = 2.0 * num_orders + 3.0
+    graph = csr_matrix((data, indices, indptr), shape=(num_orders, num_slots + num_orders))
     row_ind, col_ind = min_weight_full_bipartite_matching(graph)
     matched = np.empty(num_orders, dtype=np.int64)
     matched[row_ind] = col_ind
     return matched
+
+
+def _uncontested(
+    topk_index: NDArray[np.int64],
+    topk_score: NDArray[np.float64],
+    spare: NDArray[np.int64],
+) -> NDArray[np.int64] | None:
+    """Each order's own best position when that is the unique optimum, else None.
+
+    An order's usable candidates are listed riders with spare > 0. If every order's
+    cheapest usable edge (cost ``2 - s``, exactly as the solver sees it) is strictly
+    cheaper than its others, and no rider is the best of more orders than its spare,
+    then giving each order its best serves every order that can be served, each at its
+    own maximum score: any other assignment serves fewer or scores strictly less, so
+    this is the one optimum and the full solve would return it too. Ties and contested
+    riders return None (solve it properly), so tie-breaking never depends on this path.
+    """
+    num_orders, width = topk_index.shape
+    if width == 0 or spare.size == 0:
+        return np.full(num_orders, -1, dtype=np.int64)
+    listed = topk_index >= 0
+    usable = listed & (spare[np.where(listed, topk_index, 0)] > 0)
+    cost = np.where(usable, 2.0 - topk_score, np.inf)
+    rows = np.arange(num_orders)
+    best = np.argmin(cost, axis=1)
+    best_cost = cost[rows, best]
+    served = best_cost < np.inf
+    if width > 1:
+        cost[rows, best] = np.inf
+        if (served & (cost.min(axis=1) <= best_cost)).any():
+            return None
+    riders = topk_index[rows, best][served]
+    if (np.bincount(riders, minlength=spare.size) > spare).any():
+        return None
+    return np.where(served, best, -1)
 
 
 def _assign_slots(
@@ -332,12 +417,29 @@ def _assign_slots(
     spare: NDArray[np.int64],
 ) -> NDArray[np.int64]:
     """Chosen Top-K position per order, -1 = unassigned (inputs already validated)."""
+    quick = _uncontested(topk_index, topk_score, spare)
+    if quick is not None:
+        return quick
+    return _solve_slots(topk_index, topk_score, spare)
+
+
+def _solve_slots(
+    topk_index: NDArray[np.int64],
+    topk_score: NDArray[np.float64],
+    spare: NDArray[np.int64],
+) -> NDArray[np.int64]:
+    """`_assign_slots` by the full matching (module docstring), for any instance."""
     num_orders = topk_index.shape[0]
     chosen = np.full(num_orders, -1, dtype=np.int64)
-    order_of, position = np.nonzero(topk_index >= 0)
-    rider = topk_index[order_of, position]
+    # Each order's edges by rider, so that its slot columns come out ascending (_match):
+    # sort every short row (riders are distinct within one; -1 pads sort first, dropped).
+    by_rider = np.argsort(topk_index, axis=1)
+    ordered = np.take_along_axis(topk_index, by_rider, axis=1)
+    order_of, column = np.nonzero(ordered >= 0)
+    rider = ordered[order_of, column]
     if rider.size == 0:
         return chosen
+    position = by_rider[order_of, column]
     riders, rider_of_edge, degree = np.unique(rider, return_inverse=True, return_counts=True)
     slots_per_rider = np.minimum(spare[riders], degree)
     keep = slots_per_rider[rider_of_edge] > 0
@@ -369,9 +471,10 @@ def _assign_slots(
 def _at_position(values: NDArray[Any], position: NDArray[np.int64], fill: float) -> NDArray[Any]:
     """``values[b, position[b]]``, or `fill` where the position is -1 (even with no columns)."""
     rows = values.shape[0]
-    padded = np.concatenate((values, np.full((rows, 1), fill, dtype=values.dtype)), axis=1)
-    column = np.where(position >= 0, position, values.shape[1])
-    picked: NDArray[Any] = padded[np.arange(rows), column]
+    if values.shape[1] == 0:
+        return np.full(rows, fill, dtype=values.dtype)
+    picked: NDArray[Any] = values[np.arange(rows), np.maximum(position, 0)]
+    picked[position < 0] = fill
     return picked
 
 
@@ -436,17 +539,19 @@ def resolve(
     num_candidates = index.shape[1]
     k = min(settings.top_k, num_candidates)
 
-    # Ids and hashes only for the riders someone listed.
-    used = np.unique(index[valid])
+    # Ids and hashes only for the riders someone listed (-1 marks the sentinel row R).
+    listed = np.zeros(num_riders + 1, dtype=np.bool_)
+    listed[index] = True
+    used = np.flatnonzero(listed[:num_riders])
     used_ids = _id_bytes(ids, used)
     id_table = np.empty(num_riders + 1, dtype=object)
     id_table[num_riders] = b""
     id_table[used] = used_ids
     rider_hash = np.zeros(num_riders + 1, dtype=np.uint64)
-    rider_hash[used] = fnv1a_64(used_ids)
+    rider_hash[used] = _rider_hashes(used_ids)
     safe_index = np.where(valid, index, num_riders)
 
-    score = score_pairs(obj, w, settings)
+    score = _score(obj, w, settings)
     score[~valid] = 0.0
     eta, ontime, cost = obj[..., _ETA], obj[..., _ONTIME], obj[..., _COST]
     # np.lexsort: the last key is the primary one.
@@ -454,31 +559,25 @@ def resolve(
         (safe_index, rider_hash[safe_index], cost, -ontime, eta, -score, ~valid), axis=-1
     )[:, :k]
 
-    top_index = np.take_along_axis(safe_index, order, axis=1)
+    # Missing candidates sort last and carry zero objectives and score, so the Top-K
+    # values need no masking: a padded slot already reads 0.
+    rows = np.arange(index.shape[0])[:, None]
+    top_index = safe_index[rows, order]
     top_valid = top_index < num_riders
-    top_score = np.take_along_axis(score, order, axis=1)
+    top_score = score[rows, order]
+    top_obj = obj[rows, order].astype(np.float32)
+    topk_index = np.where(top_valid, top_index, -1)
 
-    def pick(values: NDArray[np.float64]) -> NDArray[np.float32]:
-        out: NDArray[np.float32] = np.where(
-            top_valid, np.take_along_axis(values, order, axis=1), 0.0
-        ).astype(np.float32)
-        return out
-
-    position = _assign_slots(
-        np.where(top_valid, top_index, -1), top_score, np.maximum(capacity - load, 0)
-    )
-    assigned = position >= 0
-    assigned_index = _at_position(top_index, position, num_riders)
-    assigned_score = _at_position(top_score, position, 0.0)
-    topk_index = np.where(top_valid, top_index, -1).astype(np.int32)
+    position = _assign_slots(topk_index, top_score, np.maximum(capacity - load, 0))
+    assigned_index = _at_position(topk_index, position, -1)
     return Resolution(
         topk_rider_ids=id_table[top_index],
-        topk_rider_index=topk_index,
-        topk_score=pick(score),
-        topk_eta_minutes=pick(eta),
-        topk_ontime_probability=pick(ontime),
-        topk_cost=pick(cost),
+        topk_rider_index=topk_index.astype(np.int32),
+        topk_score=top_score.astype(np.float32),
+        topk_eta_minutes=np.ascontiguousarray(top_obj[..., _ETA]),
+        topk_ontime_probability=np.ascontiguousarray(top_obj[..., _ONTIME]),
+        topk_cost=np.ascontiguousarray(top_obj[..., _COST]),
         assigned_rider_ids=id_table[assigned_index],
-        assigned_rider_index=np.where(assigned, assigned_index, -1).astype(np.int32),
-        assigned_score=assigned_score.astype(np.float32),
+        assigned_rider_index=assigned_index.astype(np.int32),
+        assigned_score=_at_position(top_score, position, 0.0).astype(np.float32),
     )

@@ -80,21 +80,33 @@ class DispatchWindow:
 
 
 _SPECS = {spec.name: spec for spec in WINDOW_INPUTS}
+# Per tensor: the spec, its numpy dtype (None for BYTES) and its fixed (axis, size) dims,
+# looked up once here rather than on every request.
+_FETCH = {
+    spec.name: (
+        spec,
+        None if spec.triton_dtype == "BYTES" else spec.numpy_dtype,
+        tuple((axis, dim) for axis, dim in enumerate(spec.dims) if dim != -1),
+    )
+    for spec in WINDOW_INPUTS
+}
+_LATLON_LIMITS = np.array([90.0, 180.0])
 
 
 def _fetch(tensors: Mapping[str, Any], name: str) -> NDArray[Any]:
-    spec = _SPECS[name]
+    spec, dtype, fixed = _FETCH[name]
     value = tensors.get(name)
     if value is None:
         raise DispatchInputError(name, "is required but missing")
     array = np.asarray(value)
-    _check_dtype(spec, array)
+    if dtype is None or array.dtype != dtype:
+        _check_dtype(spec, array)
     if array.ndim != len(spec.dims):
         raise DispatchInputError(
             name, f"must have {len(spec.dims)} dimension(s) {_dims(spec)}, got shape {array.shape}"
         )
-    for axis, dim in enumerate(spec.dims):
-        if dim != -1 and array.shape[axis] != dim:
+    for axis, dim in fixed:
+        if array.shape[axis] != dim:
             raise DispatchInputError(name, f"must have shape {_dims(spec)}, got {array.shape}")
     return array
 
@@ -114,8 +126,16 @@ def _check_dtype(spec: TensorSpec, array: NDArray[Any]) -> None:
 
 def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.object_]:
     raw = _fetch(tensors, name)
+    items = raw.tolist()
+    # The usual request: non-empty bytes within the limit, taken as they are.
+    if all(type(item) is bytes for item in items):
+        lengths = list(map(len, items))
+        if lengths and min(lengths) > 0 and max(lengths) <= max_bytes:
+            fast = np.empty(len(items), dtype=object)
+            fast[:] = items
+            return fast
     out = np.empty(raw.shape[0], dtype=object)
-    for i, item in enumerate(raw.tolist()):
+    for i, item in enumerate(items):
         if not isinstance(item, str | bytes):
             raise DispatchInputError(name, f"ids must be bytes or text (row {i})")
         value = item.encode("utf-8") if isinstance(item, str) else item
@@ -157,8 +177,11 @@ def _at_least(name: str, array: NDArray[Any], low: int) -> None:
 
 
 def _unique(name: str, ids: NDArray[np.object_]) -> None:
+    values = ids.tolist()
+    if len(set(values)) == len(values):
+        return
     seen: dict[bytes, int] = {}
-    for i, value in enumerate(ids.tolist()):
+    for i, value in enumerate(values):
         if value in seen:
             raise DispatchInputError(name, f"ids must be unique, row {i} repeats row {seen[value]}")
         seen[value] = i
@@ -203,6 +226,71 @@ def parse_objective_weights(value: Any | None) -> NDArray[np.float64]:
     if (weights < 0).any() or float(weights.sum()) <= 0.0:
         raise DispatchInputError("OBJECTIVE_WEIGHTS", "weights must be >= 0 with a positive sum")
     return weights.astype(np.float64)
+
+
+Values = tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]
+Counts = tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]
+
+
+def _values_plausible(values: Values, counts: Counts, dispatch_time: int) -> bool:
+    """One cheap pass that is True only if every rule of `_check_values` holds.
+
+    A good request (nearly all of them) costs a handful of numpy calls; a bad one is
+    then checked rule by rule, so the first broken rule is still the one reported.
+    """
+    pickup, dropoff, position, promised, created_at, constraints = values
+    load, capacity, equipment, vehicle = counts
+    return bool(
+        (np.abs(pickup) <= _LATLON_LIMITS).all()  # also False for NaN and infinity
+        and (np.abs(dropoff) <= _LATLON_LIMITS).all()
+        and (np.abs(position) <= _LATLON_LIMITS).all()
+        and ((promised > 0) & (promised <= MAX_PROMISED_MINUTES)).all()
+        and int(created_at.min()) >= 0
+        and int(created_at.max()) <= dispatch_time + MAX_CLOCK_SKEW_S
+        and not (constraints & ~KNOWN_CONSTRAINTS).any()  # a negative value has high bits
+        and min(int(load.min()), int(capacity.min()), int(equipment.min()), int(vehicle.min())) >= 0
+        and int(vehicle.max()) <= max(Vehicle)
+    )
+
+
+def _check_values(values: Values, counts: Counts, dispatch_time: int) -> None:
+    """Every value rule in turn; raises DispatchInputError naming the first one broken."""
+    pickup, dropoff, position, promised, created_at, constraints = values
+    load, capacity, equipment, vehicle = counts
+    _latlon("ORDER_PICKUP", pickup)
+    _latlon("ORDER_DROPOFF", dropoff)
+    _latlon("RIDER_POSITION", position)
+    _finite("ORDER_PROMISED_MINUTES", promised)
+    bad_promise = (promised <= 0) | (promised > MAX_PROMISED_MINUTES)
+    if bad_promise.any():
+        row = int(np.argmax(bad_promise))
+        raise DispatchInputError(
+            "ORDER_PROMISED_MINUTES",
+            f"must be within (0, {MAX_PROMISED_MINUTES:g}] minutes (row {row})",
+        )
+    _at_least("ORDER_CREATED_AT", created_at, 0)
+    late = created_at > dispatch_time + MAX_CLOCK_SKEW_S
+    if late.any():
+        row = int(np.argmax(late))
+        raise DispatchInputError(
+            "ORDER_CREATED_AT",
+            f"must not be more than {MAX_CLOCK_SKEW_S} s after DISPATCH_TIME (row {row})",
+        )
+    unknown = (constraints < 0) | ((constraints & ~KNOWN_CONSTRAINTS) != 0)
+    if unknown.any():
+        row = int(np.argmax(unknown))
+        raise DispatchInputError(
+            "ORDER_CONSTRAINTS", f"only bits {KNOWN_CONSTRAINTS:#x} are defined (row {row})"
+        )
+    _at_least("RIDER_LOAD", load, 0)
+    _at_least("RIDER_CAPACITY", capacity, 0)
+    _at_least("RIDER_EQUIPMENT", equipment, 0)
+    bad_vehicle = (vehicle < 0) | (vehicle > max(Vehicle))
+    if bad_vehicle.any():
+        row = int(np.argmax(bad_vehicle))
+        raise DispatchInputError(
+            "RIDER_VEHICLE", f"must be 0 (e-bike), 1 (motorbike) or 2 (car) (row {row})"
+        )
 
 
 def window_from_tensors(
@@ -259,51 +347,22 @@ def window_from_tensors(
 
     _unique("ORDER_IDS", order_ids)
     _unique("RIDER_IDS", rider_ids)
-    _latlon("ORDER_PICKUP", pickup)
-    _latlon("ORDER_DROPOFF", dropoff)
-    _latlon("RIDER_POSITION", position)
-    _finite("ORDER_PROMISED_MINUTES", promised)
-    bad_promise = (promised <= 0) | (promised > MAX_PROMISED_MINUTES)
-    if bad_promise.any():
-        row = int(np.argmax(bad_promise))
-        raise DispatchInputError(
-            "ORDER_PROMISED_MINUTES",
-            f"must be within (0, {MAX_PROMISED_MINUTES:g}] minutes (row {row})",
-        )
-    _at_least("ORDER_CREATED_AT", created_at, 0)
-    late = created_at > dispatch_time + MAX_CLOCK_SKEW_S
-    if late.any():
-        row = int(np.argmax(late))
-        raise DispatchInputError(
-            "ORDER_CREATED_AT",
-            f"must not be more than {MAX_CLOCK_SKEW_S} s after DISPATCH_TIME (row {row})",
-        )
-    unknown = (constraints < 0) | ((constraints & ~KNOWN_CONSTRAINTS) != 0)
-    if unknown.any():
-        row = int(np.argmax(unknown))
-        raise DispatchInputError(
-            "ORDER_CONSTRAINTS", f"only bits {KNOWN_CONSTRAINTS:#x} are defined (row {row})"
-        )
-    _at_least("RIDER_LOAD", load, 0)
-    _at_least("RIDER_CAPACITY", capacity, 0)
-    _at_least("RIDER_EQUIPMENT", equipment, 0)
-    bad_vehicle = (vehicle < 0) | (vehicle > max(Vehicle))
-    if bad_vehicle.any():
-        row = int(np.argmax(bad_vehicle))
-        raise DispatchInputError(
-            "RIDER_VEHICLE", f"must be 0 (e-bike), 1 (motorbike) or 2 (car) (row {row})"
-        )
+    values = (pickup, dropoff, position, promised, created_at, constraints)
+    counts = (load, capacity, equipment, vehicle)
+    if not _values_plausible(values, counts, dispatch_time):
+        _check_values(values, counts, dispatch_time)
 
     return DispatchWindow(
         order_ids=order_ids,
         order_user_ids=user_ids,
-        pickup=geo.to_wgs84(pickup.astype(np.float64), coord_system),
-        dropoff=geo.to_wgs84(dropoff.astype(np.float64), coord_system),
+        # to_wgs84 always returns a new float64 array: the window never aliases the input.
+        pickup=geo.to_wgs84(pickup, coord_system),
+        dropoff=geo.to_wgs84(dropoff, coord_system),
         created_at=created_at.astype(np.int64),
         promised_minutes=promised.astype(np.float32),
         constraints=constraints.astype(np.int32),
         rider_ids=rider_ids,
-        rider_position=geo.to_wgs84(position.astype(np.float64), coord_system),
+        rider_position=geo.to_wgs84(position, coord_system),
         rider_load=load.astype(np.int32),
         rider_capacity=capacity.astype(np.int32),
         rider_vehicle=vehicle.astype(np.int32),

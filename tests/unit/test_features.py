@@ -414,3 +414,35 @@ def test_rows_follow_candidates_on_random_windows(seed: int) -> None:
     # Encoding is deterministic.
     again = features.encode_window(window, settings)
     np.testing.assert_array_equal(again.pair_features, encoded.pair_features)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pair_geometry_is_bitwise_the_geo_functions(seed: int) -> None:
+    """The encoder's shared passes give exactly what the per-quantity geo calls give."""
+    rng = np.random.default_rng(300 + seed)
+    window = random_window(rng, int(rng.integers(1, 20)), int(rng.integers(1, 60)), None)
+    candidates = features.select_candidates(window, 6)
+    padded = candidates.copy()
+    padded[:, -1] = -1  # some padding: the scattered-rows path
+    for table in (candidates, padded):
+        got = features.encode_pairs(window, table, EncoderSettings())
+        order, slot = np.nonzero(table >= 0)
+        rider = table[order, slot]
+        rows = got[order * table.shape[1] + slot]
+        r_lat, r_lon = window.rider_position[rider, 0], window.rider_position[rider, 1]
+        p_lat, p_lon = window.pickup[order, 0], window.pickup[order, 1]
+        d_lat, d_lon = window.dropoff[order, 0], window.dropoff[order, 1]
+        zone = geo.en_offset_km(*geo.geohash_cell_centre(r_lat, r_lon, 5))
+        dropoff_zone = geo.en_offset_km(*geo.geohash_cell_centre(d_lat, d_lon, 5))
+        expected = {
+            "pickup_distance_km": geo.haversine_km(r_lat, r_lon, p_lat, p_lon),
+            "approach_bearing_sin": np.sin(geo.bearing_rad(r_lat, r_lon, p_lat, p_lon)),
+            "trip_distance_km": geo.haversine_km(p_lat, p_lon, d_lat, d_lon),
+            "trip_bearing_cos": np.cos(geo.bearing_rad(p_lat, p_lon, d_lat, d_lon)),
+            "rider_zone_east_km": zone[0],
+            "dropoff_zone_north_km": dropoff_zone[1],
+        }
+        for name, value in expected.items():
+            column = rows[:, COLUMN[name]]
+            assert column.tobytes() == value.astype(np.float32).tobytes(), name
+        assert not got[(table < 0).reshape(-1)].any()

@@ -254,3 +254,40 @@ def test_en_offset_agrees_with_haversine_at_city_scale() -> None:
     flat = np.hypot(east, north)
     great_circle = geo.haversine_km(SHANGHAI[0], SHANGHAI[1], points[:, 0], points[:, 1])
     np.testing.assert_allclose(flat, great_circle, rtol=1e-3, atol=1e-3)
+
+
+def test_haversine_bearing_is_bitwise_the_two_functions() -> None:
+    rng = np.random.default_rng(31)
+    lat1, lat2 = rng.uniform(-90, 90, (2, 500))
+    lon1, lon2 = rng.uniform(-180, 180, (2, 500))
+    lat2[:50], lon2[:50] = lat1[:50], lon1[:50]  # coincident points
+    km, bearing = geo.haversine_bearing(lat1, lon1, lat2, lon2)
+    assert km.tobytes() == geo.haversine_km(lat1, lon1, lat2, lon2).tobytes()
+    assert bearing.tobytes() == geo.bearing_rad(lat1, lon1, lat2, lon2).tobytes()
+
+
+@pytest.mark.parametrize("precision", [1, 5, 7, 12])
+def test_cell_centre_latlon_is_bitwise_geohash_cell_centre(precision: int) -> None:
+    rng = np.random.default_rng(32)
+    points = np.column_stack([rng.uniform(-90, 90, 400), rng.uniform(-180, 180, 400)])
+    points[:8] = [
+        [0, 0],
+        [90, 180],
+        [-90, -180],
+        [45, 90],
+        [-45, -90],
+        [90, 0],
+        [0, 180],
+        [0, -180],
+    ]
+    lat, lon = geo.geohash_cell_centre(points[:, 0], points[:, 1], precision)
+    centre = geo.cell_centre_latlon(points, precision)
+    assert centre[:, 0].tobytes() == lat.tobytes()
+    assert centre[:, 1].tobytes() == lon.tobytes()
+
+
+def test_non_finite_points_land_in_the_edge_cells() -> None:
+    # NaN goes to cell 0, infinities to the first or last cell, as before the fmin/fmax rewrite.
+    lat = np.array([np.nan, np.inf, -np.inf, np.nan])
+    lon = np.array([np.nan, -np.inf, np.inf, 10.0])
+    assert geo.geohash_encode(lat, lon, 5).tolist() == ["00000", "bpbpb", "pbpbp", "h0p05"]

@@ -553,3 +553,23 @@ def test_bad_objective_weights_are_rejected(value: NDArray[Any], rule: str) -> N
         parse_objective_weights(value)
     assert info.value.tensor == "OBJECTIVE_WEIGHTS"
     assert rule in info.value.rule
+
+
+def test_the_first_broken_rule_is_reported_when_several_are() -> None:
+    # Good windows skip the rule-by-rule pass; a bad one still reports rules in order.
+    tensors = valid_tensors()
+    tensors["RIDER_VEHICLE"][0] = 7
+    tensors["ORDER_CREATED_AT"][2] = -1
+    assert_rejected(tensors, "ORDER_CREATED_AT", "must be >= 0", "(row 2)")
+    tensors["ORDER_DROPOFF"][4, 1] = np.nan
+    tensors["ORDER_DROPOFF"][1, 0] = 95.0
+    assert_rejected(tensors, "ORDER_DROPOFF", "must be finite", "(row 4)")
+
+
+def test_window_ids_are_copies_of_the_input() -> None:
+    tensors = valid_tensors()
+    window = window_from_tensors(tensors)
+    assert window.rider_ids is not tensors["RIDER_IDS"]
+    assert window.rider_ids.dtype == object and window.rider_ids.shape == tensors["RIDER_IDS"].shape
+    tensors["RIDER_IDS"][0] = b"changed"
+    assert window.rider_ids[0] != b"changed"

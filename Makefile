@@ -66,8 +66,9 @@ sign: setup
 profile: setup
 	$(PY) -m dispatch_service.profiling
 
-# Every entry point (HTTP JSON, HTTP binary, gRPC, gRPC + system shm) over a concurrency
-# sweep and small/medium/large windows, against the in-process limit and a FastAPI baseline;
+# Every entry point (HTTP JSON, HTTP binary, gRPC, gRPC + system shm) of both Triton models
+# (the dispatch ensemble and dispatch_fused) over a concurrency sweep and small/medium/large
+# windows, against the in-process limit and a FastAPI baseline;
 # writes perf/reports/bench-<stamp>/ (report.md, summary.json, plots). Under 10 minutes on
 # 2 cores; `make bench-quick` is a 1-2 minute smoke run.
 .PHONY: bench bench-quick

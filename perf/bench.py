@@ -2,9 +2,11 @@
 
 One run, on this machine, with the same simulator windows everywhere:
 1. the in-process limit (`perf.limit`): DispatchPipeline alone, 1 thread and 2 processes;
-2. Triton (this checkout's `cpu` profile on free loopback ports): perf_analyzer over gRPC,
-   gRPC + system shared memory and HTTP binary; `perf.loadgen` over HTTP JSON (perf_analyzer
-   2.51 cannot send multi-element JSON tensors, see `perf.pa`); a short locust scenario;
+2. Triton (this checkout's `cpu` profile on free loopback ports), both models that answer a
+   window, side by side: the `dispatch` ensemble and `dispatch_fused` (the same pipeline in
+   one Python model). perf_analyzer over gRPC, gRPC + system shared memory and HTTP binary;
+   `perf.loadgen` over HTTP JSON (perf_analyzer 2.51 cannot send multi-element JSON tensors,
+   see `perf.pa`); a short locust scenario (the ensemble);
 3. the FastAPI + uvicorn + ONNX Runtime baseline (`perf/baselines/fastapi_service.py`,
    2 workers) driven by the same load generator at the same concurrency levels.
 
@@ -28,6 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -46,17 +49,25 @@ from dispatch_service.server import (
 )
 from perf import limit
 from perf.bodies import (
-    TRITON_INFER_PATH,
     RequestBody,
     decode_arrays,
     decode_triton_json_answer,
     fastapi_arrays_body,
     fastapi_window_body,
+    triton_infer_path,
     triton_json_body,
 )
 from perf.loadgen import LoadPlan, run_load
 from perf.pa import PaJob, PerfAnalyzer, output_shm_size, write_input_data
-from perf.report import BenchResults, Series, render_report
+from perf.report import (
+    ENSEMBLE_MODEL,
+    ENTRY_POINTS,
+    MODELS,
+    BenchResults,
+    Series,
+    entry_key,
+    render_report,
+)
 from perf.stats import LevelStats, request_budget
 from perf.tuning import TUNING_LOG, config_digest, parse_override, patched_repository
 from perf.windows import (
@@ -69,7 +80,7 @@ from perf.windows import (
 )
 
 REPORTS = REPO_ROOT / "perf" / "reports"
-TRITON_BUDGET_SHARE = 0.72
+TRITON_BUDGET_SHARE = 0.78
 Levels = dict[str, tuple[int, ...]]
 
 
@@ -77,8 +88,12 @@ Levels = dict[str, tuple[int, ...]]
 class Plan:
     mode: str
     level_seconds: float  # aimed duration of one level (request count = rate x this)
-    pa_levels: Levels  # grpc, grpc_shm, http_binary
+    pa_levels: Levels  # grpc, grpc_shm, http_binary of the dispatch ensemble
     http_json_levels: Levels
+    # dispatch_fused: fewer levels than the ensemble where it saves time, always including
+    # the targets' levels (small c=1 and c=64 over gRPC, large c=1 over gRPC and gRPC + shm)
+    fused_pa_levels: Levels
+    fused_http_json_levels: Levels
     fastapi_json_levels: Levels
     fastapi_arrays_levels: Levels
     limit_seconds: float
@@ -92,6 +107,8 @@ FULL = Plan(
     level_seconds=3.0,
     pa_levels={"small": (1, 4, 16, 64, 128), "medium": (1, 4, 16, 64), "large": (1, 4)},
     http_json_levels={"small": (1, 4, 16, 64, 128), "medium": (1, 16, 64), "large": (1, 4)},
+    fused_pa_levels={"small": (1, 4, 16, 64, 128), "medium": (1, 16, 64), "large": (1, 4)},
+    fused_http_json_levels={"small": (1, 64), "medium": (16,), "large": (1,)},
     fastapi_json_levels={"small": (1, 4, 16, 64, 128), "medium": (1, 16, 64), "large": (1, 4)},
     fastapi_arrays_levels={"small": (1, 64), "medium": (1, 64), "large": (1,)},
     limit_seconds=3.0,
@@ -105,6 +122,8 @@ QUICK = Plan(
     level_seconds=1.0,
     pa_levels={"small": (1, 64), "medium": (16,), "large": (1,)},
     http_json_levels={"small": (1, 64), "medium": (16,), "large": (1,)},
+    fused_pa_levels={"small": (1, 64), "large": (1,)},
+    fused_http_json_levels={},
     fastapi_json_levels={"small": (1, 64), "medium": (16,), "large": (1,)},
     fastapi_arrays_levels={"small": (64,)},
     limit_seconds=1.0,
@@ -180,6 +199,10 @@ def _post(url: str, body: RequestBody, timeout_s: float = 60.0) -> bytes:
         return bytes(response.read())
 
 
+def _triton_json_answer(url: str, body: RequestBody) -> Tensors:
+    return decode_triton_json_answer(_post(url, body))
+
+
 # ---- servers ---------------------------------------------------------------------------------
 
 
@@ -246,7 +269,9 @@ class FastApiSession(ChildService):
 
 # ---- one level -------------------------------------------------------------------------------
 
-PA_ENTRIES = ("grpc", "grpc_shm", "http_binary")
+PA_TRANSPORTS = ("grpc", "grpc_shm", "http_binary")
+# Measured in this order: each transport for the ensemble, then for dispatch_fused.
+PA_ENTRIES = tuple(entry_key(t, model) for t in PA_TRANSPORTS for model in MODELS)
 
 
 @dataclass(frozen=True)
@@ -268,21 +293,10 @@ def pa_level(
 ) -> tuple[LevelStats | None, str, str]:
     """(row or None, failure text or a note on the row, command) for one level.
 
-    `breakdown`, when given, receives the server-side time per ensemble step.
+    `entry` is one of PA_ENTRIES (its model and transport). `breakdown`, when given, receives
+    the server-side time per ensemble step, or the single model's own split.
     """
-    if entry not in PA_ENTRIES:
-        raise ValueError(f"{entry} is not measured with perf_analyzer")
-    job = PaJob(
-        url=endpoints.grpc if entry.startswith("grpc") else endpoints.http,
-        protocol="grpc" if entry.startswith("grpc") else "http",
-        input_data=workload.input_data,
-        concurrency=concurrency,
-        request_count=request_count,
-        csv_path=out / f"pa_{entry}_{workload.size.name}_c{concurrency}.csv",
-        shared_memory="system" if entry == "grpc_shm" else "none",
-        output_shm_size=workload.output_shm_size if entry == "grpc_shm" else None,
-        mode="count_windows",
-    )
+    job = pa_job(entry, endpoints, workload, concurrency, request_count, out)
     outcome = pa.run(job, timeout_s)
     if breakdown is not None:
         breakdown.update(outcome.server)
@@ -294,6 +308,34 @@ def pa_level(
         None,
         f"c={concurrency}: perf_analyzer exit {outcome.returncode}: {last[0]}",
         (outcome.command),
+    )
+
+
+def pa_job(
+    entry: str,
+    endpoints: Endpoints,
+    workload: Workload,
+    concurrency: int,
+    request_count: int,
+    out: Path,
+) -> PaJob:
+    """The perf_analyzer invocation of one PA_ENTRIES level."""
+    if entry not in PA_ENTRIES:
+        raise ValueError(f"{entry} is not measured with perf_analyzer")
+    point = ENTRY_POINTS[entry]
+    grpc = point.transport.startswith("grpc")
+    shm = point.transport == "grpc_shm"
+    return PaJob(
+        url=endpoints.grpc if grpc else endpoints.http,
+        protocol="grpc" if grpc else "http",
+        input_data=workload.input_data,
+        concurrency=concurrency,
+        request_count=request_count,
+        csv_path=out / f"pa_{entry}_{workload.size.name}_c{concurrency}.csv",
+        model=point.model,
+        shared_memory="system" if shm else "none",
+        output_shm_size=workload.output_shm_size if shm else None,
+        mode="count_windows",
     )
 
 
@@ -413,11 +455,12 @@ class Bench:
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
-    def rate_guess(self, size: str) -> float:
+    def rate_guess(self, size: str, model: str = ENSEMBLE_MODEL) -> float:
         """Expected windows/s at concurrency 1, to size the first level's request count."""
-        measured = self.results.find("grpc", size)
-        if measured is not None and measured.rows:
-            return measured.rows[0].throughput_per_s
+        for entry in (entry_key("grpc", model), "grpc"):
+            measured = self.results.find(entry, size)
+            if measured is not None and measured.rows:
+                return measured.rows[0].throughput_per_s
         stats = self.results.limits.get(size)
         return stats.single.throughput_per_s * 0.4 if stats else 20.0
 
@@ -490,54 +533,69 @@ class Bench:
         )
 
     def triton_size(self, triton: TritonSession, workload: Workload) -> None:
-        name = workload.size.name
-        url = triton.http_base + TRITON_INFER_PATH
-        self.verify(
-            "Triton",
-            workload,
-            lambda: decode_triton_json_answer(_post(url, workload.bodies["http_json"][0])),
-        )
+        for model in MODELS:  # the same window 0 to both models, checked the same way
+            self.verify(
+                f"Triton `{model}`",
+                workload,
+                partial(
+                    _triton_json_answer,
+                    triton.http_base + triton_infer_path(model),
+                    workload.bodies["http_json"][0],
+                ),
+            )
         for entry in PA_ENTRIES:
-            series = Series(entry, name)
-            rate = self.rate_guess(name)
-            for concurrency in self.plan.pa_levels.get(name, ()):
-                if self.remaining() <= 0:
-                    series.failures.append(f"c={concurrency}: skipped, time budget spent")
-                    continue
-                count = request_budget(rate, self.plan.level_seconds, concurrency)
-                self.say(f"{entry} {name} c={concurrency} ({count} requests)")
-                # Generous against the expected duration, but a stuck run cannot eat the budget.
-                expected_s = count / max(rate, 0.1)
-                timeout_s = min(300.0, max(45.0, 4 * expected_s + 30.0), self.remaining() + 60.0)
-                steps: dict[str, dict[str, float]] = {}
-                try:
-                    row, failure, series.command = pa_level(
-                        triton.pa,
-                        triton.endpoints,
-                        entry,
-                        workload,
-                        concurrency,
-                        count,
-                        self.out,
-                        timeout_s=max(30.0, timeout_s),
-                        breakdown=steps,
-                    )
-                except Exception as exc:  # one level's surprise must not end the run
-                    row, failure = None, f"c={concurrency}: {type(exc).__name__}: {exc}"
-                if row is not None:
-                    series.rows.append(row)
-                    rate = row.throughput_per_s
-                    if entry == "grpc" and concurrency == 1 and steps:
-                        self.results.breakdown[name] = steps
-                if failure:  # with a row: a note on how it was measured
-                    series.failures.append(failure)
-            self.results.series.append(series)
-        self.load_series(
-            "http_json",
-            workload,
-            triton.http_base + TRITON_INFER_PATH,
-            self.plan.http_json_levels,
-        )
+            self.pa_series(triton, workload, entry)
+        for model in MODELS:
+            self.load_series(
+                entry_key("http_json", model),
+                workload,
+                triton.http_base + triton_infer_path(model),
+                self.plan.http_json_levels
+                if model == ENSEMBLE_MODEL
+                else self.plan.fused_http_json_levels,
+            )
+
+    def pa_series(self, triton: TritonSession, workload: Workload, entry: str) -> None:
+        """One perf_analyzer entry at one window size over its concurrency levels."""
+        name = workload.size.name
+        model = ENTRY_POINTS[entry].model
+        levels = self.plan.pa_levels if model == ENSEMBLE_MODEL else self.plan.fused_pa_levels
+        if not levels.get(name):
+            return
+        series = Series(entry, name)
+        rate = self.rate_guess(name, model)
+        for concurrency in levels[name]:
+            if self.remaining() <= 0:
+                series.failures.append(f"c={concurrency}: skipped, time budget spent")
+                continue
+            count = request_budget(rate, self.plan.level_seconds, concurrency)
+            self.say(f"{entry} {name} c={concurrency} ({count} requests)")
+            # Generous against the expected duration, but a stuck run cannot eat the budget.
+            expected_s = count / max(rate, 0.1)
+            timeout_s = min(300.0, max(45.0, 4 * expected_s + 30.0), self.remaining() + 60.0)
+            steps: dict[str, dict[str, float]] = {}
+            try:
+                row, failure, series.command = pa_level(
+                    triton.pa,
+                    triton.endpoints,
+                    entry,
+                    workload,
+                    concurrency,
+                    count,
+                    self.out,
+                    timeout_s=max(30.0, timeout_s),
+                    breakdown=steps,
+                )
+            except Exception as exc:  # one level's surprise must not end the run
+                row, failure = None, f"c={concurrency}: {type(exc).__name__}: {exc}"
+            if row is not None:
+                series.rows.append(row)
+                rate = row.throughput_per_s
+                if ENTRY_POINTS[entry].transport == "grpc" and concurrency == 1 and steps:
+                    self.results.breakdowns()[model][name] = steps
+            if failure:  # with a row: a note on how it was measured
+                series.failures.append(failure)
+        self.results.series.append(series)
 
     def fastapi_size(self, fastapi: FastApiSession, workload: Workload) -> None:
         url = fastapi.base + "/dispatch/arrays"
@@ -558,8 +616,10 @@ class Bench:
 
     def load_series(self, entry: str, workload: Workload, url: str, levels: Levels) -> None:
         name = workload.size.name
+        point = ENTRY_POINTS[entry]
         series = Series(entry, name, command=f"perf.loadgen POST {url}")
-        rate = self.rate_guess(name)
+        rate = self.rate_guess(name, point.model or ENSEMBLE_MODEL)
+        bodies = workload.bodies[point.transport]  # the same bodies for both Triton models
         for concurrency in levels.get(name, ()):
             if self.remaining() <= 0:
                 series.failures.append(f"c={concurrency}: skipped, time budget spent")
@@ -569,7 +629,7 @@ class Bench:
             try:
                 row, failure = load_level(
                     url,
-                    workload.bodies[entry],
+                    bodies,
                     concurrency,
                     count,
                     cap_s=min(self.plan.level_seconds * 3, max(5.0, self.remaining())),
@@ -659,7 +719,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.say(f"report: {report}")
     for target in results.to_dict()["targets"]:
         measured = "n/a" if target["measured"] is None else f"{target['measured']:.2f}"
-        print(f"  {target['name']}: {measured} (goal {target['goal']}) -> {target['met']}")
+        print(
+            f"  {target['name']} [{target['model']}]: {measured} (goal {target['goal']})"
+            f" -> {target['met']}"
+        )
     return 0
 
 

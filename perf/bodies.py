@@ -28,7 +28,14 @@ from perf.pa import tensor_entry
 
 Tensors = dict[str, NDArray[Any]]
 OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_OUTPUTS)
-TRITON_INFER_PATH = "/v2/models/dispatch/infer"
+
+
+def triton_infer_path(model: str) -> str:
+    """KServe v2 infer path of a Triton model (`dispatch` or `dispatch_fused`: same bodies)."""
+    return f"/v2/models/{model}/infer"
+
+
+TRITON_INFER_PATH = triton_infer_path("dispatch")
 
 
 @dataclass(frozen=True)

@@ -263,7 +263,7 @@ class PerfAnalyzer:
             ]
         tail = (done.stdout[-1500:] + "\n" + done.stderr[-1500:]).strip()
         return PaOutcome(
-            text, done.returncode, rows, tail, note, parse_server_breakdown(done.stdout)
+            text, done.returncode, rows, tail, note, parse_server_breakdown(done.stdout, job.model)
         )
 
 
@@ -274,32 +274,42 @@ def parse_request_count(output: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-_STEP = re.compile(
-    r"^\s+(?P<model>[\w.-]+), version: (?P<version>\d+)\n(?:.*\n)*?"
+_PARTS = (
     r"\s+Avg request latency: (?P<total>\d+) usec \(overhead (?P<overhead>\d+) usec \+ "
     r"queue (?P<queue>\d+) usec \+ compute input (?P<input>\d+) usec \+ "
-    r"compute infer (?P<infer>\d+) usec \+ compute output (?P<output>\d+) usec\)",
-    re.MULTILINE,
+    r"compute infer (?P<infer>\d+) usec \+ compute output (?P<output>\d+) usec\)"
 )
+_STEP = re.compile(
+    r"^\s+(?P<model>[\w.-]+), version: (?P<version>\d+)\n(?:.*\n)*?" + _PARTS, re.MULTILINE
+)
+_SINGLE = re.compile(r"^" + _PARTS, re.MULTILINE)
 
 
-def parse_server_breakdown(output: str) -> dict[str, dict[str, float]]:
-    """Per composing model ("name vN"): Triton's average request latency and its parts, ms.
+def _parts_ms(match: re.Match[str]) -> dict[str, float]:
+    return {
+        "total_ms": float(match["total"]) / 1000.0,
+        "queue_ms": float(match["queue"]) / 1000.0,
+        "compute_infer_ms": float(match["infer"]) / 1000.0,
+        "compute_io_ms": (float(match["input"]) + float(match["output"])) / 1000.0,
+        "overhead_ms": float(match["overhead"]) / 1000.0,
+    }
 
-    From perf_analyzer's "Composing models" block (server-side statistics of the ensemble's
-    steps); empty when the output has none.
+
+def parse_server_breakdown(output: str, model: str | None = None) -> dict[str, dict[str, float]]:
+    """Server-side average request latency and its parts, ms, per model Triton ran.
+
+    For an ensemble: one entry per composing model ("name vN"), from perf_analyzer's
+    "Composing models" block. For a single model (no such block) perf_analyzer prints the
+    parts on the "Server:" block's own latency line, without a name: one entry keyed
+    `model`, when given. Empty when the output has neither.
     """
-    breakdown: dict[str, dict[str, float]] = {}
-    for match in _STEP.finditer(output.partition("Composing models:")[2]):
-        ms = {name: float(match[name]) / 1000.0 for name in ("total", "overhead", "queue")}
-        breakdown[f"{match['model']} v{match['version']}"] = {
-            "total_ms": ms["total"],
-            "queue_ms": ms["queue"],
-            "compute_infer_ms": float(match["infer"]) / 1000.0,
-            "compute_io_ms": (float(match["input"]) + float(match["output"])) / 1000.0,
-            "overhead_ms": ms["overhead"],
-        }
-    return breakdown
+    composing = output.partition("Composing models:")[2]
+    if composing:
+        return {f"{m['model']} v{m['version']}": _parts_ms(m) for m in _STEP.finditer(composing)}
+    single = _SINGLE.search(output.partition("Server:")[2])
+    if model is None or single is None:
+        return {}
+    return {model: _parts_ms(single)}
 
 
 def parse_csv(text: str) -> list[LevelStats]:

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perf.report import ENTRY_POINTS, BenchResults
+from perf.report import ENTRY_POINTS, FUSED_MODEL, BenchResults, EntryPoint
 
 _STYLES = (("p50_ms", "-", "p50"), ("p95_ms", "--", "p95"), ("p99_ms", ":", "p99"))
+# One hue per transport (matplotlib's tab20 pairs): the dispatch ensemble in the dark shade
+# with round markers, dispatch_fused in the light shade with square markers.
+_HUES = ("grpc", "grpc_shm", "http_binary", "http_json", "fastapi_json", "fastapi_arrays")
+
+
+def _look(entry: EntryPoint) -> tuple[int, str]:
+    """(tab20 color index, marker) of an entry point's lines."""
+    fused = entry.model == FUSED_MODEL
+    hue = _HUES.index(entry.transport) if entry.transport in _HUES else len(_HUES)
+    return 2 * hue + int(fused), "s" if fused else "o"
 
 
 def plot_size(results: BenchResults, size: str, path: Path) -> None:
@@ -22,24 +32,30 @@ def plot_size(results: BenchResults, size: str, path: Path) -> None:
         f"{size} windows ({info.get('orders', '?')} orders x {info.get('riders', '?')} riders)"
         f" - {results.stamp}, {results.mode} run"
     )
-    for index, entry in enumerate(ENTRY_POINTS.values()):
+    colors = matplotlib.colormaps["tab20"]
+    for entry in ENTRY_POINTS.values():
         series = results.find(entry.key, size)
         if series is None or not series.rows:
             continue
         rows = sorted(series.rows, key=lambda row: row.concurrency)
         xs = [row.concurrency for row in rows]
-        color = f"C{index}"
+        shade, marker = _look(entry)
+        color = colors(shade)
         for field, style, name in _STYLES:
             latency.plot(
                 xs,
                 [getattr(row, field) for row in rows],
                 linestyle=style,
-                marker="o" if name == "p50" else None,
+                marker=marker if name == "p50" else None,
                 color=color,
                 label=entry.label if name == "p50" else None,
             )
         throughput.plot(
-            xs, [row.throughput_per_s for row in rows], marker="o", color=color, label=entry.label
+            xs,
+            [row.throughput_per_s for row in rows],
+            marker=marker,
+            color=color,
+            label=entry.label,
         )
     stats = results.limits.get(size)
     if stats is not None:

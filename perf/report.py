@@ -20,24 +20,57 @@ from perf.stats import LevelStats, LimitStats
 
 SIZE_ORDER = ("small", "medium", "large")
 
+# The two Triton models that answer a dispatch window: the four-step ensemble and the same
+# pipeline in one Python model (dispatch_service.fused.FUSED_MODEL_NAME; a unit test keeps
+# the two names equal, this module does not import the service).
+ENSEMBLE_MODEL = "dispatch"
+FUSED_MODEL = "dispatch_fused"
+MODELS = (ENSEMBLE_MODEL, FUSED_MODEL)
+
 
 @dataclass(frozen=True)
 class EntryPoint:
     key: str
     label: str
     tool: str
-    ours: bool
+    model: str  # the Triton model measured; "" for the FastAPI baseline
+    transport: str  # grpc, grpc_shm, http_binary, http_json; the key for the baseline
+
+    @property
+    def ours(self) -> bool:
+        return bool(self.model)
 
 
+def entry_key(transport: str, model: str) -> str:
+    """The series key of a Triton transport ("grpc", "grpc_shm", ...) for one model."""
+    return transport if model == ENSEMBLE_MODEL else f"fused_{transport}"
+
+
+def _triton_entries(transport: str, label: str, tool: str) -> tuple[EntryPoint, EntryPoint]:
+    return (
+        EntryPoint(transport, f"{label}, {ENSEMBLE_MODEL}", tool, ENSEMBLE_MODEL, transport),
+        EntryPoint(
+            entry_key(transport, FUSED_MODEL),
+            f"{label}, {FUSED_MODEL}",
+            tool,
+            FUSED_MODEL,
+            transport,
+        ),
+    )
+
+
+# Report order: each transport with the ensemble first, then the fused model.
 ENTRY_POINTS: dict[str, EntryPoint] = {
     entry.key: entry
     for entry in (
-        EntryPoint("grpc", "Triton gRPC", "perf_analyzer", True),
-        EntryPoint("grpc_shm", "Triton gRPC + system shm", "perf_analyzer", True),
-        EntryPoint("http_binary", "Triton HTTP binary", "perf_analyzer", True),
-        EntryPoint("http_json", "Triton HTTP JSON", "perf.loadgen", True),
-        EntryPoint("fastapi_json", "FastAPI, window JSON", "perf.loadgen", False),
-        EntryPoint("fastapi_arrays", "FastAPI, base64 arrays", "perf.loadgen", False),
+        *_triton_entries("grpc", "Triton gRPC", "perf_analyzer"),
+        *_triton_entries("grpc_shm", "Triton gRPC + system shm", "perf_analyzer"),
+        *_triton_entries("http_binary", "Triton HTTP binary", "perf_analyzer"),
+        *_triton_entries("http_json", "Triton HTTP JSON", "perf.loadgen"),
+        EntryPoint("fastapi_json", "FastAPI, window JSON", "perf.loadgen", "", "fastapi_json"),
+        EntryPoint(
+            "fastapi_arrays", "FastAPI, base64 arrays", "perf.loadgen", "", "fastapi_arrays"
+        ),
     )
 }
 
@@ -63,6 +96,7 @@ class Series:
             "entry": self.entry,
             "label": ENTRY_POINTS[self.entry].label,
             "tool": ENTRY_POINTS[self.entry].tool,
+            "model": ENTRY_POINTS[self.entry].model,
             "size": self.size,
             "rows": [row.to_dict() for row in self.rows],
             "failures": list(self.failures),
@@ -95,6 +129,12 @@ class BenchResults:
     duration_s: float = 0.0
     # size -> "model vN" -> Triton's server-side ms per ensemble step (gRPC, concurrency 1)
     breakdown: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # size -> "dispatch_fused" -> the same parts for the fused model (its one step)
+    breakdown_fused: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    def breakdowns(self) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+        """Model -> size -> step -> parts, for both Triton entry points."""
+        return {ENSEMBLE_MODEL: self.breakdown, FUSED_MODEL: self.breakdown_fused}
 
     def find(self, entry: str, size: str) -> Series | None:
         return next((s for s in self.series if s.entry == entry and s.size == size), None)
@@ -105,7 +145,7 @@ class BenchResults:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": 1,
+            "schema": 2,
             "stamp": self.stamp,
             "mode": self.mode,
             "duration_s": round(self.duration_s, 1),
@@ -120,6 +160,7 @@ class BenchResults:
             "tuning_log": self.tuning_log,
             "notes": self.notes,
             "server_breakdown": self.breakdown,
+            "server_breakdown_fused": self.breakdown_fused,
         }
 
     @classmethod
@@ -136,11 +177,16 @@ class BenchResults:
             tuning_log=list(data.get("tuning_log", [])),
             notes=[str(n) for n in data.get("notes", [])],
             duration_s=float(data.get("duration_s", 0.0)),
-            breakdown={
-                size: {step: dict(parts) for step, parts in steps.items()}
-                for size, steps in data.get("server_breakdown", {}).items()
-            },
+            breakdown=_read_breakdown(data.get("server_breakdown", {})),
+            breakdown_fused=_read_breakdown(data.get("server_breakdown_fused", {})),
         )
+
+
+def _read_breakdown(data: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    return {
+        size: {step: {k: float(v) for k, v in parts.items()} for step, parts in steps.items()}
+        for size, steps in data.items()
+    }
 
 
 # ---- ratios ---------------------------------------------------------------------------------
@@ -171,14 +217,16 @@ def _p50_at_1(results: BenchResults, entry: str, size: str) -> float | None:
 @dataclass(frozen=True)
 class Ratio:
     name: str
+    model: str  # the Triton model the ratio is about ("dispatch_fused / dispatch": both)
     how: str
     values: dict[str, float | None]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "how": self.how, "values": self.values}
+        return {"name": self.name, "model": self.model, "how": self.how, "values": self.values}
 
 
 def compute_ratios(results: BenchResults) -> list[Ratio]:
+    """Per model, the same ratios (one row each, ensemble first), then fused / ensemble."""
     sizes = results.sizes()
 
     def per_size(fn: Any) -> dict[str, float | None]:
@@ -192,47 +240,77 @@ def compute_ratios(results: BenchResults) -> list[Ratio]:
         stats = results.limits.get(size)
         return stats.single.p50_ms if stats else None
 
+    def for_model(model: str) -> list[Ratio]:
+        grpc, shm, json_ = (entry_key(t, model) for t in ("grpc", "grpc_shm", "http_json"))
+        return [
+            Ratio(
+                "ours / limit, throughput",
+                model,
+                "peak gRPC windows/s over the sweep / in-process limit with 2 worker processes",
+                per_size(lambda s: _div(_peak(results, grpc, s), limit_multi(s))),
+            ),
+            Ratio(
+                "ours / limit, latency",
+                model,
+                "gRPC p50 at concurrency 1 / in-process single-thread p50 (above 1 = slower)",
+                per_size(lambda s: _div(_p50_at_1(results, grpc, s), limit_p50(s))),
+            ),
+            Ratio(
+                "ours / FastAPI (window JSON), throughput",
+                model,
+                "peak gRPC windows/s / peak FastAPI window-JSON windows/s",
+                per_size(
+                    lambda s: _div(_peak(results, grpc, s), _peak(results, "fastapi_json", s))
+                ),
+            ),
+            Ratio(
+                "ours / FastAPI (arrays), throughput",
+                model,
+                "peak gRPC windows/s / peak FastAPI base64-arrays windows/s",
+                per_size(
+                    lambda s: _div(_peak(results, grpc, s), _peak(results, "fastapi_arrays", s))
+                ),
+            ),
+            Ratio(
+                "Triton HTTP JSON / FastAPI (window JSON), throughput",
+                model,
+                "same load generator and JSON bodies on both sides: peak / peak",
+                per_size(
+                    lambda s: _div(_peak(results, json_, s), _peak(results, "fastapi_json", s))
+                ),
+            ),
+            Ratio(
+                "shm / plain gRPC, latency",
+                model,
+                "gRPC + system shared memory p50 / plain gRPC p50, concurrency 1",
+                per_size(lambda s: _div(_p50_at_1(results, shm, s), _p50_at_1(results, grpc, s))),
+            ),
+            Ratio(
+                "shm / plain gRPC, throughput",
+                model,
+                "peak windows/s with system shared memory / plain gRPC",
+                per_size(lambda s: _div(_peak(results, shm, s), _peak(results, grpc, s))),
+            ),
+        ]
+
+    ensemble, fused = for_model(ENSEMBLE_MODEL), for_model(FUSED_MODEL)
+    both = f"{FUSED_MODEL} / {ENSEMBLE_MODEL}"
+    fused_grpc = entry_key("grpc", FUSED_MODEL)
     return [
+        *(row for pair in zip(ensemble, fused, strict=True) for row in pair),
         Ratio(
-            "ours / limit, throughput",
-            "peak gRPC windows/s over the sweep / in-process limit with 2 worker processes",
-            per_size(lambda s: _div(_peak(results, "grpc", s), limit_multi(s))),
-        ),
-        Ratio(
-            "ours / limit, latency",
-            "gRPC p50 at concurrency 1 / in-process single-thread p50 (above 1 = slower)",
-            per_size(lambda s: _div(_p50_at_1(results, "grpc", s), limit_p50(s))),
-        ),
-        Ratio(
-            "ours / FastAPI (window JSON), throughput",
-            "peak gRPC windows/s / peak FastAPI window-JSON windows/s",
-            per_size(lambda s: _div(_peak(results, "grpc", s), _peak(results, "fastapi_json", s))),
-        ),
-        Ratio(
-            "ours / FastAPI (arrays), throughput",
-            "peak gRPC windows/s / peak FastAPI base64-arrays windows/s",
+            "fused / ensemble, latency",
+            both,
+            "gRPC p50 at concurrency 1, dispatch_fused / dispatch (below 1 = fused faster)",
             per_size(
-                lambda s: _div(_peak(results, "grpc", s), _peak(results, "fastapi_arrays", s))
+                lambda s: _div(_p50_at_1(results, fused_grpc, s), _p50_at_1(results, "grpc", s))
             ),
         ),
         Ratio(
-            "Triton HTTP JSON / FastAPI (window JSON), throughput",
-            "same load generator and JSON bodies on both sides: peak / peak",
-            per_size(
-                lambda s: _div(_peak(results, "http_json", s), _peak(results, "fastapi_json", s))
-            ),
-        ),
-        Ratio(
-            "shm / plain gRPC, latency",
-            "gRPC + system shared memory p50 / plain gRPC p50, concurrency 1",
-            per_size(
-                lambda s: _div(_p50_at_1(results, "grpc_shm", s), _p50_at_1(results, "grpc", s))
-            ),
-        ),
-        Ratio(
-            "shm / plain gRPC, throughput",
-            "peak windows/s with system shared memory / plain gRPC",
-            per_size(lambda s: _div(_peak(results, "grpc_shm", s), _peak(results, "grpc", s))),
+            "fused / ensemble, throughput",
+            both,
+            "peak gRPC windows/s, dispatch_fused / dispatch (above 1 = fused faster)",
+            per_size(lambda s: _div(_peak(results, fused_grpc, s), _peak(results, "grpc", s))),
         ),
     ]
 
@@ -243,6 +321,7 @@ def compute_ratios(results: BenchResults) -> list[Ratio]:
 @dataclass(frozen=True)
 class Target:
     name: str
+    model: str  # the Triton model measured: "dispatch" (ensemble) or "dispatch_fused"
     measured: float | None
     limit: float
     at_most: bool  # True: measured <= limit passes; False: measured >= limit passes
@@ -262,6 +341,7 @@ class Target:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "model": self.model,
             "goal": self.goal,
             "measured": self.measured,
             "unit": self.unit,
@@ -273,21 +353,24 @@ class Target:
 TARGET_CONCURRENCY = 64
 
 
-def compute_targets(results: BenchResults) -> list[Target]:
-    c1 = _at(results, "grpc", "small", 1)
-    c64 = _at(results, "grpc", "small", TARGET_CONCURRENCY)
+def model_targets(results: BenchResults, model: str) -> list[Target]:
+    """The issue's targets for one Triton model (same goals for both entry points)."""
+    grpc, shm = entry_key("grpc", model), entry_key("grpc_shm", model)
+    c1 = _at(results, grpc, "small", 1)
+    c64 = _at(results, grpc, "small", TARGET_CONCURRENCY)
     fast64 = _at(results, "fastapi_json", "small", TARGET_CONCURRENCY)
     arrays64 = _at(results, "fastapi_arrays", "small", TARGET_CONCURRENCY)
     limit = results.limits.get("small")
-    large = _at(results, "grpc", "large", 1)
-    large_shm = _at(results, "grpc_shm", "large", 1)
+    large = _at(results, grpc, "large", 1)
+    large_shm = _at(results, shm, "large", 1)
     tput64 = c64.throughput_per_s if c64 else None
     vs_arrays = _div(tput64, arrays64.throughput_per_s if arrays64 else None)
     return [
-        Target("small, gRPC, c=1: p50", c1.p50_ms if c1 else None, 2.0, True, " ms"),
-        Target("small, gRPC, c=1: p99", c1.p99_ms if c1 else None, 5.0, True, " ms"),
+        Target("small, gRPC, c=1: p50", model, c1.p50_ms if c1 else None, 2.0, True, " ms"),
+        Target("small, gRPC, c=1: p99", model, c1.p99_ms if c1 else None, 5.0, True, " ms"),
         Target(
             "small, gRPC, c=64: throughput / FastAPI",
+            model,
             _div(tput64, fast64.throughput_per_s if fast64 else None),
             3.0,
             False,
@@ -297,6 +380,7 @@ def compute_targets(results: BenchResults) -> list[Target]:
         ),
         Target(
             "small, gRPC, c=64: throughput / in-process limit",
+            model,
             _div(tput64, limit.multi_windows_per_s if limit else None),
             0.6,
             False,
@@ -305,6 +389,7 @@ def compute_targets(results: BenchResults) -> list[Target]:
         ),
         Target(
             "small, gRPC, c=64: p99 / p50",
+            model,
             _div(c64.p99_ms, c64.p50_ms) if c64 else None,
             3.0,
             True,
@@ -312,6 +397,7 @@ def compute_targets(results: BenchResults) -> list[Target]:
         ),
         Target(
             "large, gRPC, c=1: p99",
+            model,
             large.p99_ms if large else None,
             100.0,
             True,
@@ -320,12 +406,19 @@ def compute_targets(results: BenchResults) -> list[Target]:
         ),
         Target(
             "large, c=1: gRPC + system shm p50 / plain gRPC p50",
+            model,
             _div(large_shm.p50_ms if large_shm else None, large.p50_ms if large else None),
             0.7,
             True,
             "x",
         ),
     ]
+
+
+def compute_targets(results: BenchResults) -> list[Target]:
+    """Every target for both models: the ensemble's row, then dispatch_fused's, per target."""
+    ensemble, fused = (model_targets(results, model) for model in MODELS)
+    return [target for pair in zip(ensemble, fused, strict=True) for target in pair]
 
 
 # ---- Markdown --------------------------------------------------------------------------------
@@ -388,15 +481,19 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         "Every request is a simulator window (fixed seeds, the same windows for every entry "
         "point and both references). Throughput is windows (requests) per second; orders/s = "
         "windows/s x orders per window. Latency is measured at the client, per window.",
+        f"Triton answers through two models, measured side by side: `{ENSEMBLE_MODEL}` (the "
+        f"four-step ensemble) and `{FUSED_MODEL}` (the same pipeline in one Python model); "
+        "every target is computed for each.",
         "",
         "## Targets",
         "",
     ]
     lines += _table(
-        ["target", "goal", "measured", "verdict", "detail"],
+        ["target", "model", "goal", "measured", "verdict", "detail"],
         [
             [
                 t.name,
+                f"`{t.model}`",
                 t.goal,
                 _num(t.measured) + (t.unit if t.measured is not None else ""),
                 _verdict(t.met),
@@ -404,14 +501,17 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
             ]
             for t in compute_targets(results)
         ],
-        "llrll",
+        "lllrll",
     )
     sizes = results.sizes()
     lines += ["", "## Ratios", ""]
     lines += _table(
-        ["ratio", *sizes, "how"],
-        [[r.name, *(_num(r.values.get(s)) for s in sizes), r.how] for r in compute_ratios(results)],
-        "l" + "r" * len(sizes) + "l",
+        ["ratio", "model", *sizes, "how"],
+        [
+            [r.name, f"`{r.model}`", *(_num(r.values.get(s)) for s in sizes), r.how]
+            for r in compute_ratios(results)
+        ],
+        "ll" + "r" * len(sizes) + "l",
     )
     lines += ["", "## In-process limit (DispatchPipeline, no serving)", ""]
     lines += _table(
@@ -437,35 +537,47 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
             for size, stats in sorted(results.limits.items(), key=lambda kv: _size_key(kv[0]))
         ],
     )
-    if results.breakdown:
+    if results.breakdown or results.breakdown_fused:
         lines += [
             "",
             "## Where the time goes (Triton, gRPC, concurrency 1)",
             "",
-            "Server-side average per ensemble step, from perf_analyzer's statistics of the "
-            "composing models (a BLS call a step makes is inside that step's time); the last "
-            "column is the in-process p50 of the whole pipeline for comparison.",
+            f"Server-side averages from perf_analyzer's server statistics: for `{ENSEMBLE_MODEL}` "
+            "one row per ensemble step (a BLS call a step makes is inside that step's time), "
+            f"for `{FUSED_MODEL}` the one model's own split. The last column is the in-process "
+            "p50 of the whole pipeline for comparison.",
             "",
         ]
         rows = []
         for size in sizes:
             limit = results.limits.get(size)
-            for step, parts in results.breakdown.get(size, {}).items():
-                rows.append(
-                    [
-                        size,
-                        step,
-                        _num(parts.get("total_ms")),
-                        _num(parts.get("queue_ms")),
-                        _num(parts.get("compute_infer_ms")),
-                        _num(parts.get("compute_io_ms")),
-                        _num(limit.single.p50_ms) if limit else "n/a",
-                    ]
-                )
+            for model, breakdown in results.breakdowns().items():
+                for step, parts in breakdown.get(size, {}).items():
+                    rows.append(
+                        [
+                            size,
+                            f"`{model}`",
+                            step,
+                            _num(parts.get("total_ms")),
+                            _num(parts.get("queue_ms")),
+                            _num(parts.get("compute_infer_ms")),
+                            _num(parts.get("compute_io_ms")),
+                            _num(limit.single.p50_ms) if limit else "n/a",
+                        ]
+                    )
         lines += _table(
-            ["size", "step", "total ms", "queue ms", "compute ms", "input+output ms", "in-process"],
+            [
+                "size",
+                "model",
+                "step",
+                "total ms",
+                "queue ms",
+                "compute ms",
+                "input+output ms",
+                "in-process",
+            ],
             rows,
-            "llrrrrr",
+            "lllrrrrr",
         )
     for size in sizes:
         info = results.windows.get(size, {})
@@ -591,6 +703,11 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         "- Every window carries the ensemble's optional inputs with neutral values (default "
         "weights, tag `stable`): perf_analyzer's shared-memory mode cannot omit an optional "
         "input, and all entry points send the same requests.",
+        f"- `{FUSED_MODEL}`: the same inputs, outputs and answer as the `{ENSEMBLE_MODEL}` "
+        "ensemble, but encoding, routed ONNX scoring and Top-K resolution run in one Python "
+        "model (one process hop instead of four). Same server, windows and client; each "
+        "transport is measured for the ensemble, then for the fused model, whose sweep may "
+        "have fewer levels (see the tables).",
         "- In-process limit: `DispatchPipeline.from_repository()` in the benchmark process "
         "(1 thread) and in 2 spawned worker processes started behind a barrier.",
         "- FastAPI baseline: `perf/baselines/fastapi_service.py`, uvicorn with 2 workers "

@@ -24,7 +24,6 @@ from dispatch_service.metrics import (
     ENCODER_LATENCY,
     RESOLVER_LATENCY,
     VALIDATION_REJECTIONS,
-    BackgroundMetrics,
     MetricsSink,
     Observation,
     encoder_observations,
@@ -113,8 +112,7 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
         pb_utils,
         name,
         dispatch,
-        # Recorded from a thread: the request path only queues its observations.
-        metrics=BackgroundMetrics(triton_metrics(pb_utils, name, version, FUSED_METRICS)),
+        metrics=triton_metrics(pb_utils, name, version, FUSED_METRICS),
         version=version,
         instance=instance,
     )

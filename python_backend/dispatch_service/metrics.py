@@ -255,16 +255,25 @@ class BackgroundMetrics:
     only queues its observations, and a daemon thread drains the queue every `interval_s`,
     adding up the counters of the batch (one update per series instead of one per request)
     before recording. Values reach the metrics port at most about `interval_s` late; `close`
-    stops the thread and records what is left (model unload). Checked on Triton 2.51: the
-    stub's metric calls work from a Python thread while requests are being served.
+    stops the thread and records what is left (model unload). A failing sink never stops the
+    thread: the batch is dropped and `on_error` told. The queue holds at most `max_queued`
+    observations (the oldest go first), so a stuck sink cannot eat the memory. Checked on
+    Triton 2.51: the stub's metric calls work from a Python thread while requests are served.
     """
 
-    def __init__(self, inner: MetricsSink, interval_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        inner: MetricsSink,
+        interval_s: float = 0.05,
+        on_error: Callable[[Exception], None] | None = None,
+        max_queued: int = 100_000,
+    ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.inner = inner
         self.interval_s = interval_s
-        self._queue: deque[Observation] = deque()
+        self.on_error = on_error
+        self._queue: deque[Observation] = deque(maxlen=max_queued)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
         self._thread.start()
@@ -281,8 +290,13 @@ class BackgroundMetrics:
         batch: list[Observation] = []
         while self._queue:
             batch.append(self._queue.popleft())
-        if batch:
+        if not batch:
+            return
+        try:
             self.inner.record(coalesce_counters(batch))
+        except Exception as exc:
+            if self.on_error is not None:
+                self.on_error(exc)
 
     def close(self) -> None:
         self._stop.set()

@@ -16,7 +16,7 @@ import json
 import os
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from dispatch_service.contracts import PAIR_OBJECTIVES
 from dispatch_service.errors import DispatchInputError
 from dispatch_service.metrics import (
     STEP_OBSERVERS,
+    BackgroundMetrics,
     MetricSpec,
     MetricsSink,
     NullMetrics,
@@ -63,7 +64,7 @@ class TritonResponder:
         self.version = version
         self.instance = instance
         self.metrics: MetricsSink = metrics if metrics is not None else NullMetrics()
-        self._metrics_failed = False
+        self._metrics_failed = metrics_error_logger(pb_utils, model_name)
 
     def loaded(self) -> None:
         """Log this instance's load (called once `initialize` has built the adapter)."""
@@ -92,15 +93,7 @@ class TritonResponder:
         try:
             self.metrics.record(observations)
         except Exception as exc:
-            if not self._metrics_failed:
-                self._metrics_failed = True
-                log_event(
-                    self.pb,
-                    "error",
-                    event="metrics_failed",
-                    model=self.model_name,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+            self._metrics_failed(exc)
 
     def response(self, outputs: dict[str, NDArray[Any]]) -> Any:
         return self.pb.InferenceResponse(
@@ -289,12 +282,14 @@ def triton_metrics(
 ) -> MetricsSink:
     """The model's custom metrics on Triton's metrics port; none (logged) where unavailable.
 
-    Each series carries the stub's `pid`: Triton frees a series shared by several processes
-    when the first of them unloads, so a live reload must never share one (sum over `pid`).
+    Recorded from a thread of the stub (`BackgroundMetrics`): each value is a round trip to
+    the server, which a request should not wait for. Each series carries the stub's `pid`:
+    Triton frees a series shared by several processes when the first of them unloads, so a
+    live reload must never share one (sum over `pid`).
     """
     try:
         labels = {"model": model_name, "version": version, "pid": str(os.getpid())}
-        return TritonMetrics(pb_utils, labels, definitions)
+        sink = TritonMetrics(pb_utils, labels, definitions)
     except Exception as exc:  # e.g. a server started with --allow-metrics=false
         log_event(
             pb_utils,
@@ -304,3 +299,22 @@ def triton_metrics(
             error=f"{type(exc).__name__}: {exc}",
         )
         return NullMetrics()
+    return BackgroundMetrics(sink, on_error=metrics_error_logger(pb_utils, model_name))
+
+
+def metrics_error_logger(pb_utils: Any, model_name: str) -> Callable[[Exception], None]:
+    """The first failure of a model's metrics recording as one error line; later ones quiet."""
+    failed: list[Exception] = []
+
+    def report(exc: Exception) -> None:
+        if not failed:
+            failed.append(exc)
+            log_event(
+                pb_utils,
+                "error",
+                event="metrics_failed",
+                model=model_name,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+    return report

@@ -48,6 +48,7 @@ from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http
 Arrays = dict[str, np.ndarray[Any, Any]]
 ADMIN_KEY = "canary-test-key"
 SHIPPED = RouterSettings(stable_version=1, canary_version=2)
+METRICS_SETTLE_S = 0.2  # four flushes of the models' metrics thread
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,12 @@ def assert_valid(tensors: Arrays, result: Arrays) -> None:
 
 
 def metric(server: TritonServer, name: str, **labels: str) -> float:
-    """Sum of the series of `name` whose labels include `labels` (0 when none)."""
+    """Sum of the series of `name` whose labels include `labels` (0 when none).
+
+    The models record metrics from a background thread every 50 ms (BackgroundMetrics), so
+    a read first lets the values of requests already answered arrive.
+    """
+    time.sleep(METRICS_SETTLE_S)
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         text = response.read().decode()
     total = 0.0
@@ -136,6 +142,17 @@ def metric(server: TritonServer, name: str, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             total += float(match.group(2))
     return total
+
+
+def metric_reaches(
+    server: TritonServer, name: str, target: float, timeout_s: float = 10.0, **labels: str
+) -> float:
+    """The metric once it reaches `target` (or its value after `timeout_s`, to assert on)."""
+    deadline = time.monotonic() + timeout_s
+    value = metric(server, name, **labels)
+    while value < target and time.monotonic() < deadline:
+        value = metric(server, name, **labels)
+    return value
 
 
 # ---- routing -------------------------------------------------------------------------------
@@ -228,17 +245,13 @@ def test_shadow_scoring_changes_no_answer_and_exports_agreement(
         shadowed = dispatch(client, tensors)
         for name in ROUTED_OUTPUT_NAMES:
             np.testing.assert_array_equal(shadowed[name], plain[name], err_msg=name)
-    orders = metric(server, "dispatch_shadow_orders_total", **labels) - before
-    assert orders == 3 * 64
+    orders = metric_reaches(server, "dispatch_shadow_orders_total", before + 3 * 64, **labels)
+    assert orders - before == 3 * 64
     fused = dispatch(client, tensors, model=FUSED_MODEL_NAME)
     assert_valid(tensors, fused)
-    # dispatch_fused records its metrics just after it answers: wait for them (bounded).
-    deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline:
-        fused_orders = metric(server, "dispatch_shadow_orders_total", **fused_labels)
-        if fused_orders - fused_before >= 64:
-            break
-        time.sleep(0.05)
+    fused_orders = metric_reaches(
+        server, "dispatch_shadow_orders_total", fused_before + 64, **fused_labels
+    )
     assert fused_orders - fused_before == 64
     agreed = metric(server, "dispatch_shadow_top1_agreements_total", **labels)
     pairs = metric(server, "dispatch_shadow_pairs_total", **labels)
@@ -269,7 +282,11 @@ def test_fallback_chain_under_injected_faults(
 ) -> None:
     tensors = window(7, 64, 200)
     served = model_config(router, "dispatch_model")
-    levels = {lvl: metric(server, "dispatch_router_orders_total", level=lvl) for lvl in ("1", "2")}
+    router_only = {"model": "dispatch_router"}
+    levels = {
+        lvl: metric(server, "dispatch_router_orders_total", level=lvl, **router_only)
+        for lvl in ("1", "2")
+    }
     apply(router, canary_percent=100)
     try:
         assert dispatch(client, tensors)["ORDER_MODEL_VERSION"].tolist() == [2] * 64
@@ -297,8 +314,10 @@ def test_fallback_chain_under_injected_faults(
     assert result["ORDER_FALLBACK_LEVEL"].tolist() == [0] * 64
     assert result["ORDER_MODEL_VERSION"].tolist() == [2] * 64
     for lvl in ("1", "2"):
-        counted = metric(server, "dispatch_router_orders_total", level=lvl) - levels[lvl]
-        assert counted == 64, lvl
+        total = metric_reaches(
+            server, "dispatch_router_orders_total", levels[lvl] + 64, level=lvl, **router_only
+        )
+        assert total - levels[lvl] == 64, lvl
     assert metric(server, "dispatch_router_fallbacks_total", model_version="2", level="1") >= 64
 
 

@@ -14,8 +14,18 @@ import pytest
 
 from dispatch_client.window_json import window_from_json
 from dispatch_service.contracts import DEFAULT_OBJECTIVE_WEIGHTS
+from dispatch_service.fused import FUSED_MODEL_NAME
 from dispatch_service.paths import MODEL_REPOSITORY
-from perf.bench import check_answer, parse_locust_stats
+from perf.bench import (
+    FULL,
+    PA_ENTRIES,
+    QUICK,
+    Endpoints,
+    Workload,
+    check_answer,
+    pa_job,
+    parse_locust_stats,
+)
 from perf.bodies import (
     OUTPUT_NAMES,
     decode_arrays,
@@ -24,6 +34,7 @@ from perf.bodies import (
     fastapi_arrays_body,
     fastapi_window_body,
     triton_binary_body,
+    triton_infer_path,
     triton_json_body,
 )
 from perf.loadgen import LoadPlan, require_loopback
@@ -40,6 +51,9 @@ from perf.pa import (
     write_input_data,
 )
 from perf.report import (
+    ENSEMBLE_MODEL,
+    ENTRY_POINTS,
+    FUSED_MODEL,
     BenchResults,
     Series,
     compute_ratios,
@@ -259,6 +273,39 @@ def test_parse_server_breakdown_reads_composing_models() -> None:
         }
     )
     assert parse_server_breakdown("Request concurrency: 1\n  Client:\n") == {}
+    # an ensemble's own line has no input/infer/output split: nothing to key it by
+    assert parse_server_breakdown(PA_OUTPUT, model="dispatch") == steps
+
+
+PA_OUTPUT_SINGLE = """\
+  Client:
+    Request count: 1357
+    Avg latency: 2194 usec (standard deviation 363 usec)
+  Server:
+    Inference count: 1356
+    Execution count: 1356
+    Successful request count: 1356
+    Avg request latency: 2885 usec (overhead 2 usec + queue 44 usec + compute input 43 usec \
++ compute infer 2784 usec + compute output 11 usec)
+
+Inferences/Second vs. Client Average Batch Latency
+"""
+
+
+def test_parse_server_breakdown_reads_a_single_model_under_its_name() -> None:
+    # perf_analyzer 2.51 prints a non-ensemble model's split on the Server line, unnamed
+    assert parse_server_breakdown(PA_OUTPUT_SINGLE, model="dispatch_fused") == {
+        "dispatch_fused": pytest.approx(
+            {
+                "total_ms": 2.885,
+                "queue_ms": 0.044,
+                "compute_infer_ms": 2.784,
+                "compute_io_ms": 0.054,
+                "overhead_ms": 0.002,
+            }
+        )
+    }
+    assert parse_server_breakdown(PA_OUTPUT_SINGLE) == {}  # no name given
 
 
 def test_parse_profile_export_uses_request_timestamps() -> None:
@@ -477,6 +524,50 @@ def test_tuning_log_entries_append(tmp_path: Path) -> None:
     assert json.loads(log.read_text()) == [entry, entry]
 
 
+# ---- the two Triton models -------------------------------------------------------------------
+
+
+def test_fused_model_name_matches_the_service() -> None:
+    assert FUSED_MODEL == FUSED_MODEL_NAME
+    assert triton_infer_path(FUSED_MODEL) == "/v2/models/dispatch_fused/infer"
+
+
+def test_every_perf_analyzer_transport_is_measured_for_both_models() -> None:
+    assert {(ENTRY_POINTS[e].transport, ENTRY_POINTS[e].model) for e in PA_ENTRIES} == {
+        (transport, model)
+        for transport in ("grpc", "grpc_shm", "http_binary")
+        for model in (ENSEMBLE_MODEL, FUSED_MODEL)
+    }
+    labels = [entry.label for entry in ENTRY_POINTS.values()]
+    assert len(set(labels)) == len(labels)
+    assert ENTRY_POINTS["fused_grpc"].label == "Triton gRPC, dispatch_fused"
+    assert not ENTRY_POINTS["fastapi_json"].ours and ENTRY_POINTS["fused_http_json"].ours
+
+
+@pytest.mark.parametrize("plan", [FULL, QUICK], ids=["full", "quick"])
+def test_plans_measure_the_target_levels_for_both_models(plan: Any) -> None:
+    for levels in (plan.pa_levels, plan.fused_pa_levels):  # grpc and grpc_shm share them
+        assert {1, 64} <= set(levels["small"])
+        assert 1 in levels["large"]
+
+
+def test_pa_job_for_a_fused_entry(tmp_path: Path) -> None:
+    workload = Workload(TINY, [], [], tmp_path / "in.json", 0, output_shm_size=8192)
+    endpoints = Endpoints(grpc="127.0.0.1:8001", http="127.0.0.1:8000")
+    shm = pa_job("fused_grpc_shm", endpoints, workload, 1, 10, tmp_path).arguments()
+    assert shm[shm.index("-m") + 1] == "dispatch_fused"
+    assert shm[shm.index("-u") + 1] == "127.0.0.1:8001"
+    assert shm[shm.index("--shared-memory") + 1] == "system"
+    assert shm[shm.index("--output-shared-memory-size") + 1] == "8192"
+    http = pa_job("fused_http_binary", endpoints, workload, 4, 10, tmp_path)
+    assert (http.model, http.protocol, http.url) == ("dispatch_fused", "http", "127.0.0.1:8000")
+    assert http.csv_path.name == "pa_fused_http_binary_tiny_c4.csv"
+    plain = pa_job("grpc", endpoints, workload, 1, 10, tmp_path)
+    assert (plain.model, plain.shared_memory) == ("dispatch", "none")
+    with pytest.raises(ValueError, match="perf_analyzer"):
+        pa_job("http_json", endpoints, workload, 1, 10, tmp_path)
+
+
 # ---- ratios, targets, report -----------------------------------------------------------------
 
 
@@ -500,8 +591,13 @@ def _results() -> BenchResults:
         Series("fastapi_json", "small", [_row(1, 300.0, 3.0, 6.0), _row(64, 250.0, 250.0, 400.0)]),
         Series("grpc", "large", [_row(1, 12.0, 80.0, 120.0)]),
         Series("grpc_shm", "large", [_row(1, 13.0, 50.0, 90.0)], failures=["c=4: skipped"]),
+        Series("fused_grpc", "small", [_row(1, 900.0, 1.5, 2.5), _row(64, 1200.0, 50.0, 200.0)]),
+        Series("fused_grpc", "large", [_row(1, 14.0, 70.0, 90.0)]),
+        Series("fused_grpc_shm", "large", [_row(1, 14.0, 63.0, 80.0)]),
+        Series("fused_http_json", "small", [_row(64, 600.0, 100.0, 150.0)]),
     ]
     results.breakdown = {"small": parse_server_breakdown(PA_OUTPUT)}
+    results.breakdown_fused = {"small": parse_server_breakdown(PA_OUTPUT_SINGLE, FUSED_MODEL)}
     results.tuning_log = [
         tuning_entry(
             "dispatch_model.queue_delay_us=0",
@@ -515,19 +611,44 @@ def _results() -> BenchResults:
 
 
 def test_ratios() -> None:
-    ratios = {r.name: r.values for r in compute_ratios(_results())}
-    assert ratios["ours / limit, throughput"] == {
+    ratios = {(r.name, r.model): r.values for r in compute_ratios(_results())}
+    assert ratios["ours / limit, throughput", "dispatch"] == {
         "small": pytest.approx(1000 / 1500),
         "large": pytest.approx(12 / 28),
     }
-    assert ratios["ours / limit, latency"]["small"] == pytest.approx(1.8 / 1.2)
-    assert ratios["ours / FastAPI (window JSON), throughput"]["small"] == pytest.approx(1000 / 300)
-    assert ratios["ours / FastAPI (window JSON), throughput"]["large"] is None
-    assert ratios["shm / plain gRPC, latency"]["large"] == pytest.approx(50 / 80)
+    assert ratios["ours / limit, latency", "dispatch"]["small"] == pytest.approx(1.8 / 1.2)
+    by_fastapi = "ours / FastAPI (window JSON), throughput"
+    assert ratios[by_fastapi, "dispatch"]["small"] == pytest.approx(1000 / 300)
+    assert ratios[by_fastapi, "dispatch"]["large"] is None
+    assert ratios["shm / plain gRPC, latency", "dispatch"]["large"] == pytest.approx(50 / 80)
+    # the same ratios from the fused model's own series
+    assert ratios["ours / limit, throughput", "dispatch_fused"] == {
+        "small": pytest.approx(1200 / 1500),
+        "large": pytest.approx(14 / 28),
+    }
+    assert ratios["ours / limit, latency", "dispatch_fused"]["small"] == pytest.approx(1.5 / 1.2)
+    assert ratios[by_fastapi, "dispatch_fused"]["small"] == pytest.approx(1200 / 300)
+    json_ratio = "Triton HTTP JSON / FastAPI (window JSON), throughput"
+    assert ratios[json_ratio, "dispatch_fused"]["small"] == pytest.approx(600 / 300)
+    assert ratios[json_ratio, "dispatch"]["small"] is None  # not measured for the ensemble
+    assert ratios["shm / plain gRPC, latency", "dispatch_fused"]["large"] == pytest.approx(63 / 70)
+    assert ratios["shm / plain gRPC, latency", "dispatch_fused"]["small"] is None
+    both = "dispatch_fused / dispatch"
+    assert ratios["fused / ensemble, latency", both]["small"] == pytest.approx(1.5 / 1.8)
+    assert ratios["fused / ensemble, throughput", both] == {
+        "small": pytest.approx(1200 / 1000),
+        "large": pytest.approx(14 / 12),
+    }
+    # every per-model ratio has a row for each model, the ensemble's first
+    models = [r.model for r in compute_ratios(_results())]
+    assert models[:14] == ["dispatch", "dispatch_fused"] * 7
 
 
 def test_targets() -> None:
-    targets = {t.name: t for t in compute_targets(_results())}
+    all_targets = compute_targets(_results())
+    assert [t.model for t in all_targets] == ["dispatch", "dispatch_fused"] * 7
+    assert [t.name for t in all_targets[::2]] == [t.name for t in all_targets[1::2]]
+    targets = {t.name: t for t in all_targets if t.model == "dispatch"}
     assert targets["small, gRPC, c=1: p50"].met is True
     assert targets["small, gRPC, c=1: p99"].met is True
     fastapi = targets["small, gRPC, c=64: throughput / FastAPI"]
@@ -537,17 +658,41 @@ def test_targets() -> None:
     assert targets["small, gRPC, c=64: p99 / p50"].measured == pytest.approx(2.5)
     assert targets["large, gRPC, c=1: p99"].met is False
     assert targets["large, c=1: gRPC + system shm p50 / plain gRPC p50"].met is True
-    empty = {t.name: t for t in compute_targets(BenchResults("s", "quick"))}
-    assert all(t.met is None and t.measured is None for t in empty.values())
+    fused = {t.name: t for t in all_targets if t.model == "dispatch_fused"}
+    assert fused["small, gRPC, c=1: p50"].measured == pytest.approx(1.5)
+    assert fused["small, gRPC, c=1: p99"].met is True
+    assert fused["small, gRPC, c=64: throughput / FastAPI"].measured == pytest.approx(4.8)
+    assert fused["small, gRPC, c=64: throughput / in-process limit"].measured == pytest.approx(0.8)
+    assert fused["small, gRPC, c=64: p99 / p50"].measured == pytest.approx(4.0)
+    assert fused["small, gRPC, c=64: p99 / p50"].met is False
+    assert fused["large, gRPC, c=1: p99"].met is True
+    shm = fused["large, c=1: gRPC + system shm p50 / plain gRPC p50"]
+    assert shm.measured == pytest.approx(0.9) and shm.met is False
+    empty = compute_targets(BenchResults("s", "quick"))
+    assert len(empty) == 14
+    assert all(t.met is None and t.measured is None for t in empty)
     assert targets["large, gRPC, c=1: p99"].goal == "<= 100 ms"
+
+
+def test_targets_of_one_model_do_not_use_the_other_models_series() -> None:
+    results = _results()
+    results.series = [s for s in results.series if not s.entry.startswith("fused_")]
+    fused = [t for t in compute_targets(results) if t.model == "dispatch_fused"]
+    assert all(t.measured is None and t.met is None for t in fused)
 
 
 def test_summary_round_trip() -> None:
     results = _results()
     document = json.loads(json.dumps(results.to_dict()))
     assert document["targets"][0]["met"] is True
+    assert document["targets"][1]["model"] == "dispatch_fused"
+    assert "dispatch_fused" in document["server_breakdown_fused"]["small"]
+    fused_series = [s for s in document["series"] if s["model"] == "dispatch_fused"]
+    assert {s["entry"] for s in fused_series} == {"fused_grpc", "fused_grpc_shm", "fused_http_json"}
     again = BenchResults.from_dict(document)
     assert again.to_dict() == results.to_dict()
+    old = {k: v for k, v in document.items() if k != "server_breakdown_fused"}  # schema 1
+    assert BenchResults.from_dict(old).breakdown_fused == {}
 
 
 def test_render_report() -> None:
@@ -556,13 +701,23 @@ def test_render_report() -> None:
     for heading in ("## Targets", "## Ratios", "## In-process limit", "## small", "## large"):
         assert heading in text
     assert "![small](small.png)" in text
-    assert "| large, gRPC, c=1: p99 | <= 100 ms | 120.00 ms | **not met** |" in text
+    assert "| large, gRPC, c=1: p99 | `dispatch` | <= 100 ms | 120.00 ms | **not met** |" in text
+    assert "| large, gRPC, c=1: p99 | `dispatch_fused` | <= 100 ms | 90.00 ms | met |" in text
+    assert "| ours / limit, throughput | `dispatch_fused` | 0.80 | 0.50 |" in text
+    assert "| fused / ensemble, latency | `dispatch_fused / dispatch` | 0.83 | 0.88 |" in text
+    assert "| Triton gRPC, dispatch_fused | 64 | 1,200.0 | 1,200 | 50.00 |" in text
+    assert "| Triton gRPC, dispatch | 64 | 1,000.0 |" in text
     assert "c=4: skipped" in text
     assert "small_c1_p50_ms 2.00 -> 1.50 (-25%)" in text
-    assert "| small | feature_encoder v1 | 1.69 | 0.03 | 1.55 | 0.10 | 1.20 |" in text
+    assert "| small | `dispatch` | feature_encoder v1 | 1.69 | 0.03 | 1.55 | 0.10 | 1.20 |" in text
+    assert (
+        "| small | `dispatch_fused` | dispatch_fused | 2.88 | 0.04 | 2.78 | 0.05 | 1.20 |" in text
+    )
+    assert "- `dispatch_fused`: the same inputs, outputs and answer" in text
     empty = render_report(BenchResults("s", "full"))
     assert "No tuning entries recorded." in empty
-    assert empty.count("not measured") == 7
+    assert empty.count("not measured") == 14
+    assert "## Where the time goes" not in empty
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

@@ -351,3 +351,24 @@ def test_coalescing_keeps_series_apart_and_every_histogram_value() -> None:
     sums = {obs.labels: obs.value for obs in merged if obs.metric is VALIDATION_REJECTIONS}
     assert sums == {a.labels: 3.0, b.labels: 1.0}
     assert [obs.value for obs in merged if obs.metric is RESOLVER_LATENCY] == [3.0]
+
+
+def test_a_failing_sink_is_reported_and_the_thread_keeps_going() -> None:
+    class Flaky(InMemoryMetrics):
+        fail = True
+
+        def record(self, observations: Any) -> None:
+            if self.fail:
+                self.fail = False
+                raise RuntimeError("metrics IPC failed")
+            super().record(observations)
+
+    errors: list[Exception] = []
+    inner = Flaky()
+    sink = BackgroundMetrics(inner, interval_s=3600.0, on_error=errors.append)
+    sink.record([Observation(ENCODER_LATENCY, 1.0)])
+    sink.flush()  # this batch is lost, and said so
+    sink.record([Observation(ENCODER_LATENCY, 2.0)])
+    sink.close()
+    assert [str(e) for e in errors] == ["metrics IPC failed"]
+    assert inner.observed(ENCODER_LATENCY) == [2.0]

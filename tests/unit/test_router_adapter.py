@@ -316,6 +316,7 @@ def test_every_router_series_carries_the_process_id() -> None:
     pb = RecordingPb(served(1, 2))
     adapter = router_adapter_for(pb, _args(canary_version="2", canary_percent="50"))
     run(adapter, Request(window_inputs()))
+    adapter.finalize()  # records what the metrics thread still holds
     assert RecordingPb.created, "no series recorded"
     for labels in RecordingPb.created:
         assert labels["model"] == "dispatch_router" and labels["version"] == "1"

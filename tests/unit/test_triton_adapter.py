@@ -490,6 +490,7 @@ def test_the_encoder_records_latency_candidates_and_rejections(tmp_path: Path) -
             window_request(4, "e", ORDER_IDS=twice),
         ]
     )
+    adapter.finalize()  # the metrics thread records what it still holds
     families = pb.MetricFamily
     labels = {"model": "feature_encoder", "version": "1"}
     latency = families.series("dispatch_encoder_latency_ms", **labels)
@@ -517,6 +518,7 @@ def test_the_resolver_records_capacity_conflicts(tmp_path: Path) -> None:
     inputs = {**window, **encoded, **scored}
     request = FakeRequest({name: inputs.get(name) for name in adapter.step.input_names})
     (response,) = adapter.execute([request])
+    adapter.finalize()  # the metrics thread records what it still holds
     out = response.outputs()
     expected = capacity_conflicts(
         out["TOPK_RIDER_INDEX"],
@@ -553,6 +555,7 @@ def test_the_batched_model_counts_rejections_by_rule(tmp_path: Path, contract_mo
             model_request(None),
         ]
     )
+    adapter.finalize()  # the metrics thread records what it still holds
     assert set(pb.MetricFamily.created) == {"dispatch_validation_rejections_total"}
     rejections = pb.MetricFamily.created["dispatch_validation_rejections_total"].metrics
     counted = {m.labels["rule"]: m.value for m in rejections}

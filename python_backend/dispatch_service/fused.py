@@ -5,7 +5,8 @@ Why it exists: every Python-backend model is its own process, and a request thro
 through BLS, topk_resolver). On a small window those hops cost several times the work
 itself (see perf/reports). `dispatch_fused` runs the same steps, configured from the same
 config.pbtxt files, with the same per-order canary routing, shadow scoring and fallback chain
-(`routing.route_and_score`), in one model instance: the same answer as `dispatch` for the
+(`routing.route_and_score_now`: the router's routing, with the versions scored in process
+and no event loop), in one model instance: the same answer as `dispatch` for the
 same window and settings, at the cost of one hop.
 
 What it gives up: the scored versions are ONNX Runtime sessions inside this model, read from
@@ -46,7 +47,7 @@ from dispatch_service.routing import (
     RouterSettings,
     choose_versions,
     parse_version_tag,
-    route_and_score,
+    route_and_score_now,
     shadow_sampled,
 )
 from dispatch_service.settings import load_settings, reject_unknown
@@ -131,15 +132,15 @@ class FusedDispatch:
             **kwargs,
         )
 
-    async def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
-        """The routing `Scorer`: ONNX Runtime in this process; ModelCallError if unavailable."""
+    def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
+        """The routing `SyncScorer`: ONNX Runtime here; ModelCallError if unavailable."""
         scorer = self.scorers.get(version)
         if scorer is None:
             reason = self.unavailable.get(version, "not one of the versions this model reads")
             raise ModelCallError(f"version {version} unavailable: {reason}")
         return scorer.infer(features)
 
-    async def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> FusedResult:
+    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> FusedResult:
         """One window's tensors (`dispatch`'s inputs) -> `dispatch`'s outputs."""
         started = time.perf_counter()
         encoded = self.encoder.run(inputs)
@@ -148,7 +149,7 @@ class FusedDispatch:
         if user_ids is None:  # the encoder has already rejected this; kept for the type
             raise DispatchInputError(_USER_IDS, "is required but missing", "missing")
         routing = self.settings.routing
-        routed = await route_and_score(
+        routed = route_and_score_now(
             encoded[PAIR_FEATURES.name],
             encoded[CANDIDATE_RIDER_INDEX.name],
             choose_versions(

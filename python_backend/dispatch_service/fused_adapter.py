@@ -61,8 +61,8 @@ class FusedDispatchAdapter(TritonResponder):
         self.dispatch = dispatch
         self.input_names = tuple(spec.name for spec in DISPATCH_ENSEMBLE_INPUTS)
 
-    async def execute(self, requests: Sequence[Any]) -> list[Any]:
-        return [await self._respond(request) for request in requests]
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        return [self._respond(request) for request in requests]
 
     def _inputs(self, request: Any) -> dict[str, NDArray[Any] | None]:
         arrays: dict[str, NDArray[Any] | None] = {}
@@ -71,11 +71,11 @@ class FusedDispatchAdapter(TritonResponder):
             arrays[name] = None if tensor is None else tensor.as_numpy()
         return arrays
 
-    async def _respond(self, request: Any) -> Any:
+    def _respond(self, request: Any) -> Any:
         if request.is_cancelled():
             return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         try:
-            result = await self.dispatch.run(self._inputs(request))
+            result = self.dispatch.run(self._inputs(request))
         except DispatchInputError as exc:
             return self.reject(request, exc)
         except Exception as exc:  # answers this request only

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from typing import Any, Final
@@ -93,6 +93,8 @@ I32 = NDArray[np.int32]
 
 # An async call of one dispatch_model version: (version, pair features [p, F]) -> [p, 3].
 Scorer = Callable[[int, F32], Awaitable[NDArray[Any]]]
+# The same, answered in this process (dispatch_fused's ONNX Runtime sessions).
+SyncScorer = Callable[[int, F32], NDArray[Any]]
 
 
 class FallbackLevel(IntEnum):
@@ -375,25 +377,43 @@ def _checked(answer: NDArray[Any], rows: int) -> F32:
     return scores.astype(np.float32, copy=False)
 
 
-async def _call(
-    scorer: Scorer,
-    version: int,
-    role: str,
-    features: F32,
-    orders: int,
-    timeout_s: float,
-    clock: Callable[[], float],
-) -> tuple[F32 | None, ModelCall]:
+@dataclass(frozen=True, eq=False)
+class _Job:
+    """One version call the routing needs made: which version, why, on which rows."""
+
+    version: int
+    role: str
+    features: F32
+    orders: int
+
+
+Outcome = tuple[F32 | None, ModelCall]
+
+
+def _failed(job: _Job, seconds: float, error: str) -> Outcome:
+    return None, ModelCall(job.version, job.role, job.orders, seconds, error)
+
+
+async def _call(scorer: Scorer, job: _Job, timeout_s: float, clock: Callable[[], float]) -> Outcome:
     started = clock()
     try:
-        answer = await asyncio.wait_for(scorer(version, features), timeout_s)
-        scores = _checked(answer, features.shape[0])
+        answer = await asyncio.wait_for(scorer(job.version, job.features), timeout_s)
+        scores = _checked(answer, job.features.shape[0])
     except TimeoutError:
-        return None, ModelCall(version, role, orders, clock() - started, "timeout")
+        return _failed(job, clock() - started, "timeout")
     except Exception as exc:  # any failure of a version is a fallback, not a failed request
-        error = f"{type(exc).__name__}: {exc}"
-        return None, ModelCall(version, role, orders, clock() - started, error)
-    return scores, ModelCall(version, role, orders, clock() - started)
+        return _failed(job, clock() - started, f"{type(exc).__name__}: {exc}")
+    return scores, ModelCall(job.version, job.role, job.orders, clock() - started)
+
+
+def _call_now(scorer: SyncScorer, job: _Job, clock: Callable[[], float]) -> Outcome:
+    """`_call` for a scorer in this process: no timeout (it cannot be interrupted anyway)."""
+    started = clock()
+    try:
+        scores = _checked(scorer(job.version, job.features), job.features.shape[0])
+    except Exception as exc:  # any failure of a version is a fallback, not a failed request
+        return _failed(job, clock() - started, f"{type(exc).__name__}: {exc}")
+    return scores, ModelCall(job.version, job.role, job.orders, clock() - started)
 
 
 def _check_shapes(features: ArrayLike, candidates: ArrayLike) -> tuple[F32, NDArray[np.int64]]:
@@ -441,6 +461,52 @@ async def route_and_score(
     ``settings.bls_timeout_ms``; primary and shadow calls run concurrently, then one stable
     retry for the orders whose version failed, then the rule-based dispatcher for the rest.
     """
+    timeout_s = settings.bls_timeout_ms / 1000.0
+    plan = _routing(features, candidates, versions, settings, shadow)
+    jobs = next(plan)
+    while True:
+        outcomes = await asyncio.gather(*(_call(scorer, job, timeout_s, clock) for job in jobs))
+        try:
+            jobs = plan.send(list(outcomes))
+        except StopIteration as done:
+            routed: RoutedScores = done.value
+            return routed
+
+
+def route_and_score_now(
+    features: ArrayLike,
+    candidates: ArrayLike,
+    versions: ArrayLike,
+    settings: RouterSettings,
+    scorer: SyncScorer,
+    shadow: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RoutedScores:
+    """`route_and_score` with versions scored in this process, one call after another.
+
+    The same routing, fallback chain and shadow comparison, without an event loop
+    (dispatch_fused, whose versions are ONNX Runtime sessions in its own process).
+    """
+    plan = _routing(features, candidates, versions, settings, shadow)
+    jobs = next(plan)
+    while True:
+        try:
+            jobs = plan.send([_call_now(scorer, job, clock) for job in jobs])
+        except StopIteration as done:
+            routed: RoutedScores = done.value
+            return routed
+
+
+def _routing(
+    features: ArrayLike,
+    candidates: ArrayLike,
+    versions: ArrayLike,
+    settings: RouterSettings,
+    shadow: bool,
+) -> Generator[list[_Job], list[Outcome], RoutedScores]:
+    """The routing itself, free of how calls are made: yields the calls it needs (first the
+    primary and shadow calls together, then the stable retry if any), receives their
+    outcomes in the same order, and returns the routed scores."""
     x, index = _check_shapes(features, candidates)
     num_orders, width = index.shape
     chosen = np.asarray(versions, dtype=np.int32).reshape(-1)
@@ -452,7 +518,6 @@ async def route_and_score(
             "shape",
         )
     per_order = x.reshape(num_orders, width, NUM_PAIR_FEATURES)
-    timeout_s = settings.bls_timeout_ms / 1000.0
 
     def rows_of(orders: NDArray[np.bool_]) -> F32:
         if orders.all():  # the usual case: one version for the whole window, no copy
@@ -464,18 +529,13 @@ async def route_and_score(
     level = np.full(num_orders, int(FallbackLevel.RULE_BASED), dtype=np.int32)
     groups = [(int(v), chosen == v) for v in np.unique(chosen).tolist()]
 
-    primary_jobs = [
-        _call(scorer, v, "primary", rows_of(m), int(m.sum()), timeout_s, clock) for v, m in groups
-    ]
+    primary_jobs = [_Job(v, "primary", rows_of(m), int(m.sum())) for v, m in groups]
     shadow_groups = [
         (v, m, shadow_version_of(v, settings)) for v, m in groups if shadow and num_orders
     ]
     shadow_groups = [(v, m, s) for v, m, s in shadow_groups if s]
-    shadow_jobs = [
-        _call(scorer, s, "shadow", rows_of(m), int(m.sum()), timeout_s, clock)
-        for _, m, s in shadow_groups
-    ]
-    outcomes = await asyncio.gather(*primary_jobs, *shadow_jobs)
+    shadow_jobs = [_Job(s, "shadow", rows_of(m), int(m.sum())) for _, m, s in shadow_groups]
+    outcomes = yield [*primary_jobs, *shadow_jobs]
     primary_out, shadow_out = outcomes[: len(groups)], outcomes[len(groups) :]
     calls = [call for _, call in outcomes]
 
@@ -490,15 +550,8 @@ async def route_and_score(
 
     retry = failed & (chosen != settings.stable_version)
     if retry.any():
-        scores, call = await _call(
-            scorer,
-            settings.stable_version,
-            "retry",
-            rows_of(retry),
-            int(retry.sum()),
-            timeout_s,
-            clock,
-        )
+        job = _Job(settings.stable_version, "retry", rows_of(retry), int(retry.sum()))
+        ((scores, call),) = yield [job]
         calls.append(call)
         if scores is not None:
             objectives[retry] = scores.reshape(-1, width, len(OBJECTIVES))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import shutil
 from pathlib import Path
@@ -50,7 +49,7 @@ def pipelines() -> dict[int, DispatchPipeline]:
 
 
 def run(dispatch: FusedDispatch, tensors: Tensors) -> FusedResult:
-    return asyncio.run(dispatch.run(tensors))
+    return dispatch.run(tensors)
 
 
 def assert_same_answer(got: Tensors, expected: Tensors) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -42,7 +41,7 @@ def window(seed: int, orders: int = 10) -> dict[str, NDArray[Any]]:
 
 
 def execute(adapter: FusedDispatchAdapter, *requests: FakeRequest) -> list[FakeResponse]:
-    responses = asyncio.run(adapter.execute(list(requests)))
+    responses = adapter.execute(list(requests))
     assert len(responses) == len(requests)
     return responses
 

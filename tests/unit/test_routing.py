@@ -29,6 +29,7 @@ from dispatch_service.routing import (
     compare_shadow,
     parse_version_tag,
     route_and_score,
+    route_and_score_now,
     routed_observations,
     rule_based_objectives,
     settings_record,
@@ -499,3 +500,36 @@ def test_observations_of_shadow_comparisons() -> None:
     assert orders > 0
     assert sink.counter(SHADOW_TOP1_AGREEMENTS, primary="1", shadow="2") == orders
     assert sink.counter(MODEL_CALLS, model_version="2", role="shadow") == 1
+
+
+@pytest.mark.parametrize(
+    ("failing", "bad", "shadow"),
+    [
+        (set(), set(), False),
+        (set(), set(), True),
+        ({2}, set(), True),
+        ({1, 2}, set(), False),
+        (set(), {2}, True),
+    ],
+)
+def test_in_process_routing_answers_as_the_async_one(
+    failing: set[int], bad: set[int], shadow: bool
+) -> None:
+    features, candidates, versions = _routed_input()
+    settings = RouterSettings(canary_version=2, canary_percent=50)
+    async_scorer = FakeVersions(failing=failing, bad=bad)
+    expected = asyncio.run(
+        route_and_score(features, candidates, versions, settings, async_scorer, shadow=shadow)
+    )
+
+    def now(version: int, rows: NDArray[np.float32]) -> NDArray[Any]:
+        return asyncio.run(async_scorer(version, rows))
+
+    got = route_and_score_now(features, candidates, versions, settings, now, shadow=shadow)
+    np.testing.assert_array_equal(got.objectives, expected.objectives)
+    np.testing.assert_array_equal(got.model_version, expected.model_version)
+    np.testing.assert_array_equal(got.fallback_level, expected.fallback_level)
+    assert [(c.version, c.role, c.orders, c.error) for c in got.calls] == [
+        (c.version, c.role, c.orders, c.error) for c in expected.calls
+    ]
+    assert got.shadows == expected.shadows

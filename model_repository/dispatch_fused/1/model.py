@@ -9,8 +9,8 @@ class TritonPythonModel:
     def initialize(self, args):
         self.adapter = fused_adapter_for(pb_utils, args)
 
-    async def execute(self, requests):
-        return await self.adapter.execute(requests)
+    def execute(self, requests):
+        return self.adapter.execute(requests)
 
     def finalize(self):
         self.adapter.finalize()

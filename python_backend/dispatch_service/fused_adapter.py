@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from numpy.typing import NDArray
-
 from dispatch_service.contracts import DISPATCH_ENSEMBLE_INPUTS
 from dispatch_service.errors import DispatchInputError
 from dispatch_service.fused import FusedDispatch, FusedResult, FusedSettings
@@ -64,18 +62,11 @@ class FusedDispatchAdapter(TritonResponder):
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         return [self._respond(request) for request in requests]
 
-    def _inputs(self, request: Any) -> dict[str, NDArray[Any] | None]:
-        arrays: dict[str, NDArray[Any] | None] = {}
-        for name in self.input_names:
-            tensor = self.pb.get_input_tensor_by_name(request, name)
-            arrays[name] = None if tensor is None else tensor.as_numpy()
-        return arrays
-
     def _respond(self, request: Any) -> Any:
         if request.is_cancelled():
             return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         try:
-            result = self.dispatch.run(self._inputs(request))
+            result = self.dispatch.run(self.arrays(request, self.input_names))
         except DispatchInputError as exc:
             return self.reject(request, exc)
         except Exception as exc:  # answers this request only

@@ -29,6 +29,7 @@ from dispatch_service.contracts import (
     ORDER_MODEL_VERSION,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
+    ROUTER_INPUTS,
 )
 from dispatch_service.errors import DispatchInputError
 from dispatch_service.metrics import (
@@ -53,6 +54,7 @@ from dispatch_service.triton_adapter import TritonResponder, log_event, triton_m
 ROUTER_MODEL_NAME: Final = "dispatch_router"
 SCORED_MODEL_NAME: Final = "dispatch_model"
 _USER_IDS: Final = "ORDER_USER_IDS"
+_INPUT_NAMES: Final = tuple(spec.name for spec in ROUTER_INPUTS)
 
 
 class DispatchRouterAdapter(TritonResponder):
@@ -82,12 +84,9 @@ class DispatchRouterAdapter(TritonResponder):
 
     # ---- one request ----------------------------------------------------------------------
 
-    def _input(self, request: Any, name: str) -> NDArray[Any] | None:
-        tensor = self.pb.get_input_tensor_by_name(request, name)
-        return None if tensor is None else tensor.as_numpy()
-
-    def _required(self, request: Any, name: str) -> NDArray[Any]:
-        value = self._input(request, name)
+    @staticmethod
+    def _required(inputs: dict[str, NDArray[Any] | None], name: str) -> NDArray[Any]:
+        value = inputs[name]
         if value is None:
             raise DispatchInputError(name, "is required but missing", "missing")
         return value
@@ -95,12 +94,13 @@ class DispatchRouterAdapter(TritonResponder):
     async def _respond(self, request: Any) -> Any:
         if request.is_cancelled():
             return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
+        inputs = self.arrays(request, _INPUT_NAMES)
         try:
-            user_ids = self._required(request, _USER_IDS)
-            forced = parse_version_tag(self._input(request, MODEL_VERSION_TAG.name), self.settings)
+            user_ids = self._required(inputs, _USER_IDS)
+            forced = parse_version_tag(inputs[MODEL_VERSION_TAG.name], self.settings)
             routed = await route_and_score(
-                self._required(request, PAIR_FEATURES.name),
-                self._required(request, CANDIDATE_RIDER_INDEX.name),
+                self._required(inputs, PAIR_FEATURES.name),
+                self._required(inputs, CANDIDATE_RIDER_INDEX.name),
                 choose_versions(user_ids, self.settings, forced),
                 self.settings,
                 self.score,

@@ -95,6 +95,16 @@ class TritonResponder:
         except Exception as exc:
             self._metrics_failed(exc)
 
+    @staticmethod
+    def arrays(request: Any, names: Sequence[str]) -> dict[str, NDArray[Any] | None]:
+        """The named inputs of a request as arrays (None where absent), in one pass over its
+        inputs: `pb_utils.get_input_tensor_by_name` lists them all again for every name."""
+        present = {tensor.name(): tensor for tensor in request.inputs()}
+        return {
+            name: None if (tensor := present.get(name)) is None else tensor.as_numpy()
+            for name in names
+        }
+
     def response(self, outputs: dict[str, NDArray[Any]]) -> Any:
         return self.pb.InferenceResponse(
             output_tensors=[
@@ -157,19 +167,12 @@ class TritonStepAdapter(TritonResponder):
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         return [self._respond(request) for request in requests]
 
-    def _inputs(self, request: Any) -> dict[str, NDArray[Any] | None]:
-        arrays: dict[str, NDArray[Any] | None] = {}
-        for name in self.step.input_names:
-            tensor = self.pb.get_input_tensor_by_name(request, name)
-            arrays[name] = None if tensor is None else tensor.as_numpy()
-        return arrays
-
     def _respond(self, request: Any) -> Any:
         if request.is_cancelled():
             return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         started = time.perf_counter()
         try:
-            outputs = self.step.run(self._inputs(request))
+            outputs = self.step.run(self.arrays(request, self.step.input_names))
         except DispatchInputError as exc:
             return self.reject(request, exc)
         except Exception as exc:  # any failure answers this request only

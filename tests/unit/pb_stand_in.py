@@ -136,7 +136,7 @@ class FakeRequest:
         request_id: str = "",
         cancelled: bool = False,
     ) -> None:
-        self.inputs = {name: value for name, value in inputs.items() if value is not None}
+        self.tensors = {name: value for name, value in inputs.items() if value is not None}
         self._id = request_id
         self._cancelled = cancelled
 
@@ -145,6 +145,9 @@ class FakeRequest:
 
     def is_cancelled(self) -> bool:
         return self._cancelled
+
+    def inputs(self) -> list[FakeTensor]:
+        return [FakeTensor(name, array) for name, array in self.tensors.items()]
 
 
 class FakeMetricFamilies:
@@ -184,5 +187,5 @@ class FakePbUtils:
 
     @staticmethod
     def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:
-        array = request.inputs.get(name)
+        array = request.tensors.get(name)
         return None if array is None else FakeTensor(name, array)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,7 +18,7 @@ from dispatch_service.router_adapter import DispatchRouterAdapter, router_adapte
 from dispatch_service.routing import ROUTED_ORDERS, RouterSettings, rule_based_objectives
 from dispatch_service.settings import SettingsError
 from dispatch_service.simulator import generate_window
-from pb_stand_in import FakeTensor, FakeTritonError
+from pb_stand_in import FakeRequest, FakeTensor, FakeTritonError
 
 
 class Response:
@@ -89,25 +89,8 @@ class FakePb:
         self.InferenceRequest = InferenceRequest
 
     @staticmethod
-    def get_input_tensor_by_name(request: Request, name: str) -> FakeTensor | None:
-        array = request.inputs.get(name)
-        return None if array is None else FakeTensor(name, array)
-
-    @staticmethod
     def get_output_tensor_by_name(response: Response, name: str) -> FakeTensor | None:
         return response.tensors.get(name)
-
-
-class Request:
-    def __init__(self, inputs: Mapping[str, NDArray[Any]], request_id: str = "r") -> None:
-        self.inputs = dict(inputs)
-        self._id = request_id
-
-    def request_id(self) -> str:
-        return self._id
-
-    def is_cancelled(self) -> bool:
-        return False
 
 
 def served(*versions: int) -> Model:
@@ -133,7 +116,7 @@ def window_inputs(seed: int = 5, orders: int = 12, **extra: NDArray[Any]) -> dic
     }
 
 
-def run(adapter: DispatchRouterAdapter, *requests: Request) -> list[Response]:
+def run(adapter: DispatchRouterAdapter, *requests: FakeRequest) -> list[Response]:
     return asyncio.run(adapter.execute(list(requests)))
 
 
@@ -148,7 +131,7 @@ def test_answers_objectives_versions_and_levels_through_bls() -> None:
     settings = RouterSettings(canary_version=2, canary_percent=50)
     adapter = DispatchRouterAdapter(pb, "dispatch_router", settings, metrics=metrics)
     inputs = window_inputs()
-    (response,) = run(adapter, Request(inputs))
+    (response,) = run(adapter, FakeRequest(inputs))
     out = outputs(response)
     assert set(out) == {"PAIR_OBJECTIVES", "ORDER_MODEL_VERSION", "ORDER_FALLBACK_LEVEL"}
     assert out["PAIR_OBJECTIVES"].shape == (inputs["PAIR_FEATURES"].shape[0], 3)
@@ -163,7 +146,7 @@ def test_an_error_response_of_the_canary_is_answered_by_the_stable_version() -> 
     pb = FakePb(served(1))
     settings = RouterSettings(canary_version=2, canary_percent=100)
     adapter = DispatchRouterAdapter(pb, "dispatch_router", settings)
-    out = outputs(run(adapter, Request(window_inputs(), "req-9"))[0])
+    out = outputs(run(adapter, FakeRequest(window_inputs(), "req-9"))[0])
     assert out["ORDER_MODEL_VERSION"].tolist() == [1] * 12
     assert out["ORDER_FALLBACK_LEVEL"].tolist() == [1] * 12
     (warning,) = [fields for level, fields in pb.Logger.lines if level == "warn"]
@@ -176,7 +159,7 @@ def test_no_model_at_all_still_answers_with_the_rule_based_dispatcher() -> None:
     pb = FakePb(served())
     adapter = DispatchRouterAdapter(pb, "dispatch_router", RouterSettings(canary_version=2))
     inputs = window_inputs()
-    out = outputs(run(adapter, Request(inputs))[0])
+    out = outputs(run(adapter, FakeRequest(inputs))[0])
     assert out["ORDER_FALLBACK_LEVEL"].tolist() == [2] * 12
     assert out["ORDER_MODEL_VERSION"].tolist() == [0] * 12
     np.testing.assert_array_equal(
@@ -194,8 +177,8 @@ def test_the_tag_forces_a_version_and_a_bad_tag_is_invalid_arg() -> None:
     bad = np.array([b"newest"], dtype=object)
     good, rejected = run(
         adapter,
-        Request(window_inputs(MODEL_VERSION_TAG=tag)),
-        Request(window_inputs(MODEL_VERSION_TAG=bad), "req-bad"),
+        FakeRequest(window_inputs(MODEL_VERSION_TAG=tag)),
+        FakeRequest(window_inputs(MODEL_VERSION_TAG=bad), "req-bad"),
     )
     assert outputs(good)["ORDER_MODEL_VERSION"].tolist() == [2] * 12
     assert rejected.error().code() == FakeTritonError.INVALID_ARG
@@ -213,7 +196,7 @@ def test_a_missing_tensor_is_invalid_arg() -> None:
     inputs = window_inputs()
     del inputs["ORDER_USER_IDS"]
     adapter = DispatchRouterAdapter(FakePb(served(1)), "dispatch_router", RouterSettings())
-    (response,) = run(adapter, Request(inputs))
+    (response,) = run(adapter, FakeRequest(inputs))
     assert response.error().code() == FakeTritonError.INVALID_ARG
     assert response.error().message() == "ORDER_USER_IDS: is required but missing"
 
@@ -224,8 +207,8 @@ def test_shadow_draws_extra_calls_but_the_same_answer() -> None:
     pb = FakePb(served(1, 2))
     shadowed = DispatchRouterAdapter(pb, "r", settings, draw=lambda: 0.5)
     inputs = window_inputs()
-    a = outputs(run(plain, Request(inputs))[0])
-    b = outputs(run(shadowed, Request(inputs))[0])
+    a = outputs(run(plain, FakeRequest(inputs))[0])
+    b = outputs(run(shadowed, FakeRequest(inputs))[0])
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
     assert sorted(pb.bls) == [("dispatch_model", 1), ("dispatch_model", 2)]
@@ -315,7 +298,7 @@ def test_every_router_series_carries_the_process_id() -> None:
     RecordingPb.created.clear()
     pb = RecordingPb(served(1, 2))
     adapter = router_adapter_for(pb, _args(canary_version="2", canary_percent="50"))
-    run(adapter, Request(window_inputs()))
+    run(adapter, FakeRequest(window_inputs()))
     adapter.finalize()  # records what the metrics thread still holds
     assert RecordingPb.created, "no series recorded"
     for labels in RecordingPb.created:

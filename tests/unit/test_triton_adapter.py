@@ -112,7 +112,7 @@ def test_a_bad_window_is_answered_with_invalid_arg_naming_the_tensor() -> None:
     pb = FakePbUtils()
     adapter = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep())
     good = window_request(1, "a")
-    pickup = np.array(good.inputs["ORDER_PICKUP"], copy=True)
+    pickup = np.array(good.tensors["ORDER_PICKUP"], copy=True)
     pickup[2, 0] = 95.0
     responses = adapter.execute(
         [good, window_request(1, "b", ORDER_PICKUP=pickup), window_request(2, "c")]
@@ -131,7 +131,7 @@ def test_a_bad_window_is_answered_with_invalid_arg_naming_the_tensor() -> None:
 def test_a_missing_tensor_is_answered_with_invalid_arg() -> None:
     pb = FakePbUtils()
     request = window_request(1)
-    del request.inputs["RIDER_LOAD"]
+    del request.tensors["RIDER_LOAD"]
     (response,) = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep()).execute([request])
     assert response.error().code() == FakeTritonError.INVALID_ARG
     assert response.error().message() == "RIDER_LOAD: is required but missing"
@@ -186,7 +186,7 @@ def test_a_cancelled_request_is_not_run() -> None:
 def test_a_rejection_logs_one_json_line_without_payload() -> None:
     pb = FakePbUtils()
     secret_order = b"order-SECRET-4711"
-    pickup = np.array(window_request(1).inputs["ORDER_PICKUP"], copy=True)
+    pickup = np.array(window_request(1).tensors["ORDER_PICKUP"], copy=True)
     pickup[3] = [123.4567891, 121.4737]
     request = window_request(
         1,
@@ -478,7 +478,7 @@ def test_the_encoder_records_latency_candidates_and_rejections(tmp_path: Path) -
     args = triton_args("feature_encoder", {"candidates_per_order": "3"}, tmp_path)
     adapter = adapter_for(pb, args, "feature_encoder")
     good = [window_request(1, "a"), window_request(2, "c")]
-    pickup = np.array(good[0].inputs["ORDER_PICKUP"], copy=True)
+    pickup = np.array(good[0].tensors["ORDER_PICKUP"], copy=True)
     pickup[0, 1] = 200.0
     twice = np.array([b"o1", b"o2", b"o1", b"o4"], dtype=object)
     responses = adapter.execute(

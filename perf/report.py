@@ -661,10 +661,12 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
     lines += ["", "## Tuning log", ""]
     if results.tuning_log:
         lines += [
-            "Configuration changes tried with `python -m perf.tuning`, each measured against "
-            "the unchanged configuration (perf_analyzer over gRPC, same windows, short levels); "
-            "the unchanged configuration is measured again at the end, and that difference is "
-            "the noise to read every entry against. Source: `perf/tuning_log.json`.",
+            "Changes tried, each measured against what came before it with perf_analyzer over "
+            "gRPC on the same windows: configuration variants with `python -m perf.tuning` (the "
+            "unchanged configuration is measured again at the end, and that difference is the "
+            "noise to read every entry against), code changes by serving each commit with its "
+            "own code (the conditions column says how, and how far repeated runs differed). "
+            "Source: `perf/tuning_log.json`.",
             "",
         ]
         lines += _table(

@@ -1,0 +1,116 @@
+"""Measure several commits side by side, each served with its own library and models.
+
+`python -m perf.commits 13a41a8,HEAD --rounds 2` checks every commit out into a temporary git
+worktree, serves its model repository with tritonserver and measures the small window over
+gRPC at concurrency 1 and 64 with perf_analyzer, for `dispatch` and (where the commit has it)
+`dispatch_fused`. Rounds go through all commits in turn, so a drift of the host's load
+spreads over all of them. It prints one line per level and writes `results.json` (every
+round's figures) to the output folder; code changes in `perf/tuning_log.json` were measured
+this way.
+
+The backend stub's embedded Python ignores PYTHONPATH, so each worktree's `model.py` files
+get one line that puts that worktree's library first on `sys.path` (the worktree is a
+temporary copy; the repository is not touched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dispatch_service.paths import REPO_ROOT
+
+MODELS = ("dispatch", "dispatch_fused")
+LEVELS = (1, 64)
+
+
+def library_first(worktree: Path) -> int:
+    """Make each model.py of the worktree import the worktree's library; returns how many."""
+    line = f"import sys; sys.path.insert(0, {str(worktree / 'python_backend')!r})\n"
+    patched = 0
+    for model_py in sorted((worktree / "model_repository").glob("*/*/model.py")):
+        text = model_py.read_text()
+        if not text.startswith(line):
+            model_py.write_text(line + text)
+            patched += 1
+    return patched
+
+
+def checkout(commit: str, root: Path) -> Path:
+    """A detached worktree of ``commit`` under ``root`` (reused when present)."""
+    worktree = root / f"wt-{commit}"
+    if not worktree.exists():
+        subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "worktree", "add", "--detach", str(worktree), commit],
+            check=True,
+            capture_output=True,
+        )
+    library_first(worktree)
+    return worktree
+
+
+def measure(commits: Sequence[str], rounds: int, out: Path) -> dict[str, list[dict[str, Any]]]:
+    from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
+    from perf.pa import PaJob, PerfAnalyzer, write_input_data
+    from perf.windows import SIZES, optional_inputs, simulated_windows
+
+    runtime = TritonRuntime.from_venv(REPO_ROOT / ".venv", REPO_ROOT / ".triton" / "backends")
+    pa = PerfAnalyzer.from_venv(REPO_ROOT / ".venv")
+    data = out / "input_small.json"
+    write_input_data(data, simulated_windows(SIZES["small"], optional_inputs()))
+    results: dict[str, list[dict[str, Any]]] = {}
+    for round_no in range(rounds):
+        for commit in commits:
+            worktree = checkout(commit, out)
+            repository = worktree / "model_repository"
+            models = [m for m in MODELS if (repository / m).is_dir()]
+            options = ServerOptions(model_repository=repository, ports=Ports.free())
+            with TritonServer(runtime, options, out / f"server-{commit}.log") as server:
+                for model in models:
+                    for concurrency in LEVELS:
+                        job = PaJob(
+                            url=server.grpc_url,
+                            protocol="grpc",
+                            input_data=data,
+                            concurrency=concurrency,
+                            request_count=max(400, 25 * concurrency),
+                            csv_path=out / f"{commit}_{model}_c{concurrency}.csv",
+                            model=model,
+                            mode="count_windows",
+                        )
+                        outcome = pa.run(job, 120)
+                        key = f"{commit} {model} c={concurrency}"
+                        if not outcome.ok:
+                            print(f"{round_no} {key} failed: {outcome.log_tail[-200:]}")
+                            continue
+                        row = outcome.rows[0]
+                        results.setdefault(key, []).append(row.to_dict())
+                        print(
+                            f"{round_no} {key} {row.throughput_per_s:.1f}/s "
+                            f"p50 {row.p50_ms:.2f} p99 {row.p99_ms:.2f}",
+                            flush=True,
+                        )
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Measure commits side by side")
+    parser.add_argument("commits", help="comma-separated commits, oldest first")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
+    args = parser.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="dispatch-commits-"))
+    out.mkdir(parents=True, exist_ok=True)
+    measure([c for c in args.commits.split(",") if c], args.rounds, out)
+    print(f"results: {out / 'results.json'}; worktrees: delete {out}, then `git worktree prune`")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

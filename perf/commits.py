@@ -1,9 +1,9 @@
 """Measure several commits side by side, each served with its own library and models.
 
 `python -m perf.commits 13a41a8,HEAD --rounds 2` checks every commit out into a temporary git
-worktree, serves its model repository with tritonserver and measures the small window over
-gRPC at concurrency 1 and 64 with perf_analyzer, for `dispatch` and (where the commit has it)
-`dispatch_fused`. Rounds go through all commits in turn, so a drift of the host's load
+worktree, serves its model repository with tritonserver and measures windows over gRPC with
+perf_analyzer (`--sizes`, default small at concurrency 1 and 64; `LEVELS`), for `dispatch`
+and (where the commit has it) `dispatch_fused`. Rounds go through all commits in turn, so a drift of the host's load
 spreads over all of them. It prints one line per level and writes `results.json` (every
 round's figures) to the output folder; code changes in `perf/tuning_log.json` were measured
 this way.
@@ -26,7 +26,7 @@ from typing import Any
 from dispatch_service.paths import REPO_ROOT
 
 MODELS = ("dispatch", "dispatch_fused")
-LEVELS = (1, 64)
+LEVELS = {"small": (1, 64), "medium": (1, 16), "large": (1,)}
 
 
 def library_first(worktree: Path) -> int:
@@ -54,15 +54,19 @@ def checkout(commit: str, root: Path) -> Path:
     return worktree
 
 
-def measure(commits: Sequence[str], rounds: int, out: Path) -> dict[str, list[dict[str, Any]]]:
+def measure(
+    commits: Sequence[str], rounds: int, out: Path, sizes: Sequence[str] = ("small",)
+) -> dict[str, list[dict[str, Any]]]:
     from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
     from perf.pa import PaJob, PerfAnalyzer, write_input_data
     from perf.windows import SIZES, optional_inputs, simulated_windows
 
     runtime = TritonRuntime.from_venv(REPO_ROOT / ".venv", REPO_ROOT / ".triton" / "backends")
     pa = PerfAnalyzer.from_venv(REPO_ROOT / ".venv")
-    data = out / "input_small.json"
-    write_input_data(data, simulated_windows(SIZES["small"], optional_inputs()))
+    inputs = {}
+    for size in sizes:
+        inputs[size] = out / f"input_{size}.json"
+        write_input_data(inputs[size], simulated_windows(SIZES[size], optional_inputs()))
     results: dict[str, list[dict[str, Any]]] = {}
     for round_no in range(rounds):
         for commit in commits:
@@ -71,20 +75,20 @@ def measure(commits: Sequence[str], rounds: int, out: Path) -> dict[str, list[di
             models = [m for m in MODELS if (repository / m).is_dir()]
             options = ServerOptions(model_repository=repository, ports=Ports.free())
             with TritonServer(runtime, options, out / f"server-{commit}.log") as server:
-                for model in models:
-                    for concurrency in LEVELS:
+                for model, size in [(m, s) for m in models for s in sizes]:
+                    for concurrency in LEVELS[size]:
                         job = PaJob(
                             url=server.grpc_url,
                             protocol="grpc",
-                            input_data=data,
+                            input_data=inputs[size],
                             concurrency=concurrency,
-                            request_count=max(400, 25 * concurrency),
-                            csv_path=out / f"{commit}_{model}_c{concurrency}.csv",
+                            request_count=max(60 if size == "large" else 400, 25 * concurrency),
+                            csv_path=out / f"{commit}_{model}_{size}_c{concurrency}.csv",
                             model=model,
                             mode="count_windows",
                         )
                         outcome = pa.run(job, 120)
-                        key = f"{commit} {model} c={concurrency}"
+                        key = f"{commit} {model} {size} c={concurrency}"
                         if not outcome.ok:
                             print(f"{round_no} {key} failed: {outcome.log_tail[-200:]}")
                             continue
@@ -103,11 +107,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Measure commits side by side")
     parser.add_argument("commits", help="comma-separated commits, oldest first")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sizes", default="small", help=f"comma-separated of {', '.join(LEVELS)}")
     parser.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="dispatch-commits-"))
     out.mkdir(parents=True, exist_ok=True)
-    measure([c for c in args.commits.split(",") if c], args.rounds, out)
+    sizes = [s for s in args.sizes.split(",") if s]
+    unknown = sorted(set(sizes) - set(LEVELS))
+    if unknown:
+        parser.error(f"unknown sizes {unknown}")
+    measure([c for c in args.commits.split(",") if c], args.rounds, out, sizes)
     print(f"results: {out / 'results.json'}; worktrees: delete {out}, then `git worktree prune`")
     return 0
 

@@ -8,6 +8,7 @@ must encode within a few tens of milliseconds on a CPU.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
@@ -53,6 +54,19 @@ class EncoderSettings:
             raise ValueError("utc_offset_minutes must be within +-18 hours")
         if not 1 <= self.zone_precision <= geo.MAX_GEOHASH_PRECISION:
             raise ValueError(f"zone_precision must be within 1..{geo.MAX_GEOHASH_PRECISION}")
+
+
+@dataclass(frozen=True)
+class EncoderThreads:
+    """How the encoder runs, not what it computes (so not part of a model version)."""
+
+    # Threads that rank a large window's riders (more than one block of orders); the
+    # result is the same for any count. Smaller windows always run on one.
+    selection_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.selection_threads <= 64:
+            raise ValueError("selection_threads must be within 1..64")
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,7 @@ def _nearest_among(
     riders: NDArray[np.float64],
     riders_xyz: NDArray[np.float64],
     take: int,
+    threads: int = 1,
 ) -> IntArray:
     """Indices into ``riders`` of the ``take`` nearest per pickup, nearest first.
 
@@ -133,7 +148,8 @@ def _nearest_among(
     with the rider row as tie-break. An order is exact when its ``take``-th distance is
     strictly below a lower bound on every rider left out; the few orders where that
     cannot be shown (near-ties at the cut, co-located riders) are ranked exactly over
-    all riders. Callers rank few riders exactly instead (`_preselects`).
+    all riders. Callers rank few riders exactly instead (`_preselects`). Blocks of orders
+    are independent: with ``threads`` > 1 they run on that many threads (same result).
     """
     num_orders, num_riders = pickup.shape[0], riders.shape[0]
     everyone = np.broadcast_to(np.arange(num_riders, dtype=np.int64), (num_orders, num_riders))
@@ -142,8 +158,8 @@ def _nearest_among(
     chosen = np.empty((num_orders, take), dtype=np.int64)
     unproven = np.zeros(num_orders, dtype=np.bool_)
     block = max(1, _BLOCK_ELEMENTS // num_riders)
-    for start in range(0, num_orders, block):
-        stop = min(start + block, num_orders)
+
+    def rank(start: int, stop: int) -> None:  # writes only rows start:stop of the outputs
         neg_dot = pickup_xyz[start:stop] @ riders_xyz.T
         np.negative(neg_dot, out=neg_dot)
         part = np.argpartition(neg_dot, keep, axis=1)
@@ -157,6 +173,19 @@ def _nearest_among(
         bound_km = bound_km * (1.0 - 1e-12) - 1e-12
         unproven[start:stop] = ~(dist[:, take - 1] < bound_km)
 
+    if threads > 1 and num_orders > block:  # as many equal blocks on every thread
+        count = -(-num_orders // block)
+        block = -(-num_orders // (-(-count // threads) * threads))
+    spans = [(start, min(start + block, num_orders)) for start in range(0, num_orders, block)]
+    if threads > 1 and len(spans) > 1:
+        # numpy releases the GIL in the matrix product and argpartition that dominate here
+        with ThreadPoolExecutor(max_workers=min(threads, len(spans))) as pool:
+            for done in [pool.submit(rank, start, stop) for start, stop in spans]:
+                done.result()
+    else:
+        for start, stop in spans:
+            rank(start, stop)
+
     redo = np.flatnonzero(unproven)
     for start in range(0, redo.size, block):
         orders = redo[start : start + block]
@@ -164,11 +193,12 @@ def _nearest_among(
     return chosen
 
 
-def select_candidates(window: DispatchWindow, n: int) -> NDArray[np.int32]:
+def select_candidates(window: DispatchWindow, n: int, threads: int = 1) -> NDArray[np.int32]:
     """[B, min(n, R)] rider rows: per order the n nearest feasible riders to the pickup.
 
     Nearest first by haversine distance rider -> pickup, ties broken by the lower rider
-    row; -1 pads when fewer riders are feasible. Deterministic for a given window.
+    row; -1 pads when fewer riders are feasible. Deterministic for a given window, whatever
+    ``threads`` (how many threads large windows are ranked on).
     """
     if n < 1:
         raise ValueError("n must be >= 1")
@@ -201,7 +231,12 @@ def select_candidates(window: DispatchWindow, n: int) -> NDArray[np.int32]:
             pickup_xyz = _unit_vectors(window.pickup)
             rider_xyz = _unit_vectors(window.rider_position)
         local = _nearest_among(
-            pickup, pickup_xyz[orders], window.rider_position[riders], rider_xyz[riders], take
+            pickup,
+            pickup_xyz[orders],
+            window.rider_position[riders],
+            rider_xyz[riders],
+            take,
+            threads,
         )
         out[orders, :take] = riders[local]
     return out
@@ -357,10 +392,12 @@ def encode_pairs(
     return out
 
 
-def encode_window(window: DispatchWindow, settings: EncoderSettings | None = None) -> EncodedWindow:
+def encode_window(
+    window: DispatchWindow, settings: EncoderSettings | None = None, threads: int = 1
+) -> EncodedWindow:
     """Select candidates and encode their pairs: the whole feature_encoder step."""
     settings = settings or EncoderSettings()
-    candidates = select_candidates(window, settings.candidates_per_order)
+    candidates = select_candidates(window, settings.candidates_per_order, threads)
     return EncodedWindow(
         pair_features=encode_pairs(window, candidates, settings),
         candidate_rider_index=candidates,

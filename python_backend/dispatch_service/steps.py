@@ -24,7 +24,7 @@ from dispatch_service.contracts import (
     WINDOW_INPUTS,
 )
 from dispatch_service.errors import DispatchInputError
-from dispatch_service.features import EncoderSettings, encode_window
+from dispatch_service.features import EncoderSettings, EncoderThreads, encode_window
 from dispatch_service.onnx_runner import OnnxScorer, OrtSettings
 from dispatch_service.resolver import ResolverSettings, resolve
 from dispatch_service.settings import load_settings, reject_unknown
@@ -45,19 +45,21 @@ class Step(Protocol):
 class FeatureEncoderStep:
     limits: WindowLimits = field(default_factory=WindowLimits)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
+    threads: EncoderThreads = field(default_factory=EncoderThreads)
     input_names: ClassVar[tuple[str, ...]] = tuple(spec.name for spec in WINDOW_INPUTS)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> FeatureEncoderStep:
-        reject_unknown(parameters, WindowLimits, EncoderSettings)
+        reject_unknown(parameters, WindowLimits, EncoderSettings, EncoderThreads)
         return cls(
             limits=load_settings(WindowLimits, parameters),
             encoder=load_settings(EncoderSettings, parameters),
+            threads=load_settings(EncoderThreads, parameters),
         )
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
         window = window_from_tensors(inputs, self.limits)
-        encoded = encode_window(window, self.encoder)
+        encoded = encode_window(window, self.encoder, self.threads.selection_threads)
         features, candidates = ENCODER_OUTPUTS
         return {
             features.name: encoded.pair_features,

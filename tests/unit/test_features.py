@@ -446,3 +446,20 @@ def test_pair_geometry_is_bitwise_the_geo_functions(seed: int) -> None:
             column = rows[:, COLUMN[name]]
             assert column.tobytes() == value.astype(np.float32).tobytes(), name
         assert not got[(table < 0).reshape(-1)].any()
+
+
+def test_ranking_large_windows_on_threads_gives_the_same_candidates() -> None:
+    from dispatch_service.simulator import generate_window
+
+    window = generate_window(np.random.default_rng(12), 700, 3000)  # three blocks of orders
+    one = features.select_candidates(window, 16)
+    for threads in (2, 3, 8):
+        np.testing.assert_array_equal(features.select_candidates(window, 16, threads), one)
+    encoded = features.encode_window(window, threads=2)
+    np.testing.assert_array_equal(encoded.candidate_rider_index, one)
+
+
+@pytest.mark.parametrize("threads", [0, 65])
+def test_selection_threads_must_be_sane(threads: int) -> None:
+    with pytest.raises(ValueError, match="selection_threads"):
+        features.EncoderThreads(selection_threads=threads)

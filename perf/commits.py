@@ -3,10 +3,10 @@
 `python -m perf.commits 13a41a8,HEAD --rounds 2` checks every commit out into a temporary git
 worktree, serves its model repository with tritonserver and measures windows over gRPC with
 perf_analyzer (`--sizes`, default small at concurrency 1 and 64; `LEVELS`), for `dispatch`
-and (where the commit has it) `dispatch_fused`. Rounds go through all commits in turn, so a drift of the host's load
-spreads over all of them. It prints one line per level and writes `results.json` (every
-round's figures) to the output folder; code changes in `perf/tuning_log.json` were measured
-this way.
+and (where the commit has it) `dispatch_fused`. Rounds go through all commits in turn, so a
+drift of the host's load spreads over all of them. It prints one line per level and writes
+`results.json` (every round's figures) to the output folder; code changes in
+`perf/tuning_log.json` were measured this way.
 
 The backend stub's embedded Python ignores PYTHONPATH, so each worktree's `model.py` files
 get one line that puts that worktree's library first on `sys.path` (the worktree is a

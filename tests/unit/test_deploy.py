@@ -24,6 +24,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dispatch_service.metrics import ALL_METRICS
+from dispatch_service.routing import (
+    FALLBACK_ORDERS,
+    MODEL_ERRORS,
+    MODEL_LATENCY,
+    ROUTED_ORDERS,
+    ROUTER_METRICS,
+    SHADOW_ORDERS,
+    SHADOW_TOP1_AGREEMENTS,
+)
 from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,18 +84,9 @@ TRITON_METRICS = frozenset(
         "nv_pinned_memory_pool_total_bytes",
     }
 )
-# The project's custom metrics (Python models through pb_utils.MetricFamily).
-PROJECT_METRICS = frozenset(
-    {
-        "dispatch_encoder_latency_ms",
-        "dispatch_resolver_latency_ms",
-        "dispatch_candidates_per_order",
-        "dispatch_capacity_conflicts_total",
-        "dispatch_validation_rejections_total",
-        "dispatch_canary_share",
-        "dispatch_fallback_total",
-    }
-)
+# The project's custom metrics (Python models through pb_utils.MetricFamily), as the library
+# defines them: a panel can only read what some model records.
+PROJECT_METRICS = frozenset(spec.name for spec in (*ALL_METRICS, *ROUTER_METRICS))
 # What the dashboard must show.
 DASHBOARD_REQUIRED = frozenset(
     {
@@ -98,7 +99,9 @@ DASHBOARD_REQUIRED = frozenset(
         "nv_inference_exec_count",
         "nv_gpu_utilization",
         "nv_gpu_memory_used_bytes",
-        *PROJECT_METRICS,
+        *(spec.name for spec in ALL_METRICS),
+        *(spec.name for spec in (ROUTED_ORDERS, FALLBACK_ORDERS, MODEL_LATENCY, MODEL_ERRORS)),
+        *(spec.name for spec in (SHADOW_ORDERS, SHADOW_TOP1_AGREEMENTS)),
     }
 )
 
@@ -696,7 +699,8 @@ def test_dashboard_covers_latency_queue_throughput_gpu_and_project_metrics() -> 
     assert re.search(r"by \(model, version\) \(rate\(nv_inference_request_success", exprs)
     assert re.search(r"histogram_quantile\(0\.99, .*dispatch_encoder_latency_ms_bucket", exprs)
     assert re.search(r"by \(rule\) \(rate\(dispatch_validation_rejections_total", exprs)
-    assert re.search(r"by \(level\) \(rate\(dispatch_fallback_total", exprs)
+    assert re.search(r"by \(level, model_version\) \(rate\(dispatch_router_fallbacks_total", exprs)
+    assert re.search(r"by \(model_version\) \(rate\(dispatch_router_orders_total", exprs)
 
 
 def test_dashboard_model_variable_lists_triton_models() -> None:

@@ -40,7 +40,7 @@ from dispatch_service.contracts import (
 )
 from dispatch_service.errors import DispatchInputError
 from dispatch_service.onnx_runner import OnnxScorer, OrtSettings
-from dispatch_service.pipeline import config_parameters
+from dispatch_service.pipeline import config_parameters, repository_steps
 from dispatch_service.routing import (
     ModelCallError,
     RoutedScores,
@@ -67,10 +67,9 @@ class FusedSettings:
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> FusedSettings:
         """Parse config.pbtxt parameters; unknown keys and bad values raise SettingsError."""
-        own = {k: v for k, v in parameters.items() if k == "scoring_model"}
         routing = {k: v for k, v in parameters.items() if k != "scoring_model"}
         reject_unknown(routing, RouterSettings)
-        scoring_model = own.get("scoring_model", cls.scoring_model)
+        scoring_model = parameters.get("scoring_model", cls.scoring_model)
         if not scoring_model or "/" in scoring_model or scoring_model.startswith("."):
             raise ValueError(f"scoring_model must be a model folder name, got {scoring_model!r}")
         return cls(load_settings(RouterSettings, routing), scoring_model)
@@ -119,13 +118,10 @@ class FusedDispatch:
                 scorers[version] = OnnxScorer(path, ort_settings)
             except Exception as exc:  # any unreadable artifact: the version is unavailable
                 unavailable[version] = f"{path} did not load: {type(exc).__name__}: {exc}"
+        encoder, resolver = repository_steps(repository)
         return cls(
-            encoder=FeatureEncoderStep.from_parameters(
-                config_parameters(repository / "feature_encoder" / "config.pbtxt")
-            ),
-            resolver=TopKResolverStep.from_parameters(
-                config_parameters(repository / "topk_resolver" / "config.pbtxt")
-            ),
+            encoder=encoder,
+            resolver=resolver,
             settings=settings,
             scorers=scorers,
             unavailable=unavailable,

@@ -44,6 +44,18 @@ def config_parameters(config_path: Path) -> dict[str, str]:
     return {key: value.string_value for key, value in config.parameters.items()}
 
 
+def repository_steps(repository: Path) -> tuple[FeatureEncoderStep, TopKResolverStep]:
+    """The encoder and resolver steps as the repository's config.pbtxt files configure them."""
+    return (
+        FeatureEncoderStep.from_parameters(
+            config_parameters(repository / "feature_encoder" / "config.pbtxt")
+        ),
+        TopKResolverStep.from_parameters(
+            config_parameters(repository / "topk_resolver" / "config.pbtxt")
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class DispatchPipeline:
     encoder: FeatureEncoderStep
@@ -58,17 +70,14 @@ class DispatchPipeline:
         model_version: int = 1,
         metrics: MetricsSink | None = None,
     ) -> DispatchPipeline:
+        encoder, resolver = repository_steps(repository)
         return cls(
-            encoder=FeatureEncoderStep.from_parameters(
-                config_parameters(repository / "feature_encoder" / "config.pbtxt")
-            ),
+            encoder=encoder,
             model=DispatchModelStep.from_parameters(
                 repository / "dispatch_model" / str(model_version) / "model.onnx",
                 config_parameters(repository / "dispatch_model" / "config.pbtxt"),
             ),
-            resolver=TopKResolverStep.from_parameters(
-                config_parameters(repository / "topk_resolver" / "config.pbtxt")
-            ),
+            resolver=resolver,
             metrics=metrics if metrics is not None else NullMetrics(),
         )
 

@@ -23,6 +23,10 @@ Facts about this 2.51 build that shape the benchmark (checked on the target mach
   and 1 of 4 runs, sync and `--async` alike), and with `--shared-memory system` the
   profile export is sometimes cut off at 64 KiB although the exit status is 0. The
   benchmark therefore uses `count_windows` mode and the CSV for every perf_analyzer level.
+- With `--shared-memory system` it names its regions after the tensors (`/dev/shm/ORDER_IDS`,
+  `/dev/shm/COORD_SYSTEM_0_3`, ...) and removes them when it exits; killed (a level's
+  timeout), it leaves them all behind. `PerfAnalyzer.run` then removes the ones that run
+  created (`remove_leftover_regions`).
 """
 
 from __future__ import annotations
@@ -43,7 +47,12 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_service.contracts import spec_by_name
+from dispatch_service.contracts import (
+    DISPATCH_ENSEMBLE_INPUTS,
+    DISPATCH_ENSEMBLE_OUTPUTS,
+    FEATURE_ENTRY_INPUTS,
+    spec_by_name,
+)
 from perf.stats import LevelStats, level_stats
 
 Tensors = dict[str, NDArray[Any]]
@@ -231,6 +240,7 @@ class PerfAnalyzer:
         text = " ".join(command)
         if job.profile_export is not None:
             job.profile_export.unlink(missing_ok=True)  # perf_analyzer refuses an existing file
+        before = shm_entries() if job.shared_memory == "system" else frozenset()
         try:
             done = subprocess.run(
                 command,
@@ -240,9 +250,13 @@ class PerfAnalyzer:
                 timeout=timeout_s,
                 check=False,
             )
-        except subprocess.TimeoutExpired as exc:
+        except subprocess.TimeoutExpired as exc:  # perf_analyzer was killed
             out = exc.stdout if isinstance(exc.stdout, str) else ""
-            return PaOutcome(text, 124, [], f"timed out after {timeout_s:.0f} s\n{out[-1500:]}")
+            tail = f"timed out after {timeout_s:.0f} s"
+            if job.shared_memory == "system":
+                removed = remove_leftover_regions(before)
+                tail += f"; removed {len(removed)} shared-memory regions it left"
+            return PaOutcome(text, 124, [], f"{tail}\n{out[-1500:]}")
         job.csv_path.with_suffix(".log").write_text(f"{text}\n\n{done.stdout}\n{done.stderr}")
         rows: list[LevelStats] = []
         note = ""
@@ -265,6 +279,33 @@ class PerfAnalyzer:
         return PaOutcome(
             text, done.returncode, rows, tail, note, parse_server_breakdown(done.stdout, job.model)
         )
+
+
+SHM_DIR = Path("/dev/shm")
+_TENSOR_NAMES = frozenset(
+    spec.name
+    for spec in (*DISPATCH_ENSEMBLE_INPUTS, *DISPATCH_ENSEMBLE_OUTPUTS, *FEATURE_ENTRY_INPUTS)
+)
+
+
+def shm_entries(directory: Path = SHM_DIR) -> frozenset[str]:
+    return frozenset(os.listdir(directory)) if directory.is_dir() else frozenset()
+
+
+def _tensor_region(name: str) -> bool:
+    """Whether a /dev/shm entry is named like perf_analyzer's region for a contract tensor."""
+    return any(name == tensor or name.startswith(f"{tensor}_") for tensor in _TENSOR_NAMES)
+
+
+def remove_leftover_regions(before: frozenset[str], directory: Path = SHM_DIR) -> list[str]:
+    """Remove the regions a killed perf_analyzer left: entries new since ``before`` and
+    named after a contract tensor (never the server's own regions, named otherwise)."""
+    removed = []
+    for name in sorted(shm_entries(directory) - before):
+        if _tensor_region(name):
+            (directory / name).unlink(missing_ok=True)
+            removed.append(name)
+    return removed
 
 
 def parse_request_count(output: str) -> int | None:

@@ -726,3 +726,22 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     path = tmp_path / "small.png"
     plot_size(_results(), "small", path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_killed_perf_analyzers_regions_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    from perf.pa import remove_leftover_regions, shm_entries
+
+    (tmp_path / "ORDER_IDS").write_bytes(b"old")  # there before the run: not this run's
+    before = shm_entries(tmp_path)
+    for name in ("ORDER_IDS_0_1", "COORD_SYSTEM_0_12", "ASSIGNED_RIDER_IDS", "PAIR_FEATURES"):
+        (tmp_path / name).write_bytes(b"x")
+    for name in ("triton_python_backend_shm_region_1", "dispatch_client_7_0_in", "ORDER_IDSX"):
+        (tmp_path / name).write_bytes(b"x")
+    removed = remove_leftover_regions(before, tmp_path)
+    assert removed == ["ASSIGNED_RIDER_IDS", "COORD_SYSTEM_0_12", "ORDER_IDS_0_1", "PAIR_FEATURES"]
+    assert sorted(shm_entries(tmp_path)) == [
+        "ORDER_IDS",
+        "ORDER_IDSX",
+        "dispatch_client_7_0_in",
+        "triton_python_backend_shm_region_1",
+    ]

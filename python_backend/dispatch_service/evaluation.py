@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
-import onnxruntime as ort
 from numpy.typing import NDArray
 
 from dispatch_service import baseline, simulator
-from dispatch_service.contracts import DEFAULT_OBJECTIVE_WEIGHTS, MODEL_INPUTS, MODEL_OUTPUTS
+from dispatch_service.contracts import DEFAULT_OBJECTIVE_WEIGHTS
 from dispatch_service.features import EncoderSettings, encode_window
+from dispatch_service.onnx_runner import OnnxScorer
 from dispatch_service.paths import MODEL_REPOSITORY
 from dispatch_service.resolver import ResolverSettings, resolve
 from dispatch_service.window import DispatchWindow
@@ -68,31 +68,33 @@ def model_policy(
     """The served decision: encode, score with onnxruntime (CPU), resolve with default weights."""
     encoder = encoder or EncoderSettings()
     resolver = resolver or ResolverSettings()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(
-        str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
-    )
-    weights = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
+    scorer = OnnxScorer(model_path)  # the served session options: one thread, CPU
 
     def decide(window: DispatchWindow) -> NDArray[np.int32]:
         encoded = encode_window(window, encoder)
-        objectives = session.run(
-            [MODEL_OUTPUTS[0].name], {MODEL_INPUTS[0].name: encoded.pair_features}
-        )[0]
-        resolution = resolve(
-            objectives=np.asarray(objectives, dtype=np.float32),
-            candidate_rider_index=encoded.candidate_rider_index,
-            rider_ids=window.rider_ids,
-            rider_load=window.rider_load,
-            rider_capacity=window.rider_capacity,
-            weights=weights,
-            settings=resolver,
-        )
-        return np.asarray(resolution.assigned_rider_index, dtype=np.int32)
+        objectives = scorer.infer(encoded.pair_features)
+        return _assign(window, encoded.candidate_rider_index, objectives, resolver)
 
     return decide
+
+
+def _assign(
+    window: DispatchWindow,
+    candidates: NDArray[np.int32],
+    objectives: NDArray[np.float32],
+    resolver: ResolverSettings,
+) -> NDArray[np.int32]:
+    """The resolver's assignment of one window's scored pairs, with the default weights."""
+    resolution = resolve(
+        objectives=objectives,
+        candidate_rider_index=candidates,
+        rider_ids=window.rider_ids,
+        rider_load=window.rider_load,
+        rider_capacity=window.rider_capacity,
+        weights=np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64),
+        settings=resolver,
+    )
+    return np.asarray(resolution.assigned_rider_index, dtype=np.int32)
 
 
 def oracle_policy(
@@ -107,7 +109,6 @@ def oracle_policy(
     """
     encoder = encoder or EncoderSettings()
     resolver = resolver or ResolverSettings()
-    weights = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
 
     def decide(window: DispatchWindow) -> NDArray[np.int32]:
         encoded = encode_window(window, encoder)
@@ -119,16 +120,7 @@ def oracle_policy(
             window, valid // candidates.shape[1], flat[valid], city
         )
         objectives[valid] = np.stack(expected, axis=1)
-        resolution = resolve(
-            objectives=objectives,
-            candidate_rider_index=candidates,
-            rider_ids=window.rider_ids,
-            rider_load=window.rider_load,
-            rider_capacity=window.rider_capacity,
-            weights=weights,
-            settings=resolver,
-        )
-        return np.asarray(resolution.assigned_rider_index, dtype=np.int32)
+        return _assign(window, candidates, objectives, resolver)
 
     return decide
 

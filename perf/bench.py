@@ -210,7 +210,7 @@ class TritonSession:
     """This checkout's tritonserver on free loopback ports, stopped on exit."""
 
     def __init__(self, repository: Path, log_path: Path) -> None:
-        runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
+        runtime = TritonRuntime.from_venv()
         options = ServerOptions(model_repository=repository, ports=Ports.free())
         self.server = TritonServer(runtime, options, log_path)
         self.pa = PerfAnalyzer.from_venv()

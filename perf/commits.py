@@ -61,8 +61,8 @@ def measure(
     from perf.pa import PaJob, PerfAnalyzer, write_input_data
     from perf.windows import SIZES, optional_inputs, simulated_windows
 
-    runtime = TritonRuntime.from_venv(REPO_ROOT / ".venv", REPO_ROOT / ".triton" / "backends")
-    pa = PerfAnalyzer.from_venv(REPO_ROOT / ".venv")
+    runtime = TritonRuntime.from_venv()
+    pa = PerfAnalyzer.from_venv()
     inputs = {}
     for size in sizes:
         inputs[size] = out / f"input_{size}.json"

@@ -49,7 +49,7 @@ from dispatch_client.errors import DispatchError
 from dispatch_client.shm import CudaShmBackend, GrpcShmTransport, ShmCapacity
 from dispatch_client.transport import GrpcTransport, Transport
 from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS
-from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.paths import MODEL_REPOSITORY
 from dispatch_service.server import (
     Ports,
     ServerError,
@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 1. cpu profile
     cpu_row = Row("cpu (plain gRPC)", "embedded, cpu profile")
     rows.append(cpu_row)
-    cpu_runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
+    cpu_runtime = TritonRuntime.from_venv()
     cpu_options = ServerOptions(ports=Ports.free())
     try:
         with TritonServer(cpu_runtime, cpu_options, args.out / "server-cpu.log") as server:

@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200, help="per setting and size")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
+    runtime = TritonRuntime.from_venv()
     log = REPO_ROOT / ".triton" / "shadow_cost_server.log"
     with TritonServer(runtime, ServerOptions(ports=Ports.free()), log) as server:
         results = measure(server, args.requests)

@@ -65,7 +65,11 @@ class TritonRuntime:
     python_bin_dir: Path  # the stub finds numpy & co. through `python3` on PATH
 
     @classmethod
-    def from_venv(cls, venv: Path, backend_dir: Path) -> TritonRuntime:
+    def from_venv(cls, venv: Path | None = None, backend_dir: Path | None = None) -> TritonRuntime:
+        """The wheel's server in ``venv`` (default: the running one) with the backend folder
+        `make setup` lays out (default: `.triton/backends` of this repository)."""
+        venv = venv or Path(sys.prefix)
+        backend_dir = backend_dir or REPO_ROOT / ".triton" / "backends"
         site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
         return cls(
             tritonserver=site / "pytriton" / "tritonserver" / "bin" / "tritonserver",

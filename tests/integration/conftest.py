@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from dispatch_service.paths import REPO_ROOT
 from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
 
 
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    venv = Path(sys.prefix)
-    runtime = TritonRuntime.from_venv(venv, REPO_ROOT / ".triton" / "backends")
+    runtime = TritonRuntime.from_venv()
     log = tmp_path_factory.mktemp("triton") / "server.log"
     server = TritonServer(runtime, ServerOptions(ports=Ports.free()), log)
     with server:

@@ -8,12 +8,10 @@ session server the other integration tests share. Every test puts back what it c
 from __future__ import annotations
 
 import re
-import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +30,6 @@ from dispatch_service.model_control import (
     unload_model,
     with_versions,
 )
-from dispatch_service.paths import REPO_ROOT
 from dispatch_service.router_control import (
     RouterControlError,
     apply_router_settings,
@@ -53,7 +50,7 @@ METRICS_SETTLE_S = 0.2  # four flushes of the models' metrics thread
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
+    runtime = TritonRuntime.from_venv()
     log = tmp_path_factory.mktemp("canary") / "server.log"
     # A refused load leaves Triton counting one live model at exit: wait 3 s for it, not 10.
     options = ServerOptions(

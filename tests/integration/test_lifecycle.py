@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import sys
 import threading
 import time
 from collections import Counter
@@ -39,7 +38,7 @@ from dispatch_service.model_control import (
     ready_versions,
     repository_index,
 )
-from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.paths import MODEL_REPOSITORY
 from dispatch_service.router_control import read_router_settings
 from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.signing import (
@@ -134,7 +133,7 @@ def prepare_repository(root: Path) -> tuple[Path, Path]:
 def lifecycle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lifecycle]:
     root = tmp_path_factory.mktemp("lifecycle")
     repository, trusted = prepare_repository(root)
-    runtime = TritonRuntime.from_venv(Path(sys.prefix), REPO_ROOT / ".triton" / "backends")
+    runtime = TritonRuntime.from_venv()
     options = ServerOptions(
         model_repository=repository,
         ports=Ports.free(),

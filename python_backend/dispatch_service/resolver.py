@@ -324,17 +324,21 @@ def _rider_ids(value: ArrayLike) -> NDArray[Any]:
     return array
 
 
-def _id_bytes(ids: NDArray[Any], rows: NDArray[np.int64]) -> list[bytes]:
-    """The ids of the given rows as bytes (str is UTF-8 encoded; anything else is refused)."""
+def ids_as_bytes(name: str, ids: ArrayLike, rows: NDArray[np.int64] | None = None) -> list[bytes]:
+    """The ids of tensor `name` (all, or the given rows) as bytes: str is UTF-8 encoded,
+    anything else is refused naming the tensor and the row."""
+    array = np.asarray(ids, dtype=object).reshape(-1)
+    numbers = range(array.size) if rows is None else rows.tolist()
+    items = array.tolist() if rows is None else array[rows].tolist()
     out: list[bytes] = []
-    for row, item in zip(rows.tolist(), ids[rows].tolist(), strict=True):
+    for row, item in zip(numbers, items, strict=True):
         if isinstance(item, bytes):
             out.append(item)
         elif isinstance(item, str):
             out.append(item.encode("utf-8"))
         else:
             raise DispatchInputError(
-                "RIDER_IDS", f"must hold bytes, got {type(item).__name__} (row {row})"
+                name, f"must hold bytes, got {type(item).__name__} (row {row})", "dtype"
             )
     return out
 
@@ -543,7 +547,7 @@ def resolve(
     listed = np.zeros(num_riders + 1, dtype=np.bool_)
     listed[index] = True
     used = np.flatnonzero(listed[:num_riders])
-    used_ids = _id_bytes(ids, used)
+    used_ids = ids_as_bytes("RIDER_IDS", ids, used)
     id_table = np.empty(num_riders + 1, dtype=object)
     id_table[num_riders] = b""
     id_table[used] = used_ids

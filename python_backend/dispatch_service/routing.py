@@ -55,7 +55,7 @@ from dispatch_service.contracts import (
 )
 from dispatch_service.errors import DispatchInputError
 from dispatch_service.metrics import LATENCY_BUCKETS_MS, MetricKind, MetricSpec, Observation
-from dispatch_service.resolver import fnv1a_64, score_pairs
+from dispatch_service.resolver import fnv1a_64, ids_as_bytes, score_pairs
 from dispatch_service.settings import load_settings, reject_unknown
 
 __all__ = [
@@ -152,24 +152,9 @@ _MIX2: Final = np.uint64(0xC4CEB9FE1A85EC53)
 _SHIFT: Final = np.uint64(33)
 
 
-def _id_bytes(name: str, values: ArrayLike) -> list[bytes]:
-    array = np.asarray(values, dtype=object).reshape(-1)
-    out: list[bytes] = []
-    for row, item in enumerate(array.tolist()):
-        if isinstance(item, bytes):
-            out.append(item)
-        elif isinstance(item, str):
-            out.append(item.encode("utf-8"))
-        else:
-            raise DispatchInputError(
-                name, f"must hold bytes, got {type(item).__name__} (row {row})", "dtype"
-            )
-    return out
-
-
 def user_buckets(user_ids: ArrayLike) -> NDArray[np.int64]:
     """Bucket in [0, 100) per user id; identical in every process (FNV-1a + fmix64)."""
-    h = fnv1a_64(_id_bytes("ORDER_USER_IDS", user_ids))
+    h = fnv1a_64(ids_as_bytes("ORDER_USER_IDS", user_ids))
     h = h ^ (h >> _SHIFT)
     h = h * _MIX1  # numpy arrays wrap modulo 2**64
     h = h ^ (h >> _SHIFT)
@@ -189,7 +174,7 @@ def parse_version_tag(tag: ArrayLike | None, settings: RouterSettings) -> int | 
     if tag is None:
         return None
     name = MODEL_VERSION_TAG.name
-    values = _id_bytes(name, tag)
+    values = ids_as_bytes(name, tag)
     if len(values) != 1:
         raise DispatchInputError(name, f"must have shape [1], got {len(values)} values", "shape")
     try:

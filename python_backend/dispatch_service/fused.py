@@ -44,40 +44,16 @@ from dispatch_service.pipeline import config_parameters, repository_steps
 from dispatch_service.routing import (
     ModelCallError,
     RoutedScores,
-    RouterSettings,
     choose_versions,
     parse_version_tag,
     route_and_score_now,
     shadow_sampled,
 )
+from dispatch_service.routing_settings import FusedSettings
 from dispatch_service.settings import load_settings, reject_unknown
 from dispatch_service.steps import Arrays, FeatureEncoderStep, TopKResolverStep
 
-FUSED_MODEL_NAME: Final = "dispatch_fused"
 _USER_IDS: Final = "ORDER_USER_IDS"
-
-
-@dataclass(frozen=True)
-class FusedSettings:
-    """`dispatch_fused` parameters: the router's (`RouterSettings`) plus where models live."""
-
-    routing: RouterSettings = field(default_factory=RouterSettings)
-    scoring_model: str = "dispatch_model"  # sibling folder holding <version>/model.onnx
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str]) -> FusedSettings:
-        """Parse config.pbtxt parameters; unknown keys and bad values raise SettingsError."""
-        routing = {k: v for k, v in parameters.items() if k != "scoring_model"}
-        reject_unknown(routing, RouterSettings)
-        scoring_model = parameters.get("scoring_model", cls.scoring_model)
-        if not scoring_model or "/" in scoring_model or scoring_model.startswith("."):
-            raise ValueError(f"scoring_model must be a model folder name, got {scoring_model!r}")
-        return cls(load_settings(RouterSettings, routing), scoring_model)
-
-    def served_versions(self) -> tuple[int, ...]:
-        """The versions this model reads: the stable one and the canary (if any)."""
-        canary = self.routing.canary_version
-        return (self.routing.stable_version, *((canary,) if canary else ()))
 
 
 @dataclass(frozen=True)

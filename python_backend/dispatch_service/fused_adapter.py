@@ -15,7 +15,7 @@ from typing import Any
 
 from dispatch_service.contracts import DISPATCH_ENSEMBLE_INPUTS
 from dispatch_service.errors import DispatchInputError
-from dispatch_service.fused import FusedDispatch, FusedResult, FusedSettings
+from dispatch_service.fused import FusedDispatch, FusedResult
 from dispatch_service.metrics import (
     CANDIDATES_PER_ORDER,
     CAPACITY_CONFLICTS,
@@ -29,6 +29,7 @@ from dispatch_service.metrics import (
 )
 from dispatch_service.router_adapter import log_failed_calls
 from dispatch_service.routing import ROUTER_METRICS, routed_observations, settings_record
+from dispatch_service.routing_settings import FusedSettings
 from dispatch_service.settings import parameters_from_model_config
 from dispatch_service.triton_adapter import TritonResponder, log_event, triton_metrics
 

@@ -4,7 +4,7 @@
 loaded, `apply_router_settings` reloads it with them too, after the router, so that both
 entry points answer a user from the same version.
 
-The settings live in dispatch_router's config ``parameters`` (`routing.RouterSettings`).
+The settings live in dispatch_router's config ``parameters`` (`routing_settings.RouterSettings`).
 `apply_router_settings` takes the configuration the router runs with now, replaces those
 parameters and loads the model with that configuration as an override
 (``POST /v2/repository/models/dispatch_router/load {"parameters": {"config": ...}}``, with
@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, Final
 
-from dispatch_service.fused import FUSED_MODEL_NAME, FusedSettings
 from dispatch_service.model_control import (
     ModelControlError,
     load_model,
@@ -34,6 +33,7 @@ from dispatch_service.model_control import (
     ready_versions,
 )
 from dispatch_service.routing import RouterSettings
+from dispatch_service.routing_settings import FUSED_MODEL_NAME, FusedSettings
 from dispatch_service.settings import SettingsError, parameters_from_model_config
 
 __all__ = [

@@ -56,7 +56,7 @@ from dispatch_service.contracts import (
 from dispatch_service.errors import DispatchInputError
 from dispatch_service.metrics import LATENCY_BUCKETS_MS, MetricKind, MetricSpec, Observation
 from dispatch_service.resolver import fnv1a_64, ids_as_bytes, score_pairs
-from dispatch_service.settings import load_settings, reject_unknown
+from dispatch_service.routing_settings import ROUTING_BUCKETS, RouterSettings
 
 __all__ = [
     "ROUTER_METRICS",
@@ -83,7 +83,6 @@ __all__ = [
     "user_buckets",
 ]
 
-ROUTING_BUCKETS: Final = 100
 RULE_BASED_VERSION: Final = 0  # ORDER_MODEL_VERSION of an order the rule-based dispatcher scored
 TAG_STABLE: Final = "stable"
 TAG_CANARY: Final = "canary"
@@ -103,46 +102,6 @@ class FallbackLevel(IntEnum):
     CHOSEN = 0  # the routed (or forced) version
     STABLE_RETRY = 1  # the stable version, after the chosen one failed
     RULE_BASED = 2  # no model answered: the rule-based dispatcher
-
-
-@dataclass(frozen=True)
-class RouterSettings:
-    """`dispatch_router` parameters (config.pbtxt); replaced live by a config-override load."""
-
-    stable_version: int = 1  # the version every order gets without a rule, and the retry
-    canary_version: int = 0  # 0 = no canary
-    canary_percent: int = 0  # share of users (of 100 hash buckets) routed to the canary
-    shadow_percent: int = 0  # share of requests also scored by the other version
-    bls_timeout_ms: int = 2000  # per version call; a slower call counts as a failure
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int, got {value!r}")
-        if self.stable_version < 1:
-            raise ValueError(f"stable_version must be >= 1, got {self.stable_version}")
-        if self.canary_version < 0:
-            raise ValueError(f"canary_version must be >= 0 (0 = none), got {self.canary_version}")
-        if self.canary_version == self.stable_version:
-            raise ValueError("canary_version must differ from stable_version (or be 0)")
-        for name in ("canary_percent", "shadow_percent"):
-            value = getattr(self, name)
-            if not 0 <= value <= ROUTING_BUCKETS:
-                raise ValueError(f"{name} must be within [0, {ROUTING_BUCKETS}], got {value}")
-        if self.canary_version == 0 and self.canary_percent > 0:
-            raise ValueError("canary_percent > 0 needs a canary_version")
-        if self.bls_timeout_ms < 1:
-            raise ValueError(f"bls_timeout_ms must be >= 1, got {self.bls_timeout_ms}")
-
-    @classmethod
-    def from_parameters(cls, parameters: dict[str, str]) -> RouterSettings:
-        """Parse config.pbtxt parameters; an unknown key or a bad value raises SettingsError."""
-        reject_unknown(parameters, cls)
-        return load_settings(cls, parameters)
-
-    def to_parameters(self) -> dict[str, str]:
-        """The config.pbtxt ``parameters`` map (string values) that reproduces these settings."""
-        return {name: str(value) for name, value in asdict(self).items()}
 
 
 # ---- routing -----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from dispatch_service.fused import FusedSettings
+from dispatch_service.routing_settings import FusedSettings
 from dispatch_service.settings import parameters_from_model_config
 from dispatch_service.signing import Outcome, TrustedKeys, Verification, verify_version
 

@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from dispatch_service.contracts import MAX_ORDERS, MAX_RIDERS
-from dispatch_service.fused import FUSED_MODEL_NAME
+from dispatch_service.routing_settings import FUSED_MODEL_NAME
 from triton_helpers import infer_grpc, infer_http, sim_window
 
 Arrays = dict[str, np.ndarray[Any, Any]]

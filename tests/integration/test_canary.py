@@ -21,7 +21,6 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_service import geo
 from dispatch_service.features import feasible_mask
-from dispatch_service.fused import FUSED_MODEL_NAME
 from dispatch_service.model_control import (
     ModelControlError,
     load_model,
@@ -37,6 +36,7 @@ from dispatch_service.router_control import (
     router_config_with,
 )
 from dispatch_service.routing import RouterSettings
+from dispatch_service.routing_settings import FUSED_MODEL_NAME
 from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.simulator import generate_window
 from dispatch_service.window import window_from_tensors, window_to_tensors

@@ -12,8 +12,8 @@ import tritonclient.http as httpclient
 
 from dispatch_service import geo
 from dispatch_service.contracts import CoordSystem
-from dispatch_service.fused import FUSED_MODEL_NAME
 from dispatch_service.pipeline import DispatchPipeline
+from dispatch_service.routing_settings import FUSED_MODEL_NAME
 from dispatch_service.server import TritonServer
 from triton_helpers import (
     OUTPUT_NAMES,

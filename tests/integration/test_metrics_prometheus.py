@@ -26,13 +26,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from dispatch_service.fused import FUSED_MODEL_NAME
 from dispatch_service.metrics import (
     ALL_METRICS,
     CANDIDATE_BUCKETS,
     LATENCY_BUCKETS_MS,
     capacity_conflicts,
 )
+from dispatch_service.routing_settings import FUSED_MODEL_NAME
 from dispatch_service.server import TritonServer
 from triton_helpers import infer_grpc, sim_window
 

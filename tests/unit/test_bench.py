@@ -14,8 +14,8 @@ import pytest
 
 from dispatch_client.window_json import window_from_json
 from dispatch_service.contracts import DEFAULT_OBJECTIVE_WEIGHTS
-from dispatch_service.fused import FUSED_MODEL_NAME
 from dispatch_service.paths import MODEL_REPOSITORY
+from dispatch_service.routing_settings import FUSED_MODEL_NAME
 from perf.bench import (
     FULL,
     PA_ENTRIES,

@@ -12,9 +12,9 @@ from tritonclient.grpc import model_config_pb2
 
 from dispatch_service import contracts
 from dispatch_service.contracts import TensorSpec
-from dispatch_service.fused import FUSED_MODEL_NAME, FusedSettings
 from dispatch_service.onnx_runner import OrtSettings
 from dispatch_service.routing import RouterSettings
+from dispatch_service.routing_settings import FUSED_MODEL_NAME, FusedSettings
 from dispatch_service.settings import load_settings, parameters_from_model_config, reject_unknown
 from dispatch_service.steps import FeatureEncoderStep, TopKResolverStep
 

@@ -13,10 +13,11 @@ from numpy.typing import NDArray
 
 from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS, DISPATCH_OUTPUTS
 from dispatch_service.errors import DispatchInputError
-from dispatch_service.fused import FusedDispatch, FusedResult, FusedSettings
+from dispatch_service.fused import FusedDispatch, FusedResult
 from dispatch_service.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline import DispatchPipeline, config_parameters
 from dispatch_service.routing import FallbackLevel, RouterSettings
+from dispatch_service.routing_settings import FusedSettings
 from dispatch_service.settings import SettingsError
 from dispatch_service.simulator import generate_window
 from dispatch_service.window import window_to_tensors

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import ClassVar
 
 from dispatch_service.model_control import ModelControlError, load_model, ready_versions
 from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
@@ -213,11 +214,29 @@ class ChildService:
 class TritonServer(ChildService):
     """A tritonserver child process; a context manager that always stops it."""
 
+    shm_dir: ClassVar[Path] = Path("/dev/shm")
+
     def __init__(self, runtime: TritonRuntime, options: ServerOptions, log_path: Path) -> None:
         super().__init__(log_path, "tritonserver")
         self.runtime = runtime
         self.options = options
         self.load_plan: LoadPlan | None = None  # set by start() when trusted keys are given
+
+    @property
+    def shm_prefix(self) -> str:
+        """The Python backend's region names start with this; one per HTTP port, so several
+        servers (tests, benchmarks) can share /dev/shm."""
+        return f"dispatch{self.options.ports.http}_"
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the server, then remove the Python backend regions it left behind. Triton 2.51
+        sometimes leaves one (4 MiB) in /dev/shm: one after each full integration-test run,
+        not reproduced by any test module alone. With the server gone, nothing uses the
+        prefix."""
+        super().stop(timeout_s)
+        if self.shm_dir.is_dir():
+            for region in self.shm_dir.glob(f"{self.shm_prefix}*"):
+                region.unlink(missing_ok=True)
 
     @property
     def http_url(self) -> str:
@@ -245,8 +264,7 @@ class TritonServer(ChildService):
             f"--metrics-port={opts.ports.metrics}",
             f"--model-config-name={opts.profile}",
             f"--model-control-mode={opts.model_control}",
-            # Several servers (tests, benchmarks) may share /dev/shm: keep regions apart.
-            f"--backend-config=python,shm-region-prefix-name=dispatch{opts.ports.http}_",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--backend-config=python,shm-default-byte-size=4194304",
             "--backend-config=python,shm-growth-byte-size=4194304",
             "--strict-readiness=true",

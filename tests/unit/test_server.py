@@ -316,3 +316,19 @@ def test_main_reports_an_incomplete_runtime(
     err = capsys.readouterr().err
     assert err.startswith("error: Triton runtime incomplete")
     assert "make setup" in err
+
+
+def test_stop_removes_only_this_servers_python_backend_regions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(TritonServer, "shm_dir", shm)
+    server = TritonServer(
+        make_runtime(tmp_path), ServerOptions(ports=Ports(8123, 1, 2)), tmp_path / "log"
+    )
+    assert shm_prefix(server) == server.shm_prefix == "dispatch8123_"
+    for name in ("dispatch8123_a1", "dispatch8123_b2", "dispatch81234_c3", "dispatch_client_1"):
+        (shm / name).write_bytes(b"x")
+    server.stop()  # never started: nothing to stop, the leftovers still go
+    assert sorted(p.name for p in shm.iterdir()) == ["dispatch81234_c3", "dispatch_client_1"]

@@ -14,7 +14,7 @@ setup:
 	@bash scripts/setup.sh
 
 serve: setup
-	$(PY) -m dispatch_service.server --profile $(PROFILE) \
+	$(PY) -m dispatch_service.ops.server --profile $(PROFILE) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 test: setup
@@ -29,6 +29,7 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -37,7 +38,7 @@ check: lint typecheck test
 
 # Retrain the committed model (reproducible from SEED); writes model.onnx and its card.
 model: setup
-	$(PY) -m dispatch_service.training --seed $(SEED)
+	$(PY) -m dispatch_service.offline.training --seed $(SEED)
 
 # Quick perf_analyzer sweep of the ensemble over gRPC; writes perf/reports/<stamp>/.
 perf: setup
@@ -48,7 +49,7 @@ clean:
 
 # Regenerate model_repository/*/warmup/ after changing the contract or the encoder.
 warmup: setup
-	$(PY) -m dispatch_service.warmup
+	$(PY) -m dispatch_service.ops.warmup
 
 # Sign one model version folder (writes MANIFEST.json + MANIFEST.sig into it):
 #   make sign MODEL=dispatch_model VERSION=2 KEY=path/to/signing.key [REPO=model_repository]
@@ -57,14 +58,14 @@ warmup: setup
 sign: setup
 	@test -n "$(MODEL)" -a -n "$(VERSION)" || { \
 		echo "usage: make sign MODEL=dispatch_model VERSION=2 [KEY=path/to/signing.key]" >&2; exit 2; }
-	$(PY) -m dispatch_service.admin sign --model $(MODEL) --version $(VERSION) \
+	$(PY) -m dispatch_service.ops.admin sign --model $(MODEL) --version $(VERSION) \
 		$(if $(KEY),--key $(KEY)) $(if $(REPO),--model-repository $(REPO))
 
 # ONNX Runtime profile of the served dispatch_model over simulator windows: prints the
 # per-operator table, writes the trace under perf/reports/profile-<stamp>/.
 .PHONY: profile
 profile: setup
-	$(PY) -m dispatch_service.profiling
+	$(PY) -m dispatch_service.offline.profiling
 
 # Every entry point (HTTP JSON, HTTP binary, gRPC, gRPC + system shm) of both Triton models
 # (the dispatch ensemble and dispatch_fused) over a concurrency sweep and small/medium/large
@@ -82,7 +83,7 @@ bench-quick: setup
 # version 1 on the same held-out pairs and policy windows in its card. Several minutes.
 .PHONY: model-v2
 model-v2: setup
-	$(PY) -m dispatch_service.training --seed $(SEED) --windows 3000 --epochs 40 \
+	$(PY) -m dispatch_service.offline.training --seed $(SEED) --windows 3000 --epochs 40 \
 		--eval-windows 256 --hidden 192,96 --log-features --version 2 \
 		--compare-with model_repository/dispatch_model/1
 

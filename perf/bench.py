@@ -38,15 +38,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_service.paths import MODEL_REPOSITORY, REPO_ROOT
-from dispatch_service.pipeline import DispatchPipeline
-from dispatch_service.server import (
+from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.ops.server import (
     ChildService,
     Ports,
     ServerOptions,
     TritonRuntime,
     TritonServer,
 )
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from perf import limit
 from perf.bodies import (
     RequestBody,
@@ -69,7 +69,7 @@ from perf.report import (
     render_report,
 )
 from perf.stats import LevelStats, request_budget
-from perf.tuning import TUNING_LOG, config_digest, parse_override, patched_repository
+from perf.variants import TUNING_LOG, config_digest, parse_override, patched_repository
 from perf.windows import (
     FIRST_SEED,
     SIZES,

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from numpy.typing import NDArray
 
 from dispatch_client.window_json import window_to_json
-from dispatch_service.contracts import DISPATCH_OUTPUTS, TRITON_TO_NUMPY, spec_by_name
+from dispatch_contract import DISPATCH_OUTPUTS, TRITON_TO_NUMPY, spec_by_name
 from perf.pa import tensor_entry
 
 Tensors = dict[str, NDArray[Any]]

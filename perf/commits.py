@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dispatch_service.paths import REPO_ROOT
+from dispatch_service.core.paths import REPO_ROOT
 
 MODELS = ("dispatch", "dispatch_fused")
 LEVELS = {"small": (1, 64), "medium": (1, 16), "large": (1,)}
@@ -57,7 +57,7 @@ def checkout(commit: str, root: Path) -> Path:
 def measure(
     commits: Sequence[str], rounds: int, out: Path, sizes: Sequence[str] = ("small",)
 ) -> dict[str, list[dict[str, Any]]]:
-    from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
+    from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
     from perf.pa import PaJob, PerfAnalyzer, write_input_data
     from perf.windows import SIZES, optional_inputs, simulated_windows
 

@@ -48,17 +48,17 @@ from dispatch_client import DispatchClient
 from dispatch_client.errors import DispatchError
 from dispatch_client.shm import CudaShmBackend, GrpcShmTransport, ShmCapacity
 from dispatch_client.transport import GrpcTransport, Transport
-from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS
-from dispatch_service.paths import MODEL_REPOSITORY
-from dispatch_service.server import (
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.ops.server import (
     Ports,
     ServerError,
     ServerOptions,
     TritonRuntime,
     TritonServer,
 )
-from dispatch_service.simulator import generate_window
-from dispatch_service.window import window_to_tensors
 from perf.pa import SharedMemory
 
 NATIVE_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")

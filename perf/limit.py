@@ -18,8 +18,8 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from dispatch_service.paths import MODEL_REPOSITORY
-from dispatch_service.pipeline import DispatchPipeline
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from perf.stats import LimitStats, level_stats
 from perf.windows import SIZES, simulated_windows
 

@@ -47,7 +47,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_service.contracts import (
+from dispatch_contract import (
     DISPATCH_ENSEMBLE_INPUTS,
     DISPATCH_ENSEMBLE_OUTPUTS,
     FEATURE_ENTRY_INPUTS,

@@ -21,7 +21,7 @@ from perf.stats import LevelStats, LimitStats
 SIZE_ORDER = ("small", "medium", "large")
 
 # The two Triton models that answer a dispatch window: the four-step ensemble and the same
-# pipeline in one Python model (dispatch_service.routing_settings.FUSED_MODEL_NAME; a unit
+# pipeline in one Python model (dispatch_service.routing.settings.FUSED_MODEL_NAME; a unit
 # test keeps the two names equal, this module does not import the service).
 ENSEMBLE_MODEL = "dispatch"
 FUSED_MODEL = "dispatch_fused"

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from dispatch_service.paths import MODEL_REPOSITORY
-from dispatch_service.pipeline import DispatchPipeline
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from perf.bench import (
     REPORTS,
     Endpoints,
@@ -31,7 +31,7 @@ from perf.bench import (
 from perf.pa import PerfAnalyzer
 from perf.report import BenchResults, Series
 from perf.stats import request_budget
-from perf.tuning import config_digest
+from perf.variants import config_digest
 from perf.windows import SIZES, optional_inputs
 
 

@@ -22,13 +22,13 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS
-from dispatch_service.paths import REPO_ROOT
-from dispatch_service.router_control import apply_router_settings
-from dispatch_service.routing import RouterSettings
-from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.simulator import generate_window
-from dispatch_service.window import window_to_tensors
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
+from dispatch_service.core.paths import REPO_ROOT
+from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.ops.router_control import apply_router_settings
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.routing.engine import RouterSettings
 
 SIZES = ((1, 20), (64, 200))
 OUTPUTS = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]

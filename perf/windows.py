@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_service.contracts import DEFAULT_OBJECTIVE_WEIGHTS
-from dispatch_service.paths import MODEL_REPOSITORY
-from dispatch_service.simulator import generate_window
-from dispatch_service.window import window_to_tensors
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.offline.simulator import generate_window
 
 Tensors = dict[str, NDArray[Any]]
 

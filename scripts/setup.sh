@@ -38,7 +38,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV" || die "python -m venv failed (Debian: apt-get install python3.11-venv)"
 fi
 stamp=$VENV/.setup-stamp
-want=$(cat pyproject.toml requirements/constraints.txt | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml contract/pyproject.toml client/pyproject.toml requirements/constraints.txt | sha256sum | cut -c1-16)
 gpu=no
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu=yes
 want="$want-gpu=$gpu"
@@ -46,7 +46,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing pinned packages into $VENV (gpu=$gpu)"
   "$VENV/bin/pip" install -q --upgrade pip >/dev/null
   "$VENV/bin/pip" install -q -c requirements/constraints.txt \
-    -e ".[server,train,dev]" \
+    -e ./contract -e ./client -e ".[server,train,dev]" \
     || die "pip install failed"
   if [ "$gpu" = yes ]; then
     say "NVIDIA GPU found: replacing onnxruntime with onnxruntime-gpu"

@@ -15,6 +15,7 @@ from dispatch_client.client import (
     OrderResult,
     parse_dispatch_outputs,
 )
+from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import (
     DispatchConnectionError,
     DispatchError,
@@ -24,9 +25,7 @@ from dispatch_client.errors import (
 from dispatch_client.transport import (
     GrpcTransport,
     HttpTransport,
-    ProtocolName,
     Transport,
-    make_transport,
 )
 from dispatch_client.window_json import (
     window_from_dict,

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from dispatch_client.client import DEFAULT_MODEL_NAME, DispatchClient
+from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchError, WindowJSONError, one_line
 from dispatch_client.shm import ShmCapacity
-from dispatch_client.transport import DEFAULT_TIMEOUT_S, ProtocolName, Transport, make_transport
+from dispatch_client.transport import DEFAULT_TIMEOUT_S, Transport
 from dispatch_client.window_json import window_from_json
 
 __all__ = ["EXIT_INPUT", "EXIT_OK", "EXIT_SERVER", "TransportFactory", "main"]

@@ -25,7 +25,7 @@ from dispatch_client.transport import (
     HttpTransport,
     Transport,
 )
-from dispatch_service.contracts import (
+from dispatch_contract import (
     DISPATCH_ENSEMBLE_OUTPUTS,
     FEATURE_ENTRY_INPUTS,
     FEATURE_ENTRY_MODEL_NAME,

@@ -59,7 +59,7 @@ from tritonclient.utils import shared_memory as system_shm
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
 from dispatch_client.transport import DEFAULT_GRPC_URL, DEFAULT_TIMEOUT_S, check_url, grpc_error
-from dispatch_service.contracts import (
+from dispatch_contract import (
     DISPATCH_ENSEMBLE_INPUTS,
     DISPATCH_ENSEMBLE_OUTPUTS,
     FEATURE_ENTRY_INPUTS,

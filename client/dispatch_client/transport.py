@@ -11,7 +11,7 @@ shared memory registered with the server.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -21,27 +21,20 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 
-if TYPE_CHECKING:
-    from dispatch_client.shm import ShmCapacity
-
 __all__ = [
     "DEFAULT_GRPC_URL",
     "DEFAULT_HTTP_URL",
     "DEFAULT_TIMEOUT_S",
     "GrpcTransport",
     "HttpTransport",
-    "ProtocolName",
     "Transport",
     "check_url",
     "grpc_error",
-    "make_transport",
 ]
 
 DEFAULT_HTTP_URL = "localhost:8000"
 DEFAULT_GRPC_URL = "localhost:8001"
 DEFAULT_TIMEOUT_S = 60.0
-
-ProtocolName = Literal["http", "grpc", "grpc-shm"]
 
 
 class Transport(Protocol):
@@ -171,27 +164,3 @@ class GrpcTransport:
 
     def close(self) -> None:
         self._client.close()
-
-
-def make_transport(
-    protocol: ProtocolName,
-    url: str | None = None,
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    shm_capacity: ShmCapacity | None = None,
-) -> Transport:
-    """Build the transport for `protocol`, on its default port when `url` is None.
-
-    ``grpc-shm`` is gRPC with system shared memory (client and server on one host);
-    `shm_capacity` sizes its regions (default `ShmCapacity()`). Unlike the others it talks
-    to the server at once: it registers its regions.
-    """
-    if protocol == "http":
-        return HttpTransport(url or DEFAULT_HTTP_URL, timeout_s=timeout_s)
-    if protocol == "grpc":
-        return GrpcTransport(url or DEFAULT_GRPC_URL, timeout_s=timeout_s)
-    if protocol == "grpc-shm":
-        from dispatch_client.shm import GrpcShmTransport
-
-        return GrpcShmTransport(url or DEFAULT_GRPC_URL, timeout_s=timeout_s, capacity=shm_capacity)
-    raise ValueError(f"protocol must be 'http', 'grpc' or 'grpc-shm', got {protocol!r}")

@@ -1,6 +1,6 @@
 """A dispatch window as JSON, for people and tools, and the request tensors it stands for.
 
-The wire speaks tensors (`dispatch_service.contracts.WINDOW_INPUTS`); people and scripts
+The wire speaks tensors (`dispatch_contract.contracts.WINDOW_INPUTS`); people and scripts
 write JSON. This module maps one onto the other and back, checking only *structure and
 types* so that every mistake is reported with the JSON path that holds it. Value rules
 (latitude range, capacity >= 0, unique ids, window size, ...) are the server's job, so a
@@ -58,7 +58,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.errors import WindowJSONError
-from dispatch_service.contracts import WINDOW_INPUTS, CoordSystem, OrderConstraint, Vehicle
+from dispatch_contract import WINDOW_INPUTS, CoordSystem, OrderConstraint, Vehicle
 
 __all__ = [
     "WindowJSONError",

@@ -39,9 +39,9 @@ from numpy.typing import NDArray
 from dispatch_client.client import parse_dispatch_outputs
 from dispatch_client.errors import WindowJSONError
 from dispatch_client.window_json import window_from_json
-from dispatch_service.errors import DispatchInputError
-from dispatch_service.paths import MODEL_REPOSITORY
-from dispatch_service.pipeline import DispatchPipeline
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from perf.bodies import OUTPUT_NAMES, decode_arrays, encode_arrays
 
 REPOSITORY_ENV = "DISPATCH_BASELINE_MODEL_REPOSITORY"

@@ -8,7 +8,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 
 
 @pytest.fixture(scope="session")

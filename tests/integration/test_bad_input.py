@@ -11,8 +11,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from dispatch_service.contracts import MAX_ORDERS, MAX_RIDERS
-from dispatch_service.routing_settings import FUSED_MODEL_NAME
+from dispatch_contract import MAX_ORDERS, MAX_RIDERS
+from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import infer_grpc, infer_http, sim_window
 
 Arrays = dict[str, np.ndarray[Any, Any]]

@@ -19,9 +19,11 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from dispatch_service import geo
-from dispatch_service.features import feasible_mask
-from dispatch_service.model_control import (
+from dispatch_service.domain import geo
+from dispatch_service.domain.features import feasible_mask
+from dispatch_service.domain.window import window_from_tensors, window_to_tensors
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.ops.model_control import (
     ModelControlError,
     load_model,
     model_config,
@@ -29,17 +31,15 @@ from dispatch_service.model_control import (
     unload_model,
     with_versions,
 )
-from dispatch_service.router_control import (
+from dispatch_service.ops.router_control import (
     RouterControlError,
     apply_router_settings,
     read_router_settings,
     router_config_with,
 )
-from dispatch_service.routing import RouterSettings
-from dispatch_service.routing_settings import FUSED_MODEL_NAME
-from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.simulator import generate_window
-from dispatch_service.window import window_from_tensors, window_to_tensors
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.routing.engine import RouterSettings
+from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http
 
 Arrays = dict[str, np.ndarray[Any, Any]]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatch_service.paths import REPO_ROOT
-from dispatch_service.server import TritonServer
+from dispatch_service.core.paths import REPO_ROOT
+from dispatch_service.ops.server import TritonServer
 
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
 CLI = Path(sys.prefix) / "bin" / "dispatch-client"

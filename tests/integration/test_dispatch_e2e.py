@@ -10,11 +10,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from dispatch_service import geo
-from dispatch_service.contracts import CoordSystem
-from dispatch_service.pipeline import DispatchPipeline
-from dispatch_service.routing_settings import FUSED_MODEL_NAME
-from dispatch_service.server import TritonServer
+from dispatch_contract import CoordSystem
+from dispatch_service.domain import geo
+from dispatch_service.ops.server import TritonServer
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import (
     OUTPUT_NAMES,
     ROUTED_OUTPUT_NAMES,

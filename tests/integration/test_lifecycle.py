@@ -30,18 +30,18 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from dispatch_service import admin
-from dispatch_service.contracts import ORDER_FALLBACK_LEVEL, ORDER_MODEL_VERSION
-from dispatch_service.model_control import (
+from dispatch_contract import ORDER_FALLBACK_LEVEL, ORDER_MODEL_VERSION
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.ops import admin
+from dispatch_service.ops.model_control import (
     ModelControlError,
     load_model,
     ready_versions,
     repository_index,
 )
-from dispatch_service.paths import MODEL_REPOSITORY
-from dispatch_service.router_control import read_router_settings
-from dispatch_service.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.signing import (
+from dispatch_service.ops.router_control import read_router_settings
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.signing import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     generate_private_key,

@@ -26,14 +26,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from dispatch_service.metrics import (
+from dispatch_service.core.metrics import (
     ALL_METRICS,
     CANDIDATE_BUCKETS,
     LATENCY_BUCKETS_MS,
     capacity_conflicts,
 )
-from dispatch_service.routing_settings import FUSED_MODEL_NAME
-from dispatch_service.server import TritonServer
+from dispatch_service.ops.server import TritonServer
+from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import infer_grpc, sim_window
 
 DEADLINE_S = 45.0

@@ -10,9 +10,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from dispatch_service.contracts import DISPATCH_ENSEMBLE_OUTPUTS, DISPATCH_OUTPUTS
-from dispatch_service.simulator import generate_window
-from dispatch_service.window import window_to_tensors
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, DISPATCH_OUTPUTS
+from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.offline.simulator import generate_window
 
 OUTPUT_NAMES = [spec.name for spec in DISPATCH_OUTPUTS]
 # The resolver's answer plus the router's per-order ORDER_MODEL_VERSION / ORDER_FALLBACK_LEVEL.

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dispatch_service.contracts import (
+from dispatch_contract import (
     MODEL_INPUTS,
     MODEL_OUTPUTS,
     NUM_PAIR_FEATURES,

@@ -2,7 +2,7 @@
 
 import triton_python_backend_utils as pb_utils
 
-from dispatch_service.triton_adapter import adapter_for
+from dispatch_service.serving.triton_adapter import adapter_for
 
 
 class TritonPythonModel:

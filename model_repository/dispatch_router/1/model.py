@@ -2,7 +2,7 @@
 
 import triton_python_backend_utils as pb_utils
 
-from dispatch_service.router_adapter import router_adapter_for
+from dispatch_service.serving.router_adapter import router_adapter_for
 
 
 class TritonPythonModel:

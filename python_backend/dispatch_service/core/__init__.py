@@ -1,0 +1,1 @@
+"""Shared by every layer: input errors, typed settings, metric vocabulary, paths."""

@@ -1,0 +1,390 @@
+"""The project's own Prometheus metrics: what they are and how a request is turned into them.
+
+Triton already counts requests, queue and compute time per model; these add what only the
+library knows. Computing an observation is a plain function of a step's outputs (unit
+tested without Triton); recording goes to a `MetricsSink`:
+
+- `TritonMetrics` over `pb_utils.MetricFamily`, created by the Triton adapter, so the values
+  appear on Triton's metrics port next to its own `nv_*` metrics;
+- `InMemoryMetrics` for tests and in-process runs, `NullMetrics` to record nothing;
+- `BackgroundMetrics` in front of another sink, to record off the request path.
+
+Every recorded value is one IPC call from the Python-backend stub to the server (about
+20 us), so a request records a handful of values, never one per order or pair.
+
+| metric | kind | labels (besides model, version) | one observation per |
+| --- | --- | --- | --- |
+| dispatch_encoder_latency_ms | histogram | | window the encoder answered |
+| dispatch_resolver_latency_ms | histogram | | window the resolver answered |
+| dispatch_candidates_per_order | histogram | | window: its mean feasible candidates per order |
+| dispatch_capacity_conflicts_total | counter | | order not given its top-1 rider |
+| dispatch_validation_rejections_total | counter | tensor, rule | rejected request |
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Final, Protocol
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from dispatch_contract import CANDIDATE_RIDER_INDEX
+from dispatch_service.core.errors import DispatchInputError
+
+
+class MetricKind(Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric family: its Prometheus name, meaning and variable label names."""
+
+    name: str
+    kind: MetricKind
+    description: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.kind is MetricKind.HISTOGRAM) != bool(self.buckets):
+            raise ValueError(f"{self.name}: buckets go with histograms, and only with them")
+        if list(self.buckets) != sorted(set(self.buckets)):
+            raise ValueError(f"{self.name}: buckets must be strictly increasing")
+
+
+# Latency of a Python step, milliseconds: sub-ms for tiny windows to ~1 s for the largest.
+LATENCY_BUCKETS_MS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+# Feasible candidates per order: 0 up to the contract's MAX_CANDIDATES (32).
+CANDIDATE_BUCKETS: Final = (0.0, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0)
+
+ENCODER_LATENCY: Final = MetricSpec(
+    "dispatch_encoder_latency_ms",
+    MetricKind.HISTOGRAM,
+    "feature_encoder time per answered window (validation, candidates, pair features), ms",
+    buckets=LATENCY_BUCKETS_MS,
+)
+RESOLVER_LATENCY: Final = MetricSpec(
+    "dispatch_resolver_latency_ms",
+    MetricKind.HISTOGRAM,
+    "topk_resolver time per answered window (scoring, Top-K, assignment), ms",
+    buckets=LATENCY_BUCKETS_MS,
+)
+CANDIDATES_PER_ORDER: Final = MetricSpec(
+    "dispatch_candidates_per_order",
+    MetricKind.HISTOGRAM,
+    "mean number of feasible candidate riders per order, one observation per window",
+    buckets=CANDIDATE_BUCKETS,
+)
+CAPACITY_CONFLICTS: Final = MetricSpec(
+    "dispatch_capacity_conflicts_total",
+    MetricKind.COUNTER,
+    "orders that did not get their top-1 rider because of rider capacity",
+)
+VALIDATION_REJECTIONS: Final = MetricSpec(
+    "dispatch_validation_rejections_total",
+    MetricKind.COUNTER,
+    "requests rejected as invalid, by tensor and broken rule",
+    labels=("tensor", "rule"),
+)
+ALL_METRICS: Final = (
+    ENCODER_LATENCY,
+    RESOLVER_LATENCY,
+    CANDIDATES_PER_ORDER,
+    CAPACITY_CONFLICTS,
+    VALIDATION_REJECTIONS,
+)
+# Labels every series carries, set once per model instance.
+CONSTANT_LABELS: Final = ("model", "version")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One value for one metric: observed (histogram), added (counter) or set (gauge)."""
+
+    metric: MetricSpec
+    value: float
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        names = tuple(name for name, _ in self.labels)
+        if names != self.metric.labels:
+            raise ValueError(f"{self.metric.name} takes labels {self.metric.labels}, got {names}")
+        if self.metric.kind is MetricKind.COUNTER and self.value < 0:
+            raise ValueError(f"{self.metric.name}: a counter only goes up, got {self.value}")
+
+
+# ---- observations: plain functions of a step's outputs ----------------------------------
+
+
+def candidates_per_order(candidate_rider_index: ArrayLike) -> float:
+    """Mean feasible candidates per order of one window (-1 marks no candidate)."""
+    index = np.asarray(candidate_rider_index)
+    if index.ndim != 2 or index.shape[0] == 0:
+        return 0.0
+    return float(np.count_nonzero(index >= 0) / index.shape[0])
+
+
+def capacity_conflicts(
+    topk_rider_index: ArrayLike,
+    topk_score: ArrayLike,
+    assigned_rider_index: ArrayLike,
+    assigned_score: ArrayLike,
+) -> int:
+    """Orders that had a feasible rider but were not given one as good as their top-1.
+
+    Without capacity limits every order would get its top-1 rider (that is the best
+    assignment by both count and score), so each such order lost to capacity, whether it
+    got a worse rider or none. Compared by score, so a tie between the top-1 and the
+    assigned rider is no conflict.
+    """
+    index = np.asarray(topk_rider_index)
+    score = np.asarray(topk_score)
+    assigned = np.asarray(assigned_rider_index).reshape(-1)
+    got = np.asarray(assigned_score).reshape(-1)
+    if index.ndim != 2 or index.shape[1] == 0:
+        return 0
+    had_one = index[:, 0] >= 0
+    return int(np.count_nonzero(had_one & ((assigned < 0) | (got < score[:, 0]))))
+
+
+def encoder_observations(
+    outputs: Mapping[str, NDArray[Any]], elapsed_ms: float
+) -> list[Observation]:
+    """What one answered feature_encoder request records."""
+    observations = [Observation(ENCODER_LATENCY, elapsed_ms)]
+    candidates = outputs.get(CANDIDATE_RIDER_INDEX.name)
+    if candidates is not None:
+        observations.append(Observation(CANDIDATES_PER_ORDER, candidates_per_order(candidates)))
+    return observations
+
+
+def resolver_observations(
+    outputs: Mapping[str, NDArray[Any]], elapsed_ms: float
+) -> list[Observation]:
+    """What one answered topk_resolver request records."""
+    observations = [Observation(RESOLVER_LATENCY, elapsed_ms)]
+    try:
+        conflicts = capacity_conflicts(
+            outputs["TOPK_RIDER_INDEX"],
+            outputs["TOPK_SCORE"],
+            outputs["ASSIGNED_RIDER_INDEX"],
+            outputs["ASSIGNED_SCORE"],
+        )
+    except KeyError:
+        return observations
+    observations.append(Observation(CAPACITY_CONFLICTS, conflicts))
+    return observations
+
+
+def rejection_observation(error: DispatchInputError) -> Observation:
+    """A rejected request, labelled by tensor and the rule's stable code (never the text)."""
+    return Observation(VALIDATION_REJECTIONS, 1.0, (("tensor", error.tensor), ("rule", error.code)))
+
+
+StepObserver = Callable[[Mapping[str, NDArray[Any]], float], list[Observation]]
+
+# Which observations a model's answered requests produce, by library model kind.
+STEP_OBSERVERS: Final[Mapping[str, StepObserver]] = {
+    "feature_encoder": encoder_observations,
+    "topk_resolver": resolver_observations,
+}
+# The metric families each kind of model exposes (any model may reject a request).
+STEP_METRICS: Final[Mapping[str, tuple[MetricSpec, ...]]] = {
+    "feature_encoder": (ENCODER_LATENCY, CANDIDATES_PER_ORDER, VALIDATION_REJECTIONS),
+    "topk_resolver": (RESOLVER_LATENCY, CAPACITY_CONFLICTS, VALIDATION_REJECTIONS),
+}
+
+
+def metrics_of(model_kind: str) -> tuple[MetricSpec, ...]:
+    return STEP_METRICS.get(model_kind, (VALIDATION_REJECTIONS,))
+
+
+# ---- sinks ---------------------------------------------------------------------------------
+
+
+class MetricsSink(Protocol):
+    def record(self, observations: Iterable[Observation]) -> None: ...
+
+
+class NullMetrics:
+    """Records nothing."""
+
+    def record(self, observations: Iterable[Observation]) -> None:
+        return None
+
+
+@dataclass
+class InMemoryMetrics:
+    """Keeps every observation; sums counters, keeps histogram values, the last gauge value."""
+
+    counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
+    histograms: dict[tuple[str, tuple[tuple[str, str], ...]], list[float]] = field(
+        default_factory=dict
+    )
+    gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
+
+    def record(self, observations: Iterable[Observation]) -> None:
+        for obs in observations:
+            key = (obs.metric.name, obs.labels)
+            if obs.metric.kind is MetricKind.COUNTER:
+                self.counters[key] = self.counters.get(key, 0.0) + obs.value
+            elif obs.metric.kind is MetricKind.HISTOGRAM:
+                self.histograms.setdefault(key, []).append(obs.value)
+            else:
+                self.gauges[key] = obs.value
+
+    def counter(self, metric: MetricSpec, **labels: str) -> float:
+        return self.counters.get((metric.name, _label_key(metric, labels)), 0.0)
+
+    def observed(self, metric: MetricSpec, **labels: str) -> list[float]:
+        return list(self.histograms.get((metric.name, _label_key(metric, labels)), []))
+
+
+class BackgroundMetrics:
+    """Records into another sink from a thread of its own, off the request path.
+
+    Each value recorded into Triton costs the stub a round trip to the server; here a request
+    only queues its observations, and a daemon thread drains the queue every `interval_s`,
+    adding up the counters of the batch (one update per series instead of one per request)
+    before recording. Values reach the metrics port at most about `interval_s` late; `close`
+    stops the thread and records what is left (model unload). A failing sink never stops the
+    thread: the batch is dropped and `on_error` told. The queue holds at most `max_queued`
+    observations (the oldest go first), so a stuck sink cannot eat the memory. Checked on
+    Triton 2.51: the stub's metric calls work from a Python thread while requests are served.
+    """
+
+    def __init__(
+        self,
+        inner: MetricsSink,
+        interval_s: float = 0.05,
+        on_error: Callable[[Exception], None] | None = None,
+        max_queued: int = 100_000,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.inner = inner
+        self.interval_s = interval_s
+        self.on_error = on_error
+        self._queue: deque[Observation] = deque(maxlen=max_queued)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
+        self._thread.start()
+
+    def record(self, observations: Iterable[Observation]) -> None:
+        self._queue.extend(observations)  # deque.extend is atomic under the GIL
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def flush(self) -> None:
+        """Record everything queued so far (counters summed per series)."""
+        batch: list[Observation] = []
+        while self._queue:
+            batch.append(self._queue.popleft())
+        if not batch:
+            return
+        try:
+            self.inner.record(coalesce_counters(batch))
+        except Exception as exc:
+            if self.on_error is not None:
+                self.on_error(exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+def coalesce_counters(observations: Iterable[Observation]) -> list[Observation]:
+    """The same observations with each counter series' increments added into one."""
+    totals: dict[tuple[MetricSpec, tuple[tuple[str, str], ...]], float] = {}
+    others: list[Observation] = []
+    for obs in observations:
+        if obs.metric.kind is MetricKind.COUNTER:
+            key = (obs.metric, obs.labels)
+            totals[key] = totals.get(key, 0.0) + obs.value
+        else:
+            others.append(obs)
+    return [Observation(m, v, labels) for (m, labels), v in totals.items()] + others
+
+
+def _label_key(metric: MetricSpec, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple((name, labels[name]) for name in metric.labels)
+
+
+class TritonMetrics:
+    """Records into Triton custom metrics (`pb_utils.MetricFamily`), one family per spec.
+
+    The families live as long as this object: Triton fails a metric's updates once its
+    family is gone. Series without variable labels are created up front (they read 0
+    before the first request); labelled ones on first use.
+    """
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        constant_labels: Mapping[str, str],
+        metrics: Iterable[MetricSpec] = ALL_METRICS,
+    ) -> None:
+        # More constant labels are allowed (e.g. a per-process one, see router_adapter).
+        if not set(CONSTANT_LABELS) <= set(constant_labels):
+            raise ValueError(
+                f"constant labels must include {CONSTANT_LABELS}, got {constant_labels}"
+            )
+        self.pb = pb_utils
+        self.constant_labels = dict(constant_labels)
+        kinds = {
+            MetricKind.COUNTER: pb_utils.MetricFamily.COUNTER,
+            MetricKind.GAUGE: pb_utils.MetricFamily.GAUGE,
+            MetricKind.HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM,
+        }
+        self.families: dict[str, Any] = {}
+        self.series: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        for spec in metrics:
+            self.families[spec.name] = pb_utils.MetricFamily(
+                name=spec.name, description=spec.description, kind=kinds[spec.kind]
+            )
+            if not spec.labels:
+                self._series(spec, ())
+
+    def _series(self, spec: MetricSpec, labels: tuple[tuple[str, str], ...]) -> Any:
+        key = (spec.name, labels)
+        metric = self.series.get(key)
+        if metric is None:
+            family = self.families[spec.name]
+            all_labels = {**self.constant_labels, **dict(labels)}
+            if spec.kind is MetricKind.HISTOGRAM:
+                metric = family.Metric(labels=all_labels, buckets=list(spec.buckets))
+            else:
+                metric = family.Metric(labels=all_labels)
+            self.series[key] = metric
+        return metric
+
+    def record(self, observations: Iterable[Observation]) -> None:
+        for obs in observations:
+            if obs.metric.name not in self.families:
+                continue
+            if obs.metric.kind is MetricKind.COUNTER:
+                if obs.value > 0:  # adding 0 would cost an IPC call for nothing
+                    self._series(obs.metric, obs.labels).increment(obs.value)
+            elif obs.metric.kind is MetricKind.HISTOGRAM:
+                self._series(obs.metric, obs.labels).observe(obs.value)
+            else:
+                self._series(obs.metric, obs.labels).set(obs.value)
+
+    def close(self) -> None:
+        """Drop the series before their families (model unload)."""
+        self.series.clear()
+        self.families.clear()

@@ -1,0 +1,1 @@
+"""The dispatch domain, free of serving: window validation, geo, pair features, resolver."""

@@ -1,0 +1,404 @@
+"""The pair feature encoder, shared by serving and training so the two cannot drift.
+
+A window of B orders and R riders becomes B x N candidate pairs (the N nearest
+feasible riders per order) and a float32 feature row per pair, laid out exactly as
+``contracts.PAIR_FEATURE_NAMES``. Everything is vectorised: a full window (1024 x 8192)
+must encode within a few tens of milliseconds on a CPU.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import (
+    HARD_CONSTRAINTS,
+    MAX_CANDIDATES,
+    NUM_PAIR_FEATURES,
+    PAIR_FEATURE_NAMES,
+    OrderConstraint,
+    Vehicle,
+)
+from dispatch_service.domain import geo
+from dispatch_service.domain.window import DispatchWindow
+
+IntArray = NDArray[np.int64]
+
+# Candidates fetched by the cheap pre-selection beyond the N needed; the exact ordering
+# then has room to reorder near-ties before the guard below has to fall back.
+_PRESELECT_MARGIN: Final = 8
+# Bound on the float error of a dot product of two unit vectors built from lat/lon.
+_DOT_TOLERANCE: Final = 4e-15
+# Work in blocks of orders so one block's B x R scores stay cache- and memory-friendly.
+_BLOCK_ELEMENTS: Final = 1 << 20
+_SECONDS_PER_DAY: Final = 86400
+_EPOCH_WEEKDAY: Final = 3  # 1970-01-01 was a Thursday (Monday = 0)
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """Knobs that change the features; part of a model version, so frozen."""
+
+    candidates_per_order: int = 16
+    utc_offset_minutes: int = 480  # Asia/Shanghai: hour-of-day is the city's local hour
+    zone_precision: int = 5  # geohash-5 zones are ~4.9 km x 4.9 km
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.candidates_per_order <= MAX_CANDIDATES:
+            raise ValueError(f"candidates_per_order must be within 1..{MAX_CANDIDATES}")
+        if not -18 * 60 <= self.utc_offset_minutes <= 18 * 60:
+            raise ValueError("utc_offset_minutes must be within +-18 hours")
+        if not 1 <= self.zone_precision <= geo.MAX_GEOHASH_PRECISION:
+            raise ValueError(f"zone_precision must be within 1..{geo.MAX_GEOHASH_PRECISION}")
+
+
+@dataclass(frozen=True)
+class EncoderThreads:
+    """How the encoder runs, not what it computes (so not part of a model version)."""
+
+    # Threads that rank a large window's riders (more than one block of orders); the
+    # result is the same for any count. Smaller windows always run on one.
+    selection_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.selection_threads <= 64:
+            raise ValueError("selection_threads must be within 1..64")
+
+
+@dataclass(frozen=True)
+class EncodedWindow:
+    """What the feature_encoder step emits: features per pair and the pair's rider row."""
+
+    pair_features: NDArray[np.float32]  # [B * N, NUM_PAIR_FEATURES]
+    candidate_rider_index: NDArray[np.int32]  # [B, N], -1 = no candidate
+
+
+# ------------------------------------------------------------------------ feasibility
+
+
+def _rider_feasible_for(window: DispatchWindow, hard_bits: int) -> NDArray[np.bool_]:
+    """Riders that may take an order carrying ``hard_bits`` of the hard constraints."""
+    spare = window.rider_capacity.astype(np.int64) - window.rider_load.astype(np.int64)
+    ok = spare > 0
+    if hard_bits & OrderConstraint.THERMAL_BOX:
+        ok &= (window.rider_equipment & 1) != 0
+    if hard_bits & OrderConstraint.LARGE_ITEM:
+        ok &= window.rider_vehicle == Vehicle.CAR
+    return np.asarray(ok)
+
+
+def feasible_mask(window: DispatchWindow) -> NDArray[np.bool_]:
+    """[B, R]: may rider r take order b (spare capacity and hard constraints)."""
+    hard = window.constraints.astype(np.int64) & HARD_CONSTRAINTS
+    mask = np.zeros((window.num_orders, window.num_riders), dtype=np.bool_)
+    for bits in np.unique(hard).tolist():
+        mask[hard == bits] = _rider_feasible_for(window, int(bits))
+    return mask
+
+
+# ---------------------------------------------------------------- candidate selection
+
+
+def _unit_vectors(latlon: NDArray[np.float64]) -> NDArray[np.float64]:
+    lat = np.radians(latlon[:, 0])
+    lon = np.radians(latlon[:, 1])
+    cos_lat = np.cos(lat)
+    return np.stack([cos_lat * np.cos(lon), cos_lat * np.sin(lon), np.sin(lat)], axis=1)
+
+
+def _exact_nearest(
+    pickup: NDArray[np.float64],
+    riders: NDArray[np.float64],
+    rows: IntArray,
+    take: int,
+) -> tuple[IntArray, NDArray[np.float64]]:
+    """Order ``rows`` (per order, [b, m]) by (haversine, rider row); keep ``take``.
+
+    Returns the chosen rider rows and their distances, both [b, take].
+    """
+    dist = geo.haversine_km(
+        riders[rows, 0], riders[rows, 1], pickup[:, 0:1], pickup[:, 1:2]
+    ).reshape(rows.shape)
+    order = np.lexsort((rows, dist), axis=-1)[:, :take]
+    line = np.arange(rows.shape[0])[:, None]
+    return rows[line, order], dist[line, order]
+
+
+def _preselects(take: int, num_riders: int) -> bool:
+    """Whether the dot-product pre-selection leaves any rider out (else rank them all)."""
+    return take + _PRESELECT_MARGIN < num_riders
+
+
+def _nearest_among(
+    pickup: NDArray[np.float64],
+    pickup_xyz: NDArray[np.float64],
+    riders: NDArray[np.float64],
+    riders_xyz: NDArray[np.float64],
+    take: int,
+    threads: int = 1,
+) -> IntArray:
+    """Indices into ``riders`` of the ``take`` nearest per pickup, nearest first.
+
+    A dot product of unit vectors (one BLAS call) ranks riders by great-circle distance;
+    argpartition keeps the best ``take + margin``; those are ranked exactly by haversine
+    with the rider row as tie-break. An order is exact when its ``take``-th distance is
+    strictly below a lower bound on every rider left out; the few orders where that
+    cannot be shown (near-ties at the cut, co-located riders) are ranked exactly over
+    all riders. Callers rank few riders exactly instead (`_preselects`). Blocks of orders
+    are independent: with ``threads`` > 1 they run on that many threads (same result).
+    """
+    num_orders, num_riders = pickup.shape[0], riders.shape[0]
+    everyone = np.broadcast_to(np.arange(num_riders, dtype=np.int64), (num_orders, num_riders))
+    keep = min(take + _PRESELECT_MARGIN, num_riders)
+
+    chosen = np.empty((num_orders, take), dtype=np.int64)
+    unproven = np.zeros(num_orders, dtype=np.bool_)
+    block = max(1, _BLOCK_ELEMENTS // num_riders)
+
+    def rank(start: int, stop: int) -> None:  # writes only rows start:stop of the outputs
+        neg_dot = pickup_xyz[start:stop] @ riders_xyz.T
+        np.negative(neg_dot, out=neg_dot)
+        part = np.argpartition(neg_dot, keep, axis=1)
+        best = part[:, :keep]
+        # part[:, keep] holds the largest dot product (nearest rider) left out.
+        cut_dot = -np.take_along_axis(neg_dot, part[:, keep : keep + 1], axis=1)[:, 0]
+        rows, dist = _exact_nearest(pickup[start:stop], riders, best, take)
+        chosen[start:stop] = rows
+        chord_sq = np.maximum(2.0 - 2.0 * (cut_dot + _DOT_TOLERANCE), 0.0)
+        bound_km = 2.0 * geo.EARTH_RADIUS_KM * np.arcsin(np.minimum(np.sqrt(chord_sq) * 0.5, 1.0))
+        bound_km = bound_km * (1.0 - 1e-12) - 1e-12
+        unproven[start:stop] = ~(dist[:, take - 1] < bound_km)
+
+    if threads > 1 and num_orders > block:  # as many equal blocks on every thread
+        count = -(-num_orders // block)
+        block = -(-num_orders // (-(-count // threads) * threads))
+    spans = [(start, min(start + block, num_orders)) for start in range(0, num_orders, block)]
+    if threads > 1 and len(spans) > 1:
+        # numpy releases the GIL in the matrix product and argpartition that dominate here
+        with ThreadPoolExecutor(max_workers=min(threads, len(spans))) as pool:
+            for done in [pool.submit(rank, start, stop) for start, stop in spans]:
+                done.result()
+    else:
+        for start, stop in spans:
+            rank(start, stop)
+
+    redo = np.flatnonzero(unproven)
+    for start in range(0, redo.size, block):
+        orders = redo[start : start + block]
+        chosen[orders] = _exact_nearest(pickup[orders], riders, everyone[: orders.size], take)[0]
+    return chosen
+
+
+def select_candidates(window: DispatchWindow, n: int, threads: int = 1) -> NDArray[np.int32]:
+    """[B, min(n, R)] rider rows: per order the n nearest feasible riders to the pickup.
+
+    Nearest first by haversine distance rider -> pickup, ties broken by the lower rider
+    row; -1 pads when fewer riders are feasible. Deterministic for a given window, whatever
+    ``threads`` (how many threads large windows are ranked on).
+    """
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    num_orders, num_riders = window.num_orders, window.num_riders
+    n_eff = min(n, num_riders)
+    out = np.full((num_orders, n_eff), -1, dtype=np.int32)
+    if num_orders == 0 or n_eff == 0:
+        return out
+    pickup_xyz: NDArray[np.float64] | None = None
+    rider_xyz: NDArray[np.float64] | None = None
+    hard = window.constraints.astype(np.int64) & HARD_CONSTRAINTS
+    # Without hard constraints (most windows) one group holds every order: no gathers.
+    groups: list[tuple[int, IntArray | slice]] = (
+        [(bits, np.flatnonzero(hard == bits)) for bits in np.unique(hard).tolist()]
+        if hard.any()
+        else [(0, slice(None))]
+    )
+    for bits, orders in groups:
+        riders = np.flatnonzero(_rider_feasible_for(window, bits))
+        if riders.size == 0:
+            continue
+        take = min(n_eff, riders.size)
+        pickup = window.pickup[orders]
+        if not _preselects(take, riders.size):
+            # Few riders: rank them all exactly; global rows sort like local ones.
+            everyone = np.broadcast_to(riders, (pickup.shape[0], riders.size))
+            out[orders, :take] = _exact_nearest(pickup, window.rider_position, everyone, take)[0]
+            continue
+        if pickup_xyz is None or rider_xyz is None:
+            pickup_xyz = _unit_vectors(window.pickup)
+            rider_xyz = _unit_vectors(window.rider_position)
+        local = _nearest_among(
+            pickup,
+            pickup_xyz[orders],
+            window.rider_position[riders],
+            rider_xyz[riders],
+            take,
+            threads,
+        )
+        out[orders, :take] = riders[local]
+    return out
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def _local_time(dispatch_time: int, utc_offset_minutes: int) -> tuple[float, bool]:
+    """(fractional local hour, is weekend) of a unix time."""
+    local = dispatch_time + utc_offset_minutes * 60
+    seconds_of_day = local % _SECONDS_PER_DAY
+    weekday = (local // _SECONDS_PER_DAY + _EPOCH_WEEKDAY) % 7
+    return seconds_of_day / 3600.0, weekday >= 5
+
+
+# Where each feature comes from: the pair (rider row), the order, or the whole window.
+# Each group is computed as one table and written with one fancy-indexed assignment.
+_PAIR_COLUMNS: Final = (
+    "pickup_distance_km",
+    "approach_bearing_sin",
+    "approach_bearing_cos",
+    "rider_zone_east_km",
+    "rider_zone_north_km",
+    "rider_load",
+    "rider_capacity",
+    "rider_load_ratio",
+    "vehicle_ebike",
+    "vehicle_motorbike",
+    "vehicle_car",
+)
+_ORDER_COLUMNS: Final = (
+    "trip_distance_km",
+    "trip_bearing_sin",
+    "trip_bearing_cos",
+    "pickup_zone_east_km",
+    "pickup_zone_north_km",
+    "dropoff_zone_east_km",
+    "dropoff_zone_north_km",
+    "order_age_minutes",
+    "promised_minutes",
+    "slack_minutes",
+    "needs_thermal_box",
+    "large_item",
+    "fragile",
+    "priority",
+)
+_WINDOW_COLUMNS: Final = ("hour_sin", "hour_cos", "is_weekend")
+if sorted(_PAIR_COLUMNS + _ORDER_COLUMNS + _WINDOW_COLUMNS) != sorted(PAIR_FEATURE_NAMES):
+    raise RuntimeError("encoder columns differ from contracts.PAIR_FEATURE_NAMES")
+_PAIR_AT: Final = np.array([PAIR_FEATURE_NAMES.index(name) for name in _PAIR_COLUMNS])
+_ORDER_AT: Final = np.array([PAIR_FEATURE_NAMES.index(name) for name in _ORDER_COLUMNS])
+_WINDOW_AT: Final = np.array([PAIR_FEATURE_NAMES.index(name) for name in _WINDOW_COLUMNS])
+_ORDER_FLAGS: Final = np.array(
+    [
+        OrderConstraint.THERMAL_BOX,
+        OrderConstraint.LARGE_ITEM,
+        OrderConstraint.FRAGILE,
+        OrderConstraint.PRIORITY,
+    ],
+    dtype=np.int64,
+)
+_VEHICLES: Final = np.array([Vehicle.EBIKE, Vehicle.MOTORBIKE, Vehicle.CAR], dtype=np.int64)
+
+
+def encode_pairs(
+    window: DispatchWindow, candidates: NDArray[np.int32], settings: EncoderSettings
+) -> NDArray[np.float32]:
+    """float32 [B * N, F]: row b * N + j describes order b with candidate j.
+
+    Rows of padded candidates (-1) are all zeros. Per-order quantities are computed
+    once and gathered; pair and order geometry share one pass (distance, bearing and
+    geohash zone over all their points together), so a small window costs a few dozen
+    numpy calls and a big one a few passes over B * N values.
+    """
+    num_orders = window.num_orders
+    if candidates.ndim != 2 or candidates.shape[0] != num_orders:
+        raise ValueError(f"candidates must have shape [{num_orders}, N], got {candidates.shape}")
+    per_order = candidates.shape[1]
+    flat = candidates.reshape(-1).astype(np.int64)
+    if flat.size and int(flat.max()) >= window.num_riders:
+        raise ValueError("candidates refer to a rider row that does not exist")
+    valid = np.flatnonzero(flat >= 0)
+    if valid.size == 0:
+        return np.zeros((flat.size, NUM_PAIR_FEATURES), dtype=np.float32)
+    o = valid // per_order
+    r = flat[valid]
+    pairs = valid.size
+
+    # Legs rider -> pickup (one per pair) then pickup -> dropoff (one per order).
+    pickup, dropoff = window.pickup, window.dropoff
+    start = np.concatenate((window.rider_position[r], pickup))
+    end = np.concatenate((pickup[o], dropoff))
+    km, bearing = geo.haversine_bearing(start[:, 0], start[:, 1], end[:, 0], end[:, 1])
+    bearing_sin, bearing_cos = np.sin(bearing), np.cos(bearing)
+    # Zones of the rider (per pair), the pickup and the dropoff (per order).
+    centre = geo.cell_centre_latlon(np.concatenate((start, dropoff)), settings.zone_precision)
+    east, north = geo.en_offset_km(centre[:, 0], centre[:, 1])
+
+    hour, weekend = _local_time(window.dispatch_time, settings.utc_offset_minutes)
+    hour_angle = 2.0 * np.pi * hour / 24.0
+    age = np.maximum((window.dispatch_time - window.created_at.astype(np.float64)) / 60.0, 0.0)
+    promised = window.promised_minutes.astype(np.float64)
+    flags = (window.constraints.astype(np.int64)[:, None] & _ORDER_FLAGS) != 0
+    load = window.rider_load[r].astype(np.float64)
+    capacity = window.rider_capacity[r].astype(np.float64)
+    vehicle = window.rider_vehicle[r].astype(np.int64)[:, None] == _VEHICLES
+
+    trip, pickup_zone, dropoff_zone = (
+        slice(pairs, None),
+        slice(pairs, -num_orders),
+        slice(-num_orders, None),
+    )
+    per_order_table = np.column_stack(
+        (
+            km[trip],
+            bearing_sin[trip],
+            bearing_cos[trip],
+            east[pickup_zone],
+            north[pickup_zone],
+            east[dropoff_zone],
+            north[dropoff_zone],
+            age,
+            promised,
+            promised - age,
+            flags,
+        )
+    )
+    per_pair_table = np.column_stack(
+        (
+            km[:pairs],
+            bearing_sin[:pairs],
+            bearing_cos[:pairs],
+            east[:pairs],
+            north[:pairs],
+            load,
+            capacity,
+            load / np.maximum(capacity, 1.0),
+            vehicle,
+        )
+    )
+    if pairs == flat.size:
+        out = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
+        block = out
+    else:
+        out = np.zeros((flat.size, NUM_PAIR_FEATURES), dtype=np.float32)
+        block = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
+    block[:, _PAIR_AT] = per_pair_table
+    block[:, _ORDER_AT] = per_order_table[o]
+    block[:, _WINDOW_AT] = (float(np.sin(hour_angle)), float(np.cos(hour_angle)), float(weekend))
+    if block is not out:
+        out[valid] = block
+    return out
+
+
+def encode_window(
+    window: DispatchWindow, settings: EncoderSettings | None = None, threads: int = 1
+) -> EncodedWindow:
+    """Select candidates and encode their pairs: the whole feature_encoder step."""
+    settings = settings or EncoderSettings()
+    candidates = select_candidates(window, settings.candidates_per_order, threads)
+    return EncodedWindow(
+        pair_features=encode_pairs(window, candidates, settings),
+        candidate_rider_index=candidates,
+    )

@@ -1,0 +1,587 @@
+"""The `topk_resolver` step: rank each order's candidates, keep the Top-K, assign riders.
+
+Plain numpy/scipy so the Triton Python backend, offline tools and tests share one code
+path. The inputs come from upstream models, not from the caller, yet a bad tensor must
+end one request with a `DispatchInputError` that names it, never crash the model.
+
+Scoring
+    Each objective is mapped to a utility that depends on that pair alone (never on the
+    rest of the window, so an order's ranking cannot change because another order
+    arrived) and is monotone: latency ``1 / (1 + eta / eta_scale)``, on-time
+    ``clip(p, 0, 1)``, cost ``1 / (1 + cost / cost_scale)``. The score is
+    ``sum(w * u) / sum(w)``, in [0, 1]. Rounding is monotone, so if pair a is at least
+    as good as pair b on every objective its computed score is >= b's.
+
+Ranking
+    Candidates of one order sort by score descending, then ETA ascending, on-time
+    descending, cost ascending, then a 64-bit FNV-1a hash of the rider id, then the rider
+    row. The objective tie-breaks make the order Pareto-consistent even when a weight is
+    zero: a pair that dominates another has a score at least as high, and on equal scores
+    the first objective where they differ favours it. The id hash spreads exact ties over
+    riders deterministically across processes (Python's ``hash()`` is salted); the row
+    settles a hash collision. The Top-K list is the first ``min(top_k, N)`` valid
+    candidates, padded with index -1, id b'' and zeros.
+
+Assignment
+    Each order gets at most one rider from its Top-K list, and rider r at most
+    ``spare_r = max(capacity_r - load_r, 0)`` new orders. The objective is
+    lexicographic: first the number of assigned orders, then the sum of their scores.
+    It is solved as a minimum-cost full matching of a sparse bipartite graph with
+    ``scipy.sparse.csgraph.min_weight_full_bipartite_matching`` (LAPJVsp):
+
+    * one row per order;
+    * ``c_r = min(spare_r, deg_r)`` interchangeable slot columns for rider r, where
+      ``deg_r`` is the number of Top-K lists naming r (r can never take more than that);
+      order b links to every slot of every rider in its list at cost ``2 - s_br``, in
+      [1, 2] so that no cost is an explicit zero, which sparse matrices drop;
+    * one private dummy column per order ("unassigned") at cost ``D = 2B + 3``.
+
+    Why this is optimal: full matchings and feasible assignments correspond one to one
+    up to permuting a rider's identical slots -- an assigned order takes a distinct slot
+    of its rider, of which there are at most ``spare_r``, and an unassigned order takes
+    its own dummy, which always exists, so a full matching always exists too. A matching
+    that assigns m orders with score sum S costs ``B*D - m*(D - 2) - S``. Since
+    ``0 <= S <= m <= B`` and ``D - 2 > B``, one more assigned order always lowers the
+    cost by more than any difference in S can raise it, so the minimum-cost matching
+    has the most assigned orders and, among those, the largest score sum. LAPJVsp is an
+    exact shortest-augmenting-path solver, so the matching it returns is optimal;
+    it is also deterministic for a given input, and the graph is built in a fixed order.
+    Ranking and matching use the float64 scores; the outputs round them to float32.
+    The whole window is one solver call: augmenting-path searches only reach their own
+    connected component anyway, and splitting into components first (hundreds of them in
+    a city-sized window) cost more in per-call overhead than it saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import min_weight_full_bipartite_matching
+
+from dispatch_contract import (
+    CANDIDATE_RIDER_INDEX,
+    DISPATCH_OUTPUTS,
+    OBJECTIVES,
+    PAIR_OBJECTIVES,
+)
+from dispatch_service.core.errors import DispatchInputError
+
+__all__ = [
+    "Resolution",
+    "ResolverSettings",
+    "assign",
+    "fnv1a_64",
+    "resolve",
+    "score_pairs",
+]
+
+_FNV_OFFSET: Final = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME: Final = np.uint64(0x100000001B3)
+_FNV_MASK: Final = (1 << 64) - 1
+# Up to this many id bytes in all a plain Python loop beats the per-column numpy passes.
+_FNV_SCALAR_BYTES: Final = 256
+# Rider ids recur from window to window; their hashes are kept up to this many entries.
+_HASH_CACHE_SIZE: Final = 1 << 15
+_hash_cache: dict[bytes, int] = {}
+
+_ETA, _ONTIME, _COST = range(len(OBJECTIVES))
+
+
+@dataclass(frozen=True)
+class ResolverSettings:
+    """Server-side knobs; the scales set where a utility falls to one half."""
+
+    top_k: int = 5
+    eta_scale_minutes: float = 30.0
+    cost_scale_cny: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ValueError(f"top_k must be a positive int, got {self.top_k!r}")
+        for name in ("eta_scale_minutes", "cost_scale_cny"):
+            value = float(getattr(self, name))
+            if not np.isfinite(value) or value <= 0.0:
+                raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Resolution:
+    """The resolver's answer, one field per contract output (eq=False: arrays inside)."""
+
+    topk_rider_ids: NDArray[np.object_]
+    topk_rider_index: NDArray[np.int32]
+    topk_score: NDArray[np.float32]
+    topk_eta_minutes: NDArray[np.float32]
+    topk_ontime_probability: NDArray[np.float32]
+    topk_cost: NDArray[np.float32]
+    assigned_rider_ids: NDArray[np.object_]
+    assigned_rider_index: NDArray[np.int32]
+    assigned_score: NDArray[np.float32]
+
+    def as_tensors(self) -> dict[str, NDArray[Any]]:
+        """The outputs keyed by contract name, in the contract's dtypes."""
+        return {
+            spec.name: np.asarray(getattr(self, spec.name.lower()), dtype=spec.numpy_dtype)
+            for spec in DISPATCH_OUTPUTS
+        }
+
+
+# ---- stable rider-id hash ------------------------------------------------------------
+
+
+def fnv1a_64(ids: Iterable[bytes]) -> NDArray[np.uint64]:
+    """64-bit FNV-1a of each id: a tie-break that is identical in every process.
+
+    Vectorised over ids; the Python loop runs over byte positions (at most the longest
+    id, 64 under the contract), masking ids that are already finished.
+    """
+    items = list(ids)
+    count = len(items)
+    if sum(map(len, items)) <= _FNV_SCALAR_BYTES:
+        return np.fromiter(map(_fnv1a_scalar, items), dtype=np.uint64, count=count)
+    out = np.full(count, _FNV_OFFSET, dtype=np.uint64)
+    lengths = np.fromiter((len(item) for item in items), dtype=np.int64, count=count)
+    width = int(lengths.max())
+    if width == 0:
+        return out
+    # 'S' pads with NUL bytes; real trailing NULs survive in the buffer, and the mask
+    # comes from the true lengths, so they are hashed too.
+    raw = np.array(items, dtype=f"S{width}").view(np.uint8).reshape(count, width)
+    for column in range(width):
+        live = lengths > column
+        mixed = (out ^ raw[:, column].astype(np.uint64)) * _FNV_PRIME  # wraps mod 2**64
+        np.copyto(out, mixed, where=live)
+    return out
+
+
+def _fnv1a_scalar(item: bytes) -> int:
+    value = 0xCBF29CE484222325
+    for byte in item:
+        value = ((value ^ byte) * 0x100000001B3) & _FNV_MASK
+    return value
+
+
+def _rider_hashes(ids: list[bytes]) -> NDArray[np.uint64]:
+    """`fnv1a_64` through a bounded cache: most riders were hashed in an earlier window."""
+    cache = _hash_cache
+    found = [cache.get(item) for item in ids]
+    if None in found:
+        missing = [item for item, value in zip(ids, found, strict=True) if value is None]
+        fresh = dict(zip(missing, fnv1a_64(missing).tolist(), strict=True))
+        found = [
+            fresh[item] if value is None else value for item, value in zip(ids, found, strict=True)
+        ]
+        if len(cache) + len(fresh) > _HASH_CACHE_SIZE:
+            cache.clear()
+        cache.update(fresh)
+    return np.array(found, dtype=np.uint64)
+
+
+# ---- scoring -------------------------------------------------------------------------
+
+
+def _weights(weights: ArrayLike) -> NDArray[np.float64]:
+    try:
+        array = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DispatchInputError("OBJECTIVE_WEIGHTS", "must be numeric") from None
+    if array.shape != (len(OBJECTIVES),):
+        raise DispatchInputError(
+            "OBJECTIVE_WEIGHTS", f"must have shape [{len(OBJECTIVES)}], got {array.shape}"
+        )
+    if not np.isfinite(array).all() or (array < 0).any() or float(array.sum()) <= 0.0:
+        raise DispatchInputError(
+            "OBJECTIVE_WEIGHTS", "weights must be finite and >= 0 with a positive sum"
+        )
+    return array
+
+
+def score_pairs(
+    objectives: ArrayLike,
+    weights: ArrayLike,
+    settings: ResolverSettings | None = None,
+) -> NDArray[np.float64]:
+    """Weighted utility of each pair, shape ``objectives.shape[:-1]``, in [0, 1].
+
+    Each term uses only its own pair's value, so scores are comparable across windows.
+    Evaluated in float64 with a fixed operation order: every step is monotone, so
+    dominance is never reversed by rounding.
+    """
+    settings = settings or ResolverSettings()
+    w = _weights(weights)
+    obj = np.asarray(objectives, dtype=np.float64)
+    if obj.ndim < 1 or obj.shape[-1] != len(OBJECTIVES):
+        raise DispatchInputError(
+            PAIR_OBJECTIVES.name, f"must have {len(OBJECTIVES)} columns, got shape {obj.shape}"
+        )
+    return _score(obj, w, settings)
+
+
+def _score(
+    obj: NDArray[np.float64], w: NDArray[np.float64], settings: ResolverSettings
+) -> NDArray[np.float64]:
+    """`score_pairs` on inputs already checked (resolve validates them once)."""
+    latency = 1.0 / (1.0 + obj[..., _ETA] / settings.eta_scale_minutes)
+    ontime = np.clip(obj[..., _ONTIME], 0.0, 1.0)
+    cost = 1.0 / (1.0 + obj[..., _COST] / settings.cost_scale_cny)
+    total = w[0] * latency + w[1] * ontime + w[2] * cost
+    result: NDArray[np.float64] = total / float(w.sum())
+    return result
+
+
+# ---- validation ----------------------------------------------------------------------
+
+
+def _first_row(mask: NDArray[np.bool_]) -> int:
+    return int(np.argwhere(mask)[0][0])
+
+
+def _candidates(
+    value: ArrayLike, num_riders: int, name: str = CANDIDATE_RIDER_INDEX.name
+) -> NDArray[np.int64]:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        raise DispatchInputError(name, f"must be INT32, got {array.dtype}")
+    if array.ndim != 2:
+        raise DispatchInputError(name, f"must have shape [B, N], got {array.shape}")
+    index = array.astype(np.int64)
+    bad = (index < -1) | (index >= num_riders)
+    if bad.any():
+        b, j = (int(x) for x in np.argwhere(bad)[0])
+        raise DispatchInputError(
+            name, f"must be -1 or a rider row in [0, {num_riders}), got {index[b, j]} at [{b}, {j}]"
+        )
+    if index.shape[1] > 1:
+        ordered = np.sort(index, axis=1)
+        repeated = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+        if repeated.any():
+            b = _first_row(repeated)
+            raise DispatchInputError(name, f"order {b} lists a rider more than once")
+    return index
+
+
+def _objectives(value: ArrayLike, valid: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """[B, N, 3] float64 with the rows of missing candidates zeroed."""
+    name = PAIR_OBJECTIVES.name
+    array = np.asarray(value)
+    if array.dtype.kind != "f":
+        raise DispatchInputError(name, f"must be FP32, got {array.dtype}")
+    if array.ndim != 2 or array.shape[1] != len(OBJECTIVES):
+        raise DispatchInputError(name, f"must have shape [P, {len(OBJECTIVES)}], got {array.shape}")
+    num_orders, num_candidates = valid.shape
+    pairs = num_orders * num_candidates
+    if array.shape[0] != pairs:
+        raise DispatchInputError(
+            name,
+            f"must have B*N = {num_orders}*{num_candidates} = {pairs} rows "
+            f"like {CANDIDATE_RIDER_INDEX.name}, got {array.shape[0]}",
+        )
+    obj = array.astype(np.float64).reshape(num_orders, num_candidates, len(OBJECTIVES))
+    obj[~valid] = 0.0
+    flat_valid = valid.reshape(-1)
+    flat = obj.reshape(pairs, len(OBJECTIVES))
+    bad = ~np.isfinite(flat).all(axis=1) & flat_valid
+    if bad.any():
+        raise DispatchInputError(
+            name, f"must be finite on valid pairs, got NaN or infinity (row {_first_row(bad)})"
+        )
+    for column, label in ((_ETA, "ETA minutes"), (_COST, "cost")):
+        negative = (flat[:, column] < 0) & flat_valid
+        if negative.any():
+            raise DispatchInputError(
+                name, f"{label} must be >= 0 on valid pairs (row {_first_row(negative)})"
+            )
+    return obj
+
+
+def _counts(name: str, value: ArrayLike, num_riders: int) -> NDArray[np.int64]:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        raise DispatchInputError(name, f"must be INT32, got {array.dtype}")
+    if array.shape != (num_riders,):
+        raise DispatchInputError(
+            name, f"must have shape [{num_riders}] like RIDER_IDS, got {array.shape}"
+        )
+    counts = array.astype(np.int64)
+    negative = counts < 0
+    if negative.any():
+        row = _first_row(negative)
+        raise DispatchInputError(name, f"must be >= 0 (row {row})")
+    return counts
+
+
+def _rider_ids(value: ArrayLike) -> NDArray[Any]:
+    array = np.asarray(value)
+    if array.dtype.kind not in "OS":
+        raise DispatchInputError("RIDER_IDS", f"must be BYTES, got {array.dtype}")
+    if array.ndim != 1:
+        raise DispatchInputError("RIDER_IDS", f"must have shape [R], got {array.shape}")
+    return array
+
+
+def ids_as_bytes(name: str, ids: ArrayLike, rows: NDArray[np.int64] | None = None) -> list[bytes]:
+    """The ids of tensor `name` (all, or the given rows) as bytes: str is UTF-8 encoded,
+    anything else is refused naming the tensor and the row."""
+    array = np.asarray(ids, dtype=object).reshape(-1)
+    numbers = range(array.size) if rows is None else rows.tolist()
+    items = array.tolist() if rows is None else array[rows].tolist()
+    out: list[bytes] = []
+    for row, item in zip(numbers, items, strict=True):
+        if isinstance(item, bytes):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(item.encode("utf-8"))
+        else:
+            raise DispatchInputError(
+                name, f"must hold bytes, got {type(item).__name__} (row {row})", "dtype"
+            )
+    return out
+
+
+# ---- assignment ----------------------------------------------------------------------
+
+
+def _match(
+    edge_rows: NDArray[np.int64],
+    edge_cols: NDArray[np.int64],
+    edge_cost: NDArray[np.float64],
+    num_orders: int,
+    num_slots: int,
+) -> NDArray[np.int64]:
+    """Matched column per order; ``num_slots + b`` is order b's dummy (unassigned).
+
+    The edges must come sorted by (row, column). The CSR arrays are then written
+    directly, each row's edges followed by its dummy (the largest column): exactly the
+    canonical matrix a COO build would sort itself into, for a fraction of the cost.
+    """
+    # int32 like scipy's own build: columns and entries stay far below 2**31 under the
+    # contract's limits (at most MAX_ORDERS * MAX_CANDIDATES * MAX_ORDERS entries).
+    indptr = np.zeros(num_orders + 1, dtype=np.int32)
+    np.cumsum(np.bincount(edge_rows, minlength=num_orders) + 1, out=indptr[1:])
+    total = int(indptr[-1])
+    # Edge e sits after the dummies of the rows before its own.
+    edge_at = np.arange(edge_rows.size) + edge_rows
+    dummy_at = indptr[1:] - 1
+    indices = np.empty(total, dtype=np.int32)
+    indices[edge_at] = edge_cols
+    indices[dummy_at] = np.arange(num_slots, num_slots + num_orders)
+    data = np.empty(total, dtype=np.float64)
+    data[edge_at] = edge_cost
+    data[dummy_at] = 2.0 * num_orders + 3.0
+    graph = csr_matrix((data, indices, indptr), shape=(num_orders, num_slots + num_orders))
+    row_ind, col_ind = min_weight_full_bipartite_matching(graph)
+    matched = np.empty(num_orders, dtype=np.int64)
+    matched[row_ind] = col_ind
+    return matched
+
+
+def _uncontested(
+    topk_index: NDArray[np.int64],
+    topk_score: NDArray[np.float64],
+    spare: NDArray[np.int64],
+) -> NDArray[np.int64] | None:
+    """Each order's own best position when that is the unique optimum, else None.
+
+    An order's usable candidates are listed riders with spare > 0. If every order's
+    cheapest usable edge (cost ``2 - s``, exactly as the solver sees it) is strictly
+    cheaper than its others, and no rider is the best of more orders than its spare,
+    then giving each order its best serves every order that can be served, each at its
+    own maximum score: any other assignment serves fewer or scores strictly less, so
+    this is the one optimum and the full solve would return it too. Ties and contested
+    riders return None (solve it properly), so tie-breaking never depends on this path.
+    """
+    num_orders, width = topk_index.shape
+    if width == 0 or spare.size == 0:
+        return np.full(num_orders, -1, dtype=np.int64)
+    listed = topk_index >= 0
+    usable = listed & (spare[np.where(listed, topk_index, 0)] > 0)
+    cost = np.where(usable, 2.0 - topk_score, np.inf)
+    rows = np.arange(num_orders)
+    best = np.argmin(cost, axis=1)
+    best_cost = cost[rows, best]
+    served = best_cost < np.inf
+    if width > 1:
+        cost[rows, best] = np.inf
+        if (served & (cost.min(axis=1) <= best_cost)).any():
+            return None
+    riders = topk_index[rows, best][served]
+    if (np.bincount(riders, minlength=spare.size) > spare).any():
+        return None
+    return np.where(served, best, -1)
+
+
+def _assign_slots(
+    topk_index: NDArray[np.int64],
+    topk_score: NDArray[np.float64],
+    spare: NDArray[np.int64],
+) -> NDArray[np.int64]:
+    """Chosen Top-K position per order, -1 = unassigned (inputs already validated)."""
+    quick = _uncontested(topk_index, topk_score, spare)
+    if quick is not None:
+        return quick
+    return _solve_slots(topk_index, topk_score, spare)
+
+
+def _solve_slots(
+    topk_index: NDArray[np.int64],
+    topk_score: NDArray[np.float64],
+    spare: NDArray[np.int64],
+) -> NDArray[np.int64]:
+    """`_assign_slots` by the full matching (module docstring), for any instance."""
+    num_orders = topk_index.shape[0]
+    chosen = np.full(num_orders, -1, dtype=np.int64)
+    # Each order's edges by rider, so that its slot columns come out ascending (_match):
+    # sort every short row (riders are distinct within one; -1 pads sort first, dropped).
+    by_rider = np.argsort(topk_index, axis=1)
+    ordered = np.take_along_axis(topk_index, by_rider, axis=1)
+    order_of, column = np.nonzero(ordered >= 0)
+    rider = ordered[order_of, column]
+    if rider.size == 0:
+        return chosen
+    position = by_rider[order_of, column]
+    riders, rider_of_edge, degree = np.unique(rider, return_inverse=True, return_counts=True)
+    slots_per_rider = np.minimum(spare[riders], degree)
+    keep = slots_per_rider[rider_of_edge] > 0
+    order_of, position, rider_of_edge = order_of[keep], position[keep], rider_of_edge[keep]
+    if order_of.size == 0:
+        return chosen
+    first_slot = np.cumsum(slots_per_rider) - slots_per_rider
+    num_slots = int(slots_per_rider.sum())
+
+    # Expand each (order, rider) edge to every slot of that rider, without Python loops.
+    copies = slots_per_rider[rider_of_edge]
+    edge_ids = np.repeat(np.arange(order_of.size), copies)
+    starts = np.cumsum(copies) - copies
+    within = np.arange(edge_ids.size) - starts[edge_ids]
+    edge_rows = order_of[edge_ids]
+    edge_cols = first_slot[rider_of_edge[edge_ids]] + within
+    edge_cost = 2.0 - topk_score[order_of, position][edge_ids]
+
+    matched = _match(edge_rows, edge_cols, edge_cost, num_orders, num_slots)
+    slot_rider = np.repeat(riders, slots_per_rider)
+    assigned = matched < num_slots
+    rider_rows = np.full(num_orders, -1, dtype=np.int64)
+    rider_rows[assigned] = slot_rider[matched[assigned]]
+    hit = (topk_index == rider_rows[:, None]) & assigned[:, None]
+    chosen[assigned] = np.argmax(hit[assigned], axis=1)
+    return chosen
+
+
+def _at_position(values: NDArray[Any], position: NDArray[np.int64], fill: float) -> NDArray[Any]:
+    """``values[b, position[b]]``, or `fill` where the position is -1 (even with no columns)."""
+    rows = values.shape[0]
+    if values.shape[1] == 0:
+        return np.full(rows, fill, dtype=values.dtype)
+    picked: NDArray[Any] = values[np.arange(rows), np.maximum(position, 0)]
+    picked[position < 0] = fill
+    return picked
+
+
+def assign(
+    topk_rider_index: ArrayLike,
+    topk_score: ArrayLike,
+    rider_load: ArrayLike,
+    rider_capacity: ArrayLike,
+) -> NDArray[np.int32]:
+    """Rider row per order (-1 = unassigned): most orders first, then most total score.
+
+    Each order takes at most one rider from its own list (row of `topk_rider_index`,
+    -1 pads); rider r takes at most ``max(capacity_r - load_r, 0)`` orders.
+    """
+    load = np.asarray(rider_load)
+    if load.ndim != 1:
+        raise DispatchInputError("RIDER_LOAD", f"must have shape [R], got {load.shape}")
+    num_riders = int(load.shape[0])
+    spare = np.maximum(
+        _counts("RIDER_CAPACITY", rider_capacity, num_riders)
+        - _counts("RIDER_LOAD", load, num_riders),
+        0,
+    )
+    index = _candidates(topk_rider_index, num_riders, "TOPK_RIDER_INDEX")
+    score = np.asarray(topk_score, dtype=np.float64)
+    if score.shape != index.shape:
+        raise DispatchInputError(
+            "TOPK_SCORE",
+            f"must have the shape of TOPK_RIDER_INDEX {index.shape}, got {score.shape}",
+        )
+    listed = score[index >= 0]
+    if not (np.isfinite(listed) & (listed >= 0.0) & (listed <= 1.0)).all():
+        # The cost 2 - s must stay in [1, 2] for cardinality to dominate (module docstring).
+        raise DispatchInputError("TOPK_SCORE", "must lie in [0, 1] where a rider is listed")
+    position = _assign_slots(index, score, spare)
+    result: NDArray[np.int32] = _at_position(index, position, -1).astype(np.int32)
+    return result
+
+
+# ---- the step ------------------------------------------------------------------------
+
+
+def resolve(
+    objectives: ArrayLike,
+    candidate_rider_index: ArrayLike,
+    rider_ids: ArrayLike,
+    rider_load: ArrayLike,
+    rider_capacity: ArrayLike,
+    weights: ArrayLike,
+    settings: ResolverSettings | None = None,
+) -> Resolution:
+    """Top-K riders per order and a capacity-respecting assignment for one window."""
+    settings = settings or ResolverSettings()
+    ids = _rider_ids(rider_ids)
+    num_riders = int(ids.shape[0])
+    load = _counts("RIDER_LOAD", rider_load, num_riders)
+    capacity = _counts("RIDER_CAPACITY", rider_capacity, num_riders)
+    w = _weights(weights)
+    index = _candidates(candidate_rider_index, num_riders)
+    valid = index >= 0
+    obj = _objectives(objectives, valid)
+    num_candidates = index.shape[1]
+    k = min(settings.top_k, num_candidates)
+
+    # Ids and hashes only for the riders someone listed (-1 marks the sentinel row R).
+    listed = np.zeros(num_riders + 1, dtype=np.bool_)
+    listed[index] = True
+    used = np.flatnonzero(listed[:num_riders])
+    used_ids = ids_as_bytes("RIDER_IDS", ids, used)
+    id_table = np.empty(num_riders + 1, dtype=object)
+    id_table[num_riders] = b""
+    id_table[used] = used_ids
+    rider_hash = np.zeros(num_riders + 1, dtype=np.uint64)
+    rider_hash[used] = _rider_hashes(used_ids)
+    safe_index = np.where(valid, index, num_riders)
+
+    score = _score(obj, w, settings)
+    score[~valid] = 0.0
+    eta, ontime, cost = obj[..., _ETA], obj[..., _ONTIME], obj[..., _COST]
+    # np.lexsort: the last key is the primary one.
+    order = np.lexsort(
+        (safe_index, rider_hash[safe_index], cost, -ontime, eta, -score, ~valid), axis=-1
+    )[:, :k]
+
+    # Missing candidates sort last and carry zero objectives and score, so the Top-K
+    # values need no masking: a padded slot already reads 0.
+    rows = np.arange(index.shape[0])[:, None]
+    top_index = safe_index[rows, order]
+    top_valid = top_index < num_riders
+    top_score = score[rows, order]
+    top_obj = obj[rows, order].astype(np.float32)
+    topk_index = np.where(top_valid, top_index, -1)
+
+    position = _assign_slots(topk_index, top_score, np.maximum(capacity - load, 0))
+    assigned_index = _at_position(topk_index, position, -1)
+    return Resolution(
+        topk_rider_ids=id_table[top_index],
+        topk_rider_index=topk_index.astype(np.int32),
+        topk_score=top_score.astype(np.float32),
+        topk_eta_minutes=np.ascontiguousarray(top_obj[..., _ETA]),
+        topk_ontime_probability=np.ascontiguousarray(top_obj[..., _ONTIME]),
+        topk_cost=np.ascontiguousarray(top_obj[..., _COST]),
+        assigned_rider_ids=id_table[assigned_index],
+        assigned_rider_index=assigned_index.astype(np.int32),
+        assigned_score=_at_position(top_score, position, 0.0).astype(np.float32),
+    )

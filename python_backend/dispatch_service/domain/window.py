@@ -1,0 +1,393 @@
+"""A dispatch window: validated, typed, in WGS-84.
+
+`window_from_tensors` is the one gate every request passes: it checks each rule of the
+contract and names the tensor and the rule when one is broken. Downstream code may
+assume a `DispatchWindow` is well formed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import (
+    DEFAULT_OBJECTIVE_WEIGHTS,
+    KNOWN_CONSTRAINTS,
+    MAX_ID_BYTES,
+    MAX_ORDERS,
+    MAX_RIDERS,
+    WINDOW_INPUTS,
+    CoordSystem,
+    TensorSpec,
+    Vehicle,
+)
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain import geo
+
+MAX_PROMISED_MINUTES = 240.0
+# Orders may be stamped a little after the window's time by a skewed clock; not more.
+MAX_CLOCK_SKEW_S = 300
+
+
+@dataclass(frozen=True)
+class WindowLimits:
+    max_orders: int = MAX_ORDERS
+    max_riders: int = MAX_RIDERS
+    max_id_bytes: int = MAX_ID_BYTES
+
+    def __post_init__(self) -> None:
+        # Above the contract's limits a window would not fit dispatch_model's batch.
+        for name, value, ceiling in (
+            ("max_orders", self.max_orders, MAX_ORDERS),
+            ("max_riders", self.max_riders, MAX_RIDERS),
+            ("max_id_bytes", self.max_id_bytes, MAX_ID_BYTES),
+        ):
+            if not 1 <= value <= ceiling:
+                raise ValueError(f"{name} must be within [1, {ceiling}], got {value}")
+
+
+@dataclass(frozen=True)
+class DispatchWindow:
+    """B orders and R riders; coordinates already converted to WGS-84 [lat, lon]."""
+
+    order_ids: NDArray[np.object_]
+    order_user_ids: NDArray[np.object_]
+    pickup: NDArray[np.float64]
+    dropoff: NDArray[np.float64]
+    created_at: NDArray[np.int64]
+    promised_minutes: NDArray[np.float32]
+    constraints: NDArray[np.int32]
+    rider_ids: NDArray[np.object_]
+    rider_position: NDArray[np.float64]
+    rider_load: NDArray[np.int32]
+    rider_capacity: NDArray[np.int32]
+    rider_vehicle: NDArray[np.int32]
+    rider_equipment: NDArray[np.int32]
+    dispatch_time: int
+    coord_system: CoordSystem = CoordSystem.WGS84
+
+    @property
+    def num_orders(self) -> int:
+        return int(self.order_ids.shape[0])
+
+    @property
+    def num_riders(self) -> int:
+        return int(self.rider_ids.shape[0])
+
+
+_SPECS = {spec.name: spec for spec in WINDOW_INPUTS}
+# Per tensor: the spec, its numpy dtype (None for BYTES) and its fixed (axis, size) dims,
+# looked up once here rather than on every request.
+_FETCH = {
+    spec.name: (
+        spec,
+        None if spec.triton_dtype == "BYTES" else spec.numpy_dtype,
+        tuple((axis, dim) for axis, dim in enumerate(spec.dims) if dim != -1),
+    )
+    for spec in WINDOW_INPUTS
+}
+_LATLON_LIMITS = np.array([90.0, 180.0])
+
+
+def _fetch(tensors: Mapping[str, Any], name: str) -> NDArray[Any]:
+    spec, dtype, fixed = _FETCH[name]
+    value = tensors.get(name)
+    if value is None:
+        raise DispatchInputError(name, "is required but missing")
+    array = np.asarray(value)
+    if dtype is None or array.dtype != dtype:
+        _check_dtype(spec, array)
+    if array.ndim != len(spec.dims):
+        raise DispatchInputError(
+            name, f"must have {len(spec.dims)} dimension(s) {_dims(spec)}, got shape {array.shape}"
+        )
+    for axis, dim in fixed:
+        if array.shape[axis] != dim:
+            raise DispatchInputError(name, f"must have shape {_dims(spec)}, got {array.shape}")
+    return array
+
+
+def _dims(spec: TensorSpec) -> str:
+    return "[" + ", ".join("*" if d == -1 else str(d) for d in spec.dims) + "]"
+
+
+def _check_dtype(spec: TensorSpec, array: NDArray[Any]) -> None:
+    if spec.triton_dtype == "BYTES":
+        if array.dtype.kind not in "OSU":
+            raise DispatchInputError(spec.name, f"must be BYTES, got {array.dtype}")
+        return
+    if array.dtype != spec.numpy_dtype:
+        raise DispatchInputError(spec.name, f"must be {spec.triton_dtype}, got {array.dtype}")
+
+
+def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.object_]:
+    raw = _fetch(tensors, name)
+    items = raw.tolist()
+    # The usual request: non-empty bytes within the limit, taken as they are.
+    if all(type(item) is bytes for item in items):
+        lengths = list(map(len, items))
+        if lengths and min(lengths) > 0 and max(lengths) <= max_bytes:
+            fast = np.empty(len(items), dtype=object)
+            fast[:] = items
+            return fast
+    out = np.empty(raw.shape[0], dtype=object)
+    for i, item in enumerate(items):
+        if not isinstance(item, str | bytes):
+            raise DispatchInputError(name, f"ids must be bytes or text (row {i})")
+        value = item.encode("utf-8") if isinstance(item, str) else item
+        if not value:
+            raise DispatchInputError(name, f"ids must not be empty (row {i})")
+        if len(value) > max_bytes:
+            raise DispatchInputError(
+                name, f"ids must be at most {max_bytes} bytes, row {i} has {len(value)}"
+            )
+        out[i] = value
+    return out
+
+
+def _finite(name: str, array: NDArray[Any]) -> None:
+    bad = ~np.isfinite(array)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise DispatchInputError(name, f"must be finite, got NaN or infinity (row {row})")
+
+
+def _in_range(name: str, array: NDArray[Any], low: float, high: float, what: str) -> None:
+    bad = (array < low) | (array > high)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise DispatchInputError(name, f"{what} must be within [{low}, {high}] (row {row})")
+
+
+def _latlon(name: str, array: NDArray[np.float64]) -> None:
+    _finite(name, array)
+    _in_range(name, array[:, 0], -90.0, 90.0, "latitude")
+    _in_range(name, array[:, 1], -180.0, 180.0, "longitude")
+
+
+def _at_least(name: str, array: NDArray[Any], low: int) -> None:
+    bad = array < low
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise DispatchInputError(name, f"must be >= {low} (row {row})")
+
+
+def _unique(name: str, ids: NDArray[np.object_]) -> None:
+    values = ids.tolist()
+    if len(set(values)) == len(values):
+        return
+    seen: dict[bytes, int] = {}
+    for i, value in enumerate(values):
+        if value in seen:
+            raise DispatchInputError(name, f"ids must be unique, row {i} repeats row {seen[value]}")
+        seen[value] = i
+
+
+def _count(name: str, n: int, limit: int) -> None:
+    if n < 1 or n > limit:
+        raise DispatchInputError(name, f"must hold between 1 and {limit} entries, got {n}")
+
+
+def _same_length(names: tuple[str, ...], arrays: tuple[NDArray[Any], ...], n: int) -> None:
+    for name, array in zip(names, arrays, strict=True):
+        if array.shape[0] != n:
+            raise DispatchInputError(
+                name, f"must have {n} rows like {names[0]}, got {array.shape[0]}"
+            )
+
+
+def parse_coord_system(value: Any) -> CoordSystem:
+    raw = np.asarray(value).reshape(-1)
+    text = raw[0]
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    key = str(text).strip().upper().replace("-", "")
+    try:
+        return CoordSystem[key]
+    except KeyError:
+        allowed = ", ".join(c.name for c in CoordSystem)
+        raise DispatchInputError("COORD_SYSTEM", f"must be one of {allowed}") from None
+
+
+def parse_objective_weights(value: Any | None) -> NDArray[np.float64]:
+    """Per-request weights (latency, on-time, cost); the defaults when absent."""
+    if value is None:
+        return np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
+    weights = np.asarray(value)
+    if weights.dtype != np.float32:
+        raise DispatchInputError("OBJECTIVE_WEIGHTS", f"must be FP32, got {weights.dtype}")
+    if weights.shape != (3,):
+        raise DispatchInputError("OBJECTIVE_WEIGHTS", f"must have shape [3], got {weights.shape}")
+    _finite("OBJECTIVE_WEIGHTS", weights)
+    if (weights < 0).any() or float(weights.sum()) <= 0.0:
+        raise DispatchInputError("OBJECTIVE_WEIGHTS", "weights must be >= 0 with a positive sum")
+    return weights.astype(np.float64)
+
+
+Values = tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]
+Counts = tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]
+
+
+def _values_plausible(values: Values, counts: Counts, dispatch_time: int) -> bool:
+    """One cheap pass that is True only if every rule of `_check_values` holds.
+
+    A good request (nearly all of them) costs a handful of numpy calls; a bad one is
+    then checked rule by rule, so the first broken rule is still the one reported.
+    """
+    pickup, dropoff, position, promised, created_at, constraints = values
+    load, capacity, equipment, vehicle = counts
+    return bool(
+        (np.abs(pickup) <= _LATLON_LIMITS).all()  # also False for NaN and infinity
+        and (np.abs(dropoff) <= _LATLON_LIMITS).all()
+        and (np.abs(position) <= _LATLON_LIMITS).all()
+        and ((promised > 0) & (promised <= MAX_PROMISED_MINUTES)).all()
+        and int(created_at.min()) >= 0
+        and int(created_at.max()) <= dispatch_time + MAX_CLOCK_SKEW_S
+        and not (constraints & ~KNOWN_CONSTRAINTS).any()  # a negative value has high bits
+        and min(int(load.min()), int(capacity.min()), int(equipment.min()), int(vehicle.min())) >= 0
+        and int(vehicle.max()) <= max(Vehicle)
+    )
+
+
+def _check_values(values: Values, counts: Counts, dispatch_time: int) -> None:
+    """Every value rule in turn; raises DispatchInputError naming the first one broken."""
+    pickup, dropoff, position, promised, created_at, constraints = values
+    load, capacity, equipment, vehicle = counts
+    _latlon("ORDER_PICKUP", pickup)
+    _latlon("ORDER_DROPOFF", dropoff)
+    _latlon("RIDER_POSITION", position)
+    _finite("ORDER_PROMISED_MINUTES", promised)
+    bad_promise = (promised <= 0) | (promised > MAX_PROMISED_MINUTES)
+    if bad_promise.any():
+        row = int(np.argmax(bad_promise))
+        raise DispatchInputError(
+            "ORDER_PROMISED_MINUTES",
+            f"must be within (0, {MAX_PROMISED_MINUTES:g}] minutes (row {row})",
+        )
+    _at_least("ORDER_CREATED_AT", created_at, 0)
+    late = created_at > dispatch_time + MAX_CLOCK_SKEW_S
+    if late.any():
+        row = int(np.argmax(late))
+        raise DispatchInputError(
+            "ORDER_CREATED_AT",
+            f"must not be more than {MAX_CLOCK_SKEW_S} s after DISPATCH_TIME (row {row})",
+        )
+    unknown = (constraints < 0) | ((constraints & ~KNOWN_CONSTRAINTS) != 0)
+    if unknown.any():
+        row = int(np.argmax(unknown))
+        raise DispatchInputError(
+            "ORDER_CONSTRAINTS", f"only bits {KNOWN_CONSTRAINTS:#x} are defined (row {row})"
+        )
+    _at_least("RIDER_LOAD", load, 0)
+    _at_least("RIDER_CAPACITY", capacity, 0)
+    _at_least("RIDER_EQUIPMENT", equipment, 0)
+    bad_vehicle = (vehicle < 0) | (vehicle > max(Vehicle))
+    if bad_vehicle.any():
+        row = int(np.argmax(bad_vehicle))
+        raise DispatchInputError(
+            "RIDER_VEHICLE", f"must be 0 (e-bike), 1 (motorbike) or 2 (car) (row {row})"
+        )
+
+
+def window_from_tensors(
+    tensors: Mapping[str, Any], limits: WindowLimits | None = None
+) -> DispatchWindow:
+    """Validate raw request tensors and build a WGS-84 window (or raise DispatchInputError)."""
+    limits = limits or WindowLimits()
+    order_ids = _ids(tensors, "ORDER_IDS", limits.max_id_bytes)
+    num_orders = order_ids.shape[0]
+    _count("ORDER_IDS", num_orders, limits.max_orders)
+    user_ids = _ids(tensors, "ORDER_USER_IDS", limits.max_id_bytes)
+    pickup = _fetch(tensors, "ORDER_PICKUP")
+    dropoff = _fetch(tensors, "ORDER_DROPOFF")
+    created_at = _fetch(tensors, "ORDER_CREATED_AT")
+    promised = _fetch(tensors, "ORDER_PROMISED_MINUTES")
+    constraints = _fetch(tensors, "ORDER_CONSTRAINTS")
+    order_names = (
+        "ORDER_IDS",
+        "ORDER_USER_IDS",
+        "ORDER_PICKUP",
+        "ORDER_DROPOFF",
+        "ORDER_CREATED_AT",
+        "ORDER_PROMISED_MINUTES",
+        "ORDER_CONSTRAINTS",
+    )
+    _same_length(
+        order_names,
+        (order_ids, user_ids, pickup, dropoff, created_at, promised, constraints),
+        num_orders,
+    )
+
+    rider_ids = _ids(tensors, "RIDER_IDS", limits.max_id_bytes)
+    num_riders = rider_ids.shape[0]
+    _count("RIDER_IDS", num_riders, limits.max_riders)
+    position = _fetch(tensors, "RIDER_POSITION")
+    load = _fetch(tensors, "RIDER_LOAD")
+    capacity = _fetch(tensors, "RIDER_CAPACITY")
+    vehicle = _fetch(tensors, "RIDER_VEHICLE")
+    equipment = _fetch(tensors, "RIDER_EQUIPMENT")
+    rider_names = (
+        "RIDER_IDS",
+        "RIDER_POSITION",
+        "RIDER_LOAD",
+        "RIDER_CAPACITY",
+        "RIDER_VEHICLE",
+        "RIDER_EQUIPMENT",
+    )
+    _same_length(rider_names, (rider_ids, position, load, capacity, vehicle, equipment), num_riders)
+
+    coord_system = parse_coord_system(_fetch(tensors, "COORD_SYSTEM"))
+    dispatch_time = int(_fetch(tensors, "DISPATCH_TIME")[0])
+    if dispatch_time <= 0:
+        raise DispatchInputError("DISPATCH_TIME", "must be a positive unix time in seconds")
+
+    _unique("ORDER_IDS", order_ids)
+    _unique("RIDER_IDS", rider_ids)
+    values = (pickup, dropoff, position, promised, created_at, constraints)
+    counts = (load, capacity, equipment, vehicle)
+    if not _values_plausible(values, counts, dispatch_time):
+        _check_values(values, counts, dispatch_time)
+
+    return DispatchWindow(
+        order_ids=order_ids,
+        order_user_ids=user_ids,
+        # to_wgs84 always returns a new float64 array: the window never aliases the input.
+        pickup=geo.to_wgs84(pickup, coord_system),
+        dropoff=geo.to_wgs84(dropoff, coord_system),
+        created_at=created_at.astype(np.int64),
+        promised_minutes=promised.astype(np.float32),
+        constraints=constraints.astype(np.int32),
+        rider_ids=rider_ids,
+        rider_position=geo.to_wgs84(position, coord_system),
+        rider_load=load.astype(np.int32),
+        rider_capacity=capacity.astype(np.int32),
+        rider_vehicle=vehicle.astype(np.int32),
+        rider_equipment=equipment.astype(np.int32),
+        dispatch_time=dispatch_time,
+        coord_system=coord_system,
+    )
+
+
+def window_to_tensors(window: DispatchWindow) -> dict[str, NDArray[Any]]:
+    """The request tensors for a window (coordinates sent as WGS-84)."""
+    return {
+        "ORDER_IDS": window.order_ids,
+        "ORDER_USER_IDS": window.order_user_ids,
+        "ORDER_PICKUP": window.pickup.astype(np.float64),
+        "ORDER_DROPOFF": window.dropoff.astype(np.float64),
+        "ORDER_CREATED_AT": window.created_at.astype(np.int64),
+        "ORDER_PROMISED_MINUTES": window.promised_minutes.astype(np.float32),
+        "ORDER_CONSTRAINTS": window.constraints.astype(np.int32),
+        "RIDER_IDS": window.rider_ids,
+        "RIDER_POSITION": window.rider_position.astype(np.float64),
+        "RIDER_LOAD": window.rider_load.astype(np.int32),
+        "RIDER_CAPACITY": window.rider_capacity.astype(np.int32),
+        "RIDER_VEHICLE": window.rider_vehicle.astype(np.int32),
+        "RIDER_EQUIPMENT": window.rider_equipment.astype(np.int32),
+        "COORD_SYSTEM": np.array([b"WGS84"], dtype=object),
+        "DISPATCH_TIME": np.array([window.dispatch_time], dtype=np.int64),
+    }

@@ -1,0 +1,1 @@
+"""Offline, never on the request path: simulator, baselines, evaluation, profiling, training."""

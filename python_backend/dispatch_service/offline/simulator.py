@@ -1,0 +1,646 @@
+"""Ground truth of one Shanghai-sized city: the world the dispatch model learns and is judged in.
+
+The model never sees this module's parameters, only the pair features the server computes;
+the simulator plays the real city. It is deliberately richer than straight-line distance
+(what nearest-rider dispatch assumes) and deliberately simple enough to read in one sitting:
+
+- positions are worked in a local east/north km plane around ``geo.CITY_CENTRE``;
+- roads are straight lines times a circuity factor;
+- a river (roughly the Huangpu) runs north-south; a leg whose ends lie on different banks
+  goes through the best of a few crossings (bridges, tunnels, ferries), which costs
+  kilometres and, for two-wheelers, minutes;
+- congestion is a smooth field, heaviest in the centre and around the hot spots, scaled by
+  the local hour (rush hours ~8-9 and ~18-19, light at night, milder rush on weekends);
+  cars suffer more from it than two-wheelers;
+- every order a rider already carries adds a stop and slows the rider down;
+- restaurants need preparation time: a rider who arrives early waits;
+- FRAGILE adds handling time and slows the trip; LARGE_ITEM needs a car and THERMAL_BOX needs
+  a rider with a thermal box. The simulator does not forbid breaking a hard constraint (or
+  exceeding capacity): it prices it as a hand-over to another rider (minutes and money);
+- travel time carries lognormal multiplicative noise (mean one), so outcomes are noisy.
+
+Two simplifications keep the on-time probability in closed form: the noise multiplies only
+the travel minutes, and the pickup wait is computed from the *expected* approach time (the
+platform tells the restaurant the rider's ETA, so the kitchen's slack is known at dispatch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import ndtr
+
+from dispatch_contract import OrderConstraint, Vehicle
+from dispatch_service.domain import geo
+from dispatch_service.domain.window import DispatchWindow
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
+
+UTC_OFFSET_S: Final = 8 * 3600  # Shanghai local time, UTC+8 (no daylight saving)
+# Unix time of Monday 2024-03-04 00:00 local time (UTC+8); random windows fall in the weeks after.
+MONDAY_MIDNIGHT_LOCAL: Final = 1_709_481_600
+THERMAL_EQUIPMENT_BIT: Final = 1
+
+
+# ------------------------------------------------------------------------------ the city
+
+
+@dataclass(frozen=True)
+class CityConfig:
+    """Every knob of the simulated city; the defaults are the city the model is trained on.
+
+    Points are given as (lat, lon) degrees; river and crossings as (north_km, east_km)
+    relative to ``geo.CITY_CENTRE`` because the river is a curve east = f(north).
+    """
+
+    lat_range: tuple[float, float] = (30.95, 31.45)
+    lon_range: tuple[float, float] = (121.15, 121.80)
+    # (lat, lon, weight): malls and restaurant streets where orders and riders cluster.
+    hot_spots: tuple[tuple[float, float, float], ...] = (
+        (31.2304, 121.4737, 1.6),  # People's Square
+        (31.2286, 121.4480, 1.3),  # Jing'an
+        (31.1940, 121.4365, 1.3),  # Xujiahui
+        (31.2397, 121.4998, 1.2),  # Lujiazui
+        (31.2990, 121.5130, 1.0),  # Wujiaochang
+        (31.2230, 121.4170, 0.9),  # Zhongshan Park
+        (31.2100, 121.5450, 0.9),  # Century Park
+        (31.2050, 121.5900, 0.7),  # Zhangjiang
+        (31.1950, 121.3200, 0.7),  # Hongqiao
+        (31.1120, 121.3820, 0.6),  # Minhang
+        (31.3500, 121.4500, 0.5),  # Baoshan
+        (31.1400, 121.5300, 0.5),  # Pujiang / Sanlin
+    )
+    order_spot_share: float = 0.85  # other pickups anywhere in the core box
+    order_spot_spread_km: float = 1.2
+    rider_spot_share: float = 0.6  # other riders anywhere in the core box
+    rider_spot_spread_km: float = 2.5
+    core_lat_range: tuple[float, float] = (31.05, 31.40)
+    core_lon_range: tuple[float, float] = (121.30, 121.68)
+    dropoff_gamma_shape: float = 2.0
+    dropoff_gamma_scale_km: float = 1.3
+    dropoff_min_km: float = 0.3
+    dropoff_max_km: float = 8.0
+    max_order_age_s: int = 480  # orders arrive up to 8 minutes before dispatch
+
+    # Promise: 25..60 minutes, longer for longer trips, shorter for PRIORITY orders.
+    promise_base_minutes: float = 28.0
+    promise_per_km: float = 3.2
+    promise_jitter_minutes: tuple[float, float] = (-3.0, 6.0)
+    priority_promise_factor: float = 0.8
+    promise_range_minutes: tuple[float, float] = (25.0, 60.0)
+
+    thermal_rate: float = 0.15
+    large_rate: float = 0.05
+    fragile_rate: float = 0.10
+    priority_rate: float = 0.10
+
+    vehicle_mix: tuple[float, float, float] = (0.60, 0.25, 0.15)  # e-bike, motorbike, car
+    thermal_box_rate: float = 0.40
+    # Capacity choices and their weights per vehicle (cars carry more).
+    capacity_choices: tuple[tuple[int, ...], ...] = ((1, 2, 3), (2, 3), (2, 3, 4))
+    capacity_weights: tuple[tuple[float, ...], ...] = ((0.2, 0.5, 0.3), (0.5, 0.5), (0.2, 0.4, 0.4))
+
+    # River: piecewise-linear east_km as a function of north_km, and its crossings.
+    river_north_km: tuple[float, ...] = (
+        -40.0,
+        -20.0,
+        -10.0,
+        -4.0,
+        -1.7,
+        1.0,
+        5.0,
+        10.0,
+        16.6,
+        30.0,
+    )
+    river_east_km: tuple[float, ...] = (-1.0, 0.0, 0.5, 0.8, 2.5, 1.6, 2.8, 3.5, 2.5, 4.0)
+    crossing_north_km: tuple[float, ...] = (-22.0, -12.0, -3.5, 1.0, 6.0, 14.0)
+    # Minutes a crossing costs beyond its distance (ramps, ferry waits; e-bikes use ferries).
+    crossing_minutes: tuple[float, float, float] = (5.0, 3.0, 1.0)
+
+    road_circuity: float = 1.3
+    speed_kmh: tuple[float, float, float] = (17.0, 24.0, 30.0)  # free flow, per Vehicle
+    congestion_sensitivity: tuple[float, float, float] = (0.35, 0.55, 1.0)
+    # Congestion = 1 + zone level * hour level.
+    zone_base: float = 0.25
+    zone_centre_peak: float = 1.0
+    zone_centre_sigma_km: float = 8.0
+    zone_spot_peak: float = 0.3
+    zone_spot_sigma_km: float = 1.5
+    hour_base: float = 0.35
+    night_factor: float = 0.3  # 0:00-5:00 keeps this share of the base level
+    rush_hours: tuple[float, float] = (8.5, 18.5)
+    rush_peaks: tuple[float, float] = (0.9, 0.8)
+    rush_sigma_hours: tuple[float, float] = (0.9, 1.1)
+    lunch_peak: float = 0.3
+    weekend_rush_factor: float = 0.5
+
+    load_stop_minutes: float = 3.0  # each carried order adds a stop
+    load_speed_penalty: float = 0.06  # and slows the rider by 6 %
+    prep_minutes: float = 10.0  # restaurant preparation from order creation
+    thermal_prep_minutes: float = 4.0  # hot meals take longer
+    pickup_handling_minutes: float = 2.0
+    dropoff_handling_minutes: float = 2.0
+    fragile_handling_minutes: float = 3.0
+    fragile_speed_factor: float = 0.9
+    large_handling_minutes: float = 4.0
+    violation_minutes: float = 30.0  # hand-over after a broken hard constraint / full rider
+    violation_cost_cny: float = 15.0
+
+    noise_sigma: tuple[float, float, float] = (0.22, 0.25, 0.30)  # lognormal, per Vehicle
+
+    pay_base_cny: float = 5.0
+    pay_per_km: float = 1.0
+    pay_per_minute: float = 0.25
+    vehicle_cost_per_km: tuple[float, float, float] = (0.05, 0.2, 0.8)
+    large_surcharge_cny: float = 6.0
+    fragile_surcharge_cny: float = 1.0
+
+    weeks: int = 3  # span of random dispatch times
+    busy_hour_share: float = 0.7  # the rest of the windows fall at uniformly random hours
+    # Relative order volume per local hour (0..23) for the busy share.
+    hour_demand: tuple[float, ...] = field(
+        default=(
+            0.3, 0.2, 0.1, 0.1, 0.1, 0.2, 0.4, 0.8, 1.2, 1.0, 1.2, 2.5,
+            3.0, 2.0, 1.2, 1.0, 1.3, 2.2, 3.0, 2.6, 1.8, 1.3, 0.9, 0.5,
+        )
+    )  # fmt: skip
+
+
+DEFAULT_CITY: Final = CityConfig()
+
+
+def _v3(values: tuple[float, float, float]) -> FloatArray:
+    return np.asarray(values, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------- geography
+
+
+def to_plane(latlon: ArrayLike) -> FloatArray:
+    """[n, 2] (lat, lon) -> [n, 2] (east_km, north_km) around the city centre."""
+    points = np.asarray(latlon, dtype=np.float64).reshape(-1, 2)
+    east, north = geo.en_offset_km(points[:, 0], points[:, 1])
+    return np.stack([east, north], axis=1)
+
+
+def river_east_km(north_km: ArrayLike, config: CityConfig = DEFAULT_CITY) -> FloatArray:
+    """East coordinate of the river at the given north coordinates."""
+    return np.asarray(
+        np.interp(
+            np.asarray(north_km, dtype=np.float64), config.river_north_km, config.river_east_km
+        )
+    )
+
+
+def river_side(points_en: FloatArray, config: CityConfig = DEFAULT_CITY) -> BoolArray:
+    """True on the east bank (Pudong), False on the west bank (Puxi)."""
+    return np.asarray(points_en[..., 0] > river_east_km(points_en[..., 1], config))
+
+
+def crossings_en(config: CityConfig = DEFAULT_CITY) -> FloatArray:
+    """[C, 2] (east_km, north_km) of the river crossings."""
+    north = np.asarray(config.crossing_north_km, dtype=np.float64)
+    return np.stack([river_east_km(north, config), north], axis=1)
+
+
+def local_hour(unix_s: int, utc_offset_s: int = UTC_OFFSET_S) -> float:
+    """Fractional local hour of day in [0, 24)."""
+    return float(((unix_s + utc_offset_s) % 86_400) / 3600.0)
+
+
+def is_weekend(unix_s: int, utc_offset_s: int = UTC_OFFSET_S) -> bool:
+    # 1970-01-01 was a Thursday: day 0 -> weekday 3 (Monday = 0).
+    weekday = ((unix_s + utc_offset_s) // 86_400 + 3) % 7
+    return bool(weekday >= 5)
+
+
+def hour_level(hour: float, weekend: bool, config: CityConfig = DEFAULT_CITY) -> float:
+    """How busy the roads are at a local hour (0 = empty); multiplies the zone level."""
+
+    def bump(centre: float, sigma: float) -> float:
+        gap = abs(hour - centre) % 24.0
+        gap = min(gap, 24.0 - gap)
+        return float(np.exp(-0.5 * (gap / sigma) ** 2))
+
+    rush_scale = config.weekend_rush_factor if weekend else 1.0
+    level = config.hour_base + config.lunch_peak * bump(12.5, 1.0)
+    for centre, peak, sigma in zip(
+        config.rush_hours, config.rush_peaks, config.rush_sigma_hours, strict=True
+    ):
+        level += rush_scale * peak * bump(centre, sigma)
+    if hour < 5.0:
+        level *= config.night_factor
+    return level
+
+
+def zone_level(points_en: FloatArray, config: CityConfig = DEFAULT_CITY) -> FloatArray:
+    """Smooth congestion field over the city: heavy in the centre and around hot spots."""
+    r2 = np.sum(points_en**2, axis=-1)
+    level = config.zone_base + config.zone_centre_peak * np.exp(
+        -0.5 * r2 / config.zone_centre_sigma_km**2
+    )
+    spots = to_plane(np.asarray([s[:2] for s in config.hot_spots]))
+    d2 = np.sum((points_en[..., None, :] - spots) ** 2, axis=-1)
+    level = level + config.zone_spot_peak * np.exp(-0.5 * d2 / config.zone_spot_sigma_km**2).sum(
+        axis=-1
+    )
+    return np.asarray(level)
+
+
+def congestion(
+    points_en: FloatArray, hour: float, weekend: bool, config: CityConfig = DEFAULT_CITY
+) -> FloatArray:
+    """Travel-time multiplier (>= 1) for a fully sensitive vehicle at these points."""
+    return np.asarray(1.0 + zone_level(points_en, config) * hour_level(hour, weekend, config))
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One vectorised leg: road km, minutes, and whether it crossed the river."""
+
+    road_km: FloatArray
+    minutes: FloatArray
+    crossed: BoolArray
+
+
+def travel_leg(
+    start_en: FloatArray,
+    end_en: FloatArray,
+    vehicle: NDArray[np.integer[Any]],
+    load: ArrayLike,
+    hour: float,
+    weekend: bool,
+    config: CityConfig = DEFAULT_CITY,
+    speed_factor: ArrayLike = 1.0,
+) -> Leg:
+    """Travel between [P, 2] plane points by [P] vehicles carrying [P] orders.
+
+    Congestion is averaged over three samples of the route (start, middle or crossing, end).
+    """
+    crossings = crossings_en(config)
+    crossed = river_side(start_en, config) != river_side(end_en, config)
+    direct_km = np.linalg.norm(end_en - start_en, axis=1)
+    via = np.linalg.norm(start_en[:, None, :] - crossings, axis=2) + np.linalg.norm(
+        end_en[:, None, :] - crossings, axis=2
+    )
+    best = np.argmin(via, axis=1)
+    via_km = np.take_along_axis(via, best[:, None], axis=1)[:, 0]
+    middle = np.where(crossed[:, None], crossings[best], 0.5 * (start_en + end_en))
+    km = np.where(crossed, via_km, direct_km) * config.road_circuity
+    level = (
+        congestion(start_en, hour, weekend, config)
+        + congestion(middle, hour, weekend, config)
+        + congestion(end_en, hour, weekend, config)
+    ) / 3.0
+    sensitivity = _v3(config.congestion_sensitivity)[vehicle]
+    load_arr = np.asarray(load, dtype=np.float64)
+    speed = (
+        _v3(config.speed_kmh)[vehicle]
+        / (1.0 + sensitivity * (level - 1.0))
+        / (1.0 + config.load_speed_penalty * load_arr)
+        * np.asarray(speed_factor, dtype=np.float64)
+    )
+    minutes = km / speed * 60.0 + crossed * _v3(config.crossing_minutes)[vehicle]
+    return Leg(road_km=np.asarray(km), minutes=np.asarray(minutes), crossed=np.asarray(crossed))
+
+
+# ------------------------------------------------------------------------------- outcomes
+
+
+@dataclass(frozen=True)
+class PairTimes:
+    """The deterministic parts of one order-rider pair's delivery (minutes from dispatch)."""
+
+    travel_minutes: FloatArray  # noisy part: approach + trip legs
+    fixed_minutes: FloatArray  # wait, handling, stops, hand-over
+    order_age_minutes: FloatArray
+    promised_minutes: FloatArray
+    road_km: FloatArray
+    base_cost: FloatArray  # everything but the per-minute pay
+    sigma: FloatArray
+    violation: BoolArray
+
+
+def _pair_times(
+    window: DispatchWindow,
+    order_idx: ArrayLike,
+    rider_idx: ArrayLike,
+    extra_load: ArrayLike | None,
+    config: CityConfig,
+) -> PairTimes:
+    orders = np.asarray(order_idx, dtype=np.int64).reshape(-1)
+    riders = np.asarray(rider_idx, dtype=np.int64).reshape(-1)
+    if orders.shape != riders.shape:
+        raise ValueError(f"order_idx {orders.shape} and rider_idx {riders.shape} must match")
+    extra = (
+        np.zeros(orders.shape, dtype=np.int64)
+        if extra_load is None
+        else np.broadcast_to(np.asarray(extra_load, dtype=np.int64).reshape(-1), orders.shape)
+    )
+    hour = local_hour(window.dispatch_time)
+    weekend = is_weekend(window.dispatch_time)
+    vehicle = window.rider_vehicle[riders].astype(np.int64)
+    load = window.rider_load[riders].astype(np.int64) + extra
+    flags = window.constraints[orders].astype(np.int64)
+    thermal = (flags & OrderConstraint.THERMAL_BOX) != 0
+    large = (flags & OrderConstraint.LARGE_ITEM) != 0
+    fragile = (flags & OrderConstraint.FRAGILE) != 0
+    has_box = (window.rider_equipment[riders] & THERMAL_EQUIPMENT_BIT) != 0
+    violation = (
+        (thermal & ~has_box)
+        | (large & (vehicle != Vehicle.CAR))
+        | (load >= window.rider_capacity[riders])
+    )
+
+    rider_en = to_plane(window.rider_position[riders])
+    pickup_en = to_plane(window.pickup[orders])
+    dropoff_en = to_plane(window.dropoff[orders])
+    approach = travel_leg(rider_en, pickup_en, vehicle, load, hour, weekend, config)
+    trip = travel_leg(
+        pickup_en,
+        dropoff_en,
+        vehicle,
+        load,
+        hour,
+        weekend,
+        config,
+        speed_factor=np.where(fragile, config.fragile_speed_factor, 1.0),
+    )
+    age = (window.dispatch_time - window.created_at[orders]).astype(np.float64) / 60.0
+    prep = config.prep_minutes + config.thermal_prep_minutes * thermal
+    wait = np.maximum(0.0, np.maximum(0.0, prep - age) - approach.minutes)
+    fixed = (
+        wait
+        + config.pickup_handling_minutes
+        + config.dropoff_handling_minutes
+        + config.fragile_handling_minutes * fragile
+        + config.large_handling_minutes * large
+        + config.load_stop_minutes * load
+        + config.violation_minutes * violation
+    )
+    road_km = approach.road_km + trip.road_km
+    base_cost = (
+        config.pay_base_cny
+        + (config.pay_per_km + _v3(config.vehicle_cost_per_km)[vehicle]) * road_km
+        + config.large_surcharge_cny * large
+        + config.fragile_surcharge_cny * fragile
+        + config.violation_cost_cny * violation
+    )
+    return PairTimes(
+        travel_minutes=approach.minutes + trip.minutes,
+        fixed_minutes=np.asarray(fixed),
+        order_age_minutes=age,
+        promised_minutes=window.promised_minutes[orders].astype(np.float64),
+        road_km=np.asarray(road_km),
+        base_cost=np.asarray(base_cost),
+        sigma=_v3(config.noise_sigma)[vehicle],
+        violation=np.asarray(violation),
+    )
+
+
+def expected_outcome(
+    window: DispatchWindow,
+    order_idx: ArrayLike,
+    rider_idx: ArrayLike,
+    config: CityConfig = DEFAULT_CITY,
+    extra_load: ArrayLike | None = None,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Noise-free (eta_minutes from dispatch, P(on time), expected cost CNY) per pair.
+
+    ``extra_load`` adds orders to the riders' current load (orders given earlier in the same
+    window). On time means: order age + delivery minutes <= promised minutes; with travel
+    minutes T * exp(sigma Z - sigma^2 / 2) that is a normal CDF in closed form.
+    """
+    t = _pair_times(window, order_idx, rider_idx, extra_load, config)
+    eta = t.travel_minutes + t.fixed_minutes
+    budget = t.promised_minutes - t.order_age_minutes - t.fixed_minutes
+    ratio = np.maximum(budget, 1e-9) / np.maximum(t.travel_minutes, 1e-9)
+    z = (np.log(ratio) + 0.5 * t.sigma**2) / t.sigma
+    ontime = np.where(budget > 0.0, ndtr(z), 0.0)
+    cost = t.base_cost + config.pay_per_minute * eta
+    return np.asarray(eta), np.asarray(ontime), np.asarray(cost)
+
+
+def _realise(
+    t: PairTimes, normals: FloatArray, config: CityConfig
+) -> tuple[FloatArray, BoolArray, FloatArray]:
+    factor = np.exp(t.sigma * normals - 0.5 * t.sigma**2)
+    minutes = t.travel_minutes * factor + t.fixed_minutes
+    on_time = t.order_age_minutes + minutes <= t.promised_minutes
+    cost = t.base_cost + config.pay_per_minute * minutes
+    return np.asarray(minutes), np.asarray(on_time), np.asarray(cost)
+
+
+def sample_outcome(
+    window: DispatchWindow,
+    order_idx: ArrayLike,
+    rider_idx: ArrayLike,
+    rng: np.random.Generator,
+    config: CityConfig = DEFAULT_CITY,
+    extra_load: ArrayLike | None = None,
+) -> tuple[FloatArray, BoolArray, FloatArray]:
+    """One noisy realisation per pair: (minutes from dispatch to delivery, on time, cost CNY).
+
+    Realised minutes are the same quantity as the expected ETA; on time compares order age
+    plus those minutes with the promise.
+    """
+    t = _pair_times(window, order_idx, rider_idx, extra_load, config)
+    return _realise(t, rng.standard_normal(t.travel_minutes.shape), config)
+
+
+def sequential_extra_load(window: DispatchWindow, assigned: NDArray[np.integer[Any]]) -> IntArray:
+    """Orders given earlier in this window to the same rider, per order (0 when first).
+
+    A rider with several new orders carries them one after another in creation order (ties
+    by row): the k-th picks its order up carrying k more than the current load.
+    """
+    order = np.lexsort((np.arange(window.num_orders), window.created_at))
+    ranked = np.asarray(assigned, dtype=np.int64)[order]
+    extra_sorted = np.zeros(window.num_orders, dtype=np.int64)
+    valid = ranked >= 0
+    if valid.any():
+        rows = np.flatnonzero(valid)
+        riders = ranked[rows]
+        by_rider = np.argsort(riders, kind="stable")
+        sorted_riders = riders[by_rider]
+        starts = np.r_[0, np.flatnonzero(np.diff(sorted_riders)) + 1]
+        run_start = np.repeat(starts, np.diff(np.r_[starts, sorted_riders.size]))
+        extra_sorted[rows[by_rider]] = np.arange(sorted_riders.size) - run_start
+    extra = np.zeros(window.num_orders, dtype=np.int64)
+    extra[order] = extra_sorted
+    return extra
+
+
+def evaluate_assignment(
+    window: DispatchWindow,
+    assigned_rider_index: NDArray[np.integer[Any]],
+    rng: np.random.Generator,
+    config: CityConfig = DEFAULT_CITY,
+) -> dict[str, float]:
+    """Realise one assignment (-1 = unassigned) and score it like operations would.
+
+    One standard normal is drawn per *order* (not per assigned pair), so two policies fed
+    the same seed share each order's luck. Unassigned orders count as late; delivery minutes
+    and cost average over assigned orders; minutes are measured from order creation.
+    """
+    assigned = np.asarray(assigned_rider_index, dtype=np.int64).reshape(-1)
+    if assigned.shape[0] != window.num_orders:
+        raise ValueError(f"need one rider index per order ({window.num_orders})")
+    if ((assigned < -1) | (assigned >= window.num_riders)).any():
+        raise ValueError("rider indices must be -1 or within the window's riders")
+    normals = rng.standard_normal(window.num_orders)
+    rows = np.flatnonzero(assigned >= 0)
+    extra = sequential_extra_load(window, assigned)[rows]
+    times = _pair_times(window, rows, assigned[rows], extra, config)
+    minutes, on_time, cost = _realise(times, normals[rows], config)
+    n_assigned = int(rows.size)
+    return {
+        "orders": float(window.num_orders),
+        "assigned": float(n_assigned),
+        "assigned_share": n_assigned / window.num_orders,
+        "mean_delivery_minutes": float(np.mean(times.order_age_minutes + minutes))
+        if n_assigned
+        else float("nan"),
+        "ontime_rate": float(np.sum(on_time)) / window.num_orders,
+        "mean_cost_cny": float(np.mean(cost)) if n_assigned else float("nan"),
+        "violation_share": float(np.sum(times.violation)) / window.num_orders,
+    }
+
+
+# ------------------------------------------------------------------------------- windows
+
+
+def random_dispatch_time(rng: np.random.Generator, config: CityConfig = DEFAULT_CITY) -> int:
+    """A unix time within ``config.weeks`` weeks; mostly busy hours, some at any hour."""
+    day = int(rng.integers(0, 7 * config.weeks))
+    if rng.random() < config.busy_hour_share:
+        weights = np.asarray(config.hour_demand, dtype=np.float64)
+        hour = int(rng.choice(24, p=weights / weights.sum()))
+    else:
+        hour = int(rng.integers(0, 24))
+    second = int(rng.integers(0, 3600))
+    return MONDAY_MIDNIGHT_LOCAL + day * 86_400 + hour * 3600 + second
+
+
+def _clip_to_city(latlon: FloatArray, config: CityConfig) -> FloatArray:
+    return np.stack(
+        [
+            np.clip(latlon[:, 0], *config.lat_range),
+            np.clip(latlon[:, 1], *config.lon_range),
+        ],
+        axis=1,
+    )
+
+
+def _km_to_deg(east_km: FloatArray, north_km: FloatArray) -> tuple[FloatArray, FloatArray]:
+    lat0 = geo.CITY_CENTRE[0]
+    dlat = np.degrees(north_km / geo.EARTH_RADIUS_KM)
+    dlon = np.degrees(east_km / (geo.EARTH_RADIUS_KM * np.cos(np.radians(lat0))))
+    return dlat, dlon
+
+
+def _clustered_points(
+    rng: np.random.Generator, n: int, spot_share: float, spread_km: float, config: CityConfig
+) -> FloatArray:
+    """n (lat, lon): a share around weighted hot spots (Gaussian), the rest in the core box."""
+    spots = np.asarray(config.hot_spots, dtype=np.float64)
+    weights = spots[:, 2] / spots[:, 2].sum()
+    pick = rng.choice(len(spots), size=n, p=weights)
+    dlat, dlon = _km_to_deg(rng.normal(0.0, spread_km, n), rng.normal(0.0, spread_km, n))
+    clustered = np.stack([spots[pick, 0] + dlat, spots[pick, 1] + dlon], axis=1)
+    uniform = np.stack(
+        [rng.uniform(*config.core_lat_range, n), rng.uniform(*config.core_lon_range, n)], axis=1
+    )
+    use_spot = rng.random(n) < spot_share
+    return _clip_to_city(np.where(use_spot[:, None], clustered, uniform), config)
+
+
+def _ids(prefix: str, numbers: NDArray[np.integer[Any]]) -> NDArray[np.object_]:
+    out = np.empty(numbers.shape[0], dtype=object)
+    out[:] = [f"{prefix}-{n}".encode() for n in numbers.tolist()]
+    return out
+
+
+def generate_window(
+    rng: np.random.Generator,
+    num_orders: int,
+    num_riders: int,
+    dispatch_time: int | None = None,
+    config: CityConfig = DEFAULT_CITY,
+) -> DispatchWindow:
+    """A realistic dispatch window in WGS-84 drawn from ``rng`` (same seed, same window)."""
+    if num_orders < 1 or num_riders < 1:
+        raise ValueError("a window needs at least one order and one rider")
+    now = random_dispatch_time(rng, config) if dispatch_time is None else int(dispatch_time)
+
+    pickup = _clustered_points(
+        rng, num_orders, config.order_spot_share, config.order_spot_spread_km, config
+    )
+    trip_km = np.clip(
+        config.dropoff_min_km
+        + rng.gamma(config.dropoff_gamma_shape, config.dropoff_gamma_scale_km, num_orders),
+        config.dropoff_min_km,
+        config.dropoff_max_km,
+    )
+    heading = rng.uniform(0.0, 2.0 * np.pi, num_orders)
+    dlat, dlon = _km_to_deg(trip_km * np.sin(heading), trip_km * np.cos(heading))
+    dropoff = _clip_to_city(pickup + np.stack([dlat, dlon], axis=1), config)
+    created_at = now - rng.integers(0, config.max_order_age_s + 1, num_orders)
+
+    bits = np.zeros(num_orders, dtype=np.int32)
+    for flag, rate in (
+        (OrderConstraint.THERMAL_BOX, config.thermal_rate),
+        (OrderConstraint.LARGE_ITEM, config.large_rate),
+        (OrderConstraint.FRAGILE, config.fragile_rate),
+        (OrderConstraint.PRIORITY, config.priority_rate),
+    ):
+        bits |= np.where(rng.random(num_orders) < rate, int(flag), 0).astype(np.int32)
+    straight_km = geo.haversine_km(pickup[:, 0], pickup[:, 1], dropoff[:, 0], dropoff[:, 1])
+    promised = (
+        config.promise_base_minutes
+        + config.promise_per_km * straight_km
+        + rng.uniform(*config.promise_jitter_minutes, num_orders)
+    )
+    priority = (bits & OrderConstraint.PRIORITY) != 0
+    promised = np.where(priority, promised * config.priority_promise_factor, promised)
+    promised = np.round(np.clip(promised, *config.promise_range_minutes), 1)
+
+    position = _clustered_points(
+        rng, num_riders, config.rider_spot_share, config.rider_spot_spread_km, config
+    )
+    vehicle = rng.choice(
+        3, size=num_riders, p=np.asarray(config.vehicle_mix) / sum(config.vehicle_mix)
+    )
+    capacity = np.zeros(num_riders, dtype=np.int32)
+    for kind in range(3):
+        rows = np.flatnonzero(vehicle == kind)
+        choices = np.asarray(config.capacity_choices[kind])
+        weights = np.asarray(config.capacity_weights[kind], dtype=np.float64)
+        capacity[rows] = rng.choice(choices, size=rows.size, p=weights / weights.sum())
+    load = np.floor(rng.random(num_riders) * (capacity + 1)).astype(np.int32)
+    equipment = np.where(rng.random(num_riders) < config.thermal_box_rate, THERMAL_EQUIPMENT_BIT, 0)
+
+    first_order = int(rng.integers(0, 1_000_000))
+    first_rider = int(rng.integers(0, 100_000))
+    return DispatchWindow(
+        order_ids=_ids("o", first_order + np.arange(num_orders)),
+        order_user_ids=_ids("u", rng.integers(0, 100_000, num_orders)),
+        pickup=pickup,
+        dropoff=dropoff,
+        created_at=created_at.astype(np.int64),
+        promised_minutes=promised.astype(np.float32),
+        constraints=bits,
+        rider_ids=_ids("r", first_rider + np.arange(num_riders)),
+        rider_position=position,
+        rider_load=load,
+        rider_capacity=capacity,
+        rider_vehicle=vehicle.astype(np.int32),
+        rider_equipment=equipment.astype(np.int32),
+        dispatch_time=now,
+    )

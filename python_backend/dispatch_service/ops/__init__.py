@@ -1,0 +1,1 @@
+"""Operations: launcher, admin CLI, signing, verified loads, model control, warm-up, golden."""

@@ -1,0 +1,449 @@
+"""`dispatch-admin`: keys, signatures and the model lifecycle of a live server.
+
+    dispatch-admin keygen --out DIR [--name NAME]
+    dispatch-admin sign --model M --version N [--key FILE] [--model-repository R]
+    dispatch-admin verify [R] --trusted-keys DIR
+    dispatch-admin deploy --model dispatch_model --version N [--canary-percent P]
+                          --url HOST:PORT --admin-key K --trusted-keys DIR
+    dispatch-admin rollback --url HOST:PORT --admin-key K [--unload-canary]
+    dispatch-admin status --url HOST:PORT --admin-key K
+
+Secrets enter here and nowhere deeper: the signing key comes from ``--key FILE`` or the
+environment variable ``DISPATCH_SIGNING_KEY`` (the PEM text), the admin key from
+``--admin-key`` or ``DISPATCH_ADMIN_KEY``, the trusted keys directory from ``--trusted-keys``
+or ``DISPATCH_TRUSTED_KEYS``. The library functions take them as arguments.
+
+``deploy`` verifies the version folder's signature (and the stable one's), checks the
+candidate on the golden windows (`golden`), loads it next to the versions Triton serves now
+(a config override naming the versions), then points the router's canary at it
+(`router_control.apply_router_settings`). A failure at any step changes nothing -- a load
+that fails leaves Triton as it was, a router update that fails is followed by a reload of the
+versions served before -- and prints one line. ``rollback`` sets the router back to the
+stable version only (no canary, no shadow) and, with ``--unload-canary``, unloads the canary
+version.
+
+Exit codes: 0 done, 1 a check failed or the server refused, 2 usage (bad arguments, a key
+or folder that cannot be read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TextIO, TypeVar
+
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.ops import router_control
+from dispatch_service.ops.golden import GoldenReport, GoldenSettings, check_candidate
+from dispatch_service.ops.model_control import (
+    ModelControlError,
+    load_model,
+    model_config,
+    ready_versions,
+    with_versions,
+)
+from dispatch_service.ops.signing import (
+    Outcome,
+    SigningError,
+    TrustedKeys,
+    Verification,
+    load_private_key,
+    sign_version,
+    verify_version,
+    write_key_pair,
+)
+from dispatch_service.ops.verified_load import plan_load, read_config
+
+SIGNING_KEY_ENV: Final = "DISPATCH_SIGNING_KEY"
+ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
+TRUSTED_KEYS_ENV: Final = "DISPATCH_TRUSTED_KEYS"
+DEPLOYABLE: Final = ("dispatch_model",)
+
+T = TypeVar("T")
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+
+
+class UsageError(Exception):
+    """Arguments, files or keys that cannot be used (exit 2)."""
+
+
+class LifecycleError(Exception):
+    """A check failed or the server refused (exit 1); the message is one line."""
+
+
+# ---- library-level operations (no environment, no argv) --------------------------------
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    http_url: str
+    model: str
+    version: int
+    canary_percent: int
+    repository: Path
+    trusted: TrustedKeys
+    admin_key: str | None = None
+    golden: GoldenSettings = dataclasses.field(default_factory=GoldenSettings)
+    profile: str = "cpu"  # whose config file to start from when the model is not loaded
+    timeout_s: float = 300.0  # per server call (a model load included)
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    stable: int
+    canary: int
+    canary_percent: int
+    loaded_versions: tuple[int, ...]
+    golden: GoldenReport
+
+
+def _verified(repository: Path, model: str, version: int, trusted: TrustedKeys) -> Verification:
+    folder = repository / model / str(version)
+    if not folder.is_dir():
+        raise LifecycleError(f"{model} version {version}: no folder {folder}")
+    verdict = verify_version(folder, trusted)
+    if verdict.outcome is not Outcome.VERIFIED:
+        raise LifecycleError(f"{model} version {version} refused: {verdict.reason}")
+    return verdict
+
+
+def _server_call(what: str, call: Callable[[], T]) -> T:
+    try:
+        return call()
+    except ModelControlError as exc:  # RouterControlError too
+        raise LifecycleError(f"{what}: {exc}") from None
+
+
+def _current_config(request: DeployRequest) -> dict[str, Any]:
+    """The config the model runs with now, or its file's when it is not loaded at all."""
+    try:
+        return model_config(request.http_url, request.model, request.timeout_s)
+    except ModelControlError as exc:
+        if exc.status != 400:  # 400: unknown or unavailable model; anything else is fatal
+            raise LifecycleError(f"reading the model config: {exc}") from None
+    return read_config(request.repository / request.model, request.profile)
+
+
+def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> DeployResult:
+    """Verify, check on golden windows, load next to the stable version, route the canary."""
+    if request.model not in DEPLOYABLE:
+        raise UsageError(f"deploy supports {', '.join(DEPLOYABLE)}, not {request.model}")
+    if not 0 <= request.canary_percent <= 100:
+        raise UsageError(f"--canary-percent must lie in [0, 100], got {request.canary_percent}")
+    url, key, model, version = request.http_url, request.admin_key, request.model, request.version
+    timeout = request.timeout_s
+    report(_verified(request.repository, model, version, request.trusted).line())
+    settings = _server_call(
+        "reading the router settings",
+        lambda: router_control.read_router_settings(url, key, timeout),
+    )
+    stable = int(settings.stable_version)
+    if version == stable:
+        raise LifecycleError(f"{model} version {version} is the stable version already")
+    report(_verified(request.repository, model, stable, request.trusted).line())
+    try:
+        golden = check_candidate(request.repository, version, stable, request.golden)
+    except Exception as exc:  # an artifact ONNX Runtime cannot run is a failed check
+        raise LifecycleError(f"golden check could not run version {version}: {exc}") from None
+    report(golden.summary())
+    if not golden.passed:
+        raise LifecycleError(f"golden check failed: {'; '.join(golden.problems)}")
+
+    before = _server_call(
+        "reading the served versions", lambda: ready_versions(url, model, key, timeout)
+    )
+    wanted = tuple(sorted({*before, stable, version}))
+    config: dict[str, Any] | None = None
+    if wanted != before:
+        config = _current_config(request)
+        _server_call(
+            f"loading {model} versions {list(wanted)}",
+            lambda: load_model(url, model, with_versions(config or {}, wanted), key, timeout),
+        )
+        report(f"loaded {model} versions {list(wanted)}")
+    canary = dataclasses.replace(
+        settings, canary_version=version, canary_percent=request.canary_percent
+    )
+    try:
+        router_control.apply_router_settings(url, canary, admin_key=key, timeout_s=timeout)
+    except ModelControlError as exc:  # put the versions back as they were
+        if config is not None and before:
+            try:
+                load_model(url, model, with_versions(config, before), key, timeout)
+            except ModelControlError as restore:
+                raise LifecycleError(
+                    f"router update failed ({exc}); restoring versions {list(before)} "
+                    f"failed too ({restore})"
+                ) from None
+        raise LifecycleError(f"router update failed: {exc}") from None
+    return DeployResult(stable, version, request.canary_percent, wanted, golden)
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    stable: int
+    removed_canary: int  # 0 when there was none
+    unloaded: bool
+
+
+def rollback(
+    http_url: str,
+    admin_key: str | None = None,
+    model: str = "dispatch_model",
+    unload_canary: bool = False,
+    timeout_s: float = 300.0,
+) -> RollbackResult:
+    """Route everything to the stable version (no canary, no shadow); optionally unload it."""
+    settings = _server_call(
+        "reading the router settings",
+        lambda: router_control.read_router_settings(http_url, admin_key, timeout_s),
+    )
+    canary = int(settings.canary_version)
+    stable_only = dataclasses.replace(
+        settings, canary_version=0, canary_percent=0, shadow_percent=0
+    )
+    _server_call(
+        "updating the router",
+        lambda: router_control.apply_router_settings(http_url, stable_only, admin_key, timeout_s),
+    )
+    unloaded = False
+    if unload_canary and canary:
+        served = _server_call(
+            "reading the served versions",
+            lambda: ready_versions(http_url, model, admin_key, timeout_s),
+        )
+        keep = tuple(v for v in served if v != canary) or (int(settings.stable_version),)
+        if keep != served:
+            config = _server_call(
+                "reading the model config", lambda: model_config(http_url, model, timeout_s)
+            )
+            _server_call(
+                f"unloading {model} version {canary}",
+                lambda: load_model(
+                    http_url, model, with_versions(config, keep), admin_key, timeout_s
+                ),
+            )
+            unloaded = True
+    return RollbackResult(int(settings.stable_version), canary, unloaded)
+
+
+# ---- command line ------------------------------------------------------------------------
+
+
+def _trusted(args: argparse.Namespace) -> TrustedKeys:
+    directory = args.trusted_keys or os.environ.get(TRUSTED_KEYS_ENV)
+    if not directory:
+        raise UsageError(f"--trusted-keys DIR (or {TRUSTED_KEYS_ENV}) is required")
+    try:
+        trusted = TrustedKeys.from_directory(Path(directory))
+    except SigningError as exc:
+        raise UsageError(str(exc)) from None
+    if not len(trusted):
+        raise UsageError(f"no trusted keys (*.pub) in {directory}")
+    return trusted
+
+
+def _admin_key(args: argparse.Namespace) -> str | None:
+    return args.admin_key or os.environ.get(ADMIN_KEY_ENV) or None
+
+
+def _signing_key_pem(args: argparse.Namespace) -> bytes:
+    if args.key is not None:
+        try:
+            return Path(args.key).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read the signing key: {exc}") from None
+    pem = os.environ.get(SIGNING_KEY_ENV)
+    if not pem:
+        raise UsageError(f"--key FILE or the environment variable {SIGNING_KEY_ENV} is required")
+    return pem.encode()
+
+
+def cmd_keygen(args: argparse.Namespace, out: TextIO) -> int:
+    directory = Path(args.out)
+    private_path, public_path = directory / f"{args.name}.key", directory / f"{args.name}.pub"
+    try:
+        kid = write_key_pair(private_path, public_path)
+    except (SigningError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    print(f"key id {kid}", file=out)
+    print(f"private key {private_path} (mode 0600; never commit it)", file=out)
+    print(f"public key  {public_path} (copy it into the trusted keys directory)", file=out)
+    return EXIT_OK
+
+
+def cmd_sign(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        key = load_private_key(_signing_key_pem(args))
+    except SigningError as exc:
+        raise UsageError(f"signing key: {exc}") from None
+    folder = Path(args.model_repository) / args.model / str(args.version)
+    try:
+        manifest = sign_version(folder, key)
+    except (SigningError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    print(f"signed {args.model} version {args.version}: {len(manifest.files)} files", file=out)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    repository = Path(args.repository)
+    if not repository.is_dir():
+        raise UsageError(f"{repository} is not a folder")
+    plan = plan_load(repository, _trusted(args), args.profile)
+    for verdict in plan.verifications:
+        print(verdict.line(), file=out)
+    for name in plan.startup:
+        print(f"{name}: loads", file=out)
+    for name, versions in plan.restricted.items():
+        print(f"{name}: loads versions {list(versions)} only", file=out)
+    for name in plan.deferred:
+        print(f"{name}: loads (after the restricted models)", file=out)
+    for name, reason in plan.refused.items():
+        print(f"{name}: REFUSED: {reason}", file=out)
+    return EXIT_FAILED if plan.refused_versions or plan.refused else EXIT_OK
+
+
+def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        golden = GoldenSettings(
+            min_top1_agreement=args.min_top1_agreement,
+            max_mean_eta_diff_minutes=args.max_eta_diff_minutes,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    request = DeployRequest(
+        http_url=args.url,
+        model=args.model,
+        version=args.version,
+        canary_percent=args.canary_percent,
+        repository=Path(args.model_repository),
+        trusted=_trusted(args),
+        admin_key=_admin_key(args),
+        golden=golden,
+        timeout_s=args.timeout_s,
+    )
+    result = deploy(request, lambda line: print(line, file=out, flush=True))
+    print(
+        f"deployed {args.model} version {result.canary} as canary at "
+        f"{result.canary_percent}% (stable {result.stable})",
+        file=out,
+    )
+    return EXIT_OK
+
+
+def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
+    result = rollback(args.url, _admin_key(args), args.model, args.unload_canary, args.timeout_s)
+    removed = f"canary {result.removed_canary} removed" if result.removed_canary else "no canary"
+    unloaded = ", unloaded" if result.unloaded else ""
+    print(
+        f"rolled back {args.model} to stable version {result.stable} ({removed}{unloaded})",
+        file=out,
+    )
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    key = _admin_key(args)
+    settings = _server_call(
+        "reading the router settings",
+        lambda: router_control.read_router_settings(args.url, key, args.timeout_s),
+    )
+    served = _server_call(
+        "reading the served versions",
+        lambda: ready_versions(args.url, args.model, key, args.timeout_s),
+    )
+    print(f"{args.model}: serving versions {list(served)}", file=out)
+    print(f"router: {dataclasses.asdict(settings)}", file=out)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dispatch-admin", description="Signed models and their lifecycle on a live server"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    keygen = commands.add_parser("keygen", help="make an Ed25519 key pair")
+    keygen.add_argument("--out", required=True, help="folder for NAME.key and NAME.pub")
+    keygen.add_argument("--name", default="signing", help="file name stem (default: signing)")
+    keygen.set_defaults(handler=cmd_keygen)
+
+    sign = commands.add_parser("sign", help="sign one model version folder")
+    sign.add_argument("--model", required=True)
+    sign.add_argument("--version", type=int, required=True)
+    sign.add_argument("--key", help=f"private key PEM file (else env {SIGNING_KEY_ENV})")
+    sign.add_argument("--model-repository", default=str(MODEL_REPOSITORY))
+    sign.set_defaults(handler=cmd_sign)
+
+    verify = commands.add_parser("verify", help="verify every model version of a repository")
+    verify.add_argument("repository", nargs="?", default=str(MODEL_REPOSITORY))
+    verify.add_argument(
+        "--trusted-keys", help=f"folder of *.pub keys (else env {TRUSTED_KEYS_ENV})"
+    )
+    verify.add_argument("--profile", default="cpu", help="config the server selects (cpu, gpu)")
+    verify.set_defaults(handler=cmd_verify)
+
+    def server_options(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--url", required=True, help="Triton HTTP endpoint, host:port")
+        command.add_argument("--admin-key", help=f"model-repository key (else env {ADMIN_KEY_ENV})")
+        command.add_argument("--model", default="dispatch_model")
+        command.add_argument(
+            "--timeout-s", type=float, default=300.0, help="per server call (default 300)"
+        )
+
+    deploy_cmd = commands.add_parser("deploy", help="verify, check and serve a canary version")
+    server_options(deploy_cmd)
+    deploy_cmd.add_argument("--version", type=int, required=True)
+    deploy_cmd.add_argument("--canary-percent", type=int, default=10)
+    deploy_cmd.add_argument(
+        "--trusted-keys", help=f"folder of *.pub keys (else env {TRUSTED_KEYS_ENV})"
+    )
+    deploy_cmd.add_argument("--model-repository", default=str(MODEL_REPOSITORY))
+    deploy_cmd.add_argument(
+        "--min-top1-agreement", type=float, default=GoldenSettings.min_top1_agreement
+    )
+    deploy_cmd.add_argument(
+        "--max-eta-diff-minutes", type=float, default=GoldenSettings.max_mean_eta_diff_minutes
+    )
+    deploy_cmd.set_defaults(handler=cmd_deploy)
+
+    rollback_cmd = commands.add_parser("rollback", help="back to the stable version only")
+    server_options(rollback_cmd)
+    rollback_cmd.add_argument("--unload-canary", action="store_true")
+    rollback_cmd.set_defaults(handler=cmd_rollback)
+
+    status = commands.add_parser("status", help="served versions and router settings")
+    server_options(status)
+    status.set_defaults(handler=cmd_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage
+        return EXIT_USAGE if exc.code else EXIT_OK
+    handler: Callable[[argparse.Namespace, TextIO], int] = args.handler
+    try:
+        return handler(args, out)
+    except UsageError as exc:
+        print(f"usage error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LifecycleError as exc:
+        print(f"{args.command} failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

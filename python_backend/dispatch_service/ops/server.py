@@ -1,0 +1,458 @@
+"""Start and stop this repository's tritonserver (the `cpu` profile's embedded Triton 2.51).
+
+Used by `make serve`, the integration-test fixture and the benchmarks, so all three start
+the server the same way. The runtime comes from the `nvidia-pytriton` wheel in the venv;
+`scripts/setup.sh` lays out its Python backend folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar
+
+from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
+from dispatch_service.ops.signing import SigningError, TrustedKeys
+from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
+
+ADMIN_KEY_HEADER = "admin-key"
+TRUSTED_KEYS_ENV = "DISPATCH_TRUSTED_KEYS"
+ADMIN_KEY_ENV = "DISPATCH_ADMIN_KEY"
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Three distinct loopback ports nobody listens on right now."""
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
+        try:
+            for sock in sockets:  # held open together, so the three differ
+                sock.bind(("127.0.0.1", 0))
+            http, grpc, metrics = (int(sock.getsockname()[1]) for sock in sockets)
+        finally:
+            for sock in sockets:
+                sock.close()
+        return cls(http, grpc, metrics)
+
+
+@dataclass(frozen=True)
+class TritonRuntime:
+    """Where the server binary, its libraries and the Python backend folder are."""
+
+    tritonserver: Path
+    library_path: Path
+    backend_dir: Path
+    python_bin_dir: Path  # the stub finds numpy & co. through `python3` on PATH
+
+    @classmethod
+    def from_venv(cls, venv: Path | None = None, backend_dir: Path | None = None) -> TritonRuntime:
+        """The wheel's server in ``venv`` (default: the running one) with the backend folder
+        `make setup` lays out (default: `.triton/backends` of this repository)."""
+        venv = venv or Path(sys.prefix)
+        backend_dir = backend_dir or REPO_ROOT / ".triton" / "backends"
+        site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        return cls(
+            tritonserver=site / "pytriton" / "tritonserver" / "bin" / "tritonserver",
+            library_path=site / "nvidia_pytriton.libs",
+            backend_dir=backend_dir,
+            python_bin_dir=venv / "bin",
+        )
+
+    @classmethod
+    def from_install(cls, tritonserver: Path, python_bin_dir: Path) -> TritonRuntime:
+        """A stock install such as the NGC image's /opt/tritonserver/bin/tritonserver: its own
+        lib/ and backends/ (which hold the native onnxruntime backend the `gpu` profile uses)."""
+        root = tritonserver.resolve().parent.parent
+        return cls(
+            tritonserver=tritonserver,
+            library_path=root / "lib",
+            backend_dir=root / "backends",
+            python_bin_dir=python_bin_dir,
+        )
+
+    def check(self) -> None:
+        missing = [
+            str(path)
+            for path in (self.tritonserver, self.library_path, self.backend_dir / "python")
+            if not path.exists()
+        ]
+        if missing:
+            raise FileNotFoundError(
+                f"Triton runtime incomplete ({', '.join(missing)} missing): run `make setup`"
+            )
+
+
+@dataclass
+class ServerOptions:
+    model_repository: Path = MODEL_REPOSITORY
+    ports: Ports = field(default_factory=Ports)
+    profile: str = "cpu"
+    # Explicit control so operators can load/unload versions live; "*" loads everything.
+    model_control: str = "explicit"
+    load_models: Sequence[str] = ("*",)
+    # Load/unload endpoints answer only callers presenting this key (header `admin-key`).
+    admin_key: str | None = None
+    # A directory of trusted *.pub keys: only models whose versions verify are loaded
+    # (dispatch_service.ops.verified_load). None: every model loads unverified (a warning).
+    trusted_keys: Path | None = None
+    extra_args: Sequence[str] = ()
+    host: str = "127.0.0.1"
+    # `gpu` profile only: Triton's pinned host pool (GPU<->CPU copies between ensemble steps)
+    # and CUDA pool per GPU (GPU tensors between steps, CUDA shared-memory I/O). The largest
+    # window's PAIR_FEATURES is 32768 x 28 x 4 B = 3.5 MiB: 512 MiB holds ~128 in flight.
+    pinned_memory_pool_bytes: int = 512 << 20
+    cuda_memory_pool_bytes: int = 512 << 20
+    cuda_memory_pool_devices: Sequence[int] = (0,)
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class ChildService:
+    """A child process in its own process group, its output in a log file.
+
+    Readiness is an HTTP URL answering 200; stopping signals the whole group (SIGTERM, then
+    SIGKILL), so helper processes such as Triton's backend stubs go with it.
+    """
+
+    def __init__(self, log_path: Path, name: str) -> None:
+        self.log_path = log_path
+        self.name = name
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def spawn(
+        self,
+        command: Sequence[str],
+        env: dict[str, str],
+        cwd: Path | None = None,
+        preamble: str = "",
+    ) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            log.write(preamble.encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                list(command),
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @staticmethod
+    def http_ok(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_http_ok(self, url: str, timeout_s: float) -> None:
+        """Wait until `url` answers 200; a dead child or the deadline raises ServerError."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            if self.http_ok(url):
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=timeout_s)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class TritonServer(ChildService):
+    """A tritonserver child process; a context manager that always stops it."""
+
+    shm_dir: ClassVar[Path] = Path("/dev/shm")
+
+    def __init__(self, runtime: TritonRuntime, options: ServerOptions, log_path: Path) -> None:
+        super().__init__(log_path, "tritonserver")
+        self.runtime = runtime
+        self.options = options
+        self.load_plan: LoadPlan | None = None  # set by start() when trusted keys are given
+
+    @property
+    def shm_prefix(self) -> str:
+        """The Python backend's region names start with this; one per HTTP port, so several
+        servers (tests, benchmarks) can share /dev/shm."""
+        return f"dispatch{self.options.ports.http}_"
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the server, then remove the Python backend regions it left behind. Triton 2.51
+        sometimes leaves one (4 MiB) in /dev/shm: one after each full integration-test run,
+        not reproduced by any test module alone. With the server gone, nothing uses the
+        prefix."""
+        super().stop(timeout_s)
+        if self.shm_dir.is_dir():
+            for region in self.shm_dir.glob(f"{self.shm_prefix}*"):
+                region.unlink(missing_ok=True)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.options.host}:{self.options.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.options.host}:{self.options.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.options.host}:{self.options.ports.metrics}/metrics"
+
+    def command(self) -> list[str]:
+        opts = self.options
+        args = [
+            str(self.runtime.tritonserver),
+            f"--model-repository={opts.model_repository}",
+            f"--backend-directory={self.runtime.backend_dir}",
+            f"--http-address={opts.host}",
+            f"--grpc-address={opts.host}",
+            f"--metrics-address={opts.host}",
+            f"--http-port={opts.ports.http}",
+            f"--grpc-port={opts.ports.grpc}",
+            f"--metrics-port={opts.ports.metrics}",
+            f"--model-config-name={opts.profile}",
+            f"--model-control-mode={opts.model_control}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            "--backend-config=python,shm-default-byte-size=4194304",
+            "--backend-config=python,shm-growth-byte-size=4194304",
+            "--strict-readiness=true",
+            "--exit-timeout-secs=10",
+            "--log-verbose=0",
+        ]
+        if opts.load_models and opts.model_control != "explicit":
+            raise ValueError("load_models needs model_control='explicit'")
+        loads = self.load_plan.startup if self.load_plan is not None else opts.load_models
+        args += [f"--load-model={name}" for name in loads]
+        if opts.admin_key:
+            args += [
+                f"--http-restricted-api=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
+                f"--grpc-restricted-protocol=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
+            ]
+        if opts.profile == "gpu":
+            args.append(f"--pinned-memory-pool-byte-size={opts.pinned_memory_pool_bytes}")
+            args += [
+                f"--cuda-memory-pool-byte-size={device}:{opts.cuda_memory_pool_bytes}"
+                for device in opts.cuda_memory_pool_devices
+            ]
+        args += list(opts.extra_args)
+        return args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{self.runtime.python_bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        env["LD_LIBRARY_PATH"] = str(self.runtime.library_path)
+        return env
+
+    def start(self, timeout_s: float = 120.0) -> TritonServer:
+        self.runtime.check()
+        notes = self.plan_verified_load()
+        self.spawn(self.command(), self.environment(), preamble="".join(f"{n}\n" for n in notes))
+        self.wait_ready(timeout_s)
+        self.load_after_start()
+        return self
+
+    def plan_verified_load(self) -> list[str]:
+        """Verify the repository's signatures (with trusted keys) and decide what loads.
+
+        Returns the log lines: one per refused version and per refused or restricted model,
+        or one warning that nothing is verified. Raises SigningError for an unusable key
+        directory (missing, holding a bad key, or no key at all).
+        """
+        opts = self.options
+        if opts.trusted_keys is None:
+            self.load_plan = None
+            line = json.dumps(
+                {
+                    "event": "signatures_not_verified",
+                    "reason": "no trusted keys configured (--trusted-keys): models load unverified",
+                }
+            )
+            logger.warning(line)
+            return [line]
+        trusted = TrustedKeys.from_directory(opts.trusted_keys)
+        if not len(trusted):
+            raise SigningError(f"no trusted keys (*.pub) in {opts.trusted_keys}")
+        plan = plan_load(opts.model_repository, trusted, opts.profile, opts.load_models)
+        self.load_plan = plan
+        precompile(opts.model_repository, plan)
+        lines = plan.log_lines()
+        for line in lines:
+            logger.warning(line)
+        summary = json.dumps(
+            {
+                "event": "signatures_verified",
+                "trusted_keys": sorted(trusted.keys),
+                "load": list(plan.startup),
+                "restricted": {name: list(v) for name, v in plan.restricted.items()},
+                "deferred": list(plan.deferred),
+                "refused": sorted(plan.refused),
+            },
+            sort_keys=True,
+        )
+        logger.info(summary)
+        return [*lines, summary]
+
+    def load_after_start(self) -> None:
+        """Load what the plan defers: restricted models with their override, then dependents."""
+        plan = self.load_plan
+        if plan is None:
+            return
+        key = self.options.admin_key
+        try:
+            for name in plan.restricted:
+                load_model(self.http_url, name, plan.override_config(name), admin_key=key)
+            for name in plan.deferred:
+                load_model(self.http_url, name, admin_key=key)
+            # Loading an ensemble re-reads its steps' folders; fail closed if that brought
+            # back a version the plan refused.
+            for name, versions in plan.restricted.items():
+                serving = ready_versions(self.http_url, name, admin_key=key)
+                if serving != tuple(sorted(versions)):
+                    raise ModelControlError(
+                        f"{name} serves versions {list(serving)}, verified {list(versions)}"
+                    )
+        except ModelControlError as exc:
+            self.stop()
+            raise ServerError(f"loading verified models after start failed: {exc}") from None
+
+    def is_ready(self) -> bool:
+        return self.http_ok(f"http://{self.http_url}/v2/health/ready")
+
+    def wait_ready(self, timeout_s: float) -> None:
+        self.wait_http_ok(f"http://{self.http_url}/v2/health/ready", timeout_s)
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`make serve`: start the server in the foreground and print the endpoints."""
+    parser = argparse.ArgumentParser(description="Serve the dispatch model repository")
+    parser.add_argument("--venv", type=Path, default=REPO_ROOT / ".venv")
+    parser.add_argument("--backend-dir", type=Path, default=REPO_ROOT / ".triton" / "backends")
+    parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    parser.add_argument("--profile", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--log", type=Path, default=REPO_ROOT / ".triton" / "server.log")
+    parser.add_argument(
+        "--tritonserver",
+        type=Path,
+        default=None,
+        help="run this tritonserver with its own lib/ and backends/ (e.g. the NGC image's "
+        "/opt/tritonserver/bin/tritonserver, which has the onnxruntime backend of the gpu "
+        "profile) instead of the embedded one",
+    )
+    parser.add_argument(
+        "--trusted-keys",
+        type=Path,
+        default=os.environ.get(TRUSTED_KEYS_ENV) or None,
+        help=f"directory of trusted *.pub keys: load only verified models (env {TRUSTED_KEYS_ENV})",
+    )
+    parser.add_argument(
+        "--admin-key",
+        default=os.environ.get(ADMIN_KEY_ENV) or None,
+        help=f"key the model-repository endpoints require in header {ADMIN_KEY_HEADER!r} "
+        f"(env {ADMIN_KEY_ENV})",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    options = ServerOptions(
+        model_repository=args.model_repository,
+        ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
+        profile=args.profile,
+        host=args.host,
+        admin_key=args.admin_key,
+        trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
+    )
+    runtime = (
+        TritonRuntime.from_venv(args.venv, args.backend_dir)
+        if args.tritonserver is None
+        else TritonRuntime.from_install(args.tritonserver, args.venv / "bin")
+    )
+    server = TritonServer(runtime, options, args.log)
+    print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True)
+    try:
+        server.start()
+    except (ServerError, FileNotFoundError, SigningError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
+        f"metrics {server.metrics_url}\nCtrl-C stops it.",
+        flush=True,
+    )
+    stop = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stop and server.process is not None and server.process.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    code = server.process.returncode if server.process is not None else 0
+    server.stop()
+    print("tritonserver stopped", flush=True)
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Which models of a repository may load, decided from their signatures before Triton starts.
+
+For each model (a folder with a config) the config the profile selects is read
+(``configs/<profile>.pbtxt``, else ``config.pbtxt``) to find the versions it would serve
+(``version_policy``: latest N -- the default is latest 1 --, all, or specific), and every
+version folder is verified (`signing.verify_version`). Then:
+
+- every served version verifies -> the model loads at start (``--load-model``). An
+  ensemble's version folders are not checked: Triton reads nothing from them (the config is
+  the whole ensemble; it holds a ``.gitkeep`` at most), and an empty folder of any model has
+  nothing to sign;
+- some served versions verify -> the model loads right after start with a config override
+  whose ``version_policy`` names only the verified ones (``restricted``); the refused ones
+  never load. Nothing else is substituted: a bad "latest" version does not bring back an
+  older one;
+- no served version verifies -> the model is refused;
+- an ensemble loads only when every step's model loads (Triton loads an ensemble's steps
+  with it, from the repository's files, so an ensemble over a refused model would bring it
+  back) and a step that pins a version finds it verified. An ensemble over a restricted
+  model loads after it (``deferred``) so it finds the override in place. A Python model
+  that calls others through BLS declares no dependency: a call to a refused model gets an
+  error response at run time;
+- a Python model that reads another model's files itself (`dispatch_fused` runs its scoring
+  versions' model.onnx in process) depends on those versions like an ensemble on a pinned
+  step: it loads only when they verify.
+
+One line per refused version and per refused model goes to the log (`LoadPlan.log_lines`).
+"""
+
+from __future__ import annotations
+
+import compileall
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.ops.signing import Outcome, TrustedKeys, Verification, verify_version
+from dispatch_service.routing.settings import FusedSettings
+
+CONFIG_NAME: Final = "config.pbtxt"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model folder as the repository describes it."""
+
+    name: str
+    config: dict[str, Any]  # Triton's JSON form of the config the profile selects
+    versions: tuple[int, ...]  # numeric version folders present, ascending
+    served: tuple[int, ...]  # those the version policy would serve
+    # ensemble steps and versions a model reads itself: (model, version; -1 = latest)
+    steps: tuple[tuple[str, int], ...]
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.config.get("platform") == "ensemble"
+
+
+def read_config(model_dir: Path, profile: str = "cpu") -> dict[str, Any]:
+    """The model's config file as Triton's JSON form (the schema of Triton's own protobuf)."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    chosen = model_dir / "configs" / f"{profile}.pbtxt"
+    path = chosen if chosen.is_file() else model_dir / CONFIG_NAME
+    message = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    config: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    config.setdefault("name", model_dir.name)
+    return config
+
+
+def served_versions(config: Mapping[str, Any], versions: Sequence[int]) -> tuple[int, ...]:
+    """What Triton would serve of ``versions`` under the config's version policy."""
+    policy = config.get("version_policy") or {"latest": {"num_versions": 1}}
+    present = sorted(versions)
+    if "all" in policy:
+        return tuple(present)
+    if "specific" in policy:
+        wanted = {int(v) for v in policy["specific"].get("versions", [])}
+        return tuple(v for v in present if v in wanted)
+    count = int(policy.get("latest", {}).get("num_versions", 1))
+    return tuple(present[-count:]) if count > 0 else ()
+
+
+def read_model(model_dir: Path, profile: str = "cpu") -> ModelEntry:
+    config = read_config(model_dir, profile)
+    versions = tuple(
+        sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    )
+    steps = tuple(
+        (str(step["model_name"]), int(step.get("model_version", -1)))
+        for step in config.get("ensemble_scheduling", {}).get("step", [])
+    )
+    return ModelEntry(
+        model_dir.name, config, versions, served_versions(config, versions), steps + _reads(config)
+    )
+
+
+def _reads(config: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The (model, version) folders whose files a Python model runs itself, if any."""
+    parameters = parameters_from_model_config(config)
+    if "scoring_model" not in parameters:
+        return ()
+    settings = FusedSettings.from_parameters(parameters)
+    return tuple((settings.scoring_model, v) for v in settings.served_versions())
+
+
+def repository_models(repository: Path, profile: str = "cpu") -> dict[str, ModelEntry]:
+    """Every model folder of the repository that has a config, by name."""
+    return {
+        path.name: read_model(path, profile)
+        for path in sorted(repository.iterdir())
+        if path.is_dir() and (path / CONFIG_NAME).is_file()
+    }
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What the launcher loads, in order: ``startup``, then ``restricted``, then ``deferred``."""
+
+    startup: tuple[str, ...]
+    restricted: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    deferred: tuple[str, ...] = ()
+    refused: Mapping[str, str] = field(default_factory=dict)  # model -> why it does not load
+    verifications: tuple[Verification, ...] = ()
+    configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def refused_versions(self) -> tuple[Verification, ...]:
+        return tuple(v for v in self.verifications if not v.accepted)
+
+    def override_config(self, model: str) -> dict[str, Any]:
+        """The config a restricted model loads with: its own, serving the verified versions."""
+        versions = sorted(self.restricted[model])
+        return {**self.configs[model], "version_policy": {"specific": {"versions": versions}}}
+
+    def log_lines(self) -> list[str]:
+        """One JSON line per refused version, per restricted model and per refused model."""
+        lines = [
+            _line(
+                "model_version_refused",
+                model=v.model,
+                version=v.version,
+                reason=v.reason,
+                check=v.outcome.value,
+            )
+            for v in self.refused_versions
+        ]
+        lines += [
+            _line("model_restricted", model=name, versions=list(versions))
+            for name, versions in sorted(self.restricted.items())
+        ]
+        lines += [
+            _line("model_refused", model=name, reason=reason)
+            for name, reason in sorted(self.refused.items())
+        ]
+        return lines
+
+
+def _line(event: str, **fields: Any) -> str:
+    return json.dumps({"event": event, **fields}, sort_keys=True)
+
+
+def _closure(models: Mapping[str, ModelEntry], names: Iterable[str]) -> list[str]:
+    """``names`` plus every model their ensemble steps reach."""
+    seen: list[str] = []
+    pending = list(names)
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.append(name)
+        entry = models.get(name)
+        if entry is not None:
+            pending.extend(step for step, _ in entry.steps)
+    return sorted(seen)
+
+
+def plan_load(
+    repository: Path,
+    trusted: TrustedKeys,
+    profile: str = "cpu",
+    requested: Sequence[str] = ("*",),
+) -> LoadPlan:
+    """Verify every version folder of the requested models (and what their ensembles use)."""
+    models = repository_models(repository, profile)
+    names = list(models) if "*" in requested else _closure(models, requested)
+    verifications: list[Verification] = []
+    good: dict[str, tuple[int, ...]] = {}
+    refused: dict[str, str] = {}
+    partial: set[str] = set()
+    for name in names:
+        entry = models.get(name)
+        if entry is None:
+            refused[name] = "no such model in the repository"
+            continue
+        results = [_verify(repository, entry, version, trusted) for version in entry.versions]
+        verifications += results
+        accepted = {r.version for r in results if r.accepted}
+        serving = tuple(v for v in entry.served if v in accepted)
+        if entry.served and not serving:
+            refused[name] = "no verified version to serve"
+        else:
+            good[name] = serving
+            if serving != entry.served:
+                partial.add(name)
+    # Ensembles: refused when a step's model is refused or its pinned version is not served;
+    # repeated until nothing changes (each pass refuses at least one model or stops).
+    for _ in range(len(names) + 1):
+        newly = {
+            name: reason
+            for name in good
+            if (reason := _step_problem(models[name], good)) is not None
+        }
+        if not newly:
+            break
+        for name, reason in newly.items():
+            refused[name] = reason
+            good.pop(name, None)
+            partial.discard(name)
+    deferred_set = {
+        name
+        for name in good
+        if name not in partial and (set(_closure(models, [name])) - {name}) & partial
+    }
+    startup = tuple(sorted(set(good) - partial - deferred_set))
+    deferred = _dependency_order(models, deferred_set)
+    return LoadPlan(
+        startup=startup,
+        restricted={name: good[name] for name in sorted(partial)},
+        deferred=deferred,
+        refused=refused,
+        verifications=tuple(verifications),
+        configs={name: models[name].config for name in names if name in models},
+    )
+
+
+def _verify(
+    repository: Path, entry: ModelEntry, version: int, trusted: TrustedKeys
+) -> Verification:
+    if entry.is_ensemble:
+        return Verification(
+            entry.name, version, Outcome.NO_ARTIFACTS, "ensemble: its version folder is not read"
+        )
+    return verify_version(repository / entry.name / str(version), trusted)
+
+
+def _step_problem(entry: ModelEntry, good: Mapping[str, tuple[int, ...]]) -> str | None:
+    for step, version in entry.steps:
+        if step not in good:
+            return f"depends on refused model {step}"
+        if version > 0 and version not in good[step]:
+            return f"depends on {step} version {version}, which does not load"
+    return None
+
+
+def _dependency_order(models: Mapping[str, ModelEntry], names: set[str]) -> tuple[str, ...]:
+    """``names`` with every model after the models of ``names`` its steps use."""
+    ordered: list[str] = []
+    remaining = sorted(names)
+    for _ in range(len(remaining) + 1):
+        if not remaining:
+            break
+        ready = [
+            n for n in remaining if not {s for s, _ in models[n].steps} & (set(remaining) - {n})
+        ]
+        ordered += ready or remaining  # a cycle cannot be ordered: keep the rest as it is
+        remaining = [n for n in remaining if n not in ordered]
+    return tuple(ordered)
+
+
+def precompile(repository: Path, plan: LoadPlan) -> None:
+    """Write the .pyc of every Python file of the versions the plan loads, before Triton.
+
+    A Python-backend stub writes ``__pycache__`` into the version folder when it first
+    imports ``model.py``, after Triton has recorded the folder's time; Triton then takes the
+    model for modified, and the next load that reaches it (a dependent ensemble's load
+    re-reads its steps) reloads it from its files, dropping a version-policy override.
+    Compiled beforehand, nothing in the folder changes once Triton has read it. Skipped
+    silently where the repository is read-only (the stubs cannot write there either).
+    """
+    verified = {(v.model, v.version) for v in plan.verifications if v.accepted}
+    for model, version in sorted(verified):
+        folder = repository / model / str(version)
+        if folder.is_dir():
+            compileall.compile_dir(folder, quiet=2, workers=1)

@@ -1,0 +1,81 @@
+"""Warmup data for the Python models, so a model reports ready only once it has served.
+
+Triton's `model_warmup` needs real inputs for our models (random bytes would be rejected
+by validation), read as raw files from `<model>/warmup/`. They are made from one
+deterministic simulator window and committed; a unit test checks they are current.
+Run `python -m dispatch_service.ops.warmup` after changing the contract or the encoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+
+WARMUP_SEED = 11
+WARMUP_ORDERS = 64
+WARMUP_RIDERS = 200
+WARMUP_MODELS = ("feature_encoder", "topk_resolver", "dispatch_fused")
+
+
+def raw_bytes(array: NDArray[Any]) -> bytes:
+    """Triton's raw tensor layout: row-major values; BYTES as 4-byte length + bytes each."""
+    if array.dtype.kind == "O":
+        out = bytearray()
+        for item in array.reshape(-1).tolist():
+            value = item.encode() if isinstance(item, str) else bytes(item)
+            out += struct.pack("<I", len(value)) + value
+        return bytes(out)
+    return np.ascontiguousarray(array).tobytes()
+
+
+def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, NDArray[Any]]]:
+    """Per model, the tensors of one simulated window at each model's inputs."""
+    window = window_to_tensors(
+        generate_window(np.random.default_rng(WARMUP_SEED), WARMUP_ORDERS, WARMUP_RIDERS)
+    )
+    pipeline = DispatchPipeline.from_repository(repository)
+    encoded = pipeline.encoder.run(window)
+    scored = pipeline.model.run(encoded)
+    available: Mapping[str, NDArray[Any]] = {**window, **encoded, **scored}
+    return {
+        "feature_encoder": {n: available[n] for n in pipeline.encoder.input_names if n in window},
+        "topk_resolver": {n: available[n] for n in pipeline.resolver.input_names if n in available},
+        # dispatch_fused takes the window as feature_encoder does (its optional tag left out).
+        "dispatch_fused": {n: available[n] for n in pipeline.encoder.input_names if n in window},
+    }
+
+
+def write_warmup(repository: Path = MODEL_REPOSITORY) -> list[Path]:
+    written = []
+    for model, tensors in warmup_tensors(repository).items():
+        folder = repository / model / "warmup"
+        folder.mkdir(exist_ok=True)
+        for name, array in tensors.items():
+            path = folder / name
+            path.write_bytes(raw_bytes(array))
+            written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repository", type=Path, default=MODEL_REPOSITORY)
+    args = parser.parse_args(argv)
+    for path in write_warmup(args.repository):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The whole ensemble in one process: encoder -> ONNX Runtime -> resolver.
+
+The same step objects the Triton models run, configured from the same `config.pbtxt`
+parameters; used for evaluation, as the benchmarks' no-serving limit, and by tests that
+compare the server's answer with the library's. Given a `metrics` sink it records the same
+custom metrics the Triton models do (`dispatch_service.core.metrics`); by default none.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from numpy.typing import NDArray
+
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.metrics import (
+    MetricsSink,
+    NullMetrics,
+    StepObserver,
+    encoder_observations,
+    rejection_observation,
+    resolver_observations,
+)
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.pipeline.steps import (
+    Arrays,
+    DispatchModelStep,
+    FeatureEncoderStep,
+    Step,
+    TopKResolverStep,
+)
+
+
+def config_parameters(config_path: Path) -> dict[str, str]:
+    """The `parameters` of a config.pbtxt, read with Triton's own protobuf schema."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def repository_steps(repository: Path) -> tuple[FeatureEncoderStep, TopKResolverStep]:
+    """The encoder and resolver steps as the repository's config.pbtxt files configure them."""
+    return (
+        FeatureEncoderStep.from_parameters(
+            config_parameters(repository / "feature_encoder" / "config.pbtxt")
+        ),
+        TopKResolverStep.from_parameters(
+            config_parameters(repository / "topk_resolver" / "config.pbtxt")
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class DispatchPipeline:
+    encoder: FeatureEncoderStep
+    model: DispatchModelStep
+    resolver: TopKResolverStep
+    metrics: MetricsSink = field(default_factory=NullMetrics, compare=False)
+
+    @classmethod
+    def from_repository(
+        cls,
+        repository: Path = MODEL_REPOSITORY,
+        model_version: int = 1,
+        metrics: MetricsSink | None = None,
+    ) -> DispatchPipeline:
+        encoder, resolver = repository_steps(repository)
+        return cls(
+            encoder=encoder,
+            model=DispatchModelStep.from_parameters(
+                repository / "dispatch_model" / str(model_version) / "model.onnx",
+                config_parameters(repository / "dispatch_model" / "config.pbtxt"),
+            ),
+            resolver=resolver,
+            metrics=metrics if metrics is not None else NullMetrics(),
+        )
+
+    def run(self, tensors: Mapping[str, NDArray[Any] | None]) -> Arrays:
+        encoded = self._observed(self.encoder, tensors, encoder_observations)
+        scored = self._observed(self.model, encoded, None)
+        return self._observed(
+            self.resolver, {**tensors, **encoded, **scored}, resolver_observations
+        )
+
+    def _observed(
+        self,
+        step: Step,
+        inputs: Mapping[str, NDArray[Any] | None],
+        observer: StepObserver | None,
+    ) -> Arrays:
+        started = time.perf_counter()
+        try:
+            outputs = step.run(inputs)
+        except DispatchInputError as exc:
+            self.metrics.record([rejection_observation(exc)])
+            raise
+        if observer is not None:
+            self.metrics.record(observer(outputs, (time.perf_counter() - started) * 1000.0))
+        return outputs

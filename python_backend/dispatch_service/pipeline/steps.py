@@ -1,0 +1,133 @@
+"""The three pipeline steps as plain objects: arrays in, arrays out.
+
+Each step is what one Triton model runs; `triton_adapter` wraps it. The same objects run
+in one process in `pipeline.DispatchPipeline` (evaluation, benchmarks' in-process limit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import (
+    CANDIDATE_RIDER_INDEX,
+    ENCODER_OUTPUTS,
+    MODEL_INPUTS,
+    PAIR_FEATURES,
+    PAIR_OBJECTIVES,
+    RESOLVER_WINDOW_INPUTS,
+    WINDOW_INPUTS,
+)
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.settings import load_settings, reject_unknown
+from dispatch_service.domain.features import EncoderSettings, EncoderThreads, encode_window
+from dispatch_service.domain.resolver import ResolverSettings, resolve
+from dispatch_service.domain.window import (
+    WindowLimits,
+    parse_objective_weights,
+    window_from_tensors,
+)
+from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings
+
+Arrays = dict[str, NDArray[Any]]
+
+
+class Step(Protocol):
+    """One request's tensors in, its output tensors out; raises DispatchInputError."""
+
+    input_names: ClassVar[tuple[str, ...]]
+
+    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays: ...
+
+
+@dataclass(frozen=True)
+class FeatureEncoderStep:
+    limits: WindowLimits = field(default_factory=WindowLimits)
+    encoder: EncoderSettings = field(default_factory=EncoderSettings)
+    threads: EncoderThreads = field(default_factory=EncoderThreads)
+    input_names: ClassVar[tuple[str, ...]] = tuple(spec.name for spec in WINDOW_INPUTS)
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]) -> FeatureEncoderStep:
+        reject_unknown(parameters, WindowLimits, EncoderSettings, EncoderThreads)
+        return cls(
+            limits=load_settings(WindowLimits, parameters),
+            encoder=load_settings(EncoderSettings, parameters),
+            threads=load_settings(EncoderThreads, parameters),
+        )
+
+    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
+        window = window_from_tensors(inputs, self.limits)
+        encoded = encode_window(window, self.encoder, self.threads.selection_threads)
+        features, candidates = ENCODER_OUTPUTS
+        return {
+            features.name: encoded.pair_features,
+            candidates.name: encoded.candidate_rider_index,
+        }
+
+
+@dataclass(frozen=True)
+class TopKResolverStep:
+    settings: ResolverSettings = field(default_factory=ResolverSettings)
+    input_names: ClassVar[tuple[str, ...]] = (
+        PAIR_OBJECTIVES.name,
+        CANDIDATE_RIDER_INDEX.name,
+        *RESOLVER_WINDOW_INPUTS,
+    )
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]) -> TopKResolverStep:
+        reject_unknown(parameters, ResolverSettings)
+        return cls(settings=load_settings(ResolverSettings, parameters))
+
+    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
+        arrays = {name: _required(inputs, name) for name in self.input_names[:-1]}
+        resolution = resolve(
+            objectives=arrays[PAIR_OBJECTIVES.name],
+            candidate_rider_index=arrays[CANDIDATE_RIDER_INDEX.name],
+            rider_ids=arrays["RIDER_IDS"],
+            rider_load=arrays["RIDER_LOAD"],
+            rider_capacity=arrays["RIDER_CAPACITY"],
+            weights=parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
+            settings=self.settings,
+        )
+        return resolution.as_tensors()
+
+
+class DispatchModelStep:
+    """ONNX Runtime scoring; `run_batch` scores many requests' pairs in one session call."""
+
+    input_names: ClassVar[tuple[str, ...]] = (MODEL_INPUTS[0].name,)
+
+    def __init__(self, model_path: str | Path, settings: OrtSettings | None = None) -> None:
+        self.scorer = OnnxScorer(model_path, settings)
+
+    @classmethod
+    def from_parameters(
+        cls, model_path: str | Path, parameters: Mapping[str, str]
+    ) -> DispatchModelStep:
+        reject_unknown(parameters, OrtSettings)
+        return cls(model_path, load_settings(OrtSettings, parameters))
+
+    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
+        return {PAIR_OBJECTIVES.name: self.scorer.score(_required(inputs, PAIR_FEATURES.name))}
+
+    def run_batch(self, batch: Sequence[NDArray[np.float32]]) -> list[NDArray[np.float32]]:
+        """Concatenate checked requests' pair rows, score once, split back per request."""
+        if len(batch) == 1:
+            return [self.scorer.infer(batch[0])]
+        scores = self.scorer.infer(np.concatenate(batch, axis=0))
+        bounds = np.cumsum([len(part) for part in batch])[:-1]
+        return list(np.split(scores, bounds))
+
+
+def _required(inputs: Mapping[str, NDArray[Any] | None], name: str) -> NDArray[Any]:
+    value = inputs.get(name)
+    if value is None:
+        raise DispatchInputError(name, "is required but missing")
+    return value

@@ -1,0 +1,1 @@
+"""Per-order canary routing, shadow scoring and the fallback chain, for both entry points."""

@@ -1,0 +1,79 @@
+"""The routing settings of dispatch_router and dispatch_fused, apart from the routing itself.
+
+Kept free of numpy and the model code, so the launcher (`verified_load`) and the live-change
+tools (`router_control`) can read a config's routing without importing ONNX Runtime or SciPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Final
+
+from dispatch_service.core.settings import load_settings, reject_unknown
+
+ROUTING_BUCKETS: Final = 100
+FUSED_MODEL_NAME: Final = "dispatch_fused"
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """`dispatch_router` parameters (config.pbtxt); replaced live by a config-override load."""
+
+    stable_version: int = 1  # the version every order gets without a rule, and the retry
+    canary_version: int = 0  # 0 = no canary
+    canary_percent: int = 0  # share of users (of 100 hash buckets) routed to the canary
+    shadow_percent: int = 0  # share of requests also scored by the other version
+    bls_timeout_ms: int = 2000  # per version call; a slower call counts as a failure
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+        if self.stable_version < 1:
+            raise ValueError(f"stable_version must be >= 1, got {self.stable_version}")
+        if self.canary_version < 0:
+            raise ValueError(f"canary_version must be >= 0 (0 = none), got {self.canary_version}")
+        if self.canary_version == self.stable_version:
+            raise ValueError("canary_version must differ from stable_version (or be 0)")
+        for name in ("canary_percent", "shadow_percent"):
+            value = getattr(self, name)
+            if not 0 <= value <= ROUTING_BUCKETS:
+                raise ValueError(f"{name} must be within [0, {ROUTING_BUCKETS}], got {value}")
+        if self.canary_version == 0 and self.canary_percent > 0:
+            raise ValueError("canary_percent > 0 needs a canary_version")
+        if self.bls_timeout_ms < 1:
+            raise ValueError(f"bls_timeout_ms must be >= 1, got {self.bls_timeout_ms}")
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, str]) -> RouterSettings:
+        """Parse config.pbtxt parameters; an unknown key or a bad value raises SettingsError."""
+        reject_unknown(parameters, cls)
+        return load_settings(cls, parameters)
+
+    def to_parameters(self) -> dict[str, str]:
+        """The config.pbtxt ``parameters`` map (string values) that reproduces these settings."""
+        return {name: str(value) for name, value in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class FusedSettings:
+    """`dispatch_fused` parameters: the router's (`RouterSettings`) plus where models live."""
+
+    routing: RouterSettings = field(default_factory=RouterSettings)
+    scoring_model: str = "dispatch_model"  # sibling folder holding <version>/model.onnx
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]) -> FusedSettings:
+        """Parse config.pbtxt parameters; unknown keys and bad values raise SettingsError."""
+        routing = {k: v for k, v in parameters.items() if k != "scoring_model"}
+        reject_unknown(routing, RouterSettings)
+        scoring_model = parameters.get("scoring_model", cls.scoring_model)
+        if not scoring_model or "/" in scoring_model or scoring_model.startswith("."):
+            raise ValueError(f"scoring_model must be a model folder name, got {scoring_model!r}")
+        return cls(load_settings(RouterSettings, routing), scoring_model)
+
+    def served_versions(self) -> tuple[int, ...]:
+        """The versions this model reads: the stable one and the canary (if any)."""
+        canary = self.routing.canary_version
+        return (self.routing.stable_version, *((canary,) if canary else ()))

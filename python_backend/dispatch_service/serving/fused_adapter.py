@@ -1,0 +1,128 @@
+"""The Triton bridge of `dispatch_fused`: a window's tensors in, `dispatch`'s answer out.
+
+The work is `fused.FusedDispatch`'s; this module reads the request tensors, records the
+metrics the encoder, router and resolver record in the ensemble (same families, labelled
+with this model's name; recorded off the request path, `metrics.BackgroundMetrics`) and
+answers each request on its own: a bad window gets its own INVALID_ARG response and never
+fails the other requests of the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dispatch_contract import DISPATCH_ENSEMBLE_INPUTS
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.metrics import (
+    CANDIDATES_PER_ORDER,
+    CAPACITY_CONFLICTS,
+    ENCODER_LATENCY,
+    RESOLVER_LATENCY,
+    VALIDATION_REJECTIONS,
+    MetricsSink,
+    Observation,
+    encoder_observations,
+    resolver_observations,
+)
+from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
+from dispatch_service.routing.engine import ROUTER_METRICS, routed_observations, settings_record
+from dispatch_service.routing.settings import FusedSettings
+from dispatch_service.serving.router_adapter import log_failed_calls
+from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
+
+FUSED_METRICS = (
+    ENCODER_LATENCY,
+    CANDIDATES_PER_ORDER,
+    RESOLVER_LATENCY,
+    CAPACITY_CONFLICTS,
+    *ROUTER_METRICS,
+    VALIDATION_REJECTIONS,
+)
+
+
+class FusedDispatchAdapter(TritonResponder):
+    """Answers dispatch_fused requests; one instance per Triton model instance."""
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        dispatch: FusedDispatch,
+        *,
+        metrics: MetricsSink | None = None,
+        version: str = "",
+        instance: str = "",
+    ) -> None:
+        super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
+        self.dispatch = dispatch
+        self.input_names = tuple(spec.name for spec in DISPATCH_ENSEMBLE_INPUTS)
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        return [self._respond(request) for request in requests]
+
+    def _respond(self, request: Any) -> Any:
+        if request.is_cancelled():
+            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
+        try:
+            result = self.dispatch.run(self.arrays(request, self.input_names))
+        except DispatchInputError as exc:
+            return self.reject(request, exc)
+        except Exception as exc:  # answers this request only
+            return self.internal_error(request, exc)
+        self.record(fused_observations(result))
+        log_failed_calls(
+            self.pb, self.model_name, request, result.routed, self.dispatch.settings.scoring_model
+        )
+        return self.response(result.outputs)
+
+
+def fused_observations(result: FusedResult) -> list[Observation]:
+    """The encoder's, the router's and the resolver's observations of one answered window."""
+    return [
+        *encoder_observations(result.encoded, result.encode_ms),
+        *routed_observations(result.routed),
+        *resolver_observations(result.outputs, result.resolve_ms),
+    ]
+
+
+def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapter:
+    """Build the adapter from Triton's `initialize` args; log the settings and any version
+    it could not load (whose orders will take the fallback chain).
+
+    Bad settings raise (SettingsError / ValueError), which fails the load.
+    """
+    settings = FusedSettings.from_parameters(parameters_from_model_config(args["model_config"]))
+    name = args["model_name"]
+    version = str(args.get("model_version", ""))
+    instance = str(args.get("model_instance_name", ""))
+    repository = Path(args["model_repository"]).parent
+    dispatch = FusedDispatch.from_repository(repository, settings)
+    adapter = FusedDispatchAdapter(
+        pb_utils,
+        name,
+        dispatch,
+        metrics=triton_metrics(pb_utils, name, version, FUSED_METRICS),
+        version=version,
+        instance=instance,
+    )
+    adapter.loaded()
+    log_event(
+        pb_utils,
+        "info",
+        **settings_record(settings.routing, model=name, version=version, instance=instance),
+        scoring_model=settings.scoring_model,
+    )
+    for missing, reason in dispatch.unavailable.items():
+        log_event(
+            pb_utils,
+            "warn",
+            event="version_unavailable",
+            model=name,
+            instance=instance,
+            target_version=missing,
+            error=reason,
+        )
+    return adapter

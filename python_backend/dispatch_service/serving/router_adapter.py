@@ -1,0 +1,195 @@
+"""The Triton bridge of `dispatch_router`: tensors in, BLS calls of dispatch_model, tensors out.
+
+The routing decisions, fallback chain and shadow comparison are `routing`'s; this module only
+reads the request tensors, calls a `dispatch_model` version through BLS
+(``pb_utils.InferenceRequest(model_name="dispatch_model", model_version=N)``, awaited with
+``async_exec`` so that primary and shadow calls overlap), records the metrics and answers.
+``pb_utils`` is passed in because it only exists inside the backend stub.
+
+Settings are parsed once per load from config.pbtxt ``parameters`` (`RouterSettings`); a
+config-override load (`router_control.apply_router_settings`) builds a new instance with the
+new settings and logs them as one JSON line, while the old instance drains. A request's
+answer never depends on anything but the settings and the request: no state between calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import (
+    CANDIDATE_RIDER_INDEX,
+    MODEL_VERSION_TAG,
+    ORDER_FALLBACK_LEVEL,
+    ORDER_MODEL_VERSION,
+    PAIR_FEATURES,
+    PAIR_OBJECTIVES,
+    ROUTER_INPUTS,
+)
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.metrics import (
+    VALIDATION_REJECTIONS,
+    MetricsSink,
+)
+from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.routing.engine import (
+    ROUTER_METRICS,
+    ModelCallError,
+    RoutedScores,
+    RouterSettings,
+    choose_versions,
+    parse_version_tag,
+    route_and_score,
+    routed_observations,
+    settings_record,
+    shadow_sampled,
+)
+from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
+
+ROUTER_MODEL_NAME: Final = "dispatch_router"
+SCORED_MODEL_NAME: Final = "dispatch_model"
+_USER_IDS: Final = "ORDER_USER_IDS"
+_INPUT_NAMES: Final = tuple(spec.name for spec in ROUTER_INPUTS)
+
+
+class DispatchRouterAdapter(TritonResponder):
+    """Answers dispatch_router requests; one instance per Triton model instance."""
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        settings: RouterSettings,
+        *,
+        metrics: MetricsSink | None = None,
+        draw: Callable[[], float] = random.random,
+        target_model: str = SCORED_MODEL_NAME,
+        version: str = "",
+        instance: str = "",
+    ) -> None:
+        super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
+        self.settings = settings
+        self.draw = draw  # uniform [0, 1): the shadow sample
+        self.target_model = target_model
+
+    # ---- Triton entry points ---------------------------------------------------------------
+
+    async def execute(self, requests: Sequence[Any]) -> list[Any]:
+        return list(await asyncio.gather(*(self._respond(request) for request in requests)))
+
+    # ---- one request ----------------------------------------------------------------------
+
+    @staticmethod
+    def _required(inputs: dict[str, NDArray[Any] | None], name: str) -> NDArray[Any]:
+        value = inputs[name]
+        if value is None:
+            raise DispatchInputError(name, "is required but missing", "missing")
+        return value
+
+    async def _respond(self, request: Any) -> Any:
+        if request.is_cancelled():
+            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
+        inputs = self.arrays(request, _INPUT_NAMES)
+        try:
+            user_ids = self._required(inputs, _USER_IDS)
+            forced = parse_version_tag(inputs[MODEL_VERSION_TAG.name], self.settings)
+            routed = await route_and_score(
+                self._required(inputs, PAIR_FEATURES.name),
+                self._required(inputs, CANDIDATE_RIDER_INDEX.name),
+                choose_versions(user_ids, self.settings, forced),
+                self.settings,
+                self.score,
+                shadow=shadow_sampled(self.draw(), self.settings),
+            )
+        except DispatchInputError as exc:
+            return self.reject(request, exc)
+        except Exception as exc:  # answers this request only
+            return self.internal_error(request, exc)
+        self._report(request, routed)
+        return self.response(
+            {
+                PAIR_OBJECTIVES.name: routed.objectives,
+                ORDER_MODEL_VERSION.name: routed.model_version,
+                ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
+            }
+        )
+
+    async def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
+        """One BLS call of `version`; an error response raises ModelCallError."""
+        call = self.pb.InferenceRequest(
+            model_name=self.target_model,
+            model_version=int(version),
+            inputs=[self.pb.Tensor(PAIR_FEATURES.name, features)],
+            requested_output_names=[PAIR_OBJECTIVES.name],
+        )
+        response = await call.async_exec()
+        if response.has_error():
+            raise ModelCallError(response.error().message())
+        tensor = self.pb.get_output_tensor_by_name(response, PAIR_OBJECTIVES.name)
+        if tensor is None:
+            raise ModelCallError(f"the answer lacks {PAIR_OBJECTIVES.name}")
+        scores: NDArray[Any] = tensor.as_numpy()
+        return scores
+
+    # ---- reporting ------------------------------------------------------------------------
+
+    def _report(self, request: Any, routed: RoutedScores) -> None:
+        self.record(routed_observations(routed))
+        log_failed_calls(self.pb, self.model_name, request, routed, self.target_model)
+
+
+def log_failed_calls(
+    pb_utils: Any, model_name: str, request: Any, routed: RoutedScores, target: str
+) -> None:
+    """One warning line per failed version call of a routed request (never its payload)."""
+    for call in routed.calls:
+        if call.error is not None:
+            log_event(
+                pb_utils,
+                "warn",
+                event="model_call_failed",
+                model=model_name,
+                request_id=request.request_id(),
+                target=target,
+                target_version=call.version,
+                role=call.role,
+                orders=call.orders,
+                error=call.error,
+            )
+
+
+def router_metrics(pb_utils: Any, model_name: str, version: str) -> MetricsSink:
+    """The router's custom metrics (per-process series, see `triton_adapter.triton_metrics`)."""
+    return triton_metrics(pb_utils, model_name, version, (*ROUTER_METRICS, VALIDATION_REJECTIONS))
+
+
+def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAdapter:
+    """Build the adapter from Triton's `initialize` args and log the settings it runs with.
+
+    Bad settings raise (SettingsError / ValueError), which fails the load: Triton then keeps
+    the previous router serving.
+    """
+    settings = RouterSettings.from_parameters(parameters_from_model_config(args["model_config"]))
+    name = args["model_name"]
+    version = str(args.get("model_version", ""))
+    instance = str(args.get("model_instance_name", ""))
+    adapter = DispatchRouterAdapter(
+        pb_utils,
+        name,
+        settings,
+        metrics=router_metrics(pb_utils, name, version),
+        version=version,
+        instance=instance,
+    )
+    adapter.loaded()
+    log_event(
+        pb_utils,
+        "info",
+        **settings_record(settings, model=name, version=version, instance=instance),
+    )
+    return adapter

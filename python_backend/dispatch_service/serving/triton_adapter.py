@@ -1,0 +1,328 @@
+"""The one bridge between Triton's Python backend and the library.
+
+Every `model.py` is a dozen lines over this: requests become numpy arrays, the step runs,
+arrays become response tensors, and an exception becomes that request's own error
+response (INVALID_ARG for bad input, INTERNAL otherwise) so one bad request never fails
+its batch neighbours nor the model. `pb_utils` is passed in because it only exists inside
+the backend stub.
+
+It also records the model's custom metrics (`dispatch_service.core.metrics`) and logs one JSON
+line per model instance load and unload and per rejected or failed request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import PAIR_OBJECTIVES
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.metrics import (
+    STEP_OBSERVERS,
+    BackgroundMetrics,
+    MetricSpec,
+    MetricsSink,
+    NullMetrics,
+    Observation,
+    StepObserver,
+    TritonMetrics,
+    metrics_of,
+    rejection_observation,
+)
+from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.pipeline.steps import (
+    DispatchModelStep,
+    FeatureEncoderStep,
+    Step,
+    TopKResolverStep,
+)
+
+
+def log_event(pb_utils: Any, level: str, **fields: Any) -> None:
+    """One JSON log line through Triton's logger (never with request payload)."""
+    line = json.dumps(fields, sort_keys=True, default=str)
+    getattr(pb_utils.Logger, f"log_{level}")(line)
+
+
+class TritonResponder:
+    """What every adapter shares: error responses, rejection logs, metrics, load/unload logs."""
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        *,
+        version: str = "",
+        instance: str = "",
+        metrics: MetricsSink | None = None,
+    ) -> None:
+        self.pb = pb_utils
+        self.model_name = model_name
+        self.version = version
+        self.instance = instance
+        self.metrics: MetricsSink = metrics if metrics is not None else NullMetrics()
+        self._metrics_failed = metrics_error_logger(pb_utils, model_name)
+
+    def loaded(self) -> None:
+        """Log this instance's load (called once `initialize` has built the adapter)."""
+        self._log_lifecycle("model_loaded")
+
+    def finalize(self) -> None:
+        """Log the unload and release the custom metrics (Triton's `finalize`)."""
+        self._log_lifecycle("model_unloaded")
+        close = getattr(self.metrics, "close", None)
+        if close is not None:
+            close()
+        self.metrics = NullMetrics()
+
+    def _log_lifecycle(self, event: str) -> None:
+        log_event(
+            self.pb,
+            "info",
+            event=event,
+            model=self.model_name,
+            version=self.version,
+            instance=self.instance,
+        )
+
+    def record(self, observations: list[Observation]) -> None:
+        """Record metrics; a metrics failure is logged once and never fails a request."""
+        try:
+            self.metrics.record(observations)
+        except Exception as exc:
+            self._metrics_failed(exc)
+
+    @staticmethod
+    def arrays(request: Any, names: Sequence[str]) -> dict[str, NDArray[Any] | None]:
+        """The named inputs of a request as arrays (None where absent), in one pass over its
+        inputs: `pb_utils.get_input_tensor_by_name` lists them all again for every name."""
+        present = {tensor.name(): tensor for tensor in request.inputs()}
+        return {
+            name: None if (tensor := present.get(name)) is None else tensor.as_numpy()
+            for name in names
+        }
+
+    def response(self, outputs: dict[str, NDArray[Any]]) -> Any:
+        return self.pb.InferenceResponse(
+            output_tensors=[
+                self.pb.Tensor(name, np.asarray(value)) for name, value in outputs.items()
+            ]
+        )
+
+    def error(self, request: Any, message: str, code: Any) -> Any:
+        return self.pb.InferenceResponse(error=self.pb.TritonError(message, code))
+
+    def reject(self, request: Any, exc: DispatchInputError) -> Any:
+        log_event(
+            self.pb,
+            "warn",
+            event="request_rejected",
+            model=self.model_name,
+            request_id=request.request_id(),
+            tensor=exc.tensor,
+            rule=exc.rule,
+            code=exc.code,
+        )
+        self.record([rejection_observation(exc)])
+        return self.error(request, str(exc), self.pb.TritonError.INVALID_ARG)
+
+    def internal_error(self, request: Any, exc: Exception) -> Any:
+        log_event(
+            self.pb,
+            "error",
+            event="request_failed",
+            model=self.model_name,
+            request_id=request.request_id(),
+            error=f"{type(exc).__name__}: {exc}",
+            trace=traceback.format_exc(limit=5),
+        )
+        return self.error(
+            request,
+            f"{self.model_name}: internal error ({type(exc).__name__}: {exc})",
+            self.pb.TritonError.INTERNAL,
+        )
+
+
+class TritonStepAdapter(TritonResponder):
+    """Runs a `Step` once per request."""
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        step: Step,
+        *,
+        version: str = "",
+        instance: str = "",
+        metrics: MetricsSink | None = None,
+        observer: StepObserver | None = None,
+    ) -> None:
+        super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
+        self.step = step
+        self.observer = observer
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        return [self._respond(request) for request in requests]
+
+    def _respond(self, request: Any) -> Any:
+        if request.is_cancelled():
+            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
+        started = time.perf_counter()
+        try:
+            outputs = self.step.run(self.arrays(request, self.step.input_names))
+        except DispatchInputError as exc:
+            return self.reject(request, exc)
+        except Exception as exc:  # any failure answers this request only
+            return self.internal_error(request, exc)
+        if self.observer is not None:
+            elapsed_ms = (time.perf_counter() - started) * 1000.0
+            self.record(self.observer(outputs, elapsed_ms))
+        return self.response(outputs)
+
+
+class TritonBatchedModelAdapter(TritonStepAdapter):
+    """dispatch_model under dynamic batching: score all good requests in one session call."""
+
+    step: DispatchModelStep
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        step: DispatchModelStep,
+        *,
+        version: str = "",
+        instance: str = "",
+        metrics: MetricsSink | None = None,
+    ) -> None:
+        super().__init__(
+            pb_utils, model_name, step, version=version, instance=instance, metrics=metrics
+        )
+        self.step = step
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        responses: list[Any] = [None] * len(requests)
+        batch: list[NDArray[np.float32]] = []
+        members: list[int] = []
+        (input_name,) = self.step.input_names
+        for i, request in enumerate(requests):
+            if request.is_cancelled():
+                responses[i] = self.error(
+                    request, "request cancelled", self.pb.TritonError.CANCELLED
+                )
+                continue
+            tensor = self.pb.get_input_tensor_by_name(request, input_name)
+            try:
+                if tensor is None:
+                    raise DispatchInputError(input_name, "is required but missing", "missing")
+                features = tensor.as_numpy()
+                self.step.scorer.check(features)
+            except DispatchInputError as exc:
+                responses[i] = self.reject(request, exc)
+                continue
+            batch.append(features)
+            members.append(i)
+        if members:
+            try:
+                scored = self.step.run_batch(batch)
+            except Exception as exc:
+                for i in members:
+                    responses[i] = self.internal_error(requests[i], exc)
+            else:
+                for i, scores in zip(members, scored, strict=True):
+                    responses[i] = self.response({PAIR_OBJECTIVES.name: scores})
+        return responses
+
+
+def with_instance_device(parameters: dict[str, str], args: dict[str, str]) -> dict[str, str]:
+    """A KIND_GPU instance's CUDA session runs on the GPU Triton placed the instance on."""
+    if str(args.get("model_instance_kind", "")).upper() != "GPU" or "cuda_device_id" in parameters:
+        return parameters
+    return {**parameters, "cuda_device_id": str(args.get("model_instance_device_id", "0"))}
+
+
+def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAdapter:
+    """Build the adapter a `model.py` needs from Triton's `initialize` args; log the load."""
+    parameters = parameters_from_model_config(args["model_config"])
+    name = args["model_name"]
+    version = str(args.get("model_version", ""))
+    labels = {"version": version, "instance": str(args.get("model_instance_name", ""))}
+    adapter: TritonStepAdapter
+    if model == "feature_encoder":
+        step: Step = FeatureEncoderStep.from_parameters(parameters)
+    elif model == "topk_resolver":
+        step = TopKResolverStep.from_parameters(parameters)
+    elif model == "dispatch_model":
+        path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
+        adapter = TritonBatchedModelAdapter(
+            pb_utils,
+            name,
+            DispatchModelStep.from_parameters(path, with_instance_device(parameters, args)),
+            metrics=triton_metrics(pb_utils, name, version, metrics_of(model)),
+            **labels,
+        )
+        adapter.loaded()
+        return adapter
+    else:
+        raise ValueError(f"no adapter for model {model!r}")
+    adapter = TritonStepAdapter(
+        pb_utils,
+        name,
+        step,
+        metrics=triton_metrics(pb_utils, name, version, metrics_of(model)),
+        observer=STEP_OBSERVERS.get(model),
+        **labels,
+    )
+    adapter.loaded()
+    return adapter
+
+
+def triton_metrics(
+    pb_utils: Any, model_name: str, version: str, definitions: Sequence[MetricSpec]
+) -> MetricsSink:
+    """The model's custom metrics on Triton's metrics port; none (logged) where unavailable.
+
+    Recorded from a thread of the stub (`BackgroundMetrics`): each value is a round trip to
+    the server, which a request should not wait for. Each series carries the stub's `pid`:
+    Triton frees a series shared by several processes when the first of them unloads, so a
+    live reload must never share one (sum over `pid`).
+    """
+    try:
+        labels = {"model": model_name, "version": version, "pid": str(os.getpid())}
+        sink = TritonMetrics(pb_utils, labels, definitions)
+    except Exception as exc:  # e.g. a server started with --allow-metrics=false
+        log_event(
+            pb_utils,
+            "warn",
+            event="metrics_unavailable",
+            model=model_name,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return NullMetrics()
+    return BackgroundMetrics(sink, on_error=metrics_error_logger(pb_utils, model_name))
+
+
+def metrics_error_logger(pb_utils: Any, model_name: str) -> Callable[[Exception], None]:
+    """The first failure of a model's metrics recording as one error line; later ones quiet."""
+    failed: list[Exception] = []
+
+    def report(exc: Exception) -> None:
+        if not failed:
+            failed.append(exc)
+            log_event(
+                pb_utils,
+                "error",
+                event="metrics_failed",
+                model=model_name,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+    return report

@@ -1,0 +1,328 @@
+"""DispatchClient over an in-memory transport: request shape, result parsing, lifecycle."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dispatch_client.client import (
+    Candidate,
+    DispatchClient,
+    DispatchResult,
+    OrderResult,
+    parse_dispatch_outputs,
+)
+from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+from dispatch_client.transport import GrpcTransport, HttpTransport, Transport
+from dispatch_client.window_json import window_from_dict
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
+
+Array = np.ndarray[Any, Any]
+
+
+class FakeTransport:
+    """Answers every call with canned outputs (or raises), remembering what it was sent."""
+
+    def __init__(self, outputs: dict[str, Array] | None = None, error: Exception | None = None):
+        self.outputs = outputs or {}
+        self.error = error
+        self.calls: list[tuple[str, dict[str, Array], tuple[str, ...]]] = []
+        self.closed = False
+
+    def infer(
+        self, model_name: str, inputs: dict[str, Array], output_names: Sequence[str]
+    ) -> dict[str, Array]:
+        self.calls.append((model_name, inputs, tuple(output_names)))
+        if self.error is not None:
+            raise self.error
+        return {name: self.outputs[name] for name in output_names if name in self.outputs}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def window(num_orders: int = 3) -> dict[str, Array]:
+    return window_from_dict(
+        {
+            "dispatch_time": 1764400000,
+            "orders": [
+                {
+                    "id": f"o{i}",
+                    "user_id": "u",
+                    "pickup": [31.23, 121.47],
+                    "dropoff": [31.22, 121.48],
+                    "created_at": 1764399700,
+                    "promised_minutes": 30,
+                }
+                for i in range(num_orders)
+            ],
+            "riders": [
+                {"id": r, "position": [31.23, 121.47], "capacity": 2, "vehicle": "EBIKE"}
+                for r in ("ra", "rb", "rc")
+            ],
+        }
+    )
+
+
+def outputs() -> dict[str, Array]:
+    """Three orders, K = 3: full, padded at the end, and all padding (unassigned)."""
+    return {
+        "TOPK_RIDER_IDS": np.array(
+            [[b"rb", b"ra", b"rc"], [b"rc", b"", b""], [b"", b"", b""]], dtype=object
+        ),
+        "TOPK_RIDER_INDEX": np.array([[1, 0, 2], [2, -1, -1], [-1, -1, -1]], np.int32),
+        "TOPK_SCORE": np.array([[0.9, 0.8, 0.1], [0.7, 0, 0], [0, 0, 0]], np.float32),
+        "TOPK_ETA_MINUTES": np.array([[12.5, 14, 30], [20, 0, 0], [0, 0, 0]], np.float32),
+        "TOPK_ONTIME_PROBABILITY": np.array([[0.95, 0.9, 0.2], [0.8, 0, 0], [0, 0, 0]], np.float32),
+        "TOPK_COST": np.array([[6.5, 7, 9], [8.25, 0, 0], [0, 0, 0]], np.float32),
+        "ASSIGNED_RIDER_IDS": np.array([b"ra", b"rc", b""], dtype=object),
+        "ASSIGNED_RIDER_INDEX": np.array([0, 2, -1], np.int32),
+        "ASSIGNED_SCORE": np.array([0.8, 0.7, 0.0], np.float32),
+    }
+
+
+def test_fake_satisfies_the_transport_protocol() -> None:
+    transport: Transport = FakeTransport()  # mypy checks the structural match
+    assert callable(transport.infer)
+
+
+def test_dispatch_sends_the_window_and_asks_for_every_output() -> None:
+    fake = FakeTransport(outputs())
+    tensors = window()
+    DispatchClient(fake).dispatch(tensors)
+
+    [(model, inputs, names)] = fake.calls
+    assert model == "dispatch"
+    assert names == tuple(spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS)
+    assert list(inputs) == list(tensors)
+    for name, array in tensors.items():
+        assert inputs[name].dtype == array.dtype
+        assert inputs[name].tolist() == array.tolist()
+
+
+def test_results_skip_padding_and_mark_unassigned_orders() -> None:
+    result = DispatchClient(FakeTransport(outputs())).dispatch(window())
+
+    assert result == DispatchResult(
+        orders=(
+            OrderResult(
+                order_id="o0",
+                top_k=(
+                    Candidate("rb", 0.9, 12.5, 0.95, 6.5),
+                    Candidate("ra", 0.8, 14.0, 0.9, 7.0),
+                    Candidate("rc", 0.1, 30.0, 0.2, 9.0),
+                ),
+                assigned_rider_id="ra",
+                assigned_score=0.8,
+            ),
+            OrderResult(
+                order_id="o1",
+                top_k=(Candidate("rc", 0.7, 20.0, 0.8, 8.25),),
+                assigned_rider_id="rc",
+                assigned_score=0.7,
+            ),
+            OrderResult(order_id="o2", top_k=(), assigned_rider_id=None, assigned_score=None),
+        )
+    )
+    assert result.assignments() == {"o0": "ra", "o1": "rc", "o2": None}
+
+
+def test_padding_in_the_middle_is_skipped_too() -> None:
+    out = outputs()
+    out["TOPK_RIDER_INDEX"][0] = [1, -1, 2]
+    result = parse_dispatch_outputs(np.array([b"a", b"b", b"c"], dtype=object), out)
+    assert [c.rider_id for c in result.orders[0].top_k] == ["rb", "rc"]
+
+
+def test_to_json_dict_is_plain_json() -> None:
+    result = DispatchClient(FakeTransport(outputs())).dispatch(window())
+    data = json.loads(json.dumps(result.to_json_dict()))
+
+    assert data["orders"][0] == {
+        "order_id": "o0",
+        "assigned_rider_id": "ra",
+        "assigned_score": 0.8,
+        "top_k": [
+            {
+                "rider_id": "rb",
+                "score": 0.9,
+                "eta_minutes": 12.5,
+                "ontime_probability": 0.95,
+                "cost": 6.5,
+            },
+            {
+                "rider_id": "ra",
+                "score": 0.8,
+                "eta_minutes": 14.0,
+                "ontime_probability": 0.9,
+                "cost": 7.0,
+            },
+            {
+                "rider_id": "rc",
+                "score": 0.1,
+                "eta_minutes": 30.0,
+                "ontime_probability": 0.2,
+                "cost": 9.0,
+            },
+        ],
+    }
+    assert data["orders"][2] == {
+        "order_id": "o2",
+        "assigned_rider_id": None,
+        "assigned_score": None,
+        "top_k": [],
+    }
+
+
+def test_model_name_is_configurable_and_none_tensors_are_dropped() -> None:
+    fake = FakeTransport(outputs())
+    tensors: dict[str, Any] = dict(window())
+    tensors["OBJECTIVE_WEIGHTS"] = None
+    DispatchClient(fake, model_name="dispatch_canary").dispatch(tensors)
+
+    [(model, inputs, _)] = fake.calls
+    assert model == "dispatch_canary"
+    assert "OBJECTIVE_WEIGHTS" not in inputs
+
+
+def test_unknown_tensor_and_missing_order_ids_fail_before_sending() -> None:
+    fake = FakeTransport(outputs())
+    client = DispatchClient(fake)
+    tensors: dict[str, Any] = dict(window())
+    with pytest.raises(ValueError, match=r"unknown window tensor.*OBJECTIVE_WEIGHT"):
+        client.dispatch({**tensors, "OBJECTIVE_WEIGHT": np.ones(3, np.float32)})
+    del tensors["ORDER_IDS"]
+    with pytest.raises(ValueError, match="lack ORDER_IDS"):
+        client.dispatch(tensors)
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("TOPK_COST", None, "malformed response: output TOPK_COST is missing"),
+        (
+            "TOPK_SCORE",
+            np.zeros((3, 2), np.float32),
+            "malformed response: TOPK_SCORE has shape (3, 2), expected (3, K) for 3 orders",
+        ),
+        (
+            "ASSIGNED_SCORE",
+            np.zeros(2, np.float32),
+            "malformed response: ASSIGNED_SCORE has shape (2,), expected (3,)",
+        ),
+    ],
+)
+def test_response_against_the_contract_is_a_server_error(
+    name: str, value: Array | None, message: str
+) -> None:
+    out = outputs()
+    if value is None:
+        del out[name]
+    else:
+        out[name] = value
+    with pytest.raises(DispatchServerError) as info:
+        DispatchClient(FakeTransport(out)).dispatch(window())
+    assert info.value.message == message
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        DispatchServerError("ORDER_PICKUP: latitude must be within [-90, 90]", "400"),
+        DispatchConnectionError("cannot reach localhost:8000 over HTTP: Connection refused"),
+    ],
+)
+def test_transport_errors_reach_the_caller_and_the_context_closes(error: Exception) -> None:
+    fake = FakeTransport(error=error)
+    with pytest.raises(type(error)) as info, DispatchClient(fake) as client:
+        client.dispatch(window())
+    assert info.value is error
+    assert fake.closed
+
+
+def test_context_manager_closes_the_transport() -> None:
+    fake = FakeTransport(outputs())
+    with DispatchClient(fake) as client:
+        client.dispatch(window())
+        assert not fake.closed
+    assert fake.closed
+
+
+def test_server_error_keeps_one_line_and_status() -> None:
+    error = DispatchServerError("in ensemble 'dispatch':\n  ORDER_IDS: ids must be unique\n", "400")
+    assert error.message == "in ensemble 'dispatch': ORDER_IDS: ids must be unique"
+    assert str(error) == error.message
+    assert error.status == "400"
+
+
+def test_factories_build_transports_without_connecting() -> None:
+    # tritonclient connects lazily, so nothing listens on these ports and nothing fails.
+    with DispatchClient.http("localhost:1", timeout_s=5, model_name="m") as client:
+        assert isinstance(client.transport, HttpTransport)
+        assert client.transport.url == "localhost:1"
+        assert client.model_name == "m"
+    with DispatchClient.grpc("localhost:2", timeout_s=5) as client:
+        assert isinstance(client.transport, GrpcTransport)
+        assert client.transport.timeout_s == 5
+        assert client.model_name == "dispatch"
+
+
+def test_package_exports_the_public_api() -> None:
+    import dispatch_client
+
+    assert sorted(dispatch_client.__all__) == sorted(
+        [
+            "DEFAULT_MODEL_NAME",
+            "Candidate",
+            "DispatchClient",
+            "DispatchConnectionError",
+            "DispatchError",
+            "DispatchResult",
+            "DispatchServerError",
+            "GrpcTransport",
+            "HttpTransport",
+            "OrderResult",
+            "ProtocolName",
+            "Transport",
+            "WindowJSONError",
+            "make_transport",
+            "parse_dispatch_outputs",
+            "window_from_dict",
+            "window_from_json",
+            "window_to_dict",
+            "window_to_json",
+        ]
+    )
+    for name in dispatch_client.__all__:
+        assert hasattr(dispatch_client, name), name
+
+
+def test_routing_outputs_label_each_order_with_its_version_and_level() -> None:
+    out = outputs()
+    out["ORDER_MODEL_VERSION"] = np.array([2, 1, 0], dtype=np.int32)
+    out["ORDER_FALLBACK_LEVEL"] = np.array([0, 1, 2], dtype=np.int32)
+    result = DispatchClient(FakeTransport(out)).dispatch(window())
+    assert [(o.model_version, o.fallback_level) for o in result.orders] == [
+        (2, 0),
+        (1, 1),
+        (0, 2),
+    ]
+    assert result.to_json_dict()["orders"][1]["model_version"] == 1
+    assert result.to_json_dict()["orders"][2]["fallback_level"] == 2
+    out["ORDER_FALLBACK_LEVEL"] = np.array([0, 1], dtype=np.int32)
+    with pytest.raises(DispatchServerError, match="ORDER_FALLBACK_LEVEL"):
+        DispatchClient(FakeTransport(out)).dispatch(window())
+
+
+def test_the_version_tag_is_a_known_input() -> None:
+    fake = FakeTransport(outputs())
+    tensors: dict[str, Any] = dict(window())
+    tensors["MODEL_VERSION_TAG"] = np.array([b"canary"], dtype=object)
+    DispatchClient(fake).dispatch(tensors)
+    [(_, inputs, _)] = fake.calls
+    assert inputs["MODEL_VERSION_TAG"].tolist() == [b"canary"]

@@ -1,0 +1,101 @@
+"""`DispatchClient.dispatch_features`: what it sends to `dispatch_features` and what it refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from dispatch_client import DispatchClient
+from dispatch_contract import (
+    FEATURE_ENTRY_INPUTS,
+    FEATURE_ENTRY_MODEL_NAME,
+    NUM_PAIR_FEATURES,
+)
+
+Array = NDArray[Any]
+
+
+class Recorder:
+    """A transport answering K = 1 with the first candidate of each order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Array]]] = []
+
+    def infer(
+        self, model_name: str, inputs: dict[str, Array], output_names: Sequence[str]
+    ) -> dict[str, Array]:
+        self.calls.append((model_name, inputs))
+        index = inputs["CANDIDATE_RIDER_INDEX"][:, :1].astype(np.int32)
+        ids = np.array([[inputs["RIDER_IDS"][i]] for i in index[:, 0]], dtype=object)
+        n = len(index)
+        return {
+            "TOPK_RIDER_IDS": ids,
+            "TOPK_RIDER_INDEX": index,
+            "TOPK_SCORE": np.full((n, 1), 0.5, np.float32),
+            "TOPK_ETA_MINUTES": np.full((n, 1), 20, np.float32),
+            "TOPK_ONTIME_PROBABILITY": np.full((n, 1), 0.9, np.float32),
+            "TOPK_COST": np.full((n, 1), 7, np.float32),
+            "ASSIGNED_RIDER_IDS": ids[:, 0],
+            "ASSIGNED_RIDER_INDEX": index[:, 0],
+            "ASSIGNED_SCORE": np.full(n, 0.5, np.float32),
+        }
+
+    def close(self) -> None:
+        pass
+
+
+def features(orders: int = 2, candidates: int = 3, riders: int = 4) -> dict[str, Any]:
+    return {
+        "PAIR_FEATURES": np.zeros((orders * candidates, NUM_PAIR_FEATURES), np.float64),
+        "CANDIDATE_RIDER_INDEX": np.arange(orders * candidates).reshape(orders, -1) % riders,
+        "ORDER_USER_IDS": [b"u%d" % i for i in range(orders)],
+        "RIDER_IDS": [f"r{i}".encode() for i in range(riders)],
+        "RIDER_LOAD": [0] * riders,
+        "RIDER_CAPACITY": [2] * riders,
+    }
+
+
+def test_sends_contract_dtypes_to_the_feature_entry_point() -> None:
+    transport = Recorder()
+    result = DispatchClient(transport).dispatch_features(["o1", "o2"], features())
+    ((model, sent),) = transport.calls
+    assert model == FEATURE_ENTRY_MODEL_NAME == "dispatch_features"
+    specs = {spec.name: spec for spec in FEATURE_ENTRY_INPUTS}
+    assert set(sent) == set(specs) - {"OBJECTIVE_WEIGHTS", "MODEL_VERSION_TAG"}
+    for name, array in sent.items():
+        expected = object if specs[name].triton_dtype == "BYTES" else specs[name].numpy_dtype
+        assert array.dtype == expected, name
+    assert [o.order_id for o in result.orders] == ["o1", "o2"]
+    assert result.assignments() == {"o1": "r0", "o2": "r3"}
+
+
+def test_weights_are_sent_when_given() -> None:
+    transport = Recorder()
+    tensors = {**features(), "OBJECTIVE_WEIGHTS": [1, 0, 0]}
+    DispatchClient(transport).dispatch_features(["a", "b"], tensors)
+    assert transport.calls[0][1]["OBJECTIVE_WEIGHTS"].tolist() == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"EXTRA": [1]}, "unknown feature tensor"),
+        ({"RIDER_IDS": None}, "feature tensors lack RIDER_IDS"),
+        ({"PAIR_FEATURES": np.zeros((6, 27))}, r"PAIR_FEATURES must have shape \[P, 28\]"),
+        ({"PAIR_FEATURES": np.zeros((5, 28))}, "must have B x N = 6 rows, got 5"),
+        ({"CANDIDATE_RIDER_INDEX": np.zeros((3, 2))}, "with B = 2 orders"),
+        ({"ORDER_USER_IDS": [b"u"]}, r"ORDER_USER_IDS must have shape \[2\]"),
+    ],
+)
+def test_inconsistent_tensors_are_refused_before_sending(
+    change: dict[str, Any], message: str
+) -> None:
+    transport = Recorder()
+    tensors = {**features(), **change}
+    with pytest.raises(ValueError, match=message):
+        DispatchClient(transport).dispatch_features(["a", "b"], tensors)
+    assert transport.calls == []

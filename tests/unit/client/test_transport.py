@@ -1,0 +1,203 @@
+"""HttpTransport / GrpcTransport with tritonclient's network client swapped for a stub.
+
+Checks what goes on the wire (names, datatypes, shapes, binary outputs, timeouts) and how
+tritonclient's and the socket layer's exceptions become the client's one-line errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from dispatch_client.connect import make_transport
+from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+from dispatch_client.transport import GrpcTransport, HttpTransport
+
+Array = np.ndarray[Any, Any]
+
+
+class StubResult:
+    def __init__(self, arrays: dict[str, Array]) -> None:
+        self.arrays = arrays
+
+    def as_numpy(self, name: str) -> Array | None:
+        return self.arrays.get(name)
+
+
+class StubClient:
+    """Stands in for tritonclient's InferenceServerClient (HTTP or gRPC)."""
+
+    answer: ClassVar[dict[str, Array]] = {}
+    raises: ClassVar[BaseException | None] = None
+    instances: ClassVar[list[StubClient]] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.requests: list[tuple[str, list[Any], list[Any], dict[str, Any]]] = []
+        self.closed = False
+        StubClient.instances.append(self)
+
+    def infer(self, model_name: str, inputs: list[Any], outputs: list[Any], **kw: Any) -> Any:
+        self.requests.append((model_name, inputs, outputs, kw))
+        if StubClient.raises is not None:
+            raise StubClient.raises
+        return StubResult(StubClient.answer)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture(autouse=True)
+def stub(monkeypatch: pytest.MonkeyPatch) -> type[StubClient]:
+    StubClient.answer = {"OUT": np.array([[1.5]], np.float32)}
+    StubClient.raises = None
+    StubClient.instances = []
+    monkeypatch.setattr(httpclient, "InferenceServerClient", StubClient)
+    monkeypatch.setattr(grpcclient, "InferenceServerClient", StubClient)
+    return StubClient
+
+
+INPUTS: dict[str, Array] = {
+    "IDS": np.array([b"a", b"bc"], dtype=object),
+    "POS": np.zeros((2, 2), np.float64),
+    "N": np.array([3, 4], np.int32),
+    "T": np.array([1764400000], np.int64),
+    "W": np.ones(3, np.float32),
+}
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_request_carries_names_datatypes_and_shapes(kind: str) -> None:
+    transport = HttpTransport("h:8000", timeout_s=7) if kind == "http" else GrpcTransport("h:8001")
+    result = transport.infer("dispatch", INPUTS, ["OUT"])
+
+    assert result["OUT"].tolist() == [[1.5]]
+    [client] = StubClient.instances
+    [(model, inputs, outputs, _)] = client.requests
+    assert model == "dispatch"
+    assert [(i.name(), i.datatype(), i.shape()) for i in inputs] == [
+        ("IDS", "BYTES", [2]),
+        ("POS", "FP64", [2, 2]),
+        ("N", "INT32", [2]),
+        ("T", "INT64", [1]),
+        ("W", "FP32", [3]),
+    ]
+    assert [o.name() for o in outputs] == ["OUT"]
+    transport.close()
+    assert client.closed
+
+
+def test_http_uses_binary_outputs_and_the_timeouts() -> None:
+    transport = HttpTransport("h:8000", timeout_s=7, connect_timeout_s=3)
+    transport.infer("dispatch", INPUTS, ["OUT"])
+
+    [client] = StubClient.instances
+    assert client.kwargs == {"url": "h:8000", "connection_timeout": 3, "network_timeout": 7}
+    [(_, inputs, outputs, _)] = client.requests
+    assert all(o._binary for o in outputs)
+    assert all(i._raw_data is not None for i in inputs)  # sent as binary, not JSON
+
+
+def test_grpc_passes_its_deadline() -> None:
+    GrpcTransport("h:8001", timeout_s=4.5).infer("dispatch", INPUTS, ["OUT"])
+    [client] = StubClient.instances
+    assert client.kwargs == {"url": "h:8001"}
+    assert client.requests[0][3] == {"client_timeout": 4.5}
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_server_error_message_on_one_line(kind: str) -> None:
+    status = "400" if kind == "http" else "StatusCode.INVALID_ARGUMENT"
+    StubClient.raises = InferenceServerException(
+        "in ensemble 'dispatch', ORDER_PICKUP: latitude must be within [-90.0, 90.0] (row 3)\n"
+        "Traceback: ...",
+        status=status,
+    )
+    transport = HttpTransport() if kind == "http" else GrpcTransport()
+    with pytest.raises(DispatchServerError) as info:
+        transport.infer("dispatch", INPUTS, ["OUT"])
+    assert info.value.message == (
+        "in ensemble 'dispatch', ORDER_PICKUP: latitude must be within [-90.0, 90.0] (row 3) "
+        "Traceback: ..."
+    )
+    assert info.value.status == status
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            ConnectionRefusedError(111, "Connection refused"),
+            "cannot reach localhost:8000 over HTTP: Connection refused",
+        ),
+        (TimeoutError("timed out"), "no answer from localhost:8000 over HTTP in time"),
+        (OSError("Name or service not known"), "cannot reach localhost:8000 over HTTP: Name"),
+    ],
+)
+def test_http_connection_failures(error: OSError, message: str) -> None:
+    StubClient.raises = error
+    with pytest.raises(DispatchConnectionError) as info:
+        HttpTransport().infer("dispatch", INPUTS, ["OUT"])
+    assert info.value.message.startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "error", "message"),
+    [
+        (
+            "StatusCode.UNAVAILABLE",
+            "failed to connect to all addresses; last error: Connection refused",
+            DispatchConnectionError,
+            "cannot reach localhost:8001 over gRPC: failed to connect to all addresses",
+        ),
+        (
+            "StatusCode.DEADLINE_EXCEEDED",
+            "Deadline Exceeded",
+            DispatchConnectionError,
+            "no answer from localhost:8001 over gRPC within 60 s",
+        ),
+        (
+            "StatusCode.UNAVAILABLE",
+            "Request for unknown model: 'dispatch' has no available versions",
+            DispatchServerError,
+            "Request for unknown model",
+        ),
+    ],
+)
+def test_grpc_tells_transport_failures_from_server_errors(
+    status: str, text: str, error: type[Exception], message: str
+) -> None:
+    StubClient.raises = InferenceServerException(text, status=status)
+    with pytest.raises(error) as info:
+        GrpcTransport().infer("dispatch", INPUTS, ["OUT"])
+    assert str(info.value).startswith(message)
+
+
+def test_missing_output_is_a_server_error() -> None:
+    with pytest.raises(DispatchServerError, match="lacks the requested output NOPE"):
+        HttpTransport().infer("dispatch", INPUTS, ["OUT", "NOPE"])
+
+
+@pytest.mark.parametrize("url", ["http://localhost:8000", "grpc://x:1", "", "  "])
+def test_url_with_a_scheme_is_refused_up_front(url: str) -> None:
+    with pytest.raises(ValueError, match="url must be host:port without a scheme"):
+        HttpTransport(url)
+    with pytest.raises(ValueError, match="url must be host:port without a scheme"):
+        GrpcTransport(url)
+    assert StubClient.instances == []
+
+
+def test_make_transport_picks_protocol_and_default_port() -> None:
+    http = make_transport("http", timeout_s=3)
+    grpc = make_transport("grpc", "example:9001")
+    assert isinstance(http, HttpTransport) and http.url == "localhost:8000"
+    assert isinstance(grpc, GrpcTransport) and grpc.url == "example:9001"
+    assert isinstance(make_transport("grpc"), GrpcTransport)
+    assert make_transport("grpc").url == "localhost:8001"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="protocol must be 'http', 'grpc' or 'grpc-shm'"):
+        make_transport("ftp")  # type: ignore[arg-type]

@@ -1,0 +1,226 @@
+"""Every config.pbtxt and the ONNX graph agree with contracts.py, the one definition."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+import dispatch_contract.contracts as contracts
+from dispatch_contract import TensorSpec
+from dispatch_service.core.settings import (
+    load_settings,
+    parameters_from_model_config,
+    reject_unknown,
+)
+from dispatch_service.pipeline.onnx_runner import OrtSettings
+from dispatch_service.pipeline.steps import FeatureEncoderStep, TopKResolverStep
+from dispatch_service.routing.engine import RouterSettings
+from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings
+
+REPO = Path(__file__).resolve().parents[3] / "model_repository"
+
+
+def load_config(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def io_of(tensors: object) -> list[tuple[str, str, tuple[int, ...], bool]]:
+    rows = []
+    for t in tensors:  # type: ignore[attr-defined]
+        dtype = model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_")
+        dtype = "BYTES" if dtype == "STRING" else dtype
+        rows.append((t.name, dtype, tuple(t.dims), bool(getattr(t, "optional", False))))
+    return rows
+
+
+def spec_rows(specs: tuple[TensorSpec, ...], drop_batch: bool = False) -> list[object]:
+    return [
+        (s.name, s.triton_dtype, s.dims[1:] if drop_batch else s.dims, s.optional) for s in specs
+    ]
+
+
+def params(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in REPO.iterdir() if p.is_dir()))
+def test_folder_name_equals_model_name(folder: str) -> None:
+    assert load_config(REPO / folder / "config.pbtxt").name == folder
+
+
+def test_feature_encoder_declares_the_window_and_encoder_outputs() -> None:
+    config = load_config(REPO / "feature_encoder" / "config.pbtxt")
+    assert config.max_batch_size == 0
+    assert io_of(config.input) == spec_rows(contracts.WINDOW_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.ENCODER_OUTPUTS)
+    FeatureEncoderStep.from_parameters(params(config))
+
+
+def test_topk_resolver_declares_its_inputs_and_the_dispatch_outputs() -> None:
+    config = load_config(REPO / "topk_resolver" / "config.pbtxt")
+    assert [row[0] for row in io_of(config.input)] == list(TopKResolverStep.input_names)
+    expected = [contracts.spec_by_name(n) for n in TopKResolverStep.input_names]
+    assert io_of(config.input) == spec_rows(tuple(expected))
+    assert io_of(config.output) == spec_rows(contracts.DISPATCH_OUTPUTS)
+    TopKResolverStep.from_parameters(params(config))
+
+
+@pytest.mark.parametrize("config_file", ["config.pbtxt", "configs/gpu.pbtxt"])
+def test_both_dispatch_model_profiles_declare_the_same_tensors(config_file: str) -> None:
+    config = load_config(REPO / "dispatch_model" / config_file)
+    assert config.name == "dispatch_model"
+    assert config.max_batch_size >= contracts.MAX_PAIRS
+    assert config.HasField("dynamic_batching")
+    assert io_of(config.input) == spec_rows(contracts.MODEL_INPUTS, drop_batch=True)
+    assert io_of(config.output) == spec_rows(contracts.MODEL_OUTPUTS, drop_batch=True)
+
+
+def test_profiles_differ_only_in_how_the_model_runs() -> None:
+    cpu = load_config(REPO / "dispatch_model" / "config.pbtxt")
+    gpu = load_config(REPO / "dispatch_model" / "configs" / "gpu.pbtxt")
+    assert cpu.backend == "python"
+    assert gpu.backend == "onnxruntime"
+    assert [g.kind for g in gpu.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_GPU]
+    assert cpu.version_policy == gpu.version_policy
+    reject_unknown(params(cpu), OrtSettings)
+    load_settings(OrtSettings, params(cpu))
+
+
+def test_ensemble_chains_the_three_steps_over_the_contract() -> None:
+    config = load_config(REPO / "dispatch" / "config.pbtxt")
+    assert config.platform == "ensemble"
+    assert io_of(config.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.DISPATCH_ENSEMBLE_OUTPUTS)
+    steps = [step.model_name for step in config.ensemble_scheduling.step]
+    assert steps == ["feature_encoder", "dispatch_router", "topk_resolver"]
+    available = {t.name for t in config.input}
+    for step in config.ensemble_scheduling.step:
+        step_config = load_config(REPO / step.model_name / "config.pbtxt")
+        declared = {t.name for t in step_config.input}
+        assert set(step.input_map) <= declared
+        required = {t.name for t in step_config.input if not t.optional}
+        assert required <= set(step.input_map), step.model_name
+        assert set(step.input_map.values()) <= available, step.model_name
+        assert set(step.output_map) == {t.name for t in step_config.output}
+        available |= set(step.output_map.values())
+    assert {t.name for t in config.output} <= available
+
+
+SERVED_VERSIONS = (1, 2)
+
+
+def test_router_declares_the_routing_contract_and_valid_settings() -> None:
+    config = load_config(REPO / "dispatch_router" / "config.pbtxt")
+    assert config.backend == "python" and config.max_batch_size == 0
+    assert io_of(config.input) == spec_rows(contracts.ROUTER_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.ROUTER_OUTPUTS)
+    settings = RouterSettings.from_parameters(params(config))
+    # Shipped: version 1 serves everyone, version 2 is the canary at 0 %.
+    assert (settings.stable_version, settings.canary_version) == SERVED_VERSIONS
+    assert settings.canary_percent == 0
+
+
+@pytest.mark.parametrize("config_file", ["config.pbtxt", "configs/gpu.pbtxt"])
+def test_both_profiles_serve_versions_1_and_2_side_by_side(config_file: str) -> None:
+    config = load_config(REPO / "dispatch_model" / config_file)
+    assert tuple(config.version_policy.specific.versions) == SERVED_VERSIONS
+    for version in SERVED_VERSIONS:
+        folder = REPO / "dispatch_model" / str(version)
+        for name in ("model.onnx", "model.py", "feature_layout.json", "model_card.json"):
+            assert (folder / name).is_file(), f"{folder}/{name}"
+    v1, v2 = ((REPO / "dispatch_model" / str(v) / "model.py").read_text() for v in (1, 2))
+    assert v1 == v2, "every version runs the same adapter"
+
+
+@pytest.mark.parametrize("version", SERVED_VERSIONS)
+def test_onnx_graph_matches_the_contract(version: int) -> None:
+    model = onnx.load(str(REPO / "dispatch_model" / str(version) / "model.onnx"))
+    onnx.checker.check_model(model)
+    (graph_in,) = model.graph.input
+    (graph_out,) = model.graph.output
+    assert graph_in.name == contracts.PAIR_FEATURES.name
+    assert graph_out.name == contracts.PAIR_OBJECTIVES.name
+    in_dims = graph_in.type.tensor_type.shape.dim
+    out_dims = graph_out.type.tensor_type.shape.dim
+    assert in_dims[0].dim_param  # dynamic batch
+    assert in_dims[1].dim_value == contracts.NUM_PAIR_FEATURES
+    assert out_dims[1].dim_value == len(contracts.OBJECTIVES)
+    assert graph_in.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert max(op.version for op in model.opset_import if op.domain in ("", "ai.onnx")) >= 17
+
+
+@pytest.mark.parametrize("version", SERVED_VERSIONS)
+def test_feature_layout_shipped_with_the_model_matches(version: int) -> None:
+    folder = REPO / "dispatch_model" / str(version)
+    layout = json.loads((folder / "feature_layout.json").read_text())
+    assert layout["version"] == contracts.FEATURE_LAYOUT_VERSION
+    assert tuple(layout["features"]) == contracts.PAIR_FEATURE_NAMES
+
+
+def test_parameters_from_model_config_reads_string_values() -> None:
+    config = {"parameters": {"top_k": {"string_value": "7"}}}
+    assert parameters_from_model_config(json.dumps(config)) == {"top_k": "7"}
+
+
+def _assert_steps_chain(config: model_config_pb2.ModelConfig) -> set[str]:
+    """Every step reads only tensors available before it; returns all tensors produced."""
+    available = {t.name for t in config.input}
+    for step in config.ensemble_scheduling.step:
+        step_config = load_config(REPO / step.model_name / "config.pbtxt")
+        declared = {t.name for t in step_config.input}
+        assert set(step.input_map) <= declared, step.model_name
+        required = {t.name for t in step_config.input if not t.optional}
+        assert required <= set(step.input_map), step.model_name
+        assert set(step.input_map.values()) <= available, step.model_name
+        assert set(step.output_map) == {t.name for t in step_config.output}, step.model_name
+        available |= set(step.output_map.values())
+    return available
+
+
+def test_feature_entry_ensemble_declares_the_feature_contract() -> None:
+    config = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
+    assert config.name == contracts.FEATURE_ENTRY_MODEL_NAME
+    assert config.platform == "ensemble"
+    assert io_of(config.input) == spec_rows(contracts.FEATURE_ENTRY_INPUTS)
+    assert io_of(config.output) == spec_rows(contracts.FEATURE_ENTRY_OUTPUTS)
+    assert {t.name for t in config.output} <= _assert_steps_chain(config)
+
+
+def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
+    features, candidates, *rest = contracts.FEATURE_ENTRY_INPUTS
+    assert features.name == contracts.PAIR_FEATURES.name
+    assert (features.triton_dtype, features.dims) == ("FP32", (-1, contracts.NUM_PAIR_FEATURES))
+    assert candidates == contracts.CANDIDATE_RIDER_INDEX
+    window = {spec.name: spec for spec in contracts.WINDOW_INPUTS}
+    for spec in rest:  # everything else is a tensor `dispatch` takes, declared the same
+        assert spec in (window.get(spec.name), *contracts.ROUTING_INPUTS), spec.name
+    dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
+    entry = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
+    assert list(entry.output) == list(dispatch.output)
+    # the steps after the encoder, mapped exactly as in `dispatch`
+    assert list(entry.ensemble_scheduling.step) == list(dispatch.ensemble_scheduling.step)[1:]
+    encoder = dispatch.ensemble_scheduling.step[0]
+    assert encoder.model_name == "feature_encoder"
+    assert set(encoder.output_map.values()) == {features.name, candidates.name}
+
+
+def test_fused_entry_declares_what_dispatch_declares() -> None:
+    fused = load_config(REPO / FUSED_MODEL_NAME / "config.pbtxt")
+    dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
+    assert fused.backend == "python" and fused.max_batch_size == 0
+    assert io_of(fused.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
+    assert list(fused.input) == list(dispatch.input)
+    assert list(fused.output) == list(dispatch.output)
+    settings = FusedSettings.from_parameters(params(fused))
+    router = RouterSettings.from_parameters(
+        params(load_config(REPO / "dispatch_router" / "config.pbtxt"))
+    )
+    assert settings.routing == router
+    assert settings.scoring_model == "dispatch_model"
+    for version in settings.served_versions():
+        assert (REPO / settings.scoring_model / str(version) / "model.onnx").is_file()

@@ -1,0 +1,670 @@
+"""The resolver's contract: ranking, Top-K, the stable hash and optimal assignment."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, DISPATCH_OUTPUTS
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain.resolver import (
+    Resolution,
+    ResolverSettings,
+    assign,
+    fnv1a_64,
+    resolve,
+    score_pairs,
+)
+
+WEIGHTS = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
+Args = dict[str, Any]
+
+
+def reference_fnv1a(data: bytes) -> int:
+    value = 0xCBF29CE484222325
+    for byte in data:
+        value ^= byte
+        value = (value * 0x100000001B3) % (1 << 64)
+    return value
+
+
+def rider_ids(count: int) -> NDArray[np.object_]:
+    return np.array([f"rider-{i:04d}".encode() for i in range(count)], dtype=object)
+
+
+def random_window(
+    rng: np.random.Generator,
+    orders: int,
+    candidates: int,
+    riders: int,
+    missing: float = 0.2,
+) -> Args:
+    """Random but valid resolver inputs; missing candidates carry garbage objectives."""
+    index = np.stack([rng.permutation(riders)[:candidates] for _ in range(orders)]).astype(np.int32)
+    index[rng.random(index.shape) < missing] = -1
+    objectives = np.column_stack(
+        [
+            rng.uniform(3, 90, orders * candidates),
+            rng.uniform(-0.1, 1.1, orders * candidates),
+            rng.uniform(2, 40, orders * candidates),
+        ]
+    ).astype(np.float32)
+    objectives[index.reshape(-1) < 0] = np.nan  # garbage that must be ignored
+    capacity = rng.integers(0, 4, riders).astype(np.int32)
+    return {
+        "objectives": objectives,
+        "candidate_rider_index": index,
+        "rider_ids": rider_ids(riders),
+        "rider_load": rng.integers(0, 5, riders).astype(np.int32),
+        "rider_capacity": capacity,
+        "weights": WEIGHTS,
+    }
+
+
+def one_order(objectives: list[tuple[float, float, float]], **extra: Any) -> Args:
+    """A single order whose j-th candidate is rider j."""
+    count = len(objectives)
+    args: Args = {
+        "objectives": np.asarray(objectives, dtype=np.float32),
+        "candidate_rider_index": np.arange(count, dtype=np.int32)[None, :],
+        "rider_ids": rider_ids(count),
+        "rider_load": np.zeros(count, dtype=np.int32),
+        "rider_capacity": np.ones(count, dtype=np.int32),
+        "weights": WEIGHTS,
+    }
+    args.update(extra)
+    return args
+
+
+def dominates(a: NDArray[np.float32], b: NDArray[np.float32]) -> bool:
+    better_or_equal = a[0] <= b[0] and a[1] >= b[1] and a[2] <= b[2]
+    return bool(better_or_equal and (a[0] < b[0] or a[1] > b[1] or a[2] < b[2]))
+
+
+# ---- stable hash -----------------------------------------------------------------------
+
+
+def test_fnv1a_known_vectors() -> None:
+    hashes = fnv1a_64([b"", b"a", b"foobar"])
+    assert hashes.dtype == np.uint64
+    assert hashes.tolist() == [0xCBF29CE484222325, 0xAF63DC4C8601EC8C, 0x85944171F73967E8]
+
+
+def test_fnv1a_matches_reference_on_random_ids() -> None:
+    rng = np.random.default_rng(7)
+    ids = [rng.integers(0, 256, rng.integers(0, 65)).astype(np.uint8).tobytes() for _ in range(500)]
+    ids += [b"\x00", b"a\x00", b"a\x00\x00", b"\x00a", b"\xff" * 64]  # NULs are data too
+    assert fnv1a_64(ids).tolist() == [reference_fnv1a(item) for item in ids]
+    assert len(set(fnv1a_64([b"a", b"a\x00", b"a\x00\x00"]).tolist())) == 3
+
+
+def test_fnv1a_is_the_same_in_another_process() -> None:
+    code = (
+        "from dispatch_service.domain.resolver import fnv1a_64;"
+        "print(fnv1a_64([b'rider-1', b'rider-2']).tolist())"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str(fnv1a_64([b"rider-1", b"rider-2"]).tolist())
+
+
+# ---- scoring -------------------------------------------------------------------------
+
+
+def test_scores_are_strictly_monotone_in_each_objective() -> None:
+    rng = np.random.default_rng(1)
+    base = np.column_stack(
+        [rng.uniform(0, 120, 300), rng.uniform(0, 1, 300), rng.uniform(0, 60, 300)]
+    )
+    score = score_pairs(base, WEIGHTS)
+    assert ((score >= 0) & (score <= 1)).all()
+    for column, sign in ((0, -1.0), (1, +1.0), (2, -1.0)):
+        better = base.copy()
+        step = rng.uniform(0.01, 5, 300) if column != 1 else rng.uniform(0.001, 0.05, 300)
+        better[:, column] += sign * step
+        # Beyond 1 the on-time utility saturates; below 0 ETA and cost are invalid.
+        keep = better[:, 1] <= 1.0 if column == 1 else better[:, column] >= 0.0
+        assert (score_pairs(better, WEIGHTS)[keep] > score[keep]).all()
+
+
+def test_score_of_a_pair_ignores_the_rest_of_the_window() -> None:
+    rng = np.random.default_rng(2)
+    args = random_window(rng, orders=6, candidates=5, riders=12)
+    first = resolve(**args)
+    changed = args["objectives"].copy()
+    changed[5:] = rng.uniform(0, 100, changed[5:].shape).astype(np.float32)
+    changed[5:, 1] = rng.uniform(0, 1, changed.shape[0] - 5)
+    second = resolve(**{**args, "objectives": changed})
+    np.testing.assert_array_equal(first.topk_rider_index[0], second.topk_rider_index[0])
+    np.testing.assert_array_equal(first.topk_score[0], second.topk_score[0])
+
+
+@pytest.mark.parametrize("weights", [WEIGHTS, (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)])
+def test_dominating_pairs_rank_above_dominated_ones(weights: Any) -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        candidates = 10
+        # Coarse values make ties and dominance frequent.
+        objectives = np.column_stack(
+            [
+                rng.integers(1, 5, candidates) * 10.0,
+                rng.integers(0, 4, candidates) / 3.0,
+                rng.integers(1, 4, candidates) * 5.0,
+            ]
+        ).astype(np.float32)
+        args = one_order(
+            [tuple(row) for row in objectives.tolist()],
+            weights=np.asarray(weights, dtype=np.float64),
+        )
+        ranked = resolve(**args, settings=ResolverSettings(top_k=candidates))
+        position = {int(r): p for p, r in enumerate(ranked.topk_rider_index[0])}
+        for a, b in itertools.permutations(range(candidates), 2):
+            if dominates(objectives[a], objectives[b]):
+                assert position[a] < position[b], (objectives[a], objectives[b])
+
+
+def test_weights_move_the_ranking_the_expected_way() -> None:
+    fast_and_dear = (10.0, 0.9, 40.0)
+    slow_and_cheap = (50.0, 0.9, 2.0)
+    args = one_order([fast_and_dear, slow_and_cheap])
+    latency_first = resolve(**{**args, "weights": np.array([0.8, 0.1, 0.1])})
+    cost_first = resolve(**{**args, "weights": np.array([0.1, 0.1, 0.8])})
+    assert latency_first.topk_rider_index[0].tolist() == [0, 1]
+    assert cost_first.topk_rider_index[0].tolist() == [1, 0]
+
+    sure_but_slow = (40.0, 0.99, 5.0)
+    quick_but_risky = (15.0, 0.40, 5.0)
+    args = one_order([quick_but_risky, sure_but_slow])
+    assert resolve(**{**args, "weights": np.array([0.0, 1.0, 0.0])}).topk_rider_index[
+        0
+    ].tolist() == [1, 0]
+    assert resolve(**{**args, "weights": np.array([1.0, 0.0, 0.0])}).topk_rider_index[
+        0
+    ].tolist() == [0, 1]
+
+
+def test_zero_weight_objective_still_breaks_ties() -> None:
+    # Only latency counts, but among equal ETAs the better on-time, then cheaper, wins.
+    args = one_order(
+        [(20.0, 0.5, 9.0), (20.0, 0.5, 3.0), (20.0, 0.9, 9.0), (25.0, 1.0, 1.0)],
+        weights=np.array([1.0, 0.0, 0.0]),
+    )
+    ranked = resolve(**args, settings=ResolverSettings(top_k=4))
+    assert ranked.topk_rider_index[0].tolist() == [2, 1, 0, 3]
+
+
+def test_exact_ties_fall_to_the_id_hash_then_the_row() -> None:
+    ids = np.array([b"delta", b"alpha", b"charlie", b"bravo", b"echo"], dtype=object)
+    args = one_order([(20.0, 0.8, 6.0)] * 5, rider_ids=ids)
+    ranked = resolve(**args)
+    expected = np.argsort(fnv1a_64(ids.tolist()), kind="stable")
+    assert ranked.topk_rider_index[0].tolist() == expected.tolist()
+    assert ranked.topk_rider_ids[0].tolist() == ids[expected].tolist()
+
+    # Same id on two rows (a hash collision in effect): the lower row first, wherever listed.
+    twins = np.array([b"same", b"same", b"other"], dtype=object)
+    args = one_order([(20.0, 0.8, 6.0)] * 3, rider_ids=twins)
+    args["candidate_rider_index"] = np.array([[1, 2, 0]], dtype=np.int32)
+    order = resolve(**args).topk_rider_index[0].tolist()
+    assert order.index(0) == order.index(1) - 1
+
+
+# ---- Top-K ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 5, 20])
+def test_topk_is_sorted_distinct_and_padded(top_k: int) -> None:
+    rng = np.random.default_rng(top_k)
+    for _ in range(20):
+        orders, candidates, riders = 8, 7, 15
+        args = random_window(rng, orders, candidates, riders, missing=0.5)
+        ranked = resolve(**args, settings=ResolverSettings(top_k=top_k))
+        k = min(top_k, candidates)
+        index = args["candidate_rider_index"]
+        objectives = args["objectives"].reshape(orders, candidates, 3)
+        assert ranked.topk_rider_index.shape == (orders, k)
+        for b in range(orders):
+            row = ranked.topk_rider_index[b]
+            listed = row[row >= 0]
+            filled = min(k, int((index[b] >= 0).sum()))
+            assert listed.size == filled
+            assert (row[filled:] == -1).all()
+            assert len(set(listed.tolist())) == filled
+            assert set(listed.tolist()) <= set(index[b].tolist())
+            scores = ranked.topk_score[b]
+            assert (np.diff(scores[:filled]) <= 0).all()
+            assert (scores[filled:] == 0).all()
+            assert ranked.topk_rider_ids[b, :filled].tolist() == args["rider_ids"][listed].tolist()
+            assert ranked.topk_rider_ids[b, filled:].tolist() == [b""] * (k - filled)
+            for slot, rider in enumerate(listed.tolist()):
+                j = int(np.flatnonzero(index[b] == rider)[0])
+                eta, ontime, cost = objectives[b, j]
+                assert ranked.topk_eta_minutes[b, slot] == eta
+                assert ranked.topk_ontime_probability[b, slot] == ontime
+                assert ranked.topk_cost[b, slot] == cost
+            for field in (ranked.topk_eta_minutes, ranked.topk_ontime_probability):
+                assert (field[b, filled:] == 0).all()
+            # Nothing left out ranks above the last one kept.
+            if filled == k and filled < int((index[b] >= 0).sum()):
+                all_scores = score_pairs(objectives[b][index[b] >= 0].astype(np.float64), WEIGHTS)
+                assert np.sort(all_scores)[::-1][k - 1] == pytest.approx(float(scores[k - 1]))
+
+
+def test_empty_and_candidate_free_windows() -> None:
+    empty = resolve(
+        np.zeros((0, 3), np.float32),
+        np.zeros((0, 4), np.int32),
+        rider_ids(2),
+        np.zeros(2, np.int32),
+        np.ones(2, np.int32),
+        WEIGHTS,
+    )
+    assert empty.topk_rider_index.shape == (0, 4)
+    assert empty.assigned_rider_index.shape == (0,)
+
+    no_columns = resolve(
+        np.zeros((0, 3), np.float32),
+        np.zeros((2, 0), np.int32),
+        rider_ids(1),
+        np.zeros(1, np.int32),
+        np.ones(1, np.int32),
+        WEIGHTS,
+    )
+    assert no_columns.topk_rider_index.shape == (2, 0)
+    assert no_columns.assigned_rider_index.tolist() == [-1, -1]
+    assert assign(np.zeros((3, 0), np.int32), np.zeros((3, 0)), [0], [1]).tolist() == [-1] * 3
+
+    none = resolve(
+        np.full((6, 3), np.nan, np.float32),
+        np.full((2, 3), -1, np.int32),
+        np.zeros(0, dtype=object),
+        np.zeros(0, np.int32),
+        np.zeros(0, np.int32),
+        WEIGHTS,
+    )
+    assert (none.topk_rider_index == -1).all()
+    assert none.topk_rider_ids.tolist() == [[b""] * 3] * 2
+    assert none.assigned_rider_index.tolist() == [-1, -1]
+    assert none.assigned_rider_ids.tolist() == [b"", b""]
+    assert none.assigned_score.tolist() == [0.0, 0.0]
+
+
+def test_as_tensors_follows_the_contract() -> None:
+    rng = np.random.default_rng(4)
+    tensors = resolve(**random_window(rng, 5, 6, 10)).as_tensors()
+    assert list(tensors) == [spec.name for spec in DISPATCH_OUTPUTS]
+    for spec in DISPATCH_OUTPUTS:
+        assert tensors[spec.name].dtype == spec.numpy_dtype
+        assert tensors[spec.name].ndim == len(spec.dims)
+        if spec.triton_dtype == "BYTES":
+            assert all(isinstance(item, bytes) for item in tensors[spec.name].reshape(-1))
+
+
+def test_resolve_is_deterministic() -> None:
+    args = random_window(np.random.default_rng(5), 30, 8, 20)
+    first, second = resolve(**args), resolve(**args)
+    for name, value in first.as_tensors().items():
+        np.testing.assert_array_equal(value, second.as_tensors()[name])
+
+
+# ---- assignment ----------------------------------------------------------------------
+
+
+def check_assignment(result: Resolution, args: Args) -> None:
+    spare = np.maximum(args["rider_capacity"] - args["rider_load"], 0)
+    assigned = result.assigned_rider_index
+    used = np.bincount(assigned[assigned >= 0], minlength=spare.size)
+    assert (used <= spare).all()
+    for b, rider in enumerate(assigned.tolist()):
+        if rider < 0:
+            assert result.assigned_rider_ids[b] == b""
+            assert result.assigned_score[b] == 0.0
+            continue
+        slot = result.topk_rider_index[b].tolist().index(rider)
+        assert result.assigned_score[b] == result.topk_score[b, slot]
+        assert result.assigned_rider_ids[b] == args["rider_ids"][rider]
+
+
+def test_capacity_is_never_exceeded() -> None:
+    rng = np.random.default_rng(6)
+    for _ in range(100):
+        riders = int(rng.integers(1, 12))
+        args = random_window(rng, int(rng.integers(1, 40)), min(riders, 6), riders)
+        check_assignment(resolve(**args, settings=ResolverSettings(top_k=3)), args)
+
+
+def test_full_riders_and_zero_capacity_get_nothing() -> None:
+    args = one_order([(10.0, 0.9, 5.0), (20.0, 0.8, 6.0), (30.0, 0.7, 7.0)])
+    args["rider_load"] = np.array([2, 0, 0], np.int32)
+    args["rider_capacity"] = np.array([2, 0, 1], np.int32)
+    result = resolve(**args)
+    assert result.assigned_rider_index.tolist() == [2]
+    args["rider_load"] = np.array([3, 5, 1], np.int32)
+    assert resolve(**args).assigned_rider_index.tolist() == [-1]
+
+
+def test_cardinality_beats_score() -> None:
+    # Order 0 loves rider 0; order 1 can only use rider 0. Both served beats one happy order.
+    args: Args = {
+        "objectives": np.array(
+            [[5, 1.0, 1], [60, 0.1, 40], [50, 0.2, 30], [0, 0, 0]], dtype=np.float32
+        ),
+        "candidate_rider_index": np.array([[0, 1], [0, -1]], np.int32),
+        "rider_ids": rider_ids(2),
+        "rider_load": np.zeros(2, np.int32),
+        "rider_capacity": np.ones(2, np.int32),
+        "weights": WEIGHTS,
+    }
+    assert resolve(**args).assigned_rider_index.tolist() == [1, 0]
+
+
+def brute_force(
+    index: NDArray[np.int64], score: NDArray[np.float64], spare: NDArray[np.int64]
+) -> tuple[int, float]:
+    options = [
+        [-1, *[j for j in range(index.shape[1]) if index[b, j] >= 0]] for b in range(index.shape[0])
+    ]
+    best = (0, 0.0)
+    for choice in itertools.product(*options):
+        riders = [int(index[b, j]) for b, j in enumerate(choice) if j >= 0]
+        if (np.bincount(riders, minlength=spare.size) > spare).any():
+            continue
+        total = sum(float(score[b, j]) for b, j in enumerate(choice) if j >= 0)
+        count = len(riders)
+        if count > best[0] or (count == best[0] and total > best[1]):
+            best = (count, total)
+    return best
+
+
+@pytest.mark.parametrize("coarse", [False, True])
+def test_assignment_matches_brute_force(coarse: bool) -> None:
+    rng = np.random.default_rng(8 + coarse)
+    for _ in range(300):
+        orders, k, riders = (
+            int(rng.integers(1, 6)),
+            int(rng.integers(1, 4)),
+            int(rng.integers(1, 5)),
+        )
+        index = np.full((orders, k), -1, dtype=np.int64)
+        for b in range(orders):
+            listed = rng.permutation(riders)[: int(rng.integers(0, min(k, riders) + 1))]
+            index[b, : listed.size] = listed
+        score = rng.integers(0, 5, index.shape) / 4.0 if coarse else rng.random(index.shape)
+        capacity = rng.integers(0, 3, riders)
+        load = rng.integers(0, 3, riders)
+        spare = np.maximum(capacity - load, 0)
+        assigned = assign(
+            index.astype(np.int32), score, load.astype(np.int32), capacity.astype(np.int32)
+        )
+        assert assigned.shape == (orders,) and assigned.dtype == np.int32
+        total = 0.0
+        for b, rider in enumerate(assigned.tolist()):
+            if rider >= 0:
+                assert rider in index[b].tolist()
+                total += float(score[b, index[b].tolist().index(rider)])
+        assert (np.bincount(assigned[assigned >= 0], minlength=riders) <= spare).all()
+        best_count, best_total = brute_force(index, score, spare)
+        assert int((assigned >= 0).sum()) == best_count
+        assert total == pytest.approx(best_total, abs=1e-9)
+
+
+def test_resolve_assignment_is_optimal_on_small_windows() -> None:
+    rng = np.random.default_rng(10)
+    for _ in range(100):
+        riders = int(rng.integers(2, 5))
+        args = random_window(rng, int(rng.integers(1, 6)), riders, riders, missing=0.3)
+        result = resolve(**args, settings=ResolverSettings(top_k=3))
+        check_assignment(result, args)
+        spare = np.maximum(args["rider_capacity"] - args["rider_load"], 0).astype(np.int64)
+        scores = result.topk_score.astype(np.float64)
+        best_count, best_total = brute_force(
+            result.topk_rider_index.astype(np.int64), scores, spare
+        )
+        assert int((result.assigned_rider_index >= 0).sum()) == best_count
+        assert float(result.assigned_score.astype(np.float64).sum()) == pytest.approx(
+            best_total, abs=1e-5
+        )
+
+
+# ---- validation ----------------------------------------------------------------------
+
+
+def _set(name: str, value: Any) -> Callable[[Args], None]:
+    def apply(args: Args) -> None:
+        args[name] = value
+
+    return apply
+
+
+def _poke(name: str, where: Any, value: Any) -> Callable[[Args], None]:
+    def apply(args: Args) -> None:
+        array = args[name].copy()
+        array[where] = value
+        args[name] = array
+
+    return apply
+
+
+BAD_INPUTS: list[tuple[str, Callable[[Args], None], str]] = [
+    ("too few pair rows", _set("objectives", np.zeros((5, 3), np.float32)), "PAIR_OBJECTIVES"),
+    ("two columns", _set("objectives", np.zeros((12, 2), np.float32)), "PAIR_OBJECTIVES"),
+    ("flat", _set("objectives", np.zeros(36, np.float32)), "PAIR_OBJECTIVES"),
+    ("integer objectives", _set("objectives", np.zeros((12, 3), np.int32)), "PAIR_OBJECTIVES"),
+    ("NaN on a valid pair", _poke("objectives", (0, 0), np.nan), "PAIR_OBJECTIVES"),
+    ("inf on a valid pair", _poke("objectives", (1, 2), np.inf), "PAIR_OBJECTIVES"),
+    ("negative ETA", _poke("objectives", (2, 0), -1.0), "PAIR_OBJECTIVES"),
+    ("negative cost", _poke("objectives", (4, 2), -0.5), "PAIR_OBJECTIVES"),
+    ("index below -1", _poke("candidate_rider_index", (0, 0), -2), "CANDIDATE_RIDER_INDEX"),
+    ("index past R", _poke("candidate_rider_index", (1, 1), 6), "CANDIDATE_RIDER_INDEX"),
+    ("duplicate rider", _poke("candidate_rider_index", (2, 1), 2), "CANDIDATE_RIDER_INDEX"),
+    ("float index", _set("candidate_rider_index", np.zeros((3, 4))), "CANDIDATE_RIDER_INDEX"),
+    ("1-D index", _set("candidate_rider_index", np.zeros(12, np.int32)), "CANDIDATE_RIDER_INDEX"),
+    ("ids not bytes", _set("rider_ids", np.arange(6)), "RIDER_IDS"),
+    ("id element not bytes", _poke("rider_ids", 2, 7), "RIDER_IDS"),
+    ("ids 2-D", _set("rider_ids", rider_ids(6).reshape(2, 3)), "RIDER_IDS"),
+    ("short load", _set("rider_load", np.zeros(5, np.int32)), "RIDER_LOAD"),
+    ("negative load", _poke("rider_load", 1, -1), "RIDER_LOAD"),
+    ("float capacity", _set("rider_capacity", np.ones(6)), "RIDER_CAPACITY"),
+    ("negative capacity", _poke("rider_capacity", 0, -3), "RIDER_CAPACITY"),
+    ("weights shape", _set("weights", np.ones(2)), "OBJECTIVE_WEIGHTS"),
+    ("negative weight", _set("weights", np.array([1.0, -0.1, 0.1])), "OBJECTIVE_WEIGHTS"),
+    ("zero weights", _set("weights", np.zeros(3)), "OBJECTIVE_WEIGHTS"),
+    ("NaN weight", _set("weights", np.array([np.nan, 1.0, 1.0])), "OBJECTIVE_WEIGHTS"),
+]
+
+
+@pytest.mark.parametrize(("label", "mutate", "tensor"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_tensors_are_named(label: str, mutate: Callable[[Args], None], tensor: str) -> None:
+    args: Args = {
+        "objectives": np.tile(np.array([[20.0, 0.8, 6.0]], np.float32), (12, 1)),
+        "candidate_rider_index": np.array([[0, 1, 2, -1], [3, 4, 5, 0], [2, 3, -1, -1]], np.int32),
+        "rider_ids": rider_ids(6),
+        "rider_load": np.zeros(6, np.int32),
+        "rider_capacity": np.ones(6, np.int32),
+        "weights": WEIGHTS,
+    }
+    resolve(**args)  # the unbroken inputs are fine
+    mutate(args)
+    with pytest.raises(DispatchInputError) as caught:
+        resolve(**args)
+    assert caught.value.tensor == tensor
+    assert str(caught.value).startswith(f"{tensor}: ")
+
+
+@pytest.mark.parametrize("bad", [np.nan, -0.1, 1.5])
+def test_assign_refuses_scores_outside_the_unit_interval(bad: float) -> None:
+    with pytest.raises(DispatchInputError) as caught:
+        assign([[0, 1]], [[0.5, bad]], [0, 0], [1, 1])
+    assert caught.value.tensor == "TOPK_SCORE"
+
+
+def test_garbage_on_missing_candidates_is_ignored() -> None:
+    objectives = np.tile(np.array([[20.0, 0.8, 6.0]], np.float32), (4, 1))
+    objectives[1] = (np.nan, -np.inf, -5.0)
+    objectives[3] = (-1.0, 7.0, np.inf)
+    result = resolve(
+        objectives,
+        np.array([[0, -1], [1, -1]], np.int32),
+        rider_ids(2),
+        np.zeros(2, np.int32),
+        np.ones(2, np.int32),
+        WEIGHTS,
+    )
+    assert result.assigned_rider_index.tolist() == [0, 1]
+    assert np.isfinite(result.topk_score).all()
+
+
+def test_random_bad_data_raises_only_dispatch_input_error() -> None:
+    """Whatever an upstream model emits, the resolver answers or names a tensor."""
+    rng = np.random.default_rng(11)
+    garbage = [np.nan, np.inf, -np.inf, -1.0, 0.0, 1e30, -1e30, 2.0]
+    for _ in range(300):
+        args = random_window(rng, int(rng.integers(1, 6)), 4, 6)
+        args["objectives"] = args["objectives"].copy()
+        rows = rng.integers(0, args["objectives"].shape[0], 3)
+        args["objectives"][rows, rng.integers(0, 3, 3)] = rng.choice(garbage, 3)
+        if rng.random() < 0.3:
+            args["candidate_rider_index"] = rng.integers(-3, 9, args["candidate_rider_index"].shape)
+        if rng.random() < 0.2:
+            args["rider_load"] = rng.integers(-2, 4, 6).astype(np.int32)
+        if rng.random() < 0.2:
+            args["objectives"] = args["objectives"][: int(rng.integers(0, 20))]
+        try:
+            check_assignment(resolve(**args), args)
+        except DispatchInputError as error:
+            assert error.tensor in {
+                "PAIR_OBJECTIVES",
+                "CANDIDATE_RIDER_INDEX",
+                "RIDER_LOAD",
+            }
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"top_k": 0},
+        {"top_k": 2.5},
+        {"top_k": True},
+        {"eta_scale_minutes": 0.0},
+        {"cost_scale_cny": float("nan")},
+    ],
+)
+def test_settings_are_checked(settings: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        ResolverSettings(**settings)
+
+
+# ---- fast paths --------------------------------------------------------------------------
+
+
+def random_slots(
+    rng: np.random.Generator, coarse: bool
+) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
+    """A Top-K table as `_assign_slots` sees it: -1 pads anywhere, scores in [0, 1]."""
+    orders, k, riders = int(rng.integers(0, 9)), int(rng.integers(1, 6)), int(rng.integers(1, 9))
+    index = np.full((orders, k), -1, dtype=np.int64)
+    for b in range(orders):
+        listed = rng.permutation(riders)[: int(rng.integers(0, min(k, riders) + 1))]
+        index[b, : listed.size] = listed
+        index[b] = rng.permutation(index[b])
+    score = rng.integers(0, 4, index.shape) / 4.0 if coarse else rng.random(index.shape)
+    spare = rng.integers(0, 4, riders).astype(np.int64)
+    return index, score, spare
+
+
+@pytest.mark.parametrize("coarse", [False, True])
+def test_uncontested_fast_path_equals_the_full_solve(coarse: bool) -> None:
+    from dispatch_service.domain.resolver import _solve_slots, _uncontested
+
+    rng = np.random.default_rng(20 + coarse)
+    taken = 0
+    for _ in range(3000):
+        index, score, spare = random_slots(rng, coarse)
+        quick = _uncontested(index, score, spare)
+        if quick is None:
+            continue
+        taken += 1
+        np.testing.assert_array_equal(quick, _solve_slots(index, score, spare))
+    assert taken > 500  # the fast path really ran, on both tie-free and coarse scores
+
+
+def test_uncontested_declines_ties_and_over_asked_riders() -> None:
+    from dispatch_service.domain.resolver import _uncontested
+
+    spare = np.array([1, 1, 1], dtype=np.int64)
+    # Two usable candidates at the same score: the solver's tie-break decides.
+    assert _uncontested(np.array([[0, 1]]), np.array([[0.5, 0.5]]), spare) is None
+    # Scores that differ but give the same cost 2 - s are a tie for the solver too.
+    close = np.array([[0.5, np.nextafter(0.5, 1.0)]])
+    assert 2.0 - close[0, 0] == 2.0 - close[0, 1]
+    assert _uncontested(np.array([[0, 1]]), close, spare) is None
+    # Both orders' best is rider 0, which has room for one.
+    assert (
+        _uncontested(np.array([[0, 1], [0, 2]]), np.array([[0.9, 0.1], [0.8, 0.2]]), spare) is None
+    )
+    # A tie with a full rider is no tie; an order with nothing usable stays unassigned.
+    spare = np.array([0, 1, 1], dtype=np.int64)
+    got = _uncontested(np.array([[0, 1], [0, -1]]), np.array([[0.5, 0.5], [0.9, 0.0]]), spare)
+    assert got is not None and got.tolist() == [1, -1]
+    assert _uncontested(np.zeros((0, 3), np.int64), np.zeros((0, 3)), spare) is not None
+
+
+def test_sparse_graph_is_the_canonical_coo_build() -> None:
+    from scipy.sparse import csr_matrix
+
+    from dispatch_service.domain import resolver
+
+    seen: list[Any] = []
+    solver = resolver.min_weight_full_bipartite_matching
+
+    def spy(graph: Any) -> Any:
+        seen.append(graph)
+        return solver(graph)
+
+    rng = np.random.default_rng(22)
+    try:
+        resolver.min_weight_full_bipartite_matching = spy  # type: ignore[assignment]
+        for _ in range(300):
+            index, score, spare = random_slots(rng, coarse=True)
+            seen.clear()
+            resolver._solve_slots(index, score, spare)
+            if not seen:
+                continue
+            graph = seen[0].tocoo()
+            shuffle = rng.permutation(graph.nnz)
+            rebuilt = csr_matrix(
+                (graph.data[shuffle], (graph.row[shuffle], graph.col[shuffle])), shape=graph.shape
+            )
+            for name in ("indptr", "indices", "data"):
+                np.testing.assert_array_equal(getattr(seen[0], name), getattr(rebuilt, name))
+    finally:
+        resolver.min_weight_full_bipartite_matching = solver  # type: ignore[assignment]
+
+
+def test_fnv1a_scalar_and_vector_paths_agree() -> None:
+    rng = np.random.default_rng(23)
+    ids = [bytes(rng.integers(0, 256, int(rng.integers(0, 65)), dtype=np.uint8)) for _ in range(60)]
+    expected = [reference_fnv1a(item) for item in ids]
+    assert fnv1a_64(ids).tolist() == expected  # over the byte budget: numpy columns
+    assert [int(fnv1a_64([item])[0]) for item in ids] == expected  # one id: Python loop
+
+
+def test_cached_rider_hashes_equal_fnv1a() -> None:
+    from dispatch_service.domain.resolver import _rider_hashes
+
+    ids = [f"cached-{i}".encode() for i in range(40)]
+    first = _rider_hashes(ids[:25])
+    again = _rider_hashes(ids)  # 25 cached, 15 new
+    assert first.tolist() == fnv1a_64(ids[:25]).tolist()
+    assert again.tolist() == fnv1a_64(ids).tolist()
+    assert again.dtype == np.uint64

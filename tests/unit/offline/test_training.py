@@ -1,0 +1,188 @@
+"""Training on a tiny data set: a valid ONNX graph that matches the numpy forward pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from dispatch_contract import (
+    FEATURE_LAYOUT_VERSION,
+    NUM_PAIR_FEATURES,
+    OBJECTIVES,
+    PAIR_FEATURE_NAMES,
+    PAIR_FEATURES,
+    PAIR_OBJECTIVES,
+)
+from dispatch_service.domain.features import EncoderSettings
+from dispatch_service.offline import training
+
+TINY = training.TrainConfig(
+    seed=3, windows=6, holdout_windows=3, epochs=2, hidden=(16, 8), batch_size=256
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> training.TrainResult:
+    return training.train_and_export(TINY, tmp_path_factory.mktemp("tiny"), command="tiny")
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def test_export_passes_the_onnx_checker_with_the_contract_names(
+    tiny: training.TrainResult,
+) -> None:
+    model = onnx.load(str(tiny.model_path))
+    onnx.checker.check_model(model, full_check=True)
+    assert [op.version for op in model.opset_import if op.domain in ("", "ai.onnx")] == [17]
+    session = _session(tiny.model_path)
+    (graph_in,) = session.get_inputs()
+    (graph_out,) = session.get_outputs()
+    assert graph_in.name == PAIR_FEATURES.name and graph_out.name == PAIR_OBJECTIVES.name
+    assert isinstance(graph_in.shape[0], str) and graph_in.shape[1] == NUM_PAIR_FEATURES
+    assert isinstance(graph_out.shape[0], str) and graph_out.shape[1] == len(OBJECTIVES)
+    assert graph_in.type == "tensor(float)" and graph_out.type == "tensor(float)"
+
+
+def test_onnxruntime_matches_the_numpy_forward_pass(tiny: training.TrainResult) -> None:
+    rng = np.random.default_rng(0)
+    for rows in (1, 7, 300):
+        features = (rng.standard_normal((rows, NUM_PAIR_FEATURES)) * 5).astype(np.float32)
+        ort_out = _session(tiny.model_path).run(None, {PAIR_FEATURES.name: features})[0]
+        numpy_out = tiny.model.predict(features)
+        assert ort_out.shape == (rows, 3) and ort_out.dtype == np.float32
+        assert training.max_relative_difference(ort_out, numpy_out) < 1e-5
+        assert (ort_out[:, 0] > 0).all() and (ort_out[:, 2] > 0).all()
+        assert ((ort_out[:, 1] >= 0) & (ort_out[:, 1] <= 1)).all()
+
+
+def test_extreme_features_stay_finite(tiny: training.TrainResult) -> None:
+    features = np.full((2, NUM_PAIR_FEATURES), 1e6, dtype=np.float32)
+    features[1] = -1e6
+    out = _session(tiny.model_path).run(None, {PAIR_FEATURES.name: features})[0]
+    assert np.isfinite(out).all()
+
+
+def test_layout_and_card_are_written_next_to_the_model(tiny: training.TrainResult) -> None:
+    folder = tiny.model_path.parent
+    layout = json.loads((folder / "feature_layout.json").read_text())
+    assert layout["version"] == FEATURE_LAYOUT_VERSION
+    assert tuple(layout["features"]) == PAIR_FEATURE_NAMES
+    assert tuple(layout["objectives"]) == OBJECTIVES
+    assert layout["encoder_settings"]["candidates_per_order"] == (
+        EncoderSettings().candidates_per_order
+    )
+    card = json.loads((folder / "model_card.json").read_text())
+    assert card["seed"] == 3 and card["command"] == "tiny"
+    assert card["data"]["train_windows"] == 6 and card["data"]["train_pairs"] > 0
+    assert card["data"]["holdout_windows"] == 3 and card["data"]["holdout_pairs"] > 0
+    assert card["architecture"]["layers"] == [NUM_PAIR_FEATURES, 16, 8, 3]
+    for key in ("eta_mae_minutes", "ontime_brier", "ontime_auc", "cost_mae_cny"):
+        assert np.isfinite(card["holdout"][key]), key
+    text = (folder / "MODEL_CARD.md").read_text()
+    assert "ETA MAE" in text and "tiny" in text
+
+
+def test_same_seed_gives_the_same_model(tmp_path: Path, tiny: training.TrainResult) -> None:
+    again = training.train_and_export(TINY, tmp_path, command="tiny")
+    assert again.model_path.read_bytes() == tiny.model_path.read_bytes()
+
+
+def test_training_reduces_the_loss() -> None:
+    config = training.TrainConfig(seed=1, windows=8, holdout_windows=1, epochs=4, hidden=(16,))
+    data = training.build_dataset(np.random.default_rng(1), 8, (8, 16), (40, 60), EncoderSettings())
+    _, report = training.fit(data, config)
+    assert len(report.loss_history) == 4
+    assert report.loss_history[-1] < report.loss_history[0]
+
+
+def test_dataset_labels_every_valid_pair() -> None:
+    data = training.build_dataset(
+        np.random.default_rng(2), 3, (5, 10), (30, 40), EncoderSettings(candidates_per_order=4)
+    )
+    assert data.features.shape == (data.pairs, NUM_PAIR_FEATURES)
+    assert data.features.dtype == np.float32
+    assert 3 * 5 * 4 <= data.pairs <= 3 * 10 * 4
+    assert (data.eta_minutes > 0).all() and (data.cost_cny > 0).all()
+    assert set(np.unique(data.on_time).tolist()) <= {0.0, 1.0}
+
+
+def test_auc() -> None:
+    labels = np.asarray([0.0, 0.0, 1.0, 1.0])
+    assert training.auc(labels, np.asarray([0.1, 0.2, 0.8, 0.9])) == 1.0
+    assert training.auc(labels, np.asarray([0.9, 0.8, 0.2, 0.1])) == 0.0
+    assert training.auc(labels, np.full(4, 0.5)) == 0.5
+
+
+def test_quick_cli_writes_model_card_with_policy_figures(tmp_path: Path) -> None:
+    assert training.main(["--quick", "--seed", "5", "--out-dir", str(tmp_path)]) == 0
+    card = json.loads((tmp_path / "model_card.json").read_text())
+    assert "--quick" in card["command"] and "--seed 5" in card["command"]
+    policies = card["policy_evaluation"]["policies"]
+    assert {"model", "nearest_rider"} <= set(policies)
+    assert "nearest_rider" in (tmp_path / "MODEL_CARD.md").read_text()
+    onnx.checker.check_model(onnx.load(str(tmp_path / "model.onnx")))
+
+
+def test_quick_mode_refuses_to_replace_the_served_model() -> None:
+    with pytest.raises(SystemExit):
+        training.main(["--quick"])
+
+
+# ---- version 2: log features inside the graph, compared with a reference version ----------
+
+TINY_V2 = training.TrainConfig(
+    seed=3, windows=6, holdout_windows=3, epochs=2, hidden=(16, 8), log_features=True
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_v2(
+    tmp_path_factory: pytest.TempPathFactory, tiny: training.TrainResult
+) -> training.TrainResult:
+    return training.train_and_export(
+        TINY_V2,
+        tmp_path_factory.mktemp("tiny_v2") / "2",
+        command="tiny v2",
+        version=2,
+        reference=tiny.model_path.parent,
+    )
+
+
+def test_log_features_are_computed_inside_the_graph(tiny_v2: training.TrainResult) -> None:
+    session = _session(tiny_v2.model_path)
+    (graph_in,) = session.get_inputs()
+    assert graph_in.shape[1] == NUM_PAIR_FEATURES  # the served input is unchanged
+    rng = np.random.default_rng(4)
+    features = (rng.standard_normal((50, NUM_PAIR_FEATURES)) * 5).astype(np.float32)
+    ort_out = session.run(None, {PAIR_FEATURES.name: features})[0]
+    assert training.max_relative_difference(ort_out, tiny_v2.model.predict(features)) < 1e-5
+    inputs = tiny_v2.model.inputs(features)
+    assert inputs.shape == (50, NUM_PAIR_FEATURES + len(training.LOG_FEATURES))
+    slack = features[:, PAIR_FEATURE_NAMES.index("slack_minutes")]
+    overdue = inputs[:, NUM_PAIR_FEATURES + 4]
+    np.testing.assert_allclose(overdue, np.log1p(np.maximum(-slack, 0)), rtol=1e-5, atol=1e-6)
+
+
+def test_the_card_compares_with_the_reference_on_the_same_pairs(
+    tiny_v2: training.TrainResult, tiny: training.TrainResult
+) -> None:
+    card = tiny_v2.card
+    assert card["version"] == 2
+    assert card["architecture"]["layers"][0] == NUM_PAIR_FEATURES + len(training.LOG_FEATURES)
+    comparison = card["comparison"]
+    assert comparison["reference_label"] == f"version {tiny.model_path.parent.name}"
+    # Same seed and held-out config: the reference is scored on exactly its own held-out set.
+    assert comparison["holdout"] == pytest.approx(tiny.card["holdout"], rel=1e-5)
+    for key, (mean, se) in comparison["paired"].items():
+        assert mean == pytest.approx(card["holdout"][key] - comparison["holdout"][key], abs=1e-4)
+        assert se > 0
+    text = (tiny_v2.model_path.parent / "MODEL_CARD.md").read_text()
+    assert text.startswith("# dispatch_model version 2")
+    assert "Compared with version" in text and "paired SE" in text

@@ -1,0 +1,334 @@
+"""Behaviour of dispatch_service.ops.server without a real tritonserver.
+
+A stand-in "tritonserver" (a small script written to tmp_path) plays the binary: one that
+fails at once, one that never becomes ready, and one that answers the readiness probe.
+Integration tests start the real server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from dispatch_service.ops.server import (
+    Ports,
+    ServerError,
+    ServerOptions,
+    TritonRuntime,
+    TritonServer,
+    main,
+)
+
+FAKE_READY_SERVER = """\
+import http.server, json, os, sys
+args = sys.argv[1:]
+port = int(next(a for a in args if a.startswith("--http-port=")).split("=", 1)[1])
+with open(os.environ["FAKE_TRITON_REPORT"], "w") as report:
+    json.dump({"argv": sys.argv, "env": dict(os.environ)}, report)
+
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/v2/health/ready" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+print("fake tritonserver listening", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
+"""
+
+
+def write_script(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def make_runtime(root: Path, server_script: str | None = None) -> TritonRuntime:
+    """A runtime under ``root``; with a script, every path `check` needs exists."""
+    runtime = TritonRuntime(
+        tritonserver=root / "site" / "bin" / "tritonserver",
+        library_path=root / "site" / "libs",
+        backend_dir=root / "backends",
+        python_bin_dir=root / "venv" / "bin",
+    )
+    if server_script is not None:
+        write_script(runtime.tritonserver, server_script)
+        runtime.library_path.mkdir(parents=True)
+        (runtime.backend_dir / "python").mkdir(parents=True)
+    return runtime
+
+
+def make_server(tmp_path: Path, runtime: TritonRuntime) -> TritonServer:
+    options = ServerOptions(model_repository=tmp_path / "repo", ports=Ports.free())
+    return TritonServer(runtime, options, tmp_path / "logs" / "server.log")
+
+
+# ---- ports ---------------------------------------------------------------------------
+
+
+def test_default_ports() -> None:
+    assert Ports() == Ports(http=8000, grpc=8001, metrics=8002)
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    ports = Ports.free()
+    chosen = [ports.http, ports.grpc, ports.metrics]
+    assert len(set(chosen)) == 3
+    for port in chosen:
+        assert 0 < port < 65536
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+# ---- runtime -------------------------------------------------------------------------
+
+
+def test_runtime_from_venv_points_into_the_pytriton_wheel(tmp_path: Path) -> None:
+    runtime = TritonRuntime.from_venv(tmp_path / "venv", tmp_path / "backends")
+    site = tmp_path / "venv" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = site / "site-packages"
+    assert runtime.tritonserver == site / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+    assert runtime.library_path == site / "nvidia_pytriton.libs"
+    assert runtime.backend_dir == tmp_path / "backends"
+    assert runtime.python_bin_dir == tmp_path / "venv" / "bin"
+
+
+def test_check_names_every_missing_path_and_suggests_make_setup(tmp_path: Path) -> None:
+    runtime = make_runtime(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        runtime.check()
+    message = str(info.value)
+    for path in (runtime.tritonserver, runtime.library_path, runtime.backend_dir / "python"):
+        assert str(path) in message
+    assert "make setup" in message
+
+
+def test_check_names_only_what_is_missing(tmp_path: Path) -> None:
+    runtime = make_runtime(tmp_path, "#!/bin/sh\n")
+    runtime.check()
+    (runtime.backend_dir / "python").rmdir()
+    with pytest.raises(FileNotFoundError) as info:
+        runtime.check()
+    assert str(runtime.backend_dir / "python") in str(info.value)
+    assert str(runtime.tritonserver) not in str(info.value)
+
+
+# ---- command and environment ---------------------------------------------------------
+
+
+def test_command_carries_repository_backends_ports_and_profile(tmp_path: Path) -> None:
+    runtime = make_runtime(tmp_path)
+    options = ServerOptions(
+        model_repository=tmp_path / "repo", ports=Ports(9100, 9101, 9102), profile="gpu"
+    )
+    command = TritonServer(runtime, options, tmp_path / "log").command()
+    assert command[0] == str(runtime.tritonserver)
+    for flag in (
+        f"--model-repository={tmp_path / 'repo'}",
+        f"--backend-directory={runtime.backend_dir}",
+        "--http-port=9100",
+        "--grpc-port=9101",
+        "--metrics-port=9102",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        "--metrics-address=127.0.0.1",
+        "--model-config-name=gpu",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+    ):
+        assert flag in command
+    assert not any("restricted" in arg for arg in command)
+
+
+def test_an_admin_key_restricts_the_repository_endpoints(tmp_path: Path) -> None:
+    options = ServerOptions(admin_key="s3cret")
+    command = TritonServer(make_runtime(tmp_path), options, tmp_path / "log").command()
+    assert "--http-restricted-api=model-repository:admin-key=s3cret" in command
+    assert "--grpc-restricted-protocol=model-repository:admin-key=s3cret" in command
+
+
+def test_load_models_need_explicit_control(tmp_path: Path) -> None:
+    options = ServerOptions(model_control="none")
+    with pytest.raises(ValueError, match="explicit"):
+        TritonServer(make_runtime(tmp_path), options, tmp_path / "log").command()
+
+
+def test_command_defaults_to_the_cpu_profile(tmp_path: Path) -> None:
+    server = TritonServer(make_runtime(tmp_path), ServerOptions(), tmp_path / "log")
+    assert "--model-config-name=cpu" in server.command()
+
+
+def shm_prefix(server: TritonServer) -> str:
+    (arg,) = [a for a in server.command() if "shm-region-prefix-name=" in a]
+    assert arg.startswith("--backend-config=python,")
+    return arg.split("shm-region-prefix-name=", 1)[1]
+
+
+def test_shm_region_prefix_is_unique_per_http_port(tmp_path: Path) -> None:
+    runtime = make_runtime(tmp_path)
+
+    def server(http: int) -> TritonServer:
+        return TritonServer(runtime, ServerOptions(ports=Ports(http, 1, 2)), tmp_path / "log")
+
+    assert shm_prefix(server(9000)) != shm_prefix(server(9001))
+    assert shm_prefix(server(9000)) == shm_prefix(server(9000))
+    assert "9000" in shm_prefix(server(9000))
+
+
+def test_explicit_mode_loads_the_named_models(tmp_path: Path) -> None:
+    options = ServerOptions(
+        model_control="explicit",
+        load_models=("feature_encoder", "dispatch_model"),
+        extra_args=("--log-info=true",),
+    )
+    command = TritonServer(make_runtime(tmp_path), options, tmp_path / "log").command()
+    assert "--model-control-mode=explicit" in command
+    loads = [arg for arg in command if arg.startswith("--load-model")]
+    assert loads == ["--load-model=feature_encoder", "--load-model=dispatch_model"]
+    assert command[-1] == "--log-info=true"
+
+
+def test_urls_use_host_and_ports(tmp_path: Path) -> None:
+    options = ServerOptions(ports=Ports(1, 2, 3), host="10.0.0.5")
+    server = TritonServer(make_runtime(tmp_path), options, tmp_path / "log")
+    assert server.http_url == "10.0.0.5:1"
+    assert server.grpc_url == "10.0.0.5:2"
+    assert server.metrics_url == "http://10.0.0.5:3/metrics"
+    assert "--http-address=10.0.0.5" in server.command()
+
+
+def test_environment_puts_the_venv_first_and_sets_the_library_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/elsewhere")
+    monkeypatch.setenv("DISPATCH_TEST_MARKER", "kept")
+    runtime = make_runtime(tmp_path)
+    env = TritonServer(runtime, ServerOptions(), tmp_path / "log").environment()
+    assert env["PATH"].split(os.pathsep) == [
+        str(runtime.python_bin_dir),
+        "/usr/local/bin",
+        "/usr/bin",
+    ]
+    assert env["LD_LIBRARY_PATH"] == str(runtime.library_path)
+    assert env["DISPATCH_TEST_MARKER"] == "kept"
+    assert os.environ["PATH"] == "/usr/local/bin:/usr/bin"
+
+
+# ---- start and stop ------------------------------------------------------------------
+
+
+def test_start_checks_the_runtime_first(tmp_path: Path) -> None:
+    server = make_server(tmp_path, make_runtime(tmp_path))
+    with pytest.raises(FileNotFoundError, match="make setup"):
+        server.start(timeout_s=5)
+    assert server.process is None
+
+
+def test_a_server_that_exits_raises_with_the_log_tail(tmp_path: Path) -> None:
+    script = "#!/bin/sh\necho 'error: unrecognized option --bogus' >&2\nexit 3\n"
+    server = make_server(tmp_path, make_runtime(tmp_path, script))
+    with pytest.raises(ServerError) as info:
+        server.start(timeout_s=60)
+    message = str(info.value)
+    assert "tritonserver exited with 3" in message
+    assert "error: unrecognized option --bogus" in message
+    assert server.log_path.exists()
+
+
+def test_a_server_that_never_gets_ready_is_stopped(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = f"#!/bin/sh\necho $$ > {pid_file}\necho 'still loading models'\nexec sleep 60\n"
+    server = make_server(tmp_path, make_runtime(tmp_path, script))
+    with pytest.raises(ServerError) as info:
+        server.start(timeout_s=1.5)
+    assert "not ready after" in str(info.value)
+    assert "still loading models" in str(info.value)
+    assert server.process is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
+
+
+def test_a_ready_server_runs_until_the_context_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = tmp_path / "report.json"
+    monkeypatch.setenv("FAKE_TRITON_REPORT", str(report))
+    runtime = make_runtime(tmp_path, f"#!{sys.executable}\n{FAKE_READY_SERVER}")
+    server = make_server(tmp_path, runtime)
+
+    with server as running:
+        assert running is server
+        assert server.is_ready()
+        process = server.process
+        assert process is not None and process.poll() is None
+        seen = json.loads(report.read_text())
+    assert seen["argv"] == server.command()
+    assert seen["env"]["PATH"].startswith(f"{runtime.python_bin_dir}{os.pathsep}")
+    assert seen["env"]["LD_LIBRARY_PATH"] == str(runtime.library_path)
+
+    assert server.process is None
+    assert process.returncode is not None
+    assert not server.is_ready()
+    assert "fake tritonserver listening" in server.log_tail()
+    server.stop()  # stopping twice is harmless
+
+
+def test_log_tail_keeps_the_last_lines(tmp_path: Path) -> None:
+    server = make_server(tmp_path, make_runtime(tmp_path))
+    assert server.log_tail() == "(no log)"
+    server.log_path.parent.mkdir(parents=True)
+    server.log_path.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert server.log_tail(3) == "line 97\nline 98\nline 99"
+
+
+def test_stop_without_start_does_nothing(tmp_path: Path) -> None:
+    server = make_server(tmp_path, make_runtime(tmp_path))
+    server.stop()
+    assert server.process is None
+
+
+def test_main_reports_an_incomplete_runtime(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "--venv",
+            str(tmp_path / "no-venv"),
+            "--backend-dir",
+            str(tmp_path / "no-backends"),
+            "--log",
+            str(tmp_path / "server.log"),
+            "--http-port",
+            str(Ports.free().http),
+        ]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: Triton runtime incomplete")
+    assert "make setup" in err
+
+
+def test_stop_removes_only_this_servers_python_backend_regions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(TritonServer, "shm_dir", shm)
+    server = TritonServer(
+        make_runtime(tmp_path), ServerOptions(ports=Ports(8123, 1, 2)), tmp_path / "log"
+    )
+    assert shm_prefix(server) == server.shm_prefix == "dispatch8123_"
+    for name in ("dispatch8123_a1", "dispatch8123_b2", "dispatch81234_c3", "dispatch_client_1"):
+        (shm / name).write_bytes(b"x")
+    server.stop()  # never started: nothing to stop, the leftovers still go
+    assert sorted(p.name for p in shm.iterdir()) == ["dispatch81234_c3", "dispatch_client_1"]

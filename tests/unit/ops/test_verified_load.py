@@ -1,0 +1,393 @@
+"""What the launcher loads when trusted keys are configured (no real tritonserver here).
+
+A small repository in tmp_path: ``scorer`` (Python model, versions 1 and 2, serving both),
+``encoder`` (one version), ``pipeline`` (an ensemble over both, with a ``.gitkeep``) and
+``pinned`` (an ensemble pinning scorer version 2). Tampering decides what loads; a stand-in
+"tritonserver" records the load requests the launcher sends after start.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from dispatch_service.ops.server import (
+    Ports,
+    ServerError,
+    ServerOptions,
+    TritonRuntime,
+    TritonServer,
+    main,
+)
+from dispatch_service.ops.signing import (
+    SigningError,
+    TrustedKeys,
+    generate_private_key,
+    public_key_pem,
+    sign_version,
+)
+from dispatch_service.ops.verified_load import plan_load, read_config, served_versions
+
+PYTHON_MODEL = """name: "{name}"
+backend: "python"
+max_batch_size: 8
+{policy}
+"""
+
+ENSEMBLE = """name: "{name}"
+platform: "ensemble"
+max_batch_size: 0
+ensemble_scheduling {{
+  step [
+{steps}
+  ]
+}}
+"""
+
+STEP = '    {{ model_name: "{model}" model_version: {version} }}'
+
+
+def write_model(repo: Path, name: str, versions: list[int], policy: str = "") -> None:
+    (repo / name).mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(PYTHON_MODEL.format(name=name, policy=policy))
+    for version in versions:
+        folder = repo / name / str(version)
+        folder.mkdir()
+        (folder / "model.py").write_text(f"VERSION = {version}\n")
+        (folder / "weights.bin").write_bytes(bytes([version]) * 64)
+
+
+def write_ensemble(repo: Path, name: str, steps: list[tuple[str, int]]) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / ".gitkeep").write_text("")
+    text = ",\n".join(STEP.format(model=m, version=v) for m, v in steps)
+    (repo / name / "config.pbtxt").write_text(ENSEMBLE.format(name=name, steps=text))
+
+
+@pytest.fixture
+def signer() -> Ed25519PrivateKey:
+    return generate_private_key()
+
+
+@pytest.fixture
+def trusted(signer: Ed25519PrivateKey) -> TrustedKeys:
+    return TrustedKeys.from_public_keys(signer.public_key())
+
+
+@pytest.fixture
+def repo(tmp_path: Path, signer: Ed25519PrivateKey) -> Path:
+    root = tmp_path / "repo"
+    write_model(root, "scorer", [1, 2], "version_policy: { all {} }")
+    write_model(root, "encoder", [1])
+    write_ensemble(root, "pipeline", [("encoder", -1), ("scorer", -1)])
+    write_ensemble(root, "pinned", [("encoder", -1), ("scorer", 2)])
+    for model, version in (("scorer", 1), ("scorer", 2), ("encoder", 1)):
+        sign_version(root / model / str(version), signer)
+    (root / "notes").mkdir()  # a folder without a config is not a model
+    return root
+
+
+def tamper(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# ---- version policy ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        ({}, (3,)),
+        ({"version_policy": {"latest": {"num_versions": 2}}}, (2, 3)),
+        ({"version_policy": {"all": {}}}, (1, 2, 3)),
+        ({"version_policy": {"specific": {"versions": ["1", "3", "9"]}}}, (1, 3)),
+    ],
+)
+def test_served_versions_follow_the_version_policy(
+    policy: dict[str, object], served: tuple[int, ...]
+) -> None:
+    assert served_versions(policy, [3, 1, 2]) == served
+
+
+def test_read_config_prefers_the_profile_config(repo: Path) -> None:
+    (repo / "encoder" / "configs").mkdir()
+    (repo / "encoder" / "configs" / "gpu.pbtxt").write_text(
+        PYTHON_MODEL.format(name="encoder", policy="version_policy: { all {} }")
+    )
+    assert "version_policy" not in read_config(repo / "encoder", "cpu")
+    assert read_config(repo / "encoder", "gpu")["version_policy"] == {"all": {}}
+
+
+# ---- plans -------------------------------------------------------------------------------
+
+
+def test_everything_verified_loads_at_start(repo: Path, trusted: TrustedKeys) -> None:
+    plan = plan_load(repo, trusted)
+    assert plan.startup == ("encoder", "pinned", "pipeline", "scorer")
+    assert not plan.restricted and not plan.deferred and not plan.refused
+    assert plan.log_lines() == []
+
+
+def test_a_bad_version_restricts_its_model_and_defers_its_ensembles(
+    repo: Path, trusted: TrustedKeys
+) -> None:
+    tamper(repo / "scorer" / "2" / "weights.bin")
+    plan = plan_load(repo, trusted)
+    assert plan.startup == ("encoder",)
+    assert plan.restricted == {"scorer": (1,)}
+    assert plan.deferred == ("pipeline",)
+    assert plan.refused == {"pinned": "depends on scorer version 2, which does not load"}
+    override = plan.override_config("scorer")
+    assert override["version_policy"] == {"specific": {"versions": [1]}}
+    assert override["backend"] == "python" and override["max_batch_size"] == 8
+    events = [json.loads(line) for line in plan.log_lines()]
+    assert events[0] == {
+        "event": "model_version_refused",
+        "model": "scorer",
+        "version": 2,
+        "reason": "digest mismatch on file weights.bin",
+        "check": "digest_mismatch",
+    }
+    assert {"event": "model_restricted", "model": "scorer", "versions": [1]} in events
+    assert events[-1]["event"] == "model_refused" and events[-1]["model"] == "pinned"
+
+
+def test_a_model_without_a_good_version_is_refused_with_its_ensembles(
+    repo: Path, trusted: TrustedKeys
+) -> None:
+    (repo / "encoder" / "1" / "MANIFEST.json").unlink()
+    plan = plan_load(repo, trusted)
+    assert plan.startup == ("scorer",)
+    assert plan.refused == {
+        "encoder": "no verified version to serve",
+        "pinned": "depends on refused model encoder",
+        "pipeline": "depends on refused model encoder",
+    }
+    (refusal,) = plan.refused_versions
+    assert (refusal.model, refusal.version, refusal.reason) == (
+        "encoder",
+        1,
+        "missing manifest MANIFEST.json",
+    )
+
+
+def test_an_unserved_bad_version_is_reported_but_blocks_nothing(
+    repo: Path, trusted: TrustedKeys
+) -> None:
+    (repo / "scorer" / "config.pbtxt").write_text(
+        PYTHON_MODEL.format(name="scorer", policy="version_policy: { specific { versions: 2 } }")
+    )
+    tamper(repo / "scorer" / "1" / "model.py")
+    plan = plan_load(repo, trusted)
+    assert "scorer" in plan.startup and not plan.restricted
+    assert [v.version for v in plan.refused_versions] == [1]
+
+
+def write_reader(repo: Path, signer: Ed25519PrivateKey, canary: int) -> None:
+    """A Python model that runs scorer versions itself, as dispatch_fused does."""
+    write_model(repo, "reader", [1])
+    config = repo / "reader" / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + 'parameters [ { key: "scoring_model", value: { string_value: "scorer" } },\n'
+        + '  { key: "stable_version", value: { string_value: "1" } },\n'
+        + f'  {{ key: "canary_version", value: {{ string_value: "{canary}" }} }} ]\n'
+    )
+    sign_version(repo / "reader" / "1", signer)
+
+
+def test_a_model_reading_other_versions_loads_only_when_they_verify(
+    repo: Path, signer: Ed25519PrivateKey, trusted: TrustedKeys
+) -> None:
+    write_reader(repo, signer, canary=2)
+    assert "reader" in plan_load(repo, trusted).startup
+    assert plan_load(repo, trusted, requested=["reader"]).startup == ("reader", "scorer")
+    tamper(repo / "scorer" / "2" / "weights.bin")
+    plan = plan_load(repo, trusted)
+    assert plan.refused["reader"] == "depends on scorer version 2, which does not load"
+    assert plan.restricted == {"scorer": (1,)}
+
+
+def test_an_unknown_signer_refuses_everything_signed(repo: Path) -> None:
+    stranger = TrustedKeys.from_public_keys(generate_private_key().public_key())
+    plan = plan_load(repo, stranger)
+    assert plan.startup == ()
+    assert set(plan.refused) == {"encoder", "scorer", "pinned", "pipeline"}
+    assert all("unknown key" in v.reason for v in plan.refused_versions)
+
+
+def test_requested_models_bring_their_ensemble_steps(repo: Path, trusted: TrustedKeys) -> None:
+    plan = plan_load(repo, trusted, requested=("pipeline",))
+    assert plan.startup == ("encoder", "pipeline", "scorer")
+    plan = plan_load(repo, trusted, requested=("missing",))
+    assert plan.refused == {"missing": "no such model in the repository"}
+
+
+# ---- the launcher ------------------------------------------------------------------------
+
+FAKE_TRITON = """\
+import http.server, json, os, sys
+args = sys.argv[1:]
+port = int(next(a for a in args if a.startswith("--http-port=")).split("=", 1)[1])
+report = os.environ["FAKE_TRITON_REPORT"]
+with open(report, "w") as out:
+    json.dump({"argv": args, "loads": []}, out)
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/v2/health/ready" else 404)
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        with open(report) as inp:
+            seen = json.load(inp)
+        answer = b""
+        if self.path == "/v2/repository/index":
+            # What Triton serves: the versions of each override (or FAKE_TRITON_SERVES).
+            serves = json.loads(os.environ.get("FAKE_TRITON_SERVES", "{}"))
+            for load in seen["loads"]:
+                config = json.loads(load["body"].get("parameters", {}).get("config", "{}"))
+                versions = config.get("version_policy", {}).get("specific", {}).get("versions")
+                if versions:
+                    serves.setdefault(load["path"].split("/")[-2], versions)
+            answer = json.dumps([{"name": m, "version": str(v), "state": "READY"}
+                                 for m, vs in serves.items() for v in vs]).encode()
+        else:
+            seen["loads"].append({"path": self.path, "key": self.headers.get("admin-key"),
+                                  "body": body})
+        with open(report, "w") as out:
+            json.dump(seen, out)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def fake_runtime(root: Path) -> TritonRuntime:
+    runtime = TritonRuntime(
+        tritonserver=root / "bin" / "tritonserver",
+        library_path=root / "libs",
+        backend_dir=root / "backends",
+        python_bin_dir=root / "venv" / "bin",
+    )
+    runtime.tritonserver.parent.mkdir(parents=True)
+    runtime.tritonserver.write_text(f"#!{sys.executable}\n{FAKE_TRITON}")
+    runtime.tritonserver.chmod(runtime.tritonserver.stat().st_mode | stat.S_IXUSR)
+    runtime.library_path.mkdir()
+    (runtime.backend_dir / "python").mkdir(parents=True)
+    return runtime
+
+
+def keys_dir(tmp_path: Path, signer: Ed25519PrivateKey) -> Path:
+    folder = tmp_path / "trusted"
+    folder.mkdir()
+    (folder / "ops.pub").write_bytes(public_key_pem(signer.public_key()))
+    return folder
+
+
+def test_the_launcher_loads_verified_models_then_overrides_then_dependents(
+    tmp_path: Path, repo: Path, signer: Ed25519PrivateKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = tmp_path / "report.json"
+    monkeypatch.setenv("FAKE_TRITON_REPORT", str(report))
+    tamper(repo / "scorer" / "2" / "model.py")
+    options = ServerOptions(
+        model_repository=repo,
+        ports=Ports.free(),
+        admin_key="k3y",
+        trusted_keys=keys_dir(tmp_path, signer),
+    )
+    server = TritonServer(fake_runtime(tmp_path), options, tmp_path / "server.log")
+    with server:
+        seen = json.loads(report.read_text())
+    assert [a for a in seen["argv"] if a.startswith("--load-model")] == ["--load-model=encoder"]
+    loads = seen["loads"]
+    assert [load["path"] for load in loads] == [
+        "/v2/repository/models/scorer/load",
+        "/v2/repository/models/pipeline/load",
+    ]
+    assert all(load["key"] == "k3y" for load in loads)
+    config = json.loads(loads[0]["body"]["parameters"]["config"])
+    assert config["version_policy"] == {"specific": {"versions": [1]}}
+    assert loads[1]["body"] == {}
+    # The verified versions are compiled before Triton reads them; the refused one is not.
+    assert list((repo / "scorer" / "1" / "__pycache__").glob("model.*.pyc"))
+    assert not (repo / "scorer" / "2" / "__pycache__").exists()
+    log = server.log_path.read_text()
+    assert '"reason": "digest mismatch on file model.py"' in log
+    assert '"model": "pinned"' in log and '"event": "model_refused"' in log
+
+
+def test_without_trusted_keys_everything_loads_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_TRITON_REPORT", str(tmp_path / "report.json"))
+    options = ServerOptions(model_repository=tmp_path, ports=Ports.free())
+    server = TritonServer(fake_runtime(tmp_path), options, tmp_path / "server.log")
+    with server:
+        assert server.load_plan is None
+        assert "--load-model=*" in server.command()
+    assert "signatures_not_verified" in server.log_path.read_text()
+
+
+def test_an_empty_or_missing_trusted_keys_directory_stops_the_start(
+    tmp_path: Path, repo: Path
+) -> None:
+    (tmp_path / "empty").mkdir()
+    for directory in (tmp_path / "empty", tmp_path / "absent"):
+        options = ServerOptions(model_repository=repo, trusted_keys=directory)
+        server = TritonServer(fake_runtime(tmp_path / directory.name), options, tmp_path / "l")
+        with pytest.raises(SigningError):
+            server.start(timeout_s=5)
+        assert server.process is None
+
+
+def test_the_launcher_fails_closed_when_a_refused_version_comes_back(
+    tmp_path: Path, repo: Path, signer: Ed25519PrivateKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_TRITON_REPORT", str(tmp_path / "report.json"))
+    monkeypatch.setenv("FAKE_TRITON_SERVES", json.dumps({"scorer": [1, 2]}))
+    tamper(repo / "scorer" / "2" / "model.py")
+    options = ServerOptions(
+        model_repository=repo, ports=Ports.free(), trusted_keys=keys_dir(tmp_path, signer)
+    )
+    server = TritonServer(fake_runtime(tmp_path), options, tmp_path / "server.log")
+    with pytest.raises(ServerError, match=r"scorer serves versions \[1, 2\], verified \[1\]"):
+        server.start(timeout_s=30)
+    assert server.process is None
+
+
+def test_serve_cli_takes_trusted_keys_from_the_environment(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    venv = tmp_path / "venv"
+    runtime = TritonRuntime.from_venv(venv, tmp_path / "backends")
+    runtime.tritonserver.parent.mkdir(parents=True)
+    runtime.tritonserver.write_text("#!/bin/sh\nexit 3\n")
+    runtime.library_path.mkdir(parents=True)
+    (runtime.backend_dir / "python").mkdir(parents=True)
+    (tmp_path / "no-keys").mkdir()
+    monkeypatch.setenv("DISPATCH_TRUSTED_KEYS", str(tmp_path / "no-keys"))
+    monkeypatch.setenv("DISPATCH_ADMIN_KEY", "from-env")
+    code = main(
+        [
+            "--venv", str(venv), "--backend-dir", str(runtime.backend_dir),
+            "--model-repository", str(repo), "--log", str(tmp_path / "server.log"),
+            "--http-port", str(Ports.free().http),
+        ]
+    )  # fmt: skip
+    assert code == 1
+    assert "no trusted keys (*.pub)" in capsys.readouterr().err

@@ -1,0 +1,188 @@
+"""dispatch_service.pipeline.fused: the ensemble's answer, routing and fallback in one process."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, DISPATCH_OUTPUTS
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline, config_parameters
+from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
+from dispatch_service.routing.engine import FallbackLevel, RouterSettings
+from dispatch_service.routing.settings import FusedSettings
+
+Tensors = dict[str, NDArray[Any]]
+
+
+def window(seed: int = 3, orders: int = 24, riders: int = 80, **extra: NDArray[Any]) -> Tensors:
+    tensors = window_to_tensors(generate_window(np.random.default_rng(seed), orders, riders))
+    return {**tensors, **extra}
+
+
+def tag(value: str) -> NDArray[Any]:
+    return np.asarray([value.encode()], dtype=object)
+
+
+SHIPPED = FusedSettings.from_parameters(
+    config_parameters(MODEL_REPOSITORY / "dispatch_fused" / "config.pbtxt")
+)
+
+
+@pytest.fixture(scope="module")
+def fused() -> FusedDispatch:
+    return FusedDispatch.from_repository(MODEL_REPOSITORY, SHIPPED)
+
+
+@pytest.fixture(scope="module")
+def pipelines() -> dict[int, DispatchPipeline]:
+    return {v: DispatchPipeline.from_repository(model_version=v) for v in (1, 2)}
+
+
+def run(dispatch: FusedDispatch, tensors: Tensors) -> FusedResult:
+    return dispatch.run(tensors)
+
+
+def assert_same_answer(got: Tensors, expected: Tensors) -> None:
+    for spec in DISPATCH_OUTPUTS:
+        np.testing.assert_array_equal(got[spec.name], expected[spec.name], err_msg=spec.name)
+
+
+def test_answers_like_the_pipeline_of_the_stable_version(
+    fused: FusedDispatch, pipelines: dict[int, DispatchPipeline]
+) -> None:
+    for seed in (1, 2, 3):
+        tensors = window(seed)
+        result = run(fused, tensors)
+        assert set(result.outputs) == {spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS}
+        assert_same_answer(result.outputs, pipelines[1].run(tensors))
+        assert (result.outputs["ORDER_MODEL_VERSION"] == 1).all()
+        assert (result.outputs["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
+        assert result.encode_ms > 0 and result.resolve_ms > 0
+
+
+def test_the_tag_forces_the_canary_version(
+    fused: FusedDispatch, pipelines: dict[int, DispatchPipeline]
+) -> None:
+    tensors = window(4, MODEL_VERSION_TAG=tag("canary"))
+    result = run(fused, tensors)
+    assert_same_answer(result.outputs, pipelines[2].run(tensors))
+    assert (result.outputs["ORDER_MODEL_VERSION"] == 2).all()
+
+
+def test_a_bad_tag_names_the_tensor(fused: FusedDispatch) -> None:
+    with pytest.raises(DispatchInputError) as caught:
+        run(fused, window(MODEL_VERSION_TAG=tag("blue")))
+    assert caught.value.tensor == "MODEL_VERSION_TAG"
+
+
+def test_a_bad_window_names_the_tensor_and_the_rule(fused: FusedDispatch) -> None:
+    tensors = window()
+    tensors["RIDER_CAPACITY"] = tensors["RIDER_CAPACITY"][:-1]
+    with pytest.raises(DispatchInputError) as caught:
+        run(fused, tensors)
+    assert caught.value.tensor == "RIDER_CAPACITY"
+
+
+def test_canary_share_routes_users_as_the_router_does(fused: FusedDispatch) -> None:
+    routing = RouterSettings(stable_version=1, canary_version=2, canary_percent=50)
+    half = dataclasses.replace(fused, settings=FusedSettings(routing))
+    versions = run(half, window(5, orders=200, riders=400)).outputs["ORDER_MODEL_VERSION"]
+    assert set(versions.tolist()) == {1, 2}
+    again = run(half, window(5, orders=200, riders=400)).outputs["ORDER_MODEL_VERSION"]
+    np.testing.assert_array_equal(versions, again)  # sticky: by user, not by draw
+
+
+def test_an_unavailable_canary_falls_back_to_the_stable_version(
+    fused: FusedDispatch, pipelines: dict[int, DispatchPipeline]
+) -> None:
+    stable_only = dataclasses.replace(
+        fused, scorers={1: fused.scorers[1]}, unavailable={2: "model.onnx did not load"}
+    )
+    tensors = window(6, MODEL_VERSION_TAG=tag("canary"))
+    result = run(stable_only, tensors)
+    assert_same_answer(result.outputs, pipelines[1].run(tensors))
+    assert (result.outputs["ORDER_MODEL_VERSION"] == 1).all()
+    assert (result.outputs["ORDER_FALLBACK_LEVEL"] == FallbackLevel.STABLE_RETRY).all()
+    failed = [call for call in result.routed.calls if call.error is not None]
+    assert failed and "did not load" in str(failed[0].error)
+
+
+def test_no_version_at_all_still_assigns_with_the_rule_based_dispatcher(
+    fused: FusedDispatch,
+) -> None:
+    nothing = dataclasses.replace(fused, scorers={})
+    tensors = window(7)
+    result = run(nothing, tensors).outputs
+    assert (result["ORDER_MODEL_VERSION"] == 0).all()
+    assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.RULE_BASED).all()
+    assigned = result["ASSIGNED_RIDER_INDEX"]
+    assert (assigned >= 0).any()
+    riders, counts = np.unique(assigned[assigned >= 0], return_counts=True)
+    spare = tensors["RIDER_CAPACITY"][riders] - tensors["RIDER_LOAD"][riders]
+    assert (counts <= spare).all()
+
+
+def test_a_missing_version_folder_is_unavailable_not_fatal(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    for name in ("feature_encoder", "topk_resolver"):
+        shutil.copytree(MODEL_REPOSITORY / name, repository / name)
+    (repository / "dispatch_model" / "1").mkdir(parents=True)
+    shutil.copy(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt", repository / "dispatch_model")
+    shutil.copy(
+        MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx",
+        repository / "dispatch_model" / "1",
+    )
+    dispatch = FusedDispatch.from_repository(repository, SHIPPED)
+    assert set(dispatch.scorers) == {1}
+    assert "dispatch_model/2/model.onnx" in dispatch.unavailable[2]
+
+
+def test_settings_are_the_routers_plus_the_scoring_model() -> None:
+    settings = FusedSettings.from_parameters(
+        {"stable_version": "2", "canary_version": "3", "canary_percent": "10"}
+    )
+    assert settings.routing == RouterSettings(2, 3, 10)
+    assert settings.scoring_model == "dispatch_model"
+    assert settings.served_versions() == (2, 3)
+    assert FusedSettings(RouterSettings(stable_version=4)).served_versions() == (4,)
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"canary_percnt": "5"},
+        {"canary_version": "1"},  # equals the stable version
+        {"scoring_model": "../elsewhere"},
+        {"scoring_model": ""},
+    ],
+)
+def test_bad_settings_fail_the_load(parameters: dict[str, str]) -> None:
+    with pytest.raises((SettingsError, ValueError)):
+        FusedSettings.from_parameters(parameters)
+
+
+def test_shadow_scoring_compares_versions_without_changing_the_answer(
+    fused: FusedDispatch,
+) -> None:
+    shadowed = dataclasses.replace(
+        fused,
+        settings=FusedSettings(dataclasses.replace(SHIPPED.routing, shadow_percent=100)),
+        draw=lambda: 0.0,
+    )
+    tensors = window(8)
+    result = run(shadowed, tensors)
+    assert_same_answer(result.outputs, run(fused, tensors).outputs)
+    assert [call.role for call in result.routed.calls] == ["primary", "shadow"]
+    (comparison,) = result.routed.shadows
+    assert (comparison.primary_version, comparison.shadow_version) == (1, 2)

@@ -1,0 +1,273 @@
+"""Behaviour of dispatch_service.pipeline.steps: the three pipeline steps as plain objects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from dispatch_contract import (
+    DISPATCH_OUTPUTS,
+    NUM_PAIR_FEATURES,
+    OBJECTIVES,
+    WINDOW_INPUTS,
+)
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain.features import EncoderSettings
+from dispatch_service.domain.resolver import ResolverSettings
+from dispatch_service.domain.window import WindowLimits, window_to_tensors
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline.dispatch_pipeline import config_parameters
+from dispatch_service.pipeline.onnx_runner import OrtSettings
+from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
+
+Tensors = dict[str, NDArray[Any] | None]
+
+COMMITTED_MODEL = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
+
+
+def window_tensors(orders: int = 5, riders: int = 12, seed: int = 0) -> Tensors:
+    window = generate_window(np.random.default_rng(seed), orders, riders)
+    return dict(window_to_tensors(window))
+
+
+def features(rows: int, seed: int = 0) -> NDArray[np.float32]:
+    return np.random.default_rng(seed).normal(size=(rows, NUM_PAIR_FEATURES)).astype(np.float32)
+
+
+def resolver_inputs() -> Tensors:
+    """3 orders x 4 candidates over 6 riders; order 2 has a single candidate."""
+    candidates = np.array([[0, 1, 2, 3], [2, 3, 4, -1], [5, -1, -1, -1]], dtype=np.int32)
+    rng = np.random.default_rng(1)
+    pairs = candidates.size
+    objectives = np.stack(
+        [rng.uniform(10, 50, pairs), rng.uniform(0.2, 0.95, pairs), rng.uniform(3, 15, pairs)],
+        axis=1,
+    ).astype(np.float32)
+    return {
+        "PAIR_OBJECTIVES": objectives,
+        "CANDIDATE_RIDER_INDEX": candidates,
+        "RIDER_IDS": np.array([f"r{i}".encode() for i in range(6)], dtype=object),
+        "RIDER_LOAD": np.zeros(6, dtype=np.int32),
+        "RIDER_CAPACITY": np.full(6, 2, dtype=np.int32),
+    }
+
+
+# ---- FeatureEncoderStep --------------------------------------------------------------
+
+
+def test_encoder_reads_every_window_input() -> None:
+    assert FeatureEncoderStep.input_names == tuple(spec.name for spec in WINDOW_INPUTS)
+
+
+def test_encoder_defaults() -> None:
+    step = FeatureEncoderStep.from_parameters({})
+    assert step.limits == WindowLimits()
+    assert step.encoder == EncoderSettings()
+
+
+def test_encoder_rejects_unknown_parameters() -> None:
+    with pytest.raises(SettingsError, match="unknown config parameter\\(s\\) candidates;"):
+        FeatureEncoderStep.from_parameters({"candidates": "4"})
+
+
+def test_encoder_applies_known_parameters() -> None:
+    step = FeatureEncoderStep.from_parameters(
+        {"candidates_per_order": "4", "max_orders": "3", "utc_offset_minutes": "0"}
+    )
+    assert step.encoder == EncoderSettings(candidates_per_order=4, utc_offset_minutes=0)
+    assert step.limits == WindowLimits(max_orders=3)
+
+    outputs = step.run(window_tensors(orders=3, riders=12))
+    assert outputs["CANDIDATE_RIDER_INDEX"].shape == (3, 4)
+    assert outputs["PAIR_FEATURES"].shape == (3 * 4, NUM_PAIR_FEATURES)
+
+    with pytest.raises(DispatchInputError) as info:
+        step.run(window_tensors(orders=4))
+    assert info.value.tensor == "ORDER_IDS"
+    assert "between 1 and 3" in info.value.rule
+
+
+@pytest.mark.parametrize(
+    ("parameters", "key"),
+    [({"candidates_per_order": "0"}, "candidates_per_order"), ({"max_orders": "x"}, "max_orders")],
+)
+def test_encoder_rejects_bad_parameter_values(parameters: dict[str, str], key: str) -> None:
+    with pytest.raises(SettingsError, match=key):
+        FeatureEncoderStep.from_parameters(parameters)
+
+
+def test_encoder_accepts_its_shipped_config_parameters() -> None:
+    parameters = config_parameters(MODEL_REPOSITORY / "feature_encoder" / "config.pbtxt")
+    step = FeatureEncoderStep.from_parameters(parameters)
+    assert step.encoder.candidates_per_order == int(parameters["candidates_per_order"])
+
+
+def test_encoder_outputs_follow_the_contract() -> None:
+    outputs = FeatureEncoderStep().run(window_tensors(orders=5, riders=12))
+    assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX"}
+    assert outputs["PAIR_FEATURES"].dtype == np.float32
+    assert outputs["CANDIDATE_RIDER_INDEX"].dtype == np.int32
+    n = min(EncoderSettings().candidates_per_order, 12)
+    assert outputs["CANDIDATE_RIDER_INDEX"].shape == (5, n)
+    assert outputs["PAIR_FEATURES"].shape == (5 * n, NUM_PAIR_FEATURES)
+
+
+def test_encoder_caps_candidates_at_the_rider_count() -> None:
+    outputs = FeatureEncoderStep().run(window_tensors(orders=2, riders=3))
+    assert outputs["CANDIDATE_RIDER_INDEX"].shape == (2, 3)
+
+
+def test_encoder_rejects_a_bad_window_by_tensor() -> None:
+    tensors = window_tensors()
+    pickup = np.array(tensors["ORDER_PICKUP"], copy=True)
+    pickup[1, 0] = np.nan
+    tensors["ORDER_PICKUP"] = pickup
+    with pytest.raises(DispatchInputError) as info:
+        FeatureEncoderStep().run(tensors)
+    assert info.value.tensor == "ORDER_PICKUP"
+
+
+# ---- TopKResolverStep ----------------------------------------------------------------
+
+
+def test_resolver_input_names_end_with_the_optional_weights() -> None:
+    names = TopKResolverStep.input_names
+    assert names[:2] == ("PAIR_OBJECTIVES", "CANDIDATE_RIDER_INDEX")
+    assert names[-1] == "OBJECTIVE_WEIGHTS"
+    assert set(names) >= {"RIDER_IDS", "RIDER_LOAD", "RIDER_CAPACITY"}
+
+
+def test_resolver_rejects_unknown_parameters() -> None:
+    with pytest.raises(SettingsError, match="unknown config parameter\\(s\\) topk;"):
+        TopKResolverStep.from_parameters({"topk": "3"})
+
+
+def test_resolver_rejects_a_bad_top_k() -> None:
+    with pytest.raises(SettingsError, match="top_k"):
+        TopKResolverStep.from_parameters({"top_k": "0"})
+
+
+def test_resolver_applies_top_k() -> None:
+    step = TopKResolverStep.from_parameters({"top_k": "3", "eta_scale_minutes": "20"})
+    assert step.settings == ResolverSettings(top_k=3, eta_scale_minutes=20.0)
+    outputs = step.run(resolver_inputs())
+    for spec in DISPATCH_OUTPUTS:
+        expected = (3, 3) if spec.name.startswith("TOPK_") else (3,)
+        assert outputs[spec.name].shape == expected, spec.name
+        assert outputs[spec.name].dtype == spec.numpy_dtype, spec.name
+
+
+def test_resolver_k_is_at_most_the_candidate_count() -> None:
+    outputs = TopKResolverStep.from_parameters({"top_k": "10"}).run(resolver_inputs())
+    assert outputs["TOPK_RIDER_INDEX"].shape == (3, 4)
+    assert outputs["TOPK_RIDER_INDEX"][2].tolist() == [5, -1, -1, -1]
+
+
+def test_resolver_default_top_k_is_five() -> None:
+    assert TopKResolverStep.from_parameters({}).settings.top_k == 5
+
+
+@pytest.mark.parametrize("name", TopKResolverStep.input_names[:-1])
+def test_resolver_reports_a_missing_input_by_name(name: str) -> None:
+    inputs = resolver_inputs()
+    inputs[name] = None
+    with pytest.raises(DispatchInputError) as info:
+        TopKResolverStep().run(inputs)
+    assert info.value.tensor == name
+    assert info.value.rule == "is required but missing"
+
+
+def test_resolver_objective_weights_are_optional_and_steer_the_ranking() -> None:
+    inputs = resolver_inputs()
+    default = TopKResolverStep().run(inputs)
+    assert set(default) == {spec.name for spec in DISPATCH_OUTPUTS}
+
+    objectives = inputs["PAIR_OBJECTIVES"]
+    assert objectives is not None
+    cost = objectives[:, 2].reshape(3, 4)
+    inputs["OBJECTIVE_WEIGHTS"] = np.array([0.0, 0.0, 1.0], dtype=np.float32)
+    cost_only = TopKResolverStep().run(inputs)
+    # Order 0 lists riders 0..3: with cost alone the cheapest rider ranks first.
+    assert cost_only["TOPK_RIDER_INDEX"][0, 0] == int(np.argmin(cost[0]))
+    np.testing.assert_array_equal(
+        np.sort(cost_only["TOPK_COST"][0]), np.sort(cost[0]).astype(np.float32)
+    )
+    assert list(cost_only["TOPK_COST"][0]) == sorted(cost_only["TOPK_COST"][0])
+
+
+def test_resolver_rejects_bad_weights_by_name() -> None:
+    inputs = resolver_inputs()
+    inputs["OBJECTIVE_WEIGHTS"] = np.array([0.5, 0.5], dtype=np.float32)
+    with pytest.raises(DispatchInputError) as info:
+        TopKResolverStep().run(inputs)
+    assert info.value.tensor == "OBJECTIVE_WEIGHTS"
+
+
+# ---- DispatchModelStep ---------------------------------------------------------------
+
+
+def test_model_step_reads_pair_features() -> None:
+    assert DispatchModelStep.input_names == ("PAIR_FEATURES",)
+
+
+def test_model_step_rejects_unknown_parameters(contract_model: Path) -> None:
+    with pytest.raises(SettingsError, match="threads"):
+        DispatchModelStep.from_parameters(contract_model, {"threads": "2"})
+
+
+def test_model_step_applies_ort_settings(contract_model: Path) -> None:
+    step = DispatchModelStep.from_parameters(
+        contract_model, {"intra_op_num_threads": "3", "graph_optimization_level": "basic"}
+    )
+    assert step.scorer.session.get_session_options().intra_op_num_threads == 3
+    with pytest.raises(SettingsError, match="graph_optimization_level"):
+        DispatchModelStep.from_parameters(contract_model, {"graph_optimization_level": "x"})
+
+
+def test_model_step_scores_pairs(contract_model: Path) -> None:
+    step = DispatchModelStep(contract_model, OrtSettings())
+    outputs = step.run({"PAIR_FEATURES": features(7)})
+    assert set(outputs) == {"PAIR_OBJECTIVES"}
+    assert outputs["PAIR_OBJECTIVES"].shape == (7, len(OBJECTIVES))
+    assert outputs["PAIR_OBJECTIVES"].dtype == np.float32
+
+
+def test_model_step_reports_missing_features(contract_model: Path) -> None:
+    with pytest.raises(DispatchInputError) as info:
+        DispatchModelStep(contract_model).run({})
+    assert info.value.tensor == "PAIR_FEATURES"
+    assert info.value.rule == "is required but missing"
+
+
+def test_model_step_checks_features(contract_model: Path) -> None:
+    with pytest.raises(DispatchInputError, match="PAIR_FEATURES: must have shape"):
+        DispatchModelStep(contract_model).run({"PAIR_FEATURES": features(2)[:, :5]})
+
+
+@pytest.mark.parametrize("sizes", [(4,), (3, 1, 9), (0, 5, 0, 2)], ids=["one", "three", "empty"])
+def test_run_batch_gives_each_request_its_own_rows(
+    contract_model: Path, sizes: tuple[int, ...]
+) -> None:
+    step = DispatchModelStep(contract_model)
+    batch = [features(n, seed=i) for i, n in enumerate(sizes)]
+    scored = step.run_batch(batch)
+    assert len(scored) == len(batch)
+    for part, scores in zip(batch, scored, strict=True):
+        assert scores.shape == (len(part), len(OBJECTIVES))
+        np.testing.assert_array_equal(scores, step.run({"PAIR_FEATURES": part})["PAIR_OBJECTIVES"])
+
+
+def test_committed_model_scores_encoder_output() -> None:
+    encoded = FeatureEncoderStep().run(window_tensors())
+    scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
+    objectives = scored["PAIR_OBJECTIVES"]
+    assert objectives.shape == (encoded["PAIR_FEATURES"].shape[0], len(OBJECTIVES))
+    assert np.isfinite(objectives).all()
+    assert (objectives[:, 0] > 0).all() and (objectives[:, 2] > 0).all()
+    assert ((objectives[:, 1] >= 0) & (objectives[:, 1] <= 1)).all()

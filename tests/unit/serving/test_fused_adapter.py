@@ -1,0 +1,122 @@
+"""dispatch_service.serving.fused_adapter over a stand-in for Triton's `pb_utils`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from dispatch_service.core.metrics import (
+    CANDIDATES_PER_ORDER,
+    ENCODER_LATENCY,
+    RESOLVER_LATENCY,
+    VALIDATION_REJECTIONS,
+)
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.routing.engine import ROUTED_ORDERS
+from dispatch_service.serving.fused_adapter import (
+    FUSED_METRICS,
+    FusedDispatchAdapter,
+    fused_adapter_for,
+)
+from pb_stand_in import FakePbUtils, FakeRequest, FakeResponse
+
+
+def args(**parameters: str) -> dict[str, str]:
+    config = {"parameters": {k: {"string_value": v} for k, v in parameters.items()}}
+    return {
+        "model_config": json.dumps(config),
+        "model_name": "dispatch_fused",
+        "model_version": "1",
+        "model_instance_name": "dispatch_fused_0",
+        "model_repository": str(MODEL_REPOSITORY / "dispatch_fused"),
+    }
+
+
+def window(seed: int, orders: int = 10) -> dict[str, NDArray[Any]]:
+    return window_to_tensors(generate_window(np.random.default_rng(seed), orders, 50))
+
+
+def execute(adapter: FusedDispatchAdapter, *requests: FakeRequest) -> list[FakeResponse]:
+    responses = adapter.execute(list(requests))
+    assert len(responses) == len(requests)
+    return responses
+
+
+@pytest.fixture
+def pb() -> FakePbUtils:
+    return FakePbUtils()
+
+
+def test_each_request_gets_its_answer(pb: FakePbUtils) -> None:
+    adapter = fused_adapter_for(pb, args(canary_version="2"))
+    requests = [FakeRequest(window(seed), request_id=f"r{seed}") for seed in (1, 2)]
+    for seed, response in zip((1, 2), execute(adapter, *requests), strict=True):
+        got = response.outputs()
+        expected = DispatchPipeline.from_repository().run(window(seed))
+        np.testing.assert_array_equal(got["ASSIGNED_RIDER_IDS"], expected["ASSIGNED_RIDER_IDS"])
+        np.testing.assert_array_equal(got["TOPK_SCORE"], expected["TOPK_SCORE"])
+        assert (got["ORDER_MODEL_VERSION"] == 1).all()
+
+
+def test_a_bad_request_gets_its_own_error_and_its_neighbours_their_answers(
+    pb: FakePbUtils,
+) -> None:
+    adapter = fused_adapter_for(pb, args())
+    bad = window(3)
+    bad["ORDER_PICKUP"] = bad["ORDER_PICKUP"].astype(np.float32)
+    requests = [FakeRequest(window(1)), FakeRequest(bad, request_id="bad"), FakeRequest(window(2))]
+    first, error, last = execute(adapter, *requests)
+    assert error.has_error()
+    assert error.error().code() == "INVALID_ARG"
+    assert "ORDER_PICKUP" in error.error().message()
+    assert not first.has_error() and not last.has_error()
+    rejected = [json.loads(line) for level, line in pb.Logger.lines if level == "warn"]
+    assert [(r["event"], r["request_id"], r["tensor"]) for r in rejected] == [
+        ("request_rejected", "bad", "ORDER_PICKUP")
+    ]
+
+
+def test_a_cancelled_request_is_answered_cancelled(pb: FakePbUtils) -> None:
+    adapter = fused_adapter_for(pb, args())
+    (response,) = execute(adapter, FakeRequest(window(1), cancelled=True))
+    assert response.error().code() == "CANCELLED"
+
+
+def test_records_the_encoder_router_and_resolver_metrics_per_answer(pb: FakePbUtils) -> None:
+    adapter = fused_adapter_for(pb, args())
+    assert set(pb.MetricFamily.created) == {spec.name for spec in FUSED_METRICS}
+    bad = window(3)
+    del bad["RIDER_IDS"]
+    execute(adapter, FakeRequest(window(1, orders=7)), FakeRequest(bad))
+    adapter.finalize()  # stops the recording thread after it recorded what was queued
+    families = pb.MetricFamily
+    for spec in (ENCODER_LATENCY, RESOLVER_LATENCY, CANDIDATES_PER_ORDER):
+        assert len(families.series(spec.name).observations) == 1, spec.name
+    routed = families.series(ROUTED_ORDERS.name, model_version="1", level="0")
+    assert routed.value == 7
+    rejected = families.series(VALIDATION_REJECTIONS.name, tensor="RIDER_IDS")
+    assert rejected.value == 1
+    assert routed.labels["model"] == "dispatch_fused"
+
+
+def test_logs_its_settings_and_each_version_it_could_not_load(pb: FakePbUtils) -> None:
+    fused_adapter_for(pb, args(canary_version="9"))
+    lines = [(level, json.loads(line)) for level, line in pb.Logger.lines]
+    events = {record["event"]: (level, record) for level, record in lines}
+    assert events["model_loaded"][1]["model"] == "dispatch_fused"
+    level, missing = events["version_unavailable"]
+    assert level == "warn" and missing["target_version"] == 9
+    assert "dispatch_model/9/model.onnx" in missing["error"]
+
+
+def test_bad_settings_fail_the_load(pb: FakePbUtils) -> None:
+    with pytest.raises(SettingsError):
+        fused_adapter_for(pb, args(canary_percent="lots"))

@@ -1,0 +1,609 @@
+"""Behaviour of dispatch_service.serving.triton_adapter over a stand-in for Triton's `pb_utils`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from dispatch_contract import NUM_PAIR_FEATURES, OBJECTIVES
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.metrics import (
+    STEP_OBSERVERS,
+    NullMetrics,
+    candidates_per_order,
+    capacity_conflicts,
+)
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
+from dispatch_service.serving.triton_adapter import (
+    TritonBatchedModelAdapter,
+    TritonStepAdapter,
+    adapter_for,
+)
+from pb_stand_in import (
+    FakeMetricFamilies,
+    FakeMetricFamily,
+    FakePbUtils,
+    FakeRequest,
+    FakeTritonError,
+)
+
+COMMITTED_MODEL = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
+LOG_FIELDS = {"event", "model", "request_id", "tensor", "rule", "code"}
+
+
+# ---- steps for the generic adapter ---------------------------------------------------
+
+
+class EchoStep:
+    """Doubles X; raises on a marker value so tests can pick which request fails."""
+
+    input_names: ClassVar[tuple[str, ...]] = ("X",)
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> dict[str, NDArray[Any]]:
+        self.calls += 1
+        x = inputs["X"]
+        if x is None:
+            raise DispatchInputError("X", "is required but missing")
+        if (x < 0).any():
+            raise DispatchInputError("X", f"must be >= 0 (row {int(np.argmax(x < 0))})")
+        if (x == 13).any():
+            raise RuntimeError("unlucky number")
+        return {"Y": x * 2, "N": np.array([x.size], dtype=np.int64)}
+
+
+def echo_request(value: int, request_id: str = "", cancelled: bool = False) -> FakeRequest:
+    return FakeRequest({"X": np.array([value, value + 1])}, request_id, cancelled)
+
+
+def json_lines(pb: FakePbUtils, level: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for lvl, line in pb.Logger.lines if lvl == level]
+
+
+def window_request(seed: int, request_id: str = "", **changes: NDArray[Any]) -> FakeRequest:
+    window = generate_window(np.random.default_rng(seed), 4, 10)
+    tensors: dict[str, NDArray[Any]] = dict(window_to_tensors(window))
+    tensors.update(changes)
+    return FakeRequest(tensors, request_id)
+
+
+# ---- TritonStepAdapter ---------------------------------------------------------------
+
+
+def test_one_response_per_request_in_order() -> None:
+    pb = FakePbUtils()
+    adapter = TritonStepAdapter(pb, "echo", EchoStep())
+    responses = adapter.execute([echo_request(v) for v in (1, 5, 9)])
+    assert [r.outputs()["Y"].tolist() for r in responses] == [[2, 4], [10, 12], [18, 20]]
+    assert all(r.outputs()["N"].tolist() == [2] for r in responses)
+    assert pb.Logger.lines == []
+
+
+def test_no_requests_no_responses() -> None:
+    assert TritonStepAdapter(FakePbUtils(), "echo", EchoStep()).execute([]) == []
+
+
+def test_bad_input_fails_only_its_own_request() -> None:
+    pb = FakePbUtils()
+    responses = TritonStepAdapter(pb, "echo", EchoStep()).execute(
+        [echo_request(1), echo_request(-3, "bad"), echo_request(2)]
+    )
+    assert responses[0].outputs()["Y"].tolist() == [2, 4]
+    assert responses[2].outputs()["Y"].tolist() == [4, 6]
+    error = responses[1].error()
+    assert error.code() == FakeTritonError.INVALID_ARG
+    assert error.message() == "X: must be >= 0 (row 0)"
+
+
+def test_a_bad_window_is_answered_with_invalid_arg_naming_the_tensor() -> None:
+    pb = FakePbUtils()
+    adapter = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep())
+    good = window_request(1, "a")
+    pickup = np.array(good.tensors["ORDER_PICKUP"], copy=True)
+    pickup[2, 0] = 95.0
+    responses = adapter.execute(
+        [good, window_request(1, "b", ORDER_PICKUP=pickup), window_request(2, "c")]
+    )
+    assert len(responses) == 3
+    for ok in (responses[0], responses[2]):
+        outputs = ok.outputs()
+        assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX"}
+        assert outputs["PAIR_FEATURES"].shape[1] == NUM_PAIR_FEATURES
+    error = responses[1].error()
+    assert error.code() == FakeTritonError.INVALID_ARG
+    assert error.message().startswith("ORDER_PICKUP: latitude must be within")
+    assert "(row 2)" in error.message()
+
+
+def test_a_missing_tensor_is_answered_with_invalid_arg() -> None:
+    pb = FakePbUtils()
+    request = window_request(1)
+    del request.tensors["RIDER_LOAD"]
+    (response,) = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep()).execute([request])
+    assert response.error().code() == FakeTritonError.INVALID_ARG
+    assert response.error().message() == "RIDER_LOAD: is required but missing"
+
+
+def test_the_optional_input_is_passed_as_none_when_absent() -> None:
+    seen: list[Mapping[str, NDArray[Any] | None]] = []
+
+    class Recorder:
+        input_names: ClassVar[tuple[str, ...]] = ("A", "B")
+
+        def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> dict[str, NDArray[Any]]:
+            seen.append(inputs)
+            return {}
+
+    TritonStepAdapter(FakePbUtils(), "m", Recorder()).execute([FakeRequest({"A": np.zeros(1)})])
+    assert set(seen[0]) == {"A", "B"}
+    assert seen[0]["B"] is None
+
+
+def test_an_unexpected_exception_is_internal_and_names_the_model() -> None:
+    pb = FakePbUtils()
+    responses = TritonStepAdapter(pb, "topk_resolver", EchoStep()).execute(
+        [echo_request(1), echo_request(13, "req-13"), echo_request(3)]
+    )
+    assert responses[0].outputs()["Y"].tolist() == [2, 4]
+    assert responses[2].outputs()["Y"].tolist() == [6, 8]
+    error = responses[1].error()
+    assert error.code() == FakeTritonError.INTERNAL
+    assert error.message() == "topk_resolver: internal error (RuntimeError: unlucky number)"
+    (logged,) = json_lines(pb, "error")
+    assert logged["event"] == "request_failed"
+    assert logged["model"] == "topk_resolver"
+    assert logged["request_id"] == "req-13"
+    assert "RuntimeError: unlucky number" in logged["error"]
+    assert json_lines(pb, "warn") == []
+
+
+def test_a_cancelled_request_is_not_run() -> None:
+    pb = FakePbUtils()
+    step = EchoStep()
+    responses = TritonStepAdapter(pb, "echo", step).execute(
+        [echo_request(1), echo_request(2, cancelled=True), echo_request(3)]
+    )
+    assert responses[1].error().code() == FakeTritonError.CANCELLED
+    assert "cancelled" in responses[1].error().message()
+    assert responses[0].outputs()["Y"].tolist() == [2, 4]
+    assert responses[2].outputs()["Y"].tolist() == [6, 8]
+    assert step.calls == 2
+
+
+def test_a_rejection_logs_one_json_line_without_payload() -> None:
+    pb = FakePbUtils()
+    secret_order = b"order-SECRET-4711"
+    pickup = np.array(window_request(1).tensors["ORDER_PICKUP"], copy=True)
+    pickup[3] = [123.4567891, 121.4737]
+    request = window_request(
+        1,
+        "req-42",
+        ORDER_PICKUP=pickup,
+        ORDER_IDS=np.array([secret_order, b"o2", b"o3", b"o4"], dtype=object),
+    )
+    (response,) = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep()).execute([request])
+    assert response.error().code() == FakeTritonError.INVALID_ARG
+
+    assert len(pb.Logger.lines) == 1
+    level, line = pb.Logger.lines[0]
+    assert level == "warn"
+    assert "\n" not in line
+    logged = json.loads(line)
+    assert set(logged) == LOG_FIELDS
+    assert logged == {
+        "event": "request_rejected",
+        "model": "feature_encoder",
+        "request_id": "req-42",
+        "tensor": "ORDER_PICKUP",
+        "rule": "latitude must be within [-90.0, 90.0] (row 3)",
+        "code": "range",
+    }
+    for payload in ("SECRET", "123.45", "121.47", "o2"):
+        assert payload not in line
+
+
+def _rider_column(value: int) -> NDArray[np.int32]:
+    column = np.zeros(10, dtype=np.int32)
+    column[2] = value
+    return column
+
+
+REJECTIONS_WITH_PAYLOAD: dict[str, tuple[NDArray[Any], str]] = {
+    "RIDER_LOAD": (_rider_column(-7777), "7777"),
+    "RIDER_CAPACITY": (_rider_column(-6666), "6666"),
+    "RIDER_EQUIPMENT": (_rider_column(-5555), "5555"),
+    "RIDER_VEHICLE": (_rider_column(4444), "4444"),
+    "ORDER_CREATED_AT": (np.array([1, 2, -3333, 4], dtype=np.int64), "3333"),
+    "ORDER_CONSTRAINTS": (np.array([0, 2222, 0, 0], dtype=np.int32), "2222"),
+    "ORDER_PROMISED_MINUTES": (np.array([30, 999.25, 30, 30], dtype=np.float32), "999"),
+    "COORD_SYSTEM": (np.array([b"MY-PRIVATE-DATUM"], dtype=object), "PRIVATE"),
+}
+
+
+@pytest.mark.parametrize("tensor", sorted(REJECTIONS_WITH_PAYLOAD))
+def test_rejection_logs_never_echo_request_values(tensor: str) -> None:
+    pb = FakePbUtils()
+    value, payload = REJECTIONS_WITH_PAYLOAD[tensor]
+    request = window_request(1, "req-7", **{tensor: value})
+    (response,) = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep()).execute([request])
+    assert response.error().code() == FakeTritonError.INVALID_ARG
+    assert response.error().message().startswith(f"{tensor}: ")
+    ((_, line),) = pb.Logger.lines
+    assert json.loads(line)["tensor"] == tensor
+    assert payload not in line
+
+
+# ---- TritonBatchedModelAdapter -------------------------------------------------------
+
+
+def pairs(rows: int, seed: int) -> NDArray[np.float32]:
+    """Realistic pair features: the encoder's own output for a simulated window."""
+    window = generate_window(np.random.default_rng(seed), max(rows, 1), 20)
+    encoded = FeatureEncoderStep().run(dict(window_to_tensors(window)))
+    features: NDArray[np.float32] = encoded["PAIR_FEATURES"][:rows]
+    return features
+
+
+def model_request(features: NDArray[Any] | None, request_id: str = "") -> FakeRequest:
+    return FakeRequest({"PAIR_FEATURES": features}, request_id)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("contract", id="contract-model"),
+        pytest.param("committed", id="committed-model"),
+    ]
+)
+def model_step(request: pytest.FixtureRequest, contract_model: Path) -> DispatchModelStep:
+    return DispatchModelStep(contract_model if request.param == "contract" else COMMITTED_MODEL)
+
+
+def test_batched_adapter_scores_every_request_in_one_call(
+    model_step: DispatchModelStep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    infer = model_step.scorer.infer
+
+    def counting_infer(features: NDArray[np.float32]) -> NDArray[np.float32]:
+        calls.append(features.shape[0])
+        return infer(features)
+
+    alone = {
+        seed: model_step.scorer.score(pairs(rows, seed)) for seed, rows in enumerate((3, 16, 1))
+    }
+    monkeypatch.setattr(model_step.scorer, "infer", counting_infer)
+    pb = FakePbUtils()
+    adapter = TritonBatchedModelAdapter(pb, "dispatch_model", model_step)
+    requests = [model_request(pairs(rows, seed)) for seed, rows in enumerate((3, 16, 1))]
+    responses = adapter.execute(requests)
+
+    assert calls == [3 + 16 + 1]
+    assert len(responses) == 3
+    for seed, response in enumerate(responses):
+        (name, scores), *rest = response.outputs().items()
+        assert (name, rest) == ("PAIR_OBJECTIVES", [])
+        assert scores.dtype == np.float32
+        assert scores.shape == (alone[seed].shape[0], len(OBJECTIVES))
+        np.testing.assert_array_equal(scores, alone[seed])
+    assert pb.Logger.lines == []
+
+
+def test_batched_adapter_rejects_bad_requests_and_scores_the_others(
+    model_step: DispatchModelStep,
+) -> None:
+    pb = FakePbUtils()
+    adapter = TritonBatchedModelAdapter(pb, "dispatch_model", model_step)
+    good = [pairs(rows, seed) for seed, rows in enumerate((5, 2, 7))]
+    with_nan = pairs(4, 10)
+    with_nan[1, 3] = np.nan
+    requests = [
+        model_request(good[0], "g0"),
+        model_request(with_nan, "nan"),
+        model_request(good[1], "g1"),
+        model_request(pairs(4, 11)[:, :-1], "narrow"),
+        model_request(pairs(4, 12).astype(np.float64), "fp64"),
+        model_request(None, "missing"),
+        model_request(good[2], "g2"),
+    ]
+    responses = adapter.execute(requests)
+
+    assert len(responses) == len(requests)
+    for index, features in zip((0, 2, 6), good, strict=True):
+        np.testing.assert_array_equal(
+            responses[index].outputs()["PAIR_OBJECTIVES"], model_step.scorer.score(features)
+        )
+    expected = {
+        1: "PAIR_FEATURES: must be finite",
+        3: f"PAIR_FEATURES: must have shape [*, {NUM_PAIR_FEATURES}], got (4, 27)",
+        4: "PAIR_FEATURES: must be FP32, got float64",
+        5: "PAIR_FEATURES: is required but missing",
+    }
+    for index, message in expected.items():
+        error = responses[index].error()
+        assert error.code() == FakeTritonError.INVALID_ARG
+        assert error.message().startswith(message)
+    logged = json_lines(pb, "warn")
+    assert [entry["request_id"] for entry in logged] == ["nan", "narrow", "fp64", "missing"]
+    assert all(set(entry) == LOG_FIELDS for entry in logged)
+
+
+def test_batched_adapter_cancelled_and_empty_requests(contract_model: Path) -> None:
+    adapter = TritonBatchedModelAdapter(
+        FakePbUtils(), "dispatch_model", DispatchModelStep(contract_model)
+    )
+    cancelled = FakeRequest({"PAIR_FEATURES": pairs(3, 0)}, "c", cancelled=True)
+    empty = np.zeros((0, NUM_PAIR_FEATURES), dtype=np.float32)
+    responses = adapter.execute([cancelled, model_request(empty), model_request(pairs(2, 1))])
+    assert responses[0].error().code() == FakeTritonError.CANCELLED
+    assert responses[1].outputs()["PAIR_OBJECTIVES"].shape == (0, len(OBJECTIVES))
+    assert responses[2].outputs()["PAIR_OBJECTIVES"].shape == (2, len(OBJECTIVES))
+
+
+def test_batched_adapter_with_only_bad_requests_does_not_score(
+    contract_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = DispatchModelStep(contract_model)
+
+    def no_scoring(batch: object) -> None:
+        raise AssertionError("nothing should be scored")
+
+    monkeypatch.setattr(step, "run_batch", no_scoring)
+    responses = TritonBatchedModelAdapter(FakePbUtils(), "dispatch_model", step).execute(
+        [model_request(None), FakeRequest({"PAIR_FEATURES": pairs(1, 0)}, cancelled=True)]
+    )
+    assert [r.error().code() for r in responses] == ["INVALID_ARG", "CANCELLED"]
+
+
+def test_a_failing_batch_is_internal_for_its_members_only(
+    contract_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = DispatchModelStep(contract_model)
+
+    def broken(batch: object) -> None:
+        raise MemoryError("out of arena")
+
+    monkeypatch.setattr(step, "run_batch", broken)
+    pb = FakePbUtils()
+    responses = TritonBatchedModelAdapter(pb, "dispatch_model", step).execute(
+        [model_request(pairs(2, 0), "a"), model_request(None, "b"), model_request(pairs(2, 1), "c")]
+    )
+    assert responses[1].error().code() == FakeTritonError.INVALID_ARG
+    for index in (0, 2):
+        error = responses[index].error()
+        assert error.code() == FakeTritonError.INTERNAL
+        assert error.message() == "dispatch_model: internal error (MemoryError: out of arena)"
+    assert [entry["request_id"] for entry in json_lines(pb, "error")] == ["a", "c"]
+
+
+# ---- adapter_for ---------------------------------------------------------------------
+
+
+def triton_args(name: str, parameters: dict[str, str], repository: Path) -> dict[str, str]:
+    config = {
+        "name": name,
+        "parameters": {key: {"string_value": value} for key, value in parameters.items()},
+    }
+    return {
+        "model_config": json.dumps(config),
+        "model_name": name,
+        "model_repository": str(repository),
+        "model_version": "1",
+        "model_instance_name": f"{name}_0_0",
+    }
+
+
+def test_adapter_for_the_encoder(tmp_path: Path) -> None:
+    adapter = adapter_for(
+        FakePbUtils(),
+        triton_args("feature_encoder", {"candidates_per_order": "3"}, tmp_path),
+        "feature_encoder",
+    )
+    assert type(adapter) is TritonStepAdapter
+    assert adapter.model_name == "feature_encoder"
+    assert isinstance(adapter.step, FeatureEncoderStep)
+    assert adapter.step.encoder.candidates_per_order == 3
+
+
+def test_adapter_for_the_resolver(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    adapter = adapter_for(pb, triton_args("topk", {"top_k": "2"}, tmp_path), "topk_resolver")
+    assert isinstance(adapter.step, TopKResolverStep)
+    assert adapter.step.settings.top_k == 2
+    assert adapter.model_name == "topk"
+
+
+def test_adapter_for_the_model_loads_the_version_file(tmp_path: Path, contract_model: Path) -> None:
+    (tmp_path / "1").mkdir()
+    shutil.copy(contract_model, tmp_path / "1" / "model.onnx")
+    adapter = adapter_for(
+        FakePbUtils(),
+        triton_args("dispatch_model", {"intra_op_num_threads": "2"}, tmp_path),
+        "dispatch_model",
+    )
+    assert isinstance(adapter, TritonBatchedModelAdapter)
+    assert adapter.step.scorer.session.get_session_options().intra_op_num_threads == 2
+    (response,) = adapter.execute([model_request(pairs(3, 0))])
+    assert response.outputs()["PAIR_OBJECTIVES"].shape == (3, len(OBJECTIVES))
+
+
+def test_adapter_for_rejects_unknown_parameters(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="bogus"):
+        adapter_for(FakePbUtils(), triton_args("fe", {"bogus": "1"}, tmp_path), "feature_encoder")
+
+
+def test_adapter_for_accepts_backend_parameters(tmp_path: Path) -> None:
+    args = triton_args("fe", {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"}, tmp_path)
+    assert isinstance(adapter_for(FakePbUtils(), args, "feature_encoder").step, FeatureEncoderStep)
+
+
+def test_adapter_for_an_unknown_model(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no adapter for model 'dispatch'"):
+        adapter_for(FakePbUtils(), triton_args("dispatch", {}, tmp_path), "dispatch")
+
+
+# ---- custom metrics and load/unload logs ---------------------------------------------
+
+
+def test_load_and_unload_are_one_json_line_each(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    adapter = adapter_for(pb, triton_args("feature_encoder", {}, tmp_path), "feature_encoder")
+    loaded = {
+        "event": "model_loaded",
+        "model": "feature_encoder",
+        "version": "1",
+        "instance": "feature_encoder_0_0",
+    }
+    assert json_lines(pb, "info") == [loaded]
+    adapter.finalize()
+    assert json_lines(pb, "info") == [loaded, {**loaded, "event": "model_unloaded"}]
+    assert all("\n" not in line for _, line in pb.Logger.lines)
+    assert isinstance(adapter.metrics, NullMetrics)  # the Triton metrics are released
+
+
+def test_the_encoder_records_latency_candidates_and_rejections(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    args = triton_args("feature_encoder", {"candidates_per_order": "3"}, tmp_path)
+    adapter = adapter_for(pb, args, "feature_encoder")
+    good = [window_request(1, "a"), window_request(2, "c")]
+    pickup = np.array(good[0].tensors["ORDER_PICKUP"], copy=True)
+    pickup[0, 1] = 200.0
+    twice = np.array([b"o1", b"o2", b"o1", b"o4"], dtype=object)
+    responses = adapter.execute(
+        [
+            good[0],
+            window_request(1, "b", ORDER_PICKUP=pickup),
+            good[1],
+            window_request(3, "d", ORDER_IDS=twice),
+            window_request(4, "e", ORDER_IDS=twice),
+        ]
+    )
+    adapter.finalize()  # the metrics thread records what it still holds
+    families = pb.MetricFamily
+    labels = {"model": "feature_encoder", "version": "1"}
+    latency = families.series("dispatch_encoder_latency_ms", **labels)
+    assert len(latency.observations) == 2 and min(latency.observations) >= 0.0
+    assert latency.buckets is not None and latency.buckets[0] > 0
+    candidates = families.series("dispatch_candidates_per_order", **labels)
+    expected = [
+        candidates_per_order(responses[i].outputs()["CANDIDATE_RIDER_INDEX"]) for i in (0, 2)
+    ]
+    assert candidates.observations == expected
+    rejections = families.created["dispatch_validation_rejections_total"].metrics
+    counted = {(m.labels["tensor"], m.labels["rule"]): m.value for m in rejections}
+    assert counted == {("ORDER_PICKUP", "range"): 1.0, ("ORDER_IDS", "unique"): 2.0}
+    assert all(m.labels["model"] == "feature_encoder" for m in rejections)
+    codes = [entry["code"] for entry in json_lines(pb, "warn")]
+    assert codes == ["range", "unique", "unique"]
+
+
+def test_the_resolver_records_capacity_conflicts(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    adapter = adapter_for(pb, triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
+    window = dict(window_to_tensors(generate_window(np.random.default_rng(5), 30, 6)))
+    encoded = FeatureEncoderStep().run(window)
+    scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
+    inputs = {**window, **encoded, **scored}
+    request = FakeRequest({name: inputs.get(name) for name in adapter.step.input_names})
+    (response,) = adapter.execute([request])
+    adapter.finalize()  # the metrics thread records what it still holds
+    out = response.outputs()
+    expected = capacity_conflicts(
+        out["TOPK_RIDER_INDEX"],
+        out["TOPK_SCORE"],
+        out["ASSIGNED_RIDER_INDEX"],
+        out["ASSIGNED_SCORE"],
+    )
+    assert expected > 0  # 30 orders, 6 riders
+    labels = {"model": "topk_resolver", "version": "1"}
+    assert pb.MetricFamily.series("dispatch_capacity_conflicts_total", **labels).value == expected
+    latency = pb.MetricFamily.series("dispatch_resolver_latency_ms", **labels)
+    assert len(latency.observations) == 1
+    # a model exposes only its own families (plus rejections)
+    assert set(pb.MetricFamily.created) == {
+        "dispatch_resolver_latency_ms",
+        "dispatch_capacity_conflicts_total",
+        "dispatch_validation_rejections_total",
+    }
+
+
+def test_the_batched_model_counts_rejections_by_rule(tmp_path: Path, contract_model: Path) -> None:
+    (tmp_path / "1").mkdir()
+    shutil.copy(contract_model, tmp_path / "1" / "model.onnx")
+    pb = FakePbUtils()
+    adapter = adapter_for(pb, triton_args("dispatch_model", {}, tmp_path), "dispatch_model")
+    with_nan = pairs(4, 10)
+    with_nan[1, 3] = np.inf
+    adapter.execute(
+        [
+            model_request(pairs(3, 0)),
+            model_request(with_nan),
+            model_request(pairs(4, 11)[:, :-1]),
+            model_request(pairs(4, 12).astype(np.float64)),
+            model_request(None),
+        ]
+    )
+    adapter.finalize()  # the metrics thread records what it still holds
+    assert set(pb.MetricFamily.created) == {"dispatch_validation_rejections_total"}
+    rejections = pb.MetricFamily.created["dispatch_validation_rejections_total"].metrics
+    counted = {m.labels["rule"]: m.value for m in rejections}
+    assert counted == {"not_finite": 1.0, "shape": 1.0, "dtype": 1.0, "missing": 1.0}
+    assert {m.labels["tensor"] for m in rejections} == {"PAIR_FEATURES"}
+
+
+class BrokenMetrics:
+    def record(self, observations: object) -> None:
+        raise RuntimeError("metrics IPC failed")
+
+
+def test_a_metrics_failure_never_fails_a_request() -> None:
+    pb = FakePbUtils()
+    adapter = TritonStepAdapter(
+        pb,
+        "feature_encoder",
+        FeatureEncoderStep(),
+        metrics=BrokenMetrics(),
+        observer=STEP_OBSERVERS["feature_encoder"],
+    )
+    responses = adapter.execute([window_request(1), window_request(2)])
+    assert all(not r.has_error() for r in responses)
+    (logged,) = json_lines(pb, "error")  # logged once, not per request
+    assert logged["event"] == "metrics_failed"
+    assert "metrics IPC failed" in logged["error"]
+
+
+class RefusingMetricFamilies(FakeMetricFamilies):
+    def __call__(self, name: str, description: str, kind: str) -> FakeMetricFamily:
+        raise RuntimeError("metrics are disabled")
+
+
+def test_without_custom_metrics_the_model_still_loads(tmp_path: Path) -> None:
+    pb = FakePbUtils()
+    pb.MetricFamily = RefusingMetricFamilies()
+    adapter = adapter_for(pb, triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
+    assert isinstance(adapter.metrics, NullMetrics)
+    (warned,) = json_lines(pb, "warn")
+    assert warned["event"] == "metrics_unavailable"
+    assert "metrics are disabled" in warned["error"]
+    assert json_lines(pb, "info")[0]["event"] == "model_loaded"
+
+
+@pytest.mark.parametrize("model", ["feature_encoder", "dispatch_model", "topk_resolver"])
+def test_each_model_py_hands_initialize_execute_and_finalize_to_the_adapter(model: str) -> None:
+    source = (MODEL_REPOSITORY / model / "1" / "model.py").read_text()
+    assert f'adapter_for(pb_utils, args, "{model}")' in source
+    assert "return self.adapter.execute(requests)" in source
+    assert "self.adapter.finalize()" in source
+    assert len(source.splitlines()) <= 20

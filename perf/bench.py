@@ -79,6 +79,32 @@ from perf.windows import (
     simulated_windows,
 )
 
+__all__ = [
+    "FULL",
+    "PA_ENTRIES",
+    "PA_TRANSPORTS",
+    "QUICK",
+    "REPORTS",
+    "TRITON_BUDGET_SHARE",
+    "Bench",
+    "Endpoints",
+    "FastApiSession",
+    "Levels",
+    "Plan",
+    "TritonSession",
+    "Workload",
+    "check_answer",
+    "host_info",
+    "load_level",
+    "main",
+    "pa_job",
+    "pa_level",
+    "parse_locust_stats",
+    "prepare_workload",
+    "run_locust",
+    "write_outputs",
+]
+
 REPORTS = REPO_ROOT / "perf" / "reports"
 TRITON_BUDGET_SHARE = 0.78
 Levels = dict[str, tuple[int, ...]]

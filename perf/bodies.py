@@ -26,6 +26,21 @@ from dispatch_client.window_json import window_to_json
 from dispatch_contract import DISPATCH_OUTPUTS, TRITON_TO_NUMPY, spec_by_name
 from perf.pa import tensor_entry
 
+__all__ = [
+    "OUTPUT_NAMES",
+    "TRITON_INFER_PATH",
+    "RequestBody",
+    "Tensors",
+    "decode_arrays",
+    "decode_triton_json_answer",
+    "encode_arrays",
+    "fastapi_arrays_body",
+    "fastapi_window_body",
+    "triton_binary_body",
+    "triton_infer_path",
+    "triton_json_body",
+]
+
 Tensors = dict[str, NDArray[Any]]
 OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_OUTPUTS)
 

@@ -25,6 +25,15 @@ from typing import Any
 
 from dispatch_service.core.paths import REPO_ROOT
 
+__all__ = [
+    "LEVELS",
+    "MODELS",
+    "checkout",
+    "library_first",
+    "main",
+    "measure",
+]
+
 MODELS = ("dispatch", "dispatch_fused")
 LEVELS = {"small": (1, 64), "medium": (1, 16), "large": (1,)}
 

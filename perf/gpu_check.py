@@ -61,6 +61,24 @@ from dispatch_service.ops.server import (
 )
 from perf.pa import SharedMemory
 
+__all__ = [
+    "NATIVE_TRITONSERVER",
+    "OUTPUT_NAMES",
+    "NoGpuError",
+    "Row",
+    "Tensors",
+    "assignments",
+    "derived_repository",
+    "gpu_memory_mib",
+    "gpu_names",
+    "load_failure",
+    "main",
+    "native_tritonserver",
+    "perf_analyzer_c128",
+    "render",
+    "sequential",
+]
+
 NATIVE_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
 OUTPUT_NAMES = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
 Tensors = dict[str, NDArray[Any]]

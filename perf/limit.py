@@ -23,6 +23,11 @@ from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from perf.stats import LimitStats, level_stats
 from perf.windows import SIZES, simulated_windows
 
+__all__ = [
+    "measure",
+    "run_windows",
+]
+
 
 def run_windows(
     pipeline: DispatchPipeline,

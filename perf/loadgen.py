@@ -21,6 +21,14 @@ import aiohttp
 from perf.bodies import RequestBody
 from perf.stats import LevelStats, level_stats
 
+__all__ = [
+    "LOOPBACK_HOSTS",
+    "LoadPlan",
+    "LoadResult",
+    "require_loopback",
+    "run_load",
+]
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 

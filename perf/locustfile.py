@@ -24,6 +24,10 @@ from perf.bodies import TRITON_INFER_PATH, RequestBody, triton_binary_body, trit
 from perf.loadgen import require_loopback
 from perf.windows import SIZES, optional_inputs, simulated_windows
 
+__all__ = [
+    "DispatchUser",
+]
+
 _bodies: list[RequestBody] = []
 _sent = itertools.count()
 _limit = {"max_requests": 0}

@@ -55,6 +55,30 @@ from dispatch_contract import (
 )
 from perf.stats import LevelStats, level_stats
 
+__all__ = [
+    "SHM_DIR",
+    "WINDOWS",
+    "Mode",
+    "PaJob",
+    "PaOutcome",
+    "PerfAnalyzer",
+    "Protocol",
+    "SharedMemory",
+    "Tensors",
+    "input_data_document",
+    "output_shm_size",
+    "parse_csv",
+    "parse_profile_export",
+    "parse_request_count",
+    "parse_server_breakdown",
+    "read_input_data",
+    "remove_leftover_regions",
+    "shm_entries",
+    "tensor_entry",
+    "wire_bytes",
+    "write_input_data",
+]
+
 Tensors = dict[str, NDArray[Any]]
 Protocol = Literal["grpc", "http"]
 SharedMemory = Literal["none", "system", "cuda"]  # cuda: perf/gpu_check.py

@@ -6,6 +6,10 @@ from pathlib import Path
 
 from perf.report import ENTRY_POINTS, FUSED_MODEL, BenchResults, EntryPoint
 
+__all__ = [
+    "plot_size",
+]
+
 _STYLES = (("p50_ms", "-", "p50"), ("p95_ms", "--", "p95"), ("p99_ms", ":", "p99"))
 # One hue per transport (matplotlib's tab20 pairs): the dispatch ensemble in the dark shade
 # with round markers, dispatch_fused in the light shade with square markers.

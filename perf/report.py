@@ -18,6 +18,26 @@ from typing import Any
 
 from perf.stats import LevelStats, LimitStats
 
+__all__ = [
+    "ENSEMBLE_MODEL",
+    "ENTRY_POINTS",
+    "FUSED_MODEL",
+    "MODELS",
+    "SIZE_ORDER",
+    "TARGET_CONCURRENCY",
+    "BenchResults",
+    "EntryPoint",
+    "Ratio",
+    "Series",
+    "Target",
+    "compute_ratios",
+    "compute_targets",
+    "entry_key",
+    "main",
+    "model_targets",
+    "render_report",
+]
+
 SIZE_ORDER = ("small", "medium", "large")
 
 # The two Triton models that answer a dispatch window: the four-step ensemble and the same

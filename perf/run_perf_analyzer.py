@@ -34,6 +34,10 @@ from perf.stats import request_budget
 from perf.variants import config_digest
 from perf.windows import SIZES, optional_inputs
 
+__all__ = [
+    "main",
+]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)

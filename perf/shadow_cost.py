@@ -30,6 +30,13 @@ from dispatch_service.ops.router_control import apply_router_settings
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.routing.engine import RouterSettings
 
+__all__ = [
+    "OUTPUTS",
+    "SIZES",
+    "main",
+    "measure",
+]
+
 SIZES = ((1, 20), (64, 200))
 OUTPUTS = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
 

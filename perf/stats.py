@@ -8,6 +8,13 @@ from typing import Any
 
 import numpy as np
 
+__all__ = [
+    "LevelStats",
+    "LimitStats",
+    "level_stats",
+    "request_budget",
+]
+
 
 @dataclass(frozen=True)
 class LevelStats:

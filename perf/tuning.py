@@ -24,6 +24,15 @@ from perf.stats import request_budget
 from perf.variants import TUNING_LOG, parse_override, patched_repository
 from perf.windows import SIZES, optional_inputs
 
+__all__ = [
+    "METRICS",
+    "append_log",
+    "main",
+    "metric_key",
+    "noise_percent",
+    "tuning_entry",
+]
+
 METRICS = (
     ("small", 1, "p50_ms"),
     ("small", 1, "p99_ms"),

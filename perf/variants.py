@@ -21,6 +21,16 @@ from typing import Any
 
 from dispatch_service.core.paths import REPO_ROOT
 
+__all__ = [
+    "SETTINGS",
+    "TUNING_LOG",
+    "ConfigOverride",
+    "apply_override",
+    "config_digest",
+    "parse_override",
+    "patched_repository",
+]
+
 TUNING_LOG = REPO_ROOT / "perf" / "tuning_log.json"
 SETTINGS = ("queue_delay_us", "instances", "param")
 

@@ -19,6 +19,17 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 
+__all__ = [
+    "FIRST_SEED",
+    "NEUTRAL_OPTIONAL_INPUTS",
+    "SIZES",
+    "Tensors",
+    "WindowSize",
+    "neutral_inputs",
+    "optional_inputs",
+    "simulated_windows",
+]
+
 Tensors = dict[str, NDArray[Any]]
 
 FIRST_SEED = 1000

@@ -36,6 +36,7 @@ from dispatch_contract import (
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "OUTPUT_NAMES",
     "Candidate",
     "DispatchClient",
     "DispatchResult",

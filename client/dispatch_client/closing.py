@@ -5,6 +5,10 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Self
 
+__all__ = [
+    "Closing",
+]
+
 
 class Closing:
     """Mixin: `with obj:` closes `obj` on the way out, however the block ends."""

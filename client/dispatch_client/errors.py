@@ -8,6 +8,14 @@ Three kinds, because callers act on them differently: a bad window is the caller
 
 from __future__ import annotations
 
+__all__ = [
+    "DispatchConnectionError",
+    "DispatchError",
+    "DispatchServerError",
+    "WindowJSONError",
+    "one_line",
+]
+
 
 def one_line(text: str) -> str:
     """Join a multi-line message (e.g. a server traceback) so logs and the CLI keep one line."""

@@ -61,6 +61,7 @@ from dispatch_client.errors import WindowJSONError
 from dispatch_contract import WINDOW_INPUTS, CoordSystem, OrderConstraint, Vehicle
 
 __all__ = [
+    "ROOT",
     "WindowJSONError",
     "window_from_dict",
     "window_from_json",

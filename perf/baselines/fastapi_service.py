@@ -44,6 +44,16 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from perf.bodies import OUTPUT_NAMES, decode_arrays, encode_arrays
 
+__all__ = [
+    "REPOSITORY_ENV",
+    "app",
+    "dispatch",
+    "dispatch_arrays",
+    "health",
+    "lifespan",
+    "main",
+]
+
 REPOSITORY_ENV = "DISPATCH_BASELINE_MODEL_REPOSITORY"
 _state: dict[str, DispatchPipeline] = {}
 

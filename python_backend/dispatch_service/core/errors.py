@@ -5,6 +5,12 @@ from __future__ import annotations
 import re
 from typing import Final
 
+__all__ = [
+    "RULE_CODES",
+    "DispatchInputError",
+    "rule_code",
+]
+
 # Stable, low-cardinality keys of the broken rule: the `rule` label of
 # dispatch_validation_rejections_total and the `code` of a rejection's log line.
 RULE_CODES: Final = (

@@ -36,6 +36,36 @@ from numpy.typing import ArrayLike, NDArray
 from dispatch_contract import CANDIDATE_RIDER_INDEX
 from dispatch_service.core.errors import DispatchInputError
 
+__all__ = [
+    "ALL_METRICS",
+    "CANDIDATES_PER_ORDER",
+    "CANDIDATE_BUCKETS",
+    "CAPACITY_CONFLICTS",
+    "CONSTANT_LABELS",
+    "ENCODER_LATENCY",
+    "LATENCY_BUCKETS_MS",
+    "RESOLVER_LATENCY",
+    "STEP_METRICS",
+    "STEP_OBSERVERS",
+    "VALIDATION_REJECTIONS",
+    "BackgroundMetrics",
+    "InMemoryMetrics",
+    "MetricKind",
+    "MetricSpec",
+    "MetricsSink",
+    "NullMetrics",
+    "Observation",
+    "StepObserver",
+    "TritonMetrics",
+    "candidates_per_order",
+    "capacity_conflicts",
+    "coalesce_counters",
+    "encoder_observations",
+    "metrics_of",
+    "rejection_observation",
+    "resolver_observations",
+]
+
 
 class MetricKind(Enum):
     COUNTER = "counter"

@@ -2,5 +2,10 @@
 
 from pathlib import Path
 
+__all__ = [
+    "MODEL_REPOSITORY",
+    "REPO_ROOT",
+]
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"

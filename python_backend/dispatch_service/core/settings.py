@@ -11,6 +11,14 @@ import json
 from collections.abc import Mapping
 from typing import Any, TypeVar, get_type_hints
 
+__all__ = [
+    "BACKEND_PARAMETERS",
+    "SettingsError",
+    "load_settings",
+    "parameters_from_model_config",
+    "reject_unknown",
+]
+
 T = TypeVar("T")
 
 # Parameters read by Triton's Python backend itself, not by our settings classes.

@@ -26,6 +26,17 @@ from dispatch_contract import (
 from dispatch_service.domain import geo
 from dispatch_service.domain.window import DispatchWindow
 
+__all__ = [
+    "EncodedWindow",
+    "EncoderSettings",
+    "EncoderThreads",
+    "IntArray",
+    "encode_pairs",
+    "encode_window",
+    "feasible_mask",
+    "select_candidates",
+]
+
 IntArray = NDArray[np.int64]
 
 # Candidates fetched by the cheap pre-selection beyond the N needed; the exact ordering

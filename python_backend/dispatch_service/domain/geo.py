@@ -19,6 +19,24 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_contract import CoordSystem
 
+__all__ = [
+    "CITY_CENTRE",
+    "EARTH_RADIUS_KM",
+    "MAX_GEOHASH_PRECISION",
+    "FloatArray",
+    "bearing_rad",
+    "cell_centre_latlon",
+    "en_offset_km",
+    "from_wgs84",
+    "geohash_cell_centre",
+    "geohash_decode_centre",
+    "geohash_encode",
+    "haversine_bearing",
+    "haversine_km",
+    "in_mainland_china",
+    "to_wgs84",
+]
+
 FloatArray = NDArray[np.float64]
 
 # Mean Earth radius (IUGG): one degree of latitude is then ~111.195 km.

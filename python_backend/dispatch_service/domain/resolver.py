@@ -76,6 +76,7 @@ __all__ = [
     "ResolverSettings",
     "assign",
     "fnv1a_64",
+    "ids_as_bytes",
     "resolve",
     "score_pairs",
 ]

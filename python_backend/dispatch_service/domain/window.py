@@ -28,6 +28,19 @@ from dispatch_contract import (
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain import geo
 
+__all__ = [
+    "MAX_CLOCK_SKEW_S",
+    "MAX_PROMISED_MINUTES",
+    "Counts",
+    "DispatchWindow",
+    "Values",
+    "WindowLimits",
+    "parse_coord_system",
+    "parse_objective_weights",
+    "window_from_tensors",
+    "window_to_tensors",
+]
+
 MAX_PROMISED_MINUTES = 240.0
 # Orders may be stamped a little after the window's time by a skewed clock; not more.
 MAX_CLOCK_SKEW_S = 300

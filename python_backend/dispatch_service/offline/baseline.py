@@ -17,6 +17,10 @@ from dispatch_contract import HARD_CONSTRAINTS, OrderConstraint, Vehicle
 from dispatch_service.domain import geo
 from dispatch_service.domain.window import DispatchWindow
 
+__all__ = [
+    "nearest_rider_assignment",
+]
+
 _THERMAL_EQUIPMENT_BIT = 1
 
 

@@ -32,6 +32,22 @@ from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline import baseline, simulator
 from dispatch_service.pipeline.onnx_runner import OnnxScorer
 
+__all__ = [
+    "COMMITTED_MODEL",
+    "EVAL_STREAM",
+    "EvaluationConfig",
+    "Policy",
+    "PolicyMetrics",
+    "card_section",
+    "evaluate_policies",
+    "evaluate_policy",
+    "evaluation_windows",
+    "format_table",
+    "main",
+    "model_policy",
+    "oracle_policy",
+]
+
 Policy = Callable[[DispatchWindow], NDArray[np.int32]]
 
 COMMITTED_MODEL: Final = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"

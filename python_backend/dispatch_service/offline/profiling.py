@@ -30,6 +30,18 @@ from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import config_parameters
 from dispatch_service.pipeline.onnx_runner import OrtSettings, execution_providers, session_options
 
+__all__ = [
+    "KERNEL_SUFFIX",
+    "OperatorTime",
+    "Profile",
+    "RunTime",
+    "format_table",
+    "main",
+    "operator_table",
+    "profile_model",
+    "run_time",
+]
+
 KERNEL_SUFFIX = "_kernel_time"
 
 

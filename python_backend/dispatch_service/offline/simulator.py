@@ -37,6 +37,35 @@ from dispatch_contract import OrderConstraint, Vehicle
 from dispatch_service.domain import geo
 from dispatch_service.domain.window import DispatchWindow
 
+__all__ = [
+    "DEFAULT_CITY",
+    "MONDAY_MIDNIGHT_LOCAL",
+    "THERMAL_EQUIPMENT_BIT",
+    "UTC_OFFSET_S",
+    "BoolArray",
+    "CityConfig",
+    "FloatArray",
+    "IntArray",
+    "Leg",
+    "PairTimes",
+    "congestion",
+    "crossings_en",
+    "evaluate_assignment",
+    "expected_outcome",
+    "generate_window",
+    "hour_level",
+    "is_weekend",
+    "local_hour",
+    "random_dispatch_time",
+    "river_east_km",
+    "river_side",
+    "sample_outcome",
+    "sequential_extra_load",
+    "to_plane",
+    "travel_leg",
+    "zone_level",
+]
+
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]

@@ -60,6 +60,33 @@ from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.offline import simulator
 
+__all__ = [
+    "DEFAULT_OUT_DIR",
+    "IR_VERSION",
+    "LOG_FEATURES",
+    "MLP",
+    "OPSET",
+    "QUICK",
+    "Dataset",
+    "FitReport",
+    "TrainConfig",
+    "TrainResult",
+    "append_policy_evaluation",
+    "auc",
+    "build_dataset",
+    "config_from_args",
+    "fit",
+    "holdout_metrics",
+    "log_feature_matrix",
+    "main",
+    "max_relative_difference",
+    "ort_predict",
+    "paired_differences",
+    "render_card",
+    "to_onnx",
+    "train_and_export",
+]
+
 F32 = NDArray[np.float32]
 F64 = NDArray[np.float64]
 

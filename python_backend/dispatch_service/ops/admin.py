@@ -59,6 +59,31 @@ from dispatch_service.ops.signing import (
 )
 from dispatch_service.ops.verified_load import plan_load, read_config
 
+__all__ = [
+    "ADMIN_KEY_ENV",
+    "DEPLOYABLE",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "SIGNING_KEY_ENV",
+    "TRUSTED_KEYS_ENV",
+    "DeployRequest",
+    "DeployResult",
+    "LifecycleError",
+    "RollbackResult",
+    "UsageError",
+    "build_parser",
+    "cmd_deploy",
+    "cmd_keygen",
+    "cmd_rollback",
+    "cmd_sign",
+    "cmd_status",
+    "cmd_verify",
+    "deploy",
+    "main",
+    "rollback",
+]
+
 SIGNING_KEY_ENV: Final = "DISPATCH_SIGNING_KEY"
 ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
 TRUSTED_KEYS_ENV: Final = "DISPATCH_TRUSTED_KEYS"

@@ -30,6 +30,15 @@ from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import config_parameters
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
 
+__all__ = [
+    "GOLDEN_STREAM",
+    "MODEL",
+    "GoldenReport",
+    "GoldenSettings",
+    "check_candidate",
+    "golden_tensors",
+]
+
 GOLDEN_STREAM: Final = 0x60D5
 MODEL: Final = "dispatch_model"
 

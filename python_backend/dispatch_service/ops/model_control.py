@@ -17,6 +17,17 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+__all__ = [
+    "ADMIN_KEY_HEADER",
+    "ModelControlError",
+    "load_model",
+    "model_config",
+    "ready_versions",
+    "repository_index",
+    "unload_model",
+    "with_versions",
+]
+
 ADMIN_KEY_HEADER: Final = "admin-key"
 
 

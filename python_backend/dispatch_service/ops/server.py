@@ -29,6 +29,19 @@ from dispatch_service.ops.model_control import ModelControlError, load_model, re
 from dispatch_service.ops.signing import SigningError, TrustedKeys
 from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
 
+__all__ = [
+    "ADMIN_KEY_ENV",
+    "ADMIN_KEY_HEADER",
+    "TRUSTED_KEYS_ENV",
+    "ChildService",
+    "Ports",
+    "ServerError",
+    "ServerOptions",
+    "TritonRuntime",
+    "TritonServer",
+    "main",
+]
+
 ADMIN_KEY_HEADER = "admin-key"
 TRUSTED_KEYS_ENV = "DISPATCH_TRUSTED_KEYS"
 ADMIN_KEY_ENV = "DISPATCH_ADMIN_KEY"

@@ -48,6 +48,34 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+__all__ = [
+    "ALGORITHM",
+    "EXCLUDED_DIRS",
+    "MANIFEST_FORMAT",
+    "MANIFEST_NAME",
+    "PUBLIC_KEY_SUFFIX",
+    "SIGNATURE_FORMAT",
+    "SIGNATURE_NAME",
+    "Manifest",
+    "Outcome",
+    "SigningError",
+    "TrustedKeys",
+    "Verification",
+    "artifact_files",
+    "build_manifest",
+    "file_digest",
+    "generate_private_key",
+    "key_id",
+    "load_private_key",
+    "load_public_key",
+    "private_key_pem",
+    "public_key_pem",
+    "sign_version",
+    "verify_version",
+    "version_of",
+    "write_key_pair",
+]
+
 MANIFEST_NAME: Final = "MANIFEST.json"
 SIGNATURE_NAME: Final = "MANIFEST.sig"
 MANIFEST_FORMAT: Final = "dispatch-model-manifest/1"

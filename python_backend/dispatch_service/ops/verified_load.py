@@ -40,6 +40,18 @@ from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.ops.signing import Outcome, TrustedKeys, Verification, verify_version
 from dispatch_service.routing.settings import FusedSettings
 
+__all__ = [
+    "CONFIG_NAME",
+    "LoadPlan",
+    "ModelEntry",
+    "plan_load",
+    "precompile",
+    "read_config",
+    "read_model",
+    "repository_models",
+    "served_versions",
+]
+
 CONFIG_NAME: Final = "config.pbtxt"
 
 

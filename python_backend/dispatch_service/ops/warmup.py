@@ -22,6 +22,17 @@ from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
+__all__ = [
+    "WARMUP_MODELS",
+    "WARMUP_ORDERS",
+    "WARMUP_RIDERS",
+    "WARMUP_SEED",
+    "main",
+    "raw_bytes",
+    "warmup_tensors",
+    "write_warmup",
+]
+
 WARMUP_SEED = 11
 WARMUP_ORDERS = 64
 WARMUP_RIDERS = 200

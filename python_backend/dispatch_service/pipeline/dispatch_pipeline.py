@@ -34,6 +34,12 @@ from dispatch_service.pipeline.steps import (
     TopKResolverStep,
 )
 
+__all__ = [
+    "DispatchPipeline",
+    "config_parameters",
+    "repository_steps",
+]
+
 
 def config_parameters(config_path: Path) -> dict[str, str]:
     """The `parameters` of a config.pbtxt, read with Triton's own protobuf schema."""

@@ -53,6 +53,11 @@ from dispatch_service.routing.engine import (
 )
 from dispatch_service.routing.settings import FusedSettings
 
+__all__ = [
+    "FusedDispatch",
+    "FusedResult",
+]
+
 _USER_IDS: Final = "ORDER_USER_IDS"
 
 

@@ -18,6 +18,14 @@ from numpy.typing import NDArray
 from dispatch_contract import MODEL_INPUTS, MODEL_OUTPUTS, NUM_PAIR_FEATURES
 from dispatch_service.core.errors import DispatchInputError
 
+__all__ = [
+    "OnnxScorer",
+    "OrtSettings",
+    "check_providers",
+    "execution_providers",
+    "session_options",
+]
+
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

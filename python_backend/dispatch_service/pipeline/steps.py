@@ -34,6 +34,14 @@ from dispatch_service.domain.window import (
 )
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings
 
+__all__ = [
+    "Arrays",
+    "DispatchModelStep",
+    "FeatureEncoderStep",
+    "Step",
+    "TopKResolverStep",
+]
+
 Arrays = dict[str, NDArray[Any]]
 
 

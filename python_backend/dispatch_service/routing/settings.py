@@ -12,6 +12,13 @@ from typing import Final
 
 from dispatch_service.core.settings import load_settings, reject_unknown
 
+__all__ = [
+    "FUSED_MODEL_NAME",
+    "ROUTING_BUCKETS",
+    "FusedSettings",
+    "RouterSettings",
+]
+
 ROUTING_BUCKETS: Final = 100
 FUSED_MODEL_NAME: Final = "dispatch_fused"
 

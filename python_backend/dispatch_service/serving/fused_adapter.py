@@ -33,6 +33,13 @@ from dispatch_service.routing.settings import FusedSettings
 from dispatch_service.serving.router_adapter import log_failed_calls
 from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
 
+__all__ = [
+    "FUSED_METRICS",
+    "FusedDispatchAdapter",
+    "fused_adapter_for",
+    "fused_observations",
+]
+
 FUSED_METRICS = (
     ENCODER_LATENCY,
     CANDIDATES_PER_ORDER,

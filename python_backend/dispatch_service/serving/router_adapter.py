@@ -51,6 +51,15 @@ from dispatch_service.routing.engine import (
 )
 from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
 
+__all__ = [
+    "ROUTER_MODEL_NAME",
+    "SCORED_MODEL_NAME",
+    "DispatchRouterAdapter",
+    "log_failed_calls",
+    "router_adapter_for",
+    "router_metrics",
+]
+
 ROUTER_MODEL_NAME: Final = "dispatch_router"
 SCORED_MODEL_NAME: Final = "dispatch_model"
 _USER_IDS: Final = "ORDER_USER_IDS"

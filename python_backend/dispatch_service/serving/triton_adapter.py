@@ -45,6 +45,17 @@ from dispatch_service.pipeline.steps import (
     TopKResolverStep,
 )
 
+__all__ = [
+    "TritonBatchedModelAdapter",
+    "TritonResponder",
+    "TritonStepAdapter",
+    "adapter_for",
+    "log_event",
+    "metrics_error_logger",
+    "triton_metrics",
+    "with_instance_device",
+]
+
 
 def log_event(pb_utils: Any, level: str, **fields: Any) -> None:
     """One JSON log line through Triton's logger (never with request payload)."""

@@ -479,7 +479,10 @@ def test_cpu_image_serves_the_cpu_profile_from_the_setup_steps() -> None:
     runs = " ".join(rest for key, rest in dockerfile_instructions(DOCKERFILE_CPU) if key == "RUN")
     for package in ("python3.11", "libpython3.11", "libb64-0d"):
         assert re.search(rf"apt-get install[^&]*\b{re.escape(package)}\b", runs), package
-    assert re.search(r"pip install -c \S*requirements/constraints\.txt \S*/contract \S*/client \S*\[server\]", runs)
+    installs = (
+        r"pip install -c \S*requirements/constraints\.txt \S*/contract \S*/client \S*\[server\]"
+    )
+    assert re.search(installs, runs)
     args = entrypoint(DOCKERFILE_CPU)
     assert args[0] == "tritonserver"
     assert flag(args, "--model-config-name") == "cpu"

@@ -79,7 +79,7 @@ TRITON_TO_NUMPY: Final[dict[str, type[np.generic]]] = {
     "BYTES": np.object_,
 }
 
-# ---- limits a window must respect (documented in README) -------------------------------
+# ---- limits a window must respect (documented in docs/contract.md) ----------------------------
 MAX_ORDERS: Final = 1024
 MAX_RIDERS: Final = 8192
 MAX_ID_BYTES: Final = 64

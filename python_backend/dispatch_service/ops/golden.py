@@ -25,9 +25,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import CANDIDATE_RIDER_INDEX, PAIR_OBJECTIVES
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.pipeline.dispatch_pipeline import config_parameters
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
 
 __all__ = [

@@ -70,6 +70,7 @@ from dispatch_contract import (
     PAIR_OBJECTIVES,
 )
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain.window import check_objective_weights
 
 __all__ = [
     "Resolution",
@@ -191,15 +192,7 @@ def _weights(weights: ArrayLike) -> NDArray[np.float64]:
         array = np.asarray(weights, dtype=np.float64)
     except (TypeError, ValueError):
         raise DispatchInputError("OBJECTIVE_WEIGHTS", "must be numeric") from None
-    if array.shape != (len(OBJECTIVES),):
-        raise DispatchInputError(
-            "OBJECTIVE_WEIGHTS", f"must have shape [{len(OBJECTIVES)}], got {array.shape}"
-        )
-    if not np.isfinite(array).all() or (array < 0).any() or float(array.sum()) <= 0.0:
-        raise DispatchInputError(
-            "OBJECTIVE_WEIGHTS", "weights must be finite and >= 0 with a positive sum"
-        )
-    return array
+    return check_objective_weights(array)
 
 
 def score_pairs(

@@ -20,6 +20,7 @@ from dispatch_contract import (
     MAX_ID_BYTES,
     MAX_ORDERS,
     MAX_RIDERS,
+    OBJECTIVES,
     WINDOW_INPUTS,
     CoordSystem,
     TensorSpec,
@@ -35,6 +36,7 @@ __all__ = [
     "DispatchWindow",
     "Values",
     "WindowLimits",
+    "check_objective_weights",
     "parse_coord_system",
     "parse_objective_weights",
     "window_from_tensors",
@@ -233,12 +235,23 @@ def parse_objective_weights(value: Any | None) -> NDArray[np.float64]:
     weights = np.asarray(value)
     if weights.dtype != np.float32:
         raise DispatchInputError("OBJECTIVE_WEIGHTS", f"must be FP32, got {weights.dtype}")
-    if weights.shape != (3,):
-        raise DispatchInputError("OBJECTIVE_WEIGHTS", f"must have shape [3], got {weights.shape}")
+    return check_objective_weights(weights.astype(np.float64))
+
+
+def check_objective_weights(weights: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The one rule for objective weights: shape [3], finite, >= 0, with a positive sum.
+
+    `parse_objective_weights` (the wire) and the resolver both apply it, so a request and a
+    direct library call are judged alike. Returns ``weights`` unchanged.
+    """
+    if weights.shape != (len(OBJECTIVES),):
+        raise DispatchInputError(
+            "OBJECTIVE_WEIGHTS", f"must have shape [{len(OBJECTIVES)}], got {weights.shape}"
+        )
     _finite("OBJECTIVE_WEIGHTS", weights)
     if (weights < 0).any() or float(weights.sum()) <= 0.0:
         raise DispatchInputError("OBJECTIVE_WEIGHTS", "weights must be >= 0 with a positive sum")
-    return weights.astype(np.float64)
+    return weights
 
 
 Values = tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]

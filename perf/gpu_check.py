@@ -49,6 +49,7 @@ from dispatch_client.errors import DispatchError
 from dispatch_client.shm import CudaShmBackend, GrpcShmTransport, ShmCapacity
 from dispatch_client.transport import GrpcTransport, Transport
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
+from dispatch_service.core.model_config import CONFIG_NAME, read_model_config, write_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
@@ -146,9 +147,6 @@ def native_tritonserver(given: Path | None) -> Path | None:
 
 def derived_repository(target: Path, kind: str) -> Path:
     """The model repository with dispatch_model's `gpu` config = its `cpu` config on CUDA."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
@@ -161,16 +159,14 @@ def derived_repository(target: Path, kind: str) -> Path:
     for entry in source.iterdir():
         if entry.name != "configs":
             (model / entry.name).symlink_to(entry.resolve())
-    config = text_format.Parse(
-        (source / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
-    )
+    config = read_model_config(source / CONFIG_NAME)
     del config.instance_group[:]
     group = config.instance_group.add()
     group.count = 1
-    group.kind = model_config_pb2.ModelInstanceGroup.Kind.Value(kind)
+    group.kind = group.Kind.Value(kind)
     config.parameters["execution_provider"].string_value = "cuda"
     (model / "configs").mkdir()
-    (model / "configs" / "gpu.pbtxt").write_text(text_format.MessageToString(config))
+    write_model_config(model / "configs" / "gpu.pbtxt", config)
     return target
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dispatch_service.core.model_config import CONFIG_NAME, read_model_config, write_model_config
 from dispatch_service.core.paths import REPO_ROOT
 
 __all__ = [
@@ -79,35 +80,26 @@ def apply_override(config: Any, override: ConfigOverride) -> None:
         config.parameters[override.key].string_value = override.value
 
 
-def _load_config(path: Path) -> Any:
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
-
-
 def patched_repository(
     source: Path, destination: Path, overrides: Sequence[ConfigOverride]
 ) -> Path:
     """Copy `source` to `destination` and apply `overrides` there; returns `destination`."""
-    from google.protobuf import text_format
-
     shutil.copytree(source, destination, ignore=shutil.ignore_patterns("__pycache__"))
     for override in overrides:
-        path = destination / override.model / "config.pbtxt"
+        path = destination / override.model / CONFIG_NAME
         if not path.exists():
             raise ValueError(f"no model {override.model!r} in {source}")
-        config = _load_config(path)
+        config = read_model_config(path)
         apply_override(config, override)
-        path.write_text(text_format.MessageToString(config))
+        write_model_config(path, config)
     return destination
 
 
 def config_digest(repository: Path) -> dict[str, dict[str, str]]:
     """Per model, the settings a tuning run touches, as read from config.pbtxt."""
     digest: dict[str, dict[str, str]] = {}
-    for path in sorted(repository.glob("*/config.pbtxt")):
-        config = _load_config(path)
+    for path in sorted(repository.glob(f"*/{CONFIG_NAME}")):
+        config = read_model_config(path)
         entry: dict[str, str] = {}
         if config.platform == "ensemble":
             entry["kind"] = "ensemble"

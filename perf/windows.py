@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
+from dispatch_service.core.model_config import CONFIG_NAME, read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
@@ -68,11 +69,7 @@ NEUTRAL_OPTIONAL_INPUTS: dict[str, NDArray[Any]] = {
 
 def optional_inputs(repository: Path = MODEL_REPOSITORY, model: str = "dispatch") -> list[str]:
     """Names of the optional inputs `model` declares in its config.pbtxt."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    text = (repository / model / "config.pbtxt").read_text()
-    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    config = read_model_config(repository / model / CONFIG_NAME)
     return [tensor.name for tensor in config.input if tensor.optional]
 
 

@@ -28,12 +28,12 @@ from dispatch_client import DispatchClient
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.shm import REGION_PREFIX, GrpcShmTransport, ShmCapacity, ShmRegionTooSmallError
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, FEATURE_ENTRY_MODEL_NAME
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.domain.window import window_from_tensors
 from dispatch_service.ops.server import TritonServer
-from dispatch_service.pipeline.dispatch_pipeline import config_parameters
 from triton_helpers import grpc_inputs, sim_window
 
 Arrays = dict[str, np.ndarray[Any, Any]]

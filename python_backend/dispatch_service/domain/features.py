@@ -24,6 +24,7 @@ from dispatch_contract import (
     Vehicle,
 )
 from dispatch_service.domain import geo
+from dispatch_service.domain.feasibility import feasible
 from dispatch_service.domain.window import DispatchWindow
 
 __all__ = [
@@ -93,13 +94,13 @@ class EncodedWindow:
 
 def _rider_feasible_for(window: DispatchWindow, hard_bits: int) -> NDArray[np.bool_]:
     """Riders that may take an order carrying ``hard_bits`` of the hard constraints."""
-    spare = window.rider_capacity.astype(np.int64) - window.rider_load.astype(np.int64)
-    ok = spare > 0
-    if hard_bits & OrderConstraint.THERMAL_BOX:
-        ok &= (window.rider_equipment & 1) != 0
-    if hard_bits & OrderConstraint.LARGE_ITEM:
-        ok &= window.rider_vehicle == Vehicle.CAR
-    return np.asarray(ok)
+    return feasible(
+        hard_bits,
+        window.rider_equipment,
+        window.rider_vehicle,
+        window.rider_load,
+        window.rider_capacity,
+    )
 
 
 def feasible_mask(window: DispatchWindow) -> NDArray[np.bool_]:

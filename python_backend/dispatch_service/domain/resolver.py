@@ -70,6 +70,7 @@ from dispatch_contract import (
     PAIR_OBJECTIVES,
 )
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain.window import check_objective_weights
 
 __all__ = [
     "Resolution",
@@ -190,16 +191,8 @@ def _weights(weights: ArrayLike) -> NDArray[np.float64]:
     try:
         array = np.asarray(weights, dtype=np.float64)
     except (TypeError, ValueError):
-        raise DispatchInputError("OBJECTIVE_WEIGHTS", "must be numeric") from None
-    if array.shape != (len(OBJECTIVES),):
-        raise DispatchInputError(
-            "OBJECTIVE_WEIGHTS", f"must have shape [{len(OBJECTIVES)}], got {array.shape}"
-        )
-    if not np.isfinite(array).all() or (array < 0).any() or float(array.sum()) <= 0.0:
-        raise DispatchInputError(
-            "OBJECTIVE_WEIGHTS", "weights must be finite and >= 0 with a positive sum"
-        )
-    return array
+        raise DispatchInputError("OBJECTIVE_WEIGHTS", "must be numeric", "dtype") from None
+    return check_objective_weights(array)
 
 
 def score_pairs(
@@ -218,7 +211,9 @@ def score_pairs(
     obj = np.asarray(objectives, dtype=np.float64)
     if obj.ndim < 1 or obj.shape[-1] != len(OBJECTIVES):
         raise DispatchInputError(
-            PAIR_OBJECTIVES.name, f"must have {len(OBJECTIVES)} columns, got shape {obj.shape}"
+            PAIR_OBJECTIVES.name,
+            f"must have {len(OBJECTIVES)} columns, got shape {obj.shape}",
+            "shape",
         )
     return _score(obj, w, settings)
 
@@ -247,22 +242,24 @@ def _candidates(
 ) -> NDArray[np.int64]:
     array = np.asarray(value)
     if array.dtype.kind not in "iu":
-        raise DispatchInputError(name, f"must be INT32, got {array.dtype}")
+        raise DispatchInputError(name, f"must be INT32, got {array.dtype}", "dtype")
     if array.ndim != 2:
-        raise DispatchInputError(name, f"must have shape [B, N], got {array.shape}")
+        raise DispatchInputError(name, f"must have shape [B, N], got {array.shape}", "shape")
     index = array.astype(np.int64)
     bad = (index < -1) | (index >= num_riders)
     if bad.any():
         b, j = (int(x) for x in np.argwhere(bad)[0])
         raise DispatchInputError(
-            name, f"must be -1 or a rider row in [0, {num_riders}), got {index[b, j]} at [{b}, {j}]"
+            name,
+            f"must be -1 or a rider row in [0, {num_riders}), got {index[b, j]} at [{b}, {j}]",
+            "range",
         )
     if index.shape[1] > 1:
         ordered = np.sort(index, axis=1)
         repeated = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
         if repeated.any():
             b = _first_row(repeated)
-            raise DispatchInputError(name, f"order {b} lists a rider more than once")
+            raise DispatchInputError(name, f"order {b} lists a rider more than once", "unique")
     return index
 
 
@@ -271,9 +268,11 @@ def _objectives(value: ArrayLike, valid: NDArray[np.bool_]) -> NDArray[np.float6
     name = PAIR_OBJECTIVES.name
     array = np.asarray(value)
     if array.dtype.kind != "f":
-        raise DispatchInputError(name, f"must be FP32, got {array.dtype}")
+        raise DispatchInputError(name, f"must be FP32, got {array.dtype}", "dtype")
     if array.ndim != 2 or array.shape[1] != len(OBJECTIVES):
-        raise DispatchInputError(name, f"must have shape [P, {len(OBJECTIVES)}], got {array.shape}")
+        raise DispatchInputError(
+            name, f"must have shape [P, {len(OBJECTIVES)}], got {array.shape}", "shape"
+        )
     num_orders, num_candidates = valid.shape
     pairs = num_orders * num_candidates
     if array.shape[0] != pairs:
@@ -281,6 +280,7 @@ def _objectives(value: ArrayLike, valid: NDArray[np.bool_]) -> NDArray[np.float6
             name,
             f"must have B*N = {num_orders}*{num_candidates} = {pairs} rows "
             f"like {CANDIDATE_RIDER_INDEX.name}, got {array.shape[0]}",
+            "shape",
         )
     obj = array.astype(np.float64).reshape(num_orders, num_candidates, len(OBJECTIVES))
     obj[~valid] = 0.0
@@ -289,13 +289,15 @@ def _objectives(value: ArrayLike, valid: NDArray[np.bool_]) -> NDArray[np.float6
     bad = ~np.isfinite(flat).all(axis=1) & flat_valid
     if bad.any():
         raise DispatchInputError(
-            name, f"must be finite on valid pairs, got NaN or infinity (row {_first_row(bad)})"
+            name,
+            f"must be finite on valid pairs, got NaN or infinity (row {_first_row(bad)})",
+            "not_finite",
         )
     for column, label in ((_ETA, "ETA minutes"), (_COST, "cost")):
         negative = (flat[:, column] < 0) & flat_valid
         if negative.any():
             raise DispatchInputError(
-                name, f"{label} must be >= 0 on valid pairs (row {_first_row(negative)})"
+                name, f"{label} must be >= 0 on valid pairs (row {_first_row(negative)})", "range"
             )
     return obj
 
@@ -303,25 +305,25 @@ def _objectives(value: ArrayLike, valid: NDArray[np.bool_]) -> NDArray[np.float6
 def _counts(name: str, value: ArrayLike, num_riders: int) -> NDArray[np.int64]:
     array = np.asarray(value)
     if array.dtype.kind not in "iu":
-        raise DispatchInputError(name, f"must be INT32, got {array.dtype}")
+        raise DispatchInputError(name, f"must be INT32, got {array.dtype}", "dtype")
     if array.shape != (num_riders,):
         raise DispatchInputError(
-            name, f"must have shape [{num_riders}] like RIDER_IDS, got {array.shape}"
+            name, f"must have shape [{num_riders}] like RIDER_IDS, got {array.shape}", "shape"
         )
     counts = array.astype(np.int64)
     negative = counts < 0
     if negative.any():
         row = _first_row(negative)
-        raise DispatchInputError(name, f"must be >= 0 (row {row})")
+        raise DispatchInputError(name, f"must be >= 0 (row {row})", "range")
     return counts
 
 
 def _rider_ids(value: ArrayLike) -> NDArray[Any]:
     array = np.asarray(value)
     if array.dtype.kind not in "OS":
-        raise DispatchInputError("RIDER_IDS", f"must be BYTES, got {array.dtype}")
+        raise DispatchInputError("RIDER_IDS", f"must be BYTES, got {array.dtype}", "dtype")
     if array.ndim != 1:
-        raise DispatchInputError("RIDER_IDS", f"must have shape [R], got {array.shape}")
+        raise DispatchInputError("RIDER_IDS", f"must have shape [R], got {array.shape}", "shape")
     return array
 
 
@@ -496,7 +498,7 @@ def assign(
     """
     load = np.asarray(rider_load)
     if load.ndim != 1:
-        raise DispatchInputError("RIDER_LOAD", f"must have shape [R], got {load.shape}")
+        raise DispatchInputError("RIDER_LOAD", f"must have shape [R], got {load.shape}", "shape")
     num_riders = int(load.shape[0])
     spare = np.maximum(
         _counts("RIDER_CAPACITY", rider_capacity, num_riders)
@@ -509,11 +511,14 @@ def assign(
         raise DispatchInputError(
             "TOPK_SCORE",
             f"must have the shape of TOPK_RIDER_INDEX {index.shape}, got {score.shape}",
+            "shape",
         )
     listed = score[index >= 0]
     if not (np.isfinite(listed) & (listed >= 0.0) & (listed <= 1.0)).all():
         # The cost 2 - s must stay in [1, 2] for cardinality to dominate (module docstring).
-        raise DispatchInputError("TOPK_SCORE", "must lie in [0, 1] where a rider is listed")
+        raise DispatchInputError(
+            "TOPK_SCORE", "must lie in [0, 1] where a rider is listed", "range"
+        )
     position = _assign_slots(index, score, spare)
     result: NDArray[np.int32] = _at_position(index, position, -1).astype(np.int32)
     return result

@@ -20,6 +20,7 @@ from dispatch_contract import (
     MAX_ID_BYTES,
     MAX_ORDERS,
     MAX_RIDERS,
+    OBJECTIVES,
     WINDOW_INPUTS,
     CoordSystem,
     TensorSpec,
@@ -35,6 +36,7 @@ __all__ = [
     "DispatchWindow",
     "Values",
     "WindowLimits",
+    "check_objective_weights",
     "parse_coord_system",
     "parse_objective_weights",
     "window_from_tensors",
@@ -110,17 +112,21 @@ def _fetch(tensors: Mapping[str, Any], name: str) -> NDArray[Any]:
     spec, dtype, fixed = _FETCH[name]
     value = tensors.get(name)
     if value is None:
-        raise DispatchInputError(name, "is required but missing")
+        raise DispatchInputError(name, "is required but missing", "missing")
     array = np.asarray(value)
     if dtype is None or array.dtype != dtype:
         _check_dtype(spec, array)
     if array.ndim != len(spec.dims):
         raise DispatchInputError(
-            name, f"must have {len(spec.dims)} dimension(s) {_dims(spec)}, got shape {array.shape}"
+            name,
+            f"must have {len(spec.dims)} dimension(s) {_dims(spec)}, got shape {array.shape}",
+            "shape",
         )
     for axis, dim in fixed:
         if array.shape[axis] != dim:
-            raise DispatchInputError(name, f"must have shape {_dims(spec)}, got {array.shape}")
+            raise DispatchInputError(
+                name, f"must have shape {_dims(spec)}, got {array.shape}", "shape"
+            )
     return array
 
 
@@ -131,10 +137,12 @@ def _dims(spec: TensorSpec) -> str:
 def _check_dtype(spec: TensorSpec, array: NDArray[Any]) -> None:
     if spec.triton_dtype == "BYTES":
         if array.dtype.kind not in "OSU":
-            raise DispatchInputError(spec.name, f"must be BYTES, got {array.dtype}")
+            raise DispatchInputError(spec.name, f"must be BYTES, got {array.dtype}", "dtype")
         return
     if array.dtype != spec.numpy_dtype:
-        raise DispatchInputError(spec.name, f"must be {spec.triton_dtype}, got {array.dtype}")
+        raise DispatchInputError(
+            spec.name, f"must be {spec.triton_dtype}, got {array.dtype}", "dtype"
+        )
 
 
 def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.object_]:
@@ -150,13 +158,15 @@ def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.ob
     out = np.empty(raw.shape[0], dtype=object)
     for i, item in enumerate(items):
         if not isinstance(item, str | bytes):
-            raise DispatchInputError(name, f"ids must be bytes or text (row {i})")
+            raise DispatchInputError(name, f"ids must be bytes or text (row {i})", "dtype")
         value = item.encode("utf-8") if isinstance(item, str) else item
         if not value:
-            raise DispatchInputError(name, f"ids must not be empty (row {i})")
+            raise DispatchInputError(name, f"ids must not be empty (row {i})", "id_length")
         if len(value) > max_bytes:
             raise DispatchInputError(
-                name, f"ids must be at most {max_bytes} bytes, row {i} has {len(value)}"
+                name,
+                f"ids must be at most {max_bytes} bytes, row {i} has {len(value)}",
+                "id_length",
             )
         out[i] = value
     return out
@@ -166,14 +176,18 @@ def _finite(name: str, array: NDArray[Any]) -> None:
     bad = ~np.isfinite(array)
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
-        raise DispatchInputError(name, f"must be finite, got NaN or infinity (row {row})")
+        raise DispatchInputError(
+            name, f"must be finite, got NaN or infinity (row {row})", "not_finite"
+        )
 
 
 def _in_range(name: str, array: NDArray[Any], low: float, high: float, what: str) -> None:
     bad = (array < low) | (array > high)
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
-        raise DispatchInputError(name, f"{what} must be within [{low}, {high}] (row {row})")
+        raise DispatchInputError(
+            name, f"{what} must be within [{low}, {high}] (row {row})", "range"
+        )
 
 
 def _latlon(name: str, array: NDArray[np.float64]) -> None:
@@ -186,7 +200,7 @@ def _at_least(name: str, array: NDArray[Any], low: int) -> None:
     bad = array < low
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
-        raise DispatchInputError(name, f"must be >= {low} (row {row})")
+        raise DispatchInputError(name, f"must be >= {low} (row {row})", "range")
 
 
 def _unique(name: str, ids: NDArray[np.object_]) -> None:
@@ -196,20 +210,22 @@ def _unique(name: str, ids: NDArray[np.object_]) -> None:
     seen: dict[bytes, int] = {}
     for i, value in enumerate(values):
         if value in seen:
-            raise DispatchInputError(name, f"ids must be unique, row {i} repeats row {seen[value]}")
+            raise DispatchInputError(
+                name, f"ids must be unique, row {i} repeats row {seen[value]}", "unique"
+            )
         seen[value] = i
 
 
 def _count(name: str, n: int, limit: int) -> None:
     if n < 1 or n > limit:
-        raise DispatchInputError(name, f"must hold between 1 and {limit} entries, got {n}")
+        raise DispatchInputError(name, f"must hold between 1 and {limit} entries, got {n}", "count")
 
 
 def _same_length(names: tuple[str, ...], arrays: tuple[NDArray[Any], ...], n: int) -> None:
     for name, array in zip(names, arrays, strict=True):
         if array.shape[0] != n:
             raise DispatchInputError(
-                name, f"must have {n} rows like {names[0]}, got {array.shape[0]}"
+                name, f"must have {n} rows like {names[0]}, got {array.shape[0]}", "shape"
             )
 
 
@@ -223,7 +239,9 @@ def parse_coord_system(value: Any) -> CoordSystem:
         return CoordSystem[key]
     except KeyError:
         allowed = ", ".join(c.name for c in CoordSystem)
-        raise DispatchInputError("COORD_SYSTEM", f"must be one of {allowed}") from None
+        raise DispatchInputError(
+            "COORD_SYSTEM", f"must be one of {allowed}", "unknown_value"
+        ) from None
 
 
 def parse_objective_weights(value: Any | None) -> NDArray[np.float64]:
@@ -232,13 +250,28 @@ def parse_objective_weights(value: Any | None) -> NDArray[np.float64]:
         return np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
     weights = np.asarray(value)
     if weights.dtype != np.float32:
-        raise DispatchInputError("OBJECTIVE_WEIGHTS", f"must be FP32, got {weights.dtype}")
-    if weights.shape != (3,):
-        raise DispatchInputError("OBJECTIVE_WEIGHTS", f"must have shape [3], got {weights.shape}")
+        raise DispatchInputError("OBJECTIVE_WEIGHTS", f"must be FP32, got {weights.dtype}", "dtype")
+    return check_objective_weights(weights.astype(np.float64))
+
+
+def check_objective_weights(weights: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The one rule for objective weights: shape [3], finite, >= 0, with a positive sum.
+
+    `parse_objective_weights` (the wire) and the resolver both apply it, so a request and a
+    direct library call are judged alike. Returns ``weights`` unchanged.
+    """
+    if weights.shape != (len(OBJECTIVES),):
+        raise DispatchInputError(
+            "OBJECTIVE_WEIGHTS",
+            f"must have shape [{len(OBJECTIVES)}], got {weights.shape}",
+            "shape",
+        )
     _finite("OBJECTIVE_WEIGHTS", weights)
     if (weights < 0).any() or float(weights.sum()) <= 0.0:
-        raise DispatchInputError("OBJECTIVE_WEIGHTS", "weights must be >= 0 with a positive sum")
-    return weights.astype(np.float64)
+        raise DispatchInputError(
+            "OBJECTIVE_WEIGHTS", "weights must be >= 0 with a positive sum", "range"
+        )
+    return weights
 
 
 Values = tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]
@@ -280,6 +313,7 @@ def _check_values(values: Values, counts: Counts, dispatch_time: int) -> None:
         raise DispatchInputError(
             "ORDER_PROMISED_MINUTES",
             f"must be within (0, {MAX_PROMISED_MINUTES:g}] minutes (row {row})",
+            "range",
         )
     _at_least("ORDER_CREATED_AT", created_at, 0)
     late = created_at > dispatch_time + MAX_CLOCK_SKEW_S
@@ -288,12 +322,15 @@ def _check_values(values: Values, counts: Counts, dispatch_time: int) -> None:
         raise DispatchInputError(
             "ORDER_CREATED_AT",
             f"must not be more than {MAX_CLOCK_SKEW_S} s after DISPATCH_TIME (row {row})",
+            "range",
         )
     unknown = (constraints < 0) | ((constraints & ~KNOWN_CONSTRAINTS) != 0)
     if unknown.any():
         row = int(np.argmax(unknown))
         raise DispatchInputError(
-            "ORDER_CONSTRAINTS", f"only bits {KNOWN_CONSTRAINTS:#x} are defined (row {row})"
+            "ORDER_CONSTRAINTS",
+            f"only bits {KNOWN_CONSTRAINTS:#x} are defined (row {row})",
+            "unknown_value",
         )
     _at_least("RIDER_LOAD", load, 0)
     _at_least("RIDER_CAPACITY", capacity, 0)
@@ -302,7 +339,9 @@ def _check_values(values: Values, counts: Counts, dispatch_time: int) -> None:
     if bad_vehicle.any():
         row = int(np.argmax(bad_vehicle))
         raise DispatchInputError(
-            "RIDER_VEHICLE", f"must be 0 (e-bike), 1 (motorbike) or 2 (car) (row {row})"
+            "RIDER_VEHICLE",
+            f"must be 0 (e-bike), 1 (motorbike) or 2 (car) (row {row})",
+            "unknown_value",
         )
 
 
@@ -356,7 +395,9 @@ def window_from_tensors(
     coord_system = parse_coord_system(_fetch(tensors, "COORD_SYSTEM"))
     dispatch_time = int(_fetch(tensors, "DISPATCH_TIME")[0])
     if dispatch_time <= 0:
-        raise DispatchInputError("DISPATCH_TIME", "must be a positive unix time in seconds")
+        raise DispatchInputError(
+            "DISPATCH_TIME", "must be a positive unix time in seconds", "range"
+        )
 
     _unique("ORDER_IDS", order_ids)
     _unique("RIDER_IDS", rider_ids)

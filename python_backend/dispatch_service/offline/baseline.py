@@ -13,15 +13,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_contract import HARD_CONSTRAINTS, OrderConstraint, Vehicle
 from dispatch_service.domain import geo
+from dispatch_service.domain.feasibility import feasible
 from dispatch_service.domain.window import DispatchWindow
 
 __all__ = [
     "nearest_rider_assignment",
 ]
-
-_THERMAL_EQUIPMENT_BIT = 1
 
 
 def nearest_rider_assignment(window: DispatchWindow) -> NDArray[np.int32]:
@@ -34,31 +32,24 @@ def nearest_rider_assignment(window: DispatchWindow) -> NDArray[np.int32]:
     out = np.full(num_orders, -1, dtype=np.int32)
     if num_orders == 0 or window.num_riders == 0:
         return out
-    spare = np.maximum(
-        window.rider_capacity.astype(np.int64) - window.rider_load.astype(np.int64), 0
-    )
-    has_box = (window.rider_equipment & _THERMAL_EQUIPMENT_BIT) != 0
-    is_car = window.rider_vehicle == Vehicle.CAR
-    # Static eligibility per combination of hard bits (at most four distinct masks).
-    hard = window.constraints.astype(np.int64) & HARD_CONSTRAINTS
-    eligible: dict[int, NDArray[np.bool_]] = {}
-    for bits in np.unique(hard).tolist():
-        ok = np.ones(window.num_riders, dtype=np.bool_)
-        if bits & OrderConstraint.THERMAL_BOX:
-            ok &= has_box
-        if bits & OrderConstraint.LARGE_ITEM:
-            ok &= is_car
-        eligible[int(bits)] = ok
+    given = np.zeros(window.num_riders, dtype=np.int64)  # orders this window gave each rider
+    load = window.rider_load.astype(np.int64)
 
     lat = window.rider_position[:, 0]
     lon = window.rider_position[:, 1]
     queue = np.lexsort((np.arange(num_orders), window.created_at))
     for b in queue.tolist():
-        ok = eligible[int(hard[b])] & (spare > 0)
+        ok = feasible(
+            window.constraints[b],
+            window.rider_equipment,
+            window.rider_vehicle,
+            load + given,
+            window.rider_capacity,
+        )
         if not ok.any():
             continue
         dist = geo.haversine_km(lat, lon, window.pickup[b, 0], window.pickup[b, 1])
         rider = int(np.argmin(np.where(ok, dist, np.inf)))  # first minimum: lowest row
         out[b] = rider
-        spare[rider] -= 1
+        given[rider] += 1
     return out

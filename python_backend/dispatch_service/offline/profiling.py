@@ -23,11 +23,11 @@ import numpy as np
 import onnxruntime as ort
 
 from dispatch_contract import MODEL_INPUTS
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.pipeline.dispatch_pipeline import config_parameters
 from dispatch_service.pipeline.onnx_runner import OrtSettings, execution_providers, session_options
 
 __all__ = [

@@ -33,8 +33,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import ndtr
 
-from dispatch_contract import OrderConstraint, Vehicle
+from dispatch_contract import OrderConstraint
 from dispatch_service.domain import geo
+from dispatch_service.domain.feasibility import THERMAL_EQUIPMENT_BIT, feasible
 from dispatch_service.domain.window import DispatchWindow
 
 __all__ = [
@@ -73,7 +74,6 @@ BoolArray = NDArray[np.bool_]
 UTC_OFFSET_S: Final = 8 * 3600  # Shanghai local time, UTC+8 (no daylight saving)
 # Unix time of Monday 2024-03-04 00:00 local time (UTC+8); random windows fall in the weeks after.
 MONDAY_MIDNIGHT_LOCAL: Final = 1_709_481_600
-THERMAL_EQUIPMENT_BIT: Final = 1
 
 
 # ------------------------------------------------------------------------------ the city
@@ -380,11 +380,12 @@ def _pair_times(
     thermal = (flags & OrderConstraint.THERMAL_BOX) != 0
     large = (flags & OrderConstraint.LARGE_ITEM) != 0
     fragile = (flags & OrderConstraint.FRAGILE) != 0
-    has_box = (window.rider_equipment[riders] & THERMAL_EQUIPMENT_BIT) != 0
-    violation = (
-        (thermal & ~has_box)
-        | (large & (vehicle != Vehicle.CAR))
-        | (load >= window.rider_capacity[riders])
+    violation = ~feasible(
+        flags,
+        window.rider_equipment[riders],
+        vehicle,
+        load,
+        window.rider_capacity[riders],
     )
 
     rider_en = to_plane(window.rider_position[riders])

@@ -47,6 +47,7 @@ from dispatch_service.ops.model_control import (
     ready_versions,
     with_versions,
 )
+from dispatch_service.ops.server import ADMIN_KEY_ENV, TRUSTED_KEYS_ENV
 from dispatch_service.ops.signing import (
     Outcome,
     SigningError,
@@ -85,8 +86,6 @@ __all__ = [
 ]
 
 SIGNING_KEY_ENV: Final = "DISPATCH_SIGNING_KEY"
-ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
-TRUSTED_KEYS_ENV: Final = "DISPATCH_TRUSTED_KEYS"
 DEPLOYABLE: Final = ("dispatch_model",)
 
 T = TypeVar("T")

@@ -25,10 +25,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import CANDIDATE_RIDER_INDEX, PAIR_OBJECTIVES
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.pipeline.dispatch_pipeline import config_parameters
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
+from dispatch_service.routing.settings import SCORING_MODEL_NAME
 
 __all__ = [
     "GOLDEN_STREAM",
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 GOLDEN_STREAM: Final = 0x60D5
-MODEL: Final = "dispatch_model"
+MODEL: Final = SCORING_MODEL_NAME  # the model whose candidate version is checked
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any, Final
+from typing import Any
 
 from dispatch_service.core.settings import SettingsError, parameters_from_model_config
 from dispatch_service.ops.model_control import (
@@ -34,7 +34,7 @@ from dispatch_service.ops.model_control import (
     ready_versions,
 )
 from dispatch_service.routing.engine import RouterSettings
-from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings
+from dispatch_service.routing.settings import FUSED_MODEL_NAME, ROUTER_MODEL_NAME, FusedSettings
 
 __all__ = [
     "ROUTER_MODEL_NAME",
@@ -44,7 +44,6 @@ __all__ = [
     "router_config_with",
 ]
 
-ROUTER_MODEL_NAME: Final = "dispatch_router"
 
 logger = logging.getLogger(__name__)
 

@@ -22,10 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
-from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
+from dispatch_service.ops.model_control import (
+    ADMIN_KEY_HEADER,
+    ModelControlError,
+    load_model,
+    ready_versions,
+)
 from dispatch_service.ops.signing import SigningError, TrustedKeys
 from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
 
@@ -42,9 +47,8 @@ __all__ = [
     "main",
 ]
 
-ADMIN_KEY_HEADER = "admin-key"
-TRUSTED_KEYS_ENV = "DISPATCH_TRUSTED_KEYS"
-ADMIN_KEY_ENV = "DISPATCH_ADMIN_KEY"
+TRUSTED_KEYS_ENV: Final = "DISPATCH_TRUSTED_KEYS"
+ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
 
 logger = logging.getLogger(__name__)
 

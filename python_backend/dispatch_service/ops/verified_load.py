@@ -34,8 +34,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
+from dispatch_service.core.model_config import CONFIG_NAME, profile_config_path, read_config_dict
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.ops.signing import Outcome, TrustedKeys, Verification, verify_version
 from dispatch_service.routing.settings import FusedSettings
@@ -51,8 +52,6 @@ __all__ = [
     "repository_models",
     "served_versions",
 ]
-
-CONFIG_NAME: Final = "config.pbtxt"
 
 
 @dataclass(frozen=True)
@@ -73,13 +72,7 @@ class ModelEntry:
 
 def read_config(model_dir: Path, profile: str = "cpu") -> dict[str, Any]:
     """The model's config file as Triton's JSON form (the schema of Triton's own protobuf)."""
-    from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
-
-    chosen = model_dir / "configs" / f"{profile}.pbtxt"
-    path = chosen if chosen.is_file() else model_dir / CONFIG_NAME
-    message = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
-    config: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    config = read_config_dict(profile_config_path(model_dir, profile))
     config.setdefault("name", model_dir.name)
     return config
 

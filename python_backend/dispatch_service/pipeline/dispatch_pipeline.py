@@ -25,6 +25,7 @@ from dispatch_service.core.metrics import (
     rejection_observation,
     resolver_observations,
 )
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline.steps import (
     Arrays,
@@ -36,18 +37,8 @@ from dispatch_service.pipeline.steps import (
 
 __all__ = [
     "DispatchPipeline",
-    "config_parameters",
     "repository_steps",
 ]
-
-
-def config_parameters(config_path: Path) -> dict[str, str]:
-    """The `parameters` of a config.pbtxt, read with Triton's own protobuf schema."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
-    return {key: value.string_value for key, value in config.parameters.items()}
 
 
 def repository_steps(repository: Path) -> tuple[FeatureEncoderStep, TopKResolverStep]:

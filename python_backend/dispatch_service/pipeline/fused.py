@@ -39,8 +39,9 @@ from dispatch_contract import (
     PAIR_OBJECTIVES,
 )
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
-from dispatch_service.pipeline.dispatch_pipeline import config_parameters, repository_steps
+from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings
 from dispatch_service.pipeline.steps import Arrays, FeatureEncoderStep, TopKResolverStep
 from dispatch_service.routing.engine import (

@@ -144,11 +144,16 @@ class OnnxScorer:
             raise DispatchInputError(
                 "PAIR_FEATURES",
                 f"must have shape [*, {NUM_PAIR_FEATURES}], got {pair_features.shape}",
+                "shape",
             )
         if pair_features.dtype != np.float32:
-            raise DispatchInputError("PAIR_FEATURES", f"must be FP32, got {pair_features.dtype}")
+            raise DispatchInputError(
+                "PAIR_FEATURES", f"must be FP32, got {pair_features.dtype}", "dtype"
+            )
         if not np.isfinite(pair_features).all():
-            raise DispatchInputError("PAIR_FEATURES", "must be finite, got NaN or infinity")
+            raise DispatchInputError(
+                "PAIR_FEATURES", "must be finite, got NaN or infinity", "not_finite"
+            )
 
     def score(self, pair_features: NDArray[np.float32]) -> NDArray[np.float32]:
         """[P, F] features -> [P, 3] objectives (ETA minutes, on-time probability, cost)."""

@@ -137,5 +137,5 @@ class DispatchModelStep:
 def _required(inputs: Mapping[str, NDArray[Any] | None], name: str) -> NDArray[Any]:
     value = inputs.get(name)
     if value is None:
-        raise DispatchInputError(name, "is required but missing")
+        raise DispatchInputError(name, "is required but missing", "missing")
     return value

@@ -14,13 +14,18 @@ from dispatch_service.core.settings import load_settings, reject_unknown
 
 __all__ = [
     "FUSED_MODEL_NAME",
+    "ROUTER_MODEL_NAME",
     "ROUTING_BUCKETS",
+    "SCORING_MODEL_NAME",
     "FusedSettings",
     "RouterSettings",
 ]
 
 ROUTING_BUCKETS: Final = 100
+# The repository's model names that routing settings and their tools refer to.
 FUSED_MODEL_NAME: Final = "dispatch_fused"
+ROUTER_MODEL_NAME: Final = "dispatch_router"
+SCORING_MODEL_NAME: Final = "dispatch_model"  # the versioned ONNX model routing picks among
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class FusedSettings:
     """`dispatch_fused` parameters: the router's (`RouterSettings`) plus where models live."""
 
     routing: RouterSettings = field(default_factory=RouterSettings)
-    scoring_model: str = "dispatch_model"  # sibling folder holding <version>/model.onnx
+    scoring_model: str = SCORING_MODEL_NAME  # sibling folder holding <version>/model.onnx
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> FusedSettings:

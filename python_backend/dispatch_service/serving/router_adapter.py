@@ -49,19 +49,17 @@ from dispatch_service.routing.engine import (
     settings_record,
     shadow_sampled,
 )
+from dispatch_service.routing.settings import ROUTER_MODEL_NAME, SCORING_MODEL_NAME
 from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
 
 __all__ = [
     "ROUTER_MODEL_NAME",
-    "SCORED_MODEL_NAME",
     "DispatchRouterAdapter",
     "log_failed_calls",
     "router_adapter_for",
     "router_metrics",
 ]
 
-ROUTER_MODEL_NAME: Final = "dispatch_router"
-SCORED_MODEL_NAME: Final = "dispatch_model"
 _USER_IDS: Final = "ORDER_USER_IDS"
 _INPUT_NAMES: Final = tuple(spec.name for spec in ROUTER_INPUTS)
 
@@ -77,7 +75,7 @@ class DispatchRouterAdapter(TritonResponder):
         *,
         metrics: MetricsSink | None = None,
         draw: Callable[[], float] = random.random,
-        target_model: str = SCORED_MODEL_NAME,
+        target_model: str = SCORING_MODEL_NAME,
         version: str = "",
         instance: str = "",
     ) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import onnx
 import pytest
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 import dispatch_contract.contracts as contracts
 from dispatch_contract import TensorSpec
+from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.settings import (
     load_settings,
     parameters_from_model_config,
@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[3] / "model_repository"
 
 
 def load_config(path: Path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    config: model_config_pb2.ModelConfig = read_model_config(path)
+    return config
 
 
 def io_of(tensors: object) -> list[tuple[str, str, tuple[int, ...], bool]]:

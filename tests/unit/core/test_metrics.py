@@ -170,7 +170,9 @@ def test_encoder_and_resolver_observations() -> None:
 
 
 def test_a_rejection_is_labelled_by_tensor_and_rule_code_not_text() -> None:
-    error = DispatchInputError("ORDER_PICKUP", "latitude must be within [-90.0, 90.0] (row 3)")
+    error = DispatchInputError(
+        "ORDER_PICKUP", "latitude must be within [-90.0, 90.0] (row 3)", "range"
+    )
     observation = rejection_observation(error)
     assert observation.metric is VALIDATION_REJECTIONS
     assert observation.value == 1.0
@@ -185,7 +187,7 @@ def test_in_memory_metrics_sum_counters_and_keep_histogram_values() -> None:
     sink.record(encoder_observations({"CANDIDATE_RIDER_INDEX": np.array([[0, 1]])}, 2.0))
     sink.record(encoder_observations({"CANDIDATE_RIDER_INDEX": np.array([[0, -1]])}, 4.0))
     sink.record([Observation(CAPACITY_CONFLICTS, 2), Observation(CAPACITY_CONFLICTS, 3)])
-    bad = DispatchInputError("RIDER_IDS", "ids must be unique, row 1 repeats row 0")
+    bad = DispatchInputError("RIDER_IDS", "ids must be unique, row 1 repeats row 0", "unique")
     sink.record([rejection_observation(bad)] * 2)
     gauge = MetricSpec("dispatch_test_gauge", MetricKind.GAUGE, "a gauge")
     sink.record([Observation(gauge, 1.0), Observation(gauge, 0.5)])
@@ -256,7 +258,7 @@ def test_triton_metrics_records_each_kind(families: list[FakeFamily]) -> None:
             Observation(CAPACITY_CONFLICTS, 4),
         ]
     )
-    error = DispatchInputError("OBJECTIVE_WEIGHTS", "must be FP32, got float64")
+    error = DispatchInputError("OBJECTIVE_WEIGHTS", "must be FP32, got float64", "dtype")
     sink.record([rejection_observation(error), rejection_observation(error)])
     (latency,) = family(families, "dispatch_resolver_latency_ms").metrics
     assert latency.calls == [("observe", 1.25)]

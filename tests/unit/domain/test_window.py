@@ -573,3 +573,33 @@ def test_window_ids_are_copies_of_the_input() -> None:
     assert window.rider_ids.dtype == object and window.rider_ids.shape == tensors["RIDER_IDS"].shape
     tensors["RIDER_IDS"][0] = b"changed"
     assert window.rider_ids[0] != b"changed"
+
+
+# ---- the one objective-weights rule ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("weights", "code"),
+    [
+        ([1.0, 1.0], "shape"),
+        ([np.nan, 1.0, 1.0], "not_finite"),
+        ([np.inf, 1.0, 1.0], "not_finite"),
+        ([-0.5, 1.0, 1.0], "range"),
+        ([0.0, 0.0, 0.0], "range"),
+    ],
+)
+def test_wire_and_resolver_judge_weights_by_the_same_rule(weights: list[float], code: str) -> None:
+    from dispatch_service.domain.resolver import score_pairs
+
+    with pytest.raises(DispatchInputError) as wire:
+        parse_objective_weights(np.asarray(weights, dtype=np.float32))
+    with pytest.raises(DispatchInputError) as direct:
+        score_pairs(np.ones((2, 3)), np.asarray(weights, dtype=np.float64))
+    assert wire.value.tensor == direct.value.tensor == "OBJECTIVE_WEIGHTS"
+    assert wire.value.code == direct.value.code == code
+    assert wire.value.rule == direct.value.rule
+
+
+def test_good_weights_pass_unchanged() -> None:
+    assert parse_objective_weights(np.array([0.0, 0.0, 2.0], np.float32)).tolist() == [0, 0, 2]
+    assert parse_objective_weights(None).tolist() == list(DEFAULT_OBJECTIVE_WEIGHTS)

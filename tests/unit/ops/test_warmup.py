@@ -6,9 +6,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
+from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.ops.warmup import WARMUP_MODELS, raw_bytes, warmup_tensors
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
@@ -23,9 +22,7 @@ def test_committed_warmup_files_match_a_fresh_generation() -> None:
 
 def test_configs_declare_every_warmup_file_with_its_shape() -> None:
     for model, tensors in warmup_tensors().items():
-        config = text_format.Parse(
-            (MODEL_REPOSITORY / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
-        )
+        config = read_model_config(MODEL_REPOSITORY / model / "config.pbtxt")
         (sample,) = config.model_warmup
         assert sample.batch_size == 1  # 0 makes Triton skip the sample
         declared = {name: tuple(spec.dims) for name, spec in sample.inputs.items()}

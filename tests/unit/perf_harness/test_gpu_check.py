@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.pipeline.onnx_runner import OrtSettings
@@ -19,7 +19,8 @@ NO_GPU = shutil.which("nvidia-smi") is None
 
 
 def load(path: Path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    config: model_config_pb2.ModelConfig = read_model_config(path)
+    return config
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this host has nvidia-smi")

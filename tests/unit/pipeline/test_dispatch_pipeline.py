@@ -26,7 +26,7 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline, config_parameters
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
 Tensors = dict[str, NDArray[Any] | None]
 STEP_MODELS = ("feature_encoder", "dispatch_model", "topk_resolver")
@@ -62,23 +62,6 @@ def assert_contract_outputs(outputs: dict[str, NDArray[Any]], orders: int, k: in
         value = outputs[spec.name]
         assert value.dtype == spec.numpy_dtype, spec.name
         assert value.shape == ((orders, k) if len(spec.dims) == 2 else (orders,)), spec.name
-
-
-# ---- config_parameters ---------------------------------------------------------------
-
-
-def test_config_parameters_reads_the_shipped_configs() -> None:
-    resolver = config_parameters(MODEL_REPOSITORY / "topk_resolver" / "config.pbtxt")
-    assert resolver["top_k"] == "5"
-    assert set(resolver) == {"top_k", "eta_scale_minutes", "cost_scale_cny"}
-    model = config_parameters(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt")
-    assert model["graph_optimization_level"] == "all"
-
-
-def test_config_parameters_of_a_config_without_parameters(tmp_path: Path) -> None:
-    config = tmp_path / "config.pbtxt"
-    config.write_text('name: "m"\nbackend: "python"\n')
-    assert config_parameters(config) == {}
 
 
 # ---- from_repository and run ---------------------------------------------------------

@@ -13,11 +13,12 @@ from numpy.typing import NDArray
 
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, DISPATCH_OUTPUTS
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline, config_parameters
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.routing.engine import FallbackLevel, RouterSettings
 from dispatch_service.routing.settings import FusedSettings

@@ -16,13 +16,13 @@ from dispatch_contract import (
     WINDOW_INPUTS,
 )
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.domain.resolver import ResolverSettings
 from dispatch_service.domain.window import WindowLimits, window_to_tensors
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.pipeline.dispatch_pipeline import config_parameters
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
 

@@ -57,9 +57,9 @@ class EchoStep:
         self.calls += 1
         x = inputs["X"]
         if x is None:
-            raise DispatchInputError("X", "is required but missing")
+            raise DispatchInputError("X", "is required but missing", "missing")
         if (x < 0).any():
-            raise DispatchInputError("X", f"must be >= 0 (row {int(np.argmax(x < 0))})")
+            raise DispatchInputError("X", f"must be >= 0 (row {int(np.argmax(x < 0))})", "range")
         if (x == 13).any():
             raise RuntimeError("unlucky number")
         return {"Y": x * 2, "N": np.array([x.size], dtype=np.int64)}

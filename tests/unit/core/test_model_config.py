@@ -1,0 +1,74 @@
+"""The one config.pbtxt reader: parameters, the profile's file, JSON form, write-back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dispatch_service.core.model_config import (
+    config_parameters,
+    profile_config_path,
+    read_config_dict,
+    read_model_config,
+    write_model_config,
+)
+from dispatch_service.core.paths import MODEL_REPOSITORY
+
+
+def test_config_parameters_reads_the_shipped_configs() -> None:
+    resolver = config_parameters(MODEL_REPOSITORY / "topk_resolver" / "config.pbtxt")
+    assert resolver["top_k"] == "5"
+    assert set(resolver) == {"top_k", "eta_scale_minutes", "cost_scale_cny"}
+    model = config_parameters(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt")
+    assert model["graph_optimization_level"] == "all"
+
+
+def test_config_parameters_of_a_config_without_parameters(tmp_path: Path) -> None:
+    config = tmp_path / "config.pbtxt"
+    config.write_text('name: "m"\nbackend: "python"\n')
+    assert config_parameters(config) == {}
+
+
+def test_an_empty_parameter_value_reads_as_the_empty_string(tmp_path: Path) -> None:
+    config = tmp_path / "config.pbtxt"
+    config.write_text(
+        'name: "m"\nbackend: "python"\n'
+        'parameters { key: "a" value { string_value: "" } }\n'
+        'parameters { key: "b" value { string_value: "x y" } }\n'
+    )
+    assert config_parameters(config) == {"a": "", "b": "x y"}
+
+
+def test_profile_config_path_prefers_the_profile_file(tmp_path: Path) -> None:
+    (tmp_path / "config.pbtxt").write_text('name: "m"\n')
+    assert profile_config_path(tmp_path, "gpu") == tmp_path / "config.pbtxt"
+    assert profile_config_path(tmp_path) == tmp_path / "config.pbtxt"
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "gpu.pbtxt").write_text('name: "m"\n')
+    assert profile_config_path(tmp_path, "gpu") == tmp_path / "configs" / "gpu.pbtxt"
+    assert profile_config_path(tmp_path, "cpu") == tmp_path / "config.pbtxt"
+
+
+def test_json_form_is_what_triton_hands_a_python_model(tmp_path: Path) -> None:
+    path = tmp_path / "config.pbtxt"
+    path.write_text(
+        'name: "m"\nbackend: "python"\nmax_batch_size: 8\n'
+        "instance_group [{ count: 2, kind: KIND_CPU }]\n"
+        'parameters { key: "k" value { string_value: "v" } }\n'
+    )
+    assert read_config_dict(path) == {
+        "name": "m",
+        "backend": "python",
+        "max_batch_size": 8,
+        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+        "parameters": {"k": {"string_value": "v"}},
+    }
+
+
+def test_write_then_read_round_trips(tmp_path: Path) -> None:
+    config = read_model_config(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt")
+    config.parameters["intra_op_num_threads"].string_value = "3"
+    out = tmp_path / "config.pbtxt"
+    write_model_config(out, config)
+    again = read_model_config(out)
+    assert again == config
+    assert config_parameters(out)["intra_op_num_threads"] == "3"

@@ -59,16 +59,10 @@ from perf.bodies import (
 )
 from perf.loadgen import LoadPlan, run_load
 from perf.pa import PaJob, PerfAnalyzer, output_shm_size, write_input_data
-from perf.report import (
-    ENSEMBLE_MODEL,
-    ENTRY_POINTS,
-    MODELS,
-    BenchResults,
-    Series,
-    entry_key,
-    render_report,
-)
+from perf.report import render_report
+from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, MODELS, BenchResults, Series, entry_key
 from perf.stats import LevelStats, request_budget
+from perf.targets import summary
 from perf.variants import TUNING_LOG, config_digest, parse_override, patched_repository
 from perf.windows import (
     FIRST_SEED,
@@ -709,7 +703,7 @@ def write_outputs(results: BenchResults, out: Path) -> Path:
             plots[size] = f"{size}.png"
         except Exception as exc:  # a plot must not lose the measurements
             results.notes.append(f"plot for {size} failed: {type(exc).__name__}: {exc}")
-    (out / "summary.json").write_text(json.dumps(results.to_dict(), indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary(results), indent=2) + "\n")
     report = out / "report.md"
     report.write_text(render_report(results, plots))
     return report
@@ -743,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = bench.run()
     report = write_outputs(results, out)
     bench.say(f"report: {report}")
-    for target in results.to_dict()["targets"]:
+    for target in summary(results)["targets"]:
         measured = "n/a" if target["measured"] is None else f"{target['measured']:.2f}"
         print(
             f"  {target['name']} [{target['model']}]: {measured} (goal {target['goal']})"

@@ -29,7 +29,7 @@ from perf.bench import (
     write_outputs,
 )
 from perf.pa import PerfAnalyzer
-from perf.report import BenchResults, Series
+from perf.results import BenchResults, Series
 from perf.stats import request_budget
 from perf.variants import config_digest
 from perf.windows import SIZES, optional_inputs

@@ -16,16 +16,7 @@ from dispatch_client.window_json import window_from_json
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
-from perf.bench import (
-    FULL,
-    PA_ENTRIES,
-    QUICK,
-    Endpoints,
-    Workload,
-    check_answer,
-    pa_job,
-    parse_locust_stats,
-)
+from perf.bench import FULL, QUICK
 from perf.bodies import (
     OUTPUT_NAMES,
     decode_arrays,
@@ -37,7 +28,9 @@ from perf.bodies import (
     triton_infer_path,
     triton_json_body,
 )
+from perf.levels import PA_ENTRIES, Endpoints, pa_job
 from perf.loadgen import LoadPlan, require_loopback
+from perf.locust_run import parse_locust_stats
 from perf.pa import (
     PaJob,
     output_shm_size,
@@ -57,6 +50,7 @@ from perf.targets import compute_ratios, compute_targets, summary
 from perf.tuning import append_log, metric_key, noise_percent, tuning_entry
 from perf.variants import ConfigOverride, config_digest, parse_override, patched_repository
 from perf.windows import SIZES, WindowSize, neutral_inputs, optional_inputs, simulated_windows
+from perf.workload import Workload, check_answer
 
 PA_CSV = (
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"

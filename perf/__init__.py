@@ -2,5 +2,8 @@
 
 `make bench` runs `perf.bench`; `make perf` runs `perf.run_perf_analyzer`. Pure helpers
 (input-data files, CSV parsing, statistics, ratios, report rendering) are unit-tested in
-tests/unit/test_bench.py; nothing here is imported by the service itself.
+tests/unit/perf_harness/; nothing here is imported by the service itself. The modules are
+scripts and their helpers, imported by module name: nothing is re-exported here.
 """
+
+__all__: list[str] = []

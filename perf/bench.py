@@ -22,86 +22,48 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
-from dispatch_service.ops.server import (
-    ChildService,
-    Ports,
-    ServerOptions,
-    TritonRuntime,
-    TritonServer,
-)
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from perf import limit
 from perf.bodies import (
-    RequestBody,
     decode_arrays,
-    decode_triton_json_answer,
-    fastapi_arrays_body,
-    fastapi_window_body,
     triton_infer_path,
-    triton_json_body,
 )
-from perf.loadgen import LoadPlan, run_load
-from perf.pa import PaJob, PerfAnalyzer, output_shm_size, write_input_data
-from perf.report import (
-    ENSEMBLE_MODEL,
-    ENTRY_POINTS,
-    MODELS,
-    BenchResults,
-    Series,
-    entry_key,
-    render_report,
-)
-from perf.stats import LevelStats, request_budget
+from perf.levels import PA_ENTRIES, load_level, pa_level
+from perf.locust_run import run_locust
+from perf.pa import PerfAnalyzer
+from perf.report import render_report
+from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, MODELS, BenchResults, Series, entry_key
+from perf.sessions import FastApiSession, TritonSession
+from perf.stats import request_budget
+from perf.targets import summary
 from perf.variants import TUNING_LOG, config_digest, parse_override, patched_repository
 from perf.windows import (
-    FIRST_SEED,
     SIZES,
     Tensors,
-    WindowSize,
     optional_inputs,
-    simulated_windows,
 )
+from perf.workload import Workload, check_answer, post_body, prepare_workload, triton_json_answer
 
 __all__ = [
     "FULL",
-    "PA_ENTRIES",
-    "PA_TRANSPORTS",
     "QUICK",
     "REPORTS",
     "TRITON_BUDGET_SHARE",
     "Bench",
-    "Endpoints",
-    "FastApiSession",
     "Levels",
     "Plan",
-    "TritonSession",
-    "Workload",
-    "check_answer",
     "host_info",
-    "load_level",
     "main",
-    "pa_job",
-    "pa_level",
-    "parse_locust_stats",
-    "prepare_workload",
-    "run_locust",
     "write_outputs",
 ]
 
@@ -157,300 +119,6 @@ QUICK = Plan(
     locust_users=8,
     budget_s=150.0,
 )
-
-
-# ---- workloads -------------------------------------------------------------------------------
-
-
-@dataclass
-class Workload:
-    """One window size: its windows, their in-process answers and the files made from them."""
-
-    size: WindowSize
-    windows: list[Tensors]
-    answers: list[Tensors]
-    input_data: Path
-    input_data_bytes: int
-    output_shm_size: int
-    bodies: dict[str, list[RequestBody]] = field(default_factory=dict)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "orders": self.size.orders,
-            "riders": self.size.riders,
-            "count": self.size.count,
-            "first_seed": FIRST_SEED,
-            "input_data_bytes": self.input_data_bytes,
-            "output_shm_size": self.output_shm_size,
-        }
-
-
-def prepare_workload(
-    size: WindowSize, pipeline: DispatchPipeline, out: Path, optional: Sequence[str]
-) -> Workload:
-    """Windows with the `optional` inputs set to neutral values, answered in process."""
-    windows = simulated_windows(size, optional)
-    answers = [pipeline.run(window) for window in windows]
-    data = out / f"input_{size.name}.json"
-    return Workload(
-        size=size,
-        windows=windows,
-        answers=answers,
-        input_data=data,
-        input_data_bytes=write_input_data(data, windows),
-        output_shm_size=output_shm_size(answers),
-        bodies={
-            "http_json": [triton_json_body(w) for w in windows],
-            "fastapi_json": [fastapi_window_body(w) for w in windows],
-            "fastapi_arrays": [fastapi_arrays_body(w) for w in windows],
-        },
-    )
-
-
-def check_answer(expected: Mapping[str, NDArray[Any]], got: Mapping[str, NDArray[Any]]) -> str:
-    """'' when `got` decides like `expected` (same Top-K riders, same assignment)."""
-    for name in ("TOPK_RIDER_INDEX", "ASSIGNED_RIDER_INDEX"):
-        if name not in got:
-            return f"{name} missing"
-        if not np.array_equal(np.asarray(expected[name]), np.asarray(got[name])):
-            return f"{name} differs from the in-process pipeline"
-    if not np.allclose(expected["TOPK_SCORE"], got["TOPK_SCORE"], rtol=1e-4, atol=1e-6):
-        return "TOPK_SCORE differs from the in-process pipeline"
-    return ""
-
-
-def _post(url: str, body: RequestBody, timeout_s: float = 60.0) -> bytes:
-    request = urllib.request.Request(url, data=body.data, headers=body.headers, method="POST")
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return bytes(response.read())
-
-
-def _triton_json_answer(url: str, body: RequestBody) -> Tensors:
-    return decode_triton_json_answer(_post(url, body))
-
-
-# ---- servers ---------------------------------------------------------------------------------
-
-
-class TritonSession:
-    """This checkout's tritonserver on free loopback ports, stopped on exit."""
-
-    def __init__(self, repository: Path, log_path: Path) -> None:
-        runtime = TritonRuntime.from_venv()
-        options = ServerOptions(model_repository=repository, ports=Ports.free())
-        self.server = TritonServer(runtime, options, log_path)
-        self.pa = PerfAnalyzer.from_venv()
-
-    def __enter__(self) -> TritonSession:
-        self.server.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.server.stop()
-
-    @property
-    def http_base(self) -> str:
-        return f"http://{self.server.http_url}"
-
-    @property
-    def endpoints(self) -> Endpoints:
-        return Endpoints(grpc=self.server.grpc_url, http=self.server.http_url)
-
-
-class FastApiSession(ChildService):
-    """The FastAPI baseline under uvicorn (own process group), stopped on exit."""
-
-    def __init__(self, repository: Path, log_path: Path, workers: int = 2) -> None:
-        super().__init__(log_path, "FastAPI baseline")
-        self.port = Ports.free().http
-        self.repository = repository
-        self.workers = workers
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> FastApiSession:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        env["DISPATCH_BASELINE_MODEL_REPOSITORY"] = str(self.repository)
-        command = [
-            sys.executable,
-            "-m",
-            "perf.baselines.fastapi_service",
-            "--port",
-            str(self.port),
-            "--workers",
-            str(self.workers),
-        ]
-        self.spawn(command, env, cwd=REPO_ROOT)
-        self.wait_http_ok(f"{self.base}/health", timeout_s=120)
-        return self
-
-
-# ---- one level -------------------------------------------------------------------------------
-
-PA_TRANSPORTS = ("grpc", "grpc_shm", "http_binary")
-# Measured in this order: each transport for the ensemble, then for dispatch_fused.
-PA_ENTRIES = tuple(entry_key(t, model) for t in PA_TRANSPORTS for model in MODELS)
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    grpc: str  # host:port
-    http: str  # host:port
-
-
-def pa_level(
-    pa: PerfAnalyzer,
-    endpoints: Endpoints,
-    entry: str,
-    workload: Workload,
-    concurrency: int,
-    request_count: int,
-    out: Path,
-    timeout_s: float,
-    breakdown: dict[str, dict[str, float]] | None = None,
-) -> tuple[LevelStats | None, str, str]:
-    """(row or None, failure text or a note on the row, command) for one level.
-
-    `entry` is one of PA_ENTRIES (its model and transport). `breakdown`, when given, receives
-    the server-side time per ensemble step, or the single model's own split.
-    """
-    job = pa_job(entry, endpoints, workload, concurrency, request_count, out)
-    outcome = pa.run(job, timeout_s)
-    if breakdown is not None:
-        breakdown.update(outcome.server)
-    if outcome.ok:
-        note = f"c={concurrency}: {outcome.note}" if outcome.note else ""
-        return outcome.rows[0], note, outcome.command
-    last = [line for line in outcome.log_tail.splitlines() if line.strip()][-1:] or ["no output"]
-    return (
-        None,
-        f"c={concurrency}: perf_analyzer exit {outcome.returncode}: {last[0]}",
-        (outcome.command),
-    )
-
-
-def pa_job(
-    entry: str,
-    endpoints: Endpoints,
-    workload: Workload,
-    concurrency: int,
-    request_count: int,
-    out: Path,
-) -> PaJob:
-    """The perf_analyzer invocation of one PA_ENTRIES level."""
-    if entry not in PA_ENTRIES:
-        raise ValueError(f"{entry} is not measured with perf_analyzer")
-    point = ENTRY_POINTS[entry]
-    grpc = point.transport.startswith("grpc")
-    shm = point.transport == "grpc_shm"
-    return PaJob(
-        url=endpoints.grpc if grpc else endpoints.http,
-        protocol="grpc" if grpc else "http",
-        input_data=workload.input_data,
-        concurrency=concurrency,
-        request_count=request_count,
-        csv_path=out / f"pa_{entry}_{workload.size.name}_c{concurrency}.csv",
-        model=point.model,
-        shared_memory="system" if shm else "none",
-        output_shm_size=workload.output_shm_size if shm else None,
-        mode="count_windows",
-    )
-
-
-def load_level(
-    url: str, bodies: Sequence[RequestBody], concurrency: int, request_count: int, cap_s: float
-) -> tuple[LevelStats | None, str]:
-    result = run_load(LoadPlan(url, bodies, concurrency, request_count, cap_s))
-    if result.errors or not result.latencies_s:
-        return None, f"c={concurrency}: {result.errors} errors, first: {result.first_error}"
-    return result.stats(), ""
-
-
-# ---- locust ----------------------------------------------------------------------------------
-
-
-def parse_locust_stats(text: str) -> dict[str, Any]:
-    """The 'Aggregated' row of locust's `--csv` *_stats.csv (times in ms)."""
-    import csv
-    import io
-
-    for row in csv.DictReader(io.StringIO(text)):
-        if row.get("Name") == "Aggregated":
-            return {
-                "requests": int(row["Request Count"]),
-                "failures": int(row["Failure Count"]),
-                "rps": float(row["Requests/s"]),
-                "p50_ms": float(row["50%"]),
-                "p95_ms": float(row["95%"]),
-                "p99_ms": float(row["99%"]),
-            }
-    raise ValueError("no Aggregated row in locust stats")
-
-
-def run_locust(
-    host: str, size: str, body: str, users: int, seconds: int, max_requests: int, out: Path
-) -> dict[str, Any]:
-    prefix = out / f"locust_{size}_{body}"
-    command = [
-        str(Path(sys.prefix) / "bin" / "locust"),
-        "-f",
-        str(REPO_ROOT / "perf" / "locustfile.py"),
-        "--headless",
-        "--host",
-        host,
-        "-u",
-        str(users),
-        "-r",
-        str(users),
-        "--run-time",
-        f"{seconds}s",
-        "--stop-timeout",
-        "5",
-        "--csv",
-        str(prefix),
-        "--only-summary",
-        "--loglevel",
-        "WARNING",
-        "--window-size",
-        size,
-        "--body",
-        body,
-        "--max-requests",
-        str(max_requests),
-    ]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    info: dict[str, Any] = {
-        "users": users,
-        "size": size,
-        "body": body,
-        "run_time": f"{seconds} s",
-        "max_requests": max_requests,
-        "command": " ".join(command),
-    }
-    try:
-        done = subprocess.run(
-            command,
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=seconds + 90,
-            check=False,
-        )
-        (out / f"locust_{size}_{body}.log").write_text(done.stdout + done.stderr)
-        info.update(parse_locust_stats(Path(f"{prefix}_stats.csv").read_text()))
-    except (subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:
-        info["error"] = f"{type(exc).__name__}: {exc}"
-    return info
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -564,7 +232,7 @@ class Bench:
                 f"Triton `{model}`",
                 workload,
                 partial(
-                    _triton_json_answer,
+                    triton_json_answer,
                     triton.http_base + triton_infer_path(model),
                     workload.bodies["http_json"][0],
                 ),
@@ -628,7 +296,7 @@ class Bench:
         self.verify(
             "FastAPI",
             workload,
-            lambda: decode_arrays(json.loads(_post(url, workload.bodies["fastapi_arrays"][0]))),
+            lambda: decode_arrays(json.loads(post_body(url, workload.bodies["fastapi_arrays"][0]))),
         )
         self.load_series(
             "fastapi_json", workload, fastapi.base + "/dispatch", self.plan.fastapi_json_levels
@@ -709,7 +377,7 @@ def write_outputs(results: BenchResults, out: Path) -> Path:
             plots[size] = f"{size}.png"
         except Exception as exc:  # a plot must not lose the measurements
             results.notes.append(f"plot for {size} failed: {type(exc).__name__}: {exc}")
-    (out / "summary.json").write_text(json.dumps(results.to_dict(), indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary(results), indent=2) + "\n")
     report = out / "report.md"
     report.write_text(render_report(results, plots))
     return report
@@ -743,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = bench.run()
     report = write_outputs(results, out)
     bench.say(f"report: {report}")
-    for target in results.to_dict()["targets"]:
+    for target in summary(results)["targets"]:
         measured = "n/a" if target["measured"] is None else f"{target['measured']:.2f}"
         print(
             f"  {target['name']} [{target['model']}]: {measured} (goal {target['goal']})"

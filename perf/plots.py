@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perf.report import ENTRY_POINTS, FUSED_MODEL, BenchResults, EntryPoint
+from perf.results import ENTRY_POINTS, FUSED_MODEL, BenchResults, EntryPoint
 
 __all__ = [
     "plot_size",

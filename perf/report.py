@@ -1,7 +1,7 @@
-"""Benchmark results: the data model, ratios, the issue's targets and the Markdown report.
+"""The Markdown benchmark report (`report.md`), one function per section.
 
-Pure: nothing here measures. `BenchResults.to_dict()` is `summary.json`; `render_report`
-turns a results object (or a summary.json read back) into `report.md`.
+Pure: nothing here measures. `render_report` turns a `perf.results.BenchResults` (or a
+summary.json read back) into `report.md`; the figures it judges come from `perf.targets`.
 
 Re-render a report: `python -m perf.report perf/reports/bench-<stamp>/summary.json`.
 """
@@ -12,436 +12,16 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perf.stats import LevelStats, LimitStats
+from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, FUSED_MODEL, BenchResults, size_key
+from perf.targets import compute_ratios, compute_targets
 
 __all__ = [
-    "ENSEMBLE_MODEL",
-    "ENTRY_POINTS",
-    "FUSED_MODEL",
-    "MODELS",
-    "SIZE_ORDER",
-    "TARGET_CONCURRENCY",
-    "BenchResults",
-    "EntryPoint",
-    "Ratio",
-    "Series",
-    "Target",
-    "compute_ratios",
-    "compute_targets",
-    "entry_key",
     "main",
-    "model_targets",
     "render_report",
 ]
-
-SIZE_ORDER = ("small", "medium", "large")
-
-# The two Triton models that answer a dispatch window: the four-step ensemble and the same
-# pipeline in one Python model (dispatch_service.routing.settings.FUSED_MODEL_NAME; a unit
-# test keeps the two names equal, this module does not import the service).
-ENSEMBLE_MODEL = "dispatch"
-FUSED_MODEL = "dispatch_fused"
-MODELS = (ENSEMBLE_MODEL, FUSED_MODEL)
-
-
-@dataclass(frozen=True)
-class EntryPoint:
-    key: str
-    label: str
-    tool: str
-    model: str  # the Triton model measured; "" for the FastAPI baseline
-    transport: str  # grpc, grpc_shm, http_binary, http_json; the key for the baseline
-
-    @property
-    def ours(self) -> bool:
-        return bool(self.model)
-
-
-def entry_key(transport: str, model: str) -> str:
-    """The series key of a Triton transport ("grpc", "grpc_shm", ...) for one model."""
-    return transport if model == ENSEMBLE_MODEL else f"fused_{transport}"
-
-
-def _triton_entries(transport: str, label: str, tool: str) -> tuple[EntryPoint, EntryPoint]:
-    return (
-        EntryPoint(transport, f"{label}, {ENSEMBLE_MODEL}", tool, ENSEMBLE_MODEL, transport),
-        EntryPoint(
-            entry_key(transport, FUSED_MODEL),
-            f"{label}, {FUSED_MODEL}",
-            tool,
-            FUSED_MODEL,
-            transport,
-        ),
-    )
-
-
-# Report order: each transport with the ensemble first, then the fused model.
-ENTRY_POINTS: dict[str, EntryPoint] = {
-    entry.key: entry
-    for entry in (
-        *_triton_entries("grpc", "Triton gRPC", "perf_analyzer"),
-        *_triton_entries("grpc_shm", "Triton gRPC + system shm", "perf_analyzer"),
-        *_triton_entries("http_binary", "Triton HTTP binary", "perf_analyzer"),
-        *_triton_entries("http_json", "Triton HTTP JSON", "perf.loadgen"),
-        EntryPoint("fastapi_json", "FastAPI, window JSON", "perf.loadgen", "", "fastapi_json"),
-        EntryPoint(
-            "fastapi_arrays", "FastAPI, base64 arrays", "perf.loadgen", "", "fastapi_arrays"
-        ),
-    )
-}
-
-
-@dataclass
-class Series:
-    """One entry point at one window size over a concurrency sweep."""
-
-    entry: str
-    size: str
-    rows: list[LevelStats] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    command: str = ""
-
-    def at(self, concurrency: int) -> LevelStats | None:
-        return next((row for row in self.rows if row.concurrency == concurrency), None)
-
-    def peak(self) -> LevelStats | None:
-        return max(self.rows, key=lambda row: row.throughput_per_s, default=None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "entry": self.entry,
-            "label": ENTRY_POINTS[self.entry].label,
-            "tool": ENTRY_POINTS[self.entry].tool,
-            "model": ENTRY_POINTS[self.entry].model,
-            "size": self.size,
-            "rows": [row.to_dict() for row in self.rows],
-            "failures": list(self.failures),
-            "command": self.command,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Series:
-        return cls(
-            entry=str(data["entry"]),
-            size=str(data["size"]),
-            rows=[LevelStats.from_dict(row) for row in data.get("rows", [])],
-            failures=[str(f) for f in data.get("failures", [])],
-            command=str(data.get("command", "")),
-        )
-
-
-@dataclass
-class BenchResults:
-    stamp: str
-    mode: str  # "full" or "quick"
-    host: dict[str, Any] = field(default_factory=dict)
-    server: dict[str, Any] = field(default_factory=dict)
-    windows: dict[str, dict[str, Any]] = field(default_factory=dict)
-    limits: dict[str, LimitStats] = field(default_factory=dict)
-    series: list[Series] = field(default_factory=list)
-    locust: dict[str, Any] | None = None
-    tuning_log: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    duration_s: float = 0.0
-    # size -> "model vN" -> Triton's server-side ms per ensemble step (gRPC, concurrency 1)
-    breakdown: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-    # size -> "dispatch_fused" -> the same parts for the fused model (its one step)
-    breakdown_fused: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
-
-    def breakdowns(self) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-        """Model -> size -> step -> parts, for both Triton entry points."""
-        return {ENSEMBLE_MODEL: self.breakdown, FUSED_MODEL: self.breakdown_fused}
-
-    def find(self, entry: str, size: str) -> Series | None:
-        return next((s for s in self.series if s.entry == entry and s.size == size), None)
-
-    def sizes(self) -> list[str]:
-        present = {s.size for s in self.series} | set(self.limits)
-        return [size for size in SIZE_ORDER if size in present]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": 2,
-            "stamp": self.stamp,
-            "mode": self.mode,
-            "duration_s": round(self.duration_s, 1),
-            "host": self.host,
-            "server": self.server,
-            "windows": self.windows,
-            "limit": {size: stats.to_dict() for size, stats in self.limits.items()},
-            "series": [s.to_dict() for s in self.series],
-            "locust": self.locust,
-            "ratios": [ratio.to_dict() for ratio in compute_ratios(self)],
-            "targets": [target.to_dict() for target in compute_targets(self)],
-            "tuning_log": self.tuning_log,
-            "notes": self.notes,
-            "server_breakdown": self.breakdown,
-            "server_breakdown_fused": self.breakdown_fused,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BenchResults:
-        return cls(
-            stamp=str(data["stamp"]),
-            mode=str(data["mode"]),
-            host=dict(data.get("host", {})),
-            server=dict(data.get("server", {})),
-            windows={k: dict(v) for k, v in data.get("windows", {}).items()},
-            limits={k: LimitStats.from_dict(v) for k, v in data.get("limit", {}).items()},
-            series=[Series.from_dict(s) for s in data.get("series", [])],
-            locust=data.get("locust"),
-            tuning_log=list(data.get("tuning_log", [])),
-            notes=[str(n) for n in data.get("notes", [])],
-            duration_s=float(data.get("duration_s", 0.0)),
-            breakdown=_read_breakdown(data.get("server_breakdown", {})),
-            breakdown_fused=_read_breakdown(data.get("server_breakdown_fused", {})),
-        )
-
-
-def _read_breakdown(data: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
-    return {
-        size: {step: {k: float(v) for k, v in parts.items()} for step, parts in steps.items()}
-        for size, steps in data.items()
-    }
-
-
-# ---- ratios ---------------------------------------------------------------------------------
-
-
-def _div(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
-
-
-def _peak(results: BenchResults, entry: str, size: str) -> float | None:
-    series = results.find(entry, size)
-    best = series.peak() if series else None
-    return best.throughput_per_s if best else None
-
-
-def _at(results: BenchResults, entry: str, size: str, concurrency: int) -> LevelStats | None:
-    series = results.find(entry, size)
-    return series.at(concurrency) if series else None
-
-
-def _p50_at_1(results: BenchResults, entry: str, size: str) -> float | None:
-    row = _at(results, entry, size, 1)
-    return row.p50_ms if row else None
-
-
-@dataclass(frozen=True)
-class Ratio:
-    name: str
-    model: str  # the Triton model the ratio is about ("dispatch_fused / dispatch": both)
-    how: str
-    values: dict[str, float | None]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "model": self.model, "how": self.how, "values": self.values}
-
-
-def compute_ratios(results: BenchResults) -> list[Ratio]:
-    """Per model, the same ratios (one row each, ensemble first), then fused / ensemble."""
-    sizes = results.sizes()
-
-    def per_size(fn: Any) -> dict[str, float | None]:
-        return {size: fn(size) for size in sizes}
-
-    def limit_multi(size: str) -> float | None:
-        stats = results.limits.get(size)
-        return stats.multi_windows_per_s if stats else None
-
-    def limit_p50(size: str) -> float | None:
-        stats = results.limits.get(size)
-        return stats.single.p50_ms if stats else None
-
-    def for_model(model: str) -> list[Ratio]:
-        grpc, shm, json_ = (entry_key(t, model) for t in ("grpc", "grpc_shm", "http_json"))
-        return [
-            Ratio(
-                "ours / limit, throughput",
-                model,
-                "peak gRPC windows/s over the sweep / in-process limit with 2 worker processes",
-                per_size(lambda s: _div(_peak(results, grpc, s), limit_multi(s))),
-            ),
-            Ratio(
-                "ours / limit, latency",
-                model,
-                "gRPC p50 at concurrency 1 / in-process single-thread p50 (above 1 = slower)",
-                per_size(lambda s: _div(_p50_at_1(results, grpc, s), limit_p50(s))),
-            ),
-            Ratio(
-                "ours / FastAPI (window JSON), throughput",
-                model,
-                "peak gRPC windows/s / peak FastAPI window-JSON windows/s",
-                per_size(
-                    lambda s: _div(_peak(results, grpc, s), _peak(results, "fastapi_json", s))
-                ),
-            ),
-            Ratio(
-                "ours / FastAPI (arrays), throughput",
-                model,
-                "peak gRPC windows/s / peak FastAPI base64-arrays windows/s",
-                per_size(
-                    lambda s: _div(_peak(results, grpc, s), _peak(results, "fastapi_arrays", s))
-                ),
-            ),
-            Ratio(
-                "Triton HTTP JSON / FastAPI (window JSON), throughput",
-                model,
-                "same load generator and JSON bodies on both sides: peak / peak",
-                per_size(
-                    lambda s: _div(_peak(results, json_, s), _peak(results, "fastapi_json", s))
-                ),
-            ),
-            Ratio(
-                "shm / plain gRPC, latency",
-                model,
-                "gRPC + system shared memory p50 / plain gRPC p50, concurrency 1",
-                per_size(lambda s: _div(_p50_at_1(results, shm, s), _p50_at_1(results, grpc, s))),
-            ),
-            Ratio(
-                "shm / plain gRPC, throughput",
-                model,
-                "peak windows/s with system shared memory / plain gRPC",
-                per_size(lambda s: _div(_peak(results, shm, s), _peak(results, grpc, s))),
-            ),
-        ]
-
-    ensemble, fused = for_model(ENSEMBLE_MODEL), for_model(FUSED_MODEL)
-    both = f"{FUSED_MODEL} / {ENSEMBLE_MODEL}"
-    fused_grpc = entry_key("grpc", FUSED_MODEL)
-    return [
-        *(row for pair in zip(ensemble, fused, strict=True) for row in pair),
-        Ratio(
-            "fused / ensemble, latency",
-            both,
-            "gRPC p50 at concurrency 1, dispatch_fused / dispatch (below 1 = fused faster)",
-            per_size(
-                lambda s: _div(_p50_at_1(results, fused_grpc, s), _p50_at_1(results, "grpc", s))
-            ),
-        ),
-        Ratio(
-            "fused / ensemble, throughput",
-            both,
-            "peak gRPC windows/s, dispatch_fused / dispatch (above 1 = fused faster)",
-            per_size(lambda s: _div(_peak(results, fused_grpc, s), _peak(results, "grpc", s))),
-        ),
-    ]
-
-
-# ---- the issue's targets ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    model: str  # the Triton model measured: "dispatch" (ensemble) or "dispatch_fused"
-    measured: float | None
-    limit: float
-    at_most: bool  # True: measured <= limit passes; False: measured >= limit passes
-    unit: str
-    detail: str = ""
-
-    @property
-    def met(self) -> bool | None:
-        if self.measured is None:
-            return None
-        return self.measured <= self.limit if self.at_most else self.measured >= self.limit
-
-    @property
-    def goal(self) -> str:
-        return f"{'<=' if self.at_most else '>='} {self.limit:g}{self.unit}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "model": self.model,
-            "goal": self.goal,
-            "measured": self.measured,
-            "unit": self.unit,
-            "met": self.met,
-            "detail": self.detail,
-        }
-
-
-TARGET_CONCURRENCY = 64
-
-
-def model_targets(results: BenchResults, model: str) -> list[Target]:
-    """The issue's targets for one Triton model (same goals for both entry points)."""
-    grpc, shm = entry_key("grpc", model), entry_key("grpc_shm", model)
-    c1 = _at(results, grpc, "small", 1)
-    c64 = _at(results, grpc, "small", TARGET_CONCURRENCY)
-    fast64 = _at(results, "fastapi_json", "small", TARGET_CONCURRENCY)
-    arrays64 = _at(results, "fastapi_arrays", "small", TARGET_CONCURRENCY)
-    limit = results.limits.get("small")
-    large = _at(results, grpc, "large", 1)
-    large_shm = _at(results, shm, "large", 1)
-    tput64 = c64.throughput_per_s if c64 else None
-    vs_arrays = _div(tput64, arrays64.throughput_per_s if arrays64 else None)
-    return [
-        Target("small, gRPC, c=1: p50", model, c1.p50_ms if c1 else None, 2.0, True, " ms"),
-        Target("small, gRPC, c=1: p99", model, c1.p99_ms if c1 else None, 5.0, True, " ms"),
-        Target(
-            "small, gRPC, c=64: throughput / FastAPI",
-            model,
-            _div(tput64, fast64.throughput_per_s if fast64 else None),
-            3.0,
-            False,
-            "x",
-            "FastAPI with window JSON at c=64 (same windows)"
-            + (f"; vs FastAPI base64 arrays: {vs_arrays:.2f}x" if vs_arrays is not None else ""),
-        ),
-        Target(
-            "small, gRPC, c=64: throughput / in-process limit",
-            model,
-            _div(tput64, limit.multi_windows_per_s if limit else None),
-            0.6,
-            False,
-            "x",
-            "limit: DispatchPipeline in 2 worker processes, no serving",
-        ),
-        Target(
-            "small, gRPC, c=64: p99 / p50",
-            model,
-            _div(c64.p99_ms, c64.p50_ms) if c64 else None,
-            3.0,
-            True,
-            "x",
-        ),
-        Target(
-            "large, gRPC, c=1: p99",
-            model,
-            large.p99_ms if large else None,
-            100.0,
-            True,
-            " ms",
-            "one 1,000 x 5,000 window at a time",
-        ),
-        Target(
-            "large, c=1: gRPC + system shm p50 / plain gRPC p50",
-            model,
-            _div(large_shm.p50_ms if large_shm else None, large.p50_ms if large else None),
-            0.7,
-            True,
-            "x",
-        ),
-    ]
-
-
-def compute_targets(results: BenchResults) -> list[Target]:
-    """Every target for both models: the ensemble's row, then dispatch_fused's, per target."""
-    ensemble, fused = (model_targets(results, model) for model in MODELS)
-    return [target for pair in zip(ensemble, fused, strict=True) for target in pair]
-
-
-# ---- Markdown --------------------------------------------------------------------------------
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -472,9 +52,9 @@ def _tuning_effects(entry: Mapping[str, Any]) -> str:
     return "; ".join(parts) or str(entry.get("effect", ""))
 
 
-def render_report(results: BenchResults, plots: Mapping[str, str] | None = None) -> str:
-    """The Markdown report; `plots` maps a size to its PNG file name (beside report.md)."""
-    plots = plots or {}
+def _header(results: BenchResults) -> list[str]:
+    """Title, host, tools, server configuration and how to read the figures."""
+    lines: list[str] = []
     host = results.host
     lines = [
         f"# Benchmark: dispatch service ({results.stamp}, {results.mode} run)",
@@ -504,10 +84,13 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         f"Triton answers through two models, measured side by side: `{ENSEMBLE_MODEL}` (the "
         f"four-step ensemble) and `{FUSED_MODEL}` (the same pipeline in one Python model); "
         "every target is computed for each.",
-        "",
-        "## Targets",
-        "",
     ]
+    return lines
+
+
+def _targets_section(results: BenchResults) -> list[str]:
+    """The issue's targets, per model, with a verdict each."""
+    lines = ["", "## Targets", ""]
     lines += _table(
         ["target", "model", "goal", "measured", "verdict", "detail"],
         [
@@ -523,7 +106,13 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         ],
         "lllrll",
     )
+    return lines
+
+
+def _ratios_section(results: BenchResults) -> list[str]:
+    """Ratios between entry points and against the references, per size."""
     sizes = results.sizes()
+    lines: list[str] = []
     lines += ["", "## Ratios", ""]
     lines += _table(
         ["ratio", "model", *sizes, "how"],
@@ -533,6 +122,12 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         ],
         "ll" + "r" * len(sizes) + "l",
     )
+    return lines
+
+
+def _limit_section(results: BenchResults) -> list[str]:
+    """The in-process limit: the pipeline without serving."""
+    lines: list[str] = []
     lines += ["", "## In-process limit (DispatchPipeline, no serving)", ""]
     lines += _table(
         [
@@ -554,130 +149,154 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
                 f"{_num(stats.multi_windows_per_s, 1)} (N={stats.processes})",
                 _num(stats.multi_orders_per_s, 0),
             ]
-            for size, stats in sorted(results.limits.items(), key=lambda kv: _size_key(kv[0]))
+            for size, stats in sorted(results.limits.items(), key=lambda kv: size_key(kv[0]))
         ],
     )
-    if results.breakdown or results.breakdown_fused:
-        lines += [
-            "",
-            "## Where the time goes (Triton, gRPC, concurrency 1)",
-            "",
-            f"Server-side averages from perf_analyzer's server statistics: for `{ENSEMBLE_MODEL}` "
-            "one row per ensemble step (a BLS call a step makes is inside that step's time), "
-            f"for `{FUSED_MODEL}` the one model's own split. The last column is the in-process "
-            "p50 of the whole pipeline for comparison.",
-            "",
-        ]
-        rows = []
-        for size in sizes:
-            limit = results.limits.get(size)
-            for model, breakdown in results.breakdowns().items():
-                for step, parts in breakdown.get(size, {}).items():
-                    rows.append(
-                        [
-                            size,
-                            f"`{model}`",
-                            step,
-                            _num(parts.get("total_ms")),
-                            _num(parts.get("queue_ms")),
-                            _num(parts.get("compute_infer_ms")),
-                            _num(parts.get("compute_io_ms")),
-                            _num(limit.single.p50_ms) if limit else "n/a",
-                        ]
-                    )
-        lines += _table(
-            [
-                "size",
-                "model",
-                "step",
-                "total ms",
-                "queue ms",
-                "compute ms",
-                "input+output ms",
-                "in-process",
-            ],
-            rows,
-            "lllrrrrr",
-        )
+    return lines
+
+
+def _breakdown_section(results: BenchResults) -> list[str]:
+    """Where the time goes inside Triton, per model and step (when measured)."""
+    sizes = results.sizes()
+    lines: list[str] = []
+    if not (results.breakdown or results.breakdown_fused):
+        return lines
+    lines += [
+        "",
+        "## Where the time goes (Triton, gRPC, concurrency 1)",
+        "",
+        f"Server-side averages from perf_analyzer's server statistics: for `{ENSEMBLE_MODEL}` "
+        "one row per ensemble step (a BLS call a step makes is inside that step's time), "
+        f"for `{FUSED_MODEL}` the one model's own split. The last column is the in-process "
+        "p50 of the whole pipeline for comparison.",
+        "",
+    ]
+    rows = []
     for size in sizes:
-        info = results.windows.get(size, {})
-        lines += [
-            "",
-            f"## {size}: {info.get('orders', '?')} orders x {info.get('riders', '?')} riders",
-            "",
-        ]
-        if size in plots:
-            lines += [f"![{size}]({plots[size]})", ""]
-        rows = []
-        for entry in ENTRY_POINTS.values():
-            series = results.find(entry.key, size)
-            if series is None:
-                continue
-            for row in series.rows:
+        limit = results.limits.get(size)
+        for model, breakdown in results.breakdowns().items():
+            for step, parts in breakdown.get(size, {}).items():
                 rows.append(
                     [
-                        entry.label,
-                        str(row.concurrency),
-                        _num(row.throughput_per_s, 1),
-                        _num(row.throughput_per_s * int(info.get("orders", 1)), 0),
-                        _num(row.p50_ms),
-                        _num(row.p95_ms),
-                        _num(row.p99_ms),
-                        str(row.requests),
-                        str(row.errors),
+                        size,
+                        f"`{model}`",
+                        step,
+                        _num(parts.get("total_ms")),
+                        _num(parts.get("queue_ms")),
+                        _num(parts.get("compute_infer_ms")),
+                        _num(parts.get("compute_io_ms")),
+                        _num(limit.single.p50_ms) if limit else "n/a",
                     ]
                 )
-            rows += [
-                [entry.label, "-", failure, "", "", "", "", "", ""] for failure in series.failures
-            ]
-        lines += _table(
-            [
-                "entry point",
-                "conc.",
-                "windows/s",
-                "orders/s",
-                "p50 ms",
-                "p95 ms",
-                "p99 ms",
-                "requests",
-                "errors",
-            ],
-            rows,
-            "lrrrrrrrr",
-        )
-        if info:
-            lines += [
-                "",
-                f"{info.get('count', '?')} distinct windows "
-                f"(seeds from {info.get('first_seed', '?')}); "
-                f"perf_analyzer input file {info.get('input_data_bytes', 0) / 1e6:.2f} MB; "
-                f"--output-shared-memory-size {info.get('output_shm_size', 'n/a')} bytes.",
-            ]
-    if results.locust:
-        loc = results.locust
+    lines += _table(
+        [
+            "size",
+            "model",
+            "step",
+            "total ms",
+            "queue ms",
+            "compute ms",
+            "input+output ms",
+            "in-process",
+        ],
+        rows,
+        "lllrrrrr",
+    )
+    return lines
+
+
+def _size_section(results: BenchResults, size: str, plots: Mapping[str, str]) -> list[str]:
+    """One window size: its plot and every entry point's sweep."""
+    lines: list[str] = []
+    info = results.windows.get(size, {})
+    lines += [
+        "",
+        f"## {size}: {info.get('orders', '?')} orders x {info.get('riders', '?')} riders",
+        "",
+    ]
+    if size in plots:
+        lines += [f"![{size}]({plots[size]})", ""]
+    rows = []
+    for entry in ENTRY_POINTS.values():
+        series = results.find(entry.key, size)
+        if series is None:
+            continue
+        for row in series.rows:
+            rows.append(
+                [
+                    entry.label,
+                    str(row.concurrency),
+                    _num(row.throughput_per_s, 1),
+                    _num(row.throughput_per_s * int(info.get("orders", 1)), 0),
+                    _num(row.p50_ms),
+                    _num(row.p95_ms),
+                    _num(row.p99_ms),
+                    str(row.requests),
+                    str(row.errors),
+                ]
+            )
+        rows += [[entry.label, "-", failure, "", "", "", "", "", ""] for failure in series.failures]
+    lines += _table(
+        [
+            "entry point",
+            "conc.",
+            "windows/s",
+            "orders/s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "requests",
+            "errors",
+        ],
+        rows,
+        "lrrrrrrrr",
+    )
+    if info:
         lines += [
             "",
-            "## Locust scenario",
-            "",
-            f"`perf/locustfile.py`: {loc.get('users')} users, {loc.get('size')} windows, "
-            f"{loc.get('body')} bodies to Triton HTTP, {loc.get('run_time')}, at most "
-            f"{loc.get('max_requests')} requests.",
-            "",
+            f"{info.get('count', '?')} distinct windows "
+            f"(seeds from {info.get('first_seed', '?')}); "
+            f"perf_analyzer input file {info.get('input_data_bytes', 0) / 1e6:.2f} MB; "
+            f"--output-shared-memory-size {info.get('output_shm_size', 'n/a')} bytes.",
         ]
-        lines += _table(
-            ["requests", "failures", "req/s", "p50 ms", "p95 ms", "p99 ms"],
+    return lines
+
+
+def _locust_section(results: BenchResults) -> list[str]:
+    """The locust scenario (when run)."""
+    lines: list[str] = []
+    if not results.locust:
+        return lines
+    loc = results.locust
+    lines += [
+        "",
+        "## Locust scenario",
+        "",
+        f"`perf/locustfile.py`: {loc.get('users')} users, {loc.get('size')} windows, "
+        f"{loc.get('body')} bodies to Triton HTTP, {loc.get('run_time')}, at most "
+        f"{loc.get('max_requests')} requests.",
+        "",
+    ]
+    lines += _table(
+        ["requests", "failures", "req/s", "p50 ms", "p95 ms", "p99 ms"],
+        [
             [
-                [
-                    str(loc.get("requests", "n/a")),
-                    str(loc.get("failures", "n/a")),
-                    _num(loc.get("rps"), 1),
-                    _num(loc.get("p50_ms"), 1),
-                    _num(loc.get("p95_ms"), 1),
-                    _num(loc.get("p99_ms"), 1),
-                ]
-            ],
-            "rrrrrr",
-        )
+                str(loc.get("requests", "n/a")),
+                str(loc.get("failures", "n/a")),
+                _num(loc.get("rps"), 1),
+                _num(loc.get("p50_ms"), 1),
+                _num(loc.get("p95_ms"), 1),
+                _num(loc.get("p99_ms"), 1),
+            ]
+        ],
+        "rrrrrr",
+    )
+    return lines
+
+
+def _tuning_section(results: BenchResults) -> list[str]:
+    """The tuning log: changes tried and what each did."""
+    lines: list[str] = []
     lines += ["", "## Tuning log", ""]
     if results.tuning_log:
         lines += [
@@ -705,8 +324,20 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         )
     else:
         lines.append("No tuning entries recorded.")
+    return lines
+
+
+def _notes_section(results: BenchResults) -> list[str]:
+    """The run's notes (when any)."""
+    lines: list[str] = []
     if results.notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in results.notes]
+    return lines
+
+
+def _method_section(results: BenchResults) -> list[str]:
+    """How every figure was measured."""
+    lines: list[str] = []
     lines += [
         "",
         "## Method",
@@ -737,11 +368,28 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         "- Client, server and references run one after another on the same host; the load "
         "generator and the service under test share its cores.",
     ]
+    return lines
+
+
+def render_report(results: BenchResults, plots: Mapping[str, str] | None = None) -> str:
+    """The Markdown report; `plots` maps a size to its PNG file name (beside report.md)."""
+    plots = plots or {}
+    lines = [
+        *_header(results),
+        *_targets_section(results),
+        *_ratios_section(results),
+        *_limit_section(results),
+        *_breakdown_section(results),
+    ]
+    for size in results.sizes():
+        lines += _size_section(results, size, plots)
+    lines += [
+        *_locust_section(results),
+        *_tuning_section(results),
+        *_notes_section(results),
+        *_method_section(results),
+    ]
     return "\n".join(lines) + "\n"
-
-
-def _size_key(size: str) -> int:
-    return SIZE_ORDER.index(size) if size in SIZE_ORDER else len(SIZE_ORDER)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,20 +19,15 @@ from pathlib import Path
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
-from perf.bench import (
-    REPORTS,
-    Endpoints,
-    TritonSession,
-    host_info,
-    pa_level,
-    prepare_workload,
-    write_outputs,
-)
+from perf.bench import REPORTS, host_info, write_outputs
+from perf.levels import Endpoints, pa_level
 from perf.pa import PerfAnalyzer
-from perf.report import BenchResults, Series
+from perf.results import BenchResults, Series
+from perf.sessions import TritonSession
 from perf.stats import request_budget
 from perf.variants import config_digest
 from perf.windows import SIZES, optional_inputs
+from perf.workload import prepare_workload
 
 __all__ = [
     "main",

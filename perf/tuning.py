@@ -19,10 +19,12 @@ from typing import Any
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
-from perf.bench import TritonSession, pa_level, prepare_workload
+from perf.levels import pa_level
+from perf.sessions import TritonSession
 from perf.stats import request_budget
 from perf.variants import TUNING_LOG, parse_override, patched_repository
 from perf.windows import SIZES, optional_inputs
+from perf.workload import prepare_workload
 
 __all__ = [
     "METRICS",

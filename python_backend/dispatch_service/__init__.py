@@ -13,4 +13,10 @@ tests/unit/test_architecture.py):
 
 The tensor contract is its own package, `dispatch_contract` (numpy only), shared with the
 client `dispatch_client`, which never imports this library.
+
+Nothing is re-exported at this level: each layer package re-exports its own main names
+(lazily), and importing `dispatch_service` itself must stay free for the Python-backend
+stub and the launcher.
 """
+
+__all__: list[str] = []

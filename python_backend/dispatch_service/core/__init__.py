@@ -1,1 +1,103 @@
-"""Shared by every layer: input errors, typed settings, metric vocabulary, paths."""
+"""What every layer may use: errors, typed settings, the config.pbtxt reader, metrics, paths.
+
+The names below are re-exported lazily (module `__getattr__`): importing the package
+loads none of its modules, so `import dispatch_service.core.<module>` stays as light as
+that module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dispatch_service.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dispatch_service.core.errors import (
+        RULE_CODES,
+        DispatchInputError,
+    )
+    from dispatch_service.core.metrics import (
+        InMemoryMetrics,
+        MetricKind,
+        MetricSpec,
+        MetricsSink,
+        NullMetrics,
+        Observation,
+    )
+    from dispatch_service.core.model_config import (
+        CONFIG_NAME,
+        config_parameters,
+        profile_config_path,
+        read_config_dict,
+        read_model_config,
+        write_model_config,
+    )
+    from dispatch_service.core.paths import (
+        MODEL_REPOSITORY,
+        REPO_ROOT,
+    )
+    from dispatch_service.core.settings import (
+        SettingsError,
+        load_settings,
+        parameters_from_model_config,
+        reject_unknown,
+    )
+
+__all__ = [
+    "CONFIG_NAME",
+    "MODEL_REPOSITORY",
+    "REPO_ROOT",
+    "RULE_CODES",
+    "DispatchInputError",
+    "InMemoryMetrics",
+    "MetricKind",
+    "MetricSpec",
+    "MetricsSink",
+    "NullMetrics",
+    "Observation",
+    "SettingsError",
+    "config_parameters",
+    "load_settings",
+    "parameters_from_model_config",
+    "profile_config_path",
+    "read_config_dict",
+    "read_model_config",
+    "reject_unknown",
+    "write_model_config",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "errors": (
+            "RULE_CODES",
+            "DispatchInputError",
+        ),
+        "metrics": (
+            "InMemoryMetrics",
+            "MetricKind",
+            "MetricSpec",
+            "MetricsSink",
+            "NullMetrics",
+            "Observation",
+        ),
+        "model_config": (
+            "CONFIG_NAME",
+            "config_parameters",
+            "profile_config_path",
+            "read_config_dict",
+            "read_model_config",
+            "write_model_config",
+        ),
+        "paths": (
+            "MODEL_REPOSITORY",
+            "REPO_ROOT",
+        ),
+        "settings": (
+            "SettingsError",
+            "load_settings",
+            "parameters_from_model_config",
+            "reject_unknown",
+        ),
+    },
+)

@@ -1,1 +1,93 @@
-"""The dispatch domain, free of serving: window validation, geo, pair features, resolver."""
+"""Domain rules: window validation, geo, feasibility, pair features, Top-K and assignment.
+
+The names below are re-exported lazily (module `__getattr__`): importing the package
+loads none of its modules, so `import dispatch_service.domain.<module>` stays as light as
+that module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dispatch_service.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dispatch_service.domain.feasibility import (
+        THERMAL_EQUIPMENT_BIT,
+        feasible,
+        meets_hard_constraints,
+    )
+    from dispatch_service.domain.features import (
+        EncodedWindow,
+        EncoderSettings,
+        encode_window,
+        feasible_mask,
+    )
+    from dispatch_service.domain.resolver import (
+        Resolution,
+        ResolverSettings,
+        assign,
+        resolve,
+        score_pairs,
+    )
+    from dispatch_service.domain.window import (
+        DispatchWindow,
+        WindowLimits,
+        check_objective_weights,
+        parse_objective_weights,
+        window_from_tensors,
+        window_to_tensors,
+    )
+
+__all__ = [
+    "THERMAL_EQUIPMENT_BIT",
+    "DispatchWindow",
+    "EncodedWindow",
+    "EncoderSettings",
+    "Resolution",
+    "ResolverSettings",
+    "WindowLimits",
+    "assign",
+    "check_objective_weights",
+    "encode_window",
+    "feasible",
+    "feasible_mask",
+    "meets_hard_constraints",
+    "parse_objective_weights",
+    "resolve",
+    "score_pairs",
+    "window_from_tensors",
+    "window_to_tensors",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "feasibility": (
+            "THERMAL_EQUIPMENT_BIT",
+            "feasible",
+            "meets_hard_constraints",
+        ),
+        "features": (
+            "EncodedWindow",
+            "EncoderSettings",
+            "encode_window",
+            "feasible_mask",
+        ),
+        "resolver": (
+            "Resolution",
+            "ResolverSettings",
+            "assign",
+            "resolve",
+            "score_pairs",
+        ),
+        "window": (
+            "DispatchWindow",
+            "WindowLimits",
+            "check_objective_weights",
+            "parse_objective_weights",
+            "window_from_tensors",
+            "window_to_tensors",
+        ),
+    },
+)

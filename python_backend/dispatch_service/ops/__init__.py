@@ -1,1 +1,90 @@
-"""Operations: launcher, admin CLI, signing, verified loads, model control, warm-up, golden."""
+"""Operations: the launcher, model control, signing, verified loads, the admin CLI.
+
+The names below are re-exported lazily (module `__getattr__`): importing the package
+loads none of its modules, so `import dispatch_service.ops.<module>` stays as light as
+that module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dispatch_service.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dispatch_service.ops.model_control import (
+        ADMIN_KEY_HEADER,
+        ModelControlError,
+        load_model,
+        unload_model,
+    )
+    from dispatch_service.ops.server import (
+        ADMIN_KEY_ENV,
+        TRUSTED_KEYS_ENV,
+        Ports,
+        ServerError,
+        ServerOptions,
+        TritonRuntime,
+        TritonServer,
+    )
+    from dispatch_service.ops.signing import (
+        SigningError,
+        TrustedKeys,
+        sign_version,
+        verify_version,
+    )
+    from dispatch_service.ops.verified_load import (
+        LoadPlan,
+        plan_load,
+    )
+
+__all__ = [
+    "ADMIN_KEY_ENV",
+    "ADMIN_KEY_HEADER",
+    "TRUSTED_KEYS_ENV",
+    "LoadPlan",
+    "ModelControlError",
+    "Ports",
+    "ServerError",
+    "ServerOptions",
+    "SigningError",
+    "TritonRuntime",
+    "TritonServer",
+    "TrustedKeys",
+    "load_model",
+    "plan_load",
+    "sign_version",
+    "unload_model",
+    "verify_version",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "model_control": (
+            "ADMIN_KEY_HEADER",
+            "ModelControlError",
+            "load_model",
+            "unload_model",
+        ),
+        "server": (
+            "ADMIN_KEY_ENV",
+            "TRUSTED_KEYS_ENV",
+            "Ports",
+            "ServerError",
+            "ServerOptions",
+            "TritonRuntime",
+            "TritonServer",
+        ),
+        "signing": (
+            "SigningError",
+            "TrustedKeys",
+            "sign_version",
+            "verify_version",
+        ),
+        "verified_load": (
+            "LoadPlan",
+            "plan_load",
+        ),
+    },
+)

@@ -1,1 +1,56 @@
-"""Triton Python-backend adapters: requests to arrays, arrays to responses, errors per request."""
+"""Triton Python-backend adapters: pb_utils tensors in, library calls, tensors out.
+
+The names below are re-exported lazily (module `__getattr__`): importing the package
+loads none of its modules, so `import dispatch_service.serving.<module>` stays as light as
+that module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dispatch_service.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dispatch_service.serving.fused_adapter import (
+        FusedDispatchAdapter,
+        fused_adapter_for,
+    )
+    from dispatch_service.serving.router_adapter import (
+        DispatchRouterAdapter,
+        router_adapter_for,
+    )
+    from dispatch_service.serving.triton_adapter import (
+        TritonBatchedModelAdapter,
+        TritonStepAdapter,
+        adapter_for,
+    )
+
+__all__ = [
+    "DispatchRouterAdapter",
+    "FusedDispatchAdapter",
+    "TritonBatchedModelAdapter",
+    "TritonStepAdapter",
+    "adapter_for",
+    "fused_adapter_for",
+    "router_adapter_for",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "fused_adapter": (
+            "FusedDispatchAdapter",
+            "fused_adapter_for",
+        ),
+        "router_adapter": (
+            "DispatchRouterAdapter",
+            "router_adapter_for",
+        ),
+        "triton_adapter": (
+            "TritonBatchedModelAdapter",
+            "TritonStepAdapter",
+            "adapter_for",
+        ),
+    },
+)

@@ -16,16 +16,7 @@ from dispatch_client.window_json import window_from_json
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
-from perf.bench import (
-    FULL,
-    PA_ENTRIES,
-    QUICK,
-    Endpoints,
-    Workload,
-    check_answer,
-    pa_job,
-    parse_locust_stats,
-)
+from perf.bench import FULL, QUICK
 from perf.bodies import (
     OUTPUT_NAMES,
     decode_arrays,
@@ -37,7 +28,9 @@ from perf.bodies import (
     triton_infer_path,
     triton_json_body,
 )
+from perf.levels import PA_ENTRIES, Endpoints, pa_job
 from perf.loadgen import LoadPlan, require_loopback
+from perf.locust_run import parse_locust_stats
 from perf.pa import (
     PaJob,
     output_shm_size,
@@ -50,20 +43,14 @@ from perf.pa import (
     wire_bytes,
     write_input_data,
 )
-from perf.report import (
-    ENSEMBLE_MODEL,
-    ENTRY_POINTS,
-    FUSED_MODEL,
-    BenchResults,
-    Series,
-    compute_ratios,
-    compute_targets,
-    render_report,
-)
+from perf.report import render_report
+from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, FUSED_MODEL, BenchResults, Series
 from perf.stats import LevelStats, LimitStats, level_stats, request_budget
+from perf.targets import compute_ratios, compute_targets, summary
 from perf.tuning import append_log, metric_key, noise_percent, tuning_entry
 from perf.variants import ConfigOverride, config_digest, parse_override, patched_repository
 from perf.windows import SIZES, WindowSize, neutral_inputs, optional_inputs, simulated_windows
+from perf.workload import Workload, check_answer
 
 PA_CSV = (
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
@@ -675,14 +662,14 @@ def test_targets_of_one_model_do_not_use_the_other_models_series() -> None:
 
 def test_summary_round_trip() -> None:
     results = _results()
-    document = json.loads(json.dumps(results.to_dict()))
+    document = json.loads(json.dumps(summary(results)))
     assert document["targets"][0]["met"] is True
     assert document["targets"][1]["model"] == "dispatch_fused"
     assert "dispatch_fused" in document["server_breakdown_fused"]["small"]
     fused_series = [s for s in document["series"] if s["model"] == "dispatch_fused"]
     assert {s["entry"] for s in fused_series} == {"fused_grpc", "fused_grpc_shm", "fused_http_json"}
     again = BenchResults.from_dict(document)
-    assert again.to_dict() == results.to_dict()
+    assert summary(again) == summary(results)
     old = {k: v for k, v in document.items() if k != "server_breakdown_fused"}  # schema 1
     assert BenchResults.from_dict(old).breakdown_fused == {}
 

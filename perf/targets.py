@@ -1,0 +1,262 @@
+"""Judging benchmark results: ratios between entry points and the issue's targets.
+
+Pure: reads a `perf.results.BenchResults`, measures nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from perf.results import ENSEMBLE_MODEL, FUSED_MODEL, MODELS, BenchResults, entry_key
+from perf.stats import LevelStats
+
+__all__ = [
+    "TARGET_CONCURRENCY",
+    "Ratio",
+    "Target",
+    "compute_ratios",
+    "compute_targets",
+    "model_targets",
+    "summary",
+]
+
+
+# ---- ratios ---------------------------------------------------------------------------------
+
+
+def _div(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def _peak(results: BenchResults, entry: str, size: str) -> float | None:
+    series = results.find(entry, size)
+    best = series.peak() if series else None
+    return best.throughput_per_s if best else None
+
+
+def _at(results: BenchResults, entry: str, size: str, concurrency: int) -> LevelStats | None:
+    series = results.find(entry, size)
+    return series.at(concurrency) if series else None
+
+
+def _p50_at_1(results: BenchResults, entry: str, size: str) -> float | None:
+    row = _at(results, entry, size, 1)
+    return row.p50_ms if row else None
+
+
+@dataclass(frozen=True)
+class Ratio:
+    name: str
+    model: str  # the Triton model the ratio is about ("dispatch_fused / dispatch": both)
+    how: str
+    values: dict[str, float | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "model": self.model, "how": self.how, "values": self.values}
+
+
+def compute_ratios(results: BenchResults) -> list[Ratio]:
+    """Per model, the same ratios (one row each, ensemble first), then fused / ensemble."""
+    sizes = results.sizes()
+
+    def per_size(fn: Any) -> dict[str, float | None]:
+        return {size: fn(size) for size in sizes}
+
+    def limit_multi(size: str) -> float | None:
+        stats = results.limits.get(size)
+        return stats.multi_windows_per_s if stats else None
+
+    def limit_p50(size: str) -> float | None:
+        stats = results.limits.get(size)
+        return stats.single.p50_ms if stats else None
+
+    def for_model(model: str) -> list[Ratio]:
+        grpc, shm, json_ = (entry_key(t, model) for t in ("grpc", "grpc_shm", "http_json"))
+        return [
+            Ratio(
+                "ours / limit, throughput",
+                model,
+                "peak gRPC windows/s over the sweep / in-process limit with 2 worker processes",
+                per_size(lambda s: _div(_peak(results, grpc, s), limit_multi(s))),
+            ),
+            Ratio(
+                "ours / limit, latency",
+                model,
+                "gRPC p50 at concurrency 1 / in-process single-thread p50 (above 1 = slower)",
+                per_size(lambda s: _div(_p50_at_1(results, grpc, s), limit_p50(s))),
+            ),
+            Ratio(
+                "ours / FastAPI (window JSON), throughput",
+                model,
+                "peak gRPC windows/s / peak FastAPI window-JSON windows/s",
+                per_size(
+                    lambda s: _div(_peak(results, grpc, s), _peak(results, "fastapi_json", s))
+                ),
+            ),
+            Ratio(
+                "ours / FastAPI (arrays), throughput",
+                model,
+                "peak gRPC windows/s / peak FastAPI base64-arrays windows/s",
+                per_size(
+                    lambda s: _div(_peak(results, grpc, s), _peak(results, "fastapi_arrays", s))
+                ),
+            ),
+            Ratio(
+                "Triton HTTP JSON / FastAPI (window JSON), throughput",
+                model,
+                "same load generator and JSON bodies on both sides: peak / peak",
+                per_size(
+                    lambda s: _div(_peak(results, json_, s), _peak(results, "fastapi_json", s))
+                ),
+            ),
+            Ratio(
+                "shm / plain gRPC, latency",
+                model,
+                "gRPC + system shared memory p50 / plain gRPC p50, concurrency 1",
+                per_size(lambda s: _div(_p50_at_1(results, shm, s), _p50_at_1(results, grpc, s))),
+            ),
+            Ratio(
+                "shm / plain gRPC, throughput",
+                model,
+                "peak windows/s with system shared memory / plain gRPC",
+                per_size(lambda s: _div(_peak(results, shm, s), _peak(results, grpc, s))),
+            ),
+        ]
+
+    ensemble, fused = for_model(ENSEMBLE_MODEL), for_model(FUSED_MODEL)
+    both = f"{FUSED_MODEL} / {ENSEMBLE_MODEL}"
+    fused_grpc = entry_key("grpc", FUSED_MODEL)
+    return [
+        *(row for pair in zip(ensemble, fused, strict=True) for row in pair),
+        Ratio(
+            "fused / ensemble, latency",
+            both,
+            "gRPC p50 at concurrency 1, dispatch_fused / dispatch (below 1 = fused faster)",
+            per_size(
+                lambda s: _div(_p50_at_1(results, fused_grpc, s), _p50_at_1(results, "grpc", s))
+            ),
+        ),
+        Ratio(
+            "fused / ensemble, throughput",
+            both,
+            "peak gRPC windows/s, dispatch_fused / dispatch (above 1 = fused faster)",
+            per_size(lambda s: _div(_peak(results, fused_grpc, s), _peak(results, "grpc", s))),
+        ),
+    ]
+
+
+# ---- the issue's targets ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    model: str  # the Triton model measured: "dispatch" (ensemble) or "dispatch_fused"
+    measured: float | None
+    limit: float
+    at_most: bool  # True: measured <= limit passes; False: measured >= limit passes
+    unit: str
+    detail: str = ""
+
+    @property
+    def met(self) -> bool | None:
+        if self.measured is None:
+            return None
+        return self.measured <= self.limit if self.at_most else self.measured >= self.limit
+
+    @property
+    def goal(self) -> str:
+        return f"{'<=' if self.at_most else '>='} {self.limit:g}{self.unit}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "model": self.model,
+            "goal": self.goal,
+            "measured": self.measured,
+            "unit": self.unit,
+            "met": self.met,
+            "detail": self.detail,
+        }
+
+
+TARGET_CONCURRENCY = 64
+
+
+def model_targets(results: BenchResults, model: str) -> list[Target]:
+    """The issue's targets for one Triton model (same goals for both entry points)."""
+    grpc, shm = entry_key("grpc", model), entry_key("grpc_shm", model)
+    c1 = _at(results, grpc, "small", 1)
+    c64 = _at(results, grpc, "small", TARGET_CONCURRENCY)
+    fast64 = _at(results, "fastapi_json", "small", TARGET_CONCURRENCY)
+    arrays64 = _at(results, "fastapi_arrays", "small", TARGET_CONCURRENCY)
+    limit = results.limits.get("small")
+    large = _at(results, grpc, "large", 1)
+    large_shm = _at(results, shm, "large", 1)
+    tput64 = c64.throughput_per_s if c64 else None
+    vs_arrays = _div(tput64, arrays64.throughput_per_s if arrays64 else None)
+    return [
+        Target("small, gRPC, c=1: p50", model, c1.p50_ms if c1 else None, 2.0, True, " ms"),
+        Target("small, gRPC, c=1: p99", model, c1.p99_ms if c1 else None, 5.0, True, " ms"),
+        Target(
+            "small, gRPC, c=64: throughput / FastAPI",
+            model,
+            _div(tput64, fast64.throughput_per_s if fast64 else None),
+            3.0,
+            False,
+            "x",
+            "FastAPI with window JSON at c=64 (same windows)"
+            + (f"; vs FastAPI base64 arrays: {vs_arrays:.2f}x" if vs_arrays is not None else ""),
+        ),
+        Target(
+            "small, gRPC, c=64: throughput / in-process limit",
+            model,
+            _div(tput64, limit.multi_windows_per_s if limit else None),
+            0.6,
+            False,
+            "x",
+            "limit: DispatchPipeline in 2 worker processes, no serving",
+        ),
+        Target(
+            "small, gRPC, c=64: p99 / p50",
+            model,
+            _div(c64.p99_ms, c64.p50_ms) if c64 else None,
+            3.0,
+            True,
+            "x",
+        ),
+        Target(
+            "large, gRPC, c=1: p99",
+            model,
+            large.p99_ms if large else None,
+            100.0,
+            True,
+            " ms",
+            "one 1,000 x 5,000 window at a time",
+        ),
+        Target(
+            "large, c=1: gRPC + system shm p50 / plain gRPC p50",
+            model,
+            _div(large_shm.p50_ms if large_shm else None, large.p50_ms if large else None),
+            0.7,
+            True,
+            "x",
+        ),
+    ]
+
+
+def compute_targets(results: BenchResults) -> list[Target]:
+    """Every target for both models: the ensemble's row, then dispatch_fused's, per target."""
+    ensemble, fused = (model_targets(results, model) for model in MODELS)
+    return [target for pair in zip(ensemble, fused, strict=True) for target in pair]
+
+
+def summary(results: BenchResults) -> dict[str, Any]:
+    """`summary.json`: the results with their ratios and targets."""
+    return results.to_dict(
+        ratios=[ratio.to_dict() for ratio in compute_ratios(results)],
+        targets=[target.to_dict() for target in compute_targets(results)],
+    )

@@ -33,8 +33,7 @@ from dispatch_service.ops.model_control import (
     model_config,
     ready_versions,
 )
-from dispatch_service.routing.engine import RouterSettings
-from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings
+from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings, RouterSettings
 
 __all__ = [
     "ROUTER_MODEL_NAME",

@@ -43,15 +43,10 @@ from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.pipeline.dispatch_pipeline import config_parameters, repository_steps
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings
 from dispatch_service.pipeline.steps import Arrays, FeatureEncoderStep, TopKResolverStep
-from dispatch_service.routing.engine import (
-    ModelCallError,
-    RoutedScores,
-    choose_versions,
-    parse_version_tag,
-    route_and_score_now,
-    shadow_sampled,
-)
+from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score_now
+from dispatch_service.routing.policy import choose_versions, parse_version_tag
 from dispatch_service.routing.settings import FusedSettings
+from dispatch_service.routing.shadow import shadow_sampled
 
 __all__ = [
     "FusedDispatch",

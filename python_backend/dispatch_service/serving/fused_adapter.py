@@ -28,8 +28,8 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
-from dispatch_service.routing.engine import ROUTER_METRICS, routed_observations, settings_record
-from dispatch_service.routing.settings import FusedSettings
+from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
+from dispatch_service.routing.settings import FusedSettings, settings_record
 from dispatch_service.serving.router_adapter import log_failed_calls
 from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
 

@@ -37,18 +37,11 @@ from dispatch_service.core.metrics import (
     MetricsSink,
 )
 from dispatch_service.core.settings import parameters_from_model_config
-from dispatch_service.routing.engine import (
-    ROUTER_METRICS,
-    ModelCallError,
-    RoutedScores,
-    RouterSettings,
-    choose_versions,
-    parse_version_tag,
-    route_and_score,
-    routed_observations,
-    settings_record,
-    shadow_sampled,
-)
+from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score
+from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
+from dispatch_service.routing.policy import choose_versions, parse_version_tag
+from dispatch_service.routing.settings import RouterSettings, settings_record
+from dispatch_service.routing.shadow import shadow_sampled
 from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
 
 __all__ = [

@@ -28,7 +28,7 @@ from dispatch_service.ops.signing import (
     public_key_pem,
     sign_version,
 )
-from dispatch_service.routing.engine import RouterSettings
+from dispatch_service.routing.settings import RouterSettings
 
 MODEL = "dispatch_model"
 

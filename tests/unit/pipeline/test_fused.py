@@ -19,8 +19,8 @@ from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline, config_parameters
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
-from dispatch_service.routing.engine import FallbackLevel, RouterSettings
-from dispatch_service.routing.settings import FusedSettings
+from dispatch_service.routing.fallback import FallbackLevel
+from dispatch_service.routing.settings import FusedSettings, RouterSettings
 
 Tensors = dict[str, NDArray[Any]]
 

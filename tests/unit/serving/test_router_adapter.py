@@ -16,7 +16,9 @@ from dispatch_service.core.metrics import VALIDATION_REJECTIONS, InMemoryMetrics
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.features import encode_window
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.routing.engine import ROUTED_ORDERS, RouterSettings, rule_based_objectives
+from dispatch_service.routing.fallback import rule_based_objectives
+from dispatch_service.routing.metrics import ROUTED_ORDERS
+from dispatch_service.routing.settings import RouterSettings
 from dispatch_service.serving.router_adapter import DispatchRouterAdapter, router_adapter_for
 from pb_stand_in import FakeRequest, FakeTensor, FakeTritonError
 

@@ -38,16 +38,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO, TypeVar
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.ops import router_control
-from dispatch_service.ops.golden import GoldenReport, GoldenSettings, check_candidate
-from dispatch_service.ops.model_control import (
-    ModelControlError,
-    load_model,
-    model_config,
-    ready_versions,
-    with_versions,
-)
-from dispatch_service.ops.signing import (
+from dispatch_service.core.signing import (
     Outcome,
     SigningError,
     TrustedKeys,
@@ -56,6 +47,15 @@ from dispatch_service.ops.signing import (
     sign_version,
     verify_version,
     write_key_pair,
+)
+from dispatch_service.ops import router_control
+from dispatch_service.ops.golden import GoldenReport, GoldenSettings, check_candidate
+from dispatch_service.ops.model_control import (
+    ModelControlError,
+    load_model,
+    model_config,
+    ready_versions,
+    with_versions,
 )
 from dispatch_service.ops.verified_load import plan_load, read_config
 

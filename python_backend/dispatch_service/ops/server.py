@@ -25,8 +25,8 @@ from types import TracebackType
 from typing import ClassVar
 
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.signing import SigningError, TrustedKeys
 from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
-from dispatch_service.ops.signing import SigningError, TrustedKeys
 from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
 
 __all__ = [

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dispatch_service.core.settings import parameters_from_model_config
-from dispatch_service.ops.signing import Outcome, TrustedKeys, Verification, verify_version
+from dispatch_service.core.signing import Outcome, TrustedKeys, Verification, verify_version
 from dispatch_service.routing.settings import FusedSettings
 
 __all__ = [

@@ -16,6 +16,13 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from dispatch_service.core.signing import (
+    SigningError,
+    TrustedKeys,
+    generate_private_key,
+    public_key_pem,
+    sign_version,
+)
 from dispatch_service.ops.server import (
     Ports,
     ServerError,
@@ -23,13 +30,6 @@ from dispatch_service.ops.server import (
     TritonRuntime,
     TritonServer,
     main,
-)
-from dispatch_service.ops.signing import (
-    SigningError,
-    TrustedKeys,
-    generate_private_key,
-    public_key_pem,
-    sign_version,
 )
 from dispatch_service.ops.verified_load import plan_load, read_config, served_versions
 

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import ClassVar
 
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.signing import TRUSTED_KEYS_ENV as MODEL_TRUST_ENV
 from dispatch_service.core.signing import SigningError, TrustedKeys
 from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
 from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
@@ -306,6 +307,11 @@ class TritonServer(ChildService):
         env = dict(os.environ)
         env["PATH"] = f"{self.runtime.python_bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["LD_LIBRARY_PATH"] = str(self.runtime.library_path)
+        # The models that read artifacts verify them in their own initialize (every later
+        # load included) exactly when this launcher verifies: never on a stray variable.
+        env.pop(MODEL_TRUST_ENV, None)
+        if self.options.trusted_keys is not None:
+            env[MODEL_TRUST_ENV] = str(self.options.trusted_keys.resolve())
         return env
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:

@@ -7,6 +7,10 @@ one stable retry for the orders whose version failed, and the rule-based dispatc
 with async calls (the router's BLS, bounded by ``bls_timeout_ms``), `route_and_score_now`
 with calls in this process (dispatch_fused's ONNX Runtime sessions). The Triton bridges are
 `serving.router_adapter` and `serving.fused_adapter`.
+
+Both drivers take the same `served` answer (`policy.ServedVersions`): a version that is not
+served is never called; its orders fail at once (``NOT_SERVED``) into the fallback chain, so
+the answer does not depend on how an absent version fails in one entry point or the other.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -32,10 +36,12 @@ from dispatch_service.routing.fallback import (
     FallbackLevel,
     rule_based_objectives,
 )
+from dispatch_service.routing.policy import IsServed
 from dispatch_service.routing.settings import RouterSettings
 from dispatch_service.routing.shadow import ShadowComparison, compare_shadow, shadow_version_of
 
 __all__ = [
+    "NOT_SERVED",
     "ModelCall",
     "ModelCallError",
     "Outcome",
@@ -48,6 +54,13 @@ __all__ = [
 
 F32 = NDArray[np.float32]
 I32 = NDArray[np.int32]
+
+NOT_SERVED: Final = "not served"  # ModelCall.error of a version that was not called
+
+
+def _all_served(version: int) -> bool:
+    return True
+
 
 # An async call of one dispatch_model version: (version, pair features [p, F]) -> [p, 3].
 Scorer = Callable[[int, F32], Awaitable[NDArray[Any]]]
@@ -63,7 +76,12 @@ class ModelCall:
     role: str  # "primary", "retry" or "shadow"
     orders: int
     seconds: float
-    error: str | None = None
+    error: str | None = None  # NOT_SERVED: the version is not served and was not called
+
+    @property
+    def made(self) -> bool:
+        """Whether the call was made at all (a version that is not served is not called)."""
+        return self.error != NOT_SERVED
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,6 +186,7 @@ async def route_and_score(
     scorer: Scorer,
     shadow: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    served: IsServed = _all_served,
 ) -> RoutedScores:
     """Score each order with its version, falling back per order; shadow-score if asked.
 
@@ -176,15 +195,15 @@ async def route_and_score(
     retry for the orders whose version failed, then the rule-based dispatcher for the rest.
     """
     timeout_s = settings.bls_timeout_ms / 1000.0
-    plan = _routing(features, candidates, versions, settings, shadow)
-    jobs = next(plan)
-    while True:
-        outcomes = await asyncio.gather(*(_call(scorer, job, timeout_s, clock) for job in jobs))
-        try:
+    plan = _routing(features, candidates, versions, settings, shadow, served)
+    try:  # the plan may finish without a call (no version served)
+        jobs = next(plan)
+        while True:
+            outcomes = await asyncio.gather(*(_call(scorer, job, timeout_s, clock) for job in jobs))
             jobs = plan.send(list(outcomes))
-        except StopIteration as done:
-            routed: RoutedScores = done.value
-            return routed
+    except StopIteration as done:
+        routed: RoutedScores = done.value
+        return routed
 
 
 def route_and_score_now(
@@ -195,20 +214,34 @@ def route_and_score_now(
     scorer: SyncScorer,
     shadow: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    served: IsServed = _all_served,
 ) -> RoutedScores:
     """`route_and_score` with versions scored in this process, one call after another.
 
     The same routing, fallback chain and shadow comparison, without an event loop
     (dispatch_fused, whose versions are ONNX Runtime sessions in its own process).
     """
-    plan = _routing(features, candidates, versions, settings, shadow)
-    jobs = next(plan)
-    while True:
-        try:
+    plan = _routing(features, candidates, versions, settings, shadow, served)
+    try:  # the plan may finish without a call (no version served)
+        jobs = next(plan)
+        while True:
             jobs = plan.send([_call_now(scorer, job, clock) for job in jobs])
-        except StopIteration as done:
-            routed: RoutedScores = done.value
-            return routed
+    except StopIteration as done:
+        routed: RoutedScores = done.value
+        return routed
+
+
+def _served_calls(
+    jobs: list[_Job], served: IsServed
+) -> Generator[list[_Job], list[Outcome], list[Outcome]]:
+    """Ask the driver for the calls of served versions only; the others fail as NOT_SERVED."""
+    made = [served(job.version) for job in jobs]
+    wanted = [job for job, ok in zip(jobs, made, strict=True) if ok]
+    answers = iter((yield wanted) if wanted else [])
+    return [
+        next(answers) if ok else _failed(job, 0.0, NOT_SERVED)
+        for job, ok in zip(jobs, made, strict=True)
+    ]
 
 
 def _routing(
@@ -217,6 +250,7 @@ def _routing(
     versions: ArrayLike,
     settings: RouterSettings,
     shadow: bool,
+    served: IsServed = _all_served,
 ) -> Generator[list[_Job], list[Outcome], RoutedScores]:
     """The routing itself, free of how calls are made: yields the calls it needs (first the
     primary and shadow calls together, then the stable retry if any), receives their
@@ -249,7 +283,7 @@ def _routing(
     ]
     shadow_groups = [(v, m, s) for v, m, s in shadow_groups if s]
     shadow_jobs = [_Job(s, "shadow", rows_of(m), int(m.sum())) for _, m, s in shadow_groups]
-    outcomes = yield [*primary_jobs, *shadow_jobs]
+    outcomes = yield from _served_calls([*primary_jobs, *shadow_jobs], served)
     primary_out, shadow_out = outcomes[: len(groups)], outcomes[len(groups) :]
     calls = [call for _, call in outcomes]
 
@@ -265,7 +299,7 @@ def _routing(
     retry = failed & (chosen != settings.stable_version)
     if retry.any():
         job = _Job(settings.stable_version, "retry", rows_of(retry), int(retry.sum()))
-        ((scores, call),) = yield [job]
+        ((scores, call),) = yield from _served_calls([job], served)
         calls.append(call)
         if scores is not None:
             objectives[retry] = scores.reshape(-1, width, len(OBJECTIVES))

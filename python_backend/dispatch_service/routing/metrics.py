@@ -15,13 +15,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_service.core.metrics import LATENCY_BUCKETS_MS, MetricKind, MetricSpec, Observation
-from dispatch_service.routing.engine import (
-    RoutedScores,
-)
+from dispatch_service.routing.engine import NOT_SERVED, RoutedScores
 from dispatch_service.routing.fallback import FallbackLevel
 
 __all__ = [
     "FALLBACK_ORDERS",
+    "FUSED_ROUTING_METRICS",
+    "FUSED_SCORING_LATENCY",
     "MODEL_CALLS",
     "MODEL_ERRORS",
     "MODEL_LATENCY",
@@ -68,13 +68,21 @@ MODEL_CALLS: Final = MetricSpec(
 MODEL_ERRORS: Final = MetricSpec(
     "dispatch_router_model_errors_total",
     MetricKind.COUNTER,
-    "failed dispatch_model calls (error, unloaded version, unusable answer, timeout)",
+    "failed dispatch_model calls (error, unusable answer, timeout, version not served)",
     labels=("model_version", "role", "reason"),
 )
 MODEL_LATENCY: Final = MetricSpec(
     "dispatch_router_model_latency_ms",
     MetricKind.HISTOGRAM,
-    "time of one dispatch_model call as the router sees it (BLS round trip), ms",
+    "time of one dispatch_model call by dispatch_router (BLS round trip to another process), ms",
+    labels=("model_version", "role"),
+    buckets=LATENCY_BUCKETS_MS,
+)
+# dispatch_fused scores in its own process: a different measurement, so a different name.
+FUSED_SCORING_LATENCY: Final = MetricSpec(
+    "dispatch_fused_scoring_latency_ms",
+    MetricKind.HISTOGRAM,
+    "time of one dispatch_model version's ONNX Runtime call inside dispatch_fused, ms",
     labels=("model_version", "role"),
     buckets=LATENCY_BUCKETS_MS,
 )
@@ -121,10 +129,9 @@ SHADOW_ONTIME_DIFF: Final = MetricSpec(
     "sum over shadowed pairs of |on-time probability (shadow) - (primary)|",
     labels=_PAIR_LABELS,
 )
-ROUTER_METRICS: Final = (
+_SHARED: Final = (
     MODEL_CALLS,
     MODEL_ERRORS,
-    MODEL_LATENCY,
     ROUTED_ORDERS,
     FALLBACK_ORDERS,
     SHADOW_ORDERS,
@@ -133,18 +140,33 @@ ROUTER_METRICS: Final = (
     SHADOW_SCORE_DIFF,
     SHADOW_ONTIME_DIFF,
 )
+ROUTER_METRICS: Final = (MODEL_LATENCY, *_SHARED)  # dispatch_router's
+FUSED_ROUTING_METRICS: Final = (FUSED_SCORING_LATENCY, *_SHARED)  # dispatch_fused's routing
 
 
-def routed_observations(routed: RoutedScores) -> list[Observation]:
-    """What one answered dispatch_router request records (a few values, never one per order)."""
+def _reason(error: str) -> str:
+    if error == NOT_SERVED:
+        return "not_served"
+    return "timeout" if error == "timeout" else "error"
+
+
+def routed_observations(
+    routed: RoutedScores, latency: MetricSpec = MODEL_LATENCY
+) -> list[Observation]:
+    """What one answered routed request records (a few values, never one per order).
+
+    ``latency``: the family the call times go to (`MODEL_LATENCY` for the router's BLS calls,
+    `FUSED_SCORING_LATENCY` for dispatch_fused's in-process calls). A version that was not
+    served was not called: it counts as an error (reason ``not_served``), not as a call.
+    """
     out: list[Observation] = []
     for call in routed.calls:
         labels = (("model_version", str(call.version)), ("role", call.role))
-        out.append(Observation(MODEL_CALLS, 1.0, labels))
-        out.append(Observation(MODEL_LATENCY, call.seconds * 1000.0, labels))
+        if call.made:
+            out.append(Observation(MODEL_CALLS, 1.0, labels))
+            out.append(Observation(latency, call.seconds * 1000.0, labels))
         if call.error is not None:
-            reason = "timeout" if call.error == "timeout" else "error"
-            out.append(Observation(MODEL_ERRORS, 1.0, (*labels, ("reason", reason))))
+            out.append(Observation(MODEL_ERRORS, 1.0, (*labels, ("reason", _reason(call.error)))))
     for spec, counts in (
         (ROUTED_ORDERS, answered_counts(routed)),
         (FALLBACK_ORDERS, fallback_counts(routed)),

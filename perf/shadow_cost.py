@@ -28,7 +28,7 @@ from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.ops.router_control import apply_router_settings
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.routing.engine import RouterSettings
+from dispatch_service.routing.settings import RouterSettings
 
 __all__ = [
     "OUTPUTS",

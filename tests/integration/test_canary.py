@@ -38,8 +38,7 @@ from dispatch_service.ops.router_control import (
     router_config_with,
 )
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.routing.engine import RouterSettings
-from dispatch_service.routing.settings import FUSED_MODEL_NAME
+from dispatch_service.routing.settings import FUSED_MODEL_NAME, RouterSettings
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http
 
 Arrays = dict[str, np.ndarray[Any, Any]]

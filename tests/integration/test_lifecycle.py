@@ -32,6 +32,13 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_contract import ORDER_FALLBACK_LEVEL, ORDER_MODEL_VERSION
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.signing import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    generate_private_key,
+    private_key_pem,
+    public_key_pem,
+)
 from dispatch_service.ops import admin
 from dispatch_service.ops.model_control import (
     ModelControlError,
@@ -41,13 +48,6 @@ from dispatch_service.ops.model_control import (
 )
 from dispatch_service.ops.router_control import read_router_settings
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.ops.signing import (
-    MANIFEST_NAME,
-    SIGNATURE_NAME,
-    generate_private_key,
-    private_key_pem,
-    public_key_pem,
-)
 from triton_helpers import OUTPUT_NAMES, grpc_inputs, sim_window
 
 ADMIN_KEY = "lifecycle-test-admin-key"

@@ -42,6 +42,12 @@ if TYPE_CHECKING:
         parameters_from_model_config,
         reject_unknown,
     )
+    from dispatch_service.core.signing import (
+        SigningError,
+        TrustedKeys,
+        sign_version,
+        verify_version,
+    )
 
 __all__ = [
     "CONFIG_NAME",
@@ -56,6 +62,8 @@ __all__ = [
     "NullMetrics",
     "Observation",
     "SettingsError",
+    "SigningError",
+    "TrustedKeys",
     "config_parameters",
     "load_settings",
     "parameters_from_model_config",
@@ -63,6 +71,8 @@ __all__ = [
     "read_config_dict",
     "read_model_config",
     "reject_unknown",
+    "sign_version",
+    "verify_version",
     "write_model_config",
 ]
 
@@ -92,6 +102,12 @@ __getattr__, __dir__ = lazy_exports(
         "paths": (
             "MODEL_REPOSITORY",
             "REPO_ROOT",
+        ),
+        "signing": (
+            "SigningError",
+            "TrustedKeys",
+            "sign_version",
+            "verify_version",
         ),
         "settings": (
             "SettingsError",

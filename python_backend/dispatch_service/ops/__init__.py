@@ -1,4 +1,4 @@
-"""Operations: the launcher, model control, signing, verified loads, the admin CLI.
+"""Operations: the launcher, model control, verified loads, the admin CLI.
 
 The names below are re-exported lazily (module `__getattr__`): importing the package
 loads none of its modules, so `import dispatch_service.ops.<module>` stays as light as
@@ -27,12 +27,6 @@ if TYPE_CHECKING:
         TritonRuntime,
         TritonServer,
     )
-    from dispatch_service.ops.signing import (
-        SigningError,
-        TrustedKeys,
-        sign_version,
-        verify_version,
-    )
     from dispatch_service.ops.verified_load import (
         LoadPlan,
         plan_load,
@@ -47,15 +41,11 @@ __all__ = [
     "Ports",
     "ServerError",
     "ServerOptions",
-    "SigningError",
     "TritonRuntime",
     "TritonServer",
-    "TrustedKeys",
     "load_model",
     "plan_load",
-    "sign_version",
     "unload_model",
-    "verify_version",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -75,12 +65,6 @@ __getattr__, __dir__ = lazy_exports(
             "ServerOptions",
             "TritonRuntime",
             "TritonServer",
-        ),
-        "signing": (
-            "SigningError",
-            "TrustedKeys",
-            "sign_version",
-            "verify_version",
         ),
         "verified_load": (
             "LoadPlan",

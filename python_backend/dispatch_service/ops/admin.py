@@ -38,6 +38,16 @@ from pathlib import Path
 from typing import Any, Final, TextIO, TypeVar
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.signing import (
+    Outcome,
+    SigningError,
+    TrustedKeys,
+    Verification,
+    load_private_key,
+    sign_version,
+    verify_version,
+    write_key_pair,
+)
 from dispatch_service.ops import router_control
 from dispatch_service.ops.golden import GoldenReport, GoldenSettings, check_candidate
 from dispatch_service.ops.model_control import (
@@ -48,16 +58,6 @@ from dispatch_service.ops.model_control import (
     with_versions,
 )
 from dispatch_service.ops.server import ADMIN_KEY_ENV, TRUSTED_KEYS_ENV
-from dispatch_service.ops.signing import (
-    Outcome,
-    SigningError,
-    TrustedKeys,
-    Verification,
-    load_private_key,
-    sign_version,
-    verify_version,
-    write_key_pair,
-)
 from dispatch_service.ops.verified_load import plan_load, read_config
 
 __all__ = [

@@ -2,7 +2,8 @@
 
 `dispatch_fused` (the one-process entry point) routes with the same settings: when it is
 loaded, `apply_router_settings` reloads it with them too, after the router, so that both
-entry points answer a user from the same version.
+entry points answer a user from the same version. The change is atomic across the two: if
+dispatch_fused refuses it, the router is put back to the configuration it ran with before.
 
 The settings live in dispatch_router's config ``parameters`` (`routing_settings.RouterSettings`).
 `apply_router_settings` takes the configuration the router runs with now, replaces those
@@ -33,8 +34,12 @@ from dispatch_service.ops.model_control import (
     model_config,
     ready_versions,
 )
-from dispatch_service.routing.engine import RouterSettings
-from dispatch_service.routing.settings import FUSED_MODEL_NAME, ROUTER_MODEL_NAME, FusedSettings
+from dispatch_service.routing.settings import (
+    FUSED_MODEL_NAME,
+    ROUTER_MODEL_NAME,
+    FusedSettings,
+    RouterSettings,
+)
 
 __all__ = [
     "ROUTER_MODEL_NAME",
@@ -101,24 +106,56 @@ def apply_router_settings(
     admin_key: str | None = None,
     timeout_s: float = 120.0,
 ) -> None:
-    """Reload dispatch_router (and dispatch_fused, when loaded) with `settings`, live; raise
-    RouterControlError if refused.
+    """Reload dispatch_router and dispatch_fused (when loaded) with `settings`, live: both
+    or neither. Raise RouterControlError if refused.
 
-    Builds the override from the configuration the router runs with now, so every other
-    field (instances, inputs, outputs) stays as it is. Returns once Triton reports the load
-    done and the router reads back the new settings.
+    Builds each override from the configuration the model runs with now, so every other
+    field (instances, inputs, outputs) stays as it is. The router goes first; when
+    dispatch_fused then refuses (or whether it is loaded cannot be read), the router is
+    loaded again with the configuration it ran with before, so the two entry points never
+    route with different settings. Returns once Triton reports the loads done and both
+    models read back the new settings.
     """
+    router_before = _current_config(http_url, timeout_s)
     _apply(http_url, ROUTER_MODEL_NAME, settings, admin_key, timeout_s)
     try:
-        fused_loaded = bool(ready_versions(http_url, FUSED_MODEL_NAME, admin_key, timeout_s))
+        try:
+            fused_loaded = bool(ready_versions(http_url, FUSED_MODEL_NAME, admin_key, timeout_s))
+        except ModelControlError as exc:
+            raise RouterControlError(
+                f"whether {FUSED_MODEL_NAME} is loaded could not be read ({exc})", exc.status
+            ) from None
+        if fused_loaded:
+            _apply(http_url, FUSED_MODEL_NAME, settings, admin_key, timeout_s)
+    except RouterControlError as exc:
+        _put_back(http_url, router_before, admin_key, timeout_s, exc)
+        raise RouterControlError(
+            f"{exc}; {ROUTER_MODEL_NAME} was put back to its previous settings", exc.status
+        ) from None
+
+
+def _put_back(
+    http_url: str,
+    config: Mapping[str, Any],
+    admin_key: str | None,
+    timeout_s: float,
+    cause: RouterControlError,
+) -> None:
+    """Reload the router with the configuration it ran with before a failed change."""
+    try:
+        load_model(http_url, ROUTER_MODEL_NAME, config, admin_key=admin_key, timeout_s=timeout_s)
     except ModelControlError as exc:
         raise RouterControlError(
-            f"{ROUTER_MODEL_NAME} runs with {asdict(settings)}, but whether {FUSED_MODEL_NAME} "
-            f"needs them too could not be read ({exc})",
+            f"{cause}; putting {ROUTER_MODEL_NAME} back failed too ({exc}): the two entry "
+            "points may now route with different settings",
             exc.status,
         ) from None
-    if fused_loaded:
-        _apply(http_url, FUSED_MODEL_NAME, settings, admin_key, timeout_s)
+    logger.warning(
+        json.dumps(
+            {"event": "router_settings_restored", "server": http_url, "cause": str(cause)},
+            sort_keys=True,
+        )
+    )
 
 
 def _apply(

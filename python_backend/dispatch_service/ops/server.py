@@ -25,13 +25,13 @@ from types import TracebackType
 from typing import ClassVar, Final
 
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError, TrustedKeys
 from dispatch_service.ops.model_control import (
     ADMIN_KEY_HEADER,
     ModelControlError,
     load_model,
     ready_versions,
 )
-from dispatch_service.ops.signing import SigningError, TrustedKeys
 from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "main",
 ]
 
-TRUSTED_KEYS_ENV: Final = "DISPATCH_TRUSTED_KEYS"
 ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
 
 logger = logging.getLogger(__name__)
@@ -310,6 +309,11 @@ class TritonServer(ChildService):
         env = dict(os.environ)
         env["PATH"] = f"{self.runtime.python_bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["LD_LIBRARY_PATH"] = str(self.runtime.library_path)
+        # The models that read artifacts verify them in their own initialize (every later
+        # load included) exactly when this launcher verifies: never on a stray variable.
+        env.pop(TRUSTED_KEYS_ENV, None)
+        if self.options.trusted_keys is not None:
+            env[TRUSTED_KEYS_ENV] = str(self.options.trusted_keys.resolve())
         return env
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:

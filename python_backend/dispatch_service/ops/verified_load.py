@@ -21,8 +21,11 @@ version folder is verified (`signing.verify_version`). Then:
   that calls others through BLS declares no dependency: a call to a refused model gets an
   error response at run time;
 - a Python model that reads another model's files itself (`dispatch_fused` runs its scoring
-  versions' model.onnx in process) depends on those versions like an ensemble on a pinned
-  step: it loads only when they verify.
+  versions' model.onnx in process) depends on its stable version like an ensemble on a
+  pinned step: it loads only when that one verifies. Its other versions (the canary) need
+  not: the model verifies every folder again in its own `initialize` (the launcher passes
+  the trusted keys in the server's environment) and a refused canary is out of its routing,
+  as it is out of the router's once Triton does not serve it.
 
 One line per refused version and per refused model goes to the log (`LoadPlan.log_lines`).
 """
@@ -38,7 +41,7 @@ from typing import Any
 
 from dispatch_service.core.model_config import CONFIG_NAME, profile_config_path, read_config_dict
 from dispatch_service.core.settings import parameters_from_model_config
-from dispatch_service.ops.signing import Outcome, TrustedKeys, Verification, verify_version
+from dispatch_service.core.signing import Outcome, TrustedKeys, Verification, verify_version
 from dispatch_service.routing.settings import FusedSettings
 
 __all__ = [
@@ -105,12 +108,12 @@ def read_model(model_dir: Path, profile: str = "cpu") -> ModelEntry:
 
 
 def _reads(config: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
-    """The (model, version) folders whose files a Python model runs itself, if any."""
+    """The (model, version) folder a Python model cannot run without: its stable version."""
     parameters = parameters_from_model_config(config)
     if "scoring_model" not in parameters:
         return ()
     settings = FusedSettings.from_parameters(parameters)
-    return tuple((settings.scoring_model, v) for v in settings.served_versions())
+    return ((settings.scoring_model, settings.routing.stable_version),)
 
 
 def repository_models(repository: Path, profile: str = "cpu") -> dict[str, ModelEntry]:

@@ -10,12 +10,17 @@ and no event loop), in one model instance: the same answer as `dispatch` for the
 same window and settings, at the cost of one hop.
 
 What it gives up: the scored versions are ONNX Runtime sessions inside this model, read from
-``<repository>/<scoring_model>/<version>/model.onnx`` when the model loads, not Triton-managed
-`dispatch_model` versions. A version that is not there (or fails to load) is unavailable and
-its orders take the fallback chain, as an unloaded version does for the router.
-`router_control.apply_router_settings` reloads this model with the router's settings, so a
-deploy or rollback moves both entry points; the launcher loads it only when the versions it
-reads verified (`verified_load`).
+``<repository>/<scoring_model>/<version>/model.onnx``, not Triton-managed `dispatch_model`
+versions. What it may score is the same as the router's: the versions Triton serves now
+(``is_served``: the adapter asks Triton, ``pb_utils.is_model_ready``, once per version per
+request), so a tag naming any served version gets that version from both entry points and a
+canary that is not served is out of routing in both (`policy.route_window`). The stable and
+canary sessions load with the model; another served version's session loads on its first
+request. With trusted keys (verification configured) each version folder is verified before
+its session is built from the verified bytes: a refused stable version fails the load, a
+refused canary (or other version) is unavailable here, which takes it out of routing instead
+of refusing the model. `router_control.apply_router_settings` reloads this model with the
+router's settings (both or neither).
 """
 
 from __future__ import annotations
@@ -41,18 +46,14 @@ from dispatch_contract import (
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
+from dispatch_service.core.signing import SigningError, TrustedKeys
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
-from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings
+from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
 from dispatch_service.pipeline.steps import Arrays, FeatureEncoderStep, TopKResolverStep
-from dispatch_service.routing.engine import (
-    ModelCallError,
-    RoutedScores,
-    choose_versions,
-    parse_version_tag,
-    route_and_score_now,
-    shadow_sampled,
-)
+from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score_now
+from dispatch_service.routing.policy import IsServed, ServedVersions, route_window
 from dispatch_service.routing.settings import FusedSettings
+from dispatch_service.routing.shadow import shadow_sampled
 
 __all__ = [
     "FusedDispatch",
@@ -60,6 +61,7 @@ __all__ = [
 ]
 
 _USER_IDS: Final = "ORDER_USER_IDS"
+_REFUSED: Final = "refused by signature verification: "
 
 
 @dataclass(frozen=True)
@@ -73,49 +75,88 @@ class FusedResult:
     resolve_ms: float
 
 
+VersionLoader = Callable[[int], OnnxScorer]
+
+
 @dataclass
 class FusedDispatch:
     encoder: FeatureEncoderStep
     resolver: TopKResolverStep
     settings: FusedSettings
-    scorers: Mapping[int, OnnxScorer]
-    # Versions that could not be loaded, with why: their calls fail into the fallback chain.
-    unavailable: Mapping[int, str] = field(default_factory=dict)
+    scorers: dict[int, OnnxScorer]
+    # Versions that could not be loaded, with why: out of routing here, like unserved ones.
+    unavailable: dict[int, str] = field(default_factory=dict)
     draw: Callable[[], float] = random.random  # uniform [0, 1): the shadow sample
+    # Whether Triton serves a version now (None: no server to ask, every loadable one).
+    is_served: IsServed | None = None
+    # Loads another version's session on first use (None: only the sessions given).
+    loader: VersionLoader | None = None
 
     @classmethod
     def from_repository(
-        cls, repository: Path, settings: FusedSettings, **kwargs: Any
+        cls,
+        repository: Path,
+        settings: FusedSettings,
+        trusted: TrustedKeys | None = None,
+        **kwargs: Any,
     ) -> FusedDispatch:
-        """Steps configured from the sibling models' config.pbtxt (one source of settings)."""
+        """Steps configured from the sibling models' config.pbtxt (one source of settings).
+
+        ``trusted``: verify every version folder before loading it (SigningError when the
+        stable version is refused: the model must not load).
+        """
         scoring = repository / settings.scoring_model
         ort_parameters = config_parameters(scoring / "config.pbtxt")
         reject_unknown(ort_parameters, OrtSettings)
         ort_settings = load_settings(OrtSettings, ort_parameters)
-        scorers: dict[int, OnnxScorer] = {}
-        unavailable: dict[int, str] = {}
-        for version in settings.served_versions():
-            path = scoring / str(version) / "model.onnx"
-            try:
-                scorers[version] = OnnxScorer(path, ort_settings)
-            except Exception as exc:  # any unreadable artifact: the version is unavailable
-                unavailable[version] = f"{path} did not load: {type(exc).__name__}: {exc}"
+
+        def loader(version: int) -> OnnxScorer:
+            return version_scorer(scoring / str(version), ort_settings, trusted)
+
         encoder, resolver = repository_steps(repository)
-        return cls(
+        dispatch = cls(
             encoder=encoder,
             resolver=resolver,
             settings=settings,
-            scorers=scorers,
-            unavailable=unavailable,
+            scorers={},
+            loader=loader,
             **kwargs,
         )
+        for version in settings.served_versions():
+            dispatch.scorer(version)
+        stable = settings.routing.stable_version
+        refused = dispatch.unavailable.get(stable, "")
+        if trusted is not None and refused.startswith(_REFUSED):
+            raise SigningError(f"stable version {stable}: {refused}")
+        return dispatch
+
+    def scorer(self, version: int) -> OnnxScorer | None:
+        """The version's session, loaded on first use; None when it cannot be loaded."""
+        found = self.scorers.get(version)
+        if found is not None or version in self.unavailable:
+            return found
+        if self.loader is None:
+            self.unavailable[version] = "not one of the versions this model reads"
+            return None
+        try:
+            found = self.scorers[version] = self.loader(version)
+        except SigningError as exc:
+            self.unavailable[version] = f"{_REFUSED}{exc}"
+        except Exception as exc:  # any unreadable artifact: the version is unavailable
+            self.unavailable[version] = f"did not load: {type(exc).__name__}: {exc}"
+        return found
+
+    def servable(self, version: int) -> bool:
+        """Whether routing may use ``version`` here: Triton serves it and its session loads."""
+        if self.is_served is not None and not self.is_served(version):
+            return False
+        return self.scorer(version) is not None
 
     def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
         """The routing `SyncScorer`: ONNX Runtime here; ModelCallError if unavailable."""
-        scorer = self.scorers.get(version)
+        scorer = self.scorer(version)
         if scorer is None:
-            reason = self.unavailable.get(version, "not one of the versions this model reads")
-            raise ModelCallError(f"version {version} unavailable: {reason}")
+            raise ModelCallError(f"version {version} unavailable: {self.unavailable[version]}")
         return scorer.infer(features)
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> FusedResult:
@@ -126,16 +167,18 @@ class FusedDispatch:
         user_ids = inputs.get(_USER_IDS)
         if user_ids is None:  # the encoder has already rejected this; kept for the type
             raise DispatchInputError(_USER_IDS, "is required but missing", "missing")
-        routing = self.settings.routing
+        served = ServedVersions(self.servable)
+        routing, versions = route_window(
+            user_ids, inputs.get(MODEL_VERSION_TAG.name), self.settings.routing, served
+        )
         routed = route_and_score_now(
             encoded[PAIR_FEATURES.name],
             encoded[CANDIDATE_RIDER_INDEX.name],
-            choose_versions(
-                user_ids, routing, parse_version_tag(inputs.get(MODEL_VERSION_TAG.name), routing)
-            ),
+            versions,
             routing,
             self.score,
             shadow=shadow_sampled(self.draw(), routing),
+            served=served,
         )
         scored_at = time.perf_counter()
         resolved = self.resolver.run({**inputs, **encoded, PAIR_OBJECTIVES.name: routed.objectives})

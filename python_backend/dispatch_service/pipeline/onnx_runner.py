@@ -17,14 +17,19 @@ from numpy.typing import NDArray
 
 from dispatch_contract import MODEL_INPUTS, MODEL_OUTPUTS, NUM_PAIR_FEATURES
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.signing import TrustedKeys, read_verified
 
 __all__ = [
+    "MODEL_FILE",
     "OnnxScorer",
     "OrtSettings",
     "check_providers",
     "execution_providers",
     "session_options",
+    "version_scorer",
 ]
+
+MODEL_FILE = "model.onnx"
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -110,11 +115,21 @@ def session_options(settings: OrtSettings) -> ort.SessionOptions:
 class OnnxScorer:
     """Scores pair features with one ONNX model file; checks the file against the contract."""
 
-    def __init__(self, model_path: str | Path, settings: OrtSettings | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        settings: OrtSettings | None = None,
+        model_bytes: bytes | None = None,
+    ) -> None:
+        """``model_bytes``: the file's content, already read and verified (`signing`); the
+        session is built from them, so what runs is what was verified. ``model_path`` then
+        only names the model in errors."""
         settings = settings or OrtSettings()
         options = session_options(settings)
         self.session = ort.InferenceSession(
-            str(model_path), sess_options=options, providers=execution_providers(settings)
+            str(model_path) if model_bytes is None else model_bytes,
+            sess_options=options,
+            providers=execution_providers(settings),
         )
         check_providers(self.session, settings)
         inputs = self.session.get_inputs()
@@ -166,3 +181,19 @@ class OnnxScorer:
             return np.zeros((0, MODEL_OUTPUTS[0].dims[1]), dtype=np.float32)
         result = self.session.run([MODEL_OUTPUTS[0].name], {MODEL_INPUTS[0].name: pair_features})[0]
         return np.asarray(result, dtype=np.float32)
+
+
+def version_scorer(
+    version_dir: Path, settings: OrtSettings | None = None, trusted: TrustedKeys | None = None
+) -> OnnxScorer:
+    """A version folder's model.onnx as a scorer.
+
+    With ``trusted`` keys (verification configured), the folder must verify and the session
+    is built from the verified bytes; a refusal raises SigningError. Every model that reads
+    these files loads them here, so no load path (a plain repository load included) runs
+    weights that did not verify.
+    """
+    path = version_dir / MODEL_FILE
+    if trusted is None:
+        return OnnxScorer(path, settings)
+    return OnnxScorer(path, settings, read_verified(version_dir, MODEL_FILE, trusted))

@@ -25,6 +25,7 @@ from dispatch_contract import (
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.settings import load_settings, reject_unknown
+from dispatch_service.core.signing import TrustedKeys
 from dispatch_service.domain.features import EncoderSettings, EncoderThreads, encode_window
 from dispatch_service.domain.resolver import ResolverSettings, resolve
 from dispatch_service.domain.window import (
@@ -32,7 +33,12 @@ from dispatch_service.domain.window import (
     parse_objective_weights,
     window_from_tensors,
 )
-from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings
+from dispatch_service.pipeline.onnx_runner import (
+    MODEL_FILE,
+    OnnxScorer,
+    OrtSettings,
+    version_scorer,
+)
 
 __all__ = [
     "Arrays",
@@ -112,15 +118,30 @@ class DispatchModelStep:
 
     input_names: ClassVar[tuple[str, ...]] = (MODEL_INPUTS[0].name,)
 
-    def __init__(self, model_path: str | Path, settings: OrtSettings | None = None) -> None:
-        self.scorer = OnnxScorer(model_path, settings)
+    def __init__(
+        self,
+        model_path: str | Path,
+        settings: OrtSettings | None = None,
+        trusted: TrustedKeys | None = None,
+    ) -> None:
+        """``trusted``: verify the version folder first and run the verified bytes."""
+        path = Path(model_path)
+        if trusted is None:
+            self.scorer = OnnxScorer(path, settings)
+            return
+        if path.name != MODEL_FILE:
+            raise ValueError(f"a verified load reads a version folder's {MODEL_FILE}, not {path}")
+        self.scorer = version_scorer(path.parent, settings, trusted)
 
     @classmethod
     def from_parameters(
-        cls, model_path: str | Path, parameters: Mapping[str, str]
+        cls,
+        model_path: str | Path,
+        parameters: Mapping[str, str],
+        trusted: TrustedKeys | None = None,
     ) -> DispatchModelStep:
         reject_unknown(parameters, OrtSettings)
-        return cls(model_path, load_settings(OrtSettings, parameters))
+        return cls(model_path, load_settings(OrtSettings, parameters), trusted)
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
         return {PAIR_OBJECTIVES.name: self.scorer.score(_required(inputs, PAIR_FEATURES.name))}

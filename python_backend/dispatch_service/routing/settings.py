@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from dispatch_service.core.settings import load_settings, reject_unknown
 
@@ -19,6 +19,7 @@ __all__ = [
     "SCORING_MODEL_NAME",
     "FusedSettings",
     "RouterSettings",
+    "settings_record",
 ]
 
 ROUTING_BUCKETS: Final = 100
@@ -89,3 +90,8 @@ class FusedSettings:
         """The versions this model reads: the stable one and the canary (if any)."""
         canary = self.routing.canary_version
         return (self.routing.stable_version, *((canary,) if canary else ()))
+
+
+def settings_record(settings: RouterSettings, **context: Any) -> dict[str, Any]:
+    """The structured log record of a router (re)load with these settings."""
+    return {"event": "router_settings_loaded", **context, **asdict(settings)}

@@ -28,10 +28,15 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
-from dispatch_service.routing.engine import ROUTER_METRICS, routed_observations, settings_record
-from dispatch_service.routing.settings import FusedSettings
-from dispatch_service.serving.router_adapter import log_failed_calls
+from dispatch_service.routing.metrics import (
+    FUSED_ROUTING_METRICS,
+    FUSED_SCORING_LATENCY,
+    routed_observations,
+)
+from dispatch_service.routing.settings import FusedSettings, settings_record
+from dispatch_service.serving.router_adapter import log_failed_calls, served_by_triton
 from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
+from dispatch_service.serving.trust import model_trust
 
 __all__ = [
     "FUSED_METRICS",
@@ -45,7 +50,7 @@ FUSED_METRICS = (
     CANDIDATES_PER_ORDER,
     RESOLVER_LATENCY,
     CAPACITY_CONFLICTS,
-    *ROUTER_METRICS,
+    *FUSED_ROUTING_METRICS,
     VALIDATION_REJECTIONS,
 )
 
@@ -90,7 +95,7 @@ def fused_observations(result: FusedResult) -> list[Observation]:
     """The encoder's, the router's and the resolver's observations of one answered window."""
     return [
         *encoder_observations(result.encoded, result.encode_ms),
-        *routed_observations(result.routed),
+        *routed_observations(result.routed, FUSED_SCORING_LATENCY),
         *resolver_observations(result.outputs, result.resolve_ms),
     ]
 
@@ -106,7 +111,12 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
     version = str(args.get("model_version", ""))
     instance = str(args.get("model_instance_name", ""))
     repository = Path(args["model_repository"]).parent
-    dispatch = FusedDispatch.from_repository(repository, settings)
+    dispatch = FusedDispatch.from_repository(
+        repository,
+        settings,
+        trusted=model_trust(),
+        is_served=served_by_triton(pb_utils, settings.scoring_model),
+    )
     adapter = FusedDispatchAdapter(
         pb_utils,
         name,

@@ -37,19 +37,16 @@ from dispatch_service.core.metrics import (
     MetricsSink,
 )
 from dispatch_service.core.settings import parameters_from_model_config
-from dispatch_service.routing.engine import (
-    ROUTER_METRICS,
-    ModelCallError,
-    RoutedScores,
+from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score
+from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
+from dispatch_service.routing.policy import IsServed, ServedVersions, route_window
+from dispatch_service.routing.settings import (
+    ROUTER_MODEL_NAME,
+    SCORING_MODEL_NAME,
     RouterSettings,
-    choose_versions,
-    parse_version_tag,
-    route_and_score,
-    routed_observations,
     settings_record,
-    shadow_sampled,
 )
-from dispatch_service.routing.settings import ROUTER_MODEL_NAME, SCORING_MODEL_NAME
+from dispatch_service.routing.shadow import shadow_sampled
 from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
 
 __all__ = [
@@ -58,6 +55,7 @@ __all__ = [
     "log_failed_calls",
     "router_adapter_for",
     "router_metrics",
+    "served_by_triton",
 ]
 
 _USER_IDS: Final = "ORDER_USER_IDS"
@@ -104,14 +102,18 @@ class DispatchRouterAdapter(TritonResponder):
         inputs = self.arrays(request, _INPUT_NAMES)
         try:
             user_ids = self._required(inputs, _USER_IDS)
-            forced = parse_version_tag(inputs[MODEL_VERSION_TAG.name], self.settings)
+            served = ServedVersions(self.is_served)
+            settings, versions = route_window(
+                user_ids, inputs[MODEL_VERSION_TAG.name], self.settings, served
+            )
             routed = await route_and_score(
                 self._required(inputs, PAIR_FEATURES.name),
                 self._required(inputs, CANDIDATE_RIDER_INDEX.name),
-                choose_versions(user_ids, self.settings, forced),
-                self.settings,
+                versions,
+                settings,
                 self.score,
-                shadow=shadow_sampled(self.draw(), self.settings),
+                shadow=shadow_sampled(self.draw(), settings),
+                served=served,
             )
         except DispatchInputError as exc:
             return self.reject(request, exc)
@@ -125,6 +127,10 @@ class DispatchRouterAdapter(TritonResponder):
                 ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
             }
         )
+
+    def is_served(self, version: int) -> bool:
+        """Whether Triton serves this version of the scoring model now."""
+        return served_by_triton(self.pb, self.target_model)(version)
 
     async def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
         """One BLS call of `version`; an error response raises ModelCallError."""
@@ -148,6 +154,16 @@ class DispatchRouterAdapter(TritonResponder):
     def _report(self, request: Any, routed: RoutedScores) -> None:
         self.record(routed_observations(routed))
         log_failed_calls(self.pb, self.model_name, request, routed, self.target_model)
+
+
+def served_by_triton(pb_utils: Any, model: str) -> IsServed:
+    """`IsServed` for ``model``, asked of Triton (``pb_utils.is_model_ready``): the one source
+    of the served versions for both entry points (dispatch_router, dispatch_fused)."""
+
+    def ask(version: int) -> bool:
+        return bool(pb_utils.is_model_ready(model, str(version)))
+
+    return ask
 
 
 def log_failed_calls(

@@ -44,6 +44,7 @@ from dispatch_service.pipeline.steps import (
     Step,
     TopKResolverStep,
 )
+from dispatch_service.serving.trust import model_trust
 
 __all__ = [
     "TritonBatchedModelAdapter",
@@ -276,7 +277,9 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
         adapter = TritonBatchedModelAdapter(
             pb_utils,
             name,
-            DispatchModelStep.from_parameters(path, with_instance_device(parameters, args)),
+            DispatchModelStep.from_parameters(
+                path, with_instance_device(parameters, args), trusted=model_trust()
+            ),
             metrics=triton_metrics(pb_utils, name, version, metrics_of(model)),
             **labels,
         )

@@ -19,8 +19,7 @@ from dispatch_service.core.settings import (
 )
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from dispatch_service.pipeline.steps import FeatureEncoderStep, TopKResolverStep
-from dispatch_service.routing.engine import RouterSettings
-from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings
+from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings, RouterSettings
 
 REPO = Path(__file__).resolve().parents[3] / "model_repository"
 

@@ -26,7 +26,7 @@ import yaml
 
 from dispatch_service.core.metrics import ALL_METRICS
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.routing.engine import (
+from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
     MODEL_ERRORS,
     MODEL_LATENCY,

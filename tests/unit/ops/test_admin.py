@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.ops import admin
-from dispatch_service.ops.golden import GoldenSettings, check_candidate, golden_tensors
-from dispatch_service.ops.model_control import ModelControlError
-from dispatch_service.ops.router_control import RouterControlError
-from dispatch_service.ops.signing import (
+from dispatch_service.core.signing import (
     generate_private_key,
     private_key_pem,
     public_key_pem,
     sign_version,
 )
-from dispatch_service.routing.engine import RouterSettings
+from dispatch_service.ops import admin
+from dispatch_service.ops.golden import GoldenSettings, check_candidate, golden_tensors
+from dispatch_service.ops.model_control import ModelControlError
+from dispatch_service.ops.router_control import RouterControlError
+from dispatch_service.routing.settings import RouterSettings
 
 MODEL = "dispatch_model"
 

@@ -16,6 +16,13 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from dispatch_service.core.signing import (
+    SigningError,
+    TrustedKeys,
+    generate_private_key,
+    public_key_pem,
+    sign_version,
+)
 from dispatch_service.ops.server import (
     Ports,
     ServerError,
@@ -23,13 +30,6 @@ from dispatch_service.ops.server import (
     TritonRuntime,
     TritonServer,
     main,
-)
-from dispatch_service.ops.signing import (
-    SigningError,
-    TrustedKeys,
-    generate_private_key,
-    public_key_pem,
-    sign_version,
 )
 from dispatch_service.ops.verified_load import plan_load, read_config, served_versions
 
@@ -203,16 +203,22 @@ def write_reader(repo: Path, signer: Ed25519PrivateKey, canary: int) -> None:
     sign_version(repo / "reader" / "1", signer)
 
 
-def test_a_model_reading_other_versions_loads_only_when_they_verify(
+def test_a_model_reading_other_versions_needs_its_stable_version_only(
     repo: Path, signer: Ed25519PrivateKey, trusted: TrustedKeys
 ) -> None:
+    """A refused canary takes the canary out of the reader's routing (the reader verifies
+    in its own initialize), not the reader; a refused stable version refuses the reader."""
     write_reader(repo, signer, canary=2)
     assert "reader" in plan_load(repo, trusted).startup
     assert plan_load(repo, trusted, requested=["reader"]).startup == ("reader", "scorer")
     tamper(repo / "scorer" / "2" / "weights.bin")
     plan = plan_load(repo, trusted)
-    assert plan.refused["reader"] == "depends on scorer version 2, which does not load"
+    assert "reader" not in plan.refused
+    assert "reader" in (*plan.startup, *plan.deferred)
     assert plan.restricted == {"scorer": (1,)}
+    tamper(repo / "scorer" / "1" / "weights.bin")
+    plan = plan_load(repo, trusted)
+    assert plan.refused["reader"] == "depends on refused model scorer"
 
 
 def test_an_unknown_signer_refuses_everything_signed(repo: Path) -> None:

@@ -16,12 +16,19 @@ from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
+from dispatch_service.core.signing import (
+    SigningError,
+    TrustedKeys,
+    generate_private_key,
+    sign_version,
+)
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
-from dispatch_service.routing.engine import FallbackLevel, RouterSettings
-from dispatch_service.routing.settings import FusedSettings
+from dispatch_service.routing.engine import NOT_SERVED
+from dispatch_service.routing.fallback import FallbackLevel
+from dispatch_service.routing.settings import FusedSettings, RouterSettings
 
 Tensors = dict[str, NDArray[Any]]
 
@@ -104,25 +111,62 @@ def test_canary_share_routes_users_as_the_router_does(fused: FusedDispatch) -> N
     np.testing.assert_array_equal(versions, again)  # sticky: by user, not by draw
 
 
-def test_an_unavailable_canary_falls_back_to_the_stable_version(
+def test_an_unavailable_canary_is_out_of_routing(
     fused: FusedDispatch, pipelines: dict[int, DispatchPipeline]
 ) -> None:
+    """A canary whose session did not load is routed like no canary: stable at level 0;
+    its own number as a tag is not called and the stable version answers at level 1."""
     stable_only = dataclasses.replace(
         fused, scorers={1: fused.scorers[1]}, unavailable={2: "model.onnx did not load"}
     )
-    tensors = window(6, MODEL_VERSION_TAG=tag("canary"))
-    result = run(stable_only, tensors)
-    assert_same_answer(result.outputs, pipelines[1].run(tensors))
-    assert (result.outputs["ORDER_MODEL_VERSION"] == 1).all()
-    assert (result.outputs["ORDER_FALLBACK_LEVEL"] == FallbackLevel.STABLE_RETRY).all()
-    failed = [call for call in result.routed.calls if call.error is not None]
-    assert failed and "did not load" in str(failed[0].error)
+    for name, level in (("canary", FallbackLevel.CHOSEN), ("2", FallbackLevel.STABLE_RETRY)):
+        tensors = window(6, MODEL_VERSION_TAG=tag(name))
+        result = run(stable_only, tensors)
+        assert_same_answer(result.outputs, pipelines[1].run(tensors))
+        assert (result.outputs["ORDER_MODEL_VERSION"] == 1).all()
+        assert (result.outputs["ORDER_FALLBACK_LEVEL"] == level).all()
+    (failed,) = [call for call in result.routed.calls if call.error is not None]
+    assert (failed.version, failed.error, failed.made) == (2, NOT_SERVED, False)
+    half = dataclasses.replace(
+        stable_only,
+        settings=FusedSettings(
+            RouterSettings(stable_version=1, canary_version=2, canary_percent=50)
+        ),
+    )
+    outputs = run(half, window(5, orders=200, riders=400)).outputs
+    assert (outputs["ORDER_MODEL_VERSION"] == 1).all()
+    assert (outputs["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
+
+
+def test_routes_over_the_versions_triton_serves(fused: FusedDispatch) -> None:
+    """is_served (Triton's answer) decides, as for the router: a served version that is
+    neither stable nor canary is scored when tagged; an unserved canary is out of routing."""
+    served: set[int] = {1, 2}
+    no_canary = dataclasses.replace(
+        fused,
+        settings=FusedSettings(RouterSettings(stable_version=1)),
+        scorers={1: fused.scorers[1]},
+        unavailable={},
+        is_served=lambda v: v in served,
+    )
+    result = run(no_canary, window(9, MODEL_VERSION_TAG=tag("2"))).outputs
+    assert (result["ORDER_MODEL_VERSION"] == 2).all()
+    assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
+    assert 2 in no_canary.scorers  # loaded on first use
+    served.discard(2)
+    result = run(no_canary, window(9, MODEL_VERSION_TAG=tag("2"))).outputs
+    assert (result["ORDER_MODEL_VERSION"] == 1).all()
+    assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.STABLE_RETRY).all()
+    canary_unserved = dataclasses.replace(no_canary, settings=SHIPPED)
+    result = run(canary_unserved, window(9, MODEL_VERSION_TAG=tag("canary"))).outputs
+    assert (result["ORDER_MODEL_VERSION"] == 1).all()
+    assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
 
 
 def test_no_version_at_all_still_assigns_with_the_rule_based_dispatcher(
     fused: FusedDispatch,
 ) -> None:
-    nothing = dataclasses.replace(fused, scorers={})
+    nothing = dataclasses.replace(fused, scorers={}, unavailable={}, loader=None)
     tensors = window(7)
     result = run(nothing, tensors).outputs
     assert (result["ORDER_MODEL_VERSION"] == 0).all()
@@ -147,6 +191,52 @@ def test_a_missing_version_folder_is_unavailable_not_fatal(tmp_path: Path) -> No
     dispatch = FusedDispatch.from_repository(repository, SHIPPED)
     assert set(dispatch.scorers) == {1}
     assert "dispatch_model/2/model.onnx" in dispatch.unavailable[2]
+
+
+def signed_repository(tmp_path: Path) -> tuple[Path, TrustedKeys]:
+    """A copy of the repository's fused steps with dispatch_model 1 and 2 signed."""
+    repository = tmp_path / "repository"
+    for name in ("feature_encoder", "topk_resolver", "dispatch_model"):
+        shutil.copytree(
+            MODEL_REPOSITORY / name, repository / name, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    key = generate_private_key()
+    for version in (1, 2):
+        sign_version(repository / "dispatch_model" / str(version), key)
+    return repository, TrustedKeys.from_public_keys(key.public_key())
+
+
+def tamper(folder: Path) -> None:
+    with (folder / "model_card.json").open("a") as card:
+        card.write(" ")
+
+
+def test_with_trusted_keys_every_version_is_verified_before_it_loads(tmp_path: Path) -> None:
+    repository, trusted = signed_repository(tmp_path)
+    dispatch = FusedDispatch.from_repository(repository, SHIPPED, trusted=trusted)
+    assert set(dispatch.scorers) == {1, 2} and not dispatch.unavailable
+
+
+def test_a_refused_canary_is_out_of_routing_not_a_refused_model(tmp_path: Path) -> None:
+    repository, trusted = signed_repository(tmp_path)
+    tamper(repository / "dispatch_model" / "2")
+    dispatch = FusedDispatch.from_repository(repository, SHIPPED, trusted=trusted)
+    assert set(dispatch.scorers) == {1}
+    assert "refused by signature verification" in dispatch.unavailable[2]
+    assert "digest mismatch on file model_card.json" in dispatch.unavailable[2]
+    result = run(dispatch, window(6, MODEL_VERSION_TAG=tag("canary"))).outputs
+    assert (result["ORDER_MODEL_VERSION"] == 1).all()
+    assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
+
+
+def test_a_refused_stable_version_fails_the_load(tmp_path: Path) -> None:
+    repository, trusted = signed_repository(tmp_path)
+    tamper(repository / "dispatch_model" / "1")
+    with pytest.raises(SigningError, match="stable version 1: refused"):
+        FusedDispatch.from_repository(repository, SHIPPED, trusted=trusted)
+    other = TrustedKeys.from_public_keys(generate_private_key().public_key())
+    with pytest.raises(SigningError, match="unknown key"):
+        FusedDispatch.from_repository(repository, SHIPPED, trusted=other)
 
 
 def test_settings_are_the_routers_plus_the_scoring_model() -> None:

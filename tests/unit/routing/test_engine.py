@@ -19,27 +19,20 @@ from dispatch_service.domain.features import encode_window, feasible_mask
 from dispatch_service.domain.resolver import resolve
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.routing.engine import (
+from dispatch_service.routing.engine import route_and_score, route_and_score_now
+from dispatch_service.routing.fallback import FallbackLevel, rule_based_objectives
+from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
     MODEL_CALLS,
     MODEL_ERRORS,
     ROUTED_ORDERS,
     SHADOW_ORDERS,
     SHADOW_TOP1_AGREEMENTS,
-    FallbackLevel,
-    RouterSettings,
-    choose_versions,
-    compare_shadow,
-    parse_version_tag,
-    route_and_score,
-    route_and_score_now,
     routed_observations,
-    rule_based_objectives,
-    settings_record,
-    shadow_sampled,
-    shadow_version_of,
-    user_buckets,
 )
+from dispatch_service.routing.policy import choose_versions, parse_version_tag, user_buckets
+from dispatch_service.routing.settings import RouterSettings, settings_record
+from dispatch_service.routing.shadow import compare_shadow, shadow_sampled, shadow_version_of
 
 CANARY = RouterSettings(stable_version=1, canary_version=2, canary_percent=30)
 

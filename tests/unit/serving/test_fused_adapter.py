@@ -20,7 +20,7 @@ from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
-from dispatch_service.routing.engine import ROUTED_ORDERS
+from dispatch_service.routing.metrics import ROUTED_ORDERS
 from dispatch_service.serving.fused_adapter import (
     FUSED_METRICS,
     FusedDispatchAdapter,

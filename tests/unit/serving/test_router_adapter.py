@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,7 +15,9 @@ from dispatch_service.core.metrics import VALIDATION_REJECTIONS, InMemoryMetrics
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.features import encode_window
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.routing.engine import ROUTED_ORDERS, RouterSettings, rule_based_objectives
+from dispatch_service.routing.fallback import rule_based_objectives
+from dispatch_service.routing.metrics import MODEL_ERRORS, ROUTED_ORDERS
+from dispatch_service.routing.settings import RouterSettings
 from dispatch_service.serving.router_adapter import DispatchRouterAdapter, router_adapter_for
 from pb_stand_in import FakeRequest, FakeTensor, FakeTritonError
 
@@ -53,9 +54,6 @@ class Logger:
         self._add("error", message)
 
 
-Model = Callable[[int, NDArray[np.float32]], Response]
-
-
 class FakePb:
     """pb_utils with a BLS whose `dispatch_model` answers through `model`."""
 
@@ -63,7 +61,7 @@ class FakePb:
     TritonError = FakeTritonError
     InferenceResponse = Response
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Served) -> None:
         self.Logger = Logger()
         self.model = model
         self.bls: list[tuple[str, int]] = []
@@ -92,17 +90,29 @@ class FakePb:
     def get_output_tensor_by_name(response: Response, name: str) -> FakeTensor | None:
         return response.tensors.get(name)
 
+    def is_model_ready(self, model_name: str, model_version: str = "") -> bool:
+        return model_name == "dispatch_model" and int(model_version) in self.model.ready
 
-def served(*versions: int) -> Model:
-    """dispatch_model with these versions loaded; others answer an error response."""
 
-    def model(version: int, features: NDArray[np.float32]) -> Response:
-        if version not in versions:
+class Served:
+    """dispatch_model with these versions loaded; others answer an error response.
+
+    ``ready``: what Triton says is served (``is_model_ready``); by default the same versions.
+    """
+
+    def __init__(self, versions: tuple[int, ...], ready: tuple[int, ...] | None) -> None:
+        self.versions = versions
+        self.ready = versions if ready is None else ready
+
+    def __call__(self, version: int, features: NDArray[np.float32]) -> Response:
+        if version not in self.versions:
             return Response(error=FakeTritonError(f"Request for unknown model version {version}"))
         scores = rule_based_objectives(features) * np.float32(1.0 + version / 10.0)
         return Response([FakeTensor("PAIR_OBJECTIVES", scores)])
 
-    return model
+
+def served(*versions: int, ready: tuple[int, ...] | None = None) -> Served:
+    return Served(versions, ready)
 
 
 def window_inputs(seed: int = 5, orders: int = 12, **extra: NDArray[Any]) -> dict[str, Any]:
@@ -143,7 +153,7 @@ def test_answers_objectives_versions_and_levels_through_bls() -> None:
 
 
 def test_an_error_response_of_the_canary_is_answered_by_the_stable_version() -> None:
-    pb = FakePb(served(1))
+    pb = FakePb(served(1, ready=(1, 2)))  # served, but its call fails
     settings = RouterSettings(canary_version=2, canary_percent=100)
     adapter = DispatchRouterAdapter(pb, "dispatch_router", settings)
     out = outputs(run(adapter, FakeRequest(window_inputs(), "req-9"))[0])
@@ -165,6 +175,27 @@ def test_no_model_at_all_still_answers_with_the_rule_based_dispatcher() -> None:
     np.testing.assert_array_equal(
         out["PAIR_OBJECTIVES"], rule_based_objectives(inputs["PAIR_FEATURES"])
     )
+
+
+def test_a_canary_triton_does_not_serve_is_out_of_routing() -> None:
+    """Its users get the stable version at level 0 and nobody calls it; as a tag number it
+    is not called either and the stable version answers at level 1 (as in dispatch_fused)."""
+    pb = FakePb(served(1))
+    metrics = InMemoryMetrics()
+    settings = RouterSettings(canary_version=2, canary_percent=100)
+    adapter = DispatchRouterAdapter(pb, "dispatch_router", settings, metrics=metrics)
+    routed, tagged = run(
+        adapter,
+        FakeRequest(window_inputs()),
+        FakeRequest(window_inputs(MODEL_VERSION_TAG=np.array([b"2"], dtype=object))),
+    )
+    assert outputs(routed)["ORDER_MODEL_VERSION"].tolist() == [1] * 12
+    assert outputs(routed)["ORDER_FALLBACK_LEVEL"].tolist() == [0] * 12
+    assert outputs(tagged)["ORDER_MODEL_VERSION"].tolist() == [1] * 12
+    assert outputs(tagged)["ORDER_FALLBACK_LEVEL"].tolist() == [1] * 12
+    assert ("dispatch_model", 2) not in pb.bls
+    errors = metrics.counter(MODEL_ERRORS, model_version="2", role="primary", reason="not_served")
+    assert errors == 1
 
 
 def test_the_tag_forces_a_version_and_a_bad_tag_is_invalid_arg() -> None:

@@ -56,6 +56,7 @@ __all__ = [
     "PUBLIC_KEY_SUFFIX",
     "SIGNATURE_FORMAT",
     "SIGNATURE_NAME",
+    "TRUSTED_KEYS_ENV",
     "Manifest",
     "Outcome",
     "SigningError",
@@ -70,6 +71,7 @@ __all__ = [
     "load_public_key",
     "private_key_pem",
     "public_key_pem",
+    "read_verified",
     "sign_version",
     "verify_version",
     "version_of",
@@ -83,6 +85,9 @@ SIGNATURE_FORMAT: Final = "dispatch-model-signature/1"
 ALGORITHM: Final = "Ed25519"
 EXCLUDED_DIRS: Final = frozenset({"__pycache__"})
 PUBLIC_KEY_SUFFIX: Final = ".pub"
+# Set by the launcher in the server's environment when it verifies (``--trusted-keys``), so
+# that every model that reads artifacts verifies them in its own `initialize` too.
+TRUSTED_KEYS_ENV: Final = "DISPATCH_TRUSTED_KEYS"
 _CHUNK: Final = 1 << 20
 
 
@@ -400,3 +405,30 @@ def verify_version(version_dir: Path, trusted: TrustedKeys) -> Verification:
         if file_digest(path) != expected:
             return verdict(Outcome.DIGEST_MISMATCH, f"digest mismatch on file {name}", kid)
     return verdict(Outcome.VERIFIED, f"{len(manifest.files)} files verified", kid)
+
+
+def read_verified(version_dir: Path, name: str, trusted: TrustedKeys) -> bytes:
+    """The bytes of one artifact of a version folder that verifies; SigningError otherwise.
+
+    For a model that loads its own weights (`initialize`): the whole folder must verify, and
+    the bytes returned are checked once more against a manifest whose signature is checked
+    on the same read, so that what is loaded is what was verified, even if the file changes
+    between the check and the load.
+    """
+    verdict = verify_version(version_dir, trusted)
+    if verdict.outcome is not Outcome.VERIFIED:
+        raise SigningError(f"{verdict.model} version {verdict.version} refused: {verdict.reason}")
+    data = (version_dir / name).read_bytes()
+    body = (version_dir / MANIFEST_NAME).read_bytes()
+    kid, raw_signature = _read_signature((version_dir / SIGNATURE_NAME).read_bytes())
+    public_key = trusted.keys.get(kid)
+    try:
+        if public_key is None:
+            raise InvalidSignature
+        public_key.verify(raw_signature, body)
+    except InvalidSignature:
+        raise SigningError(f"{version_dir}: the signature changed while loading") from None
+    expected = Manifest.from_bytes(body).files.get(name)
+    if expected is None or hashlib.sha256(data).hexdigest() != expected:
+        raise SigningError(f"{version_dir}: {name} changed while loading")
+    return data

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from dispatch_service.ops.signing import (
+from dispatch_service.core.signing import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     Manifest,

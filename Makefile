@@ -54,7 +54,12 @@ warmup: setup
 # Sign one model version folder (writes MANIFEST.json + MANIFEST.sig into it):
 #   make sign MODEL=dispatch_model VERSION=2 KEY=path/to/signing.key [REPO=model_repository]
 # Without KEY the private key PEM is read from the environment variable DISPATCH_SIGNING_KEY.
-.PHONY: sign
+# Sign every version folder a server could load (all models but the ensembles):
+#   make sign-all KEY=~/keys/ops.key [REPO=model_repository]
+.PHONY: sign sign-all
+sign-all: setup
+	$(PY) -m dispatch_service.ops.admin sign-repository $(if $(REPO),$(REPO)) $(if $(KEY),--key $(KEY))
+
 sign: setup
 	@test -n "$(MODEL)" -a -n "$(VERSION)" || { \
 		echo "usage: make sign MODEL=dispatch_model VERSION=2 [KEY=path/to/signing.key]" >&2; exit 2; }

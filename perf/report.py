@@ -472,6 +472,22 @@ def _tuning_effects(entry: Mapping[str, Any]) -> str:
     return "; ".join(parts) or str(entry.get("effect", ""))
 
 
+def _tools_used(results: BenchResults) -> list[str]:
+    """The server and only the client tools this run's series (and locust run) used."""
+    used = {ENTRY_POINTS[s.entry].tool for s in results.series if s.entry in ENTRY_POINTS}
+    host = results.host
+    tools = [
+        f"Triton {host.get('triton', '2.51')} ({results.server.get('profile', 'cpu')} profile)"
+    ]
+    if "perf_analyzer" in used:
+        tools.append(str(host.get("perf_analyzer", "perf_analyzer")))
+    if "perf.loadgen" in used:
+        tools.append("load generator perf.loadgen (aiohttp, closed loop)")
+    if results.locust:
+        tools.append(f"locust {host.get('locust', '')}".strip())
+    return tools
+
+
 def render_report(results: BenchResults, plots: Mapping[str, str] | None = None) -> str:
     """The Markdown report; `plots` maps a size to its PNG file name (beside report.md)."""
     plots = plots or {}
@@ -483,10 +499,7 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         f"before {host.get('loadavg_before', 'n/a')}, after {host.get('loadavg_after', 'n/a')}"
         " (a busy host makes every figure noisy). "
         f"Duration {results.duration_s:.0f} s.",
-        f"Tools: {host.get('perf_analyzer', 'perf_analyzer')}; Triton "
-        f"{host.get('triton', '2.51')} ({results.server.get('profile', 'cpu')} profile); "
-        "load generator perf.loadgen (aiohttp, closed loop); locust "
-        f"{host.get('locust', '')}.",
+        f"Tools: {'; '.join(_tools_used(results))}.",
     ]
     if results.server.get("models"):
         models = ", ".join(

@@ -116,3 +116,39 @@ def test_malformed_json_is_one_line_and_exit_2(triton: TritonServer) -> None:
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
     assert done.stderr.startswith("error:")
+
+
+def documented_example() -> tuple[str, dict[str, object]]:
+    """The request and the response docs/contract.md shows for the window JSON."""
+    text = (REPO_ROOT / "docs" / "contract.md").read_text()
+    section = text[text.index("## The window as JSON") :]
+    blocks = [b.split("\n", 1)[1] for b in section.split("```json")[1:3]]
+    request, response = (b[: b.index("```")] for b in blocks)
+    return request, json.loads(response)
+
+
+def test_the_documented_example_is_what_the_server_answers(triton: TritonServer) -> None:
+    request, response = documented_example()
+    example = REPO_ROOT / "client" / "examples" / "window_two_orders.json"
+    assert json.loads(request) == json.loads(example.read_text())
+    done = run_cli("--url", triton.http_url, str(example))
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    # Same riders, order and versions; numbers to FP32 precision (another CPU may round the
+    # last digit differently).
+    assert_close(answer, response)
+
+
+def assert_close(got: object, want: object, path: str = "") -> None:
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), path
+        for key in want:
+            assert_close(got[key], want[key], f"{path}.{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_close(g, w, f"{path}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-5), path
+    else:
+        assert got == want, path

@@ -8,54 +8,62 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 SEED ?= 7
 
-.PHONY: setup serve test test-unit test-integration lint typecheck check model perf warmup clean
+.PHONY: help setup serve test test-unit test-integration lint typecheck check model perf warmup clean
 
-setup:
+setup: ## install everything into .venv and .triton (idempotent)
 	@bash scripts/setup.sh
 
-serve: setup
+serve: setup ## serve the repository (HTTP_PORT, GRPC_PORT, METRICS_PORT, PROFILE)
 	$(PY) -m dispatch_service.ops.server --profile $(PROFILE) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
-test: setup
+test: setup ## unit and integration tests
 	$(PY) -m pytest tests
 
-test-unit: setup
+test-unit: setup ## unit tests only
 	$(PY) -m pytest tests/unit
 
-test-integration: setup
+test-integration: setup ## integration tests on a live tritonserver
 	$(PY) -m pytest tests/integration
 
-lint: setup
+lint: setup ## ruff check, ruff format --check, lint-imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-typecheck: setup
+typecheck: setup ## mypy --strict
 	$(VENV)/bin/mypy
 
-check: lint typecheck test
+check: lint typecheck test ## lint, typecheck and test
 
 # Retrain the committed model (reproducible from SEED); writes model.onnx and its card.
-model: setup
+model: setup ## retrain dispatch_model version 1 from SEED
 	$(PY) -m dispatch_service.offline.training --seed $(SEED)
 
-# Quick perf_analyzer sweep of the ensemble over gRPC; writes perf/reports/<stamp>/.
-perf: setup
-	$(PY) -m perf.run_perf_analyzer
+# Quick perf_analyzer sweep of the ensemble over gRPC; writes perf/reports/<stamp>/ (ignored
+# by git). Starts its own server on free ports, or on the ports given on the command line
+# (make perf HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002), or measures a running one
+# (make perf URL=127.0.0.1:8001, its gRPC endpoint).
+perf: setup ## perf_analyzer gRPC sweep (URL=host:port for a running server)
+	$(PY) -m perf.run_perf_analyzer $(if $(URL),--url $(URL),$(if $(filter command line environment,$(origin GRPC_PORT)),--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)))
 
-clean:
+clean: ## remove .venv, .triton and tool caches
 	rm -rf $(VENV) .triton .pytest_cache .mypy_cache .ruff_cache
 
 # Regenerate model_repository/*/warmup/ after changing the contract or the encoder.
-warmup: setup
+warmup: setup ## regenerate model_repository/*/warmup/
 	$(PY) -m dispatch_service.ops.warmup
 
 # Sign one model version folder (writes MANIFEST.json + MANIFEST.sig into it):
 #   make sign MODEL=dispatch_model VERSION=2 KEY=path/to/signing.key [REPO=model_repository]
 # Without KEY the private key PEM is read from the environment variable DISPATCH_SIGNING_KEY.
-.PHONY: sign
-sign: setup
+# Sign every version folder a server could load (all models but the ensembles):
+#   make sign-all KEY=~/keys/ops.key [REPO=model_repository]
+.PHONY: sign sign-all
+sign-all: setup ## sign every loadable version folder (KEY=, REPO=)
+	$(PY) -m dispatch_service.ops.admin sign-repository $(if $(REPO),$(REPO)) $(if $(KEY),--key $(KEY))
+
+sign: setup ## sign one version folder (MODEL=, VERSION=, KEY=)
 	@test -n "$(MODEL)" -a -n "$(VERSION)" || { \
 		echo "usage: make sign MODEL=dispatch_model VERSION=2 [KEY=path/to/signing.key]" >&2; exit 2; }
 	$(PY) -m dispatch_service.ops.admin sign --model $(MODEL) --version $(VERSION) \
@@ -64,7 +72,7 @@ sign: setup
 # ONNX Runtime profile of the served dispatch_model over simulator windows: prints the
 # per-operator table, writes the trace under perf/reports/profile-<stamp>/.
 .PHONY: profile
-profile: setup
+profile: setup ## ONNX Runtime per-operator profile of dispatch_model
 	$(PY) -m dispatch_service.offline.profiling
 
 # Every entry point (HTTP JSON, HTTP binary, gRPC, gRPC + system shm) of both Triton models
@@ -73,16 +81,16 @@ profile: setup
 # writes perf/reports/bench-<stamp>/ (report.md, summary.json, plots). Under 10 minutes on
 # 2 cores; `make bench-quick` is a 1-2 minute smoke run.
 .PHONY: bench bench-quick
-bench: setup
+bench: setup ## every entry point vs limits and FastAPI (under 10 minutes)
 	$(PY) -m perf.bench
 
-bench-quick: setup
+bench-quick: setup ## the bench pipeline in 1-2 minutes
 	$(PY) -m perf.bench --quick
 
 # Retrain dispatch_model version 2 (log features, more data, wider net) and compare it with
 # version 1 on the same held-out pairs and policy windows in its card. Several minutes.
 .PHONY: model-v2
-model-v2: setup
+model-v2: setup ## retrain dispatch_model version 2 and compare with 1
 	$(PY) -m dispatch_service.offline.training --seed $(SEED) --windows 3000 --epochs 40 \
 		--eval-windows 256 --hidden 192,96 --log-features --version 2 \
 		--compare-with model_repository/dispatch_model/1
@@ -90,5 +98,10 @@ model-v2: setup
 # Latency cost of shadow scoring: the same windows with shadow_percent 0 and 100 on a
 # server of its own; prints p50/p95/p99 per setting.
 .PHONY: shadow-cost
-shadow-cost: setup
+shadow-cost: setup ## latency cost of shadow scoring
 	$(PY) -m perf.shadow_cost
+
+# One line per target, from the "## " note on its rule line.
+help: ## list the targets
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | \
+		awk -F':.*## ' '{ printf "  %-17s %s\n", $$1, $$2 }'

@@ -52,6 +52,22 @@ def _tuning_effects(entry: Mapping[str, Any]) -> str:
     return "; ".join(parts) or str(entry.get("effect", ""))
 
 
+def _tools_used(results: BenchResults) -> list[str]:
+    """The server and only the client tools this run's series (and locust run) used."""
+    used = {ENTRY_POINTS[s.entry].tool for s in results.series if s.entry in ENTRY_POINTS}
+    host = results.host
+    tools = [
+        f"Triton {host.get('triton', '2.51')} ({results.server.get('profile', 'cpu')} profile)"
+    ]
+    if "perf_analyzer" in used:
+        tools.append(str(host.get("perf_analyzer", "perf_analyzer")))
+    if "perf.loadgen" in used:
+        tools.append("load generator perf.loadgen (aiohttp, closed loop)")
+    if results.locust:
+        tools.append(f"locust {host.get('locust', '')}".strip())
+    return tools
+
+
 def _header(results: BenchResults) -> list[str]:
     """Title, host, tools, server configuration and how to read the figures."""
     lines: list[str] = []
@@ -63,10 +79,7 @@ def _header(results: BenchResults) -> list[str]:
         f"before {host.get('loadavg_before', 'n/a')}, after {host.get('loadavg_after', 'n/a')}"
         " (a busy host makes every figure noisy). "
         f"Duration {results.duration_s:.0f} s.",
-        f"Tools: {host.get('perf_analyzer', 'perf_analyzer')}; Triton "
-        f"{host.get('triton', '2.51')} ({results.server.get('profile', 'cpu')} profile); "
-        "load generator perf.loadgen (aiohttp, closed loop); locust "
-        f"{host.get('locust', '')}.",
+        f"Tools: {'; '.join(_tools_used(results))}.",
     ]
     if results.server.get("models"):
         models = ", ".join(

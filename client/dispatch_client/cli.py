@@ -1,15 +1,31 @@
 """`dispatch-client`: send a window JSON file to the server and print the result JSON.
 
     dispatch-client [--url URL] [--protocol http|grpc|grpc-shm] [--model NAME] [--timeout S]
-                    [FILE|-]
+                    [--weights L,O,C] [--version-tag TAG] [--request-id ID] [FILE|-]
 
-``grpc-shm`` is gRPC with the tensors in system shared memory (server on the same host);
-its regions are sized for the window read and released before the command exits, also on
-Ctrl-C or SIGTERM.
+``--url`` takes ``host:port``, ``http://host:port`` (the same) or ``https://host:port``
+(TLS; the server's certificate is checked against the system's CA roots). ``grpc-shm`` is
+gRPC with the tensors in system shared memory (server on the same host, no TLS); its regions
+are sized for the window read and released before the command exits, also on Ctrl-C or
+SIGTERM.
+
+Every optional input of the contract can be sent: in the document (``objective_weights``,
+``model_version_tag``; see `window_json`) or with an option, which wins over the document.
+Options for the deadline and priority inputs join `OPTIONAL_INPUT_OPTIONS` once the
+contract has them.
+
+Each request carries a request id (Triton's request ``id``): ``--request-id`` or a fresh
+one. The server's rejection log lines carry it, and an error line ends with it.
 
 The result goes to stdout; every failure is one line ``error: ...`` on stderr, so scripts
-can log it as is. Exit codes: 0 success, 2 bad input (usage, unreadable file, bad JSON or
-field), 1 the server refused the request or could not be reached.
+can log it as is. Exit codes, one rule whoever finds the fault:
+
+- 0 success;
+- 2 the input is invalid: usage, an unreadable file, bad JSON or a bad field found here, or
+  a request the server refused as invalid (HTTP 400, gRPC INVALID_ARGUMENT, e.g. a latitude
+  of 95); sending it again will fail again;
+- 1 the server failed or could not be reached (unknown or unloaded model, internal error,
+  queue full, timeout, connection refused); the same input may succeed later.
 """
 
 from __future__ import annotations
@@ -18,16 +34,31 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from dispatch_client.client import DEFAULT_MODEL_NAME, DispatchClient
 from dispatch_client.connect import ProtocolName, make_transport
-from dispatch_client.errors import DispatchError, WindowJSONError, one_line
+from dispatch_client.errors import DispatchError, DispatchServerError, WindowJSONError, one_line
 from dispatch_client.shm import ShmCapacity
-from dispatch_client.transport import DEFAULT_TIMEOUT_S, Transport
-from dispatch_client.window_json import window_from_json
+from dispatch_client.transport import (
+    DEFAULT_GRPC_URL,
+    DEFAULT_HTTP_URL,
+    DEFAULT_TIMEOUT_S,
+    Transport,
+)
+from dispatch_client.window_json import window_document, window_from_dict
 
-__all__ = ["EXIT_INPUT", "EXIT_OK", "EXIT_SERVER", "TransportFactory", "main"]
+__all__ = [
+    "EXIT_INPUT",
+    "EXIT_OK",
+    "EXIT_SERVER",
+    "OPTIONAL_INPUT_OPTIONS",
+    "InputOption",
+    "TransportFactory",
+    "exit_code_for",
+    "main",
+]
 
 EXIT_OK = 0
 EXIT_SERVER = 1
@@ -57,39 +88,119 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _numbers(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}") from None
+
+
+def _request_id(text: str) -> str:
+    if not text.strip() or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"must be printable, non-empty text, got {text!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class InputOption:
+    """A command-line option that sets one optional top-level key of the window document."""
+
+    flag: str
+    key: str  # the window document's key (`window_json.OPTIONAL_INPUT_KEYS`)
+    metavar: str
+    help: str
+    convert: Callable[[str], Any]
+
+
+OPTIONAL_INPUT_OPTIONS: tuple[InputOption, ...] = (
+    InputOption(
+        "--weights",
+        "objective_weights",
+        "L,O,C",
+        "objective weights latency,on-time,cost, e.g. 0.5,0.3,0.2 (default: the document's "
+        "objective_weights, else the server's 0.45,0.35,0.20)",
+        _numbers,
+    ),
+    InputOption(
+        "--version-tag",
+        "model_version_tag",
+        "TAG",
+        "force the dispatch_model version: stable, canary or a version number (default: the "
+        "document's model_version_tag, else the router picks per user)",
+        str,
+    ),
+    # The deadline and priority inputs (tensor contract v2) get their rows here.
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dispatch-client",
         description="Send a dispatch window (JSON) to the Triton 'dispatch' model and print "
         "the Top-K riders and the assignment per order as JSON.",
+        epilog="Exit codes: 0 success; 2 invalid input, found here or refused by the server "
+        "as invalid (HTTP 400, gRPC INVALID_ARGUMENT); 1 the server failed or could not be "
+        "reached. Errors are one line on stderr, ending with the request id once sent.",
     )
     parser.add_argument(
         "--url",
-        help="server host:port (default localhost:8000 for http, localhost:8001 for grpc "
-        "and grpc-shm)",
+        help=f"server host:port, http://host:port or https://host:port (TLS, certificate "
+        f"checked against the system's CA roots) (default: {DEFAULT_HTTP_URL} for http, "
+        f"{DEFAULT_GRPC_URL} for grpc and grpc-shm)",
     )
     parser.add_argument(
         "--protocol",
         choices=("http", "grpc", "grpc-shm"),
         default="http",
-        help="grpc-shm: gRPC with tensors in system shared memory, server on this host",
+        help="grpc-shm: gRPC with tensors in system shared memory, server on this host "
+        "(default: %(default)s)",
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL_NAME, help="model name (%(default)s)")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL_NAME,
+        help="entry point: dispatch or dispatch_fused (default: %(default)s)",
+    )
     parser.add_argument(
         "--timeout",
         type=_positive_seconds,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help="give up on the server after this long (%(default)g)",
+        help="give up on the server after this long (default: %(default)g)",
+    )
+    for option in OPTIONAL_INPUT_OPTIONS:
+        parser.add_argument(
+            option.flag,
+            type=option.convert,
+            metavar=option.metavar,
+            help=option.help,
+            dest=option.key,
+        )
+    parser.add_argument(
+        "--request-id",
+        type=_request_id,
+        metavar="ID",
+        help="request id sent to the server (default: a fresh 32-hex-digit id)",
     )
     parser.add_argument(
-        "file", nargs="?", default="-", metavar="FILE", help="window JSON file; '-' reads stdin"
+        "file",
+        nargs="?",
+        default="-",
+        metavar="FILE",
+        help="window JSON file; '-' reads stdin (default: -)",
     )
     return parser
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"error: {one_line(message)}", file=sys.stderr)
+def exit_code_for(error: DispatchError) -> int:
+    """2 when the server refused the input as invalid, 1 for any other server failure."""
+    if isinstance(error, DispatchServerError) and error.invalid_input:
+        return EXIT_INPUT
+    return EXIT_SERVER
+
+
+def _fail(message: str, code: int, request_id: str | None = None) -> int:
+    suffix = f" (request id {request_id})" if request_id else ""
+    print(f"error: {one_line(message)}{suffix}", file=sys.stderr)
     return code
 
 
@@ -115,12 +226,17 @@ def main(
         return exc.code if isinstance(exc.code, int) else EXIT_OK
 
     source = "<stdin>" if args.file == "-" else args.file
+    given = {o.key: o.flag for o in OPTIONAL_INPUT_OPTIONS if getattr(args, o.key) is not None}
     try:
-        window = window_from_json(_read(args.file))
+        document = window_document(_read(args.file))
+        if isinstance(document, dict):
+            document.update({key: getattr(args, key) for key in given})
+        window = window_from_dict(document)
     except OSError as exc:
         return _fail(f"cannot read {source}: {exc.strerror or exc}", EXIT_INPUT)
     except WindowJSONError as exc:
-        return _fail(f"{source}: {exc}", EXIT_INPUT)
+        key = exc.path.split("[")[0].split(".")[0]
+        return _fail(f"{given.get(key, source)}: {exc}", EXIT_INPUT)
 
     def default_factory(protocol: ProtocolName, url: str | None, timeout_s: float) -> Transport:
         capacity = ShmCapacity.for_window(window) if protocol == "grpc-shm" else None
@@ -132,15 +248,15 @@ def main(
     except ValueError as exc:  # a malformed --url
         return _fail(f"--url: {exc}", EXIT_INPUT)
     except DispatchError as exc:  # grpc-shm registers its regions up front
-        return _fail(exc.message, EXIT_SERVER)
+        return _fail(exc.message, exit_code_for(exc))
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
 
     try:
         with DispatchClient(transport, model_name=args.model) as client:
-            result = client.dispatch(window)
+            result = client.dispatch(window, request_id=args.request_id)
     except DispatchError as exc:
-        return _fail(exc.message, EXIT_SERVER)
+        return _fail(exc.message, exit_code_for(exc), exc.request_id)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except Exception as exc:  # the one-line promise holds even for our own bugs

@@ -8,15 +8,16 @@ attached to the wrong order.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.closing import Closing
-from dispatch_client.errors import DispatchServerError
+from dispatch_client.errors import DispatchError, DispatchServerError
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
     DEFAULT_HTTP_URL,
@@ -41,6 +42,7 @@ __all__ = [
     "DispatchClient",
     "DispatchResult",
     "OrderResult",
+    "new_request_id",
     "parse_dispatch_outputs",
 ]
 
@@ -103,6 +105,8 @@ class DispatchResult:
     """Results in the window's order order (the i-th entry answers the i-th order)."""
 
     orders: tuple[OrderResult, ...]
+    # The id the request went out with (not part of the JSON answer: it is the caller's).
+    request_id: str | None = field(default=None, compare=False)
 
     def assignments(self) -> dict[str, str | None]:
         """Order id -> assigned rider id (None when the order stays unassigned)."""
@@ -111,6 +115,11 @@ class DispatchResult:
     def to_json_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data; `null` marks an unassigned order."""
         return {"orders": [o.to_json_dict() for o in self.orders]}
+
+
+def new_request_id() -> str:
+    """A fresh request id: 32 hex digits, unique enough to find one request in the logs."""
+    return uuid.uuid4().hex
 
 
 class DispatchClient(Closing):
@@ -144,9 +153,13 @@ class DispatchClient(Closing):
     ) -> DispatchClient:
         return cls(GrpcTransport(url, timeout_s=timeout_s), model_name=model_name)
 
-    def dispatch(self, window: Mapping[str, ArrayLike]) -> DispatchResult:
+    def dispatch(
+        self, window: Mapping[str, ArrayLike], *, request_id: str | None = None
+    ) -> DispatchResult:
         """Send window tensors (e.g. from `window_from_json`) and parse the answer.
 
+        `request_id` is sent as Triton's request id (a fresh `new_request_id` when None):
+        the server's rejection log lines carry it, the raised error and the result too.
         Raises ValueError for a tensor name the contract does not know or a missing
         ORDER_IDS (caught before any network traffic), and the transport's errors.
         """
@@ -156,8 +169,7 @@ class DispatchClient(Closing):
         inputs = {name: np.asarray(value) for name, value in window.items() if value is not None}
         if "ORDER_IDS" not in inputs:
             raise ValueError("window tensors lack ORDER_IDS")
-        outputs = self.transport.infer(self.model_name, inputs, OUTPUT_NAMES)
-        return parse_dispatch_outputs(inputs["ORDER_IDS"], outputs)
+        return self._call(self.model_name, inputs, inputs["ORDER_IDS"], request_id)
 
     def dispatch_features(
         self,
@@ -165,6 +177,7 @@ class DispatchClient(Closing):
         features: Mapping[str, ArrayLike],
         *,
         model_name: str = FEATURE_ENTRY_MODEL_NAME,
+        request_id: str | None = None,
     ) -> DispatchResult:
         """Send already encoded pair features to the `dispatch_features` ensemble.
 
@@ -172,7 +185,8 @@ class DispatchClient(Closing):
         [B x N, 28] (the served model versions' layout, rows in CANDIDATE_RIDER_INDEX order),
         CANDIDATE_RIDER_INDEX [B, N], ORDER_USER_IDS [B] (canary routing), RIDER_IDS,
         RIDER_LOAD, RIDER_CAPACITY and optionally OBJECTIVE_WEIGHTS and MODEL_VERSION_TAG.
-        `order_ids` ([B]) label the results; they are not sent. Numeric tensors are cast to
+        `order_ids` ([B]) label the results; they are not sent. `request_id` as in
+        `dispatch`. Numeric tensors are cast to
         the contract's dtypes. Raises ValueError for an unknown or
         missing tensor or inconsistent shapes (before any network traffic), and the
         transport's errors.
@@ -206,8 +220,24 @@ class DispatchClient(Closing):
             raise ValueError(
                 f"PAIR_FEATURES must have B x N = {candidates.size} rows, got {pairs.shape[0]}"
             )
-        outputs = self.transport.infer(model_name, inputs, OUTPUT_NAMES)
-        return parse_dispatch_outputs(ids, outputs)
+        return self._call(model_name, inputs, ids, request_id)
+
+    def _call(
+        self,
+        model_name: str,
+        inputs: dict[str, NDArray[Any]],
+        order_ids: ArrayLike,
+        request_id: str | None,
+    ) -> DispatchResult:
+        """One request under one id; the id rides on the error or the result."""
+        rid = new_request_id() if request_id is None else request_id
+        try:
+            outputs = self.transport.infer(model_name, inputs, OUTPUT_NAMES, request_id=rid)
+            result = parse_dispatch_outputs(order_ids, outputs)
+        except DispatchError as exc:
+            exc.request_id = rid
+            raise
+        return DispatchResult(result.orders, rid)
 
     def close(self) -> None:
         self.transport.close()

@@ -9,12 +9,17 @@ Three kinds, because callers act on them differently: a bad window is the caller
 from __future__ import annotations
 
 __all__ = [
+    "INVALID_INPUT_STATUSES",
     "DispatchConnectionError",
     "DispatchError",
     "DispatchServerError",
     "WindowJSONError",
     "one_line",
 ]
+
+
+INVALID_INPUT_STATUSES = frozenset({"400", "StatusCode.INVALID_ARGUMENT"})
+"""The statuses with which Triton refuses a request's input (TRITONSERVER_ERROR_INVALID_ARG)."""
 
 
 def one_line(text: str) -> str:
@@ -35,10 +40,15 @@ class WindowJSONError(ValueError):
 
 
 class DispatchError(Exception):
-    """Base of the errors raised while talking to the server."""
+    """Base of the errors raised while talking to the server.
 
-    def __init__(self, message: str) -> None:
+    `request_id` is the id the request was sent with (Triton's request ``id``; the server's
+    rejection log lines carry it), set by `DispatchClient` when it knows it.
+    """
+
+    def __init__(self, message: str, request_id: str | None = None) -> None:
         self.message = one_line(message)
+        self.request_id = request_id
         super().__init__(self.message)
 
 
@@ -50,9 +60,20 @@ class DispatchServerError(DispatchError):
     when there was one.
     """
 
-    def __init__(self, message: str, status: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: str | None = None, request_id: str | None = None
+    ) -> None:
         self.status = status
-        super().__init__(message)
+        super().__init__(message, request_id)
+
+    @property
+    def invalid_input(self) -> bool:
+        """The server refused the request's content (HTTP 400, gRPC INVALID_ARGUMENT).
+
+        Anything else it says (unknown model 404/NOT_FOUND, internal 500/INTERNAL, queue full
+        503/UNAVAILABLE) is a server-side failure: resending the same input may succeed.
+        """
+        return self.status in INVALID_INPUT_STATUSES
 
 
 class DispatchConnectionError(DispatchError):

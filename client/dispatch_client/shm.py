@@ -58,7 +58,7 @@ from tritonclient.utils import shared_memory as system_shm
 
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
-from dispatch_client.transport import DEFAULT_GRPC_URL, DEFAULT_TIMEOUT_S, check_url, grpc_error
+from dispatch_client.transport import DEFAULT_GRPC_URL, DEFAULT_TIMEOUT_S, grpc_error, split_url
 from dispatch_contract import (
     DISPATCH_ENSEMBLE_INPUTS,
     DISPATCH_ENSEMBLE_OUTPUTS,
@@ -809,7 +809,9 @@ class GrpcShmTransport(Closing):
         backend: RegionBackend | ShmKind = "system",
         handle_sigterm: bool = True,
     ) -> None:
-        self.url = check_url(url)
+        self.url, tls = split_url(url)
+        if tls:  # the tensors never cross the network; only the small gRPC calls would
+            raise ValueError("grpc-shm talks to a server on this host: use host:port, not https://")
         self.timeout_s = timeout_s
         self.capacity = capacity or ShmCapacity()
         if backend == "system":
@@ -839,7 +841,12 @@ class GrpcShmTransport(Closing):
         return self.pool.backend.kind
 
     def infer(
-        self, model_name: str, inputs: dict[str, NDArray[Any]], output_names: Sequence[str]
+        self,
+        model_name: str,
+        inputs: dict[str, NDArray[Any]],
+        output_names: Sequence[str],
+        *,
+        request_id: str = "",
     ) -> dict[str, NDArray[Any]]:
         """One request through a borrowed region set; raises before sending if it won't fit."""
         wire = {name: _wire(np.asarray(value)) for name, value in inputs.items()}
@@ -869,7 +876,11 @@ class GrpcShmTransport(Closing):
                 wanted.append(output)
             try:
                 result = self._client.infer(
-                    model_name, request, outputs=wanted, client_timeout=self.timeout_s
+                    model_name,
+                    request,
+                    outputs=wanted,
+                    client_timeout=self.timeout_s,
+                    request_id=request_id,
                 )
             except InferenceServerException as exc:
                 raise grpc_error(exc, self.url, self.timeout_s) from exc

@@ -25,11 +25,13 @@ __all__ = [
     "DEFAULT_GRPC_URL",
     "DEFAULT_HTTP_URL",
     "DEFAULT_TIMEOUT_S",
+    "URL_SCHEMES",
     "GrpcTransport",
     "HttpTransport",
     "Transport",
     "check_url",
     "grpc_error",
+    "split_url",
 ]
 
 DEFAULT_HTTP_URL = "localhost:8000"
@@ -41,9 +43,17 @@ class Transport(Protocol):
     """Sends one inference request and returns the named outputs as numpy arrays."""
 
     def infer(
-        self, model_name: str, inputs: dict[str, NDArray[Any]], output_names: Sequence[str]
+        self,
+        model_name: str,
+        inputs: dict[str, NDArray[Any]],
+        output_names: Sequence[str],
+        *,
+        request_id: str = "",
     ) -> dict[str, NDArray[Any]]:
-        """Run `model_name` on `inputs`; raise DispatchServerError/DispatchConnectionError."""
+        """Run `model_name` on `inputs`; raise DispatchServerError/DispatchConnectionError.
+
+        `request_id` goes out as Triton's request ``id`` ("" sends none).
+        """
         ...
 
     def close(self) -> None:
@@ -51,11 +61,33 @@ class Transport(Protocol):
         ...
 
 
+URL_SCHEMES = ("http://", "https://")
+
+
+def split_url(url: str) -> tuple[str, bool]:
+    """``host:port``, ``http://host:port`` or ``https://host:port`` -> (host:port, TLS?).
+
+    tritonclient wants host:port and fails obscurely on a scheme, so the scheme is taken off
+    here: ``http://`` means plain text (as no scheme does), ``https://`` means TLS with the
+    server's certificate checked against the system's CA roots. The scheme says TLS or not;
+    the protocol (HTTP or gRPC) stays the caller's choice. A path is refused.
+    """
+    text = url.strip()
+    tls = False
+    for scheme in URL_SCHEMES:
+        if text.lower().startswith(scheme):
+            text, tls = text[len(scheme) :].rstrip("/"), scheme == "https://"
+            break
+    if not text or "://" in text or "/" in text:
+        raise ValueError(
+            f"url must be host:port, http://host:port or https://host:port, got {url!r}"
+        )
+    return text, tls
+
+
 def check_url(url: str) -> str:
-    # tritonclient wants host:port and fails obscurely on a scheme; say so up front.
-    if "://" in url or not url.strip():
-        raise ValueError(f"url must be host:port without a scheme, got {url!r}")
-    return url.strip()
+    """The ``host:port`` of `url` (see `split_url`), for callers that never use TLS."""
+    return split_url(url)[0]
 
 
 def _server_error(exc: InferenceServerException) -> DispatchServerError:
@@ -104,13 +136,23 @@ class HttpTransport:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        self.url = check_url(url)
+        self.url, self.tls = split_url(url)
+        secure: dict[str, Any] = {}
+        if self.tls:
+            import gevent.ssl  # tritonclient's HTTP client runs on gevent
+
+            secure = {"ssl": True, "ssl_context_factory": gevent.ssl.create_default_context}
         self._client: Any = httpclient.InferenceServerClient(
-            url=self.url, connection_timeout=connect_timeout_s, network_timeout=timeout_s
+            url=self.url, connection_timeout=connect_timeout_s, network_timeout=timeout_s, **secure
         )
 
     def infer(
-        self, model_name: str, inputs: dict[str, NDArray[Any]], output_names: Sequence[str]
+        self,
+        model_name: str,
+        inputs: dict[str, NDArray[Any]],
+        output_names: Sequence[str],
+        *,
+        request_id: str = "",
     ) -> dict[str, NDArray[Any]]:
         """Send the inputs as binary tensors and ask for binary outputs (no JSON floats)."""
         request = []
@@ -121,7 +163,7 @@ class HttpTransport:
             request.append(item)
         wanted = [httpclient.InferRequestedOutput(n, binary_data=True) for n in output_names]
         try:
-            result = self._client.infer(model_name, request, outputs=wanted)
+            result = self._client.infer(model_name, request, outputs=wanted, request_id=request_id)
         except InferenceServerException as exc:
             raise _server_error(exc) from exc
         except TimeoutError as exc:
@@ -139,12 +181,18 @@ class GrpcTransport:
     """Triton's gRPC endpoint (default port 8001)."""
 
     def __init__(self, url: str = DEFAULT_GRPC_URL, *, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.url = check_url(url)
+        self.url, self.tls = split_url(url)
         self.timeout_s = timeout_s
-        self._client: Any = grpcclient.InferenceServerClient(url=self.url)
+        secure = {"ssl": True} if self.tls else {}  # TLS with the system's CA roots
+        self._client: Any = grpcclient.InferenceServerClient(url=self.url, **secure)
 
     def infer(
-        self, model_name: str, inputs: dict[str, NDArray[Any]], output_names: Sequence[str]
+        self,
+        model_name: str,
+        inputs: dict[str, NDArray[Any]],
+        output_names: Sequence[str],
+        *,
+        request_id: str = "",
     ) -> dict[str, NDArray[Any]]:
         """One unary call bounded by `timeout_s`."""
         request = []
@@ -156,7 +204,11 @@ class GrpcTransport:
         wanted = [grpcclient.InferRequestedOutput(n) for n in output_names]
         try:
             result = self._client.infer(
-                model_name, request, outputs=wanted, client_timeout=self.timeout_s
+                model_name,
+                request,
+                outputs=wanted,
+                client_timeout=self.timeout_s,
+                request_id=request_id,
             )
         except InferenceServerException as exc:
             raise grpc_error(exc, self.url, self.timeout_s) from exc

@@ -13,6 +13,9 @@ key is not silently ignored)::
       "coord_system": "WGS84" | "GCJ02" | "BD09",   # optional, default "WGS84"
       "dispatch_time": 1764400000,                  # unix seconds, integer
       "objective_weights": [0.45, 0.35, 0.20],      # optional: latency, on-time, cost
+      "model_version_tag": "canary",                # optional: "stable" | "canary" | a
+                                                    # version number (string or integer);
+                                                    # forces the dispatch_model version
       "orders": [
         {
           "id": "o-1",                              # string
@@ -40,6 +43,10 @@ key is not silently ignored)::
       ]
     }
 
+The optional top-level keys are the contract's optional inputs (`OPTIONAL_INPUT_KEYS`):
+left out, the server applies its default (weights 0.45/0.35/0.20; routing by user). New
+optional inputs (a deadline, a priority) get a key there and one converter each.
+
 Names (coord system, constraints, vehicle, equipment) are case-insensitive. Integers must
 fit the tensor's type (INT32 or INT64) and numbers the FP32/FP64 range, since the wire
 cannot carry them otherwise. NaN and Infinity are not JSON and are refused.
@@ -58,11 +65,19 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.errors import WindowJSONError
-from dispatch_contract import WINDOW_INPUTS, CoordSystem, OrderConstraint, Vehicle
+from dispatch_contract import (
+    MODEL_VERSION_TAG,
+    WINDOW_INPUTS,
+    CoordSystem,
+    OrderConstraint,
+    Vehicle,
+)
 
 __all__ = [
+    "OPTIONAL_INPUT_KEYS",
     "ROOT",
     "WindowJSONError",
+    "window_document",
     "window_from_dict",
     "window_from_json",
     "window_to_dict",
@@ -71,7 +86,7 @@ __all__ = [
 
 ROOT: Final = "window"
 
-_SPECS: Final = {spec.name: spec for spec in WINDOW_INPUTS}
+_SPECS: Final = {spec.name: spec for spec in (*WINDOW_INPUTS, MODEL_VERSION_TAG)}
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 _FP32_MAX: Final = float(np.finfo(np.float32).max)
@@ -81,7 +96,14 @@ _EQUIPMENT_BITS: Final = {"THERMAL_BOX": int(OrderConstraint.THERMAL_BOX)}
 _CONSTRAINT_BITS: Final = {c.name: int(c) for c in OrderConstraint if c.name is not None}
 _VEHICLES: Final = {v.name: int(v) for v in Vehicle}
 
-_TOP_FIELDS: Final = ("coord_system", "dispatch_time", "objective_weights", "orders", "riders")
+# Top-level key -> the optional request tensor it fills (absent key: no tensor is sent).
+# Deadline and priority inputs, once the contract has them, are added here (and in
+# `_OPTIONAL_CONVERTERS`, `window_to_dict` and the CLI's options).
+OPTIONAL_INPUT_KEYS: Final = {
+    "objective_weights": "OBJECTIVE_WEIGHTS",
+    "model_version_tag": MODEL_VERSION_TAG.name,
+}
+_TOP_FIELDS: Final = ("coord_system", "dispatch_time", *OPTIONAL_INPUT_KEYS, "orders", "riders")
 _ORDER_FIELDS: Final = (
     "id",
     "user_id",
@@ -120,6 +142,15 @@ def _refuse_constant(name: str) -> Any:
 
 def window_from_json(text: str | bytes) -> dict[str, NDArray[Any]]:
     """Parse a window document into request tensors (see the module docstring)."""
+    return window_from_dict(window_document(text))
+
+
+def window_document(text: str | bytes) -> Any:
+    """Decode a window document's JSON, refusing repeated keys, NaN and Infinity.
+
+    The result goes to `window_from_dict`; in between a caller may set keys (the CLI's
+    options do).
+    """
     if isinstance(text, bytes | bytearray):
         try:
             text = bytes(text).decode("utf-8")
@@ -131,14 +162,15 @@ def window_from_json(text: str | bytes) -> dict[str, NDArray[Any]]:
         raise WindowJSONError(
             ROOT, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
-    return window_from_dict(data)
+    return data
 
 
 def window_from_dict(data: Any) -> dict[str, NDArray[Any]]:
     """Turn an already decoded window document into request tensors.
 
-    Keys follow `WINDOW_INPUTS`; OBJECTIVE_WEIGHTS is present only when the document
-    gives weights, so the server applies its defaults otherwise.
+    Keys follow `WINDOW_INPUTS`; an optional tensor (OBJECTIVE_WEIGHTS,
+    MODEL_VERSION_TAG) is present only when the document gives its key, so the server
+    applies its default otherwise.
     """
     top = _fields(ROOT, data, _TOP_FIELDS, required=("dispatch_time", "orders", "riders"))
     coord = _coord_system("coord_system", top.get("coord_system", CoordSystem.WGS84.name))
@@ -189,11 +221,9 @@ def window_from_dict(data: Any) -> dict[str, NDArray[Any]]:
         "COORD_SYSTEM": _tensor("COORD_SYSTEM", [coord.encode("ascii")]),
         "DISPATCH_TIME": _tensor("DISPATCH_TIME", [dispatch_time]),
     }
-    weights = top.get("objective_weights")
-    if weights is not None:
-        tensors["OBJECTIVE_WEIGHTS"] = _tensor(
-            "OBJECTIVE_WEIGHTS", _weights("objective_weights", weights)
-        )
+    for key, name in OPTIONAL_INPUT_KEYS.items():
+        if top.get(key) is not None:
+            tensors[name] = _tensor(name, _OPTIONAL_CONVERTERS[key](key, top[key]))
     return tensors
 
 
@@ -315,6 +345,25 @@ def _weights(path: str, value: Any) -> list[float]:
     return [_float32(f"{path}[{i}]", v) for i, v in enumerate(value)]
 
 
+def _version_tag(path: str, value: Any) -> list[bytes]:
+    """One tag: the server checks its value (stable, canary or a version number >= 1)."""
+    if _is_int(value):
+        if value < 1:
+            raise WindowJSONError(path, "must be 'stable', 'canary' or a version number >= 1")
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise WindowJSONError(
+            path, f"must be 'stable', 'canary' or a version number, got {_kind(value)}"
+        )
+    return [_text(path, value)]
+
+
+_OPTIONAL_CONVERTERS: Final[dict[str, Callable[[str, Any], list[Any]]]] = {
+    "objective_weights": _weights,
+    "model_version_tag": _version_tag,
+}
+
+
 def _name(path: str, value: str, known: Mapping[str, int], what: str) -> int:
     key = value.strip().upper()
     if key not in known:
@@ -384,6 +433,11 @@ def window_to_dict(tensors: Mapping[str, ArrayLike]) -> dict[str, Any]:
     if tensors.get("OBJECTIVE_WEIGHTS") is not None:
         weights = _column(tensors, "OBJECTIVE_WEIGHTS").reshape(-1)
         document["objective_weights"] = [_short_float(w) for w in weights]
+    if tensors.get(MODEL_VERSION_TAG.name) is not None:
+        tag = np.asarray(tensors[MODEL_VERSION_TAG.name], dtype=object).reshape(-1)
+        if tag.size != 1:
+            raise WindowJSONError(MODEL_VERSION_TAG.name, "must hold exactly one value")
+        document["model_version_tag"] = _as_text(MODEL_VERSION_TAG.name, tag[0])
     document["orders"] = [
         {
             "id": _as_text(f"ORDER_IDS[{i}]", row["ORDER_IDS"]),

@@ -404,7 +404,8 @@ def verify_version(version_dir: Path, trusted: TrustedKeys) -> Verification:
             return verdict(Outcome.MISSING_FILE, f"missing file {name}", kid)
         if file_digest(path) != expected:
             return verdict(Outcome.DIGEST_MISMATCH, f"digest mismatch on file {name}", kid)
-    return verdict(Outcome.VERIFIED, f"{len(manifest.files)} files verified", kid)
+    count = len(manifest.files)
+    return verdict(Outcome.VERIFIED, f"{count} file{'' if count == 1 else 's'} verified", kid)
 
 
 def read_verified(version_dir: Path, name: str, trusted: TrustedKeys) -> bytes:

@@ -184,15 +184,23 @@ def profile_model(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`make profile`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repository", type=Path, default=MODEL_REPOSITORY)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,  # every option has a default
+    )
+    parser.add_argument("--repository", type=Path, default=MODEL_REPOSITORY, help="models")
     parser.add_argument("--version", default="1", help="dispatch_model version folder")
-    parser.add_argument("--windows", type=int, default=32)
-    parser.add_argument("--orders", type=int, default=64)
-    parser.add_argument("--riders", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--windows", type=int, default=32, help="simulator windows scored")
+    parser.add_argument("--orders", type=int, default=64, help="orders per window")
+    parser.add_argument("--riders", type=int, default=200, help="riders per window")
+    parser.add_argument("--seed", type=int, default=7, help="simulator seed")
     parser.add_argument("--warmup", type=int, default=3, help="runs left out of the table")
-    parser.add_argument("--reports", type=Path, default=REPO_ROOT / "perf" / "reports")
+    parser.add_argument(
+        "--reports",
+        type=Path,
+        default=REPO_ROOT / "perf" / "reports",
+        help="writes profile-<stamp>/ here (ignored by git unless added with -f)",
+    )
     args = parser.parse_args(argv)
     if args.windows < 1 or args.orders < 1 or args.riders < 1 or args.warmup < 0:
         parser.error("--windows, --orders and --riders must be >= 1, --warmup >= 0")

@@ -1,7 +1,8 @@
 """`dispatch-admin`: keys, signatures and the model lifecycle of a live server.
 
-    dispatch-admin keygen --out DIR [--name NAME]
+    dispatch-admin keygen [--out DIR] [--name NAME]       (default ~/keys/ops.key, ops.pub)
     dispatch-admin sign --model M --version N [--key FILE] [--model-repository R]
+    dispatch-admin sign-repository [R] [--key FILE]
     dispatch-admin verify [R] --trusted-keys DIR
     dispatch-admin deploy --model dispatch_model --version N [--canary-percent P]
                           --url HOST:PORT --admin-key K --trusted-keys DIR
@@ -18,7 +19,11 @@ candidate on the golden windows (`golden`), loads it next to the versions Triton
 (a config override naming the versions), then points the router's canary at it
 (`router_control.apply_router_settings`). A failure at any step changes nothing -- a load
 that fails leaves Triton as it was, a router update that fails is followed by a reload of the
-versions served before -- and prints one line. ``rollback`` sets the router back to the
+versions served before -- and prints one line. It reads the served versions through the
+model-repository API before the golden check, so a missing or wrong admin key fails at once.
+``sign-repository`` signs every version folder a server could load (`signable_versions`).
+``status`` prints one JSON document: ``{"model", "serving_versions", "router"}``.
+``rollback`` sets the router back to the
 stable version only (no canary, no shadow) and, with ``--unload-canary``, unloads the canary
 version.
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -37,12 +43,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TextIO, TypeVar
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.signing import (
+    Manifest,
     Outcome,
     SigningError,
     TrustedKeys,
     Verification,
+    artifact_files,
     load_private_key,
     sign_version,
     verify_version,
@@ -58,10 +68,12 @@ from dispatch_service.ops.model_control import (
     with_versions,
 )
 from dispatch_service.ops.server import ADMIN_KEY_ENV, TRUSTED_KEYS_ENV
-from dispatch_service.ops.verified_load import plan_load, read_config
+from dispatch_service.ops.verified_load import plan_load, read_config, repository_models
 
 __all__ = [
     "ADMIN_KEY_ENV",
+    "DEFAULT_KEY_DIR",
+    "DEFAULT_KEY_NAME",
     "DEPLOYABLE",
     "EXIT_FAILED",
     "EXIT_OK",
@@ -78,15 +90,21 @@ __all__ = [
     "cmd_keygen",
     "cmd_rollback",
     "cmd_sign",
+    "cmd_sign_repository",
     "cmd_status",
     "cmd_verify",
     "deploy",
     "main",
+    "plural",
     "rollback",
+    "sign_repository",
+    "signable_versions",
 ]
 
 SIGNING_KEY_ENV: Final = "DISPATCH_SIGNING_KEY"
 DEPLOYABLE: Final = ("dispatch_model",)
+DEFAULT_KEY_DIR: Final = "~/keys"  # outside any checkout: a private key never lands in git
+DEFAULT_KEY_NAME: Final = "ops"
 
 T = TypeVar("T")
 
@@ -104,6 +122,49 @@ class LifecycleError(Exception):
 
 
 # ---- library-level operations (no environment, no argv) --------------------------------
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 file``, ``2 files``: the CLI's lines are read by people."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def signable_versions(repository: Path) -> list[tuple[str, int]]:
+    """Every version folder a server could load from ``repository``: (model, version).
+
+    That is every numeric version folder of every model with a config, whatever its
+    version policy says today (a deploy loads versions the policy does not serve, and
+    `verify` checks every folder), except ensembles' (Triton reads nothing there) and folders
+    with no files at all.
+    """
+    if not repository.is_dir():
+        raise UsageError(f"{repository} is not a folder")
+    found: list[tuple[str, int]] = []
+    for name, entry in repository_models(repository).items():
+        if entry.is_ensemble:
+            continue
+        for version in entry.versions:
+            try:
+                files = artifact_files(repository / name / str(version))
+            except SigningError as exc:
+                raise UsageError(f"{name} version {version}: {exc}") from None
+            if files:
+                found.append((name, version))
+    return found
+
+
+def sign_repository(
+    repository: Path, private_key: Ed25519PrivateKey
+) -> list[tuple[str, int, Manifest]]:
+    """Sign every folder of `signable_versions`; returns what was signed, in order."""
+    signed = []
+    for model, version in signable_versions(repository):
+        try:
+            manifest = sign_version(repository / model / str(version), private_key)
+        except (SigningError, OSError) as exc:
+            raise UsageError(f"{model} version {version}: {exc}") from None
+        signed.append((model, version, manifest))
+    return signed
 
 
 @dataclass(frozen=True)
@@ -173,6 +234,13 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
     if version == stable:
         raise LifecycleError(f"{model} version {version} is the stable version already")
     report(_verified(request.repository, model, stable, request.trusted).line())
+    # Before the golden check (tens of seconds): the model-repository endpoints answer 403
+    # without the right admin key, and the deploy cannot load anything then.
+    before = _server_call(
+        "reading the served versions (the model-repository API; --admin-key or "
+        f"{ADMIN_KEY_ENV} when the server has one)",
+        lambda: ready_versions(url, model, key, timeout),
+    )
     try:
         golden = check_candidate(request.repository, version, stable, request.golden)
     except Exception as exc:  # an artifact ONNX Runtime cannot run is a failed check
@@ -181,9 +249,6 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
     if not golden.passed:
         raise LifecycleError(f"golden check failed: {'; '.join(golden.problems)}")
 
-    before = _server_call(
-        "reading the served versions", lambda: ready_versions(url, model, key, timeout)
-    )
     wanted = tuple(sorted({*before, stable, version}))
     config: dict[str, Any] | None = None
     if wanted != before:
@@ -292,7 +357,7 @@ def _signing_key_pem(args: argparse.Namespace) -> bytes:
 
 
 def cmd_keygen(args: argparse.Namespace, out: TextIO) -> int:
-    directory = Path(args.out)
+    directory = Path(args.out).expanduser()
     private_path, public_path = directory / f"{args.name}.key", directory / f"{args.name}.pub"
     try:
         kid = write_key_pair(private_path, public_path)
@@ -314,7 +379,28 @@ def cmd_sign(args: argparse.Namespace, out: TextIO) -> int:
         manifest = sign_version(folder, key)
     except (SigningError, OSError) as exc:
         raise UsageError(str(exc)) from None
-    print(f"signed {args.model} version {args.version}: {len(manifest.files)} files", file=out)
+    print(
+        f"signed {args.model} version {args.version}: {plural(len(manifest.files), 'file')}",
+        file=out,
+    )
+    return EXIT_OK
+
+
+def cmd_sign_repository(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        key = load_private_key(_signing_key_pem(args))
+    except SigningError as exc:
+        raise UsageError(f"signing key: {exc}") from None
+    repository = Path(args.repository)
+    signed = sign_repository(repository, key)
+    for model, version, manifest in signed:
+        print(f"signed {model} version {version}: {plural(len(manifest.files), 'file')}", file=out)
+    models = len({model for model, _, _ in signed})
+    print(
+        f"signed {plural(len(signed), 'version folder')} of {plural(models, 'model')} "
+        f"in {repository}",
+        file=out,
+    )
     return EXIT_OK
 
 
@@ -385,67 +471,125 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         "reading the served versions",
         lambda: ready_versions(args.url, args.model, key, args.timeout_s),
     )
-    print(f"{args.model}: serving versions {list(served)}", file=out)
-    print(f"router: {dataclasses.asdict(settings)}", file=out)
+    document = {
+        "model": args.model,
+        "serving_versions": list(served),
+        "router": dataclasses.asdict(settings),
+    }
+    print(json.dumps(document, indent=2, sort_keys=True), file=out)
     return EXIT_OK
+
+
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it has none or says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.option_strings or action.nargs in ("?", "*")
+        if (
+            shown
+            and "%(default)" not in text
+            and action.default not in (None, False, argparse.SUPPRESS)
+        ):
+            text += " (default: %(default)s)"
+        return text
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dispatch-admin", description="Signed models and their lifecycle on a live server"
+        prog="dispatch-admin",
+        description="Signed models and their lifecycle on a live server. Exit codes: 0 done, "
+        "1 a check failed or the server refused, 2 usage (bad arguments, unreadable keys or "
+        "folders).",
+        formatter_class=_HelpWithDefaults,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    keygen = commands.add_parser("keygen", help="make an Ed25519 key pair")
-    keygen.add_argument("--out", required=True, help="folder for NAME.key and NAME.pub")
-    keygen.add_argument("--name", default="signing", help="file name stem (default: signing)")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        made: argparse.ArgumentParser = commands.add_parser(
+            name, help=text, description=text, formatter_class=_HelpWithDefaults
+        )
+        return made
+
+    keygen = command("keygen", "make an Ed25519 key pair (refuses to overwrite one)")
+    keygen.add_argument(
+        "--out", default=DEFAULT_KEY_DIR, help="folder for NAME.key and NAME.pub (~ expands)"
+    )
+    keygen.add_argument("--name", default=DEFAULT_KEY_NAME, help="file name stem")
     keygen.set_defaults(handler=cmd_keygen)
 
-    sign = commands.add_parser("sign", help="sign one model version folder")
-    sign.add_argument("--model", required=True)
-    sign.add_argument("--version", type=int, required=True)
-    sign.add_argument("--key", help=f"private key PEM file (else env {SIGNING_KEY_ENV})")
-    sign.add_argument("--model-repository", default=str(MODEL_REPOSITORY))
+    key_help = f"private key PEM file (else the PEM text in env {SIGNING_KEY_ENV})"
+    sign = command("sign", "sign one model version folder")
+    sign.add_argument("--model", required=True, help="model folder name, e.g. dispatch_model")
+    sign.add_argument("--version", type=int, required=True, help="version folder number")
+    sign.add_argument("--key", help=key_help)
+    sign.add_argument("--model-repository", default=str(MODEL_REPOSITORY), help="repository")
     sign.set_defaults(handler=cmd_sign)
 
-    verify = commands.add_parser("verify", help="verify every model version of a repository")
-    verify.add_argument("repository", nargs="?", default=str(MODEL_REPOSITORY))
-    verify.add_argument(
-        "--trusted-keys", help=f"folder of *.pub keys (else env {TRUSTED_KEYS_ENV})"
+    sign_all = command(
+        "sign-repository",
+        "sign every version folder a server could load: each model's numeric folders, "
+        "all but ensembles' and empty ones",
     )
+    sign_all.add_argument(
+        "repository", nargs="?", default=str(MODEL_REPOSITORY), help="model repository"
+    )
+    sign_all.add_argument("--key", help=key_help)
+    sign_all.set_defaults(handler=cmd_sign_repository)
+
+    trusted_help = f"folder of trusted *.pub keys (else env {TRUSTED_KEYS_ENV})"
+    verify = command("verify", "verify every model version of a repository")
+    verify.add_argument(
+        "repository", nargs="?", default=str(MODEL_REPOSITORY), help="model repository"
+    )
+    verify.add_argument("--trusted-keys", help=trusted_help)
     verify.add_argument("--profile", default="cpu", help="config the server selects (cpu, gpu)")
     verify.set_defaults(handler=cmd_verify)
 
     def server_options(command: argparse.ArgumentParser) -> None:
-        command.add_argument("--url", required=True, help="Triton HTTP endpoint, host:port")
-        command.add_argument("--admin-key", help=f"model-repository key (else env {ADMIN_KEY_ENV})")
-        command.add_argument("--model", default="dispatch_model")
         command.add_argument(
-            "--timeout-s", type=float, default=300.0, help="per server call (default 300)"
+            "--url",
+            required=True,
+            help="Triton HTTP endpoint: host:port, http://host:port or https://host:port",
+        )
+        command.add_argument("--admin-key", help=f"model-repository key (else env {ADMIN_KEY_ENV})")
+        command.add_argument("--model", default="dispatch_model", help="the routed model")
+        command.add_argument(
+            "--timeout-s", type=float, default=300.0, help="seconds per server call"
         )
 
-    deploy_cmd = commands.add_parser("deploy", help="verify, check and serve a canary version")
+    deploy_cmd = command("deploy", "verify, check and serve a canary version")
     server_options(deploy_cmd)
-    deploy_cmd.add_argument("--version", type=int, required=True)
-    deploy_cmd.add_argument("--canary-percent", type=int, default=10)
+    deploy_cmd.add_argument("--version", type=int, required=True, help="the canary version")
     deploy_cmd.add_argument(
-        "--trusted-keys", help=f"folder of *.pub keys (else env {TRUSTED_KEYS_ENV})"
+        "--canary-percent", type=int, default=10, help="share of users routed to the canary"
     )
-    deploy_cmd.add_argument("--model-repository", default=str(MODEL_REPOSITORY))
+    deploy_cmd.add_argument("--trusted-keys", help=trusted_help)
     deploy_cmd.add_argument(
-        "--min-top1-agreement", type=float, default=GoldenSettings.min_top1_agreement
+        "--model-repository", default=str(MODEL_REPOSITORY), help="where the versions are"
     )
     deploy_cmd.add_argument(
-        "--max-eta-diff-minutes", type=float, default=GoldenSettings.max_mean_eta_diff_minutes
+        "--min-top1-agreement",
+        type=float,
+        default=GoldenSettings.min_top1_agreement,
+        help="golden check: least share of orders with the same best rider",
+    )
+    deploy_cmd.add_argument(
+        "--max-eta-diff-minutes",
+        type=float,
+        default=GoldenSettings.max_mean_eta_diff_minutes,
+        help="golden check: largest mean |ETA difference|",
     )
     deploy_cmd.set_defaults(handler=cmd_deploy)
 
-    rollback_cmd = commands.add_parser("rollback", help="back to the stable version only")
+    rollback_cmd = command("rollback", "back to the stable version only")
     server_options(rollback_cmd)
-    rollback_cmd.add_argument("--unload-canary", action="store_true")
+    rollback_cmd.add_argument(
+        "--unload-canary", action="store_true", help="also unload the canary version"
+    )
     rollback_cmd.set_defaults(handler=cmd_rollback)
 
-    status = commands.add_parser("status", help="served versions and router settings")
+    status = command("status", "served versions and router settings, as one JSON document")
     server_options(status)
     status.set_defaults(handler=cmd_status)
     return parser

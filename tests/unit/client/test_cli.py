@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dispatch_client.cli import EXIT_INPUT, EXIT_OK, EXIT_SERVER, main
-from dispatch_client.connect import ProtocolName
+from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.transport import Transport
 
@@ -24,6 +24,7 @@ class FakeServer:
     """A transport factory whose transport answers like `dispatch` (Top-1 = first rider)."""
 
     def __init__(self, error: BaseException | None = None) -> None:
+        self.request_ids: list[str] = []
         self.error = error
         self.built: list[tuple[str, str | None, float]] = []
         self.models: list[str] = []
@@ -35,8 +36,14 @@ class FakeServer:
         return self
 
     def infer(
-        self, model_name: str, inputs: dict[str, Array], output_names: Sequence[str]
+        self,
+        model_name: str,
+        inputs: dict[str, Array],
+        output_names: Sequence[str],
+        *,
+        request_id: str = "",
     ) -> dict[str, Array]:
+        self.request_ids.append(request_id)
         self.models.append(model_name)
         self.inputs.append(inputs)
         if self.error is not None:
@@ -192,11 +199,114 @@ def test_usage_errors_are_one_line_and_exit_2(
     assert line.endswith("(see dispatch-client --help)")
 
 
-def test_url_with_scheme_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    # The real factory: building a transport does not connect, so no network here.
-    assert main(["--url", "http://localhost:8000", str(EXAMPLE)]) == EXIT_INPUT
+@pytest.mark.parametrize(
+    ("url", "address", "tls"),
+    [
+        ("localhost:8000", "localhost:8000", False),
+        ("http://localhost:8000", "localhost:8000", False),
+        ("HTTP://localhost:8000/", "localhost:8000", False),
+        ("https://triton.example:443", "triton.example:443", True),
+    ],
+)
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_urls_take_an_http_or_https_scheme(
+    url: str, address: str, tls: bool, protocol: str
+) -> None:
+    # The real transports: building one does not connect, so no network here.
+    transport = make_transport(protocol, url)  # type: ignore[arg-type]
+    assert (transport.url, transport.tls) == (address, tls)  # type: ignore[attr-defined]
+    transport.close()
+
+
+@pytest.mark.parametrize("url", ["ftp://localhost:8000", "http://localhost:8000/v2", "http://"])
+def test_other_urls_are_bad_input(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", url, str(EXAMPLE)]) == EXIT_INPUT
     assert one_error_line(capsys.readouterr().err) == (
-        "--url: url must be host:port without a scheme, got 'http://localhost:8000'"
+        f"--url: url must be host:port, http://host:port or https://host:port, got {url!r}"
+    )
+
+
+def test_grpc_shm_refuses_tls(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="server on this host"):
+        make_transport("grpc-shm", "https://localhost:8001")
+
+
+def test_optional_inputs_from_options_win_over_the_document(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = FakeServer()
+    argv = ["--weights", "0.5,0.3,0.2", "--version-tag", "canary", str(EXAMPLE)]
+    assert main(argv, transport_factory=server) == EXIT_OK
+    sent = server.inputs[0]
+    assert sent["OBJECTIVE_WEIGHTS"].tolist() == pytest.approx([0.5, 0.3, 0.2])
+    assert sent["MODEL_VERSION_TAG"].tolist() == [b"canary"]
+
+
+def test_optional_inputs_from_the_document(tmp_path: Path) -> None:
+    doc = json.loads(EXAMPLE.read_text(encoding="utf-8"))
+    doc["model_version_tag"] = 2
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    server = FakeServer()
+    assert main([str(path)], transport_factory=server) == EXIT_OK
+    assert server.inputs[0]["MODEL_VERSION_TAG"].tolist() == [b"2"]
+    assert server.inputs[0]["OBJECTIVE_WEIGHTS"].tolist() == pytest.approx([0.45, 0.35, 0.2])
+    # Without the keys or options nothing optional is sent: the server's defaults apply.
+    del doc["model_version_tag"], doc["objective_weights"]
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    assert main([str(path)], transport_factory=server) == EXIT_OK
+    assert "MODEL_VERSION_TAG" not in server.inputs[1]
+    assert "OBJECTIVE_WEIGHTS" not in server.inputs[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--weights", "0.5,0.5"], "--weights: objective_weights: must be [latency, ontime"),
+        (["--weights", "a,b,c"], "argument --weights: must be comma-separated numbers"),
+        (["--version-tag", " "], "--version-tag: model_version_tag: must be 'stable', 'canary'"),
+        (["--request-id", ""], "argument --request-id: must be printable, non-empty text"),
+    ],
+)
+def test_bad_options_are_bad_input(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = FakeServer()
+    assert main([*argv, str(EXAMPLE)], transport_factory=server) == EXIT_INPUT
+    assert one_error_line(capsys.readouterr().err).startswith(message)
+    assert server.built == []
+
+
+def test_every_request_carries_a_request_id(capsys: pytest.CaptureFixture[str]) -> None:
+    server = FakeServer()
+    assert main(["--request-id", "caller-7", str(EXAMPLE)], transport_factory=server) == 0
+    assert main([str(EXAMPLE)], transport_factory=server) == 0
+    assert main([str(EXAMPLE)], transport_factory=server) == 0
+    given, fresh, other = server.request_ids
+    assert given == "caller-7"
+    assert len(fresh) == 32 and int(fresh, 16) >= 0 and fresh != other
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        ("400", EXIT_INPUT),
+        ("StatusCode.INVALID_ARGUMENT", EXIT_INPUT),
+        ("404", EXIT_SERVER),
+        ("StatusCode.NOT_FOUND", EXIT_SERVER),
+        ("500", EXIT_SERVER),
+        ("StatusCode.UNAVAILABLE", EXIT_SERVER),
+        (None, EXIT_SERVER),
+    ],
+)
+def test_the_server_refusing_the_input_exits_2_like_the_client_refusing_it(
+    status: str | None, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = FakeServer(error=DispatchServerError("ORDER_PICKUP: latitude must be ...", status))
+    argv = ["--request-id", "r-1", str(EXAMPLE)]
+    assert main(argv, transport_factory=server) == code
+    assert one_error_line(capsys.readouterr().err) == (
+        "ORDER_PICKUP: latitude must be ... (request id r-1)"
     )
 
 
@@ -204,16 +314,12 @@ def test_url_with_scheme_is_bad_input(capsys: pytest.CaptureFixture[str]) -> Non
     ("error", "message"),
     [
         (
-            DispatchServerError(
-                "in ensemble 'dispatch', ORDER_PICKUP: latitude must be within [-90.0, 90.0]\n"
-                "(row 3)",
-                "400",
-            ),
-            "in ensemble 'dispatch', ORDER_PICKUP: latitude must be within [-90.0, 90.0] (row 3)",
+            DispatchServerError("model 'dispatch' is not\nready", "StatusCode.UNAVAILABLE"),
+            "model 'dispatch' is not ready (request id r-9)",
         ),
         (
             DispatchConnectionError("cannot reach localhost:8000 over HTTP: Connection refused"),
-            "cannot reach localhost:8000 over HTTP: Connection refused",
+            "cannot reach localhost:8000 over HTTP: Connection refused (request id r-9)",
         ),
         (RuntimeError("boom\nsecond line"), "unexpected RuntimeError: boom second line"),
     ],
@@ -222,7 +328,7 @@ def test_server_and_connection_errors_are_one_line_and_exit_1(
     error: Exception, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server = FakeServer(error=error)
-    assert main([str(EXAMPLE)], transport_factory=server) == EXIT_SERVER
+    assert main(["--request-id", "r-9", str(EXAMPLE)], transport_factory=server) == EXIT_SERVER
     out, err = capsys.readouterr()
     assert out == ""
     assert one_error_line(err) == message
@@ -235,3 +341,17 @@ def test_help_goes_to_stdout_and_exits_0(capsys: pytest.CaptureFixture[str]) -> 
     assert out.startswith("usage: dispatch-client")
     assert "--protocol {http,grpc,grpc-shm}" in out
     assert err == ""
+    text = " ".join(out.split())
+    for default in (
+        "(default: localhost:8000 for http, localhost:8001 for grpc and grpc-shm)",
+        "(default: http)",
+        "(default: dispatch)",
+        "(default: 60)",
+        "'-' reads stdin (default: -)",
+        "default: a fresh 32-hex-digit id",
+        "https://host:port (TLS",
+        "--weights L,O,C",
+        "--version-tag TAG",
+        "Exit codes: 0 success; 2 invalid input",
+    ):
+        assert default in text, default

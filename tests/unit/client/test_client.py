@@ -29,13 +29,20 @@ class FakeTransport:
 
     def __init__(self, outputs: dict[str, Array] | None = None, error: Exception | None = None):
         self.outputs = outputs or {}
+        self.request_ids: list[str] = []
         self.error = error
         self.calls: list[tuple[str, dict[str, Array], tuple[str, ...]]] = []
         self.closed = False
 
     def infer(
-        self, model_name: str, inputs: dict[str, Array], output_names: Sequence[str]
+        self,
+        model_name: str,
+        inputs: dict[str, Array],
+        output_names: Sequence[str],
+        *,
+        request_id: str = "",
     ) -> dict[str, Array]:
+        self.request_ids.append(request_id)
         self.calls.append((model_name, inputs, tuple(output_names)))
         if self.error is not None:
             raise self.error
@@ -326,3 +333,22 @@ def test_the_version_tag_is_a_known_input() -> None:
     DispatchClient(fake).dispatch(tensors)
     [(_, inputs, _)] = fake.calls
     assert inputs["MODEL_VERSION_TAG"].tolist() == [b"canary"]
+
+
+def test_the_request_id_rides_on_the_request_the_result_and_the_error() -> None:
+    transport = FakeTransport(outputs={})
+    client = DispatchClient(transport)
+    with pytest.raises(DispatchServerError) as info:
+        client.dispatch(window(), request_id="caller-1")  # no outputs: a malformed answer
+    assert transport.request_ids == ["caller-1"]
+    assert info.value.request_id == "caller-1"
+    transport.error = DispatchConnectionError("cannot reach h:1")
+    with pytest.raises(DispatchConnectionError) as refused:
+        client.dispatch(window())
+    fresh = transport.request_ids[-1]
+    assert len(fresh) == 32 and refused.value.request_id == fresh
+    # A success carries its id on the result (not in its JSON: that is the server's answer).
+    transport.error = None
+    transport.outputs = outputs()
+    result = client.dispatch(window(), request_id="caller-2")
+    assert result.request_id == "caller-2" and "request_id" not in result.to_json_dict()

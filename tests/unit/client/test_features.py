@@ -23,11 +23,18 @@ class Recorder:
     """A transport answering K = 1 with the first candidate of each order."""
 
     def __init__(self) -> None:
+        self.request_ids: list[str] = []
         self.calls: list[tuple[str, dict[str, Array]]] = []
 
     def infer(
-        self, model_name: str, inputs: dict[str, Array], output_names: Sequence[str]
+        self,
+        model_name: str,
+        inputs: dict[str, Array],
+        output_names: Sequence[str],
+        *,
+        request_id: str = "",
     ) -> dict[str, Array]:
+        self.request_ids.append(request_id)
         self.calls.append((model_name, inputs))
         index = inputs["CANDIDATE_RIDER_INDEX"][:, :1].astype(np.int32)
         ids = np.array([[inputs["RIDER_IDS"][i]] for i in index[:, 0]], dtype=object)

@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from dispatch_client import DispatchClient, window_from_json
-from dispatch_client.cli import EXIT_OK, EXIT_SERVER, main
+from dispatch_client.cli import EXIT_INPUT, EXIT_OK, EXIT_SERVER, main
 from dispatch_client.connect import ProtocolName
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.shm import (
@@ -593,9 +593,13 @@ def test_cli_grpc_shm_default_factory_sizes_regions_for_the_window(
 ) -> None:
     assert main(["--protocol", "grpc-shm", str(EXAMPLE)]) == EXIT_OK
     assert capsys.readouterr().err == ""
-    shm_server.fail_with = InferenceServerException("nope", "StatusCode.INVALID_ARGUMENT")
-    assert main(["--protocol", "grpc-shm", str(EXAMPLE)]) == EXIT_SERVER
-    assert capsys.readouterr().err == "error: nope\n"
+    shm_server.fail_with = InferenceServerException("nope", "StatusCode.INTERNAL")
+    argv = ["--protocol", "grpc-shm", "--request-id", "r-1", str(EXAMPLE)]
+    assert main(argv) == EXIT_SERVER
+    assert capsys.readouterr().err == "error: nope (request id r-1)\n"
+    shm_server.fail_with = InferenceServerException("bad", "StatusCode.INVALID_ARGUMENT")
+    assert main(argv) == EXIT_INPUT  # the server refused the input: the same rule as ours
+    assert capsys.readouterr().err == "error: bad (request id r-1)\n"
 
 
 def test_a_window_with_overlong_ids_still_fits_so_the_server_names_the_rule() -> None:

@@ -107,7 +107,7 @@ def test_grpc_passes_its_deadline() -> None:
     GrpcTransport("h:8001", timeout_s=4.5).infer("dispatch", INPUTS, ["OUT"])
     [client] = StubClient.instances
     assert client.kwargs == {"url": "h:8001"}
-    assert client.requests[0][3] == {"client_timeout": 4.5}
+    assert client.requests[0][3] == {"client_timeout": 4.5, "request_id": ""}
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
@@ -183,13 +183,35 @@ def test_missing_output_is_a_server_error() -> None:
         HttpTransport().infer("dispatch", INPUTS, ["OUT", "NOPE"])
 
 
-@pytest.mark.parametrize("url", ["http://localhost:8000", "grpc://x:1", "", "  "])
-def test_url_with_a_scheme_is_refused_up_front(url: str) -> None:
-    with pytest.raises(ValueError, match="url must be host:port without a scheme"):
+@pytest.mark.parametrize("url", ["grpc://x:1", "", "  ", "http://", "h:1/v2"])
+def test_a_url_other_than_host_port_or_http_s_is_refused_up_front(url: str) -> None:
+    message = "url must be host:port, http://host:port or https://host:port"
+    with pytest.raises(ValueError, match=message):
         HttpTransport(url)
-    with pytest.raises(ValueError, match="url must be host:port without a scheme"):
+    with pytest.raises(ValueError, match=message):
         GrpcTransport(url)
     assert StubClient.instances == []
+
+
+def test_http_and_https_schemes_are_taken_off_and_https_means_tls() -> None:
+    HttpTransport("http://h:8000")
+    GrpcTransport("http://h:8001")
+    HttpTransport("https://h:443")
+    GrpcTransport("https://h:8001")
+    plain_http, plain_grpc, tls_http, tls_grpc = StubClient.instances
+    assert plain_http.kwargs["url"] == "h:8000" and "ssl" not in plain_http.kwargs
+    assert plain_grpc.kwargs == {"url": "h:8001"}
+    assert tls_http.kwargs["url"] == "h:443" and tls_http.kwargs["ssl"] is True
+    assert tls_http.kwargs["ssl_context_factory"] is not None  # verifies certificates
+    assert tls_grpc.kwargs == {"url": "h:8001", "ssl": True}
+
+
+def test_the_request_id_goes_out_as_tritons_request_id() -> None:
+    HttpTransport("h:1").infer("dispatch", INPUTS, ["OUT"], request_id="r-1")
+    GrpcTransport("h:2").infer("dispatch", INPUTS, ["OUT"], request_id="r-2")
+    over_http, over_grpc = StubClient.instances
+    assert over_http.requests[0][3]["request_id"] == "r-1"
+    assert over_grpc.requests[0][3]["request_id"] == "r-2"
 
 
 def test_make_transport_picks_protocol_and_default_port() -> None:

@@ -471,3 +471,24 @@ def test_error_is_a_value_error_carrying_path_and_rule() -> None:
     assert error.path == "orders[3].pickup"
     assert error.rule == "must be [lat, lon] numbers"
     assert str(error) == "orders[3].pickup: must be [lat, lon] numbers"
+
+
+@pytest.mark.parametrize(("tag", "sent"), [("canary", b"canary"), ("stable", b"stable"), (2, b"2")])
+def test_a_model_version_tag_becomes_the_routing_input_and_round_trips(
+    tag: Any, sent: bytes
+) -> None:
+    doc = base_window()
+    doc["model_version_tag"] = tag
+    tensors = parse(doc)
+    assert tensors["MODEL_VERSION_TAG"].shape == (1,)
+    assert tensors["MODEL_VERSION_TAG"].tolist() == [sent]
+    assert window_to_dict(tensors)["model_version_tag"] == sent.decode()
+    assert "MODEL_VERSION_TAG" not in parse(base_window())  # left out: the router decides
+
+
+@pytest.mark.parametrize("tag", [0, -1, "", " ", 1.5, ["canary"], True])
+def test_a_model_version_tag_of_the_wrong_kind_is_refused_with_its_key(tag: Any) -> None:
+    doc = base_window()
+    doc["model_version_tag"] = tag
+    with pytest.raises(WindowJSONError, match="model_version_tag: must be 'stable', 'canary'"):
+        parse(doc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import shutil
 import types
 from pathlib import Path
@@ -357,7 +358,101 @@ def test_rollback_without_a_canary_is_harmless(server: FakeServer) -> None:
     assert server.loads == []
 
 
-def test_status_prints_versions_and_router_settings(server: FakeServer) -> None:
+# ---- sign-repository, keygen defaults, status JSON, deploy and the admin key --------------
+
+
+def test_sign_repository_signs_every_loadable_folder_of_the_committed_layout(
+    tmp_path: Path, signer: Any, trusted_dir: Path
+) -> None:
+    # A copy of the committed repository: what a verified start reads.
+    repository = tmp_path / "full"
+    shutil.copytree(MODEL_REPOSITORY, repository, ignore=shutil.ignore_patterns("__pycache__"))
+    code, text = run("verify", str(repository), "--trusted-keys", str(trusted_dir))
+    assert code == 1 and "dispatch: REFUSED" in text  # unsigned: the entry point is refused
+    key = tmp_path / "ops.key"
+    key.write_bytes(private_key_pem(signer))
+    code, text = run("sign-repository", str(repository), "--key", str(key))
+    assert code == 0, text
+    expected = [
+        ("dispatch_fused", 1), ("dispatch_model", 1), ("dispatch_model", 2),
+        ("dispatch_router", 1), ("feature_encoder", 1), ("topk_resolver", 1),
+    ]  # fmt: skip
+    assert admin.signable_versions(repository) == expected
+    for model, version in expected:
+        assert f"signed {model} version {version}: " in text
+        assert (repository / model / str(version) / "MANIFEST.sig").is_file()
+    # Ensembles' folders (a .gitkeep) are not signed: Triton reads nothing there.
+    assert not (repository / "dispatch" / "1" / "MANIFEST.json").exists()
+    assert "signed dispatch_router version 1: 1 file\n" in text  # not "1 files"
+    assert text.rstrip().endswith(f"signed 6 version folders of 5 models in {repository}")
+    code, text = run("verify", str(repository), "--trusted-keys", str(trusted_dir))
+    assert code == 0, text
+    assert "REFUSED" not in text and "dispatch: loads" in text and "dispatch_fused: loads" in text
+    assert "dispatch_router version 1: ok: 1 file verified" in text
+
+
+def test_sign_repository_needs_a_key_and_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DISPATCH_SIGNING_KEY", raising=False)
+    assert run("sign-repository", str(tmp_path))[0] == 2
+    assert "DISPATCH_SIGNING_KEY" in capsys.readouterr().err
+    monkeypatch.setenv("DISPATCH_SIGNING_KEY", private_key_pem(generate_private_key()).decode())
+    assert run("sign-repository", str(tmp_path / "missing"))[0] == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_keygen_defaults_to_ops_keys_under_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    code, text = run("keygen")
+    assert code == 0, text
+    assert (tmp_path / "keys" / "ops.key").is_file() and (tmp_path / "keys" / "ops.pub").is_file()
+    assert run("keygen")[0] == 2  # never overwrites a key
+
+
+@pytest.mark.parametrize("command", ["keygen", "sign", "sign-repository", "verify", "deploy"])
+def test_help_shows_every_default(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(command, "--help")[0] == 0
+    text = " ".join(capsys.readouterr().out.split())
+    expected = {
+        "keygen": ["(default: ~/keys)", "(default: ops)"],
+        "sign": [f"(default: {MODEL_REPOSITORY})"],
+        "sign-repository": [f"(default: {MODEL_REPOSITORY})"],
+        "verify": ["(default: cpu)"],
+        "deploy": ["(default: 10)", "(default: 300.0)", "(default: dispatch_model)"],
+    }[command]
+    for default in expected:
+        assert default in text
+    assert "(default: None)" not in text
+
+
+def test_status_prints_one_json_document(server: FakeServer) -> None:
     code, text = run("status", "--url", "h:1")
     assert code == 0
-    assert "serving versions [1]" in text and "stable_version" in text
+    document = json.loads(text)
+    assert document["model"] == MODEL and document["serving_versions"] == [1]
+    assert document["router"]["stable_version"] == 1 and document["router"]["canary_version"] == 0
+
+
+def test_deploy_without_the_admin_key_fails_before_the_golden_check(
+    repo: Path,
+    trusted_dir: Path,
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise ModelControlError("HTTP 403: This API is restricted", 403)
+
+    def no_golden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the golden check ran before the key was checked")
+
+    monkeypatch.setattr(admin, "ready_versions", forbidden)
+    monkeypatch.setattr(admin, "check_candidate", no_golden)
+    code, _ = deploy(repo, trusted_dir, 2)
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "HTTP 403" in err and "--admin-key" in err
+    assert server.loads == [] and server.settings.canary_version == 0

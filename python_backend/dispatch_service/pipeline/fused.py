@@ -15,10 +15,10 @@ versions. What it may score is the same as the router's: the versions the settin
 scoring model serves (``scoring_versions``, written by the launcher, deploy and rollback into
 both models' settings at once), so a tag naming any served version gets that version from
 both entry points and a canary that is not served is out of routing in both
-(`policy.route_window`). The stable and
-canary sessions load with the model; another served version's session loads on its first
-request. With trusted keys (verification configured) each version folder is verified before
-its session is built from the verified bytes: a refused stable version fails the load, a
+(`policy.route_window`). The sessions of the stable version, the canary and every other
+served version load with the model (a version the settings do not name loads on its first
+request). With trusted keys (verification configured) each version folder is verified
+before its session is built from the verified bytes: a refused stable version fails the load, a
 refused canary (or other version) is unavailable here, which takes it out of routing instead
 of refusing the model. `router_control.apply_router_settings` reloads this model with the
 router's settings (both or neither).

@@ -123,9 +123,11 @@ class FusedSettings:
         return cls(RouterSettings.from_parameters(routing), scoring_model)
 
     def served_versions(self) -> tuple[int, ...]:
-        """The versions this model reads: the stable one and the canary (if any)."""
+        """The versions this model reads when it loads: the stable one, the canary (if any),
+        then every other version the scoring model serves (``scoring_versions``)."""
         canary = self.routing.canary_version
-        return (self.routing.stable_version, *((canary,) if canary else ()))
+        first = (self.routing.stable_version, *((canary,) if canary else ()))
+        return (*first, *(v for v in self.routing.scoring_versions if v not in first))
 
 
 def settings_record(settings: RouterSettings, **context: Any) -> dict[str, Any]:

@@ -403,11 +403,13 @@ def assert_true_state(lifecycle: Lifecycle, served: tuple[int, ...], canary: int
     url = lifecycle.server.http_url
     code, text = lifecycle.admin("status", "--url", url, "--admin-key", ADMIN_KEY)
     assert code == 0, text
-    assert f"{MODEL}: serving versions {list(served)}" in text
+    status = json.loads(text)
+    assert status["serving_versions"] == list(served) and status["disagreements"] == []
+    assert status["dispatch_fused"] == status["router"]
     assert ready_versions(url, MODEL, ADMIN_KEY) == served
     router = read_router_settings(url)
     assert read_fused_settings(url, ADMIN_KEY) == router
     assert router.scoring_versions == served and router.canary_version == canary
     if not canary:
         assert (router.canary_percent, router.shadow_percent) == (0, 0)
-        assert "routed: stable version 1 only" in text
+        assert status["routed"] == "stable version 1 only"

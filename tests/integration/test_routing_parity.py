@@ -11,6 +11,7 @@ own tools: one version (``rollback --unload-canary``), stable + canary with shad
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,7 +102,9 @@ def assert_status_agrees(server: TritonServer, served: tuple[int, ...]) -> None:
     url = server.http_url
     code, text = admin_cli("status", "--url", url, "--admin-key", ADMIN_KEY)
     assert code == 0, text
-    assert f"{MODEL}: serving versions {list(served)}" in text
+    status = json.loads(text)
+    assert status["serving_versions"] == list(served) and status["disagreements"] == []
+    assert status["dispatch_fused"] == status["router"]
     assert ready_versions(url, MODEL, ADMIN_KEY) == served
     assert read_fused_settings(url, ADMIN_KEY) == read_router_settings(url)
 

@@ -459,7 +459,11 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     for name in plan.startup:
         print(f"{name}: loads", file=out)
     for name, versions in plan.restricted.items():
-        print(f"{name}: loads versions {list(versions)} only", file=out)
+        if name in plan.scoring_versions:
+            served = list(plan.scoring_versions[name])
+            print(f"{name}: loads, routing over the verified versions {served} only", file=out)
+        else:
+            print(f"{name}: loads versions {list(versions)} only", file=out)
     for name in plan.deferred:
         print(f"{name}: loads (after the restricted models)", file=out)
     for name, reason in plan.refused.items():

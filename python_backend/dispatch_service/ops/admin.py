@@ -352,11 +352,10 @@ def rollback(
         config = _server_call(
             "reading the model config", lambda: model_config(http_url, model, timeout_s)
         )
-        _server_call(
-            f"unloading {model} versions {sorted(set(served) - set(keep))} (routing already "
-            f"sends every order to version {stable})",
-            lambda: load_model(http_url, model, with_versions(config, keep), admin_key, timeout_s),
-        )
+        try:
+            load_model(http_url, model, with_versions(config, keep), admin_key, timeout_s)
+        except ModelControlError as exc:
+            _still_served(http_url, stable_only, served, admin_key, timeout_s, exc)
         unloaded = tuple(sorted(set(served) - set(keep)))
     loaded = _server_call(
         "reading the served versions back",
@@ -367,6 +366,30 @@ def rollback(
         lambda: router_control.read_router_settings(http_url, admin_key, timeout_s),
     )
     return RollbackResult(stable, canary, unloaded, loaded, now)
+
+
+def _still_served(
+    http_url: str,
+    routing: RouterSettings,
+    served: tuple[int, ...],
+    admin_key: str | None,
+    timeout_s: float,
+    cause: ModelControlError,
+) -> None:
+    """A failed unload: routing stays on the stable version, but says again that the other
+    versions are served (they are), so status and the server agree; then fail."""
+    truth = dataclasses.replace(routing, scoring_versions=served)
+    try:
+        router_control.apply_router_settings(http_url, truth, admin_key, timeout_s)
+    except ModelControlError as exc:
+        raise LifecycleError(
+            f"unloading failed ({cause}) and the routing could not be told so ({exc}); "
+            "run dispatch-admin status"
+        ) from None
+    raise LifecycleError(
+        f"unloading failed ({cause}); every order is routed to stable version "
+        f"{routing.stable_version}, versions {list(served)} stay loaded"
+    )
 
 
 # ---- command line ------------------------------------------------------------------------

@@ -381,6 +381,20 @@ def test_rollback_then_unload_canary_leaves_a_true_state_in_either_order(
     )
 
 
+def test_a_failed_unload_routes_to_stable_and_says_what_stays_loaded(
+    repo: Path, trusted_dir: Path, server: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert deploy(repo, trusted_dir, 2)[0] == 0
+    server.fail_load = True
+    code, _ = run("rollback", "--url", "h:1", "--unload-canary")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "every order is routed to stable version 1, versions [1, 2] stay loaded" in err
+    assert server.versions == (1, 2)
+    assert (server.settings.canary_version, server.settings.scoring_versions) == (0, (1, 2))
+    assert run("status", "--url", "h:1")[0] == 0  # status and the server agree
+
+
 def test_rollback_without_a_canary_is_harmless(server: FakeServer) -> None:
     code, text = run("rollback", "--url", "h:1")
     assert code == 0 and "there was no canary" in text

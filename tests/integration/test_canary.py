@@ -7,6 +7,7 @@ session server the other integration tests share. Every test puts back what it c
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -43,7 +44,7 @@ from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 ADMIN_KEY = "canary-test-key"
-SHIPPED = RouterSettings(stable_version=1, canary_version=2)
+SHIPPED = RouterSettings(stable_version=1, canary_version=2, scoring_versions=(1, 2))
 METRICS_SETTLE_S = 0.2  # four flushes of the models' metrics thread
 
 
@@ -79,8 +80,8 @@ def router(server: TritonServer) -> Iterator[str]:
 
 
 def apply(url: str, **changes: int) -> None:
-    options = {"stable_version": 1, "canary_version": 2, **changes}
-    apply_router_settings(url, RouterSettings(**options), admin_key=ADMIN_KEY)
+    settings = dataclasses.replace(SHIPPED, **changes)
+    apply_router_settings(url, settings, admin_key=ADMIN_KEY)
 
 
 def window(seed: int, orders: int, riders: int, users: int | None = None) -> Arrays:

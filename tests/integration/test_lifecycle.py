@@ -43,10 +43,12 @@ from dispatch_service.ops import admin
 from dispatch_service.ops.model_control import (
     ModelControlError,
     load_model,
+    model_config,
     ready_versions,
     repository_index,
+    with_versions,
 )
-from dispatch_service.ops.router_control import read_router_settings
+from dispatch_service.ops.router_control import read_fused_settings, read_router_settings
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from triton_helpers import OUTPUT_NAMES, grpc_inputs, sim_window
 
@@ -220,12 +222,16 @@ class BackgroundLoad:
             self._thread.join(timeout=60)
 
 
-def dispatch_once(lifecycle: Lifecycle) -> dict[str, np.ndarray[Any, Any]]:
-    window = sim_window(seed=77, orders=16, riders=60)
+def dispatch_once(
+    lifecycle: Lifecycle,
+    model: str = "dispatch",
+    extra: dict[str, np.ndarray[Any, Any]] | None = None,
+) -> dict[str, np.ndarray[Any, Any]]:
+    window = {**sim_window(seed=77, orders=16, riders=60), **(extra or {})}
     names = (*OUTPUT_NAMES, *ROUTING_OUTPUTS)
     with grpcclient.InferenceServerClient(lifecycle.server.grpc_url) as client:
         result = client.infer(
-            "dispatch",
+            model,
             grpc_inputs(window),
             outputs=[grpcclient.InferRequestedOutput(n) for n in names],
         )
@@ -248,20 +254,49 @@ def test_a_tampered_version_is_refused_at_start_and_the_rest_serve(lifecycle: Li
         "check": "digest_mismatch",
     } in events
     assert {"event": "model_restricted", "model": MODEL, "versions": [1]} in events
-    # dispatch_fused would run version 2 (its canary) itself, which dispatch_model does not
-    # serve here: it stays out rather than read a version Triton refused or never loaded.
-    assert {
-        "event": "model_refused",
-        "model": "dispatch_fused",
-        "reason": f"depends on {MODEL} version 2, which does not load",
-    } in events
+    # Both routing models load with the verified versions as what they route over: a refused
+    # version is out of routing, it does not refuse dispatch_fused.
+    for routing_model in ("dispatch_fused", "dispatch_router"):
+        assert {"event": "model_restricted", "model": routing_model, "versions": [1]} in events
+    assert not [e for e in events if e.get("event") == "model_refused"]
     url = lifecycle.server.http_url
     assert ready_versions(url, MODEL, ADMIN_KEY) == (1,)
     ready = {e["name"] for e in repository_index(url, ADMIN_KEY) if e.get("state") == "READY"}
-    assert {"dispatch", "dispatch_router", "feature_encoder", "topk_resolver", MODEL} <= ready
-    answer = dispatch_once(lifecycle)
-    assert set(answer[ORDER_MODEL_VERSION.name].tolist()) == {1}
-    assert set(answer[ORDER_FALLBACK_LEVEL.name].tolist()) == {0}
+    assert {"dispatch", "dispatch_fused", "dispatch_router", MODEL} <= ready
+    assert read_router_settings(url).scoring_versions == (1,)
+    for model in ("dispatch", "dispatch_fused"):
+        answer = dispatch_once(lifecycle, model)
+        assert set(answer[ORDER_MODEL_VERSION.name].tolist()) == {1}
+        assert set(answer[ORDER_FALLBACK_LEVEL.name].tolist()) == {0}
+
+
+def test_no_load_path_serves_the_tampered_version(lifecycle: Lifecycle) -> None:
+    """Issue 10: after the start refused version 3, a key holder's plain load of
+    dispatch_fused, a load that names version 3 among its scoring versions, or a load of
+    dispatch_model with version 3 never serves its weights: each model verifies itself."""
+    url = lifecycle.server.http_url
+    tag = {"MODEL_VERSION_TAG": np.array([str(TAMPERED).encode()], dtype=object)}
+    load_model(url, "dispatch_fused", admin_key=ADMIN_KEY)
+    plan = lifecycle.server.load_plan
+    assert plan is not None
+    override = plan.override_config("dispatch_fused")
+    asks_for_3 = json.loads(json.dumps(override))
+    asks_for_3["parameters"]["scoring_versions"] = {"string_value": f"1,{TAMPERED}"}
+    try:
+        for config in (None, asks_for_3):
+            if config is not None:
+                load_model(url, "dispatch_fused", config, admin_key=ADMIN_KEY)
+            answer = dispatch_once(lifecycle, "dispatch_fused", tag)
+            assert set(answer[ORDER_MODEL_VERSION.name].tolist()) == {1}
+            assert set(answer[ORDER_FALLBACK_LEVEL.name].tolist()) == {1}
+        log = lifecycle.server.log_path.read_text()
+        assert "refused by signature verification" in log
+        with pytest.raises(ModelControlError):
+            config = model_config(url, MODEL)
+            load_model(url, MODEL, with_versions(config, (1, TAMPERED)), admin_key=ADMIN_KEY)
+        assert ready_versions(url, MODEL, ADMIN_KEY) == (1,)
+    finally:
+        load_model(url, "dispatch_fused", override, admin_key=ADMIN_KEY)
 
 
 def test_a_load_without_the_admin_key_is_refused_and_with_it_accepted(
@@ -320,21 +355,61 @@ def test_deploy_and_rollback_under_load_drop_no_request(lifecycle: Lifecycle) ->
     assert deploy_load.versions[CANARY] > 0  # the canary serves once routed
 
     with BackgroundLoad(lifecycle.server.grpc_url) as rollback_load:
-        code, text = lifecycle.admin(
-            "rollback", "--url", url, "--admin-key", ADMIN_KEY, "--unload-canary",
-            "--timeout-s", str(CALL_TIMEOUT_S),
-        )  # fmt: skip
+        code, text = rollback(lifecycle)
         rollback_load.until(40)
     assert code == 0, text
-    assert f"canary {CANARY} removed, unloaded" in text
-    settings = read_router_settings(url)
-    assert (settings.canary_version, settings.canary_percent, settings.shadow_percent) == (0, 0, 0)
-    assert ready_versions(url, MODEL, ADMIN_KEY) == (1,)
-    print(
-        f"rollback under load: {rollback_load.sent} requests, {len(rollback_load.errors)} "
-        f"errors, orders by version {dict(rollback_load.versions)}, "
-        f"by fallback level {dict(rollback_load.fallbacks)}"
-    )
-    assert rollback_load.errors == []
+    assert f"(canary {CANARY} no longer routed); loaded versions [1, {CANARY}]" in text
+    assert_true_state(lifecycle, (1, CANARY))
+    with BackgroundLoad(lifecycle.server.grpc_url) as unload_load:
+        code, text = rollback(lifecycle, "--unload-canary")
+        unload_load.until(40)
+    assert code == 0, text
+    assert f"(there was no canary); loaded versions [1] (unloaded [{CANARY}])" in text
+    assert_true_state(lifecycle, (1,))
+    for load in (rollback_load, unload_load):
+        print(
+            f"rollback under load: {load.sent} requests, {len(load.errors)} errors, "
+            f"orders by version {dict(load.versions)}, "
+            f"by fallback level {dict(load.fallbacks)}"
+        )
+        assert load.errors == []
     answer = dispatch_once(lifecycle)
     assert set(answer[ORDER_MODEL_VERSION.name].tolist()) == {1}
+
+
+def test_rollback_in_the_other_order_leaves_the_same_true_state(lifecycle: Lifecycle) -> None:
+    code, text = lifecycle.deploy(CANARY, 50)
+    assert code == 0, text
+    assert_true_state(lifecycle, (1, CANARY), canary=CANARY)
+    code, text = rollback(lifecycle, "--unload-canary")
+    assert code == 0, text
+    assert f"(canary {CANARY} no longer routed); loaded versions [1] (unloaded [{CANARY}])" in text
+    assert_true_state(lifecycle, (1,))
+    code, text = rollback(lifecycle)
+    assert code == 0, text
+    assert text.strip().endswith("(there was no canary); loaded versions [1]")
+    assert_true_state(lifecycle, (1,))
+
+
+def rollback(lifecycle: Lifecycle, *extra: str) -> tuple[int, str]:
+    return lifecycle.admin(
+        "rollback", "--url", lifecycle.server.http_url, "--admin-key", ADMIN_KEY,
+        "--timeout-s", str(CALL_TIMEOUT_S), *extra,
+    )  # fmt: skip
+
+
+def assert_true_state(lifecycle: Lifecycle, served: tuple[int, ...], canary: int = 0) -> None:
+    """status, the server and both entry points tell the same story."""
+    url = lifecycle.server.http_url
+    code, text = lifecycle.admin("status", "--url", url, "--admin-key", ADMIN_KEY)
+    assert code == 0, text
+    status = json.loads(text)
+    assert status["serving_versions"] == list(served) and status["disagreements"] == []
+    assert status["dispatch_fused"] == status["router"]
+    assert ready_versions(url, MODEL, ADMIN_KEY) == served
+    router = read_router_settings(url)
+    assert read_fused_settings(url, ADMIN_KEY) == router
+    assert router.scoring_versions == served and router.canary_version == canary
+    if not canary:
+        assert (router.canary_percent, router.shadow_percent) == (0, 0)
+        assert status["routed"] == "stable version 1 only"

@@ -184,13 +184,6 @@ class FakePbUtils:
     def __init__(self) -> None:
         self.Logger = FakeLogger()
         self.MetricFamily = FakeMetricFamilies()
-        # (model, version) pairs Triton serves; None: every version of every model.
-        self.served: set[tuple[str, int]] | None = None
-        self.readiness_asked: list[tuple[str, str]] = []
-
-    def is_model_ready(self, model_name: str, model_version: str = "") -> bool:
-        self.readiness_asked.append((model_name, model_version))
-        return self.served is None or (model_name, int(model_version)) in self.served
 
     @staticmethod
     def get_input_tensor_by_name(request: FakeRequest, name: str) -> FakeTensor | None:

@@ -22,10 +22,12 @@ that fails leaves Triton as it was, a router update that fails is followed by a 
 versions served before -- and prints one line. It reads the served versions through the
 model-repository API before the golden check, so a missing or wrong admin key fails at once.
 ``sign-repository`` signs every version folder a server could load (`signable_versions`).
-``status`` prints one JSON document: ``{"model", "serving_versions", "router"}``.
-``rollback`` sets the router back to the
-stable version only (no canary, no shadow) and, with ``--unload-canary``, unloads the canary
-version.
+``rollback`` sets the routing of both entry points back to the stable version only (no
+canary, no shadow) and, with ``--unload-canary``, unloads every other version (the canary,
+or one an earlier rollback left loaded); it prints what the server then routes and serves,
+read back from it. ``status`` prints one JSON document: ``{"model", "serving_versions",
+"router", "dispatch_fused", "routed", "disagreements"}``, and exits 1 when the entry points
+or the routing and the loaded versions disagree.
 
 Exit codes: 0 done, 1 a check failed or the server refused, 2 usage (bad arguments, a key
 or folder that cannot be read).
@@ -69,6 +71,7 @@ from dispatch_service.ops.model_control import (
 )
 from dispatch_service.ops.server import ADMIN_KEY_ENV, TRUSTED_KEYS_ENV
 from dispatch_service.ops.verified_load import plan_load, read_config, repository_models
+from dispatch_service.routing.settings import RouterSettings
 
 __all__ = [
     "ADMIN_KEY_ENV",
@@ -94,9 +97,11 @@ __all__ = [
     "cmd_status",
     "cmd_verify",
     "deploy",
+    "disagreements",
     "main",
     "plural",
     "rollback",
+    "routed_line",
     "sign_repository",
     "signable_versions",
 ]
@@ -259,7 +264,10 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
         )
         report(f"loaded {model} versions {list(wanted)}")
     canary = dataclasses.replace(
-        settings, canary_version=version, canary_percent=request.canary_percent
+        settings,
+        canary_version=version,
+        canary_percent=request.canary_percent,
+        scoring_versions=wanted,
     )
     try:
         router_control.apply_router_settings(url, canary, admin_key=key, timeout_s=timeout)
@@ -278,9 +286,34 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
 
 @dataclass(frozen=True)
 class RollbackResult:
+    """What a rollback left, read back from the server after it."""
+
     stable: int
-    removed_canary: int  # 0 when there was none
-    unloaded: bool
+    removed_canary: int  # the canary routing had before; 0 when there was none
+    unloaded: tuple[int, ...]  # versions this rollback unloaded
+    loaded: tuple[int, ...]  # versions Triton serves now
+    routing: RouterSettings  # the router's settings now
+
+    def summary(self, model: str) -> str:
+        """One line that says what is routed and what is loaded, as the server reports it."""
+        before = (
+            f"canary {self.removed_canary} no longer routed"
+            if self.removed_canary
+            else "there was no canary"
+        )
+        line = (
+            f"rolled back {model}: every order routed to stable version {self.stable} ({before}); "
+            f"loaded versions {list(self.loaded)}"
+        )
+        if self.unloaded:
+            line += f" (unloaded {list(self.unloaded)})"
+        extra = [v for v in self.loaded if v != self.stable]
+        if extra:
+            line += (
+                f"; {', '.join(map(str, extra))} still loaded and reachable by version tag "
+                "(rollback --unload-canary unloads them)"
+            )
+        return line
 
 
 def rollback(
@@ -290,38 +323,73 @@ def rollback(
     unload_canary: bool = False,
     timeout_s: float = 300.0,
 ) -> RollbackResult:
-    """Route everything to the stable version (no canary, no shadow); optionally unload it."""
+    """Route everything to the stable version (no canary, no shadow); with ``unload_canary``
+    unload every other version (the canary, or one an earlier rollback left loaded).
+
+    Routing changes first (both entry points, `router_control.apply_router_settings`), with
+    ``scoring_versions`` naming what stays loaded, then the versions are unloaded: no request
+    is routed to a version while it goes away. The result is read back from the server.
+    """
     settings = _server_call(
         "reading the router settings",
         lambda: router_control.read_router_settings(http_url, admin_key, timeout_s),
     )
-    canary = int(settings.canary_version)
+    stable, canary = int(settings.stable_version), int(settings.canary_version)
+    served = _server_call(
+        "reading the served versions",
+        lambda: ready_versions(http_url, model, admin_key, timeout_s),
+    )
+    keep = ((stable,) if stable in served else served) if unload_canary else served
     stable_only = dataclasses.replace(
-        settings, canary_version=0, canary_percent=0, shadow_percent=0
+        settings, canary_version=0, canary_percent=0, shadow_percent=0, scoring_versions=keep
     )
     _server_call(
         "updating the router",
         lambda: router_control.apply_router_settings(http_url, stable_only, admin_key, timeout_s),
     )
-    unloaded = False
-    if unload_canary and canary:
-        served = _server_call(
-            "reading the served versions",
-            lambda: ready_versions(http_url, model, admin_key, timeout_s),
+    unloaded: tuple[int, ...] = ()
+    if unload_canary and set(served) - set(keep):
+        config = _server_call(
+            "reading the model config", lambda: model_config(http_url, model, timeout_s)
         )
-        keep = tuple(v for v in served if v != canary) or (int(settings.stable_version),)
-        if keep != served:
-            config = _server_call(
-                "reading the model config", lambda: model_config(http_url, model, timeout_s)
-            )
-            _server_call(
-                f"unloading {model} version {canary}",
-                lambda: load_model(
-                    http_url, model, with_versions(config, keep), admin_key, timeout_s
-                ),
-            )
-            unloaded = True
-    return RollbackResult(int(settings.stable_version), canary, unloaded)
+        try:
+            load_model(http_url, model, with_versions(config, keep), admin_key, timeout_s)
+        except ModelControlError as exc:
+            _still_served(http_url, stable_only, served, admin_key, timeout_s, exc)
+        unloaded = tuple(sorted(set(served) - set(keep)))
+    loaded = _server_call(
+        "reading the served versions back",
+        lambda: ready_versions(http_url, model, admin_key, timeout_s),
+    )
+    now = _server_call(
+        "reading the router settings back",
+        lambda: router_control.read_router_settings(http_url, admin_key, timeout_s),
+    )
+    return RollbackResult(stable, canary, unloaded, loaded, now)
+
+
+def _still_served(
+    http_url: str,
+    routing: RouterSettings,
+    served: tuple[int, ...],
+    admin_key: str | None,
+    timeout_s: float,
+    cause: ModelControlError,
+) -> None:
+    """A failed unload: routing stays on the stable version, but says again that the other
+    versions are served (they are), so status and the server agree; then fail."""
+    truth = dataclasses.replace(routing, scoring_versions=served)
+    try:
+        router_control.apply_router_settings(http_url, truth, admin_key, timeout_s)
+    except ModelControlError as exc:
+        raise LifecycleError(
+            f"unloading failed ({cause}) and the routing could not be told so ({exc}); "
+            "run dispatch-admin status"
+        ) from None
+    raise LifecycleError(
+        f"unloading failed ({cause}); every order is routed to stable version "
+        f"{routing.stable_version}, versions {list(served)} stay loaded"
+    )
 
 
 # ---- command line ------------------------------------------------------------------------
@@ -414,7 +482,11 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     for name in plan.startup:
         print(f"{name}: loads", file=out)
     for name, versions in plan.restricted.items():
-        print(f"{name}: loads versions {list(versions)} only", file=out)
+        if name in plan.scoring_versions:
+            served = list(plan.scoring_versions[name])
+            print(f"{name}: loads, routing over the verified versions {served} only", file=out)
+        else:
+            print(f"{name}: loads versions {list(versions)} only", file=out)
     for name in plan.deferred:
         print(f"{name}: loads (after the restricted models)", file=out)
     for name, reason in plan.refused.items():
@@ -452,20 +524,21 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
     result = rollback(args.url, _admin_key(args), args.model, args.unload_canary, args.timeout_s)
-    removed = f"canary {result.removed_canary} removed" if result.removed_canary else "no canary"
-    unloaded = ", unloaded" if result.unloaded else ""
-    print(
-        f"rolled back {args.model} to stable version {result.stable} ({removed}{unloaded})",
-        file=out,
-    )
+    print(result.summary(args.model), file=out)
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    """What the server serves and routes, read from it, as one JSON document; exit 1 when the
+    entry points or the routing and the loaded versions disagree."""
     key = _admin_key(args)
     settings = _server_call(
         "reading the router settings",
         lambda: router_control.read_router_settings(args.url, key, args.timeout_s),
+    )
+    fused = _server_call(
+        "reading the dispatch_fused settings",
+        lambda: router_control.read_fused_settings(args.url, key, args.timeout_s),
     )
     served = _server_call(
         "reading the served versions",
@@ -475,9 +548,47 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         "model": args.model,
         "serving_versions": list(served),
         "router": dataclasses.asdict(settings),
+        "dispatch_fused": None if fused is None else dataclasses.asdict(fused),
+        "routed": routed_line(settings),
+        "disagreements": disagreements(settings, fused, served),
     }
     print(json.dumps(document, indent=2, sort_keys=True), file=out)
-    return EXIT_OK
+    return EXIT_FAILED if document["disagreements"] else EXIT_OK
+
+
+def routed_line(settings: RouterSettings) -> str:
+    """Where orders go under these settings, in words."""
+    stable, canary = settings.stable_version, settings.canary_version
+    routed = f"stable version {stable}"
+    if canary and settings.serves(canary) and settings.canary_percent:
+        routed += f", canary version {canary} for {settings.canary_percent}% of users"
+    elif canary:
+        routed += f" only (canary {canary} at {settings.canary_percent}%"
+        routed += ", not served)" if not settings.serves(canary) else ")"
+    else:
+        routed += " only"
+    if settings.shadow_percent and canary and settings.serves(canary):
+        routed += f"; {settings.shadow_percent}% of requests shadow-scored"
+    return routed
+
+
+def disagreements(
+    router: RouterSettings,
+    fused: RouterSettings | None,
+    served: tuple[int, ...],
+) -> list[str]:
+    """Where the router, dispatch_fused and the loaded versions tell different stories."""
+    problems = []
+    if fused is not None and fused != router:
+        problems.append("dispatch_fused routes with other settings than dispatch_router")
+    if router.scoring_versions and tuple(router.scoring_versions) != tuple(served):
+        problems.append(
+            f"routing assumes versions {list(router.scoring_versions)} are served, "
+            f"Triton serves {list(served)}"
+        )
+    if router.stable_version not in served:
+        problems.append(f"the stable version {router.stable_version} is not served")
+    return problems
 
 
 class _HelpWithDefaults(argparse.HelpFormatter):

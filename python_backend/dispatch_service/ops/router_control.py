@@ -45,6 +45,7 @@ __all__ = [
     "ROUTER_MODEL_NAME",
     "RouterControlError",
     "apply_router_settings",
+    "read_fused_settings",
     "read_router_settings",
     "router_config_with",
 ]
@@ -89,6 +90,26 @@ def read_router_settings(
     except (SettingsError, ValueError) as exc:
         raise RouterControlError(
             f"{ROUTER_MODEL_NAME} runs with unreadable settings: {exc}"
+        ) from None
+
+
+def read_fused_settings(
+    http_url: str, admin_key: str | None = None, timeout_s: float = 30.0
+) -> RouterSettings | None:
+    """The routing settings dispatch_fused runs with now, or None when it is not loaded."""
+    try:
+        if not ready_versions(http_url, FUSED_MODEL_NAME, admin_key, timeout_s):
+            return None
+    except ModelControlError as exc:
+        raise RouterControlError(
+            f"cannot read whether {FUSED_MODEL_NAME} is loaded: {exc}"
+        ) from None
+    config = _current_config(http_url, timeout_s, FUSED_MODEL_NAME)
+    try:
+        return _routing_of(FUSED_MODEL_NAME, parameters_from_model_config(config))
+    except (SettingsError, ValueError) as exc:
+        raise RouterControlError(
+            f"{FUSED_MODEL_NAME} runs with unreadable settings: {exc}"
         ) from None
 
 

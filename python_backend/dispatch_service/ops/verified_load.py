@@ -14,6 +14,9 @@ version folder is verified (`signing.verify_version`). Then:
   never load. Nothing else is substituted: a bad "latest" version does not bring back an
   older one;
 - no served version verifies -> the model is refused;
+- a model that routes over a restricted model (``scoring_versions``: dispatch_router,
+  dispatch_fused) loads after start too, with the verified versions as its
+  ``scoring_versions``: a refused canary is then out of both entry points' routing;
 - an ensemble loads only when every step's model loads (Triton loads an ensemble's steps
   with it, from the repository's files, so an ensemble over a refused model would bring it
   back) and a step that pins a version finds it verified. An ensemble over a restricted
@@ -42,7 +45,7 @@ from typing import Any
 from dispatch_service.core.model_config import CONFIG_NAME, profile_config_path, read_config_dict
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.core.signing import Outcome, TrustedKeys, Verification, verify_version
-from dispatch_service.routing.settings import FusedSettings
+from dispatch_service.routing.settings import SCORING_MODEL_NAME, FusedSettings
 
 __all__ = [
     "CONFIG_NAME",
@@ -107,6 +110,14 @@ def read_model(model_dir: Path, profile: str = "cpu") -> ModelEntry:
     )
 
 
+def _scoring_model_of(config: Mapping[str, Any]) -> str | None:
+    """The model whose versions a routing model (dispatch_router, dispatch_fused) routes over."""
+    parameters = parameters_from_model_config(config)
+    if "scoring_versions" not in parameters:
+        return None
+    return parameters.get("scoring_model", SCORING_MODEL_NAME)
+
+
 def _reads(config: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     """The (model, version) folder a Python model cannot run without: its stable version."""
     parameters = parameters_from_model_config(config)
@@ -135,6 +146,8 @@ class LoadPlan:
     refused: Mapping[str, str] = field(default_factory=dict)  # model -> why it does not load
     verifications: tuple[Verification, ...] = ()
     configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # models that route over a restricted scoring model -> the versions it serves
+    scoring_versions: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def refused_versions(self) -> tuple[Verification, ...]:
@@ -143,7 +156,13 @@ class LoadPlan:
     def override_config(self, model: str) -> dict[str, Any]:
         """The config a restricted model loads with: its own, serving the verified versions."""
         versions = sorted(self.restricted[model])
-        return {**self.configs[model], "version_policy": {"specific": {"versions": versions}}}
+        config = {**self.configs[model], "version_policy": {"specific": {"versions": versions}}}
+        if model in self.scoring_versions:
+            parameters = dict(config.get("parameters") or {})
+            served = ",".join(str(v) for v in self.scoring_versions[model])
+            parameters["scoring_versions"] = {"string_value": served}
+            config["parameters"] = parameters
+        return config
 
     def log_lines(self) -> list[str]:
         """One JSON line per refused version, per restricted model and per refused model."""
@@ -229,6 +248,14 @@ def plan_load(
             refused[name] = reason
             good.pop(name, None)
             partial.discard(name)
+    # A model that routes over a restricted scoring model loads with the verified versions as
+    # its scoring_versions, so that both entry points route over what is actually served.
+    routed_over: dict[str, tuple[int, ...]] = {}
+    for name in sorted(good):
+        scoring = _scoring_model_of(models[name].config)
+        if scoring in partial and name not in partial:
+            routed_over[name] = good[scoring]
+            partial.add(name)
     deferred_set = {
         name
         for name in good
@@ -239,6 +266,7 @@ def plan_load(
     return LoadPlan(
         startup=startup,
         restricted={name: good[name] for name in sorted(partial)},
+        scoring_versions=routed_over,
         deferred=deferred,
         refused=refused,
         verifications=tuple(verifications),

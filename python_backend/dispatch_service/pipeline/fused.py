@@ -11,13 +11,14 @@ same window and settings, at the cost of one hop.
 
 What it gives up: the scored versions are ONNX Runtime sessions inside this model, read from
 ``<repository>/<scoring_model>/<version>/model.onnx``, not Triton-managed `dispatch_model`
-versions. What it may score is the same as the router's: the versions Triton serves now
-(``is_served``: the adapter asks Triton, ``pb_utils.is_model_ready``, once per version per
-request), so a tag naming any served version gets that version from both entry points and a
-canary that is not served is out of routing in both (`policy.route_window`). The stable and
-canary sessions load with the model; another served version's session loads on its first
-request. With trusted keys (verification configured) each version folder is verified before
-its session is built from the verified bytes: a refused stable version fails the load, a
+versions. What it may score is the same as the router's: the versions the settings say the
+scoring model serves (``scoring_versions``, written by the launcher, deploy and rollback into
+both models' settings at once), so a tag naming any served version gets that version from
+both entry points and a canary that is not served is out of routing in both
+(`policy.route_window`). The sessions of the stable version, the canary and every other
+served version load with the model (a version the settings do not name loads on its first
+request). With trusted keys (verification configured) each version folder is verified
+before its session is built from the verified bytes: a refused stable version fails the load, a
 refused canary (or other version) is unavailable here, which takes it out of routing instead
 of refusing the model. `router_control.apply_router_settings` reloads this model with the
 router's settings (both or neither).
@@ -51,7 +52,7 @@ from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
 from dispatch_service.pipeline.steps import Arrays, FeatureEncoderStep, TopKResolverStep
 from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score_now
-from dispatch_service.routing.policy import IsServed, ServedVersions, route_window
+from dispatch_service.routing.policy import ServedVersions, route_window
 from dispatch_service.routing.settings import FusedSettings
 from dispatch_service.routing.shadow import shadow_sampled
 
@@ -87,8 +88,6 @@ class FusedDispatch:
     # Versions that could not be loaded, with why: out of routing here, like unserved ones.
     unavailable: dict[int, str] = field(default_factory=dict)
     draw: Callable[[], float] = random.random  # uniform [0, 1): the shadow sample
-    # Whether Triton serves a version now (None: no server to ask, every loadable one).
-    is_served: IsServed | None = None
     # Loads another version's session on first use (None: only the sessions given).
     loader: VersionLoader | None = None
 
@@ -147,10 +146,9 @@ class FusedDispatch:
         return found
 
     def servable(self, version: int) -> bool:
-        """Whether routing may use ``version`` here: Triton serves it and its session loads."""
-        if self.is_served is not None and not self.is_served(version):
-            return False
-        return self.scorer(version) is not None
+        """Whether routing may use ``version`` here: the settings say the scoring model serves
+        it (as for the router) and its session loads (verified, where keys are configured)."""
+        return self.settings.routing.serves(version) and self.scorer(version) is not None
 
     def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
         """The routing `SyncScorer`: ONNX Runtime here; ModelCallError if unavailable."""

@@ -10,12 +10,18 @@ removes them. A request may force a version with the optional ``MODEL_VERSION_TA
 
 Served versions
     Both entry points route over the same set: the versions of the scoring model
-    (`dispatch_model`) that Triton serves now, asked through `ServedVersions` (the router and
-    dispatch_fused both ask Triton, ``pb_utils.is_model_ready``). A canary that is not served
-    (refused at start, unloaded, not yet loaded) is out of routing: its users get the stable
-    version at level 0, and the ``canary`` tag means the stable version (`routable`). A tag
-    naming a served version gets that version; a tag naming any other version is not called
-    and the stable version answers at level 1 (`engine`).
+    (`dispatch_model`) that Triton serves, as the control plane states them in the routing
+    settings (``RouterSettings.scoring_versions``: the launcher, ``deploy`` and ``rollback``
+    write it into dispatch_router's and dispatch_fused's settings together). A canary that is
+    not served is out of routing: its users get the stable version at level 0, and the
+    ``canary`` tag means the stable version (`routable`). A tag naming a served version gets
+    that version; a tag naming any other version is not called and the stable version
+    answers at level 1 (`engine`). dispatch_fused further drops a version whose artifacts did
+    not load or verify in its own process.
+
+    (Asking Triton instead, ``pb_utils.is_model_ready``, was tried on the 2.51 build: asked
+    during a model's warm-up at server start it aborts the server with
+    ``boost::interprocess::lock_exception``.)
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ tools (`router_control`) can read a config's routing without importing ONNX Runt
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
-from dispatch_service.core.settings import load_settings, reject_unknown
+from dispatch_service.core.settings import SettingsError, load_settings, reject_unknown
 
 __all__ = [
     "FUSED_MODEL_NAME",
@@ -19,6 +19,7 @@ __all__ = [
     "SCORING_MODEL_NAME",
     "FusedSettings",
     "RouterSettings",
+    "parse_versions",
     "settings_record",
 ]
 
@@ -38,11 +39,24 @@ class RouterSettings:
     canary_percent: int = 0  # share of users (of 100 hash buckets) routed to the canary
     shadow_percent: int = 0  # share of requests also scored by the other version
     bls_timeout_ms: int = 2000  # per version call; a slower call counts as a failure
+    # The scoring model's versions Triton serves, as the control plane loaded them (the
+    # launcher, deploy, rollback write it with the versions); () = not stated: every version
+    # may be called. Both entry points route over it (`policy.routable`).
+    scoring_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
+            if name == "scoring_versions":
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an int, got {value!r}")
+        versions = self.scoring_versions
+        if not isinstance(versions, tuple) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in versions
+        ):
+            raise ValueError(f"scoring_versions must be version numbers >= 1, got {versions!r}")
+        if list(versions) != sorted(set(versions)):
+            raise ValueError(f"scoring_versions must be ascending without repeats: {versions}")
         if self.stable_version < 1:
             raise ValueError(f"stable_version must be >= 1, got {self.stable_version}")
         if self.canary_version < 0:
@@ -59,14 +73,36 @@ class RouterSettings:
             raise ValueError(f"bls_timeout_ms must be >= 1, got {self.bls_timeout_ms}")
 
     @classmethod
-    def from_parameters(cls, parameters: dict[str, str]) -> RouterSettings:
+    def from_parameters(cls, parameters: Mapping[str, str]) -> RouterSettings:
         """Parse config.pbtxt parameters; an unknown key or a bad value raises SettingsError."""
         reject_unknown(parameters, cls)
-        return load_settings(cls, parameters)
+        plain = {k: v for k, v in parameters.items() if k != "scoring_versions"}
+        settings = load_settings(cls, plain)
+        if "scoring_versions" not in parameters:
+            return settings
+        versions = parse_versions("scoring_versions", parameters["scoring_versions"])
+        try:
+            return replace(settings, scoring_versions=versions)
+        except ValueError as exc:
+            raise SettingsError(f"{cls.__name__}: {exc}") from exc
 
     def to_parameters(self) -> dict[str, str]:
         """The config.pbtxt ``parameters`` map (string values) that reproduces these settings."""
-        return {name: str(value) for name, value in asdict(self).items()}
+        out = {name: str(value) for name, value in asdict(self).items()}
+        out["scoring_versions"] = ",".join(str(v) for v in self.scoring_versions)
+        return out
+
+    def serves(self, version: int) -> bool:
+        """Whether the scoring model serves ``version`` as far as these settings know."""
+        return version >= 1 and (not self.scoring_versions or version in self.scoring_versions)
+
+
+def parse_versions(name: str, text: str) -> tuple[int, ...]:
+    """``"1,2"`` -> (1, 2); empty -> (); anything else raises SettingsError naming ``name``."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not all(p.isdigit() and len(p) <= 9 for p in parts):
+        raise SettingsError(f"parameter {name!r}: {text!r} is not a list of version numbers")
+    return tuple(sorted({int(p) for p in parts}))
 
 
 @dataclass(frozen=True)
@@ -84,12 +120,14 @@ class FusedSettings:
         scoring_model = parameters.get("scoring_model", cls.scoring_model)
         if not scoring_model or "/" in scoring_model or scoring_model.startswith("."):
             raise ValueError(f"scoring_model must be a model folder name, got {scoring_model!r}")
-        return cls(load_settings(RouterSettings, routing), scoring_model)
+        return cls(RouterSettings.from_parameters(routing), scoring_model)
 
     def served_versions(self) -> tuple[int, ...]:
-        """The versions this model reads: the stable one and the canary (if any)."""
+        """The versions this model reads when it loads: the stable one, the canary (if any),
+        then every other version the scoring model serves (``scoring_versions``)."""
         canary = self.routing.canary_version
-        return (self.routing.stable_version, *((canary,) if canary else ()))
+        first = (self.routing.stable_version, *((canary,) if canary else ()))
+        return (*first, *(v for v in self.routing.scoring_versions if v not in first))
 
 
 def settings_record(settings: RouterSettings, **context: Any) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from dispatch_service.routing.metrics import (
     routed_observations,
 )
 from dispatch_service.routing.settings import FusedSettings, settings_record
-from dispatch_service.serving.router_adapter import log_failed_calls, served_by_triton
+from dispatch_service.serving.router_adapter import log_failed_calls
 from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
 from dispatch_service.serving.trust import model_trust
 
@@ -115,7 +115,6 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
         repository,
         settings,
         trusted=model_trust(),
-        is_served=served_by_triton(pb_utils, settings.scoring_model),
     )
     adapter = FusedDispatchAdapter(
         pb_utils,

@@ -39,7 +39,7 @@ from dispatch_service.core.metrics import (
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score
 from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
-from dispatch_service.routing.policy import IsServed, ServedVersions, route_window
+from dispatch_service.routing.policy import ServedVersions, route_window
 from dispatch_service.routing.settings import (
     ROUTER_MODEL_NAME,
     SCORING_MODEL_NAME,
@@ -55,7 +55,6 @@ __all__ = [
     "log_failed_calls",
     "router_adapter_for",
     "router_metrics",
-    "served_by_triton",
 ]
 
 _USER_IDS: Final = "ORDER_USER_IDS"
@@ -102,7 +101,7 @@ class DispatchRouterAdapter(TritonResponder):
         inputs = self.arrays(request, _INPUT_NAMES)
         try:
             user_ids = self._required(inputs, _USER_IDS)
-            served = ServedVersions(self.is_served)
+            served = ServedVersions(self.settings.serves)
             settings, versions = route_window(
                 user_ids, inputs[MODEL_VERSION_TAG.name], self.settings, served
             )
@@ -128,10 +127,6 @@ class DispatchRouterAdapter(TritonResponder):
             }
         )
 
-    def is_served(self, version: int) -> bool:
-        """Whether Triton serves this version of the scoring model now."""
-        return served_by_triton(self.pb, self.target_model)(version)
-
     async def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
         """One BLS call of `version`; an error response raises ModelCallError."""
         call = self.pb.InferenceRequest(
@@ -154,16 +149,6 @@ class DispatchRouterAdapter(TritonResponder):
     def _report(self, request: Any, routed: RoutedScores) -> None:
         self.record(routed_observations(routed))
         log_failed_calls(self.pb, self.model_name, request, routed, self.target_model)
-
-
-def served_by_triton(pb_utils: Any, model: str) -> IsServed:
-    """`IsServed` for ``model``, asked of Triton (``pb_utils.is_model_ready``): the one source
-    of the served versions for both entry points (dispatch_router, dispatch_fused)."""
-
-    def ask(version: int) -> bool:
-        return bool(pb_utils.is_model_ready(model, str(version)))
-
-    return ask
 
 
 def log_failed_calls(

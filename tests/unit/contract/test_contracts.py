@@ -224,3 +224,7 @@ def test_fused_entry_declares_what_dispatch_declares() -> None:
     assert settings.scoring_model == "dispatch_model"
     for version in settings.served_versions():
         assert (REPO / settings.scoring_model / str(version) / "model.onnx").is_file()
+    # Both route over the versions the scoring model's configs serve, in every profile.
+    for path in (REPO / "dispatch_model").glob("**/*.pbtxt"):
+        policy = load_config(path).version_policy.specific.versions
+        assert settings.routing.scoring_versions == tuple(policy), path

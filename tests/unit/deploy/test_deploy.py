@@ -28,6 +28,7 @@ from dispatch_service.core.metrics import ALL_METRICS
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
+    FUSED_ROUTING_METRICS,
     MODEL_ERRORS,
     MODEL_LATENCY,
     ROUTED_ORDERS,
@@ -86,7 +87,9 @@ TRITON_METRICS = frozenset(
 )
 # The project's custom metrics (Python models through pb_utils.MetricFamily), as the library
 # defines them: a panel can only read what some model records.
-PROJECT_METRICS = frozenset(spec.name for spec in (*ALL_METRICS, *ROUTER_METRICS))
+PROJECT_METRICS = frozenset(
+    spec.name for spec in (*ALL_METRICS, *ROUTER_METRICS, *FUSED_ROUTING_METRICS)
+)
 # What the dashboard must show.
 DASHBOARD_REQUIRED = frozenset(
     {

@@ -245,6 +245,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
     fake = FakeServer()
     router = types.SimpleNamespace(
         read_router_settings=fake.read_router_settings,
+        read_fused_settings=fake.read_router_settings,  # both entry points move together
         apply_router_settings=fake.apply_router_settings,
     )
     monkeypatch.setattr(admin, "router_control", router)
@@ -343,18 +344,60 @@ def test_rollback_routes_everything_to_stable_and_can_unload_the_canary(
     repo: Path, trusted_dir: Path, server: FakeServer
 ) -> None:
     assert deploy(repo, trusted_dir, 2)[0] == 0
+    assert server.settings.scoring_versions == (1, 2)
     server.settings = dataclasses.replace(server.settings, shadow_percent=10)
     code, text = run("rollback", "--url", "h:1", "--admin-key", "k", "--unload-canary")
     assert code == 0, text
     assert (server.settings.canary_version, server.settings.canary_percent) == (0, 0)
     assert server.settings.shadow_percent == 0
-    assert server.versions == (1,)
-    assert "rolled back dispatch_model to stable version 1 (canary 2 removed, unloaded)" in text
+    assert server.versions == (1,) and server.settings.scoring_versions == (1,)
+    assert text.strip() == (
+        "rolled back dispatch_model: every order routed to stable version 1 "
+        "(canary 2 no longer routed); loaded versions [1] (unloaded [2])"
+    )
+
+
+def test_rollback_then_unload_canary_leaves_a_true_state_in_either_order(
+    repo: Path, trusted_dir: Path, server: FakeServer
+) -> None:
+    """The operator's report: rollback said the canary was removed but v2 stayed loaded, and
+    a later --unload-canary found no canary and did nothing."""
+    assert deploy(repo, trusted_dir, 2)[0] == 0
+    code, text = run("rollback", "--url", "h:1")
+    assert code == 0
+    assert "canary 2 no longer routed); loaded versions [1, 2]; 2 still loaded" in text
+    assert server.versions == (1, 2) and server.settings.scoring_versions == (1, 2)
+    assert run("status", "--url", "h:1")[0] == 0
+    code, text = run("rollback", "--url", "h:1", "--unload-canary")
+    assert code == 0
+    assert "(there was no canary); loaded versions [1] (unloaded [2])" in text
+    assert server.versions == (1,) and server.settings.scoring_versions == (1,)
+    code, text = run("status", "--url", "h:1")
+    assert code == 0 and json.loads(text)["routed"] == "stable version 1 only"
+    assert (
+        run("rollback", "--url", "h:1", "--unload-canary")[1]
+        .strip()
+        .endswith("loaded versions [1]")
+    )
+
+
+def test_a_failed_unload_routes_to_stable_and_says_what_stays_loaded(
+    repo: Path, trusted_dir: Path, server: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert deploy(repo, trusted_dir, 2)[0] == 0
+    server.fail_load = True
+    code, _ = run("rollback", "--url", "h:1", "--unload-canary")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "every order is routed to stable version 1, versions [1, 2] stay loaded" in err
+    assert server.versions == (1, 2)
+    assert (server.settings.canary_version, server.settings.scoring_versions) == (0, (1, 2))
+    assert run("status", "--url", "h:1")[0] == 0  # status and the server agree
 
 
 def test_rollback_without_a_canary_is_harmless(server: FakeServer) -> None:
     code, text = run("rollback", "--url", "h:1")
-    assert code == 0 and "no canary" in text
+    assert code == 0 and "there was no canary" in text
     assert server.loads == []
 
 
@@ -434,6 +477,16 @@ def test_status_prints_one_json_document(server: FakeServer) -> None:
     document = json.loads(text)
     assert document["model"] == MODEL and document["serving_versions"] == [1]
     assert document["router"]["stable_version"] == 1 and document["router"]["canary_version"] == 0
+    assert document["routed"] == "stable version 1 only" and document["disagreements"] == []
+    assert document["dispatch_fused"] == document["router"]
+    server.settings = RouterSettings(1, 2, 10, scoring_versions=(1, 2))
+    code, text = run("status", "--url", "h:1")
+    assert code == 1
+    document = json.loads(text)
+    assert document["routed"] == "stable version 1, canary version 2 for 10% of users"
+    assert document["disagreements"] == [
+        "routing assumes versions [1, 2] are served, Triton serves [1]"
+    ]
 
 
 def test_deploy_without_the_admin_key_fails_before_the_golden_check(

@@ -224,6 +224,22 @@ def test_environment_puts_the_venv_first_and_sets_the_library_path(
     assert os.environ["PATH"] == "/usr/local/bin:/usr/bin"
 
 
+def test_the_models_verify_exactly_when_the_launcher_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trusted keys reach the models' own initialize through the server's environment;
+    a stray variable in the caller's shell never turns verification on or points it
+    elsewhere."""
+    monkeypatch.setenv("DISPATCH_TRUSTED_KEYS", "/somewhere/else")
+    runtime = make_runtime(tmp_path)
+    env = TritonServer(runtime, ServerOptions(), tmp_path / "log").environment()
+    assert "DISPATCH_TRUSTED_KEYS" not in env
+    keys = tmp_path / "keys"
+    options = ServerOptions(trusted_keys=keys)
+    env = TritonServer(runtime, options, tmp_path / "log").environment()
+    assert env["DISPATCH_TRUSTED_KEYS"] == str(keys.resolve())
+
+
 # ---- start and stop ------------------------------------------------------------------
 
 

@@ -221,6 +221,27 @@ def test_a_model_reading_other_versions_needs_its_stable_version_only(
     assert plan.refused["reader"] == "depends on refused model scorer"
 
 
+def test_a_routing_model_loads_with_the_verified_versions_as_its_scoring_versions(
+    repo: Path, signer: Ed25519PrivateKey, trusted: TrustedKeys
+) -> None:
+    write_reader(repo, signer, canary=2)
+    config = repo / "reader" / "config.pbtxt"
+    config.write_text(
+        config.read_text().replace(
+            "parameters [",
+            'parameters [ { key: "scoring_versions", value: { string_value: "1,2" } },',
+        )
+    )
+    sign_version(repo / "reader" / "1", signer)
+    assert "reader" in plan_load(repo, trusted).startup
+    tamper(repo / "scorer" / "2" / "weights.bin")
+    plan = plan_load(repo, trusted)
+    assert plan.restricted["reader"] == (1,) and plan.scoring_versions == {"reader": (1,)}
+    override = plan.override_config("reader")
+    assert override["parameters"]["scoring_versions"] == {"string_value": "1"}
+    assert override["parameters"]["scoring_model"] == {"string_value": "scorer"}
+
+
 def test_an_unknown_signer_refuses_everything_signed(repo: Path) -> None:
     stranger = TrustedKeys.from_public_keys(generate_private_key().public_key())
     plan = plan_load(repo, stranger)

@@ -138,28 +138,33 @@ def test_an_unavailable_canary_is_out_of_routing(
     assert (outputs["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
 
 
-def test_routes_over_the_versions_triton_serves(fused: FusedDispatch) -> None:
-    """is_served (Triton's answer) decides, as for the router: a served version that is
-    neither stable nor canary is scored when tagged; an unserved canary is out of routing."""
-    served: set[int] = {1, 2}
-    no_canary = dataclasses.replace(
-        fused,
-        settings=FusedSettings(RouterSettings(stable_version=1)),
-        scorers={1: fused.scorers[1]},
-        unavailable={},
-        is_served=lambda v: v in served,
-    )
-    result = run(no_canary, window(9, MODEL_VERSION_TAG=tag("2"))).outputs
+def test_routes_over_the_versions_the_settings_serve(fused: FusedDispatch) -> None:
+    """scoring_versions decides, as for the router: a served version that is neither stable
+    nor canary is scored when tagged; an unserved canary is out of routing."""
+
+    def with_routing(**routing: Any) -> FusedDispatch:
+        return dataclasses.replace(
+            fused,
+            settings=FusedSettings(RouterSettings(stable_version=1, **routing)),
+            scorers={1: fused.scorers[1]},
+            unavailable={},
+        )
+
+    both = with_routing(scoring_versions=(1, 2))
+    result = run(both, window(9, MODEL_VERSION_TAG=tag("2"))).outputs
     assert (result["ORDER_MODEL_VERSION"] == 2).all()
     assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
-    assert 2 in no_canary.scorers  # loaded on first use
-    served.discard(2)
-    result = run(no_canary, window(9, MODEL_VERSION_TAG=tag("2"))).outputs
+    assert 2 in both.scorers  # loaded on first use
+    only_one = with_routing(scoring_versions=(1,))
+    result = run(only_one, window(9, MODEL_VERSION_TAG=tag("2"))).outputs
     assert (result["ORDER_MODEL_VERSION"] == 1).all()
     assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.STABLE_RETRY).all()
-    canary_unserved = dataclasses.replace(no_canary, settings=SHIPPED)
+    assert 2 not in only_one.scorers  # never loaded: not served
+    canary_unserved = with_routing(canary_version=2, canary_percent=100, scoring_versions=(1,))
     result = run(canary_unserved, window(9, MODEL_VERSION_TAG=tag("canary"))).outputs
     assert (result["ORDER_MODEL_VERSION"] == 1).all()
+    assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
+    result = run(canary_unserved, window(9)).outputs
     assert (result["ORDER_FALLBACK_LEVEL"] == FallbackLevel.CHOSEN).all()
 
 
@@ -244,6 +249,11 @@ def test_settings_are_the_routers_plus_the_scoring_model() -> None:
         {"stable_version": "2", "canary_version": "3", "canary_percent": "10"}
     )
     assert settings.routing == RouterSettings(2, 3, 10)
+    parsed = FusedSettings.from_parameters({"scoring_versions": "2, 1"}).routing
+    assert parsed.scoring_versions == (1, 2)
+    assert parsed.to_parameters()["scoring_versions"] == "1,2"
+    with pytest.raises(SettingsError, match="scoring_versions"):
+        FusedSettings.from_parameters({"scoring_versions": "1,two"})
     assert settings.scoring_model == "dispatch_model"
     assert settings.served_versions() == (2, 3)
     assert FusedSettings(RouterSettings(stable_version=4)).served_versions() == (4,)

@@ -90,19 +90,12 @@ class FakePb:
     def get_output_tensor_by_name(response: Response, name: str) -> FakeTensor | None:
         return response.tensors.get(name)
 
-    def is_model_ready(self, model_name: str, model_version: str = "") -> bool:
-        return model_name == "dispatch_model" and int(model_version) in self.model.ready
-
 
 class Served:
-    """dispatch_model with these versions loaded; others answer an error response.
+    """dispatch_model with these versions loaded; others answer an error response."""
 
-    ``ready``: what Triton says is served (``is_model_ready``); by default the same versions.
-    """
-
-    def __init__(self, versions: tuple[int, ...], ready: tuple[int, ...] | None) -> None:
+    def __init__(self, versions: tuple[int, ...]) -> None:
         self.versions = versions
-        self.ready = versions if ready is None else ready
 
     def __call__(self, version: int, features: NDArray[np.float32]) -> Response:
         if version not in self.versions:
@@ -111,8 +104,8 @@ class Served:
         return Response([FakeTensor("PAIR_OBJECTIVES", scores)])
 
 
-def served(*versions: int, ready: tuple[int, ...] | None = None) -> Served:
-    return Served(versions, ready)
+def served(*versions: int) -> Served:
+    return Served(versions)
 
 
 def window_inputs(seed: int = 5, orders: int = 12, **extra: NDArray[Any]) -> dict[str, Any]:
@@ -153,7 +146,7 @@ def test_answers_objectives_versions_and_levels_through_bls() -> None:
 
 
 def test_an_error_response_of_the_canary_is_answered_by_the_stable_version() -> None:
-    pb = FakePb(served(1, ready=(1, 2)))  # served, but its call fails
+    pb = FakePb(served(1))  # the settings do not say what is served: 2 is called, and fails
     settings = RouterSettings(canary_version=2, canary_percent=100)
     adapter = DispatchRouterAdapter(pb, "dispatch_router", settings)
     out = outputs(run(adapter, FakeRequest(window_inputs(), "req-9"))[0])
@@ -177,12 +170,12 @@ def test_no_model_at_all_still_answers_with_the_rule_based_dispatcher() -> None:
     )
 
 
-def test_a_canary_triton_does_not_serve_is_out_of_routing() -> None:
+def test_a_canary_the_settings_do_not_serve_is_out_of_routing() -> None:
     """Its users get the stable version at level 0 and nobody calls it; as a tag number it
     is not called either and the stable version answers at level 1 (as in dispatch_fused)."""
     pb = FakePb(served(1))
     metrics = InMemoryMetrics()
-    settings = RouterSettings(canary_version=2, canary_percent=100)
+    settings = RouterSettings(canary_version=2, canary_percent=100, scoring_versions=(1,))
     adapter = DispatchRouterAdapter(pb, "dispatch_router", settings, metrics=metrics)
     routed, tagged = run(
         adapter,
@@ -287,6 +280,7 @@ def test_initialize_parses_the_settings_once_and_logs_them() -> None:
             "canary_percent": 25,
             "shadow_percent": 0,
             "bls_timeout_ms": 2000,
+            "scoring_versions": [],
         },
     ]
     adapter.finalize()

@@ -1,0 +1,144 @@
+"""One routing core: `dispatch` (ensemble, BLS) and `dispatch_fused` (one process) answer the
+same, output for output, for every tag, in every repository state the control plane makes.
+
+Randomized windows (sizes, users, weights) and tags (none, stable, canary, each version, an
+unknown version) go through both entry points in three states, reached with the operator's
+own tools: one version (``rollback --unload-canary``), stable + canary with shadow traffic
+(versions loaded, then `apply_router_settings` as ``deploy`` does), and after a plain
+``rollback`` that keeps the old canary loaded. Its own server: it changes the server's state.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from dispatch_service.ops import admin
+from dispatch_service.ops.model_control import (
+    load_model,
+    model_config,
+    ready_versions,
+    with_versions,
+)
+from dispatch_service.ops.router_control import (
+    apply_router_settings,
+    read_fused_settings,
+    read_router_settings,
+)
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.routing.settings import RouterSettings
+from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, sim_window
+
+ADMIN_KEY = "parity-test-key"
+MODEL = "dispatch_model"
+TAGS = (None, "stable", "canary", "1", "2", "7")  # 7: a version that exists nowhere
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    log = tmp_path_factory.mktemp("parity") / "server.log"
+    options = ServerOptions(
+        ports=Ports.free(), admin_key=ADMIN_KEY, extra_args=("--exit-timeout-secs=3",)
+    )
+    with TritonServer(TritonRuntime.from_venv(), options, log) as started:
+        yield started
+    print(f"parity tritonserver log: {log}")
+
+
+def admin_cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return admin.main(list(argv), out=out), out.getvalue()
+
+
+def random_request(rng: np.random.Generator, tag: str | None) -> Arrays:
+    orders, riders = int(rng.integers(1, 13)), int(rng.integers(4, 61))
+    tensors = dict(sim_window(int(rng.integers(1 << 30)), orders, riders))
+    users = rng.integers(0, 1000, size=orders)
+    tensors["ORDER_USER_IDS"] = np.array([f"user-{u}".encode() for u in users], dtype=object)
+    if rng.random() < 0.3:
+        weights = rng.dirichlet(np.ones(3)).astype(np.float32)
+        tensors["OBJECTIVE_WEIGHTS"] = weights
+    if tag is not None:
+        tensors["MODEL_VERSION_TAG"] = np.array([tag.encode()], dtype=object)
+    return tensors
+
+
+def assert_parity(server: TritonServer, seed: int) -> dict[tuple[str | None, int, int], int]:
+    """Every output equal from both entry points; returns (tag, version, level) -> orders."""
+    rng = np.random.default_rng(seed)
+    seen: dict[tuple[str | None, int, int], int] = {}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        for round_ in range(2):
+            for tag in TAGS:
+                tensors = random_request(rng, tag)
+                ensemble = infer_grpc(client, tensors, "dispatch", ROUTED_OUTPUT_NAMES)
+                fused = infer_grpc(client, tensors, "dispatch_fused", ROUTED_OUTPUT_NAMES)
+                for name in ROUTED_OUTPUT_NAMES:
+                    np.testing.assert_array_equal(
+                        fused[name], ensemble[name], err_msg=f"{name}, tag {tag}, round {round_}"
+                    )
+                pairs = zip(
+                    ensemble["ORDER_MODEL_VERSION"].tolist(),
+                    ensemble["ORDER_FALLBACK_LEVEL"].tolist(),
+                    strict=True,
+                )
+                for version, level in pairs:
+                    seen[(tag, version, level)] = seen.get((tag, version, level), 0) + 1
+    return seen
+
+
+def routes(seen: dict[tuple[str | None, int, int], int], tag: str | None) -> set[tuple[int, int]]:
+    return {(version, level) for (t, version, level) in seen if t == tag}
+
+
+def assert_status_agrees(server: TritonServer, served: tuple[int, ...]) -> None:
+    url = server.http_url
+    code, text = admin_cli("status", "--url", url, "--admin-key", ADMIN_KEY)
+    assert code == 0, text
+    status = json.loads(text)
+    assert status["serving_versions"] == list(served) and status["disagreements"] == []
+    assert status["dispatch_fused"] == status["router"]
+    assert ready_versions(url, MODEL, ADMIN_KEY) == served
+    assert read_fused_settings(url, ADMIN_KEY) == read_router_settings(url)
+
+
+def test_both_entry_points_answer_alike_in_every_repository_state(server: TritonServer) -> None:
+    url = server.http_url
+    # State 1: one version (the operator's rollback --unload-canary from the shipped state).
+    code, text = admin_cli("rollback", "--url", url, "--admin-key", ADMIN_KEY, "--unload-canary")
+    assert code == 0, text
+    assert_status_agrees(server, (1,))
+    seen = assert_parity(server, seed=1)
+    for tag in (None, "stable", "canary", "1"):
+        assert routes(seen, tag) == {(1, 0)}, tag
+    assert routes(seen, "2") == routes(seen, "7") == {(1, 1)}  # not served: stable retries
+
+    # State 2: stable + canary at 50 % with shadow traffic, as deploy leaves it.
+    config = model_config(url, MODEL)
+    load_model(url, MODEL, with_versions(config, (1, 2)), admin_key=ADMIN_KEY)
+    canary = RouterSettings(1, 2, 50, shadow_percent=50, scoring_versions=(1, 2))
+    apply_router_settings(url, canary, admin_key=ADMIN_KEY)
+    assert_status_agrees(server, (1, 2))
+    seen = assert_parity(server, seed=2)
+    assert routes(seen, None) == {(1, 0), (2, 0)}  # users split between the versions
+    assert routes(seen, "canary") == routes(seen, "2") == {(2, 0)}
+    assert routes(seen, "stable") == routes(seen, "1") == {(1, 0)}
+    assert routes(seen, "7") == {(1, 1)}
+
+    # State 3: a plain rollback keeps version 2 loaded: routed nowhere, reachable by its tag.
+    code, text = admin_cli("rollback", "--url", url, "--admin-key", ADMIN_KEY)
+    assert code == 0, text
+    assert "canary 2 no longer routed); loaded versions [1, 2]; 2 still loaded" in text
+    assert_status_agrees(server, (1, 2))
+    seen = assert_parity(server, seed=3)
+    for tag in (None, "stable", "canary", "1"):
+        assert routes(seen, tag) == {(1, 0)}, tag
+    assert routes(seen, "2") == {(2, 0)}
+    assert routes(seen, "7") == {(1, 1)}

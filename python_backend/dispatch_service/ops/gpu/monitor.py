@@ -8,7 +8,7 @@ ready. It can also run beside a server it did not start (the NGC image's tritons
 Metrics: the launcher has no metrics endpoint of its own and Triton's (:8002) belongs to
 the server process, so the monitor serves its own with prometheus_client on
 ``metrics_port`` (default 8003, loopback unless ``metrics_host`` says otherwise); the series
-are listed in `METRIC_NAMES`. On a host without NVML it says "no GPU" once (log line and
+are listed in `export.METRIC_NAMES`. On a host without NVML it says "no GPU" once (log line and
 ``dispatch_gpu_monitor_gpus 0``) and samples nothing more.
 """
 
@@ -22,17 +22,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
-
-from prometheus_client import start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from typing import Any
 
 from dispatch_service.ops.gpu.fallback import DeviceLevel, FallbackController, Transition
-from dispatch_service.ops.gpu.health import GpuHealth, HealthTracker, Reason, describe
+from dispatch_service.ops.gpu.health import HealthTracker, describe
 from dispatch_service.ops.gpu.sampling import (
     ContextProber,
     GpuSampler,
@@ -40,47 +36,17 @@ from dispatch_service.ops.gpu.sampling import (
     open_nvml_sampler,
 )
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
+from dispatch_service.ops.gpu.snapshot import MonitorSnapshot
 
 __all__ = [
-    "METRIC_NAMES",
     "GpuMonitor",
-    "MonitorCollector",
-    "MonitorSnapshot",
     "RunningMonitor",
     "add_gpu_monitor_arguments",
     "main",
-    "serve_metrics",
     "start_gpu_monitor",
 ]
 
 logger = logging.getLogger(__name__)
-
-METRIC_NAMES: Final = (
-    "dispatch_gpu_monitor_gpus",
-    "dispatch_gpu_health_state",
-    "dispatch_gpu_unhealthy_reason",
-    "dispatch_gpu_samples_over_threshold",
-    "dispatch_gpu_samples_over_threshold_total",
-    "dispatch_gpu_samples_total",
-    "dispatch_gpu_utilization_percent",
-    "dispatch_gpu_memory_used_percent",
-    "dispatch_gpu_temperature_celsius",
-    "dispatch_gpu_ecc_uncorrected_errors",
-    "dispatch_device_fallback_level",
-    "dispatch_device_fallback_transitions_total",
-    "dispatch_gpu_monitor_sample_seconds",
-)
-
-
-@dataclass(frozen=True)
-class MonitorSnapshot:
-    """What the exporter reads, taken under the monitor's lock."""
-
-    gpu_count: int  # 0: no GPU (or not sampled yet)
-    gpus: tuple[GpuHealth, ...]
-    level: DeviceLevel
-    transitions: dict[int, int]  # level -> successful transitions into it
-    sample_seconds: float
 
 
 class GpuMonitor:
@@ -180,99 +146,6 @@ class GpuMonitor:
             self.sampler.close()
 
 
-class MonitorCollector(Collector):
-    """prometheus_client collector reading the monitor's snapshot at each scrape."""
-
-    def __init__(self, monitor: GpuMonitor) -> None:
-        self.monitor = monitor
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.monitor.snapshot()
-        gpus = GaugeMetricFamily(
-            "dispatch_gpu_monitor_gpus", "GPUs the monitor samples (0: no NVML device)"
-        )
-        gpus.add_metric([], snap.gpu_count)
-        yield gpus
-        labels = ["gpu", "uuid"]
-        state = GaugeMetricFamily(
-            "dispatch_gpu_health_state",
-            "0 healthy, 1 suspect, 2 unhealthy, 3 recovering (2 and 3 take no traffic)",
-            labels=labels,
-        )
-        reason = GaugeMetricFamily(
-            "dispatch_gpu_unhealthy_reason",
-            "1 while the reason holds in the latest sample or made the GPU unhealthy",
-            labels=[*labels, "reason"],
-        )
-        over = GaugeMetricFamily(
-            "dispatch_gpu_samples_over_threshold",
-            "samples over threshold in a row (trip_samples of them mark the GPU unhealthy)",
-            labels=labels,
-        )
-        over_total = CounterMetricFamily(
-            "dispatch_gpu_samples_over_threshold",
-            "samples over threshold",
-            labels=labels,
-        )
-        total = CounterMetricFamily("dispatch_gpu_samples", "samples taken", labels=labels)
-        util = GaugeMetricFamily(
-            "dispatch_gpu_utilization_percent", "GPU utilisation (NVML)", labels=labels
-        )
-        memory = GaugeMetricFamily(
-            "dispatch_gpu_memory_used_percent", "GPU memory used / total", labels=labels
-        )
-        temperature = GaugeMetricFamily(
-            "dispatch_gpu_temperature_celsius", "GPU temperature", labels=labels
-        )
-        ecc = GaugeMetricFamily(
-            "dispatch_gpu_ecc_uncorrected_errors",
-            "volatile uncorrected ECC errors since the driver loaded",
-            labels=labels,
-        )
-        for gpu in snap.gpus:
-            values = [str(gpu.index), gpu.uuid]
-            state.add_metric(values, int(gpu.state))
-            active = gpu.reasons | gpu.trip_reasons
-            for name in Reason:
-                reason.add_metric([*values, name.value], 1.0 if name in active else 0.0)
-            over.add_metric(values, gpu.consecutive_over)
-            over_total.add_metric(values, gpu.samples_over_total)
-            total.add_metric(values, gpu.samples_total)
-            last = gpu.last
-            if last is None:
-                continue
-            for family, value in (
-                (util, last.utilization_percent),
-                (memory, last.memory_percent),
-                (temperature, last.temperature_c),
-                (ecc, last.ecc_uncorrected),
-            ):
-                if value is not None:
-                    family.add_metric(values, float(value))
-        yield from (state, reason, over, over_total, total, util, memory, temperature, ecc)
-        level = GaugeMetricFamily(
-            "dispatch_device_fallback_level",
-            "device-level fallback of the scoring model: 0 all GPUs, 1 other GPUs, 2 CPU, "
-            "3 rule-based",
-        )
-        level.add_metric([], int(snap.level))
-        yield level
-        moves = CounterMetricFamily(
-            "dispatch_device_fallback_transitions",
-            "successful changes of the device-level fallback, by the level entered",
-            labels=["level"],
-        )
-        for value in DeviceLevel:
-            moves.add_metric([str(int(value))], snap.transitions.get(int(value), 0))
-        yield moves
-        cost = GaugeMetricFamily(
-            "dispatch_gpu_monitor_sample_seconds",
-            "CPU time of the latest monitor round (sampling, states, fallback)",
-        )
-        cost.add_metric([], snap.sample_seconds)
-        yield cost
-
-
 @dataclass
 class RunningMonitor:
     """A started monitor and its metrics endpoint; `stop()` ends both."""
@@ -293,14 +166,6 @@ class RunningMonitor:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
-
-
-def serve_metrics(monitor: GpuMonitor, host: str, port: int) -> Any:
-    """Start the monitor's Prometheus endpoint; returns its server (port 0: a free one)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(MonitorCollector(monitor))
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return server
 
 
 def start_gpu_monitor(
@@ -324,6 +189,8 @@ def start_gpu_monitor(
     monitor = GpuMonitor(sampler, settings, controller)
     server = None
     if settings.metrics_port and not monitor.no_gpu:
+        from dispatch_service.ops.gpu.export import serve_metrics  # prometheus_client: 0.25 s
+
         server = serve_metrics(monitor, settings.metrics_host, settings.metrics_port)
     running = RunningMonitor(monitor.start(), server)
     logger.info(

@@ -42,6 +42,7 @@ __all__ = [
     "GpuMonitor",
     "RunningMonitor",
     "add_gpu_monitor_arguments",
+    "gpu_monitor_settings",
     "main",
     "start_gpu_monitor",
 ]
@@ -220,6 +221,17 @@ def add_gpu_monitor_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def gpu_monitor_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> GpuMonitorSettings:
+    """The settings `add_gpu_monitor_arguments` collected; bad ones end the program (exit 2)
+    before anything starts."""
+    try:
+        return GpuMonitorSettings.from_pairs(args.gpu_monitor)
+    except ValueError as exc:
+        parser.error(f"--gpu-monitor: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the monitor beside a server it did not start, until SIGTERM / Ctrl-C."""
     parser = argparse.ArgumentParser(description="GPU monitor and device-level fallback")
@@ -231,12 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_gpu_monitor_arguments(parser)
     args = parser.parse_args(argv)
+    settings = gpu_monitor_settings(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        settings = GpuMonitorSettings.from_pairs(args.gpu_monitor)
-    except ValueError as exc:
-        print(f"usage error: {exc}", file=sys.stderr)
-        return 2
     sampler = None if args.replay is None else ScriptedSampler.from_json(Path(args.replay))
     running = start_gpu_monitor(args.url, settings, args.admin_key, sampler, not args.observe_only)
     if running.monitor.no_gpu:

@@ -1,0 +1,168 @@
+"""The GPU monitor against a live server, driven by synthetic NVML readings.
+
+The cpu profile has no GPU, so the fallback runs in its stand-in mode
+(``l1_instance_kind=KIND_CPU``: each healthy GPU is one CPU instance group named
+``dispatch_model_gpu<i>``); the overrides go through the real repository API and Triton
+really reloads dispatch_model while requests keep arriving. The KIND_GPU JSON the gpu
+profile would send is checked in tests/unit/ops/test_gpu_fallback.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from dispatch_service.ops.gpu.fallback import DeviceLevel, FallbackController
+from dispatch_service.ops.gpu.monitor import GpuMonitor
+from dispatch_service.ops.gpu.sampling import GpuSample, ScriptedSampler
+from dispatch_service.ops.gpu.settings import GpuMonitorSettings
+from dispatch_service.ops.model_control import load_model, model_config
+from dispatch_service.ops.server import TritonServer
+from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http, sim_window
+
+GIB = 1 << 30
+SETTINGS = GpuMonitorSettings(
+    sample_period_s=0.2,
+    restore_after_s=1.0,
+    l1_instance_kind="KIND_CPU",
+    cpu_instances=1,
+    metrics_port=0,
+)
+
+
+def calm(index: int) -> GpuSample:
+    return GpuSample(index, f"GPU-{index}", 30.0, 4 * GIB, 80 * GIB, 55.0, 0, True)
+
+
+def hot(index: int) -> GpuSample:
+    return GpuSample(index, f"GPU-{index}", 99.0, 78 * GIB, 80 * GIB, 91.0, 0, True)
+
+
+@pytest.fixture
+def served(triton: TritonServer) -> Iterator[dict[str, Any]]:
+    """dispatch_model's configuration before the test, loaded back after it."""
+    config = model_config(triton.http_url, "dispatch_model")
+    try:
+        yield config
+    finally:
+        if model_config(triton.http_url, "dispatch_model") != config:
+            load_model(triton.http_url, "dispatch_model", config)
+
+
+class Load:
+    """Steady requests to the `dispatch` ensemble on its own client, until stopped."""
+
+    def __init__(self, server: TritonServer) -> None:
+        self.server = server
+        self.tensors = sim_window(21, 16, 60)
+        self.levels: list[list[int]] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        http = httpclient.InferenceServerClient(self.server.http_url, network_timeout=60.0)
+        deadline = time.monotonic() + 120.0
+        try:
+            for _ in range(3000):
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    break
+                try:
+                    out = infer_http(http, self.tensors, output_names=ROUTED_OUTPUT_NAMES)
+                except Exception as exc:  # every failure is a dropped request
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                self.levels.append(np.asarray(out["ORDER_FALLBACK_LEVEL"]).tolist())
+                self._stop.wait(0.02)  # bounded: leave the CPUs room for the reload
+        finally:
+            http.close()
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive()
+
+
+def wait_for(condition: Any, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())
+
+
+def group_names(server: TritonServer) -> list[str]:
+    config = model_config(server.http_url, "dispatch_model")
+    return [str(g["name"]) for g in config["instance_group"]]
+
+
+def test_an_unhealthy_gpu_of_two_is_left_out_live_and_put_back(
+    triton: TritonServer, served: dict[str, Any]
+) -> None:
+    sampler = ScriptedSampler([[calm(0), calm(1)]])
+    controller = FallbackController(triton.http_url, SETTINGS)
+    monitor = GpuMonitor(sampler, SETTINGS, controller)
+    with Load(triton) as load:
+        monitor.start()
+        try:
+            assert wait_for(lambda: len(load.levels) >= 3)
+            sampler.replace([[calm(0), hot(1)]])
+            tripped = time.monotonic()
+            assert wait_for(lambda: group_names(triton) == ["dispatch_model_gpu0"])
+            moved_s = time.monotonic() - tripped
+            answered = len(load.levels)
+            assert wait_for(lambda: len(load.levels) >= answered + 3)
+            sampler.replace([[calm(0), calm(1)]])
+            assert wait_for(lambda: model_config(triton.http_url, "dispatch_model") == served)
+            answered = len(load.levels)
+            assert wait_for(lambda: len(load.levels) >= answered + 3)
+        finally:
+            monitor.stop()
+    levels = [t.level for t in controller.transitions]
+    assert levels == [DeviceLevel.L1_OTHER_GPUS, DeviceLevel.L0_ALL_GPUS]
+    assert all(t.error is None for t in controller.transitions)
+    l1 = controller.transitions[0]
+    assert l1.config is not None and l1.config["instance_group"] == [
+        {"name": "dispatch_model_gpu0", "kind": "KIND_CPU", "count": 1}
+    ]
+    assert load.failures == []
+    assert {level for answer in load.levels for level in answer} == {0}  # the model scored all
+    print(
+        f"3 hot samples at {SETTINGS.sample_period_s} s + reload: traffic off GPU 1 after "
+        f"{moved_s:.2f} s (load {l1.seconds:.2f} s); {len(load.levels)} requests, 0 failed"
+    )
+
+
+def test_no_healthy_gpu_moves_scoring_to_cpu_instances(
+    triton: TritonServer, served: dict[str, Any]
+) -> None:
+    sampler = ScriptedSampler([[hot(0), hot(1)]])
+    controller = FallbackController(triton.http_url, SETTINGS)
+    monitor = GpuMonitor(sampler, SETTINGS, controller)
+    with Load(triton) as load:
+        for _ in range(3):
+            monitor.step()
+        assert controller.level is DeviceLevel.L2_CPU
+        assert group_names(triton) == ["dispatch_model_cpu"]
+        answered = len(load.levels)
+        assert wait_for(lambda: len(load.levels) >= answered + 3)
+        sampler.replace([[calm(0), calm(1)]])
+        monitor.step()
+        assert controller.level is DeviceLevel.L2_CPU  # clear, but waiting restore_after_s
+        time.sleep(SETTINGS.restore_after_s)
+        monitor.step()
+        assert controller.level is DeviceLevel.L0_ALL_GPUS
+        assert model_config(triton.http_url, "dispatch_model") == served
+    assert load.failures == []
+    assert {level for answer in load.levels for level in answer} == {0}

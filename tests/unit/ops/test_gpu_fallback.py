@@ -58,6 +58,12 @@ def test_the_l2_override_runs_on_cpu_instances_only() -> None:
         {"name": "dispatch_model_cpu", "kind": "KIND_CPU", "count": 3}
     ]
     assert override["version_policy"] == GPU_CONFIG["version_policy"]
+    assert override["parameters"] == GPU_CONFIG["parameters"]
+    # The embedded build's stand-in for the gpu profile: a Python runner with the CUDA EP.
+    python_cuda = {**GPU_CONFIG, "parameters": {"execution_provider": {"string_value": "cuda"}}}
+    assert cpu_config(python_cuda, SETTINGS)["parameters"] == {
+        "execution_provider": {"string_value": "cpu"}
+    }
 
 
 def test_one_unhealthy_gpu_then_recovery_reloads_twice_and_restores_the_original() -> None:

@@ -33,6 +33,7 @@ METRIC_NAMES: Final = (
     "dispatch_device_fallback_level",
     "dispatch_device_fallback_transitions_total",
     "dispatch_gpu_monitor_sample_seconds",
+    "dispatch_gpu_monitor_cpu_seconds_total",
 )
 
 
@@ -127,6 +128,12 @@ class MonitorCollector(Collector):
         )
         cost.add_metric([], snap.sample_seconds)
         yield cost
+        spent = CounterMetricFamily(
+            "dispatch_gpu_monitor_cpu_seconds",
+            "CPU time of the monitor's rounds (its overhead: rate() is the share of one core)",
+        )
+        spent.add_metric([], snap.cpu_seconds_total)
+        yield spent
 
 
 def serve_metrics(monitor: SnapshotSource, host: str, port: int) -> Any:

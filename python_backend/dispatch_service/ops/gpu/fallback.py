@@ -113,7 +113,12 @@ def cpu_config(current: Mapping[str, Any], settings: GpuMonitorSettings) -> Conf
     """The L2 override: `current` with CPU instances only (the native onnxruntime backend and
     the cpu profile's Python runner both run ONNX Runtime's CPU provider then)."""
     group = {"name": f"{settings.model}_cpu", "kind": "KIND_CPU", "count": settings.cpu_instances}
-    return {**current, "instance_group": [group]}
+    config = {**current, "instance_group": [group]}
+    parameters = dict(current.get("parameters") or {})
+    if "execution_provider" in parameters:  # a Python-backend runner told to use CUDA
+        parameters["execution_provider"] = {"string_value": "cpu"}
+        config["parameters"] = parameters
+    return config
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ class GpuMonitor:
         self._gpu_indices: tuple[int, ...] = ()
         self._transitions: dict[int, int] = {}
         self._sample_seconds = 0.0
+        self._rounds = 0
+        self._cpu_seconds = 0.0
         self.no_gpu = sampler is None
         if self.no_gpu:
             self._say_no_gpu()
@@ -84,7 +86,7 @@ class GpuMonitor:
         """One round: sample, update the states, reconcile the model's placement."""
         if self.no_gpu or self.sampler is None:
             return []
-        started = time.process_time()
+        started = time.thread_time()
         samples = self.sampler.sample()
         if samples is None:
             self.no_gpu = True
@@ -106,7 +108,9 @@ class GpuMonitor:
                     self._transitions[int(step.level)] = (
                         self._transitions.get(int(step.level), 0) + 1
                     )
-            self._sample_seconds = time.process_time() - started
+            self._sample_seconds = time.thread_time() - started
+            self._rounds += 1
+            self._cpu_seconds += self._sample_seconds
         return done
 
     def snapshot(self) -> MonitorSnapshot:
@@ -118,6 +122,8 @@ class GpuMonitor:
                 level,
                 dict(self._transitions),
                 self._sample_seconds,
+                self._rounds,
+                self._cpu_seconds,
             )
 
     # ---- the thread --------------------------------------------------------------------

@@ -19,7 +19,9 @@ class MonitorSnapshot:
     gpus: tuple[GpuHealth, ...]
     level: DeviceLevel
     transitions: dict[int, int]  # level -> successful transitions into it
-    sample_seconds: float
+    sample_seconds: float  # CPU time of the latest round (the monitor's thread)
+    rounds: int = 0
+    cpu_seconds_total: float = 0.0  # CPU time of every round so far
 
 
 class SnapshotSource(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +19,13 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from dispatch_service.ops.gpu.export import serve_metrics
 from dispatch_service.ops.gpu.fallback import DeviceLevel, FallbackController
 from dispatch_service.ops.gpu.monitor import GpuMonitor
 from dispatch_service.ops.gpu.sampling import GpuSample, ScriptedSampler
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
-from dispatch_service.ops.model_control import load_model, model_config
+from dispatch_service.ops.model_control import ModelControlError, load_model, model_config
+from dispatch_service.ops.router_control import apply_router_settings, read_router_settings
 from dispatch_service.ops.server import TritonServer
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http, sim_window
 
@@ -53,6 +56,16 @@ def served(triton: TritonServer) -> Iterator[dict[str, Any]]:
     finally:
         if model_config(triton.http_url, "dispatch_model") != config:
             load_model(triton.http_url, "dispatch_model", config)
+
+
+@pytest.fixture
+def two_gpus(triton: TritonServer, served: dict[str, Any]) -> dict[str, Any]:
+    """dispatch_model as the stand-in of a two-GPU node: one CPU instance per "GPU", so that
+    leaving one out really removes an instance (Triton updates instances in place when only
+    instance_group changes; a renamed group of the same size would keep its instance)."""
+    groups = [{"name": f"dispatch_model_gpu{i}", "kind": "KIND_CPU", "count": 1} for i in (0, 1)]
+    load_model(triton.http_url, "dispatch_model", {**served, "instance_group": groups})
+    return model_config(triton.http_url, "dispatch_model")
 
 
 class Load:
@@ -108,7 +121,7 @@ def group_names(server: TritonServer) -> list[str]:
 
 
 def test_an_unhealthy_gpu_of_two_is_left_out_live_and_put_back(
-    triton: TritonServer, served: dict[str, Any]
+    triton: TritonServer, two_gpus: dict[str, Any]
 ) -> None:
     sampler = ScriptedSampler([[calm(0), calm(1)]])
     controller = FallbackController(triton.http_url, SETTINGS)
@@ -119,12 +132,13 @@ def test_an_unhealthy_gpu_of_two_is_left_out_live_and_put_back(
             assert wait_for(lambda: len(load.levels) >= 3)
             sampler.replace([[calm(0), hot(1)]])
             tripped = time.monotonic()
-            assert wait_for(lambda: group_names(triton) == ["dispatch_model_gpu0"])
+            assert wait_for(lambda: bool(controller.transitions))  # the load has returned
             moved_s = time.monotonic() - tripped
+            assert group_names(triton) == ["dispatch_model_gpu0"]
             answered = len(load.levels)
             assert wait_for(lambda: len(load.levels) >= answered + 3)
             sampler.replace([[calm(0), calm(1)]])
-            assert wait_for(lambda: model_config(triton.http_url, "dispatch_model") == served)
+            assert wait_for(lambda: model_config(triton.http_url, "dispatch_model") == two_gpus)
             answered = len(load.levels)
             assert wait_for(lambda: len(load.levels) >= answered + 3)
         finally:
@@ -138,31 +152,98 @@ def test_an_unhealthy_gpu_of_two_is_left_out_live_and_put_back(
     ]
     assert load.failures == []
     assert {level for answer in load.levels for level in answer} == {0}  # the model scored all
+    back = controller.transitions[1]
     print(
         f"3 hot samples at {SETTINGS.sample_period_s} s + reload: traffic off GPU 1 after "
-        f"{moved_s:.2f} s (load {l1.seconds:.2f} s); {len(load.levels)} requests, 0 failed"
+        f"{moved_s:.2f} s (load {l1.seconds:.2f} s, back {back.seconds:.2f} s); "
+        f"{len(load.levels)} requests, 0 failed"
     )
 
 
+def level_of(controller: FallbackController) -> DeviceLevel:
+    return controller.level
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return str(answer.read().decode())
+
+
 def test_no_healthy_gpu_moves_scoring_to_cpu_instances(
-    triton: TritonServer, served: dict[str, Any]
+    triton: TritonServer, two_gpus: dict[str, Any]
 ) -> None:
     sampler = ScriptedSampler([[hot(0), hot(1)]])
     controller = FallbackController(triton.http_url, SETTINGS)
     monitor = GpuMonitor(sampler, SETTINGS, controller)
-    with Load(triton) as load:
-        for _ in range(3):
+    endpoint = serve_metrics(monitor, "127.0.0.1", 0)
+    metrics_url = f"http://127.0.0.1:{endpoint.server_address[1]}/metrics"
+    try:
+        with Load(triton) as load:
+            for _ in range(3):
+                monitor.step()
+            assert level_of(controller) is DeviceLevel.L2_CPU
+            assert group_names(triton) == ["dispatch_model_cpu"]
+            assert triton.is_ready()  # degraded, still ready
+            text = scrape(metrics_url)
+            assert "dispatch_device_fallback_level 2.0" in text
+            assert 'dispatch_gpu_health_state{gpu="1",uuid="GPU-1"} 2.0' in text
+            answered = len(load.levels)
+            assert wait_for(lambda: len(load.levels) >= answered + 3)
+            sampler.replace([[calm(0), calm(1)]])
             monitor.step()
-        assert controller.level is DeviceLevel.L2_CPU
-        assert group_names(triton) == ["dispatch_model_cpu"]
-        answered = len(load.levels)
-        assert wait_for(lambda: len(load.levels) >= answered + 3)
-        sampler.replace([[calm(0), calm(1)]])
-        monitor.step()
-        assert controller.level is DeviceLevel.L2_CPU  # clear, but waiting restore_after_s
-        time.sleep(SETTINGS.restore_after_s)
-        monitor.step()
-        assert controller.level is DeviceLevel.L0_ALL_GPUS
-        assert model_config(triton.http_url, "dispatch_model") == served
+            assert level_of(controller) is DeviceLevel.L2_CPU  # clear, but waiting restore_after_s
+            time.sleep(SETTINGS.restore_after_s)
+            monitor.step()
+            assert level_of(controller) is DeviceLevel.L0_ALL_GPUS
+            assert model_config(triton.http_url, "dispatch_model") == two_gpus
+            assert "dispatch_device_fallback_level 0.0" in scrape(metrics_url)
+    finally:
+        endpoint.shutdown()
+        endpoint.server_close()
     assert load.failures == []
     assert {level for answer in load.levels for level in answer} == {0}
+
+
+def test_a_refused_cpu_load_keeps_the_server_ready_and_bounds_the_router_wait(
+    triton: TritonServer, served: dict[str, Any]
+) -> None:
+    """L3: the CPU load is refused (injected), so the model stays where it was; the router's
+    per-call timeout drops to l3_bls_timeout_ms so that a broken GPU costs at most that
+    before the rule-based dispatcher answers (tests/integration/test_canary.py shows the
+    rule-based answers of a failing model). Nothing is unloaded: the server stays ready."""
+    before = read_router_settings(triton.http_url)
+
+    def refuse_cpu(url: str, model: str, config: Any, key: Any, timeout_s: float) -> None:
+        if config["instance_group"][0].get("name") == "dispatch_model_cpu":
+            raise ModelControlError("HTTP 400: CPU load refused (injected)", 400)
+        load_model(url, model, config, key, timeout_s)
+
+    controller = FallbackController(triton.http_url, SETTINGS, load=refuse_cpu)
+    sampler = ScriptedSampler([[hot(0), hot(1)]])
+    monitor = GpuMonitor(sampler, SETTINGS, controller)
+    http = httpclient.InferenceServerClient(triton.http_url, network_timeout=60.0)
+    tensors = sim_window(22, 16, 60)
+    try:
+        for _ in range(3):
+            monitor.step()
+        assert [t.level for t in controller.transitions] == [
+            DeviceLevel.L2_CPU,
+            DeviceLevel.L3_RULE_BASED,
+        ]
+        assert level_of(controller) is DeviceLevel.L3_RULE_BASED
+        assert model_config(triton.http_url, "dispatch_model") == served
+        assert read_router_settings(triton.http_url).bls_timeout_ms == SETTINGS.l3_bls_timeout_ms
+        assert triton.is_ready()
+        out = infer_http(http, tensors, output_names=ROUTED_OUTPUT_NAMES)
+        assert len(np.asarray(out["ORDER_FALLBACK_LEVEL"])) == 16
+        sampler.replace([[calm(0), calm(1)]])
+        monitor.step()
+        time.sleep(SETTINGS.restore_after_s)
+        monitor.step()
+        assert level_of(controller) is DeviceLevel.L0_ALL_GPUS
+        assert read_router_settings(triton.http_url) == before
+        assert model_config(triton.http_url, "dispatch_model") == served
+    finally:
+        http.close()
+        if read_router_settings(triton.http_url) != before:
+            apply_router_settings(triton.http_url, before)

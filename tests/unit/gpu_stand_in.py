@@ -11,8 +11,18 @@ from dispatch_service.ops.gpu.fallback import FallbackController
 from dispatch_service.ops.gpu.sampling import GpuSample
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
 from dispatch_service.ops.model_control import ModelControlError
+from dispatch_service.routing.settings import RouterSettings
 
-__all__ = ["GIB", "GPU_CONFIG", "GPU_GROUP", "FakeRepository", "calm", "hot"]
+__all__ = [
+    "GIB",
+    "GPU_CONFIG",
+    "GPU_GROUP",
+    "Clock",
+    "FakeRepository",
+    "FakeRouter",
+    "calm",
+    "hot",
+]
 
 GIB = 1 << 30
 
@@ -57,6 +67,7 @@ class FakeRepository:
         self.config: dict[str, Any] | None = copy.deepcopy(config)
         self.sent: list[tuple[str, str | None]] = []  # (action, config JSON)
         self.refuse: set[str] = set()  # instance kinds whose load fails
+        self.router = FakeRouter()
 
     def read(self, url: str, model: str, timeout_s: float) -> dict[str, Any]:
         if self.config is None:
@@ -72,16 +83,38 @@ class FakeRepository:
             raise ModelControlError("HTTP 400: failed to load 'dispatch_model'", 400)
         self.config = copy.deepcopy(config)
 
-    def unload(self, url: str, model: str, key: Any, timeout_s: float) -> None:
-        self.sent.append(("unload", None))
-        self.config = None
-
-    def controller(self, settings: GpuMonitorSettings | None = None) -> FallbackController:
+    def controller(
+        self, settings: GpuMonitorSettings | None = None, clock: Clock | None = None
+    ) -> FallbackController:
         return FallbackController(
             "127.0.0.1:8000",
             settings or GpuMonitorSettings(),
             "k",
             load=self.load,
             read=self.read,
-            unload=self.unload,
+            router=self.router,
+            clock=clock or Clock(),
         )
+
+
+class FakeRouter:
+    """dispatch_router's settings, read and replaced like router_control does."""
+
+    def __init__(self) -> None:
+        self.settings = RouterSettings(stable_version=1, canary_version=2)
+        self.applied: list[RouterSettings] = []
+
+    def read(self) -> RouterSettings:
+        return self.settings
+
+    def apply(self, settings: RouterSettings) -> None:
+        self.applied.append(settings)
+        self.settings = settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now

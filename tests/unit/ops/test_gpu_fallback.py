@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from gpu_stand_in import GPU_CONFIG, GPU_GROUP, FakeRepository
+from gpu_stand_in import GPU_CONFIG, GPU_GROUP, Clock, FakeRepository
 
 from dispatch_service.ops.gpu.fallback import (
     DeviceLevel,
@@ -17,6 +17,7 @@ from dispatch_service.ops.gpu.fallback import (
     level_for,
 )
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
+from dispatch_service.routing.settings import RouterSettings
 
 SETTINGS = GpuMonitorSettings()
 
@@ -97,18 +98,24 @@ def test_no_gpu_left_goes_to_the_cpu_and_a_failed_cpu_load_to_rule_based() -> No
     (step,) = control.reconcile(frozenset(), [0, 1])
     assert step.level is DeviceLevel.L2_CPU and step.error is None
     assert repo.config is not None and repo.config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert repo.router.applied == []  # the router is left alone at L2
 
     repo = FakeRepository(GPU_CONFIG)
     repo.refuse = {"KIND_CPU"}
     control = repo.controller()
     l2, l3 = control.reconcile(frozenset(), [0, 1])
     assert l2.level is DeviceLevel.L2_CPU and l2.error and "failed to load" in l2.error
+    # L3: the model stays loaded (readiness), the router stops waiting long for it.
     assert l3.level is DeviceLevel.L3_RULE_BASED and l3.error is None
-    assert repo.config is None and control.level is DeviceLevel.L3_RULE_BASED
+    assert l3.bls_timeout_ms == 100 and repo.router.settings.bls_timeout_ms == 100
+    assert repo.router.settings.canary_version == 2  # nothing else changes
+    assert repo.config == GPU_CONFIG and control.level is DeviceLevel.L3_RULE_BASED
     assert control.reconcile(frozenset(), [0, 1]) == []  # stays there, no retry storm
-    # The GPUs recover: the model comes back with its own configuration (the last one read).
-    (back,) = control.reconcile(frozenset({0, 1}), [0, 1])
+    # The GPUs recover: the model's own configuration, then the router's own timeout.
+    back, router = control.reconcile(frozenset({0, 1}), [0, 1])
     assert back.level is DeviceLevel.L0_ALL_GPUS and back.error is None
+    assert router.level is DeviceLevel.L0_ALL_GPUS and router.bls_timeout_ms == 2000
+    assert repo.router.settings == RouterSettings(stable_version=1, canary_version=2)
     assert repo.config == GPU_CONFIG
 
 
@@ -121,13 +128,17 @@ def test_a_refused_l1_load_moves_on_to_the_cpu() -> None:
     assert control.level is DeviceLevel.L2_CPU
 
 
-def test_a_refused_restore_is_retried_on_the_next_round() -> None:
+def test_a_refused_change_is_tried_again_after_retry_after_s() -> None:
     repo = FakeRepository(GPU_CONFIG)
-    control = repo.controller()
+    clock = Clock()
+    control = repo.controller(GpuMonitorSettings(retry_after_s=30.0), clock)
     control.reconcile(frozenset({0}), [0, 1])
     repo.refuse = {"KIND_GPU"}
     (failed,) = control.reconcile(frozenset({0, 1}), [0, 1])
     assert failed.error is not None and control.level is DeviceLevel.L1_OTHER_GPUS
     repo.refuse = set()
+    clock.now = 29.0
+    assert control.reconcile(frozenset({0, 1}), [0, 1]) == []  # not every round
+    clock.now = 30.0
     (done,) = control.reconcile(frozenset({0, 1}), [0, 1])
     assert done.error is None and repo.config == GPU_CONFIG

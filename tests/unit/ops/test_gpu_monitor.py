@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from gpu_stand_in import GPU_CONFIG, FakeRepository, calm, hot
+from gpu_stand_in import GPU_CONFIG, Clock, FakeRepository, calm, hot
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,14 +25,6 @@ from dispatch_service.ops.gpu.sampling import (
     _run_probe,
 )
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def scrape(monitor: GpuMonitor) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -6,35 +6,35 @@ repository API (`model_control.load_model` with a config override).
 | L0 | every GPU serves | the model's own instance groups (as found at start) |
 | L1 | some GPUs unhealthy | the same groups without the unhealthy GPUs |
 | L2 | no GPU serves | `cpu_instances` CPU instances (ONNX Runtime on the CPU) |
-| L3 | the CPU load failed | model unloaded: the rule-based dispatcher answers at once |
+| L3 | the CPU load failed | router timeout cut: the rule-based dispatcher answers fast |
 
 Each override starts from the configuration the model runs with now and changes only
 ``instance_group``, so versions, batching and parameters set by others (a canary deploy)
 stay. A failed load leaves Triton serving the previous configuration (checked on 2.51): L1
-failing goes on to L2, L2 failing to L3; a failed return to L0 is retried on the next step.
+failing goes on to L2, L2 failing to L3; a failed change is tried again after
+``retry_after_s``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
-from dispatch_service.ops.model_control import (
-    ModelControlError,
-    load_model,
-    model_config,
-    unload_model,
-)
+from dispatch_service.ops.model_control import ModelControlError, load_model, model_config
+from dispatch_service.routing.settings import RouterSettings
 
 __all__ = [
     "DeviceLevel",
     "FallbackController",
+    "LiveRouter",
+    "RouterHook",
     "Transition",
     "cpu_config",
     "instance_groups_for",
@@ -121,19 +121,53 @@ def cpu_config(current: Mapping[str, Any], settings: GpuMonitorSettings) -> Conf
     return config
 
 
+class RouterHook(Protocol):
+    """Reads and changes dispatch_router's settings (live: `router_control`)."""
+
+    def read(self) -> RouterSettings: ...
+
+    def apply(self, settings: RouterSettings) -> None: ...
+
+
+@dataclass(frozen=True)
+class LiveRouter:
+    """`RouterHook` over the repository API of a running server."""
+
+    http_url: str
+    admin_key: str | None = None
+    timeout_s: float = 120.0
+
+    # router_control imports the routing engine (numpy, SciPy): only when L3 needs it, so
+    # the launcher's import stays light.
+    def read(self) -> RouterSettings:
+        from dispatch_service.ops.router_control import read_router_settings
+
+        return read_router_settings(self.http_url, self.admin_key, self.timeout_s)
+
+    def apply(self, settings: RouterSettings) -> None:
+        from dispatch_service.ops.router_control import apply_router_settings
+
+        apply_router_settings(self.http_url, settings, self.admin_key, self.timeout_s)
+
+
 @dataclass(frozen=True)
 class Transition:
     """One change of level, for logs, metrics and tests."""
 
     level: DeviceLevel
     serving: tuple[int, ...]
-    config: Config | None  # what was sent (None: an unload)
+    config: Config | None  # the model configuration sent (None: L3, the router changed)
     seconds: float
-    error: str | None = None  # the load failed; a later transition says where it went
+    error: str | None = None  # the change failed; a later transition says where it went
+    bls_timeout_ms: int | None = None  # the router's timeout set by this change, if any
 
 
 class FallbackController:
-    """Keeps `dispatch_model`'s instance groups in step with the GPUs' health."""
+    """Keeps `dispatch_model`'s instance groups in step with the GPUs' health.
+
+    A change that fails (and the chain below it) is tried again after ``retry_after_s``,
+    not on every round.
+    """
 
     def __init__(
         self,
@@ -143,33 +177,26 @@ class FallbackController:
         timeout_s: float = 300.0,
         load: Callable[..., None] = load_model,
         read: Callable[..., dict[str, Any]] = model_config,
-        unload: Callable[..., None] = unload_model,
-        clock: Callable[[], float] = time.perf_counter,
+        router: RouterHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.http_url = http_url
         self.settings = settings
         self.admin_key = admin_key
         self.timeout_s = timeout_s
-        self._load, self._read, self._unload, self._clock = load, read, unload, clock
+        self._load, self._read, self._clock = load, read, clock
+        self.router = router or LiveRouter(http_url, admin_key)
         self.base_groups: list[Config] | None = None
         self.level = DeviceLevel.L0_ALL_GPUS
         self.applied: frozenset[int] | None = None  # the serving set last applied
         self.transitions: list[Transition] = []
-        self._known: Config | None = None  # the latest configuration read from the server
+        self._router_timeout_before: int | None = None  # the router's timeout before L3
+        self._failed: tuple[frozenset[int], float] | None = None  # (serving, retry at)
 
     def attach(self) -> None:
         """Remember the model's own instance groups (the L0 configuration)."""
-        config = self._current()
+        config = self._read(self.http_url, self.settings.model, self.timeout_s)
         self.base_groups = [dict(g) for g in config.get("instance_group") or []]
-
-    def _current(self) -> Config:
-        """The model's configuration now; after an L3 unload, the last one read."""
-        try:
-            self._known = self._read(self.http_url, self.settings.model, self.timeout_s)
-        except ModelControlError:
-            if self._known is None or self.level is not DeviceLevel.L3_RULE_BASED:
-                raise
-        return dict(self._known)
 
     def reconcile(self, serving: frozenset[int], gpus: Sequence[int]) -> list[Transition]:
         """Load the configuration `serving` asks for, if it differs from the applied one."""
@@ -182,19 +209,23 @@ class FallbackController:
             return []
         if self.applied == key and self.level >= wanted:
             return []  # done already (or already further down the chain)
+        if self._failed is not None and self._failed[0] == key and self._clock() < self._failed[1]:
+            return []  # failed a moment ago: wait before trying again
         done: list[Transition] = []
         level = wanted
         while True:
             step = self._apply(level, key, gpus)
             done.append(step)
-            if step.error is None or level is DeviceLevel.L0_ALL_GPUS:
-                break
-            if level is DeviceLevel.L3_RULE_BASED:
+            if step.error is None or level in (DeviceLevel.L0_ALL_GPUS, DeviceLevel.L3_RULE_BASED):
                 break
             level = DeviceLevel(level + 1)
         last = done[-1]
         if last.error is None:
-            self.level, self.applied = last.level, key
+            if self.level is DeviceLevel.L3_RULE_BASED and last.level < self.level:
+                done.append(self._leave_l3(key, last.level))
+            self.level, self.applied, self._failed = last.level, key, None
+        else:
+            self._failed = (key, self._clock() + self.settings.retry_after_s)
         self.transitions += done
         return done
 
@@ -203,32 +234,69 @@ class FallbackController:
     ) -> Transition:
         started = self._clock()
         config: Config | None = None
+        timeout_ms: int | None = None
+        error: str | None = None
         try:
             if level is DeviceLevel.L3_RULE_BASED:
-                self._unload(self.http_url, self.settings.model, self.admin_key, self.timeout_s)
+                timeout_ms = self._enter_l3()
             else:
-                config = self._config(level, self._current(), serving, gpus)
+                current = self._read(self.http_url, self.settings.model, self.timeout_s)
+                config = self._config(level, current, serving, gpus)
                 self._load(
                     self.http_url, self.settings.model, config, self.admin_key, self.timeout_s
                 )
         except (ModelControlError, ValueError) as exc:
-            step = Transition(
-                level, tuple(sorted(serving)), config, self._clock() - started, str(exc)
-            )
-        else:
-            step = Transition(level, tuple(sorted(serving)), config, self._clock() - started)
-        record = {
+            error = str(exc)
+        step = Transition(
+            level, tuple(sorted(serving)), config, self._clock() - started, error, timeout_ms
+        )
+        self._log(step)
+        return step
+
+    def _enter_l3(self) -> int:
+        """The CPU load failed, so the model still sits on the broken GPUs: bound what each
+        call may wait (the router's ``bls_timeout_ms``) so that the rule-based dispatcher
+        answers well within a request's deadline. The model stays loaded (unloading it
+        would make a strict-readiness server report not ready)."""
+        now = self.router.read()
+        if self._router_timeout_before is None:
+            self._router_timeout_before = now.bls_timeout_ms
+        timeout_ms = min(now.bls_timeout_ms, self.settings.l3_bls_timeout_ms)
+        if timeout_ms != now.bls_timeout_ms:
+            self.router.apply(dataclasses.replace(now, bls_timeout_ms=timeout_ms))
+        return timeout_ms
+
+    def _leave_l3(self, serving: frozenset[int], level: DeviceLevel) -> Transition:
+        """Give the router its own timeout back once a model configuration serves again."""
+        started = self._clock()
+        before, error = self._router_timeout_before, None
+        try:
+            now = self.router.read()
+            if before is not None and now.bls_timeout_ms != before:
+                self.router.apply(dataclasses.replace(now, bls_timeout_ms=before))
+            self._router_timeout_before = None
+        except (ModelControlError, ValueError) as exc:
+            error = f"restoring the router's bls_timeout_ms={before} failed: {exc}"
+        step = Transition(
+            level, tuple(sorted(serving)), None, self._clock() - started, error, before
+        )
+        self._log(step)
+        return step
+
+    def _log(self, step: Transition) -> None:
+        record: dict[str, Any] = {
             "event": "gpu_fallback_level",
             "model": self.settings.model,
-            "level": f"L{int(level)}",
+            "level": f"L{int(step.level)}",
             "serving_gpus": list(step.serving),
             "seconds": round(step.seconds, 3),
-            "instance_group": None if config is None else config.get("instance_group"),
+            "instance_group": None if step.config is None else step.config.get("instance_group"),
         }
+        if step.bls_timeout_ms is not None:
+            record["router_bls_timeout_ms"] = step.bls_timeout_ms
         if step.error is not None:
             record["error"] = step.error
         (logger.error if step.error else logger.warning)(json.dumps(record, sort_keys=True))
-        return step
 
     def _config(
         self, level: DeviceLevel, current: Config, serving: frozenset[int], gpus: Sequence[int]

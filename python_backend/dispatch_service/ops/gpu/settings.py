@@ -48,6 +48,10 @@ class GpuMonitorSettings:
     act: bool = True
     instances_per_gpu: int = 1
     cpu_instances: int = 2  # L2: CPU instances of the model when no GPU is healthy
+    # L3 (the CPU load failed): the router's per-call timeout while the model stays on the
+    # broken GPUs, so the rule-based dispatcher answers within a request's deadline.
+    l3_bls_timeout_ms: int = 100
+    retry_after_s: float = 30.0  # a failed change is tried again after this long
     # KIND_GPU: L1 keeps the model's GPU instance groups, minus unhealthy GPUs. KIND_CPU:
     # each healthy GPU stands as `instances_per_gpu` CPU instances named <model>_gpu<i>
     # (the cpu profile's stand-in, so the whole chain runs against a live CPU server).
@@ -64,6 +68,7 @@ class GpuMonitorSettings:
             "temperature_c",
             "restore_after_s",
             "context_probe_timeout_s",
+            "retry_after_s",
         ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -72,7 +77,7 @@ class GpuMonitorSettings:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        for name in ("trip_samples", "instances_per_gpu", "cpu_instances"):
+        for name in ("trip_samples", "instances_per_gpu", "cpu_instances", "l3_bls_timeout_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

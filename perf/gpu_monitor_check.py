@@ -34,8 +34,8 @@ from dispatch_service.ops.gpu.sampling import (
     GpuSample,
     GpuSampler,
     ScriptedSampler,
-    _run_probe,
     open_nvml_sampler,
+    run_context_probe,
 )
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
 
@@ -87,7 +87,7 @@ def probe_cpu_seconds(
 ) -> tuple[float, dict[int, bool]]:
     """CPU seconds (user + system) of one context probe child, and its answers."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    answers = _run_probe(indices, timeout_s)
+    answers = run_context_probe(indices, timeout_s)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     spent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return spent, answers

@@ -22,7 +22,7 @@ from dispatch_service.ops.gpu.sampling import (
     GpuSample,
     NvmlSampler,
     ScriptedSampler,
-    _run_probe,
+    run_context_probe,
 )
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
 
@@ -239,6 +239,6 @@ def test_the_real_probe_reports_failure_on_a_host_without_a_cuda_driver() -> Non
 
         ctypes.CDLL("libcuda.so.1")
     except OSError:
-        assert _run_probe([0, 1], 30.0) == {0: False, 1: False}
+        assert run_context_probe([0, 1], 30.0) == {0: False, 1: False}
     else:
         pytest.skip("this host has a CUDA driver: perf/gpu_check.sh covers the probe")

@@ -32,6 +32,7 @@ __all__ = [
     "NvmlSampler",
     "ScriptedSampler",
     "open_nvml_sampler",
+    "run_context_probe",
 ]
 
 
@@ -144,7 +145,7 @@ print(json.dumps(out))
 """
 
 
-def _run_probe(indices: Sequence[int], timeout_s: float) -> dict[int, bool]:
+def run_context_probe(indices: Sequence[int], timeout_s: float) -> dict[int, bool]:
     try:
         done = subprocess.run(
             [sys.executable, "-c", CONTEXT_PROBE_SCRIPT, *map(str, indices)],
@@ -170,7 +171,7 @@ class ContextProber:
         self,
         period_s: float,
         timeout_s: float,
-        probe: Callable[[Sequence[int], float], dict[int, bool]] = _run_probe,
+        probe: Callable[[Sequence[int], float], dict[int, bool]] = run_context_probe,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.period_s = period_s

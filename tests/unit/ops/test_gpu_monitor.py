@@ -169,7 +169,7 @@ class NVMLError_NotSupported(NVMLError):  # noqa: N801, N818 (pynvml's name)
     pass
 
 
-def fake_pynvml(broken: set[int], ecc_supported: bool = True) -> Any:
+def fake_pynvml(broken: set[int], ecc_supported: bool = True, mig: bool = False) -> Any:
     """The few pynvml calls the sampler makes, for two GPUs."""
 
     def handle(i: int) -> int:
@@ -178,6 +178,8 @@ def fake_pynvml(broken: set[int], ecc_supported: bool = True) -> Any:
     def utilization(h: int) -> Any:
         if h in broken:
             raise NVMLError("GPU is lost")
+        if mig:
+            raise NVMLError_NotSupported("Not Supported")
         return SimpleNamespace(gpu=97 if h else 12, memory=0)
 
     def ecc(h: int, kind: int, counter: int) -> int:
@@ -208,9 +210,14 @@ def test_nvml_readings_become_samples_and_an_unreadable_gpu_an_error() -> None:
     first, second = sampler.sample() or []
     assert first == GpuSample(0, "GPU-0", 12.0, 30, 40, 70.0, 4, None)
     assert first.memory_percent == 75.0
+    assert GpuSample(0, memory_total_bytes=40).memory_percent is None
     assert second.index == 1 and second.error == "GPU is lost" and second.uuid == "GPU-1"
     no_ecc = NvmlSampler(fake_pynvml(broken=set(), ecc_supported=False)).sample() or []
     assert [s.ecc_uncorrected for s in no_ecc] == [None, None]
+    # MIG: no utilisation figure, which is no reason to take the GPU out.
+    mig = NvmlSampler(fake_pynvml(broken=set(), mig=True)).sample() or []
+    assert [(s.utilization_percent, s.error) for s in mig] == [(None, None), (None, None)]
+    assert [s.temperature_c for s in mig] == [70.0, 71.0]
 
 
 def test_context_answers_come_from_the_probe_in_the_background() -> None:
@@ -242,3 +249,26 @@ def test_the_real_probe_reports_failure_on_a_host_without_a_cuda_driver() -> Non
         assert run_context_probe([0, 1], 30.0) == {0: False, 1: False}
     else:
         pytest.skip("this host has a CUDA driver: perf/gpu_check.sh covers the probe")
+
+
+def test_the_launcher_refuses_bad_monitor_settings_before_starting_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dispatch_service.ops.server import main as serve
+
+    with pytest.raises(SystemExit) as stopped:
+        serve(["--gpu-monitor", "trip_samples=0", "--tritonserver", "/nonexistent"])
+    assert stopped.value.code == 2
+    assert "--gpu-monitor" in capsys.readouterr().err
+
+
+def test_recorded_readings_replay_from_json(tmp_path: Any) -> None:
+    path = tmp_path / "readings.json"
+    path.write_text('[[{"index": 0, "utilization_percent": 99, "temperature_c": 90}], null]')
+    sampler = ScriptedSampler.from_json(path)
+    (first,) = sampler.sample() or []
+    assert (first.index, first.utilization_percent, first.temperature_c) == (0, 99, 90)
+    assert sampler.sample() is None
+    path.write_text('[[{"index": 0, "utilisation": 99}]]')
+    with pytest.raises(ValueError, match="unknown GPU sample field"):
+        ScriptedSampler.from_json(path)

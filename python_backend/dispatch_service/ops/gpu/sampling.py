@@ -52,8 +52,8 @@ class GpuSample:
 
     @property
     def memory_percent(self) -> float | None:
-        if not self.memory_used_bytes or not self.memory_total_bytes:
-            return None if self.memory_total_bytes is None else 0.0
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
         return 100.0 * self.memory_used_bytes / self.memory_total_bytes
 
     @classmethod
@@ -235,7 +235,8 @@ class NvmlSampler:
         return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
 
     def _optional(self, read: Callable[[], Any]) -> Any:
-        """A figure the device may not support (ECC on consumer boards): None then."""
+        """A figure the device may not support (ECC on consumer boards, utilisation under
+        MIG): None then. Any other NVML error means the device cannot be read."""
         try:
             return read()
         except self._nvml.NVMLError_NotSupported:
@@ -243,10 +244,12 @@ class NvmlSampler:
 
     def _read(self, index: int, handle: Any, context_ok: bool | None) -> GpuSample:
         nvml = self._nvml
-        try:
-            utilization = nvml.nvmlDeviceGetUtilizationRates(handle)
+        try:  # utilisation is not supported on MIG-enabled GPUs: None, not an error
+            utilization = self._optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            temperature = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            temperature = self._optional(
+                lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            )
             ecc = self._optional(
                 lambda: nvml.nvmlDeviceGetTotalEccErrors(
                     handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
@@ -257,10 +260,10 @@ class NvmlSampler:
         return GpuSample(
             index=index,
             uuid=self._uuids[index],
-            utilization_percent=float(utilization.gpu),
+            utilization_percent=None if utilization is None else float(utilization.gpu),
             memory_used_bytes=int(memory.used),
             memory_total_bytes=int(memory.total),
-            temperature_c=float(temperature),
+            temperature_c=None if temperature is None else float(temperature),
             ecc_uncorrected=None if ecc is None else int(ecc),
             context_ok=context_ok,
         )

@@ -272,3 +272,19 @@ def test_recorded_readings_replay_from_json(tmp_path: Any) -> None:
     path.write_text('[[{"index": 0, "utilisation": 99}]]')
     with pytest.raises(ValueError, match="unknown GPU sample field"):
         ScriptedSampler.from_json(path)
+
+
+def test_a_taken_metrics_port_does_not_stop_the_monitor(caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = GpuMonitorSettings(metrics_port=port, act=False, sample_period_s=0.01)
+        running = start_gpu_monitor("127.0.0.1:1", settings, sampler=ScriptedSampler([[calm(0)]]))
+        try:
+            assert running.metrics_url is None and not running.monitor.no_gpu
+        finally:
+            running.stop()
+    assert any("gpu_monitor_metrics_unavailable" in r.message for r in caplog.records)

@@ -198,7 +198,18 @@ def start_gpu_monitor(
     if settings.metrics_port and not monitor.no_gpu:
         from dispatch_service.ops.gpu.export import serve_metrics  # prometheus_client: 0.25 s
 
-        server = serve_metrics(monitor, settings.metrics_host, settings.metrics_port)
+        try:
+            server = serve_metrics(monitor, settings.metrics_host, settings.metrics_port)
+        except OSError as exc:  # the port is taken: monitor anyway, say so once
+            logger.error(
+                json.dumps(
+                    {
+                        "event": "gpu_monitor_metrics_unavailable",
+                        "port": settings.metrics_port,
+                        "error": str(exc),
+                    }
+                )
+            )
     running = RunningMonitor(monitor.start(), server)
     logger.info(
         json.dumps(

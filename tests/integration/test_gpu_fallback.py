@@ -26,10 +26,11 @@ from dispatch_service.ops.gpu.sampling import GpuSample, ScriptedSampler
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
 from dispatch_service.ops.model_control import ModelControlError, load_model, model_config
 from dispatch_service.ops.router_control import apply_router_settings, read_router_settings
-from dispatch_service.ops.server import TritonServer
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http, sim_window
 
 GIB = 1 << 30
+ADMIN_KEY = "gpu-fallback-test-key"
 SETTINGS = GpuMonitorSettings(
     sample_period_s=0.2,
     restore_after_s=1.0,
@@ -47,6 +48,22 @@ def hot(index: int) -> GpuSample:
     return GpuSample(index, f"GPU-{index}", 99.0, 78 * GIB, 80 * GIB, 91.0, 0, True)
 
 
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A server of its own: the `dispatch` ensemble and dispatch_model only (what the device
+    fallback changes), behind an admin key like a production one."""
+    log = tmp_path_factory.mktemp("gpu_fallback") / "server.log"
+    options = ServerOptions(
+        ports=Ports.free(),
+        admin_key=ADMIN_KEY,
+        load_models=("dispatch_model", "dispatch"),
+        extra_args=("--exit-timeout-secs=3",),
+    )
+    with TritonServer(TritonRuntime.from_venv(), options, log) as started:
+        yield started
+    print(f"gpu fallback tritonserver log: {log}")
+
+
 @pytest.fixture
 def served(triton: TritonServer) -> Iterator[dict[str, Any]]:
     """dispatch_model's configuration before the test, loaded back after it."""
@@ -55,7 +72,7 @@ def served(triton: TritonServer) -> Iterator[dict[str, Any]]:
         yield config
     finally:
         if model_config(triton.http_url, "dispatch_model") != config:
-            load_model(triton.http_url, "dispatch_model", config)
+            load_model(triton.http_url, "dispatch_model", config, ADMIN_KEY)
 
 
 @pytest.fixture
@@ -64,7 +81,7 @@ def two_gpus(triton: TritonServer, served: dict[str, Any]) -> dict[str, Any]:
     leaving one out really removes an instance (Triton updates instances in place when only
     instance_group changes; a renamed group of the same size would keep its instance)."""
     groups = [{"name": f"dispatch_model_gpu{i}", "kind": "KIND_CPU", "count": 1} for i in (0, 1)]
-    load_model(triton.http_url, "dispatch_model", {**served, "instance_group": groups})
+    load_model(triton.http_url, "dispatch_model", {**served, "instance_group": groups}, ADMIN_KEY)
     return model_config(triton.http_url, "dispatch_model")
 
 
@@ -124,7 +141,7 @@ def test_an_unhealthy_gpu_of_two_is_left_out_live_and_put_back(
     triton: TritonServer, two_gpus: dict[str, Any]
 ) -> None:
     sampler = ScriptedSampler([[calm(0), calm(1)]])
-    controller = FallbackController(triton.http_url, SETTINGS)
+    controller = FallbackController(triton.http_url, SETTINGS, ADMIN_KEY)
     monitor = GpuMonitor(sampler, SETTINGS, controller)
     with Load(triton) as load:
         monitor.start()
@@ -164,16 +181,26 @@ def level_of(controller: FallbackController) -> DeviceLevel:
     return controller.level
 
 
+def levels_now(server: TritonServer) -> set[int]:
+    """ORDER_FALLBACK_LEVEL of one window sent now."""
+    http = httpclient.InferenceServerClient(server.http_url, network_timeout=60.0)
+    try:
+        out = infer_http(http, sim_window(23, 8, 40), output_names=ROUTED_OUTPUT_NAMES)
+    finally:
+        http.close()
+    return set(np.asarray(out["ORDER_FALLBACK_LEVEL"]).tolist())
+
+
 def scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as answer:
         return str(answer.read().decode())
 
 
-def test_no_healthy_gpu_moves_scoring_to_cpu_instances(
+def test_no_healthy_gpu_moves_scoring_to_cpu_instances_and_answers_say_so(
     triton: TritonServer, two_gpus: dict[str, Any]
 ) -> None:
     sampler = ScriptedSampler([[hot(0), hot(1)]])
-    controller = FallbackController(triton.http_url, SETTINGS)
+    controller = FallbackController(triton.http_url, SETTINGS, ADMIN_KEY)
     monitor = GpuMonitor(sampler, SETTINGS, controller)
     endpoint = serve_metrics(monitor, "127.0.0.1", 0)
     metrics_url = f"http://127.0.0.1:{endpoint.server_address[1]}/metrics"
@@ -184,6 +211,8 @@ def test_no_healthy_gpu_moves_scoring_to_cpu_instances(
             assert level_of(controller) is DeviceLevel.L2_CPU
             assert group_names(triton) == ["dispatch_model_cpu"]
             assert triton.is_ready()  # degraded, still ready
+            assert read_router_settings(triton.http_url).cpu_scoring == 1
+            assert levels_now(triton) == {3}  # every answer says "scored on the CPU"
             text = scrape(metrics_url)
             assert "dispatch_device_fallback_level 2.0" in text
             assert 'dispatch_gpu_health_state{gpu="1",uuid="GPU-1"} 2.0' in text
@@ -196,12 +225,14 @@ def test_no_healthy_gpu_moves_scoring_to_cpu_instances(
             monitor.step()
             assert level_of(controller) is DeviceLevel.L0_ALL_GPUS
             assert model_config(triton.http_url, "dispatch_model") == two_gpus
+            assert read_router_settings(triton.http_url).cpu_scoring == 0
+            assert levels_now(triton) == {0}
             assert "dispatch_device_fallback_level 0.0" in scrape(metrics_url)
     finally:
         endpoint.shutdown()
         endpoint.server_close()
     assert load.failures == []
-    assert {level for answer in load.levels for level in answer} == {0}
+    assert {level for answer in load.levels for level in answer} == {0, 3}
 
 
 def test_a_refused_cpu_load_keeps_the_server_ready_and_bounds_the_router_wait(
@@ -218,7 +249,7 @@ def test_a_refused_cpu_load_keeps_the_server_ready_and_bounds_the_router_wait(
             raise ModelControlError("HTTP 400: CPU load refused (injected)", 400)
         load_model(url, model, config, key, timeout_s)
 
-    controller = FallbackController(triton.http_url, SETTINGS, load=refuse_cpu)
+    controller = FallbackController(triton.http_url, SETTINGS, ADMIN_KEY, load=refuse_cpu)
     sampler = ScriptedSampler([[hot(0), hot(1)]])
     monitor = GpuMonitor(sampler, SETTINGS, controller)
     http = httpclient.InferenceServerClient(triton.http_url, network_timeout=60.0)
@@ -246,4 +277,4 @@ def test_a_refused_cpu_load_keeps_the_server_ready_and_bounds_the_router_wait(
     finally:
         http.close()
         if read_router_settings(triton.http_url) != before:
-            apply_router_settings(triton.http_url, before)
+            apply_router_settings(triton.http_url, before, ADMIN_KEY)

@@ -38,6 +38,10 @@ class RouterSettings:
     canary_percent: int = 0  # share of users (of 100 hash buckets) routed to the canary
     shadow_percent: int = 0  # share of requests also scored by the other version
     bls_timeout_ms: int = 2000  # per version call; a slower call counts as a failure
+    # 1 while dispatch_model runs on CPU instances because no GPU of the node is healthy
+    # (the GPU monitor's device-level L2, ops.gpu): orders the chosen version scored then
+    # report FallbackLevel.CPU_SCORED. Set and cleared by the monitor, never by hand.
+    cpu_scoring: int = 0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -57,6 +61,8 @@ class RouterSettings:
             raise ValueError("canary_percent > 0 needs a canary_version")
         if self.bls_timeout_ms < 1:
             raise ValueError(f"bls_timeout_ms must be >= 1, got {self.bls_timeout_ms}")
+        if self.cpu_scoring not in (0, 1):
+            raise ValueError(f"cpu_scoring must be 0 or 1, got {self.cpu_scoring}")
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> RouterSettings:

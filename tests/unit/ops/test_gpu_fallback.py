@@ -17,6 +17,7 @@ from dispatch_service.ops.gpu.fallback import (
     level_for,
 )
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
+from dispatch_service.ops.model_control import ModelControlError
 from dispatch_service.routing.settings import RouterSettings
 
 SETTINGS = GpuMonitorSettings()
@@ -95,10 +96,14 @@ def test_overrides_keep_what_others_changed_meanwhile() -> None:
 def test_no_gpu_left_goes_to_the_cpu_and_a_failed_cpu_load_to_rule_based() -> None:
     repo = FakeRepository(GPU_CONFIG)
     control = repo.controller()
-    (step,) = control.reconcile(frozenset(), [0, 1])
+    step, router = control.reconcile(frozenset(), [0, 1])
     assert step.level is DeviceLevel.L2_CPU and step.error is None
     assert repo.config is not None and repo.config["instance_group"][0]["kind"] == "KIND_CPU"
-    assert repo.router.applied == []  # the router is left alone at L2
+    # The router reports the CPU-scored orders at ORDER_FALLBACK_LEVEL 3 from now on.
+    assert router.config is None and router.router is not None
+    assert repo.router.settings == RouterSettings(stable_version=1, canary_version=2, cpu_scoring=1)
+    (back, router) = control.reconcile(frozenset({1}), [0, 1])  # GPU 1 is back: L1
+    assert back.level is DeviceLevel.L1_OTHER_GPUS and repo.router.settings.cpu_scoring == 0
 
     repo = FakeRepository(GPU_CONFIG)
     repo.refuse = {"KIND_CPU"}
@@ -107,14 +112,16 @@ def test_no_gpu_left_goes_to_the_cpu_and_a_failed_cpu_load_to_rule_based() -> No
     assert l2.level is DeviceLevel.L2_CPU and l2.error and "failed to load" in l2.error
     # L3: the model stays loaded (readiness), the router stops waiting long for it.
     assert l3.level is DeviceLevel.L3_RULE_BASED and l3.error is None
-    assert l3.bls_timeout_ms == 100 and repo.router.settings.bls_timeout_ms == 100
+    assert l3.router is not None and l3.router.bls_timeout_ms == 100
+    assert repo.router.settings.bls_timeout_ms == 100 and repo.router.settings.cpu_scoring == 0
     assert repo.router.settings.canary_version == 2  # nothing else changes
     assert repo.config == GPU_CONFIG and control.level is DeviceLevel.L3_RULE_BASED
     assert control.reconcile(frozenset(), [0, 1]) == []  # stays there, no retry storm
     # The GPUs recover: the model's own configuration, then the router's own timeout.
     back, router = control.reconcile(frozenset({0, 1}), [0, 1])
     assert back.level is DeviceLevel.L0_ALL_GPUS and back.error is None
-    assert router.level is DeviceLevel.L0_ALL_GPUS and router.bls_timeout_ms == 2000
+    assert router.level is DeviceLevel.L0_ALL_GPUS
+    assert router.router is not None and router.router.bls_timeout_ms == 2000
     assert repo.router.settings == RouterSettings(stable_version=1, canary_version=2)
     assert repo.config == GPU_CONFIG
 
@@ -123,8 +130,9 @@ def test_a_refused_l1_load_moves_on_to_the_cpu() -> None:
     repo = FakeRepository(GPU_CONFIG)
     repo.refuse = {"KIND_GPU"}
     control = repo.controller()
-    l1, l2 = control.reconcile(frozenset({1}), [0, 1])
+    l1, l2, router = control.reconcile(frozenset({1}), [0, 1])
     assert l1.error is not None and l2.level is DeviceLevel.L2_CPU and l2.error is None
+    assert router.router is not None and router.router.cpu_scoring == 1
     assert control.level is DeviceLevel.L2_CPU
 
 
@@ -142,3 +150,16 @@ def test_a_refused_change_is_tried_again_after_retry_after_s() -> None:
     clock.now = 30.0
     (done,) = control.reconcile(frozenset({0, 1}), [0, 1])
     assert done.error is None and repo.config == GPU_CONFIG
+
+
+def test_a_router_that_cannot_be_updated_does_not_undo_the_model_change() -> None:
+    repo = FakeRepository(GPU_CONFIG)
+
+    def refuse(settings: RouterSettings) -> None:
+        raise ModelControlError("HTTP 400: dispatch_router refused")
+
+    repo.router.apply = refuse  # type: ignore[method-assign]
+    control = repo.controller()
+    l2, router = control.reconcile(frozenset(), [0, 1])
+    assert l2.error is None and control.level is DeviceLevel.L2_CPU
+    assert router.error is not None and "dispatch_router refused" in router.error

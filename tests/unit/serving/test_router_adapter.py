@@ -287,6 +287,7 @@ def test_initialize_parses_the_settings_once_and_logs_them() -> None:
             "canary_percent": 25,
             "shadow_percent": 0,
             "bls_timeout_ms": 2000,
+            "cpu_scoring": 0,
         },
     ]
     adapter.finalize()

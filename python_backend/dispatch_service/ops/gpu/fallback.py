@@ -5,8 +5,8 @@ repository API (`model_control.load_model` with a config override).
 | ----- | ---- | ------------------------- |
 | L0 | every GPU serves | the model's own instance groups (as found at start) |
 | L1 | some GPUs unhealthy | the same groups without the unhealthy GPUs |
-| L2 | no GPU serves | `cpu_instances` CPU instances (ONNX Runtime on the CPU) |
-| L3 | the CPU load failed | router timeout cut: the rule-based dispatcher answers fast |
+| L2 | no GPU serves | `cpu_instances` CPU instances; the router's `cpu_scoring` 1 |
+| L3 | the CPU load failed | the router's timeout cut: the rule-based dispatcher answers |
 
 Each override starts from the configuration the model runs with now and changes only
 ``instance_group``, so versions, batching and parameters set by others (a canary deploy)
@@ -156,10 +156,10 @@ class Transition:
 
     level: DeviceLevel
     serving: tuple[int, ...]
-    config: Config | None  # the model configuration sent (None: L3, the router changed)
+    config: Config | None  # the model configuration sent (None: only the router changed)
     seconds: float
     error: str | None = None  # the change failed; a later transition says where it went
-    bls_timeout_ms: int | None = None  # the router's timeout set by this change, if any
+    router: RouterSettings | None = None  # dispatch_router's settings after this change
 
 
 class FallbackController:
@@ -221,9 +221,11 @@ class FallbackController:
             level = DeviceLevel(level + 1)
         last = done[-1]
         if last.error is None:
-            if self.level is DeviceLevel.L3_RULE_BASED and last.level < self.level:
-                done.append(self._leave_l3(key, last.level))
             self.level, self.applied, self._failed = last.level, key, None
+            if last.level is not DeviceLevel.L3_RULE_BASED:  # L3 set the router already
+                router = self._sync_router(last.level, key)
+                if router is not None:
+                    done.append(router)
         else:
             self._failed = (key, self._clock() + self.settings.retry_after_s)
         self.transitions += done
@@ -234,11 +236,11 @@ class FallbackController:
     ) -> Transition:
         started = self._clock()
         config: Config | None = None
-        timeout_ms: int | None = None
+        router: RouterSettings | None = None
         error: str | None = None
         try:
             if level is DeviceLevel.L3_RULE_BASED:
-                timeout_ms = self._enter_l3()
+                router = self._router_for(level)
             else:
                 current = self._read(self.http_url, self.settings.model, self.timeout_s)
                 config = self._config(level, current, serving, gpus)
@@ -248,37 +250,56 @@ class FallbackController:
         except (ModelControlError, ValueError) as exc:
             error = str(exc)
         step = Transition(
-            level, tuple(sorted(serving)), config, self._clock() - started, error, timeout_ms
+            level, tuple(sorted(serving)), config, self._clock() - started, error, router
         )
         self._log(step)
         return step
 
-    def _enter_l3(self) -> int:
-        """The CPU load failed, so the model still sits on the broken GPUs: bound what each
-        call may wait (the router's ``bls_timeout_ms``) so that the rule-based dispatcher
-        answers well within a request's deadline. The model stays loaded (unloading it
-        would make a strict-readiness server report not ready)."""
-        now = self.router.read()
-        if self._router_timeout_before is None:
-            self._router_timeout_before = now.bls_timeout_ms
-        timeout_ms = min(now.bls_timeout_ms, self.settings.l3_bls_timeout_ms)
-        if timeout_ms != now.bls_timeout_ms:
-            self.router.apply(dataclasses.replace(now, bls_timeout_ms=timeout_ms))
-        return timeout_ms
+    def _router_for(self, level: DeviceLevel) -> RouterSettings:
+        """Bring dispatch_router's settings in line with `level`; returns what it runs with.
 
-    def _leave_l3(self, serving: frozenset[int], level: DeviceLevel) -> Transition:
-        """Give the router its own timeout back once a model configuration serves again."""
-        started = self._clock()
-        before, error = self._router_timeout_before, None
-        try:
-            now = self.router.read()
-            if before is not None and now.bls_timeout_ms != before:
-                self.router.apply(dataclasses.replace(now, bls_timeout_ms=before))
+        L2: ``cpu_scoring`` 1, so the orders scored on CPU instances report
+        ORDER_FALLBACK_LEVEL 3. L3: the CPU load failed and the model still sits on the
+        broken GPUs, so ``bls_timeout_ms`` drops to ``l3_bls_timeout_ms``: a call waits at
+        most that before the rule-based dispatcher answers, well within a request's
+        deadline (the model stays loaded: unloading it would make a strict-readiness server
+        report not ready). Other levels: both back as they were. Only these two fields
+        change; a canary set meanwhile stays.
+        """
+        now = self.router.read()
+        if level is DeviceLevel.L3_RULE_BASED:
+            if self._router_timeout_before is None:
+                self._router_timeout_before = now.bls_timeout_ms
+            timeout_ms = min(now.bls_timeout_ms, self.settings.l3_bls_timeout_ms)
+        else:
+            timeout_ms = self._router_timeout_before or now.bls_timeout_ms
+        wanted = dataclasses.replace(
+            now, bls_timeout_ms=timeout_ms, cpu_scoring=int(level is DeviceLevel.L2_CPU)
+        )
+        if wanted != now:
+            self.router.apply(wanted)
+        if level is not DeviceLevel.L3_RULE_BASED:
             self._router_timeout_before = None
+        return wanted
+
+    def _sync_router(self, level: DeviceLevel, serving: frozenset[int]) -> Transition | None:
+        """`_router_for` after a model configuration loaded; a step only when it failed or
+        changed something. A failure is logged; the model's level stands."""
+        started = self._clock()
+        try:
+            before = self.router.read()
+            router = self._router_for(level)
         except (ModelControlError, ValueError) as exc:
-            error = f"restoring the router's bls_timeout_ms={before} failed: {exc}"
+            step = Transition(
+                level, tuple(sorted(serving)), None, self._clock() - started,
+                f"updating dispatch_router failed: {exc}",
+            )  # fmt: skip
+            self._log(step)
+            return step
+        if router == before:
+            return None
         step = Transition(
-            level, tuple(sorted(serving)), None, self._clock() - started, error, before
+            level, tuple(sorted(serving)), None, self._clock() - started, None, router
         )
         self._log(step)
         return step
@@ -292,8 +313,9 @@ class FallbackController:
             "seconds": round(step.seconds, 3),
             "instance_group": None if step.config is None else step.config.get("instance_group"),
         }
-        if step.bls_timeout_ms is not None:
-            record["router_bls_timeout_ms"] = step.bls_timeout_ms
+        if step.router is not None:
+            record["router_bls_timeout_ms"] = step.router.bls_timeout_ms
+            record["router_cpu_scoring"] = step.router.cpu_scoring
         if step.error is not None:
             record["error"] = step.error
         (logger.error if step.error else logger.warning)(json.dumps(record, sort_keys=True))

@@ -25,6 +25,11 @@ Which `gpu` server runs depends on the host, and the report says which:
 Per configuration: latency p50/p99 of sequential requests from `DispatchClient` (concurrency
 1), throughput and p50/p99 from perf_analyzer at concurrency 128, and GPU memory in use
 (nvidia-smi) after the runs. Writes report.md and summary.json to --out.
+
+The GPU monitor (`perf.gpu_monitor_check`) runs on the real NVML while the gpu server is
+measured (observe-only, 1 s period: its CPU share and the GPUs' states), then drills the
+device fallback on that server (every GPU marked unhealthy by synthetic readings -> L2 CPU
+instances, answers checked -> healthy -> L0).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -59,6 +65,13 @@ from dispatch_service.ops.server import (
     ServerOptions,
     TritonRuntime,
     TritonServer,
+)
+from perf.gpu_monitor_check import (
+    DrillResult,
+    OverheadResult,
+    fallback_drill,
+    render_monitor,
+    run_overhead,
 )
 from perf.pa import SharedMemory
 
@@ -338,6 +351,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerError as exc:
         cpu_row.notes.append(f"server failed: {str(exc)[:300]}")
 
+    # The monitor on the real NVML, on its own thread while the gpu server is measured.
+    monitored: list[OverheadResult] = []
+    watcher = threading.Thread(
+        target=lambda: monitored.append(run_overhead(min(60.0, max(10.0, left() / 3)))),
+        daemon=True,
+    )
+    watcher.start()
+    drill: DrillResult | None = None
+
     # 2 + 3. gpu profile
     shm_row = Row("gpu + CUDA shm", "")
     copy_row = Row("gpu + copies (plain gRPC)", "")
@@ -384,10 +406,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "cuda",
                 )
             measure(copy_row, gpu_server, lambda: GrpcTransport(url), "none")
+            if left() > 45:
+
+                def score_one() -> str:
+                    with DispatchClient(GrpcTransport(url)) as client:
+                        orders = client.dispatch(window).to_json_dict()["orders"]
+                    levels = sorted({str(o.get("fallback_level")) for o in orders})
+                    return f"{len(orders)} orders answered, fallback levels {levels}"
+
+                drill = fallback_drill(gpu_server.http_url, range(len(baseline)), score_one)
+    watcher.join(timeout=max(1.0, left() - 5))
+    summary["gpu_monitor"] = {
+        "overhead": None
+        if not monitored
+        else {**asdict(monitored[0]), "share_of_core": monitored[0].share_of_core},
+        "drill": None if drill is None else asdict(drill),
+    }
 
     summary["rows"] = [asdict(row) for row in rows]
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (args.out / "report.md").write_text(render(summary, rows))
+    monitor_lines = render_monitor(monitored[0] if monitored else None, drill)
+    (args.out / "report.md").write_text(render(summary, rows) + "\n".join(monitor_lines))
     print((args.out / "report.md").read_text())
     return 0
 

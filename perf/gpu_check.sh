@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # GPU check, at most five minutes: cpu profile vs gpu profile with CUDA shared memory vs gpu
 # profile with ordinary copies (latency p50/p99, throughput at concurrency 128, GPU memory).
-# Writes perf/reports/gpu-<stamp>/report.md (and summary.json, server logs).
+# Writes perf/reports/gpu-<stamp>/report.md (and summary.json, server logs). Also runs the
+# GPU monitor (issue 14) on the real NVML while the gpu server is measured (its CPU share,
+# the GPUs' states, the CUDA context probe) and drills the device fallback on that server
+# (every GPU marked unhealthy by synthetic readings -> L2 CPU instances -> back to L0).
 #
 # Needs an NVIDIA GPU with its driver and this project set up on that host (`make setup`
 # installs onnxruntime-gpu there). Without a GPU it stops at once with "no NVIDIA GPU".

@@ -82,7 +82,8 @@ class OrderResult:
     assigned_rider_id: str | None
     assigned_score: float | None
     # dispatch_model version that scored the order (0: rule-based) and the fallback level
-    # (0 chosen version, 1 stable retry, 2 rule-based); None when the answer lacks them.
+    # (0 chosen version, 1 stable retry, 2 rule-based, 3 chosen version on CPU instances: no
+    # healthy GPU); None when the answer lacks them.
     model_version: int | None = None
     fallback_level: int | None = None
 

@@ -235,7 +235,8 @@ ORDER_FALLBACK_LEVEL = TensorSpec(
     "ORDER_FALLBACK_LEVEL",
     "INT32",
     (B,),
-    doc="0 chosen version answered, 1 stable retry answered, 2 rule-based dispatcher answered",
+    doc="0 chosen version answered, 1 stable retry answered, 2 rule-based dispatcher answered, "
+    "3 chosen version answered on CPU instances (no healthy GPU: device fallback L2)",
 )
 ROUTING_INPUTS: Final = (MODEL_VERSION_TAG,)
 ROUTING_OUTPUTS: Final = (ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL)

@@ -26,6 +26,7 @@ from typing import ClassVar, Final
 
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError, TrustedKeys
+from dispatch_service.ops.gpu import monitor as gpu_monitor
 from dispatch_service.ops.model_control import (
     ADMIN_KEY_HEADER,
     ModelControlError,
@@ -430,7 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"key the model-repository endpoints require in header {ADMIN_KEY_HEADER!r} "
         f"(env {ADMIN_KEY_ENV})",
     )
+    gpu_monitor.add_gpu_monitor_arguments(parser)
     args = parser.parse_args(argv)
+    gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     options = ServerOptions(
         model_repository=args.model_repository,
@@ -452,6 +455,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ServerError, FileNotFoundError, SigningError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    monitor = gpu_monitor.start_gpu_monitor(
+        server.http_url, gpu_settings, args.admin_key, act=args.profile == "gpu"
+    )
     print(
         f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
         f"metrics {server.metrics_url}\nCtrl-C stops it.",
@@ -470,6 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     code = server.process.returncode if server.process is not None else 0
+    monitor.stop()
     server.stop()
     print("tritonserver stopped", flush=True)
     return int(code or 0)

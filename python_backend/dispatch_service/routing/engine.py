@@ -325,6 +325,8 @@ def _routing(
                 s,
             )
         )
+    if settings.cpu_scoring:  # the device fallback runs the model on the CPU
+        level[level == int(FallbackLevel.CHOSEN)] = int(FallbackLevel.CPU_SCORED)
     return RoutedScores(
         objectives=objectives.reshape(-1, len(OBJECTIVES)),
         model_version=model_version,

@@ -5,7 +5,9 @@ answer of the wrong shape or with non-finite values) and the stable version answ
 retry. Level 2: the rule-based dispatcher (``rule_based_objectives``) answered, so that the
 resolver picks the nearest feasible rider and still respects capacity. Orders whose chosen
 version *is* the stable one skip level 1: retrying the version that just failed would only
-double the wait.
+double the wait. Level 3: the chosen version answered, but on CPU instances, because no GPU
+of the node is healthy (``RouterSettings.cpu_scoring``, set by the GPU monitor's
+device-level fallback L2); it takes the place of level 0 only.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class FallbackLevel(IntEnum):
     CHOSEN = 0  # the routed (or forced) version
     STABLE_RETRY = 1  # the stable version, after the chosen one failed
     RULE_BASED = 2  # no model answered: the rule-based dispatcher
+    CPU_SCORED = 3  # the chosen version, on CPU instances: no GPU healthy (device level L2)
 
 
 _PICKUP_KM: Final = PAIR_FEATURE_NAMES.index("pickup_distance_km")

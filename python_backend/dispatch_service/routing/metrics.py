@@ -55,7 +55,9 @@ def answered_counts(routed: RoutedScores) -> dict[tuple[int, ...], int]:
 
 def fallback_counts(routed: RoutedScores) -> dict[tuple[int, ...], int]:
     """(chosen version that failed, level that answered instead) -> orders."""
-    fell = routed.fallback_level > int(FallbackLevel.CHOSEN)
+    fell = np.isin(
+        routed.fallback_level, (int(FallbackLevel.STABLE_RETRY), int(FallbackLevel.RULE_BASED))
+    )
     return _count(routed.chosen_version[fell], routed.fallback_level[fell])
 
 

@@ -43,6 +43,10 @@ class RouterSettings:
     # launcher, deploy, rollback write it with the versions); () = not stated: every version
     # may be called. Both entry points route over it (`policy.routable`).
     scoring_versions: tuple[int, ...] = ()
+    # 1 while dispatch_model runs on CPU instances because no GPU of the node is healthy
+    # (the GPU monitor's device-level L2, ops.gpu): orders the chosen version scored then
+    # report FallbackLevel.CPU_SCORED. Set and cleared by the monitor, never by hand.
+    cpu_scoring: int = 0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -71,6 +75,8 @@ class RouterSettings:
             raise ValueError("canary_percent > 0 needs a canary_version")
         if self.bls_timeout_ms < 1:
             raise ValueError(f"bls_timeout_ms must be >= 1, got {self.bls_timeout_ms}")
+        if self.cpu_scoring not in (0, 1):
+            raise ValueError(f"cpu_scoring must be 0 or 1, got {self.cpu_scoring}")
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> RouterSettings:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from dispatch_service.core.metrics import ALL_METRICS
+from dispatch_service.ops.gpu.export import METRIC_NAMES as GPU_MONITOR_METRICS
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
@@ -88,7 +89,10 @@ TRITON_METRICS = frozenset(
 # The project's custom metrics (Python models through pb_utils.MetricFamily), as the library
 # defines them: a panel can only read what some model records.
 PROJECT_METRICS = frozenset(
-    spec.name for spec in (*ALL_METRICS, *ROUTER_METRICS, *FUSED_ROUTING_METRICS)
+    (
+        *(spec.name for spec in (*ALL_METRICS, *ROUTER_METRICS, *FUSED_ROUTING_METRICS)),
+        *GPU_MONITOR_METRICS,
+    )
 )
 # What the dashboard must show.
 DASHBOARD_REQUIRED = frozenset(
@@ -105,6 +109,10 @@ DASHBOARD_REQUIRED = frozenset(
         *(spec.name for spec in ALL_METRICS),
         *(spec.name for spec in (ROUTED_ORDERS, FALLBACK_ORDERS, MODEL_LATENCY, MODEL_ERRORS)),
         *(spec.name for spec in (SHADOW_ORDERS, SHADOW_TOP1_AGREEMENTS)),
+        "dispatch_gpu_health_state",
+        "dispatch_gpu_unhealthy_reason",
+        "dispatch_gpu_samples_over_threshold",
+        "dispatch_device_fallback_level",
     }
 )
 

@@ -281,6 +281,7 @@ def test_initialize_parses_the_settings_once_and_logs_them() -> None:
             "shadow_percent": 0,
             "bls_timeout_ms": 2000,
             "scoring_versions": [],
+            "cpu_scoring": 0,
         },
     ]
     adapter.finalize()

@@ -153,4 +153,4 @@ def test_package_re_exports_resolve_to_their_modules() -> None:
     assert domain.DispatchWindow is DispatchWindow
     assert routing.RouterSettings is RouterSettings
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
-        _ = domain.nothing_here  # type: ignore[attr-defined]
+        _ = domain.nothing_here  # type: ignore[attr-defined]  # misspelt: mypy says so too

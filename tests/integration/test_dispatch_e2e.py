@@ -201,50 +201,57 @@ def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxrunt
     triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
 ) -> None:
     """dispatch_model (dynamic batching, one instance) takes 16 requests sent at once in
-    fewer executions, and still answers each request's rows as ONNX Runtime does alone."""
+    fewer executions, and still answers each request's rows as ONNX Runtime does alone.
+
+    Whether two requests meet in the queue depends on timing: a burst that happened to be
+    served one by one is sent again, at most three bursts in all."""
     import onnxruntime as ort
 
     from dispatch_service.core.paths import MODEL_REPOSITORY
 
     encoder = DispatchPipeline.from_repository().encoder
     features = encoder.run(sim_window(seed=31, orders=256, riders=400))["PAIR_FEATURES"]
-    rng = np.random.default_rng(0)
-    # Distinct rows and sizes per request, so rows mixed up between requests would show.
-    requests = [
-        np.ascontiguousarray(features[rng.permutation(len(features))[: 1500 + 97 * i]])
-        for i in range(16)
-    ]
     reference = ort.InferenceSession(
         str(MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"),
         providers=["CPUExecutionProvider"],
     )
-    before = _model_counts(grpc_client, "dispatch_model")
     client = grpcclient.InferenceServerClient(triton.grpc_url)
+    bursts = []
     try:
-        pending: list[list[Any]] = []
-        for rows in requests:
-            results: list[Any] = []
-            pending.append(results)
-            client.async_infer(
-                "dispatch_model",
-                grpc_inputs({"PAIR_FEATURES": rows}),
-                lambda result, error, out=results: out.append((result, error)),
-                model_version="1",
-            )
-        for rows, results in zip(requests, pending, strict=True):
-            _wait(results)
-            result, error = results[0]
-            assert error is None, error
-            expected = reference.run(["PAIR_OBJECTIVES"], {"PAIR_FEATURES": rows})[0]
-            np.testing.assert_allclose(
-                result.as_numpy("PAIR_OBJECTIVES"), expected, rtol=1e-5, atol=1e-5
-            )
+        for burst in range(3):
+            rng = np.random.default_rng(burst)
+            # Distinct rows and sizes per request, so rows mixed up between requests show.
+            requests = [
+                np.ascontiguousarray(features[rng.permutation(len(features))[: 1500 + 97 * i]])
+                for i in range(16)
+            ]
+            before = _model_counts(grpc_client, "dispatch_model")
+            pending: list[list[Any]] = []
+            for rows in requests:
+                results: list[Any] = []
+                pending.append(results)
+                client.async_infer(
+                    "dispatch_model",
+                    grpc_inputs({"PAIR_FEATURES": rows}),
+                    lambda result, error, out=results: out.append((result, error)),
+                    model_version="1",
+                )
+            for rows, results in zip(requests, pending, strict=True):
+                _wait(results)
+                result, error = results[0]
+                assert error is None, error
+                expected = reference.run(["PAIR_OBJECTIVES"], {"PAIR_FEATURES": rows})[0]
+                np.testing.assert_allclose(
+                    result.as_numpy("PAIR_OBJECTIVES"), expected, rtol=1e-5, atol=1e-5
+                )
+            after = _model_counts(grpc_client, "dispatch_model")
+            bursts.append((after[0] - before[0], after[1] - before[1]))
+            assert bursts[-1][0] == len(requests)
+            if bursts[-1][1] < len(requests):
+                break
     finally:
         client.close()
-    after = _model_counts(grpc_client, "dispatch_model")
-    requests_done, executions = after[0] - before[0], after[1] - before[1]
-    assert requests_done == len(requests)
-    assert executions < requests_done, "no two of 16 concurrent requests shared an execution"
+    assert bursts[-1][1] < bursts[-1][0], f"(requests, executions) per burst: {bursts}"
 
 
 def test_concurrent_windows_are_each_answered_like_the_in_process_library(

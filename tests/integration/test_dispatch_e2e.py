@@ -102,7 +102,11 @@ def test_repeated_calls_give_identical_answers(
         assert_same(http_result, infer_grpc(grpc_client, window))
 
 
-def test_server_answers_like_the_in_process_library(window: Arrays, http_result: Arrays) -> None:
+def test_server_wiring_gives_the_in_process_librarys_answer(
+    window: Arrays, http_result: Arrays
+) -> None:
+    """Wiring, not correctness: the same steps served or in process give the same answer
+    (the steps' correctness is tested against independent references in tests/unit)."""
     local = DispatchPipeline.from_repository().run(window)
     for name in OUTPUT_NAMES:
         if local[name].dtype.kind == "f":
@@ -158,20 +162,102 @@ def test_chinese_datums_give_the_wgs84_answer(
     np.testing.assert_allclose(result["TOPK_SCORE"], http_result["TOPK_SCORE"], atol=1e-4)
 
 
-def test_small_window_fewer_riders_than_k_pads(
-    http_client: httpclient.InferenceServerClient,
+@pytest.mark.parametrize("full_riders", [(), (1,), (0, 2), (0, 1, 2)])
+def test_small_window_pads_after_the_feasible_riders(
+    full_riders: tuple[int, ...], http_client: httpclient.InferenceServerClient
 ) -> None:
+    """One order, three riders (K = min(top_k 5, 3 riders) = 3): the feasible riders first,
+    then -1 / b"" / score 0 for each rider that is full."""
     window = sim_window(seed=5, orders=1, riders=3)
+    window["ORDER_CONSTRAINTS"][:] = 0  # any rider may carry it ...
+    window["RIDER_LOAD"][:] = 0
+    window["RIDER_CAPACITY"][:] = 2
+    window["RIDER_LOAD"][list(full_riders)] = 2  # ... unless full
+    feasible = sorted(set(range(3)) - set(full_riders))
+    n = len(feasible)
     result = infer_http(http_client, window)
     index = result["TOPK_RIDER_INDEX"][0]
-    assert (index >= 0).sum() <= 3
-    padded = index < 0
-    assert all(rider == b"" for rider in result["TOPK_RIDER_IDS"][0][padded])
+    assert index.shape == (3,)
+    assert sorted(index[:n].tolist()) == feasible
+    assert index[n:].tolist() == [-1] * (3 - n)
+    ids = result["TOPK_RIDER_IDS"][0]
+    assert list(ids[:n]) == [window["RIDER_IDS"][i] for i in index[:n]]
+    assert list(ids[n:]) == [b""] * (3 - n)
+    scores = result["TOPK_SCORE"][0]
+    assert (scores[:n] > 0).all() and (scores[n:] == 0).all()
+    assigned = int(result["ASSIGNED_RIDER_INDEX"][0])
+    assert assigned in feasible if feasible else assigned == -1
 
 
-def test_concurrent_windows_are_batched_and_answered_each_correctly(
+def _model_counts(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:
+    """(successful requests, executions) of version 1 of `model` so far."""
+    stats = client.get_inference_statistics(model, "1", as_json=True)["model_stats"][0]
+    return int(stats["inference_stats"]["success"].get("count", 0)), int(
+        stats.get("execution_count", 0)
+    )
+
+
+def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxruntime(
     triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
 ) -> None:
+    """dispatch_model (dynamic batching, one instance) takes 16 requests sent at once in
+    fewer executions, and still answers each request's rows as ONNX Runtime does alone.
+
+    Whether two requests meet in the queue depends on timing: a burst that happened to be
+    served one by one is sent again, at most three bursts in all."""
+    import onnxruntime as ort
+
+    from dispatch_service.core.paths import MODEL_REPOSITORY
+
+    encoder = DispatchPipeline.from_repository().encoder
+    features = encoder.run(sim_window(seed=31, orders=256, riders=400))["PAIR_FEATURES"]
+    reference = ort.InferenceSession(
+        str(MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"),
+        providers=["CPUExecutionProvider"],
+    )
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    bursts = []
+    try:
+        for burst in range(3):
+            rng = np.random.default_rng(burst)
+            # Distinct rows and sizes per request, so rows mixed up between requests show.
+            requests = [
+                np.ascontiguousarray(features[rng.permutation(len(features))[: 1500 + 97 * i]])
+                for i in range(16)
+            ]
+            before = _model_counts(grpc_client, "dispatch_model")
+            pending: list[list[Any]] = []
+            for rows in requests:
+                results: list[Any] = []
+                pending.append(results)
+                client.async_infer(
+                    "dispatch_model",
+                    grpc_inputs({"PAIR_FEATURES": rows}),
+                    lambda result, error, out=results: out.append((result, error)),
+                    model_version="1",
+                )
+            for rows, results in zip(requests, pending, strict=True):
+                _wait(results)
+                result, error = results[0]
+                assert error is None, error
+                expected = reference.run(["PAIR_OBJECTIVES"], {"PAIR_FEATURES": rows})[0]
+                np.testing.assert_allclose(
+                    result.as_numpy("PAIR_OBJECTIVES"), expected, rtol=1e-5, atol=1e-5
+                )
+            after = _model_counts(grpc_client, "dispatch_model")
+            bursts.append((after[0] - before[0], after[1] - before[1]))
+            assert bursts[-1][0] == len(requests)
+            if bursts[-1][1] < len(requests):
+                break
+    finally:
+        client.close()
+    assert bursts[-1][1] < bursts[-1][0], f"(requests, executions) per burst: {bursts}"
+
+
+def test_concurrent_windows_are_each_answered_like_the_in_process_library(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    """Wiring under concurrency: answers do not cross between windows in flight together."""
     windows = [sim_window(seed=100 + i, orders=8 + i, riders=60) for i in range(6)]
     pipeline = DispatchPipeline.from_repository()
     client = grpcclient.InferenceServerClient(triton.grpc_url)

@@ -153,4 +153,25 @@ def test_package_re_exports_resolve_to_their_modules() -> None:
     assert domain.DispatchWindow is DispatchWindow
     assert routing.RouterSettings is RouterSettings
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
-        _ = domain.nothing_here  # type: ignore[attr-defined]
+        _ = domain.nothing_here  # type: ignore[attr-defined]  # misspelt: mypy says so too
+
+
+LAYERS = ("core", "domain", "routing", "pipeline", "serving", "offline", "ops")
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layers_three_lists_of_re_exports_agree(layer: str) -> None:
+    """`__all__`, the lazy map and the type checker's imports name the same names."""
+    import importlib
+
+    package = importlib.import_module(f"dispatch_service.{layer}")
+    tree = ast.parse(Path(str(package.__file__)).read_text())
+    typed = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for stmt in node.body
+        if isinstance(stmt, ast.ImportFrom)
+        for alias in stmt.names
+    }
+    assert sorted(package.__all__) == sorted(dir(package)) == sorted(typed)

@@ -76,44 +76,47 @@ __all__ = [
     "write_model_config",
 ]
 
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "errors": (
-            "RULE_CODES",
-            "DispatchInputError",
-        ),
-        "metrics": (
-            "InMemoryMetrics",
-            "MetricKind",
-            "MetricSpec",
-            "MetricsSink",
-            "NullMetrics",
-            "Observation",
-        ),
-        "model_config": (
-            "CONFIG_NAME",
-            "config_parameters",
-            "profile_config_path",
-            "read_config_dict",
-            "read_model_config",
-            "write_model_config",
-        ),
-        "paths": (
-            "MODEL_REPOSITORY",
-            "REPO_ROOT",
-        ),
-        "signing": (
-            "SigningError",
-            "TrustedKeys",
-            "sign_version",
-            "verify_version",
-        ),
-        "settings": (
-            "SettingsError",
-            "load_settings",
-            "parameters_from_model_config",
-            "reject_unknown",
-        ),
-    },
-)
+# Hidden from the type checker, which reads the imports above: a misspelt name stays an
+# error there instead of resolving to Any through __getattr__.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "errors": (
+                "RULE_CODES",
+                "DispatchInputError",
+            ),
+            "metrics": (
+                "InMemoryMetrics",
+                "MetricKind",
+                "MetricSpec",
+                "MetricsSink",
+                "NullMetrics",
+                "Observation",
+            ),
+            "model_config": (
+                "CONFIG_NAME",
+                "config_parameters",
+                "profile_config_path",
+                "read_config_dict",
+                "read_model_config",
+                "write_model_config",
+            ),
+            "paths": (
+                "MODEL_REPOSITORY",
+                "REPO_ROOT",
+            ),
+            "signing": (
+                "SigningError",
+                "TrustedKeys",
+                "sign_version",
+                "verify_version",
+            ),
+            "settings": (
+                "SettingsError",
+                "load_settings",
+                "parameters_from_model_config",
+                "reject_unknown",
+            ),
+        },
+    )

@@ -60,34 +60,37 @@ __all__ = [
     "window_to_tensors",
 ]
 
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "feasibility": (
-            "THERMAL_EQUIPMENT_BIT",
-            "feasible",
-            "meets_hard_constraints",
-        ),
-        "features": (
-            "EncodedWindow",
-            "EncoderSettings",
-            "encode_window",
-            "feasible_mask",
-        ),
-        "resolver": (
-            "Resolution",
-            "ResolverSettings",
-            "assign",
-            "resolve",
-            "score_pairs",
-        ),
-        "window": (
-            "DispatchWindow",
-            "WindowLimits",
-            "check_objective_weights",
-            "parse_objective_weights",
-            "window_from_tensors",
-            "window_to_tensors",
-        ),
-    },
-)
+# Hidden from the type checker, which reads the imports above: a misspelt name stays an
+# error there instead of resolving to Any through __getattr__.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "feasibility": (
+                "THERMAL_EQUIPMENT_BIT",
+                "feasible",
+                "meets_hard_constraints",
+            ),
+            "features": (
+                "EncodedWindow",
+                "EncoderSettings",
+                "encode_window",
+                "feasible_mask",
+            ),
+            "resolver": (
+                "Resolution",
+                "ResolverSettings",
+                "assign",
+                "resolve",
+                "score_pairs",
+            ),
+            "window": (
+                "DispatchWindow",
+                "WindowLimits",
+                "check_objective_weights",
+                "parse_objective_weights",
+                "window_from_tensors",
+                "window_to_tensors",
+            ),
+        },
+    )

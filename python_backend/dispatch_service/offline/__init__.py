@@ -45,22 +45,25 @@ __all__ = [
     "sample_outcome",
 ]
 
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "baseline": ("nearest_rider_assignment",),
-        "evaluation": (
-            "EvaluationConfig",
-            "evaluate_policies",
-            "evaluate_policy",
-        ),
-        "simulator": (
-            "DEFAULT_CITY",
-            "CityConfig",
-            "evaluate_assignment",
-            "expected_outcome",
-            "generate_window",
-            "sample_outcome",
-        ),
-    },
-)
+# Hidden from the type checker, which reads the imports above: a misspelt name stays an
+# error there instead of resolving to Any through __getattr__.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "baseline": ("nearest_rider_assignment",),
+            "evaluation": (
+                "EvaluationConfig",
+                "evaluate_policies",
+                "evaluate_policy",
+            ),
+            "simulator": (
+                "DEFAULT_CITY",
+                "CityConfig",
+                "evaluate_assignment",
+                "expected_outcome",
+                "generate_window",
+                "sample_outcome",
+            ),
+        },
+    )

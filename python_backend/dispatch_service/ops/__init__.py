@@ -48,27 +48,30 @@ __all__ = [
     "unload_model",
 ]
 
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "model_control": (
-            "ADMIN_KEY_HEADER",
-            "ModelControlError",
-            "load_model",
-            "unload_model",
-        ),
-        "server": (
-            "ADMIN_KEY_ENV",
-            "TRUSTED_KEYS_ENV",
-            "Ports",
-            "ServerError",
-            "ServerOptions",
-            "TritonRuntime",
-            "TritonServer",
-        ),
-        "verified_load": (
-            "LoadPlan",
-            "plan_load",
-        ),
-    },
-)
+# Hidden from the type checker, which reads the imports above: a misspelt name stays an
+# error there instead of resolving to Any through __getattr__.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "model_control": (
+                "ADMIN_KEY_HEADER",
+                "ModelControlError",
+                "load_model",
+                "unload_model",
+            ),
+            "server": (
+                "ADMIN_KEY_ENV",
+                "TRUSTED_KEYS_ENV",
+                "Ports",
+                "ServerError",
+                "ServerOptions",
+                "TritonRuntime",
+                "TritonServer",
+            ),
+            "verified_load": (
+                "LoadPlan",
+                "plan_load",
+            ),
+        },
+    )

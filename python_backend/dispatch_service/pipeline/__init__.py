@@ -44,26 +44,29 @@ __all__ = [
     "repository_steps",
 ]
 
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "dispatch_pipeline": (
-            "DispatchPipeline",
-            "repository_steps",
-        ),
-        "fused": (
-            "FusedDispatch",
-            "FusedResult",
-        ),
-        "onnx_runner": (
-            "OnnxScorer",
-            "OrtSettings",
-        ),
-        "steps": (
-            "DispatchModelStep",
-            "FeatureEncoderStep",
-            "Step",
-            "TopKResolverStep",
-        ),
-    },
-)
+# Hidden from the type checker, which reads the imports above: a misspelt name stays an
+# error there instead of resolving to Any through __getattr__.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "dispatch_pipeline": (
+                "DispatchPipeline",
+                "repository_steps",
+            ),
+            "fused": (
+                "FusedDispatch",
+                "FusedResult",
+            ),
+            "onnx_runner": (
+                "OnnxScorer",
+                "OrtSettings",
+            ),
+            "steps": (
+                "DispatchModelStep",
+                "FeatureEncoderStep",
+                "Step",
+                "TopKResolverStep",
+            ),
+        },
+    )

@@ -33,16 +33,19 @@ __all__ = [
     "RouterSettings",
 ]
 
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "settings": (
-            "FUSED_MODEL_NAME",
-            "ROUTER_MODEL_NAME",
-            "ROUTING_BUCKETS",
-            "SCORING_MODEL_NAME",
-            "FusedSettings",
-            "RouterSettings",
-        ),
-    },
-)
+# Hidden from the type checker, which reads the imports above: a misspelt name stays an
+# error there instead of resolving to Any through __getattr__.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "settings": (
+                "FUSED_MODEL_NAME",
+                "ROUTER_MODEL_NAME",
+                "ROUTING_BUCKETS",
+                "SCORING_MODEL_NAME",
+                "FusedSettings",
+                "RouterSettings",
+            ),
+        },
+    )

@@ -36,21 +36,24 @@ __all__ = [
     "router_adapter_for",
 ]
 
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "fused_adapter": (
-            "FusedDispatchAdapter",
-            "fused_adapter_for",
-        ),
-        "router_adapter": (
-            "DispatchRouterAdapter",
-            "router_adapter_for",
-        ),
-        "triton_adapter": (
-            "TritonBatchedModelAdapter",
-            "TritonStepAdapter",
-            "adapter_for",
-        ),
-    },
-)
+# Hidden from the type checker, which reads the imports above: a misspelt name stays an
+# error there instead of resolving to Any through __getattr__.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "fused_adapter": (
+                "FusedDispatchAdapter",
+                "fused_adapter_for",
+            ),
+            "router_adapter": (
+                "DispatchRouterAdapter",
+                "router_adapter_for",
+            ),
+            "triton_adapter": (
+                "TritonBatchedModelAdapter",
+                "TritonStepAdapter",
+                "adapter_for",
+            ),
+        },
+    )

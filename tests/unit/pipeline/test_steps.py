@@ -20,8 +20,7 @@ from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.features import EncoderSettings
-from dispatch_service.domain.resolver import ResolverSettings
-from dispatch_service.domain.window import WindowLimits, window_to_tensors
+from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
@@ -65,10 +64,17 @@ def test_encoder_reads_every_window_input() -> None:
     assert FeatureEncoderStep.input_names == tuple(spec.name for spec in WINDOW_INPUTS)
 
 
-def test_encoder_defaults() -> None:
+def test_encoder_defaults_are_the_documented_values() -> None:
+    """Without parameters: the contract's limits (1024 orders, 8192 riders, 64-byte ids),
+    16 candidates per order, Shanghai local time (UTC+8), geohash-5 zones."""
     step = FeatureEncoderStep.from_parameters({})
-    assert step.limits == WindowLimits()
-    assert step.encoder == EncoderSettings()
+    limits, encoder = step.limits, step.encoder
+    assert (limits.max_orders, limits.max_riders, limits.max_id_bytes) == (1024, 8192, 64)
+    assert encoder.candidates_per_order == 16
+    assert encoder.utc_offset_minutes == 480
+    assert encoder.zone_precision == 5
+    outputs = step.run(window_tensors(orders=2, riders=40))
+    assert outputs["CANDIDATE_RIDER_INDEX"].shape == (2, 16)
 
 
 def test_encoder_rejects_unknown_parameters() -> None:
@@ -80,8 +86,9 @@ def test_encoder_applies_known_parameters() -> None:
     step = FeatureEncoderStep.from_parameters(
         {"candidates_per_order": "4", "max_orders": "3", "utc_offset_minutes": "0"}
     )
-    assert step.encoder == EncoderSettings(candidates_per_order=4, utc_offset_minutes=0)
-    assert step.limits == WindowLimits(max_orders=3)
+    assert (step.encoder.candidates_per_order, step.encoder.utc_offset_minutes) == (4, 0)
+    assert step.encoder.zone_precision == 5  # not given: the default stays
+    assert (step.limits.max_orders, step.limits.max_riders) == (3, 8192)
 
     outputs = step.run(window_tensors(orders=3, riders=12))
     assert outputs["CANDIDATE_RIDER_INDEX"].shape == (3, 4)
@@ -155,7 +162,8 @@ def test_resolver_rejects_a_bad_top_k() -> None:
 
 def test_resolver_applies_top_k() -> None:
     step = TopKResolverStep.from_parameters({"top_k": "3", "eta_scale_minutes": "20"})
-    assert step.settings == ResolverSettings(top_k=3, eta_scale_minutes=20.0)
+    settings = step.settings
+    assert (settings.top_k, settings.eta_scale_minutes, settings.cost_scale_cny) == (3, 20.0, 10.0)
     outputs = step.run(resolver_inputs())
     for spec in DISPATCH_OUTPUTS:
         expected = (3, 3) if spec.name.startswith("TOPK_") else (3,)

@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.signing import MANIFEST_NAME, SIGNATURE_NAME
 from dispatch_service.ops.model_control import model_config, ready_versions
 from dispatch_service.ops.server import Ports
-from dispatch_service.ops.signing import MANIFEST_NAME, SIGNATURE_NAME
 
 ADMIN_KEY = "walkthrough-admin-key"
 MODEL = "dispatch_model"

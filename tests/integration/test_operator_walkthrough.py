@@ -9,8 +9,8 @@ launcher on the same ports -- and checks its output, then the server's own state
 from `dispatch-admin`: the versions Triton reports READY, the routing parameters the router
 and `dispatch_fused` run with, and which version a ``canary``-tagged window is scored by.
 
-The tests are steps of one walk and run in file order on one server. Steps that need work of
-issue 15 not yet on main are written out and skipped, with the missing piece in the reason.
+The tests are steps of one walk and run in file order on one server. A step that needs work of
+issue 15 not yet on main is written out and skipped, with the missing piece in the reason.
 """
 
 from __future__ import annotations
@@ -43,10 +43,6 @@ EXAMPLE = REPO_ROOT / "client" / "examples" / "window_two_orders.json"
 START_TIMEOUT_S = 300  # a loaded 2-core machine takes minutes to load every model
 COMMAND_TIMEOUT_S = 300  # a deploy runs its golden check in process
 
-NEEDS_ROLLBACK_TRUTH = (
-    "needs issue 15 item 3 (routing developer, not on main yet): `rollback --unload-canary` "
-    "after a plain `rollback` prints '(no canary)' and leaves the canary version loaded"
-)
 NEEDS_PORT_CHECK = (
     "needs issue 15 item 1 (safety developer, not on main yet): a second launcher on the "
     "same ports kills the first server instead of refusing to start"
@@ -143,7 +139,7 @@ class Walk:
 
     def status(self) -> dict[str, Any]:
         done = self.admin("status")
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 0, done.stdout + done.stderr
         document: dict[str, Any] = json.loads(done.stdout)  # one JSON document, nothing else
         return document
 
@@ -230,6 +226,7 @@ def server_state(walk: Walk) -> dict[str, Any]:
 
 def assert_status_agrees(walk: Walk, canary: int, percent: int, ready: list[int]) -> None:
     status, state = walk.status(), server_state(walk)
+    assert status["disagreements"] == []
     assert status["serving_versions"] == state["ready"] == ready
     router = status["router"]
     assert (router["stable_version"], router["canary_version"]) == (STABLE, canary)
@@ -292,12 +289,17 @@ def test_deploy_routes_the_canary_and_status_says_so(served: Walk) -> None:
     assert lines[1].startswith(f"{MODEL} version {STABLE}: ok: 5 files verified (key ")
     assert lines[-1] == f"deployed {MODEL} version {CANARY} as canary at 50% (stable {STABLE})"
     assert_status_agrees(served, canary=CANARY, percent=50, ready=[STABLE, CANARY])
+    routed = f"stable version {STABLE}, canary version {CANARY} for 50% of users"
+    assert served.status()["routed"] == routed
 
 
 def test_rollback_with_unload_in_one_step(served: Walk) -> None:
     done = served.admin("rollback", "--unload-canary")
     assert done.returncode == 0, done.stderr
-    assert f"stable version {STABLE}" in done.stdout
+    assert done.stdout.strip() == (
+        f"rolled back {MODEL}: every order routed to stable version {STABLE} (canary {CANARY} "
+        f"no longer routed); loaded versions [{STABLE}] (unloaded [{CANARY}])"
+    )
     assert_status_agrees(served, canary=0, percent=0, ready=[STABLE])
 
 
@@ -314,16 +316,22 @@ def test_deploy_again_after_the_unload(served: Walk) -> None:
 def test_rollback_then_unload_in_two_steps_routing(served: Walk) -> None:
     done = served.admin("rollback")
     assert done.returncode == 0, done.stderr
-    assert f"stable version {STABLE}" in done.stdout
+    assert done.stdout.startswith(
+        f"rolled back {MODEL}: every order routed to stable version {STABLE} (canary {CANARY} "
+        f"no longer routed); loaded versions [{STABLE}, {CANARY}]; {CANARY} still loaded"
+    )
     # Routed back; version 2 stays loaded, and status says both.
     assert_status_agrees(served, canary=0, percent=0, ready=[STABLE, CANARY])
 
 
-@pytest.mark.skip(reason=NEEDS_ROLLBACK_TRUTH)
 def test_rollback_then_unload_in_two_steps_unload(served: Walk) -> None:
     done = served.admin("rollback", "--unload-canary")
     assert done.returncode == 0, done.stderr
-    assert "no canary" not in done.stdout  # version 2 was loaded: it is unloaded now
+    # No canary is routed any more, but version 2 was still loaded: it goes now.
+    assert done.stdout.strip() == (
+        f"rolled back {MODEL}: every order routed to stable version {STABLE} (there was no "
+        f"canary); loaded versions [{STABLE}] (unloaded [{CANARY}])"
+    )
     assert_status_agrees(served, canary=0, percent=0, ready=[STABLE])
 
 

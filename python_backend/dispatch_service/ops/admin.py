@@ -83,6 +83,7 @@ __all__ = [
     "EXIT_USAGE",
     "SIGNING_KEY_ENV",
     "TRUSTED_KEYS_ENV",
+    "UNSIGNED",
     "DeployRequest",
     "DeployResult",
     "LifecycleError",
@@ -108,6 +109,7 @@ __all__ = [
 
 SIGNING_KEY_ENV: Final = "DISPATCH_SIGNING_KEY"
 DEPLOYABLE: Final = ("dispatch_model",)
+UNSIGNED: Final = frozenset({Outcome.MISSING_MANIFEST, Outcome.MISSING_SIGNATURE})
 DEFAULT_KEY_DIR: Final = "~/keys"  # outside any checkout: a private key never lands in git
 DEFAULT_KEY_NAME: Final = "ops"
 
@@ -491,6 +493,14 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{name}: loads (after the restricted models)", file=out)
     for name, reason in plan.refused.items():
         print(f"{name}: REFUSED: {reason}", file=out)
+    unsigned = [v for v in plan.refused_versions if v.outcome in UNSIGNED]
+    if unsigned:  # the usual cause on a fresh checkout; tampering is never "fixed" by signing
+        print(
+            f"{plural(len(unsigned), 'version folder')} unsigned; if their files are the ones "
+            f"to trust, sign every loadable folder: dispatch-admin sign-repository "
+            f"{repository} --key KEY (or make sign-all KEY=...)",
+            file=out,
+        )
     return EXIT_FAILED if plan.refused_versions or plan.refused else EXIT_OK
 
 

@@ -412,6 +412,10 @@ def test_sign_repository_signs_every_loadable_folder_of_the_committed_layout(
     shutil.copytree(MODEL_REPOSITORY, repository, ignore=shutil.ignore_patterns("__pycache__"))
     code, text = run("verify", str(repository), "--trusted-keys", str(trusted_dir))
     assert code == 1 and "dispatch: REFUSED" in text  # unsigned: the entry point is refused
+    assert text.rstrip().endswith(
+        "6 version folders unsigned; if their files are the ones to trust, sign every loadable "
+        f"folder: dispatch-admin sign-repository {repository} --key KEY (or make sign-all KEY=...)"
+    )
     key = tmp_path / "ops.key"
     key.write_bytes(private_key_pem(signer))
     code, text = run("sign-repository", str(repository), "--key", str(key))
@@ -431,6 +435,7 @@ def test_sign_repository_signs_every_loadable_folder_of_the_committed_layout(
     code, text = run("verify", str(repository), "--trusted-keys", str(trusted_dir))
     assert code == 0, text
     assert "REFUSED" not in text and "dispatch: loads" in text and "dispatch_fused: loads" in text
+    assert "unsigned" not in text
     assert "dispatch_router version 1: ok: 1 file verified" in text
 
 
@@ -509,3 +514,13 @@ def test_deploy_without_the_admin_key_fails_before_the_golden_check(
     err = capsys.readouterr().err
     assert "HTTP 403" in err and "--admin-key" in err
     assert server.loads == [] and server.settings.canary_version == 0
+
+
+def test_verify_suggests_signing_only_for_unsigned_folders(repo: Path, trusted_dir: Path) -> None:
+    (repo / MODEL / "2" / "model.onnx").write_bytes(b"tampered")
+    code, text = run("verify", str(repo), "--trusted-keys", str(trusted_dir))
+    assert code == 1 and "digest mismatch on file model.onnx" in text
+    assert "sign-repository" not in text  # never advise signing over changed files
+    (repo / MODEL / "3" / "MANIFEST.sig").unlink()
+    code, text = run("verify", str(repo), "--trusted-keys", str(trusted_dir))
+    assert "1 version folder unsigned; " in text

@@ -1,0 +1,357 @@
+"""The operator's path of docs/model-lifecycle.md, walked in order against a live server.
+
+Every step runs the documented command as a subprocess, the way an operator types it --
+`dispatch-admin keygen` (HOME pointed at tmp_path, so its default ``~/keys``), ``make
+sign-all``, `dispatch-admin verify`, the launcher that ``make serve`` runs (with trusted keys
+and an admin key, on free ports, over a signed COPY of the repository: the committed one is
+never touched), `dispatch-admin deploy`, `status`, `rollback` in both orders, a second
+launcher on the same ports -- and checks its output, then the server's own state, read apart
+from `dispatch-admin`: the versions Triton reports READY, the routing parameters the router
+and `dispatch_fused` run with, and which version a ``canary``-tagged window is scored by.
+
+The tests are steps of one walk and run in file order on one server. A step that needs work of
+issue 15 not yet on main is written out and skipped, with the missing piece in the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.signing import MANIFEST_NAME, SIGNATURE_NAME
+from dispatch_service.ops.model_control import model_config, ready_versions
+from dispatch_service.ops.server import Ports
+
+ADMIN_KEY = "walkthrough-admin-key"
+MODEL = "dispatch_model"
+STABLE, CANARY = 1, 2
+BIN = Path(sys.prefix) / "bin"
+EXAMPLE = REPO_ROOT / "client" / "examples" / "window_two_orders.json"
+START_TIMEOUT_S = 300  # a loaded 2-core machine takes minutes to load every model
+COMMAND_TIMEOUT_S = 300  # a deploy runs its golden check in process
+
+NEEDS_PORT_CHECK = (
+    "needs issue 15 item 1 (safety developer, not on main yet): a second launcher on the "
+    "same ports kills the first server instead of refusing to start"
+)
+
+
+@dataclass
+class Launcher:
+    """The launcher `make serve` runs, as a child process whose output is collected."""
+
+    process: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, argv: list[str], env: dict[str, str]) -> Launcher:
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+        )
+        launcher = cls(process)
+        launcher.reader = threading.Thread(target=launcher._collect, daemon=True)
+        launcher.reader.start()
+        return launcher
+
+    def _collect(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, prefix: str, timeout_s: float) -> str | None:
+        """The first output line starting with ``prefix``; None when the process ended."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = next((line for line in self.lines if line.startswith(prefix)), None)
+            if found is not None:
+                return found
+            if self.process.poll() is not None:
+                time.sleep(0.2)  # let the reader thread take the last lines
+                return next((line for line in self.lines if line.startswith(prefix)), None)
+            time.sleep(0.2)
+        raise AssertionError(f"no {prefix!r} line in {timeout_s} s: {self.lines[-20:]}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # Ctrl-C, as the launcher says
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.reader is not None:
+            self.reader.join(timeout=10)  # the pipe ends with the process
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return int(self.process.returncode)
+
+
+@dataclass
+class Walk:
+    root: Path
+    env: dict[str, str]
+    repository: Path
+    trusted: Path
+    ports: Ports
+    home: Path  # HOME for keygen, whose default folder is ~/keys
+    outputs: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
+    launcher: Launcher | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    def run(
+        self, *argv: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            check=False,
+            env=env or self.env,
+            cwd=REPO_ROOT,
+        )
+
+    def admin(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        server = ("--url", f"http://{self.http_url}", "--admin-key", ADMIN_KEY)
+        return self.run(str(BIN / "dispatch-admin"), *argv, *server)
+
+    def status(self) -> dict[str, Any]:
+        done = self.admin("status")
+        assert done.returncode == 0, done.stdout + done.stderr
+        document: dict[str, Any] = json.loads(done.stdout)  # one JSON document, nothing else
+        return document
+
+    def client(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return self.run(str(BIN / "dispatch-client"), "--url", self.http_url, *argv)
+
+
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
+    root = tmp_path_factory.mktemp("walkthrough")
+    home = root / "home"
+    home.mkdir()
+    repository = root / "model_repository"
+    shutil.copytree(
+        MODEL_REPOSITORY,
+        repository,
+        ignore=shutil.ignore_patterns("__pycache__", MANIFEST_NAME, SIGNATURE_NAME),
+    )
+    env = dict(os.environ)
+    for name in ("DISPATCH_SIGNING_KEY", "DISPATCH_ADMIN_KEY", "DISPATCH_TRUSTED_KEYS"):
+        env.pop(name, None)
+    walk = Walk(root, env, repository, root / "trusted_keys", Ports.free(), home)
+    yield walk
+    if walk.launcher is not None:
+        walk.launcher.stop()
+
+
+@pytest.fixture(scope="module")
+def signed(walk: Walk) -> Walk:
+    """keygen, make sign-all, the public key into the trusted folder, verify."""
+    home = {**walk.env, "HOME": str(walk.home)}
+    walk.outputs["keygen"] = walk.run(str(BIN / "dispatch-admin"), "keygen", env=home)
+    key = walk.home / "keys" / "ops.key"
+    walk.outputs["sign-all"] = walk.run(
+        "make", "--no-print-directory", "sign-all", f"KEY={key}", f"REPO={walk.repository}"
+    )
+    walk.trusted.mkdir()
+    shutil.copy(key.with_suffix(".pub"), walk.trusted / "ops.pub")
+    walk.outputs["verify"] = walk.run(
+        str(BIN / "dispatch-admin"), "verify", str(walk.repository),
+        "--trusted-keys", str(walk.trusted),
+    )  # fmt: skip
+    return walk
+
+
+@pytest.fixture(scope="module")
+def served(signed: Walk) -> Walk:
+    """The verified start: the launcher with trusted keys and an admin key."""
+    extra = ("--trusted-keys", str(signed.trusted), "--admin-key", ADMIN_KEY)
+    signed.launcher = Launcher.start(serve_argv(signed, "server.log", *extra), signed.env)
+    return signed
+
+
+def serve_argv(walk: Walk, log: str, *extra: str) -> list[str]:
+    """The command `make serve` runs, on the walk's ports and repository copy."""
+    ports = walk.ports
+    return [
+        str(BIN / "python"), "-m", "dispatch_service.ops.server",
+        "--model-repository", str(walk.repository),
+        "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
+        "--metrics-port", str(ports.metrics), "--log", str(walk.root / log), *extra,
+    ]  # fmt: skip
+
+
+def server_state(walk: Walk) -> dict[str, Any]:
+    """What the server itself says: READY versions, routing parameters, a canary window."""
+    routing = {}
+    for model in ("dispatch_router", "dispatch_fused"):
+        parameters = model_config(walk.http_url, model, 30.0).get("parameters", {})
+        routing[model] = {
+            key: int(parameters[key]["string_value"])
+            for key in ("stable_version", "canary_version", "canary_percent")
+            if key in parameters
+        }
+    done = walk.client("--version-tag", "canary", str(EXAMPLE))
+    assert done.returncode == 0, done.stderr
+    scored_by = {order["model_version"] for order in json.loads(done.stdout)["orders"]}
+    return {
+        "ready": list(ready_versions(walk.http_url, MODEL, ADMIN_KEY, 30.0)),
+        "routing": routing,
+        "canary_window_scored_by": scored_by,
+    }
+
+
+def assert_status_agrees(walk: Walk, canary: int, percent: int, ready: list[int]) -> None:
+    status, state = walk.status(), server_state(walk)
+    assert status["disagreements"] == []
+    assert status["serving_versions"] == state["ready"] == ready
+    router = status["router"]
+    assert (router["stable_version"], router["canary_version"]) == (STABLE, canary)
+    assert router["canary_percent"] == percent
+    for model, routing in state["routing"].items():
+        assert routing.get("canary_version", 0) == canary, model
+        assert routing.get("canary_percent", 0) == percent, model
+    # The "canary" tag scores with the canary version while one runs, else the stable one.
+    assert state["canary_window_scored_by"] == {canary or STABLE}
+
+
+# ---- the walk --------------------------------------------------------------------------
+
+
+def test_keygen_sign_all_and_verify(signed: Walk) -> None:
+    keygen = signed.outputs["keygen"]
+    assert keygen.returncode == 0, keygen.stderr
+    assert keygen.stdout.startswith("key id ")
+    assert f"private key {signed.home}/keys/ops.key (mode 0600" in keygen.stdout
+    assert (signed.home / "keys" / "ops.key").stat().st_mode & 0o777 == 0o600
+
+    sign_all = signed.outputs["sign-all"]
+    assert sign_all.returncode == 0, sign_all.stderr
+    assert "signed dispatch_router version 1: 1 file\n" in sign_all.stdout
+    assert f"signed 6 version folders of 5 models in {signed.repository}" in sign_all.stdout
+
+    verify = signed.outputs["verify"]
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "REFUSED" not in verify.stdout
+    for entry_point in ("dispatch", "dispatch_fused"):
+        assert f"{entry_point}: loads" in verify.stdout.splitlines()
+
+
+def test_the_verified_start_says_ready_and_both_entry_points_answer(served: Walk) -> None:
+    assert served.launcher is not None
+    ready = served.launcher.wait_for("ready:", START_TIMEOUT_S)
+    assert ready is not None, served.launcher.lines
+    assert f"HTTP http://{served.http_url}" in ready
+    assert any('"event": "signatures_verified"' in line for line in served.launcher.lines)
+    assert not any("model_version_refused" in line for line in served.launcher.lines)
+    for model in ("dispatch", "dispatch_fused"):
+        done = served.client("--model", model, str(EXAMPLE))
+        assert done.returncode == 0, done.stderr
+        assert [o["order_id"] for o in json.loads(done.stdout)["orders"]] == [
+            "order-1001",
+            "order-1002",
+        ]
+    # The committed configs: both versions served, the canary slot at 0 %.
+    assert_status_agrees(served, canary=CANARY, percent=0, ready=[STABLE, CANARY])
+
+
+def test_deploy_routes_the_canary_and_status_says_so(served: Walk) -> None:
+    done = served.admin(
+        "deploy", "--model", MODEL, "--version", str(CANARY), "--canary-percent", "50",
+        "--trusted-keys", str(served.trusted), "--model-repository", str(served.repository),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"{MODEL} version {CANARY}: ok: 5 files verified (key ")
+    assert lines[1].startswith(f"{MODEL} version {STABLE}: ok: 5 files verified (key ")
+    assert lines[-1] == f"deployed {MODEL} version {CANARY} as canary at 50% (stable {STABLE})"
+    assert_status_agrees(served, canary=CANARY, percent=50, ready=[STABLE, CANARY])
+    routed = f"stable version {STABLE}, canary version {CANARY} for 50% of users"
+    assert served.status()["routed"] == routed
+
+
+def test_rollback_with_unload_in_one_step(served: Walk) -> None:
+    done = served.admin("rollback", "--unload-canary")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"rolled back {MODEL}: every order routed to stable version {STABLE} (canary {CANARY} "
+        f"no longer routed); loaded versions [{STABLE}] (unloaded [{CANARY}])"
+    )
+    assert_status_agrees(served, canary=0, percent=0, ready=[STABLE])
+
+
+def test_deploy_again_after_the_unload(served: Walk) -> None:
+    done = served.admin(
+        "deploy", "--model", MODEL, "--version", str(CANARY), "--canary-percent", "25",
+        "--trusted-keys", str(served.trusted), "--model-repository", str(served.repository),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"loaded {MODEL} versions [{STABLE}, {CANARY}]" in done.stdout
+    assert_status_agrees(served, canary=CANARY, percent=25, ready=[STABLE, CANARY])
+
+
+def test_rollback_then_unload_in_two_steps_routing(served: Walk) -> None:
+    done = served.admin("rollback")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"rolled back {MODEL}: every order routed to stable version {STABLE} (canary {CANARY} "
+        f"no longer routed); loaded versions [{STABLE}, {CANARY}]; {CANARY} still loaded"
+    )
+    # Routed back; version 2 stays loaded, and status says both.
+    assert_status_agrees(served, canary=0, percent=0, ready=[STABLE, CANARY])
+
+
+def test_rollback_then_unload_in_two_steps_unload(served: Walk) -> None:
+    done = served.admin("rollback", "--unload-canary")
+    assert done.returncode == 0, done.stderr
+    # No canary is routed any more, but version 2 was still loaded: it goes now.
+    assert done.stdout.strip() == (
+        f"rolled back {MODEL}: every order routed to stable version {STABLE} (there was no "
+        f"canary); loaded versions [{STABLE}] (unloaded [{CANARY}])"
+    )
+    assert_status_agrees(served, canary=0, percent=0, ready=[STABLE])
+
+
+@pytest.mark.skip(reason=NEEDS_PORT_CHECK)
+def test_a_second_serve_on_the_same_ports_refuses_and_the_first_keeps_serving(
+    served: Walk,
+) -> None:
+    second = Launcher.start(serve_argv(served, "second.log"), served.env)
+    second.process.wait(timeout=START_TIMEOUT_S)
+    assert second.stop() != 0
+    assert not any(line.startswith("ready:") for line in second.lines)
+    assert any("in use" in line for line in second.lines), second.lines
+    time.sleep(10)  # the first server died about 8 s after such a second start
+    assert served.client(str(EXAMPLE)).returncode == 0
+    assert (served.root / "server.log").stat().st_size > 0  # the first one's log kept
+
+
+def test_ctrl_c_stops_the_server(served: Walk) -> None:
+    assert served.launcher is not None
+    assert served.launcher.stop() == 0
+    assert served.launcher.lines[-1] == "tritonserver stopped"
+    done = served.client(str(EXAMPLE))
+    assert done.returncode == 1 and "cannot reach" in done.stderr

@@ -22,22 +22,44 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Final
+from typing import ClassVar, TextIO
 
+from dispatch_client.keys import (
+    ADMIN_KEY_ENV,
+    ADMIN_KEY_HEADER,
+    SHM_KEY_ENV,
+    SHM_KEY_HEADER,
+    read_key,
+)
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError, TrustedKeys
 from dispatch_service.ops.gpu import monitor as gpu_monitor
-from dispatch_service.ops.model_control import (
-    ADMIN_KEY_HEADER,
-    ModelControlError,
-    load_model,
-    ready_versions,
+from dispatch_service.ops.health import Probe, deep_check, explain_missing
+from dispatch_service.ops.host import (
+    EXPOSURE_RISKS,
+    clean_leftovers,
+    describe_ports,
+    find_leftovers,
+    is_loopback,
+    new_shm_prefix,
+    ports_in_use,
 )
+from dispatch_service.ops.keys import (
+    ADMIN_KEY_FILE,
+    SHM_KEY_FILE,
+    AccessKeys,
+    KeyFileError,
+    load_or_create_keys,
+    new_key,
+)
+from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
 from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
 
 __all__ = [
     "ADMIN_KEY_ENV",
     "ADMIN_KEY_HEADER",
+    "SHM_KEY_ENV",
+    "SHM_KEY_HEADER",
     "TRUSTED_KEYS_ENV",
     "ChildService",
     "Ports",
@@ -45,10 +67,11 @@ __all__ = [
     "ServerOptions",
     "TritonRuntime",
     "TritonServer",
+    "build_parser",
     "main",
+    "resolve_keys",
 ]
 
-ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
 
 logger = logging.getLogger(__name__)
 
@@ -128,19 +151,41 @@ class ServerOptions:
     # Explicit control so operators can load/unload versions live; "*" loads everything.
     model_control: str = "explicit"
     load_models: Sequence[str] = ("*",)
-    # Load/unload endpoints answer only callers presenting this key (header `admin-key`).
+    # The control groups are always locked (ops.keys): the admin key guards model-repository,
+    # logging and trace (header `admin-key`), the shm key the shared-memory group (header
+    # `shm-key`). None: a fresh random key for this server, readable from `options`.
     admin_key: str | None = None
+    shm_key: str | None = None
     # A directory of trusted *.pub keys: only models whose versions verify are loaded
     # (dispatch_service.ops.verified_load). None: every model loads unverified (a warning).
     trusted_keys: Path | None = None
     extra_args: Sequence[str] = ()
     host: str = "127.0.0.1"
+    # A non-loopback host is refused unless this is set: the embedded Triton 2.51 carries the
+    # CVEs of section 5c of the design notes (EXPOSURE_RISKS); expose the patched image.
+    expose: bool = False
+    # Groups left open, for loopback measurements only: perf_analyzer cannot send the shm
+    # key over gRPC (its -H reaches HTTP only), so `make bench` unlocks "shared-memory".
+    unlocked_groups: Sequence[str] = ()
+    # Entry points that must be loaded and answer a small window before start() returns
+    # (ops.health); the launcher requires `dispatch` and `dispatch_fused` unless told others.
+    required_models: Sequence[str] = ()
     # `gpu` profile only: Triton's pinned host pool (GPU<->CPU copies between ensemble steps)
     # and CUDA pool per GPU (GPU tensors between steps, CUDA shared-memory I/O). The largest
     # window's PAIR_FEATURES is 32768 x 28 x 4 B = 3.5 MiB: 512 MiB holds ~128 in flight.
     pinned_memory_pool_bytes: int = 512 << 20
     cuda_memory_pool_bytes: int = 512 << 20
     cuda_memory_pool_devices: Sequence[int] = (0,)
+
+    def __post_init__(self) -> None:
+        self.admin_key = self.admin_key or new_key()
+        self.shm_key = self.shm_key or new_key()
+        self.access_keys  # noqa: B018 -- validates the pair now, not at start
+
+    @property
+    def access_keys(self) -> AccessKeys:
+        assert self.admin_key is not None and self.shm_key is not None
+        return AccessKeys(admin=self.admin_key, shm=self.shm_key)
 
 
 class ServerError(RuntimeError):
@@ -238,12 +283,10 @@ class TritonServer(ChildService):
         self.runtime = runtime
         self.options = options
         self.load_plan: LoadPlan | None = None  # set by start() when trusted keys are given
-
-    @property
-    def shm_prefix(self) -> str:
-        """The Python backend's region names start with this; one per HTTP port, so several
-        servers (tests, benchmarks) can share /dev/shm."""
-        return f"dispatch{self.options.ports.http}_"
+        # The Python backend's region names start with this: unique per server instance
+        # (ops.host), so a server removes only its own regions and never another's.
+        self.shm_prefix = new_shm_prefix()
+        self.entry_points: list[Probe] = []  # the last deep check of required_models
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server, then remove the Python backend regions it left behind. Triton 2.51
@@ -292,11 +335,9 @@ class TritonServer(ChildService):
             raise ValueError("load_models needs model_control='explicit'")
         loads = self.load_plan.startup if self.load_plan is not None else opts.load_models
         args += [f"--load-model={name}" for name in loads]
-        if opts.admin_key:
-            args += [
-                f"--http-restricted-api=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
-                f"--grpc-restricted-protocol=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
-            ]
+        if opts.unlocked_groups and not is_loopback(opts.host):
+            raise ValueError("unlocked_groups is for loopback measurements only")
+        args += opts.access_keys.triton_args(opts.unlocked_groups)
         if opts.profile == "gpu":
             args.append(f"--pinned-memory-pool-byte-size={opts.pinned_memory_pool_bytes}")
             args += [
@@ -317,13 +358,56 @@ class TritonServer(ChildService):
             env[TRUSTED_KEYS_ENV] = str(self.options.trusted_keys.resolve())
         return env
 
+    def check_host(self) -> list[str]:
+        """Refuse what must not start; clean what an earlier crash left. Touches nothing of
+        another server: runs before the log is opened or any region is made."""
+        opts = self.options
+        if not is_loopback(opts.host) and not opts.expose:
+            raise ServerError(
+                f"refusing to listen on {opts.host}, which is not a loopback address: "
+                f"{EXPOSURE_RISKS}. Pass --expose to do it anyway (the control endpoints stay "
+                "locked behind their keys)."
+            )
+        ports = self.options.ports
+        busy = ports_in_use(opts.host, (ports.http, ports.grpc, ports.metrics))
+        if busy:
+            raise ServerError(describe_ports(opts.host, busy))
+        lines = clean_leftovers(find_leftovers(self.shm_dir))
+        for line in lines:
+            logger.warning(line)
+        return lines
+
     def start(self, timeout_s: float = 120.0) -> TritonServer:
         self.runtime.check()
-        notes = self.plan_verified_load()
+        notes = self.check_host()
+        notes += self.plan_verified_load()
         self.spawn(self.command(), self.environment(), preamble="".join(f"{n}\n" for n in notes))
         self.wait_ready(timeout_s)
         self.load_after_start()
+        self.check_entry_points()
         return self
+
+    def check_entry_points(self, timeout_s: float = 10.0) -> None:
+        """Each required entry point must answer a small window; else stop and say why."""
+        models = tuple(self.options.required_models)
+        if not models:
+            return
+        self.entry_points = deep_check(self.grpc_url, models, timeout_s)
+        failed = [p.model for p in self.entry_points if not p.ok]
+        if not failed:
+            return
+        reasons = explain_missing(
+            self.http_url, failed, self.options.admin_key, self.load_plan, timeout_s
+        )
+        lines = [
+            f"  {p.model}: {reasons.get(p.model) or p.detail}"
+            for p in self.entry_points
+            if not p.ok
+        ]
+        self.stop()
+        raise ServerError(
+            f"required entry point(s) {', '.join(failed)} not serving:\n" + "\n".join(lines)
+        )
 
     def plan_verified_load(self) -> list[str]:
         """Verify the repository's signatures (with trusted keys) and decide what loads.
@@ -399,14 +483,51 @@ class TritonServer(ChildService):
         return self.start()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`make serve`: start the server in the foreground and print the endpoints."""
-    parser = argparse.ArgumentParser(description="Serve the dispatch model repository")
+def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
+    """The keys from flags, environment or files; what is still missing comes from (and is
+    created in) the key folder, so no start runs open. Prints where the keys are."""
+    admin = read_key(args.admin_key, ADMIN_KEY_ENV, file=args.admin_key_file)
+    shm = read_key(args.shm_key, SHM_KEY_ENV, file=args.shm_key_file)
+    if admin and shm:
+        return AccessKeys(admin=admin, shm=shm)
+    stored, created = load_or_create_keys(args.key_dir)
+    for path in created:
+        print(f"created key file {path} (mode 0600)", file=out)
+    keys = AccessKeys(admin=admin or stored.admin, shm=shm or stored.shm)
+    if not admin:
+        print(
+            f"admin key (model-repository, logging, trace; header {ADMIN_KEY_HEADER!r}): "
+            f"{args.key_dir / ADMIN_KEY_FILE}  -> export {ADMIN_KEY_ENV}_FILE=...",
+            file=out,
+        )
+    if not shm:
+        print(
+            f"shared-memory key (header {SHM_KEY_HEADER!r}): {args.key_dir / SHM_KEY_FILE}  "
+            f"-> export {SHM_KEY_ENV}_FILE=...",
+            file=out,
+        )
+    return keys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Serve the dispatch model repository (loopback, control endpoints locked)"
+    )
     parser.add_argument("--venv", type=Path, default=REPO_ROOT / ".venv")
     parser.add_argument("--backend-dir", type=Path, default=REPO_ROOT / ".triton" / "backends")
     parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     parser.add_argument("--profile", choices=("cpu", "gpu"), default="cpu")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); a non-loopback one needs --expose",
+    )
+    parser.add_argument(
+        "--expose",
+        action="store_true",
+        help="allow a non-loopback --host: only with a patched Triton (25.07 or newer), never "
+        "with the embedded 2.51 (CVE-2025-23310/23311/23319/23320/23334)",
+    )
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
@@ -427,41 +548,81 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--admin-key",
-        default=os.environ.get(ADMIN_KEY_ENV) or None,
-        help=f"key the model-repository endpoints require in header {ADMIN_KEY_HEADER!r} "
-        f"(env {ADMIN_KEY_ENV})",
+        default=None,
+        help=f"admin key (else {ADMIN_KEY_ENV}, else the file named by {ADMIN_KEY_ENV}_FILE, "
+        "else KEY_DIR/admin.key, created when missing)",
+    )
+    parser.add_argument("--admin-key-file", type=Path, default=None, help="file (mode 0600)")
+    parser.add_argument(
+        "--shm-key",
+        default=None,
+        help=f"shared-memory key (else {SHM_KEY_ENV}, else the file named by {SHM_KEY_ENV}_FILE, "
+        "else KEY_DIR/shm.key, created when missing)",
+    )
+    parser.add_argument("--shm-key-file", type=Path, default=None, help="file (mode 0600)")
+    parser.add_argument(
+        "--key-dir",
+        type=Path,
+        default=REPO_ROOT / ".triton" / "keys",
+        help="where missing keys are read from or created (default .triton/keys)",
+    )
+    parser.add_argument(
+        "--require",
+        default="dispatch,dispatch_fused",
+        help="entry points that must load and answer before ready (comma-separated; "
+        "default dispatch,dispatch_fused; '' for none)",
     )
     gpu_monitor.add_gpu_monitor_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """`make serve`: start the server in the foreground and print the endpoints."""
+    out = out or sys.stdout
+    parser = build_parser()
     args = parser.parse_args(argv)
     gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        keys = resolve_keys(args, out)
+    except (KeyFileError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     options = ServerOptions(
         model_repository=args.model_repository,
         ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
         profile=args.profile,
         host=args.host,
-        admin_key=args.admin_key,
+        expose=args.expose,
+        admin_key=keys.admin,
+        shm_key=keys.shm,
         trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
+        required_models=tuple(m for m in args.require.split(",") if m.strip()),
     )
+    if args.expose and not is_loopback(args.host):
+        print(f"warning: exposing {args.host}: {EXPOSURE_RISKS}", file=sys.stderr)
     runtime = (
         TritonRuntime.from_venv(args.venv, args.backend_dir)
         if args.tritonserver is None
         else TritonRuntime.from_install(args.tritonserver, args.venv / "bin")
     )
     server = TritonServer(runtime, options, args.log)
-    print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True)
+    print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True, file=out)
     try:
         server.start()
     except (ServerError, FileNotFoundError, SigningError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     monitor = gpu_monitor.start_gpu_monitor(
-        server.http_url, gpu_settings, args.admin_key, act=args.profile == "gpu"
+        server.http_url, gpu_settings, options.admin_key, act=args.profile == "gpu"
     )
+    for entry in server.entry_points:
+        print(entry.line(), file=out)
     print(
         f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
         f"metrics {server.metrics_url}\nCtrl-C stops it.",
         flush=True,
+        file=out,
     )
     stop = False
 
@@ -478,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = server.process.returncode if server.process is not None else 0
     monitor.stop()
     server.stop()
-    print("tritonserver stopped", flush=True)
+    print("tritonserver stopped", flush=True, file=out)
     return int(code or 0)
 
 

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -53,11 +54,13 @@ from dispatch_service.ops.keys import (
     new_key,
 )
 from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
+from dispatch_service.ops.supervisor import Supervisor, SupervisorSettings
 from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
 
 __all__ = [
     "ADMIN_KEY_ENV",
     "ADMIN_KEY_HEADER",
+    "EXIT_DEAD",
     "SHM_KEY_ENV",
     "SHM_KEY_HEADER",
     "TRUSTED_KEYS_ENV",
@@ -70,8 +73,10 @@ __all__ = [
     "build_parser",
     "main",
     "resolve_keys",
+    "run_until_stopped",
 ]
 
+EXIT_DEAD = 3  # the deep check failed for dead_after_s: let the process manager restart us
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +302,14 @@ class TritonServer(ChildService):
         if self.shm_dir.is_dir():
             for region in self.shm_dir.glob(f"{self.shm_prefix}*"):
                 region.unlink(missing_ok=True)
+
+    @property
+    def admin_key(self) -> str | None:
+        return self.options.admin_key
+
+    @property
+    def required_models(self) -> tuple[str, ...]:
+        return tuple(self.options.required_models)
 
     @property
     def http_url(self) -> str:
@@ -567,6 +580,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="where missing keys are read from or created (default .triton/keys)",
     )
     parser.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="the launcher's own health endpoint (/livez, /readyz, /healthz, /metrics): "
+        "deep checks of the entry points (default: metrics port + 1; 0 picks a free port)",
+    )
+    parser.add_argument(
+        "--on-dead",
+        choices=("exit", "restart"),
+        default="exit",
+        help="when the entry points have not answered for 6 s: stop the server and exit 3 (for a "
+        "process manager), or restart it in place (default exit)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, wait this long at most for in-flight requests (default 30 s)",
+    )
+    parser.add_argument(
+        "--triton-arg",
+        action="append",
+        default=[],
+        help="one more tritonserver flag (repeatable), e.g. --triton-arg=--log-format=ISO8601",
+    )
+    parser.add_argument(
         "--require",
         default="dispatch,dispatch_fused",
         help="entry points that must load and answer before ready (comma-separated; "
@@ -598,6 +637,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         shm_key=keys.shm,
         trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
         required_models=tuple(m for m in args.require.split(",") if m.strip()),
+        extra_args=tuple(args.triton_arg),
     )
     if args.expose and not is_loopback(args.host):
         print(f"warning: exposing {args.host}: {EXPOSURE_RISKS}", file=sys.stderr)
@@ -618,29 +658,64 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     )
     for entry in server.entry_points:
         print(entry.line(), file=out)
+    health_port = args.metrics_port + 1 if args.health_port is None else args.health_port
+    settings = SupervisorSettings(
+        on_dead=args.on_dead,
+        drain_timeout_s=args.drain_timeout,
+        health_host=args.host,
+        health_port=health_port,
+    )
+    try:
+        supervisor = Supervisor(server, settings, lambda line: print(line, file=out, flush=True))
+        supervisor.start()
+    except OSError as exc:  # the health port is taken
+        monitor.stop()
+        server.stop()
+        print(f"error: health endpoint on port {health_port}: {exc}", file=sys.stderr)
+        return 1
     print(
         f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
-        f"metrics {server.metrics_url}\nCtrl-C stops it.",
+        f"metrics {server.metrics_url}  health {supervisor.health_url}/readyz\n"
+        "Ctrl-C or SIGTERM drains and stops it.",
         flush=True,
         file=out,
     )
-    stop = False
+    try:
+        return run_until_stopped(server, supervisor, out)
+    finally:
+        monitor.stop()
+
+
+def run_until_stopped(server: TritonServer, supervisor: Supervisor, out: TextIO) -> int:
+    """Block until SIGTERM/SIGINT (drain, exit 0), a dead server (exit 3) or Triton exiting
+    on its own (its code, or 1)."""
+    stop = threading.Event()
 
     def _stop(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
+        stop.set()
 
     signal.signal(signal.SIGTERM, _stop)
-    try:
-        while not stop and server.process is not None and server.process.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    code = server.process.returncode if server.process is not None else 0
-    monitor.stop()
-    server.stop()
-    print("tritonserver stopped", flush=True, file=out)
-    return int(code or 0)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop.wait(0.25):
+        if supervisor.dead.is_set():
+            supervisor.stop()
+            server.stop(timeout_s=5)
+            print(
+                f"error: server declared dead: {supervisor.snapshot()['dead_reason']}",
+                file=sys.stderr,
+            )
+            return EXIT_DEAD
+        process = server.process
+        restarting = supervisor.settings.on_dead == "restart"
+        if not restarting and (process is None or process.poll() is not None):
+            code = process.returncode if process is not None else 1
+            supervisor.stop()
+            server.stop()
+            print(f"error: tritonserver exited with {code}:\n{server.log_tail()}", file=sys.stderr)
+            return int(code or 1)
+    drained = supervisor.drain_and_stop()
+    print(f"tritonserver stopped (drained {drained:.1f} s)", flush=True, file=out)
+    return 0
 
 
 if __name__ == "__main__":

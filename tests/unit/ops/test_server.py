@@ -359,6 +359,8 @@ def test_main_reports_an_incomplete_runtime(
             str(tmp_path / "server.log"),
             "--http-port",
             str(Ports.free().http),
+            "--key-dir",
+            str(tmp_path / "keys"),
         ]
     )
     assert code == 1

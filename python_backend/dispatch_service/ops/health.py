@@ -60,14 +60,20 @@ class Probe:
 
 
 def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
-    """Send the probe window to ``model``; ok when a full answer comes within the deadline."""
+    """Send the probe window to ``model``; ok when a full answer, scored by the chosen model
+    version (no fallback), comes within the deadline."""
     start = time.monotonic()
     window = probe_window()
     try:
         with DispatchClient(GrpcTransport(grpc_url, timeout_s=timeout_s), model_name=model) as c:
             result = c.dispatch(window)
-        ok = len(result.orders) == len(window["ORDER_IDS"])
-        detail = "" if ok else f"answered {len(result.orders)} orders for {PROBE_ORDERS}"
+        degraded = sorted({o.fallback_level for o in result.orders if o.fallback_level})
+        if len(result.orders) != len(window["ORDER_IDS"]):
+            ok, detail = False, f"answered {len(result.orders)} orders for {PROBE_ORDERS}"
+        elif degraded:  # a fallback answer: the scoring model behind it is failing
+            ok, detail = False, f"answered through fallback level {degraded[-1]}"
+        else:
+            ok, detail = True, ""
     except DispatchError as exc:
         ok, detail = False, exc.message
     except Exception as exc:  # a probe never raises: what failed is the verdict

@@ -39,7 +39,12 @@ from typing import Any, Literal, Protocol
 
 from dispatch_service.ops.health import Probe, deep_check
 from dispatch_service.ops.host import STUB_NAME
-from dispatch_service.ops.model_control import ModelControlError, load_model, model_config
+from dispatch_service.ops.model_control import (
+    ModelControlError,
+    load_model,
+    model_config,
+    unload_model,
+)
 
 
 class SupervisedServer(Protocol):
@@ -156,7 +161,7 @@ class Supervisor:
         self,
         server: SupervisedServer,
         settings: SupervisorSettings | None = None,
-        report: Callable[[str], None] = print,
+        report: Callable[[str], None] = logger.warning,
     ) -> None:
         self.server = server
         self.settings = settings or SupervisorSettings()
@@ -221,9 +226,7 @@ class Supervisor:
         return "\n".join(lines) + "\n"
 
     def _event(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **fields}, sort_keys=True)
-        logger.warning(line)
-        self.report(line)
+        self.report(json.dumps({"event": event, **fields}, sort_keys=True))
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Supervisor:
@@ -302,7 +305,13 @@ class Supervisor:
         self._event("stub_died", model=model, pids=pids)
         url, key = self.server.http_url, self.server.admin_key
         try:
+            # Triton keeps a dead stub's instance when asked to load an unchanged model
+            # ("successfully loaded" in milliseconds, requests still fail); renaming the
+            # instance groups is no better on 2.51. So unload, then load with its own config
+            # (versions included). The load waits for the dead instance's in-flight request
+            # (~9 s measured); the router answers with its fallback meanwhile.
             config = model_config(url, model)
+            unload_model(url, model, admin_key=key)
             load_model(url, model, config, admin_key=key)
             self._event("model_reloaded", model=model)
         except ModelControlError as exc:

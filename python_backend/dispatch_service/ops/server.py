@@ -72,6 +72,7 @@ __all__ = [
     "TritonServer",
     "build_parser",
     "main",
+    "options_from_args",
     "resolve_keys",
     "run_until_stopped",
 ]
@@ -252,6 +253,8 @@ class ChildService:
         raise ServerError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
+        if self.log_path.exists() and not self.log_path.is_file():
+            return f"(log goes to {self.log_path})"  # e.g. /dev/stdout in the images
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
@@ -503,6 +506,12 @@ def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
     shm = read_key(args.shm_key, SHM_KEY_ENV, file=args.shm_key_file)
     if admin and shm:
         return AccessKeys(admin=admin, shm=shm)
+    if args.no_create_keys:
+        missing = [name for name, key in (("admin", admin), ("shared-memory", shm)) if not key]
+        raise KeyFileError(
+            f"no {' or '.join(missing)} key: set {ADMIN_KEY_ENV} and {SHM_KEY_ENV} (e.g. from "
+            f"a Kubernetes Secret) or {ADMIN_KEY_ENV}_FILE and {SHM_KEY_ENV}_FILE"
+        )
     stored, created = load_or_create_keys(args.key_dir)
     for path in created:
         print(f"created key file {path} (mode 0600)", file=out)
@@ -606,6 +615,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="one more tritonserver flag (repeatable), e.g. --triton-arg=--log-format=ISO8601",
     )
     parser.add_argument(
+        "--no-create-keys",
+        action="store_true",
+        help="fail instead of creating missing keys (the images: keys come from a Secret)",
+    )
+    parser.add_argument(
         "--require",
         default="dispatch,dispatch_fused",
         help="entry points that must load and answer before ready (comma-separated; "
@@ -613,6 +627,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gpu_monitor.add_gpu_monitor_arguments(parser)
     return parser
+
+
+def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptions:
+    """The server options a launcher command line asks for (images and tests read it too)."""
+    return ServerOptions(
+        model_repository=args.model_repository,
+        ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
+        profile=args.profile,
+        host=args.host,
+        expose=args.expose,
+        admin_key=keys.admin,
+        shm_key=keys.shm,
+        trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
+        required_models=tuple(m for m in args.require.split(",") if m.strip()),
+        extra_args=tuple(args.triton_arg),
+    )
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -627,18 +657,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except (KeyFileError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    options = ServerOptions(
-        model_repository=args.model_repository,
-        ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
-        profile=args.profile,
-        host=args.host,
-        expose=args.expose,
-        admin_key=keys.admin,
-        shm_key=keys.shm,
-        trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
-        required_models=tuple(m for m in args.require.split(",") if m.strip()),
-        extra_args=tuple(args.triton_arg),
-    )
+    options = options_from_args(args, keys)
     if args.expose and not is_loopback(args.host):
         print(f"warning: exposing {args.host}: {EXPOSURE_RISKS}", file=sys.stderr)
     runtime = (

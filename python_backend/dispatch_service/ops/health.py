@@ -22,8 +22,6 @@ from numpy.typing import NDArray
 from dispatch_client.client import DispatchClient
 from dispatch_client.errors import DispatchError
 from dispatch_client.transport import GrpcTransport
-from dispatch_service.domain.window import window_to_tensors
-from dispatch_service.offline.simulator import generate_window
 from dispatch_service.ops.model_control import ModelControlError, repository_index
 from dispatch_service.ops.verified_load import LoadPlan
 
@@ -44,6 +42,10 @@ PROBE_RIDERS = 4
 @cache
 def probe_window() -> Mapping[str, NDArray[Any]]:
     """One small deterministic window (2 orders, 4 riders): cheap to serve, real to check."""
+    # Imported here: the launcher stays light (no SciPy) until its first check.
+    from dispatch_service.domain.window import window_to_tensors
+    from dispatch_service.offline.simulator import generate_window
+
     return window_to_tensors(generate_window(np.random.default_rng(20), PROBE_ORDERS, PROBE_RIDERS))
 
 

@@ -7,6 +7,8 @@ Integration tests start the real server.
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import socket
@@ -16,13 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from dispatch_service.ops.keys import KeyFileError
 from dispatch_service.ops.server import (
     Ports,
     ServerError,
     ServerOptions,
     TritonRuntime,
     TritonServer,
+    build_parser,
     main,
+    resolve_keys,
 )
 
 FAKE_READY_SERVER = """\
@@ -425,3 +430,38 @@ def test_ports_in_use_are_refused_before_the_log_is_touched(tmp_path: Path) -> N
             server.start(timeout_s=5)
     assert server.process is None
     assert server.log_path.read_text() == "the first server's log\n"
+
+
+def launcher_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
+    return build_parser().parse_args(["--key-dir", str(tmp_path / "keys"), *extra])
+
+
+def test_missing_keys_are_created_and_their_paths_printed_never_the_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("DISPATCH_ADMIN_KEY", "DISPATCH_SHM_KEY", "DISPATCH_ADMIN_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("DISPATCH_SHM_KEY_FILE", raising=False)
+    out = io.StringIO()
+    keys = resolve_keys(launcher_args(tmp_path), out)
+    text = out.getvalue()
+    assert (
+        str(tmp_path / "keys" / "admin.key") in text and str(tmp_path / "keys" / "shm.key") in text
+    )
+    assert keys.admin not in text and keys.shm not in text
+    again = resolve_keys(launcher_args(tmp_path), io.StringIO())
+    assert again == keys  # the same keys on the next start
+
+
+def test_keys_from_the_environment_win_and_images_refuse_to_run_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPATCH_ADMIN_KEY", "from-env-admin")
+    monkeypatch.setenv("DISPATCH_SHM_KEY", "from-env-shm")
+    keys = resolve_keys(launcher_args(tmp_path, "--no-create-keys"), io.StringIO())
+    assert (keys.admin, keys.shm) == ("from-env-admin", "from-env-shm")
+    assert not (tmp_path / "keys").exists()
+    monkeypatch.delenv("DISPATCH_SHM_KEY")
+    monkeypatch.delenv("DISPATCH_SHM_KEY_FILE", raising=False)
+    with pytest.raises(KeyFileError, match="no shared-memory key"):
+        resolve_keys(launcher_args(tmp_path, "--no-create-keys"), io.StringIO())

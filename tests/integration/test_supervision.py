@@ -214,3 +214,41 @@ def test_a_stopped_server_is_declared_dead_within_10_s(tmp_path: Path) -> None:
             )
     finally:
         launcher.stop()
+
+
+def test_with_the_restart_policy_a_stopped_server_is_replaced(tmp_path: Path) -> None:
+    health = free_port()
+    launcher = Launcher(
+        Ports.free(),
+        tmp_path / "server.log",
+        tmp_path / "keys",
+        "--health-port",
+        str(health),
+        "--on-dead",
+        "restart",
+    )
+    try:
+        assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
+        url = f"http://127.0.0.1:{health}"
+        first = triton_pid(launcher)
+        os.kill(first, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        restarted = None
+        while time.monotonic() - stopped_at < 180 and launcher.process.poll() is None:
+            code, body = status(f"{url}/readyz"), ""
+            if code == 200:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
+                    body = response.read().decode()
+                if '"server_restarts": 1' in body:
+                    restarted = time.monotonic()
+                    break
+            time.sleep(0.5)
+        print(f"\nrestart policy: serving again {(restarted or float('nan')) - stopped_at:.1f} s")
+        assert restarted is not None, "\n".join(launcher.lines)
+        assert launcher.process.poll() is None
+        assert triton_pid(launcher) != first and not Path(f"/proc/{first}").exists()
+        window = window_from_json(EXAMPLE.read_bytes())
+        with DispatchClient.grpc(f"127.0.0.1:{launcher.ports.grpc}", timeout_s=30) as client:
+            assert client.dispatch(window).orders
+    finally:
+        launcher.stop()

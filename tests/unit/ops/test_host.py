@@ -87,6 +87,8 @@ def test_only_regions_and_stubs_of_dead_launchers_are_leftovers(tmp_path: Path) 
 def test_cleaning_removes_regions_and_tolerates_vanished_ones(tmp_path: Path) -> None:
     region = tmp_path / "dispatchsrv_1_ab_r"
     region.write_bytes(b"x")
-    lines = clean_leftovers(Leftovers(regions=(region, tmp_path / "gone"), stubs=(dead_pid(),)))
+    # A pid above pid_max: no process can have it (a recycled pid could be anyone's).
+    impossible = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    lines = clean_leftovers(Leftovers(regions=(region, tmp_path / "gone"), stubs=(impossible,)))
     assert not region.exists()
     assert lines == [f"removed stale shared-memory region {region}"]

@@ -13,9 +13,12 @@ SEED ?= 7
 setup: ## install everything into .venv and .triton (idempotent)
 	@bash scripts/setup.sh
 
-serve: setup ## serve the repository (HTTP_PORT, GRPC_PORT, METRICS_PORT, PROFILE)
+# Loopback only, control endpoints locked (keys created in .triton/keys/ unless given; see
+# docs/security.md); health on METRICS_PORT + 1 unless HEALTH_PORT is set.
+serve: setup ## serve the repository, locked, on loopback (HTTP_PORT, GRPC_PORT, METRICS_PORT, HEALTH_PORT, PROFILE)
 	$(PY) -m dispatch_service.ops.server --profile $(PROFILE) \
-		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		$(if $(HEALTH_PORT),--health-port $(HEALTH_PORT))
 
 test: setup ## unit and integration tests
 	$(PY) -m pytest tests

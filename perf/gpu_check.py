@@ -344,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu_row = Row("cpu (plain gRPC)", "embedded, cpu profile")
     rows.append(cpu_row)
     cpu_runtime = TritonRuntime.from_venv()
-    cpu_options = ServerOptions(ports=Ports.free())
+    # perf_analyzer's shm runs cannot send the shm key over gRPC: loopback servers, left open.
+    cpu_options = ServerOptions(ports=Ports.free(), unlocked_groups=("shared-memory",))
     try:
         with TritonServer(cpu_runtime, cpu_options, args.out / "server-cpu.log") as server:
             measure(cpu_row, server, lambda: GrpcTransport(server.grpc_url), "none")
@@ -378,7 +379,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for label, runtime, repo in attempts:
             if left() < 60:
                 break
-            options = ServerOptions(model_repository=repo, ports=Ports.free(), profile="gpu")
+            options = ServerOptions(
+                model_repository=repo,
+                ports=Ports.free(),
+                profile="gpu",
+                unlocked_groups=("shared-memory",),
+            )
             log = args.out / f"server-gpu-{len(summary.get('gpu_attempts', []))}.log"
             try:
                 gpu_server = stack.enter_context(TritonServer(runtime, options, log))

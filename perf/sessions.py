@@ -35,7 +35,11 @@ class TritonSession:
 
     def __init__(self, repository: Path, log_path: Path) -> None:
         runtime = TritonRuntime.from_venv()
-        options = ServerOptions(model_repository=repository, ports=Ports.free())
+        # perf_analyzer registers its regions without the shm key (its -H is HTTP only):
+        # the shared-memory group stays open on this loopback-only measurement server.
+        options = ServerOptions(
+            model_repository=repository, ports=Ports.free(), unlocked_groups=("shared-memory",)
+        )
         self.server = TritonServer(runtime, options, log_path)
         self.pa = PerfAnalyzer.from_venv()
 

@@ -7,7 +7,9 @@
 (TLS; the server's certificate is checked against the system's CA roots). ``grpc-shm`` is
 gRPC with the tensors in system shared memory (server on the same host, no TLS); its regions
 are sized for the window read and released before the command exits, also on Ctrl-C or
-SIGTERM.
+SIGTERM. Registering them needs the server's shared-memory key: the environment variable
+``DISPATCH_SHM_KEY``, or ``DISPATCH_SHM_KEY_FILE`` naming a file (mode 0600) that holds it
+(`make serve` prints where it wrote one).
 
 Every optional input of the contract can be sent: in the document (``objective_weights``,
 ``model_version_tag``; see `window_json`) or with an option, which wins over the document.
@@ -40,6 +42,7 @@ from typing import Any, NoReturn
 from dispatch_client.client import DEFAULT_MODEL_NAME, DispatchClient
 from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchError, DispatchServerError, WindowJSONError, one_line
+from dispatch_client.keys import KeyFileError
 from dispatch_client.shm import ShmCapacity
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
@@ -245,6 +248,8 @@ def main(
     factory = transport_factory or default_factory
     try:
         transport = factory(args.protocol, args.url, args.timeout)
+    except KeyFileError as exc:  # DISPATCH_SHM_KEY_FILE names a file that cannot be used
+        return _fail(str(exc), EXIT_INPUT)
     except ValueError as exc:  # a malformed --url
         return _fail(f"--url: {exc}", EXIT_INPUT)
     except DispatchError as exc:  # grpc-shm registers its regions up front

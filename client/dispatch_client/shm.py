@@ -58,6 +58,7 @@ from tritonclient.utils import shared_memory as system_shm
 
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
+from dispatch_client.keys import SHM_KEY_ENV, SHM_KEY_HEADER, grpc_headers, read_key
 from dispatch_client.transport import DEFAULT_GRPC_URL, DEFAULT_TIMEOUT_S, grpc_error, split_url
 from dispatch_contract import (
     DISPATCH_ENSEMBLE_INPUTS,
@@ -331,6 +332,13 @@ class SystemShmBackend:
 
     kind: ShmKind = "system"
 
+    def __init__(self, headers: Mapping[str, str] | None = None) -> None:
+        """`headers` go with (un)registration: the server's shared-memory key (see `keys`)."""
+        self.headers = dict(headers or {})
+
+    def _auth(self) -> dict[str, Any]:
+        return {"headers": self.headers} if self.headers else {}
+
     def create(self, name: str, byte_size: int) -> Region:
         handle = system_shm.create_shared_memory_region(name, f"/{name}", byte_size)
         try:
@@ -343,10 +351,12 @@ class SystemShmBackend:
         return Region(name=name, byte_size=byte_size, handle=handle, view=view)
 
     def register(self, client: Any, region: Region) -> None:
-        client.register_system_shared_memory(region.name, f"/{region.name}", region.byte_size)
+        client.register_system_shared_memory(
+            region.name, f"/{region.name}", region.byte_size, **self._auth()
+        )
 
     def unregister(self, client: Any, region: Region) -> None:
-        client.unregister_system_shared_memory(region.name)
+        client.unregister_system_shared_memory(region.name, **self._auth())
 
     def write(self, region: Region, chunks: Sequence[tuple[Slot, NDArray[np.uint8]]]) -> None:
         assert region.view is not None
@@ -372,9 +382,13 @@ class CudaShmBackend:
 
     kind: ShmKind = "cuda"
 
-    def __init__(self, device_id: int = 0, *, module: Any = None) -> None:
-        """`module` replaces tritonclient's cuda_shared_memory (a stand-in in tests)."""
+    def __init__(
+        self, device_id: int = 0, *, module: Any = None, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """`module` replaces tritonclient's cuda_shared_memory (a stand-in in tests);
+        `headers` go with (un)registration: the server's shared-memory key (see `keys`)."""
         self.device_id = device_id
+        self.headers = dict(headers or {})
         if module is not None:
             self._cuda: Any = module
             return
@@ -393,6 +407,9 @@ class CudaShmBackend:
             ) from exc
         self._cuda = cuda_shared_memory
 
+    def _auth(self) -> dict[str, Any]:
+        return {"headers": self.headers} if self.headers else {}
+
     def create(self, name: str, byte_size: int) -> Region:
         try:
             handle = self._cuda.create_shared_memory_region(name, byte_size, self.device_id)
@@ -405,10 +422,12 @@ class CudaShmBackend:
 
     def register(self, client: Any, region: Region) -> None:
         raw = self._cuda.get_raw_handle(region.handle)
-        client.register_cuda_shared_memory(region.name, raw, self.device_id, region.byte_size)
+        client.register_cuda_shared_memory(
+            region.name, raw, self.device_id, region.byte_size, **self._auth()
+        )
 
     def unregister(self, client: Any, region: Region) -> None:
-        client.unregister_cuda_shared_memory(region.name)
+        client.unregister_cuda_shared_memory(region.name, **self._auth())
 
     def write(self, region: Region, chunks: Sequence[tuple[Slot, NDArray[np.uint8]]]) -> None:
         # tritonclient writes arrays back to back from offset 0, one cudaMemcpy each: fill
@@ -808,16 +827,20 @@ class GrpcShmTransport(Closing):
         pool_size: int = 4,
         backend: RegionBackend | ShmKind = "system",
         handle_sigterm: bool = True,
+        shm_key: str | None = None,
     ) -> None:
+        """`shm_key`: the server's shared-memory key; None reads it from the environment
+        (`DISPATCH_SHM_KEY`, or the file named by `DISPATCH_SHM_KEY_FILE`)."""
         self.url, tls = split_url(url)
         if tls:  # the tensors never cross the network; only the small gRPC calls would
             raise ValueError("grpc-shm talks to a server on this host: use host:port, not https://")
         self.timeout_s = timeout_s
         self.capacity = capacity or ShmCapacity()
+        headers = grpc_headers(SHM_KEY_HEADER, read_key(shm_key, SHM_KEY_ENV))
         if backend == "system":
-            backend = SystemShmBackend()
+            backend = SystemShmBackend(headers)
         elif backend == "cuda":
-            backend = CudaShmBackend()
+            backend = CudaShmBackend(headers=headers)
         elif isinstance(backend, str):
             raise ValueError(f"backend must be 'system', 'cuda' or a RegionBackend: {backend!r}")
         self._client: Any = grpcclient.InferenceServerClient(url=self.url)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from dispatch_client.keys import SHM_KEY_ENV
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 
 
@@ -16,8 +18,19 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     runtime = TritonRuntime.from_venv()
     log = tmp_path_factory.mktemp("triton") / "server.log"
     server = TritonServer(runtime, ServerOptions(ports=Ports.free()), log)
-    with server:
-        yield server
+    # The server locks its control groups with fresh keys; shared-memory clients (the shm
+    # transport, the CLI, child processes) read the shm key from the environment.
+    assert server.options.shm_key is not None
+    saved = os.environ.get(SHM_KEY_ENV)
+    os.environ[SHM_KEY_ENV] = server.options.shm_key
+    try:
+        with server:
+            yield server
+    finally:
+        if saved is None:
+            os.environ.pop(SHM_KEY_ENV, None)
+        else:
+            os.environ[SHM_KEY_ENV] = saved
     print(f"tritonserver log: {log}")
 
 

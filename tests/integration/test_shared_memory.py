@@ -26,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_client import DispatchClient
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+from dispatch_client.keys import SHM_KEY_ENV, SHM_KEY_HEADER, grpc_headers
 from dispatch_client.shm import REGION_PREFIX, GrpcShmTransport, ShmCapacity, ShmRegionTooSmallError
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, FEATURE_ENTRY_MODEL_NAME
 from dispatch_service.core.model_config import config_parameters
@@ -57,7 +58,9 @@ def assert_same(left: Arrays, right: Arrays) -> None:
 
 
 def server_regions(client: grpcclient.InferenceServerClient, pid: int) -> set[str]:
-    status = client.get_system_shared_memory_status()
+    # The shared-memory group is locked: the conftest exports the session server's key.
+    headers = grpc_headers(SHM_KEY_HEADER, os.environ[SHM_KEY_ENV])
+    status = client.get_system_shared_memory_status(headers=headers)
     return {name for name in status.regions if name.startswith(f"{REGION_PREFIX}_{pid}_")}
 
 

@@ -30,13 +30,19 @@ from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain import geo
 
 __all__ = [
+    "EARLIEST_TIME",
+    "LATEST_TIME",
     "MAX_CLOCK_SKEW_S",
     "MAX_PROMISED_MINUTES",
+    "MAX_RIDER_LOAD",
     "Counts",
     "DispatchWindow",
     "Values",
     "WindowLimits",
+    "check_id_text",
     "check_objective_weights",
+    "check_rider_counts",
+    "check_times",
     "parse_coord_system",
     "parse_objective_weights",
     "window_from_tensors",
@@ -46,6 +52,11 @@ __all__ = [
 MAX_PROMISED_MINUTES = 240.0
 # Orders may be stamped a little after the window's time by a skewed clock; not more.
 MAX_CLOCK_SKEW_S = 300
+# Plausible bounds (issue 10): a rider's load and capacity (orders) and every timestamp.
+# Larger values are typing errors or wrapped integers (HTTP JSON wraps INT32 silently).
+MAX_RIDER_LOAD = 1000
+EARLIEST_TIME = 946_684_800  # 2000-01-01T00:00:00Z
+LATEST_TIME = 4_102_444_800  # 2100-01-01T00:00:00Z
 
 
 @dataclass(frozen=True)
@@ -148,10 +159,10 @@ def _check_dtype(spec: TensorSpec, array: NDArray[Any]) -> None:
 def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.object_]:
     raw = _fetch(tensors, name)
     items = raw.tolist()
-    # The usual request: non-empty bytes within the limit, taken as they are.
+    # The usual request: non-empty UTF-8 bytes within the limit, taken as they are.
     if all(type(item) is bytes for item in items):
         lengths = list(map(len, items))
-        if lengths and min(lengths) > 0 and max(lengths) <= max_bytes:
+        if lengths and min(lengths) > 0 and max(lengths) <= max_bytes and _all_utf8(items):
             fast = np.empty(len(items), dtype=object)
             fast[:] = items
             return fast
@@ -168,8 +179,29 @@ def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.ob
                 f"ids must be at most {max_bytes} bytes, row {i} has {len(value)}",
                 "id_length",
             )
+        check_id_text(name, i, value)
         out[i] = value
     return out
+
+
+def _all_utf8(items: list[bytes]) -> bool:
+    """True when every id is valid UTF-8: one decode of the ids joined by NUL (a byte no
+    multi-byte sequence can end or continue with, so no sequence spans two ids)."""
+    try:
+        b"\0".join(items).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def check_id_text(name: str, row: int, value: bytes) -> None:
+    """Ids are text: valid UTF-8, or an HTTP JSON answer carrying them is not valid JSON."""
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DispatchInputError(
+            name, f"ids must be valid UTF-8, row {row} is not (byte {exc.start})", "dtype"
+        ) from None
 
 
 def _finite(name: str, array: NDArray[Any]) -> None:
@@ -291,12 +323,34 @@ def _values_plausible(values: Values, counts: Counts, dispatch_time: int) -> boo
         and (np.abs(dropoff) <= _LATLON_LIMITS).all()
         and (np.abs(position) <= _LATLON_LIMITS).all()
         and ((promised > 0) & (promised <= MAX_PROMISED_MINUTES)).all()
-        and int(created_at.min()) >= 0
-        and int(created_at.max()) <= dispatch_time + MAX_CLOCK_SKEW_S
+        and int(created_at.min()) >= EARLIEST_TIME
+        and int(created_at.max()) <= min(dispatch_time + MAX_CLOCK_SKEW_S, LATEST_TIME)
         and not (constraints & ~KNOWN_CONSTRAINTS).any()  # a negative value has high bits
         and min(int(load.min()), int(capacity.min()), int(equipment.min()), int(vehicle.min())) >= 0
+        and max(int(load.max()), int(capacity.max())) <= MAX_RIDER_LOAD
         and int(vehicle.max()) <= max(Vehicle)
     )
+
+
+def check_times(name: str, seconds: NDArray[Any]) -> None:
+    """Unix times must lie within [2000-01-01, 2100-01-01) (INT64_MAX was served)."""
+    bad = (seconds < EARLIEST_TIME) | (seconds >= LATEST_TIME)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise DispatchInputError(
+            name,
+            f"must be a unix time in seconds within [{EARLIEST_TIME}, {LATEST_TIME}) "
+            f"(2000-01-01 to 2100-01-01), row {row} is {int(seconds.reshape(-1)[row])}",
+            "range",
+        )
+
+
+def check_rider_counts(name: str, counts: NDArray[Any]) -> None:
+    """A rider's load or capacity (orders) must lie within [0, MAX_RIDER_LOAD]."""
+    bad = (counts < 0) | (counts > MAX_RIDER_LOAD)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise DispatchInputError(name, f"must be within [0, {MAX_RIDER_LOAD}] (row {row})", "range")
 
 
 def _check_values(values: Values, counts: Counts, dispatch_time: int) -> None:
@@ -315,7 +369,7 @@ def _check_values(values: Values, counts: Counts, dispatch_time: int) -> None:
             f"must be within (0, {MAX_PROMISED_MINUTES:g}] minutes (row {row})",
             "range",
         )
-    _at_least("ORDER_CREATED_AT", created_at, 0)
+    check_times("ORDER_CREATED_AT", created_at)
     late = created_at > dispatch_time + MAX_CLOCK_SKEW_S
     if late.any():
         row = int(np.argmax(late))
@@ -332,8 +386,8 @@ def _check_values(values: Values, counts: Counts, dispatch_time: int) -> None:
             f"only bits {KNOWN_CONSTRAINTS:#x} are defined (row {row})",
             "unknown_value",
         )
-    _at_least("RIDER_LOAD", load, 0)
-    _at_least("RIDER_CAPACITY", capacity, 0)
+    check_rider_counts("RIDER_LOAD", load)
+    check_rider_counts("RIDER_CAPACITY", capacity)
     _at_least("RIDER_EQUIPMENT", equipment, 0)
     bad_vehicle = (vehicle < 0) | (vehicle > max(Vehicle))
     if bad_vehicle.any():
@@ -393,11 +447,9 @@ def window_from_tensors(
     _same_length(rider_names, (rider_ids, position, load, capacity, vehicle, equipment), num_riders)
 
     coord_system = parse_coord_system(_fetch(tensors, "COORD_SYSTEM"))
-    dispatch_time = int(_fetch(tensors, "DISPATCH_TIME")[0])
-    if dispatch_time <= 0:
-        raise DispatchInputError(
-            "DISPATCH_TIME", "must be a positive unix time in seconds", "range"
-        )
+    time_tensor = _fetch(tensors, "DISPATCH_TIME")
+    check_times("DISPATCH_TIME", time_tensor)
+    dispatch_time = int(time_tensor[0])
 
     _unique("ORDER_IDS", order_ids)
     _unique("RIDER_IDS", rider_ids)

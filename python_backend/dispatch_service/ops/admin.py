@@ -11,7 +11,8 @@
 
 Secrets enter here and nowhere deeper: the signing key comes from ``--key FILE`` or the
 environment variable ``DISPATCH_SIGNING_KEY`` (the PEM text), the admin key from
-``--admin-key`` or ``DISPATCH_ADMIN_KEY``, the trusted keys directory from ``--trusted-keys``
+``--admin-key``, ``--admin-key-file``, ``DISPATCH_ADMIN_KEY`` or the file named by
+``DISPATCH_ADMIN_KEY_FILE``, the trusted keys directory from ``--trusted-keys``
 or ``DISPATCH_TRUSTED_KEYS``. The library functions take them as arguments.
 
 ``deploy`` verifies the version folder's signature (and the stable one's), checks the
@@ -47,6 +48,7 @@ from typing import Any, Final, TextIO, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from dispatch_client.keys import KeyFileError, read_key
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.signing import (
     Manifest,
@@ -411,7 +413,11 @@ def _trusted(args: argparse.Namespace) -> TrustedKeys:
 
 
 def _admin_key(args: argparse.Namespace) -> str | None:
-    return args.admin_key or os.environ.get(ADMIN_KEY_ENV) or None
+    """--admin-key, --admin-key-file, DISPATCH_ADMIN_KEY or the file DISPATCH_ADMIN_KEY_FILE."""
+    try:
+        return read_key(args.admin_key, ADMIN_KEY_ENV, file=args.admin_key_file)
+    except KeyFileError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _signing_key_pem(args: argparse.Namespace) -> bytes:
@@ -673,7 +679,12 @@ def build_parser() -> argparse.ArgumentParser:
             required=True,
             help="Triton HTTP endpoint: host:port, http://host:port or https://host:port",
         )
-        command.add_argument("--admin-key", help=f"model-repository key (else env {ADMIN_KEY_ENV})")
+        command.add_argument(
+            "--admin-key",
+            help=f"admin key (else env {ADMIN_KEY_ENV}, else the file named by "
+            f"{ADMIN_KEY_ENV}_FILE; `make serve` prints where it keeps one)",
+        )
+        command.add_argument("--admin-key-file", type=Path, help="file holding the admin key")
         command.add_argument("--model", default="dispatch_model", help="the routed model")
         command.add_argument(
             "--timeout-s", type=float, default=300.0, help="seconds per server call"

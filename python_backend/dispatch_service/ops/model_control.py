@@ -15,7 +15,9 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any
+
+from dispatch_client.keys import ADMIN_KEY_HEADER
 
 __all__ = [
     "ADMIN_KEY_HEADER",
@@ -27,8 +29,6 @@ __all__ = [
     "unload_model",
     "with_versions",
 ]
-
-ADMIN_KEY_HEADER: Final = "admin-key"
 
 
 class ModelControlError(RuntimeError):

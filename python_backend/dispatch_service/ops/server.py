@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,22 +23,46 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Final
+from typing import ClassVar, TextIO
 
+from dispatch_client.keys import (
+    ADMIN_KEY_ENV,
+    ADMIN_KEY_HEADER,
+    SHM_KEY_ENV,
+    SHM_KEY_HEADER,
+    read_key,
+)
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError, TrustedKeys
 from dispatch_service.ops.gpu import monitor as gpu_monitor
-from dispatch_service.ops.model_control import (
-    ADMIN_KEY_HEADER,
-    ModelControlError,
-    load_model,
-    ready_versions,
+from dispatch_service.ops.health import Probe, deep_check, explain_missing
+from dispatch_service.ops.host import (
+    EXPOSURE_RISKS,
+    clean_leftovers,
+    describe_ports,
+    find_leftovers,
+    is_loopback,
+    new_shm_prefix,
+    ports_in_use,
 )
+from dispatch_service.ops.keys import (
+    ADMIN_KEY_FILE,
+    SHM_KEY_FILE,
+    AccessKeys,
+    KeyFileError,
+    load_or_create_keys,
+    new_key,
+)
+from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
+from dispatch_service.ops.supervisor import Supervisor, SupervisorSettings
 from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
 
 __all__ = [
     "ADMIN_KEY_ENV",
     "ADMIN_KEY_HEADER",
+    "EXIT_DEAD",
+    "SHM_KEY_ENV",
+    "SHM_KEY_HEADER",
     "TRUSTED_KEYS_ENV",
     "ChildService",
     "Ports",
@@ -45,10 +70,14 @@ __all__ = [
     "ServerOptions",
     "TritonRuntime",
     "TritonServer",
+    "build_parser",
     "main",
+    "options_from_args",
+    "resolve_keys",
+    "run_until_stopped",
 ]
 
-ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
+EXIT_DEAD = 3  # the deep check failed for dead_after_s: let the process manager restart us
 
 logger = logging.getLogger(__name__)
 
@@ -128,19 +157,41 @@ class ServerOptions:
     # Explicit control so operators can load/unload versions live; "*" loads everything.
     model_control: str = "explicit"
     load_models: Sequence[str] = ("*",)
-    # Load/unload endpoints answer only callers presenting this key (header `admin-key`).
+    # The control groups are always locked (ops.keys): the admin key guards model-repository,
+    # logging and trace (header `admin-key`), the shm key the shared-memory group (header
+    # `shm-key`). None: a fresh random key for this server, readable from `options`.
     admin_key: str | None = None
+    shm_key: str | None = None
     # A directory of trusted *.pub keys: only models whose versions verify are loaded
     # (dispatch_service.ops.verified_load). None: every model loads unverified (a warning).
     trusted_keys: Path | None = None
     extra_args: Sequence[str] = ()
     host: str = "127.0.0.1"
+    # A non-loopback host is refused unless this is set: the embedded Triton 2.51 carries the
+    # CVEs of section 5c of the design notes (EXPOSURE_RISKS); expose the patched image.
+    expose: bool = False
+    # Groups left open, for loopback measurements only: perf_analyzer cannot send the shm
+    # key over gRPC (its -H reaches HTTP only), so `make bench` unlocks "shared-memory".
+    unlocked_groups: Sequence[str] = ()
+    # Entry points that must be loaded and answer a small window before start() returns
+    # (ops.health); the launcher requires `dispatch` and `dispatch_fused` unless told others.
+    required_models: Sequence[str] = ()
     # `gpu` profile only: Triton's pinned host pool (GPU<->CPU copies between ensemble steps)
     # and CUDA pool per GPU (GPU tensors between steps, CUDA shared-memory I/O). The largest
     # window's PAIR_FEATURES is 32768 x 28 x 4 B = 3.5 MiB: 512 MiB holds ~128 in flight.
     pinned_memory_pool_bytes: int = 512 << 20
     cuda_memory_pool_bytes: int = 512 << 20
     cuda_memory_pool_devices: Sequence[int] = (0,)
+
+    def __post_init__(self) -> None:
+        self.admin_key = self.admin_key or new_key()
+        self.shm_key = self.shm_key or new_key()
+        self.access_keys  # noqa: B018 -- validates the pair now, not at start
+
+    @property
+    def access_keys(self) -> AccessKeys:
+        assert self.admin_key is not None and self.shm_key is not None
+        return AccessKeys(admin=self.admin_key, shm=self.shm_key)
 
 
 class ServerError(RuntimeError):
@@ -202,6 +253,8 @@ class ChildService:
         raise ServerError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
+        if self.log_path.exists() and not self.log_path.is_file():
+            return f"(log goes to {self.log_path})"  # e.g. /dev/stdout in the images
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
@@ -238,12 +291,10 @@ class TritonServer(ChildService):
         self.runtime = runtime
         self.options = options
         self.load_plan: LoadPlan | None = None  # set by start() when trusted keys are given
-
-    @property
-    def shm_prefix(self) -> str:
-        """The Python backend's region names start with this; one per HTTP port, so several
-        servers (tests, benchmarks) can share /dev/shm."""
-        return f"dispatch{self.options.ports.http}_"
+        # The Python backend's region names start with this: unique per server instance
+        # (ops.host), so a server removes only its own regions and never another's.
+        self.shm_prefix = new_shm_prefix()
+        self.entry_points: list[Probe] = []  # the last deep check of required_models
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server, then remove the Python backend regions it left behind. Triton 2.51
@@ -254,6 +305,14 @@ class TritonServer(ChildService):
         if self.shm_dir.is_dir():
             for region in self.shm_dir.glob(f"{self.shm_prefix}*"):
                 region.unlink(missing_ok=True)
+
+    @property
+    def admin_key(self) -> str | None:
+        return self.options.admin_key
+
+    @property
+    def required_models(self) -> tuple[str, ...]:
+        return tuple(self.options.required_models)
 
     @property
     def http_url(self) -> str:
@@ -292,11 +351,9 @@ class TritonServer(ChildService):
             raise ValueError("load_models needs model_control='explicit'")
         loads = self.load_plan.startup if self.load_plan is not None else opts.load_models
         args += [f"--load-model={name}" for name in loads]
-        if opts.admin_key:
-            args += [
-                f"--http-restricted-api=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
-                f"--grpc-restricted-protocol=model-repository:{ADMIN_KEY_HEADER}={opts.admin_key}",
-            ]
+        if opts.unlocked_groups and not is_loopback(opts.host):
+            raise ValueError("unlocked_groups is for loopback measurements only")
+        args += opts.access_keys.triton_args(opts.unlocked_groups)
         if opts.profile == "gpu":
             args.append(f"--pinned-memory-pool-byte-size={opts.pinned_memory_pool_bytes}")
             args += [
@@ -317,13 +374,56 @@ class TritonServer(ChildService):
             env[TRUSTED_KEYS_ENV] = str(self.options.trusted_keys.resolve())
         return env
 
+    def check_host(self) -> list[str]:
+        """Refuse what must not start; clean what an earlier crash left. Touches nothing of
+        another server: runs before the log is opened or any region is made."""
+        opts = self.options
+        if not is_loopback(opts.host) and not opts.expose:
+            raise ServerError(
+                f"refusing to listen on {opts.host}, which is not a loopback address: "
+                f"{EXPOSURE_RISKS}. Pass --expose to do it anyway (the control endpoints stay "
+                "locked behind their keys)."
+            )
+        ports = self.options.ports
+        busy = ports_in_use(opts.host, (ports.http, ports.grpc, ports.metrics))
+        if busy:
+            raise ServerError(describe_ports(opts.host, busy))
+        lines = clean_leftovers(find_leftovers(self.shm_dir))
+        for line in lines:
+            logger.warning(line)
+        return lines
+
     def start(self, timeout_s: float = 120.0) -> TritonServer:
         self.runtime.check()
-        notes = self.plan_verified_load()
+        notes = self.check_host()
+        notes += self.plan_verified_load()
         self.spawn(self.command(), self.environment(), preamble="".join(f"{n}\n" for n in notes))
         self.wait_ready(timeout_s)
         self.load_after_start()
+        self.check_entry_points()
         return self
+
+    def check_entry_points(self, timeout_s: float = 10.0) -> None:
+        """Each required entry point must answer a small window; else stop and say why."""
+        models = tuple(self.options.required_models)
+        if not models:
+            return
+        self.entry_points = deep_check(self.grpc_url, models, timeout_s)
+        failed = [p.model for p in self.entry_points if not p.ok]
+        if not failed:
+            return
+        reasons = explain_missing(
+            self.http_url, failed, self.options.admin_key, self.load_plan, timeout_s
+        )
+        lines = [
+            f"  {p.model}: {reasons.get(p.model) or p.detail}"
+            for p in self.entry_points
+            if not p.ok
+        ]
+        self.stop()
+        raise ServerError(
+            f"required entry point(s) {', '.join(failed)} not serving:\n" + "\n".join(lines)
+        )
 
     def plan_verified_load(self) -> list[str]:
         """Verify the repository's signatures (with trusted keys) and decide what loads.
@@ -399,14 +499,57 @@ class TritonServer(ChildService):
         return self.start()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`make serve`: start the server in the foreground and print the endpoints."""
-    parser = argparse.ArgumentParser(description="Serve the dispatch model repository")
+def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
+    """The keys from flags, environment or files; what is still missing comes from (and is
+    created in) the key folder, so no start runs open. Prints where the keys are."""
+    admin = read_key(args.admin_key, ADMIN_KEY_ENV, file=args.admin_key_file)
+    shm = read_key(args.shm_key, SHM_KEY_ENV, file=args.shm_key_file)
+    if admin and shm:
+        return AccessKeys(admin=admin, shm=shm)
+    if args.no_create_keys:
+        missing = [name for name, key in (("admin", admin), ("shared-memory", shm)) if not key]
+        raise KeyFileError(
+            f"no {' or '.join(missing)} key: set {ADMIN_KEY_ENV} and {SHM_KEY_ENV} (e.g. from "
+            f"a Kubernetes Secret) or {ADMIN_KEY_ENV}_FILE and {SHM_KEY_ENV}_FILE"
+        )
+    stored, created = load_or_create_keys(args.key_dir)
+    for path in created:
+        print(f"created key file {path} (mode 0600)", file=out)
+    keys = AccessKeys(admin=admin or stored.admin, shm=shm or stored.shm)
+    if not admin:
+        print(
+            f"admin key (model-repository, logging, trace; header {ADMIN_KEY_HEADER!r}): "
+            f"{args.key_dir / ADMIN_KEY_FILE}  -> export {ADMIN_KEY_ENV}_FILE=...",
+            file=out,
+        )
+    if not shm:
+        print(
+            f"shared-memory key (header {SHM_KEY_HEADER!r}): {args.key_dir / SHM_KEY_FILE}  "
+            f"-> export {SHM_KEY_ENV}_FILE=...",
+            file=out,
+        )
+    return keys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Serve the dispatch model repository (loopback, control endpoints locked)"
+    )
     parser.add_argument("--venv", type=Path, default=REPO_ROOT / ".venv")
     parser.add_argument("--backend-dir", type=Path, default=REPO_ROOT / ".triton" / "backends")
     parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     parser.add_argument("--profile", choices=("cpu", "gpu"), default="cpu")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); a non-loopback one needs --expose",
+    )
+    parser.add_argument(
+        "--expose",
+        action="store_true",
+        help="allow a non-loopback --host: only with a patched Triton (25.07 or newer), never "
+        "with the embedded 2.51 (CVE-2025-23310/23311/23319/23320/23334)",
+    )
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
@@ -427,59 +570,171 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--admin-key",
-        default=os.environ.get(ADMIN_KEY_ENV) or None,
-        help=f"key the model-repository endpoints require in header {ADMIN_KEY_HEADER!r} "
-        f"(env {ADMIN_KEY_ENV})",
+        default=None,
+        help=f"admin key (else {ADMIN_KEY_ENV}, else the file named by {ADMIN_KEY_ENV}_FILE, "
+        "else KEY_DIR/admin.key, created when missing)",
+    )
+    parser.add_argument("--admin-key-file", type=Path, default=None, help="file (mode 0600)")
+    parser.add_argument(
+        "--shm-key",
+        default=None,
+        help=f"shared-memory key (else {SHM_KEY_ENV}, else the file named by {SHM_KEY_ENV}_FILE, "
+        "else KEY_DIR/shm.key, created when missing)",
+    )
+    parser.add_argument("--shm-key-file", type=Path, default=None, help="file (mode 0600)")
+    parser.add_argument(
+        "--key-dir",
+        type=Path,
+        default=REPO_ROOT / ".triton" / "keys",
+        help="where missing keys are read from or created (default .triton/keys)",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="the launcher's own health endpoint (/livez, /readyz, /healthz, /metrics): "
+        "deep checks of the entry points (default: metrics port + 1; 0 picks a free port)",
+    )
+    parser.add_argument(
+        "--on-dead",
+        choices=("exit", "restart"),
+        default="exit",
+        help="when the entry points have not answered for 6 s: stop the server and exit 3 (for a "
+        "process manager), or restart it in place (default exit)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, wait this long at most for in-flight requests (default 30 s)",
+    )
+    parser.add_argument(
+        "--triton-arg",
+        action="append",
+        default=[],
+        help="one more tritonserver flag (repeatable), e.g. --triton-arg=--log-format=ISO8601",
+    )
+    parser.add_argument(
+        "--no-create-keys",
+        action="store_true",
+        help="fail instead of creating missing keys (the images: keys come from a Secret)",
+    )
+    parser.add_argument(
+        "--require",
+        default="dispatch,dispatch_fused",
+        help="entry points that must load and answer before ready (comma-separated; "
+        "default dispatch,dispatch_fused; '' for none)",
     )
     gpu_monitor.add_gpu_monitor_arguments(parser)
-    args = parser.parse_args(argv)
-    gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    options = ServerOptions(
+    return parser
+
+
+def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptions:
+    """The server options a launcher command line asks for (images and tests read it too)."""
+    return ServerOptions(
         model_repository=args.model_repository,
         ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
         profile=args.profile,
         host=args.host,
-        admin_key=args.admin_key,
+        expose=args.expose,
+        admin_key=keys.admin,
+        shm_key=keys.shm,
         trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
+        required_models=tuple(m for m in args.require.split(",") if m.strip()),
+        extra_args=tuple(args.triton_arg),
     )
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """`make serve`: start the server in the foreground and print the endpoints."""
+    out = out or sys.stdout
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        keys = resolve_keys(args, out)
+    except (KeyFileError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    options = options_from_args(args, keys)
+    if args.expose and not is_loopback(args.host):
+        print(f"warning: exposing {args.host}: {EXPOSURE_RISKS}", file=sys.stderr)
     runtime = (
         TritonRuntime.from_venv(args.venv, args.backend_dir)
         if args.tritonserver is None
         else TritonRuntime.from_install(args.tritonserver, args.venv / "bin")
     )
     server = TritonServer(runtime, options, args.log)
-    print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True)
+    print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True, file=out)
     try:
         server.start()
     except (ServerError, FileNotFoundError, SigningError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     monitor = gpu_monitor.start_gpu_monitor(
-        server.http_url, gpu_settings, args.admin_key, act=args.profile == "gpu"
+        server.http_url, gpu_settings, options.admin_key, act=args.profile == "gpu"
     )
+    for entry in server.entry_points:
+        print(entry.line(), file=out)
+    health_port = args.metrics_port + 1 if args.health_port is None else args.health_port
+    settings = SupervisorSettings(
+        on_dead=args.on_dead,
+        drain_timeout_s=args.drain_timeout,
+        health_host=args.host,
+        health_port=health_port,
+    )
+    try:
+        supervisor = Supervisor(server, settings, lambda line: print(line, file=out, flush=True))
+        supervisor.start()
+    except OSError as exc:  # the health port is taken
+        monitor.stop()
+        server.stop()
+        print(f"error: health endpoint on port {health_port}: {exc}", file=sys.stderr)
+        return 1
     print(
         f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
-        f"metrics {server.metrics_url}\nCtrl-C stops it.",
+        f"metrics {server.metrics_url}  health {supervisor.health_url}/readyz\n"
+        "Ctrl-C or SIGTERM drains and stops it.",
         flush=True,
+        file=out,
     )
-    stop = False
+    try:
+        return run_until_stopped(server, supervisor, out)
+    finally:
+        monitor.stop()
+
+
+def run_until_stopped(server: TritonServer, supervisor: Supervisor, out: TextIO) -> int:
+    """Block until SIGTERM/SIGINT (drain, exit 0), a dead server (exit 3) or Triton exiting
+    on its own (its code, or 1)."""
+    stop = threading.Event()
 
     def _stop(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
+        stop.set()
 
     signal.signal(signal.SIGTERM, _stop)
-    try:
-        while not stop and server.process is not None and server.process.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    code = server.process.returncode if server.process is not None else 0
-    monitor.stop()
-    server.stop()
-    print("tritonserver stopped", flush=True)
-    return int(code or 0)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop.wait(0.25):
+        if supervisor.dead.is_set():
+            supervisor.stop()
+            server.stop(timeout_s=5)
+            print(
+                f"error: server declared dead: {supervisor.snapshot()['dead_reason']}",
+                file=sys.stderr,
+            )
+            return EXIT_DEAD
+        process = server.process
+        restarting = supervisor.settings.on_dead == "restart"
+        if not restarting and (process is None or process.poll() is not None):
+            code = process.returncode if process is not None else 1
+            supervisor.stop()
+            server.stop()
+            print(f"error: tritonserver exited with {code}:\n{server.log_tail()}", file=sys.stderr)
+            return int(code or 1)
+    drained = supervisor.drain_and_stop()
+    print(f"tritonserver stopped (drained {drained:.1f} s)", flush=True, file=out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.cli import EXIT_INPUT, EXIT_OK, EXIT_SERVER, main
 from dispatch_client.connect import ProtocolName
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+from dispatch_client.keys import SHM_KEY_HEADER, grpc_headers
 from dispatch_client.shm import (
     ALIGNMENT,
     REGION_PREFIX,
@@ -610,3 +611,62 @@ def test_a_window_with_overlong_ids_still_fits_so_the_server_names_the_rule() ->
     sizes = [(name, len(_raw(value))) for name, value in tensors.items()]
     plan_slots(sizes, capacity.input_bytes, "input")
     plan_slots(output_sizes(tensors, OUTPUT_NAMES, capacity), capacity.output_bytes, "output")
+
+
+SMALL_POOL: dict[str, Any] = {
+    "input_bytes": 64,
+    "output_bytes": 64,
+    "size": 1,
+    "handle_sigterm": False,
+}
+
+
+class KeyedRegistrar:
+    """A server that, like a locked Triton, (un)registers only with the shm key header."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.registered: set[str] = set()
+
+    def _check(self, headers: dict[str, str] | None) -> None:
+        if (headers or {}).get("triton-grpc-protocol-shm-key") != self.key:
+            raise InferenceServerException(
+                "This API is restricted", status="StatusCode.UNAVAILABLE"
+            )
+
+    def register_system_shared_memory(
+        self, name: str, key: str, byte_size: int, headers: dict[str, str] | None = None
+    ) -> None:
+        self._check(headers)
+        self.registered.add(name)
+
+    def unregister_system_shared_memory(
+        self, name: str, headers: dict[str, str] | None = None
+    ) -> None:
+        self._check(headers)
+        self.registered.discard(name)
+
+
+def test_the_shm_key_travels_with_registration_and_unregistration() -> None:
+    server = KeyedRegistrar("k3y")
+    backend = SystemShmBackend(grpc_headers(SHM_KEY_HEADER, "k3y"))
+    pool = ShmRegionPool(
+        backend, server, input_bytes=64, output_bytes=64, size=1, handle_sigterm=False
+    )
+    assert len(server.registered) == 2
+    pool.close()
+    assert server.registered == set()
+
+
+def test_without_the_shm_key_registration_is_refused_and_nothing_is_left() -> None:
+    server = KeyedRegistrar("k3y")
+    with pytest.raises(ShmError, match="refused to register"):
+        ShmRegionPool(
+            SystemShmBackend(),
+            server,
+            input_bytes=64,
+            output_bytes=64,
+            size=1,
+            handle_sigterm=False,
+        )
+    assert server.registered == set()

@@ -10,6 +10,7 @@ the compose file are also checked with the real tools.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import re
@@ -26,7 +27,15 @@ import yaml
 
 from dispatch_service.core.metrics import ALL_METRICS
 from dispatch_service.ops.gpu.export import METRIC_NAMES as GPU_MONITOR_METRICS
-from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.keys import AccessKeys
+from dispatch_service.ops.server import (
+    Ports,
+    ServerOptions,
+    TritonRuntime,
+    TritonServer,
+    build_parser,
+    options_from_args,
+)
 from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
     FUSED_ROUTING_METRICS,
@@ -209,6 +218,21 @@ def url_port(url: str) -> int:
     match = re.match(r"https?://[^/:]+:(\d+)", url)
     assert match, f"no explicit port in {url}"
     return int(match.group(1))
+
+
+def image_launch(dockerfile: Path) -> argparse.Namespace:
+    """The image's entrypoint, read by the launcher's own parser (bad flags fail here)."""
+    args = entrypoint(dockerfile)
+    assert args[:3] == ["python3", "-m", "dispatch_service.ops.server"], args[:3]
+    return build_parser().parse_args(args[3:])
+
+
+def image_triton_command(dockerfile: Path) -> list[str]:
+    """The tritonserver command the image's launcher runs (keys stand-ins)."""
+    launch = image_launch(dockerfile)
+    options = options_from_args(launch, AccessKeys(admin="a", shm="s"))
+    runtime = TritonRuntime.from_install(launch.tritonserver, launch.venv / "bin")
+    return TritonServer(runtime, options, launch.log).command()
 
 
 def launcher_command() -> list[str]:
@@ -473,34 +497,58 @@ def dockerfile_for(profile: str) -> Path:
 # ------------------------------------------------------------------------- Dockerfiles
 
 
-def test_gpu_image_is_ngc_triton_251_serving_the_gpu_profile() -> None:
-    assert instruction(DOCKERFILE_GPU, "FROM") == "nvcr.io/nvidia/tritonserver:24.10-py3"
-    args = entrypoint(DOCKERFILE_GPU)
-    assert args[0] == "tritonserver"
-    assert flag(args, "--model-config-name") == "gpu"
-    assert flag(args, "--model-repository") == "/models"
-    assert flag(args, "--strict-readiness") == "true"
-    assert flag(args, "--allow-gpu-metrics") == "true"
-    # The NGC image brings its own backends; no private backend directory.
-    assert not flag_values(args, "--backend-directory")
+PATCHED_NGC = "nvcr.io/nvidia/tritonserver:25.10-py3"
 
 
-def test_cpu_image_serves_the_cpu_profile_from_the_setup_steps() -> None:
-    assert instruction(DOCKERFILE_CPU, "FROM").startswith("debian:bookworm")
-    runs = " ".join(rest for key, rest in dockerfile_instructions(DOCKERFILE_CPU) if key == "RUN")
-    for package in ("python3.11", "libpython3.11", "libb64-0d"):
-        assert re.search(rf"apt-get install[^&]*\b{re.escape(package)}\b", runs), package
-    installs = (
-        r"pip install -c \S*requirements/constraints\.txt \S*/contract \S*/client \S*\[server\]"
-    )
-    assert re.search(installs, runs)
-    args = entrypoint(DOCKERFILE_CPU)
-    assert args[0] == "tritonserver"
-    assert flag(args, "--model-config-name") == "cpu"
-    assert flag(args, "--model-repository") == "/models"
-    assert flag(args, "--strict-readiness") == "true"
-    # The Python backend laid out in the image, as scripts/setup.sh does in .triton/.
-    assert f"{flag(args, '--backend-directory')}/python" in expanded_runs(DOCKERFILE_CPU)
+@pytest.mark.parametrize(
+    ("dockerfile", "profile"),
+    [(DOCKERFILE_GPU, "gpu"), (DOCKERFILE_CPU, "cpu")],
+    ids=["gpu", "cpu"],
+)
+def test_images_are_a_patched_ngc_release_serving_their_profile(
+    dockerfile: Path, profile: str
+) -> None:
+    # 25.07 or newer carries the August 2025 fixes; the Dockerfile records the versions.
+    assert instruction(dockerfile, "FROM") == PATCHED_NGC
+    text = dockerfile.read_text(encoding="utf-8")
+    for recorded in ("Triton     2.62.0", "Python     3.12", "ONNX Runtime", "rel-25-10.html"):
+        assert recorded in text, recorded
+    for cve in ("CVE-2025-23310", "CVE-2025-23319"):
+        assert cve in text
+    launch = image_launch(dockerfile)
+    assert launch.profile == profile
+    assert launch.tritonserver == Path("/opt/tritonserver/bin/tritonserver")
+    assert str(launch.model_repository) == "/models"
+    command = image_triton_command(dockerfile)
+    assert flag(command, "--model-config-name") == profile
+    assert flag(command, "--strict-readiness") == "true"
+    assert flag(command, "--allow-gpu-metrics") == ("true" if profile == "gpu" else "false")
+    # The NGC image brings its own backends (and its own 3.12 stub: nothing swapped).
+    assert flag(command, "--backend-directory") == "/opt/tritonserver/backends"
+    runs = " ".join(rest for key, rest in dockerfile_instructions(dockerfile) if key == "RUN")
+    assert "python3.11" not in runs and "stub.python3" not in runs and "ln -s" not in runs
+    assert "nvidia-pytriton" not in runs
+
+
+def test_requires_python_covers_the_images_python() -> None:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    match = re.search(r'requires-python = ">=3\.(\d+),<3\.(\d+)"', text)
+    assert match and int(match.group(1)) <= 11 and int(match.group(2)) >= 13
+
+
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE_GPU, DOCKERFILE_CPU], ids=["gpu", "cpu"])
+def test_images_lock_the_control_endpoints_with_keys_from_the_environment(
+    dockerfile: Path,
+) -> None:
+    launch = image_launch(dockerfile)
+    assert launch.no_create_keys, "an image never starts with keys nobody knows"
+    assert launch.admin_key is None and launch.shm_key is None  # never in the image
+    assert launch.host == "0.0.0.0" and launch.expose
+    command = image_triton_command(dockerfile)
+    locked = " ".join(flag_values(command, "--grpc-restricted-protocol"))
+    for group in ("model-repository", "logging", "trace", "shared-memory"):
+        assert group in locked
+    assert flag_values(command, "--http-restricted-api")
 
 
 @pytest.mark.parametrize("dockerfile", [DOCKERFILE_GPU, DOCKERFILE_CPU], ids=["gpu", "cpu"])
@@ -522,15 +570,6 @@ def test_image_installs_the_project_and_copies_no_model_repository(dockerfile: P
     assert instruction(dockerfile, "USER") not in ("0", "root")
 
 
-def test_gpu_image_gives_the_python_backend_a_3_11_stub() -> None:
-    runs = " ".join(rest for key, rest in dockerfile_instructions(DOCKERFILE_GPU) if key == "RUN")
-    assert "python3.11 -m venv" in runs
-    assert "python_backend_stubs/3.11/triton_python_backend_stub" in runs
-    assert "/opt/tritonserver/backends/python" in runs
-    venv = re.search(r"VIRTUAL_ENV=(\S+)", instruction(DOCKERFILE_GPU, "ENV"))
-    assert venv and f"PATH={venv.group(1)}/bin:" in instruction(DOCKERFILE_GPU, "ENV")
-
-
 def test_dockerignore_keeps_the_venv_and_model_repository_out_of_the_context() -> None:
     ignored = {
         line.strip()
@@ -544,9 +583,9 @@ def test_dockerignore_keeps_the_venv_and_model_repository_out_of_the_context() -
 
 @pytest.mark.parametrize("dockerfile", [DOCKERFILE_GPU, DOCKERFILE_CPU], ids=["gpu", "cpu"])
 def test_image_flags_match_the_launcher(dockerfile: Path) -> None:
-    args, launcher = entrypoint(dockerfile), launcher_command()
+    args, launcher = image_triton_command(dockerfile), launcher_command()
     assert server_ports(args) == server_ports(launcher) == Ports()
-    for name in ("--strict-readiness", "--model-control-mode"):
+    for name in ("--strict-readiness", "--model-control-mode", "--exit-timeout-secs"):
         assert flag(args, name) == flag(launcher, name)
     for address in ("--http-address", "--grpc-address", "--metrics-address"):
         assert flag(args, address) == "0.0.0.0"  # reachable from outside the container
@@ -559,16 +598,16 @@ def test_image_flags_match_the_launcher(dockerfile: Path) -> None:
     assert shm_sizes(args) == shm_sizes(launcher)
     assert "shm-region-prefix-name" in " ".join(flag_values(args, "--backend-config"))
     expose = {int(port) for port in instruction(dockerfile, "EXPOSE").split()}
-    assert expose == set(astuple(server_ports(args)))
+    assert expose == {*astuple(server_ports(args)), image_launch(dockerfile).health_port}
 
 
 @pytest.mark.parametrize("dockerfile", [DOCKERFILE_GPU, DOCKERFILE_CPU], ids=["gpu", "cpu"])
-def test_image_healthcheck_asks_readiness_on_the_http_port(dockerfile: Path) -> None:
+def test_image_healthcheck_asks_the_launchers_deep_check(dockerfile: Path) -> None:
     check = instruction(dockerfile, "HEALTHCHECK")
     assert " CMD " in f" {check} "
     url = healthcheck_url(check)
-    assert url.endswith("/v2/health/ready")
-    assert url_port(url) == server_ports(entrypoint(dockerfile)).http
+    assert url.endswith("/readyz")
+    assert url_port(url) == image_launch(dockerfile).health_port
 
 
 # ---------------------------------------------------------------------- docker-compose
@@ -598,19 +637,26 @@ def test_compose_reserves_one_gpu_for_triton_only() -> None:
 @pytest.mark.parametrize("name", ["triton", "triton-cpu"])
 def test_compose_triton_runtime_settings(name: str) -> None:
     service = compose_services()[name]
-    args = entrypoint(service_dockerfile(service))
+    launch = image_launch(service_dockerfile(service))
+    args = image_triton_command(service_dockerfile(service))
     mounts = [m for m in bind_mounts(service) if m["target"] == flag(args, "--model-repository")]
     assert len(mounts) == 1, "the model repository is mounted where the server looks"
     assert mounts[0]["read_only"] is True
     assert (ROOT / mounts[0]["source"]).resolve() == (ROOT / "model_repository").resolve()
-    assert container_ports(service) == set(astuple(server_ports(args)))
+    assert container_ports(service) == {*astuple(server_ports(args)), launch.health_port}
     assert byte_size(service["shm_size"]) >= 1024**3, "Python-backend tensors use /dev/shm"
     assert service["ulimits"] == {"memlock": -1, "stack": 67108864}
     test = service["healthcheck"]["test"]
     assert test[0] in ("CMD", "CMD-SHELL")
     url = healthcheck_url(" ".join(test[1:]))
-    assert url.endswith("/v2/health/ready")
-    assert url_port(url) == server_ports(args).http
+    assert url.endswith("/readyz")
+    assert url_port(url) == launch.health_port
+    # Keys from the operator's environment, required (`:?`), never a default in the file.
+    env = service["environment"]
+    for key in ("DISPATCH_ADMIN_KEY", "DISPATCH_SHM_KEY"):
+        assert env[key].startswith(f"${{{key}:?"), key
+    grace = int(str(service["stop_grace_period"]).rstrip("s"))
+    assert grace >= launch.drain_timeout + int(flag(args, "--exit-timeout-secs"))
     # Prometheus finds either variant by the same name.
     assert "triton" in (service["networks"]["default"]["aliases"] + [name])
 
@@ -799,7 +845,7 @@ def test_validator_rejects_a_broken_resource() -> None:
 def test_overlay_runs_the_matching_image_and_profile(overlay: str) -> None:
     resources = rendered(overlay)
     assert image_profile(resources) == overlay
-    args = entrypoint(dockerfile_for(overlay))
+    args = image_triton_command(dockerfile_for(overlay))
     assert flag(args, "--model-config-name") == overlay
     container = triton_container(resources)
     # The image's entrypoint carries the server flags; the manifests must not fork them.
@@ -842,30 +888,35 @@ def test_cpu_overlay_has_no_gpu_requirements() -> None:
 def test_probes_and_ports_match_the_image(overlay: str) -> None:
     resources = rendered(overlay)
     container = triton_container(resources)
-    ports = server_ports(entrypoint(dockerfile_for(overlay)))
+    launch = image_launch(dockerfile_for(overlay))
+    ports = server_ports(image_triton_command(dockerfile_for(overlay)))
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
         "http": ports.http,
         "grpc": ports.grpc,
         "metrics": ports.metrics,
+        "health": launch.health_port,
     }
-    expected = {
-        "startupProbe": "/v2/health/ready",
-        "readinessProbe": "/v2/health/ready",
-        "livenessProbe": "/v2/health/live",
-    }
+    # The launcher's deep check, not Triton's /v2/health/*, which said 200 while hung.
+    expected = {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/livez"}
     for probe, path in expected.items():
         http_get = container[probe]["httpGet"]
         assert http_get["path"] == path, probe
-        assert named_port(container, http_get["port"]) == ports.http, probe
+        assert named_port(container, http_get["port"]) == launch.health_port, probe
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, "time to load models"
+    # The keys come from a Secret, never from the manifest.
+    env = {e["name"]: e for e in container["env"]}
+    for name, key in (("DISPATCH_ADMIN_KEY", "admin-key"), ("DISPATCH_SHM_KEY", "shm-key")):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "dispatch-keys", "key": key}
+        assert "value" not in env[name]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_pod_volumes_resources_and_shutdown(overlay: str) -> None:
     resources = rendered(overlay)
     spec, container = pod_spec(resources), triton_container(resources)
-    args = entrypoint(dockerfile_for(overlay))
+    args = image_triton_command(dockerfile_for(overlay))
+    launch = image_launch(dockerfile_for(overlay))
     volumes = {volume["name"]: volume for volume in spec["volumes"]}
     mounts = {mount["mountPath"]: mount for mount in container["volumeMounts"]}
     shm = volumes[mounts["/dev/shm"]["name"]]
@@ -883,7 +934,8 @@ def test_pod_volumes_resources_and_shutdown(overlay: str) -> None:
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     drain = int(pre_stop[-1]) if pre_stop[0] == "sleep" else 0
     exit_timeout = int(flag(args, "--exit-timeout-secs"))
-    assert spec["terminationGracePeriodSeconds"] >= drain + exit_timeout
+    budget = drain + launch.drain_timeout + exit_timeout
+    assert spec["terminationGracePeriodSeconds"] >= budget
     assert spec["securityContext"]["runAsNonRoot"] is True
 
 

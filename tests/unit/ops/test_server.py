@@ -7,6 +7,8 @@ Integration tests start the real server.
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import socket
@@ -16,13 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from dispatch_service.ops.keys import KeyFileError
 from dispatch_service.ops.server import (
     Ports,
     ServerError,
     ServerOptions,
     TritonRuntime,
     TritonServer,
+    build_parser,
     main,
+    resolve_keys,
 )
 
 FAKE_READY_SERVER = """\
@@ -146,14 +151,46 @@ def test_command_carries_repository_backends_ports_and_profile(tmp_path: Path) -
         "--load-model=*",
     ):
         assert flag in command
-    assert not any("restricted" in arg for arg in command)
 
 
-def test_an_admin_key_restricts_the_repository_endpoints(tmp_path: Path) -> None:
-    options = ServerOptions(admin_key="s3cret")
+def restricted(command: list[str]) -> dict[str, dict[str, str]]:
+    """flag -> {group: 'header=key'} for every restricted-group flag of a command."""
+    found: dict[str, dict[str, str]] = {}
+    for arg in command:
+        flag, _, spec = arg.partition("=")
+        if flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
+            groups, _, header_key = spec.partition(":")
+            for group in groups.split(","):
+                assert group not in found.setdefault(flag, {}), f"{group} restricted twice"
+                found[flag][group] = header_key
+    return found
+
+
+def test_every_server_locks_the_control_groups_with_fresh_keys(tmp_path: Path) -> None:
+    runtime = make_runtime(tmp_path)
+    first, second = ServerOptions(), ServerOptions()
+    assert first.admin_key and first.shm_key and first.admin_key != first.shm_key
+    assert first.admin_key != second.admin_key  # random per server, never a shared default
+    command = TritonServer(runtime, first, tmp_path / "log").command()
+    admin, shm = f"admin-key={first.admin_key}", f"shm-key={first.shm_key}"
+    expected = {"model-repository": admin, "logging": admin, "trace": admin, "shared-memory": shm}
+    locks = restricted(command)
+    assert locks == {"--http-restricted-api": expected, "--grpc-restricted-protocol": expected}
+
+
+def test_given_keys_restrict_the_groups(tmp_path: Path) -> None:
+    options = ServerOptions(admin_key="s3cret", shm_key="sh4red")
     command = TritonServer(make_runtime(tmp_path), options, tmp_path / "log").command()
-    assert "--http-restricted-api=model-repository:admin-key=s3cret" in command
-    assert "--grpc-restricted-protocol=model-repository:admin-key=s3cret" in command
+    assert "--http-restricted-api=model-repository,logging,trace:admin-key=s3cret" in command
+    assert "--grpc-restricted-protocol=shared-memory:shm-key=sh4red" in command
+
+
+@pytest.mark.parametrize(
+    ("admin", "shm"), [("same", "same"), ("a b", "x"), ("a", "x:y"), ("a,b", "x")]
+)
+def test_unusable_key_pairs_are_refused(admin: str, shm: str) -> None:
+    with pytest.raises(ValueError, match="key"):
+        ServerOptions(admin_key=admin, shm_key=shm)
 
 
 def test_load_models_need_explicit_control(tmp_path: Path) -> None:
@@ -173,15 +210,16 @@ def shm_prefix(server: TritonServer) -> str:
     return arg.split("shm-region-prefix-name=", 1)[1]
 
 
-def test_shm_region_prefix_is_unique_per_http_port(tmp_path: Path) -> None:
+def test_shm_region_prefix_is_unique_per_server_instance(tmp_path: Path) -> None:
     runtime = make_runtime(tmp_path)
 
-    def server(http: int) -> TritonServer:
-        return TritonServer(runtime, ServerOptions(ports=Ports(http, 1, 2)), tmp_path / "log")
+    def server() -> TritonServer:
+        return TritonServer(runtime, ServerOptions(ports=Ports(9000, 1, 2)), tmp_path / "log")
 
-    assert shm_prefix(server(9000)) != shm_prefix(server(9001))
-    assert shm_prefix(server(9000)) == shm_prefix(server(9000))
-    assert "9000" in shm_prefix(server(9000))
+    one, two = server(), server()
+    assert shm_prefix(one) == one.shm_prefix
+    assert one.shm_prefix != two.shm_prefix  # same ports, different instances
+    assert one.shm_prefix.startswith(f"dispatchsrv_{os.getpid()}_")
 
 
 def test_explicit_mode_loads_the_named_models(tmp_path: Path) -> None:
@@ -326,6 +364,8 @@ def test_main_reports_an_incomplete_runtime(
             str(tmp_path / "server.log"),
             "--http-port",
             str(Ports.free().http),
+            "--key-dir",
+            str(tmp_path / "keys"),
         ]
     )
     assert code == 1
@@ -340,11 +380,88 @@ def test_stop_removes_only_this_servers_python_backend_regions(
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setattr(TritonServer, "shm_dir", shm)
-    server = TritonServer(
-        make_runtime(tmp_path), ServerOptions(ports=Ports(8123, 1, 2)), tmp_path / "log"
-    )
-    assert shm_prefix(server) == server.shm_prefix == "dispatch8123_"
-    for name in ("dispatch8123_a1", "dispatch8123_b2", "dispatch81234_c3", "dispatch_client_1"):
+    runtime = make_runtime(tmp_path)
+    server = TritonServer(runtime, ServerOptions(ports=Ports(8123, 1, 2)), tmp_path / "log")
+    other = TritonServer(runtime, ServerOptions(ports=Ports(8123, 1, 2)), tmp_path / "log")
+    ours = [f"{server.shm_prefix}a1", f"{server.shm_prefix}b2"]
+    kept = [f"{other.shm_prefix}c3", "dispatch_client_1_0_in"]
+    for name in ours + kept:
         (shm / name).write_bytes(b"x")
     server.stop()  # never started: nothing to stop, the leftovers still go
-    assert sorted(p.name for p in shm.iterdir()) == ["dispatch81234_c3", "dispatch_client_1"]
+    assert sorted(p.name for p in shm.iterdir()) == sorted(kept)
+
+
+def test_an_unlocked_group_is_for_loopback_measurements_only(tmp_path: Path) -> None:
+    runtime = make_runtime(tmp_path)
+    options = ServerOptions(unlocked_groups=("shared-memory",))
+    locks = restricted(TritonServer(runtime, options, tmp_path / "log").command())
+    assert set(locks["--grpc-restricted-protocol"]) == {"model-repository", "logging", "trace"}
+    exposed = ServerOptions(unlocked_groups=("shared-memory",), host="0.0.0.0", expose=True)
+    with pytest.raises(ValueError, match="loopback"):
+        TritonServer(runtime, exposed, tmp_path / "log").command()
+    with pytest.raises(ValueError, match="unknown endpoint group"):
+        TritonServer(
+            runtime, ServerOptions(unlocked_groups=("inference",)), tmp_path / "l"
+        ).command()
+
+
+def test_a_non_loopback_host_is_refused_without_expose_and_says_why(tmp_path: Path) -> None:
+    runtime = make_runtime(tmp_path, "#!/bin/sh\nexit 0\n")
+    server = TritonServer(runtime, ServerOptions(host="0.0.0.0"), tmp_path / "log")
+    with pytest.raises(ServerError) as info:
+        server.start(timeout_s=5)
+    for cve in ("CVE-2025-23310", "CVE-2025-23311", "CVE-2025-23319", "CVE-2025-23334"):
+        assert cve in str(info.value)
+    assert "--expose" in str(info.value)
+    assert server.process is None and not server.log_path.exists()
+
+
+def test_ports_in_use_are_refused_before_the_log_is_touched(tmp_path: Path) -> None:
+    runtime = make_runtime(tmp_path, "#!/bin/sh\nexit 0\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        free = Ports.free()
+        options = ServerOptions(ports=Ports(free.http, taken, free.metrics))
+        server = TritonServer(runtime, options, tmp_path / "log")
+        server.log_path.write_text("the first server's log\n")
+        with pytest.raises(ServerError, match=f"port\\(s\\) {taken} .* already in use"):
+            server.start(timeout_s=5)
+    assert server.process is None
+    assert server.log_path.read_text() == "the first server's log\n"
+
+
+def launcher_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
+    return build_parser().parse_args(["--key-dir", str(tmp_path / "keys"), *extra])
+
+
+def test_missing_keys_are_created_and_their_paths_printed_never_the_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("DISPATCH_ADMIN_KEY", "DISPATCH_SHM_KEY", "DISPATCH_ADMIN_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("DISPATCH_SHM_KEY_FILE", raising=False)
+    out = io.StringIO()
+    keys = resolve_keys(launcher_args(tmp_path), out)
+    text = out.getvalue()
+    assert (
+        str(tmp_path / "keys" / "admin.key") in text and str(tmp_path / "keys" / "shm.key") in text
+    )
+    assert keys.admin not in text and keys.shm not in text
+    again = resolve_keys(launcher_args(tmp_path), io.StringIO())
+    assert again == keys  # the same keys on the next start
+
+
+def test_keys_from_the_environment_win_and_images_refuse_to_run_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPATCH_ADMIN_KEY", "from-env-admin")
+    monkeypatch.setenv("DISPATCH_SHM_KEY", "from-env-shm")
+    keys = resolve_keys(launcher_args(tmp_path, "--no-create-keys"), io.StringIO())
+    assert (keys.admin, keys.shm) == ("from-env-admin", "from-env-shm")
+    assert not (tmp_path / "keys").exists()
+    monkeypatch.delenv("DISPATCH_SHM_KEY")
+    monkeypatch.delenv("DISPATCH_SHM_KEY_FILE", raising=False)
+    with pytest.raises(KeyFileError, match="no shared-memory key"):
+        resolve_keys(launcher_args(tmp_path, "--no-create-keys"), io.StringIO())

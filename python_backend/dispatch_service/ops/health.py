@@ -1,0 +1,128 @@
+"""A health check that tells the truth: each entry point answers a real small window.
+
+Triton's `/v2/health/ready` says only that the models it loaded are ready: it answered 200
+with `dispatch` missing (issue 15) and while inference hung (issue 10). The launcher
+therefore asks each required entry point for one small window over gRPC with a short
+deadline, and, when one is missing, explains why from the repository index and the
+signature verdicts, with the command that fixes a refused signature.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_client.client import DispatchClient
+from dispatch_client.errors import DispatchError
+from dispatch_client.transport import GrpcTransport
+from dispatch_service.ops.model_control import ModelControlError, repository_index
+from dispatch_service.ops.verified_load import LoadPlan
+
+__all__ = [
+    "PROBE_ORDERS",
+    "PROBE_RIDERS",
+    "Probe",
+    "deep_check",
+    "explain_missing",
+    "probe",
+    "probe_window",
+]
+
+PROBE_ORDERS = 2
+PROBE_RIDERS = 4
+
+
+@cache
+def probe_window() -> Mapping[str, NDArray[Any]]:
+    """One small deterministic window (2 orders, 4 riders): cheap to serve, real to check."""
+    # Imported here: the launcher stays light (no SciPy) until its first check.
+    from dispatch_service.domain.window import window_to_tensors
+    from dispatch_service.offline.simulator import generate_window
+
+    return window_to_tensors(generate_window(np.random.default_rng(20), PROBE_ORDERS, PROBE_RIDERS))
+
+
+@dataclass(frozen=True)
+class Probe:
+    model: str
+    ok: bool
+    detail: str  # "" when ok
+    seconds: float
+
+    def line(self) -> str:
+        state = "ok" if self.ok else f"FAILED: {self.detail}"
+        return f"{self.model}: {state} ({self.seconds * 1000:.0f} ms)"
+
+
+def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
+    """Send the probe window to ``model``; ok when a full answer, scored by the chosen model
+    version (no fallback), comes within the deadline."""
+    start = time.monotonic()
+    window = probe_window()
+    try:
+        with DispatchClient(GrpcTransport(grpc_url, timeout_s=timeout_s), model_name=model) as c:
+            result = c.dispatch(window)
+        degraded = sorted({o.fallback_level for o in result.orders if o.fallback_level})
+        if len(result.orders) != len(window["ORDER_IDS"]):
+            ok, detail = False, f"answered {len(result.orders)} orders for {PROBE_ORDERS}"
+        elif degraded:  # a fallback answer: the scoring model behind it is failing
+            ok, detail = False, f"answered through fallback level {degraded[-1]}"
+        else:
+            ok, detail = True, ""
+    except DispatchError as exc:
+        ok, detail = False, exc.message
+    except Exception as exc:  # a probe never raises: what failed is the verdict
+        ok, detail = False, f"{type(exc).__name__}: {exc}"
+    return Probe(model, ok, detail, time.monotonic() - start)
+
+
+def deep_check(grpc_url: str, models: Sequence[str], timeout_s: float = 2.0) -> list[Probe]:
+    """One probe per entry point, all at once (a hung server costs one deadline, not one
+    per entry point); results in the order of ``models``."""
+    if len(models) <= 1:
+        return [probe(grpc_url, model, timeout_s) for model in models]
+    with ThreadPoolExecutor(max_workers=len(models), thread_name_prefix="probe") as pool:
+        return list(pool.map(lambda model: probe(grpc_url, model, timeout_s), models))
+
+
+def explain_missing(
+    http_url: str,
+    models: Sequence[str],
+    admin_key: str | None,
+    plan: LoadPlan | None,
+    timeout_s: float = 10.0,
+) -> dict[str, str]:
+    """Why each of ``models`` that is not READY is missing, as one line each."""
+    try:
+        index = repository_index(http_url, admin_key, timeout_s)
+    except ModelControlError as exc:
+        return {model: f"repository index unavailable ({exc})" for model in models}
+    ready = {e["name"] for e in index if e.get("state") == "READY"}
+    states = {e["name"]: e for e in index if e.get("state") != "READY"}
+    refused_versions = [] if plan is None else list(plan.refused_versions)
+    reasons = {}
+    for model in models:
+        if model in ready:
+            continue
+        if plan is not None and model in plan.refused:
+            why = f"refused by signature verification: {plan.refused[model]}"
+        elif model in states:
+            entry = states[model]
+            why = f"{entry.get('state', 'not loaded')}: {entry.get('reason') or 'no reason given'}"
+        else:
+            why = "not in the model repository"
+        if refused_versions:
+            fix = "; ".join(
+                f"dispatch-admin sign --model {v.model} --version {v.version} --key KEY"
+                for v in refused_versions
+            )
+            why += f" (refused versions: {fix}, then restart)"
+        reasons[model] = why
+    return reasons

@@ -1,0 +1,165 @@
+"""What the launcher checks and cleans on its host before a server starts.
+
+- Ports: a second launcher on the ports of a running server must fail before it touches
+  anything (the log file, /dev/shm); it used to poll the first server's health, print
+  `ready:`, truncate its log and delete its shared memory (issue 15).
+- Shared-memory prefixes: the Python backend names its regions after a prefix; one per
+  server instance (``dispatchsrv_<launcher pid>_<random>_``), so a launcher removes only
+  its own regions, and one that finds the prefix of a dead launcher knows the region is
+  stale.
+- Leftovers of a crash: regions under a dead launcher's prefix, and Python-backend stubs
+  re-parented after their server died (their command line names the region), are removed
+  at start.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import re
+import secrets
+import signal
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "EXPOSURE_RISKS",
+    "SHM_PREFIX_ROOT",
+    "STUB_NAME",
+    "Leftovers",
+    "clean_leftovers",
+    "describe_ports",
+    "find_leftovers",
+    "is_loopback",
+    "new_shm_prefix",
+    "ports_in_use",
+    "prefix_owner",
+]
+
+SHM_PREFIX_ROOT: Final = "dispatchsrv_"
+STUB_NAME: Final = "triton_python_backend_stub"
+_PREFIX = re.compile(rf"{SHM_PREFIX_ROOT}(\d+)_[0-9a-f]+_")
+
+EXPOSURE_RISKS: Final = (
+    "the embedded Triton 2.51 (nvidia-pytriton wheel) predates NVIDIA's August 2025 fixes: "
+    "CVE-2025-23310 and CVE-2025-23311 (HTTP request parsing: a small HTTP JSON request can "
+    "crash the server), CVE-2025-23319, CVE-2025-23320 and CVE-2025-23334 (the Python "
+    "backend's shared memory reachable through the shared-memory API); expose the patched "
+    "NGC image (docker/Dockerfile) instead, see docs/security.md"
+)
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and the loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ports_in_use(host: str, ports: Iterable[int]) -> list[int]:
+    """The ports of ``ports`` that something already listens on at ``host``.
+
+    Binds with SO_REUSEADDR, as Triton does: a port in TIME_WAIT counts as free, one with a
+    listener does not (Linux refuses the bind).
+    """
+    busy = []
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for port in ports:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    busy.append(port)
+                else:
+                    raise
+    return busy
+
+
+def new_shm_prefix(pid: int | None = None) -> str:
+    """A prefix no other server instance uses: the launcher's pid and 48 random bits."""
+    return f"{SHM_PREFIX_ROOT}{os.getpid() if pid is None else pid}_{secrets.token_hex(6)}_"
+
+
+def prefix_owner(name: str) -> int | None:
+    """The launcher pid in a region or command line carrying a server prefix, else None."""
+    match = _PREFIX.search(name)
+    return int(match.group(1)) if match else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive, and not ours to judge
+    return True
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    regions: tuple[Path, ...]
+    stubs: tuple[int, ...]  # pids
+
+
+def find_leftovers(shm_dir: Path = Path("/dev/shm"), proc: Path = Path("/proc")) -> Leftovers:
+    """Regions and stubs under the prefix of a launcher that is gone."""
+    regions = []
+    if shm_dir.is_dir():
+        for path in shm_dir.glob(f"{SHM_PREFIX_ROOT}*"):
+            owner = prefix_owner(path.name)
+            if owner is not None and not _alive(owner):
+                regions.append(path)
+    stubs = []
+    for entry in proc.glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv or not argv[0].endswith(STUB_NAME.encode()):
+            continue
+        owner = next(
+            (prefix_owner(a.decode(errors="replace")) for a in argv if b"dispatchsrv_" in a),
+            None,
+        )
+        if owner is not None and not _alive(owner):
+            stubs.append(int(entry.name))
+    return Leftovers(tuple(sorted(regions)), tuple(sorted(stubs)))
+
+
+def clean_leftovers(leftovers: Leftovers) -> list[str]:
+    """Kill the orphaned stubs, unlink the stale regions; one line per thing removed."""
+    lines = []
+    for pid in leftovers.stubs:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            lines.append(f"killed orphaned backend stub pid {pid}")
+        except (ProcessLookupError, PermissionError):
+            pass
+    for path in leftovers.regions:
+        try:
+            path.unlink()
+            lines.append(f"removed stale shared-memory region {path}")
+        except FileNotFoundError:
+            pass
+        except PermissionError:
+            lines.append(f"cannot remove stale shared-memory region {path} (permission)")
+    return lines
+
+
+def describe_ports(host: str, busy: Sequence[int]) -> str:
+    listed = ", ".join(str(p) for p in busy)
+    return (
+        f"port(s) {listed} on {host} already in use (another server?); nothing was started "
+        "and no log or shared memory was touched: stop it or choose other ports "
+        "(make serve HTTP_PORT=... GRPC_PORT=... METRICS_PORT=...)"
+    )

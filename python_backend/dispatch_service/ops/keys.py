@@ -1,0 +1,101 @@
+"""The server's access keys: which endpoint groups each one locks, and where they are kept.
+
+Every start of the server locks its control endpoints (issue 10): the admin key guards the
+model repository (load/unload, which can upload a `model.py` and run it in the server),
+logging and trace settings; the shared-memory key guards region (un)registration, so the
+co-located clients that need shared memory never hold the admin key. Inference, health,
+metadata, model config and statistics stay open to callers on the bound address.
+With no key given, `make serve` creates both (random, files of mode 0600) instead of
+running open; tests and benchmarks get fresh random keys per server.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from dispatch_client.keys import ADMIN_KEY_HEADER, SHM_KEY_HEADER, KeyFileError, read_key_file
+
+__all__ = [
+    "ADMIN_GROUPS",
+    "ADMIN_KEY_FILE",
+    "SHM_GROUPS",
+    "SHM_KEY_FILE",
+    "AccessKeys",
+    "KeyFileError",
+    "load_or_create_keys",
+    "new_key",
+]
+
+ADMIN_GROUPS: Final = ("model-repository", "logging", "trace")
+SHM_GROUPS: Final = ("shared-memory",)
+ADMIN_KEY_FILE: Final = "admin.key"
+SHM_KEY_FILE: Final = "shm.key"
+
+
+def new_key() -> str:
+    """256 random bits, URL-safe (it travels in an HTTP header and a command-line flag)."""
+    return secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class AccessKeys:
+    """The two keys; a fresh pair by default, so a server is never started open."""
+
+    admin: str = field(default_factory=new_key, repr=False)
+    shm: str = field(default_factory=new_key, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, key in (("admin", self.admin), ("shm", self.shm)):
+            if not key or any(c.isspace() or c in ",:=" for c in key):
+                raise ValueError(f"the {name} key must be non-empty, without spaces or ',:='")
+        if self.admin == self.shm:
+            raise ValueError("the shared-memory key must differ from the admin key")
+
+    def triton_args(self, unlocked: Sequence[str] = ()) -> list[str]:
+        """tritonserver flags restricting every control group (but ``unlocked``), over HTTP
+        and gRPC."""
+        unknown = set(unlocked) - {*ADMIN_GROUPS, *SHM_GROUPS}
+        if unknown:
+            raise ValueError(f"unknown endpoint group(s) {sorted(unknown)}")
+        args = []
+        for all_groups, header, key in (
+            (ADMIN_GROUPS, ADMIN_KEY_HEADER, self.admin),
+            (SHM_GROUPS, SHM_KEY_HEADER, self.shm),
+        ):
+            groups = [g for g in all_groups if g not in unlocked]
+            if not groups:
+                continue
+            spec = f"{','.join(groups)}:{header}={key}"
+            args += [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
+        return args
+
+
+def _write_new(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(new_key() + "\n")
+
+
+def load_or_create_keys(directory: Path) -> tuple[AccessKeys, list[Path]]:
+    """The keys in ``directory`` (admin.key, shm.key), creating any that is missing.
+
+    Returns the keys and the files created now. Files readable by others are refused
+    (KeyFileError), as are two equal keys (ValueError).
+    """
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    created = []
+    for name in (ADMIN_KEY_FILE, SHM_KEY_FILE):
+        path = directory / name
+        if not path.exists():
+            _write_new(path)
+            created.append(path)
+    keys = AccessKeys(
+        admin=read_key_file(directory / ADMIN_KEY_FILE),
+        shm=read_key_file(directory / SHM_KEY_FILE),
+    )
+    return keys, created

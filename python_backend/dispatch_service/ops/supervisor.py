@@ -1,0 +1,416 @@
+"""The launcher's watch over its Triton: stubs, a deep health check, drain on SIGTERM.
+
+Triton 2.51 never restarts a Python-backend stub that dies (every request to that instance
+then fails after about 1 s while `/v2/health/ready` stays 200), answers its health endpoints
+while inference hangs, and fails in-flight ensemble requests when stopped (issue 10).
+So the launcher:
+
+- polls its server's stubs every ``poll_s`` (0.25 s): a stub that vanished marks the server
+  not ready and its model is reloaded through the locked repository API (a load with the
+  model's own config as an override forces Triton to build new instances); readiness
+  returns when every entry point answers again. Restarts are counted (metric
+  ``dispatch_launcher_stub_restarts_total``) and logged as JSON lines;
+- sends a small real window to each entry point every ``check_every_s`` with a short
+  deadline (`health.deep_check`); when none succeeded for ``dead_after_s`` the server is
+  declared dead and the policy applies (``exit``: stop it and exit non-zero for the process
+  manager; ``restart``: stop and start it again);
+- serves the verdicts on its own HTTP port: ``/livez`` and ``/readyz`` (200 or 503),
+  ``/healthz`` (JSON detail) and ``/metrics`` (Prometheus text);
+- on SIGTERM turns readiness false, waits until Triton is quiet (nothing pending and no
+  request completing over ``quiet_s``), bounded by ``drain_timeout_s``, then stops Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from dispatch_service.ops.health import Probe, deep_check
+from dispatch_service.ops.host import STUB_NAME
+from dispatch_service.ops.model_control import (
+    ModelControlError,
+    load_model,
+    model_config,
+    unload_model,
+)
+
+
+class SupervisedServer(Protocol):
+    """What the supervisor needs of `server.TritonServer` (kept apart: no import cycle)."""
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None: ...
+    @property
+    def http_url(self) -> str: ...
+    @property
+    def grpc_url(self) -> str: ...
+    @property
+    def metrics_url(self) -> str: ...
+    @property
+    def admin_key(self) -> str | None: ...
+    @property
+    def required_models(self) -> tuple[str, ...]: ...
+
+    def start(self, timeout_s: float = ...) -> object: ...
+    def stop(self, timeout_s: float = ...) -> None: ...
+
+
+__all__ = [
+    "RECOVERY_GRACE_S",
+    "DeadPolicy",
+    "SupervisedServer",
+    "Supervisor",
+    "SupervisorSettings",
+    "stub_models",
+    "triton_activity",
+]
+
+logger = logging.getLogger(__name__)
+
+DeadPolicy = Literal["exit", "restart"]
+RECOVERY_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    poll_s: float = 0.25
+    check_every_s: float = 1.0
+    check_timeout_s: float = 2.0
+    # No good check for this long: dead. Worst case from a hang to the verdict is
+    # dead_after_s + check_every_s + check_timeout_s = 9 s, inside issue 10's 10 s.
+    dead_after_s: float = 6.0
+    on_dead: DeadPolicy = "exit"
+    drain_timeout_s: float = 30.0
+    quiet_s: float = 1.0
+    health_host: str = "127.0.0.1"
+    health_port: int = 8003  # 0: any free port (tests)
+
+
+def stub_models(parent_pid: int, proc: Path = Path("/proc")) -> dict[int, str]:
+    """pid -> model of every Python-backend stub whose parent is ``parent_pid``.
+
+    A stub's command line is ``stub <repository>/<model>/<version>/model.py <region> ...``.
+    """
+    found = {}
+    for entry in proc.glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if len(argv) < 2 or not argv[0].endswith(STUB_NAME.encode()):
+            continue
+        # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) < 2 or fields[0] == "Z" or int(fields[1]) != parent_pid:
+            continue
+        model_py = Path(argv[1].decode(errors="replace"))
+        found[int(entry.name)] = model_py.parent.parent.name
+    return found
+
+
+_SAMPLE = re.compile(
+    r"^(nv_inference_pending_request_count|nv_inference_request_success|"
+    r"nv_inference_request_failure)\{[^}]*\}\s+([0-9.eE+-]+)$",
+    re.M,
+)
+
+
+def triton_activity(metrics_url: str, timeout_s: float = 2.0) -> tuple[float, float]:
+    """(pending requests, completed requests) summed over models from Triton's metrics."""
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+        text = response.read().decode(errors="replace")
+    pending = done = 0.0
+    for name, value in _SAMPLE.findall(text):
+        if name == "nv_inference_pending_request_count":
+            pending += float(value)
+        else:
+            done += float(value)
+    return pending, done
+
+
+@dataclass
+class _State:
+    ready: bool = False
+    draining: bool = False
+    recovering: set[str] = field(default_factory=set)
+    recovery_started: float = 0.0
+    last_ok: float = 0.0
+    last_probes: list[Probe] = field(default_factory=list)
+    restarts: Counter[str] = field(default_factory=Counter)
+    server_restarts: int = 0
+    dead_reason: str = ""
+
+
+class Supervisor:
+    """Watches one started TritonServer until stopped; see the module docstring."""
+
+    def __init__(
+        self,
+        server: SupervisedServer,
+        settings: SupervisorSettings | None = None,
+        report: Callable[[str], None] = logger.warning,
+    ) -> None:
+        self.server = server
+        self.settings = settings or SupervisorSettings()
+        self.report = report
+        self.models = server.required_models or ("dispatch",)
+        self.state = _State(ready=True, last_ok=time.monotonic())
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.dead = threading.Event()
+        self._stubs: dict[int, str] = {}
+        self._threads: list[threading.Thread] = []
+        self._http: ThreadingHTTPServer | None = None
+
+    # -- verdicts -------------------------------------------------------------------------
+    def live(self) -> bool:
+        with self._lock:
+            return not self.state.dead_reason
+
+    def ready(self) -> bool:
+        with self._lock:
+            s = self.state
+            return s.ready and not s.draining and not s.recovering and not s.dead_reason
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            s = self.state
+            return {
+                "live": not s.dead_reason,
+                "ready": s.ready and not s.draining and not s.recovering and not s.dead_reason,
+                "draining": s.draining,
+                "recovering": sorted(s.recovering),
+                "dead_reason": s.dead_reason,
+                "seconds_since_last_good_check": round(time.monotonic() - s.last_ok, 3),
+                "entry_points": [
+                    {"model": p.model, "ok": p.ok, "detail": p.detail, "ms": p.seconds * 1e3}
+                    for p in s.last_probes
+                ],
+                "stub_restarts": dict(s.restarts),
+                "server_restarts": s.server_restarts,
+            }
+
+    def metrics_text(self) -> str:
+        snap = self.snapshot()
+        lines = [
+            "# HELP dispatch_launcher_stub_restarts_total Python-backend stubs found dead "
+            "and their model reloaded by the launcher.",
+            "# TYPE dispatch_launcher_stub_restarts_total counter",
+        ]
+        lines += [
+            f'dispatch_launcher_stub_restarts_total{{model="{m}"}} {n}'
+            for m, n in sorted(snap["stub_restarts"].items())
+        ]
+        lines += [
+            "# HELP dispatch_launcher_ready 1 when every entry point answers a small window.",
+            "# TYPE dispatch_launcher_ready gauge",
+            f"dispatch_launcher_ready {int(snap['ready'])}",
+            "# HELP dispatch_launcher_server_restarts_total Servers restarted after a failed "
+            "deep check.",
+            "# TYPE dispatch_launcher_server_restarts_total counter",
+            f"dispatch_launcher_server_restarts_total {snap['server_restarts']}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _event(self, event: str, **fields: Any) -> None:
+        self.report(json.dumps({"event": event, **fields}, sort_keys=True))
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> Supervisor:
+        self._stubs = self._current_stubs()
+        self._serve_http()
+        for target in (self._watch_stubs, self._watch_health):
+            thread = threading.Thread(target=target, name=target.__name__, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    @property
+    def health_url(self) -> str:
+        assert self._http is not None
+        host, port = self._http.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+
+    def drain_and_stop(self) -> float:
+        """Readiness false, wait for quiet (bounded), stop Triton; returns seconds drained."""
+        with self._lock:
+            self.state.draining = True
+        self._event("drain_started", timeout_s=self.settings.drain_timeout_s)
+        start = time.monotonic()
+        deadline = start + self.settings.drain_timeout_s
+        quiet_since: float | None = None
+        last_done = -1.0
+        while time.monotonic() < deadline:
+            try:
+                pending, done = triton_activity(self.server.metrics_url)
+            except (urllib.error.URLError, OSError, ValueError):
+                break  # no metrics: nothing more to learn, stop as usual
+            now = time.monotonic()
+            if pending == 0 and done == last_done:
+                quiet_since = quiet_since or now
+                if now - quiet_since >= self.settings.quiet_s:
+                    break
+            else:
+                quiet_since = None
+            last_done = done
+            time.sleep(0.1)
+        drained = time.monotonic() - start
+        self._event("drain_finished", seconds=round(drained, 3))
+        self.stop()
+        self.server.stop()
+        return drained
+
+    # -- watchers -------------------------------------------------------------------------
+    def _current_stubs(self) -> dict[int, str]:
+        process = self.server.process
+        return {} if process is None else stub_models(process.pid)
+
+    def _watch_stubs(self) -> None:
+        while not self._stop.wait(self.settings.poll_s):
+            with self._lock:
+                if self.state.draining or self.state.dead_reason:
+                    continue
+            now = self._current_stubs()
+            lost = {pid: model for pid, model in self._stubs.items() if pid not in now}
+            self._stubs = now
+            for model in sorted(set(lost.values())):
+                self._recover(model, [pid for pid, m in lost.items() if m == model])
+
+    def _recover(self, model: str, pids: list[int]) -> None:
+        with self._lock:
+            self.state.recovering.add(model)
+            self.state.recovery_started = time.monotonic()
+            self.state.restarts[model] += 1
+        self._event("stub_died", model=model, pids=pids)
+        url, key = self.server.http_url, self.server.admin_key
+        try:
+            # Triton keeps a dead stub's instance when asked to load an unchanged model
+            # ("successfully loaded" in milliseconds, requests still fail); renaming the
+            # instance groups is no better on 2.51. So unload, then load with its own config
+            # (versions included). The load waits for the dead instance's in-flight request
+            # (~9 s measured); the router answers with its fallback meanwhile.
+            config = model_config(url, model)
+            unload_model(url, model, admin_key=key)
+            load_model(url, model, config, admin_key=key)
+            self._event("model_reloaded", model=model)
+        except ModelControlError as exc:
+            self._event("model_reload_failed", model=model, error=str(exc))
+        self._stubs = self._current_stubs()
+        probes = deep_check(self.server.grpc_url, self.models, self.settings.check_timeout_s)
+        with self._lock:
+            self.state.last_probes = probes
+            if all(p.ok for p in probes):
+                self.state.recovering.discard(model)
+                self.state.last_ok = time.monotonic()
+        if all(p.ok for p in probes):
+            self._event("recovered", model=model)
+
+    def _watch_health(self) -> None:
+        settings = self.settings
+        while not self._stop.wait(settings.check_every_s):
+            with self._lock:
+                if self.state.draining:
+                    continue
+            probes = deep_check(self.server.grpc_url, self.models, settings.check_timeout_s)
+            now = time.monotonic()
+            with self._lock:
+                self.state.last_probes = probes
+                if all(p.ok for p in probes):
+                    self.state.last_ok = now
+                    self.state.recovering.clear()
+                    self.state.ready = True
+                    continue
+                self.state.ready = False
+                silent = now - self.state.last_ok
+                # A reload in progress may take a while; one stuck for 30 s is a dead server.
+                recovering = bool(self.state.recovering) and (
+                    now - self.state.recovery_started < RECOVERY_GRACE_S
+                )
+            if silent < settings.dead_after_s or recovering:
+                continue
+            reason = "; ".join(p.line() for p in probes if not p.ok)
+            self._event("server_dead", silent_s=round(silent, 1), reason=reason)
+            if settings.on_dead == "restart":
+                self._restart()
+            else:
+                with self._lock:
+                    self.state.dead_reason = reason
+                self.dead.set()
+                return
+
+    def _restart(self) -> None:
+        self.server.stop(timeout_s=5)
+        try:
+            self.server.start()
+        except Exception as exc:  # cannot come back: give up like `exit`
+            with self._lock:
+                self.state.dead_reason = f"restart failed: {exc}"
+            self.dead.set()
+            return
+        self._stubs = self._current_stubs()
+        with self._lock:
+            self.state.server_restarts += 1
+            self.state.last_ok = time.monotonic()
+            self.state.ready = True
+        self._event("server_restarted")
+
+    # -- HTTP -----------------------------------------------------------------------------
+    def _serve_http(self) -> None:
+        supervisor = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/livez":
+                    ok = supervisor.live()
+                    self._send(200 if ok else 503, b"live\n" if ok else b"dead\n", "text/plain")
+                elif path == "/readyz":
+                    ok = supervisor.ready()
+                    body = b"ready\n" if ok else b"not ready\n"
+                    self._send(200 if ok else 503, body, "text/plain")
+                elif path == "/healthz":
+                    snap = supervisor.snapshot()
+                    code = 200 if snap["ready"] else 503
+                    self._send(code, json.dumps(snap).encode(), "application/json")
+                elif path == "/metrics":
+                    self._send(200, supervisor.metrics_text().encode(), "text/plain; version=0.0.4")
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+            def _send(self, code: int, body: bytes, kind: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(
+            (self.settings.health_host, self.settings.health_port), Handler
+        )
+        self._http.daemon_threads = True
+        thread = threading.Thread(target=self._http.serve_forever, name="health-http", daemon=True)
+        thread.start()

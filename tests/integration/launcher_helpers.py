@@ -1,0 +1,72 @@
+"""The launcher (`python -m dispatch_service.ops.server`) as a child process for tests."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dispatch_service.core.paths import REPO_ROOT
+from dispatch_service.ops.server import Ports
+
+__all__ = ["EXAMPLE", "Launcher"]
+
+EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
+
+
+class Launcher:
+    def __init__(self, ports: Ports, log: Path, key_dir: Path, *extra: str) -> None:
+        self.ports = ports
+        argv = [
+            sys.executable,
+            "-m",
+            "dispatch_service.ops.server",
+            "--http-port",
+            str(ports.http),
+            "--grpc-port",
+            str(ports.grpc),
+            "--metrics-port",
+            str(ports.metrics),
+            "--log",
+            str(log),
+            "--key-dir",
+            str(key_dir),
+            *extra,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self.lines: list[str] = []
+
+    def read_until(self, marker: str, timeout_s: float) -> bool:
+        """Collect stdout lines until one starts with ``marker`` or the process ends."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.process.stdout], [], [], 1.0)
+            if ready:
+                line = self.process.stdout.readline()
+                if not line:
+                    return False
+                self.lines.append(line.rstrip("\n"))
+                if line.startswith(marker):
+                    return True
+        return False
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+        return int(self.process.returncode)

@@ -1,0 +1,102 @@
+"""The launcher as an operator runs it (`python -m dispatch_service.ops.server`, what
+`make serve` runs): keys created and printed, a second launcher on the same ports refused
+without harming the first, readiness that names a missing entry point (issues 10 and 15)."""
+
+from __future__ import annotations
+
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from launcher_helpers import EXAMPLE, Launcher
+
+from dispatch_client import DispatchClient, window_from_json
+from dispatch_client.errors import DispatchError
+from dispatch_service.ops.server import Ports
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Launcher, Path, Path]]:
+    folder = tmp_path_factory.mktemp("launcher")
+    log, keys = folder / "server.log", folder / "keys"
+    launcher = Launcher(Ports.free(), log, keys)
+    try:
+        assert launcher.read_until("ready:", 240), "\n".join(launcher.lines) + (
+            launcher.process.stderr.read() if launcher.process.poll() is not None else ""  # type: ignore[union-attr]
+        )
+        yield launcher, log, keys
+    finally:
+        launcher.stop()
+
+
+def test_a_start_without_keys_creates_private_ones_and_says_where(
+    first: tuple[Launcher, Path, Path],
+) -> None:
+    launcher, _, keys = first
+    text = "\n".join(launcher.lines)
+    for name in ("admin.key", "shm.key"):
+        path = keys / name
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert str(path) in text
+        assert path.read_text().strip() not in text  # the path is printed, never the key
+    assert "dispatch: ok" in text and "dispatch_fused: ok" in text
+
+
+def test_a_second_launcher_on_the_same_ports_leaves_the_first_serving(
+    first: tuple[Launcher, Path, Path], tmp_path: Path
+) -> None:
+    launcher, log, _ = first
+    window = window_from_json(EXAMPLE.read_bytes())
+    url = f"127.0.0.1:{launcher.ports.grpc}"
+    failures: list[str] = []
+    served = 0
+    stop = threading.Event()
+
+    def traffic() -> None:
+        nonlocal served
+        with DispatchClient.grpc(url, timeout_s=30) as client:
+            while not stop.is_set():
+                try:
+                    client.dispatch(window)
+                    served += 1
+                except DispatchError as exc:
+                    failures.append(exc.message)
+
+    log_before = log.read_bytes()
+    regions_before = {p.name for p in Path("/dev/shm").glob("dispatchsrv_*")}
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    try:
+        second = Launcher(launcher.ports, log, tmp_path / "keys")
+        out, err = second.process.communicate(timeout=120)
+        time.sleep(1.0)  # traffic keeps flowing after the second one is gone
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert second.process.returncode == 1, out + err
+    assert "already in use" in err and str(launcher.ports.http) in err
+    assert "ready:" not in out
+    assert log.read_bytes()[: len(log_before)] == log_before  # not truncated
+    assert regions_before <= {p.name for p in Path("/dev/shm").glob("dispatchsrv_*")}
+    assert failures == [] and served > 0
+    assert launcher.process.poll() is None
+    with DispatchClient.grpc(url, timeout_s=30) as client:
+        assert client.dispatch(window).orders
+
+
+def test_a_missing_required_entry_point_is_named_and_the_start_fails(tmp_path: Path) -> None:
+    launcher = Launcher(
+        Ports.free(),
+        tmp_path / "server.log",
+        tmp_path / "keys",
+        "--require",
+        "dispatch,no_such_entry_point",
+    )
+    out, err = launcher.process.communicate(timeout=240)
+    assert launcher.process.returncode == 1, out + err
+    assert "ready:" not in out
+    assert "no_such_entry_point" in err and "not in the model repository" in err
+    assert "dispatch:" not in err.split("not serving", 1)[1]  # only the missing one is named

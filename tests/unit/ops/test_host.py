@@ -1,0 +1,94 @@
+"""Port checks, per-instance shm prefixes and crash leftovers (dispatch_service.ops.host)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dispatch_service.ops.host import (
+    Leftovers,
+    clean_leftovers,
+    find_leftovers,
+    is_loopback,
+    new_shm_prefix,
+    ports_in_use,
+    prefix_owner,
+)
+
+
+def test_a_listening_port_is_in_use_and_a_closed_one_is_not() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        busy = listener.getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free = probe.getsockname()[1]
+        assert ports_in_use("127.0.0.1", [busy, free]) == [busy]
+    assert ports_in_use("127.0.0.1", [busy]) == []
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.0.0.5", False),
+        ("::", False),
+        ("example.org", False),
+    ],
+)
+def test_loopback_addresses(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_prefixes_differ_per_instance_and_name_their_owner() -> None:
+    one, two = new_shm_prefix(), new_shm_prefix()
+    assert one != two
+    assert prefix_owner(f"{one}abc") == os.getpid() == prefix_owner(two)
+    assert prefix_owner("dispatch_client_1_0_in") is None
+    assert prefix_owner("dispatch8000_x") is None
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_only_regions_and_stubs_of_dead_launchers_are_leftovers(tmp_path: Path) -> None:
+    shm, proc = tmp_path / "shm", tmp_path / "proc"
+    shm.mkdir()
+    gone = dead_pid()
+    stale, live = new_shm_prefix(gone), new_shm_prefix()
+    for name in (f"{stale}r1", f"{live}r2", "dispatch_client_1_0_in", f"{stale}r3"):
+        (shm / name).write_bytes(b"x")
+
+    def fake_process(pid: int, argv: list[str]) -> None:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv))
+
+    stub = "/x/backends/python/triton_python_backend_stub"
+    fake_process(101, [stub, "/m/model.py", f"{stale}stub_1", "1048576"])
+    fake_process(102, [stub, "/m/model.py", f"{live}stub_2", "1048576"])
+    fake_process(103, ["/usr/bin/python3", f"{stale}not_a_stub"])
+    found = find_leftovers(shm, proc)
+    assert found == Leftovers(regions=(shm / f"{stale}r1", shm / f"{stale}r3"), stubs=(101,))
+
+
+def test_cleaning_removes_regions_and_tolerates_vanished_ones(tmp_path: Path) -> None:
+    region = tmp_path / "dispatchsrv_1_ab_r"
+    region.write_bytes(b"x")
+    # A pid above pid_max: no process can have it (a recycled pid could be anyone's).
+    impossible = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    lines = clean_leftovers(Leftovers(regions=(region, tmp_path / "gone"), stubs=(impossible,)))
+    assert not region.exists()
+    assert lines == [f"removed stale shared-memory region {region}"]

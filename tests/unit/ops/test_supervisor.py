@@ -1,0 +1,130 @@
+"""Pieces of the launcher's supervisor that need no server (dispatch_service.ops.supervisor)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dispatch_service.ops.supervisor import (
+    Supervisor,
+    SupervisorSettings,
+    stub_models,
+    triton_activity,
+)
+
+
+def fake_proc(root: Path, pid: int, ppid: int, argv: list[str], state: str = "S") -> None:
+    folder = root / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (folder / "stat").write_text(f"{pid} (triton python b) {state} {ppid} 1 1 0 -1\n")
+
+
+def test_stubs_of_one_server_are_mapped_to_their_models(tmp_path: Path) -> None:
+    stub = "/b/python/triton_python_backend_stub"
+    fake_proc(tmp_path, 11, 7, [stub, "/repo/dispatch_model/1/model.py", "r", "1"])
+    fake_proc(tmp_path, 12, 7, [stub, "/repo/dispatch_fused/1/model.py", "r", "1"])
+    fake_proc(tmp_path, 13, 8, [stub, "/repo/topk_resolver/1/model.py", "r", "1"])  # other server
+    fake_proc(tmp_path, 14, 7, [stub, "/repo/feature_encoder/1/model.py"], state="Z")  # dead
+    fake_proc(tmp_path, 15, 7, ["/usr/bin/python3", "/repo/x/1/model.py"])
+    assert stub_models(7, tmp_path) == {11: "dispatch_model", 12: "dispatch_fused"}
+
+
+METRICS = """\
+# HELP nv_inference_request_success Number of successful inference requests
+nv_inference_request_success{model="dispatch",version="1"} 120
+nv_inference_request_success{model="dispatch_fused",version="1"} 30
+nv_inference_request_failure{model="dispatch",reason="REJECTED",version="1"} 2
+nv_inference_pending_request_count{model="dispatch",version="1"} 3
+nv_inference_pending_request_count{model="topk_resolver",version="1"} 1
+nv_inference_count{model="dispatch",version="1"} 999
+"""
+
+
+class _Server:
+    def __init__(self, body: str) -> None:
+        text = body.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(text)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_activity_sums_pending_and_completed_requests_over_models() -> None:
+    server = _Server(METRICS)
+    try:
+        assert triton_activity(server.url) == (4.0, 152.0)
+    finally:
+        server.close()
+
+
+class FakeServer:
+    """Enough of a TritonServer for the supervisor's HTTP side."""
+
+    process = None
+    http_url = grpc_url = "127.0.0.1:1"
+    metrics_url = "http://127.0.0.1:1/metrics"
+    admin_key = "k"
+    required_models = ("dispatch",)
+
+    def start(self, timeout_s: float = 0) -> object:
+        return self
+
+    def stop(self, timeout_s: float = 0) -> None:
+        pass
+
+
+@pytest.fixture
+def supervisor() -> Iterator[Supervisor]:
+    settings = SupervisorSettings(health_port=0, check_every_s=3600, poll_s=3600)
+    supervised = Supervisor(FakeServer(), settings, report=lambda line: None).start()
+    yield supervised
+    supervised.stop()
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def test_endpoints_report_ready_then_draining_then_dead(supervisor: Supervisor) -> None:
+    url = supervisor.health_url
+    assert get(f"{url}/readyz")[0] == 200 and get(f"{url}/livez")[0] == 200
+    supervisor.state.draining = True
+    assert get(f"{url}/readyz")[0] == 503 and get(f"{url}/livez")[0] == 200
+    code, body = get(f"{url}/healthz")
+    assert code == 503 and json.loads(body)["draining"] is True
+    supervisor.state.dead_reason = "dispatch: FAILED: deadline exceeded"
+    assert get(f"{url}/livez")[0] == 503
+    assert get(f"{url}/nope")[0] == 404
+
+
+def test_metrics_count_restarts_per_model(supervisor: Supervisor) -> None:
+    supervisor.state.restarts["dispatch_model"] += 2
+    code, text = get(f"{supervisor.health_url}/metrics")
+    assert code == 200
+    assert 'dispatch_launcher_stub_restarts_total{model="dispatch_model"} 2' in text
+    assert "dispatch_launcher_ready 1" in text

@@ -104,6 +104,28 @@ def _repository_path(word: str) -> Path | None:
     return None
 
 
+def _kubernetes_object_names() -> set[str]:
+    """Names the manifests give Kubernetes objects (a Secret `dispatch-keys` is no command)."""
+    import yaml
+
+    names: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "name" and isinstance(value, str):
+                    names.add(value)
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for manifest in (ROOT / "deploy" / "k8s").rglob("*.yaml"):
+        for document in yaml.safe_load_all(manifest.read_text()):
+            walk(document)
+    return names
+
+
 def _found() -> dict[str, list[tuple[str, str]]]:
     """Kind -> (document, what it names)."""
     found: dict[str, list[tuple[str, str]]] = {
@@ -115,6 +137,7 @@ def _found() -> dict[str, list[tuple[str, str]]]:
     }
     scripts = _console_scripts()
     distributions = {str(project["name"]) for project in _projects()}
+    objects = _kubernetes_object_names()
     for doc in DOCS:
         text = doc.read_text()
         name = doc.relative_to(ROOT).as_posix()
@@ -127,7 +150,9 @@ def _found() -> dict[str, list[tuple[str, str]]]:
                 elif program.startswith("python") and command[1:2] == ["-m"] and len(command) > 2:
                     found["module"].append((name, command[2]))
                 elif program in scripts or (
-                    program.startswith("dispatch-") and program not in distributions
+                    program.startswith("dispatch-")
+                    and program not in distributions
+                    and program not in objects
                 ):
                     found["script"].append((name, " ".join([program, *command[1:2]])))
                 for word in command:

@@ -1,0 +1,9 @@
+"""``python -m dispatch_service.offline.training``."""
+
+import sys
+
+from dispatch_service.offline.training.cli import main
+
+__all__: list[str] = []
+
+sys.exit(main())

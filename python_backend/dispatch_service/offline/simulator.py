@@ -57,12 +57,14 @@ __all__ = [
     "MONDAY_MIDNIGHT_LOCAL",
     "REGIMES",
     "THERMAL_EQUIPMENT_BIT",
+    "UNASSIGNED_PENALTY_MINUTES",
     "UTC_OFFSET_S",
     "BoolArray",
     "CityConfig",
     "FloatArray",
     "IntArray",
     "Leg",
+    "OrderOutcomes",
     "PairTimes",
     "Regime",
     "congestion",
@@ -74,6 +76,7 @@ __all__ = [
     "hour_level",
     "is_weekend",
     "local_hour",
+    "order_outcomes",
     "random_dispatch_time",
     "river_east_km",
     "river_side",
@@ -548,6 +551,58 @@ def evaluate_assignment(
         "mean_cost_cny": float(np.mean(cost)) if n_assigned else float("nan"),
         "violation_share": float(np.sum(times.violation)) / window.num_orders,
     }
+
+
+# An unassigned order is delivered (by a later window) this long after its promise, and late.
+UNASSIGNED_PENALTY_MINUTES: Final = 30.0
+
+
+@dataclass(frozen=True)
+class OrderOutcomes:
+    """One realised assignment, order by order (every order counts, assigned or not)."""
+
+    assigned: BoolArray
+    minutes_from_dispatch: FloatArray  # realised delivery minutes; NaN where unassigned
+    delivery_minutes: FloatArray  # from creation; unassigned: promise + penalty
+    on_time: BoolArray  # unassigned: late
+    cost: FloatArray  # CNY; NaN where unassigned
+    extra_load: IntArray  # the rider's earlier new orders in this window
+
+
+def order_outcomes(
+    window: DispatchWindow,
+    assigned_rider_index: NDArray[np.integer[Any]],
+    rng: np.random.Generator,
+    config: CityConfig = DEFAULT_CITY,
+) -> OrderOutcomes:
+    """Realise an assignment like `evaluate_assignment` (one normal per order, so policies
+    fed the same seed share each order's luck), keeping every order's outcome: unassigned
+    orders count as delivered ``UNASSIGNED_PENALTY_MINUTES`` after their promise, and late."""
+    assigned = np.asarray(assigned_rider_index, dtype=np.int64).reshape(-1)
+    if assigned.shape[0] != window.num_orders:
+        raise ValueError(f"need one rider index per order ({window.num_orders})")
+    normals = rng.standard_normal(window.num_orders)
+    rows = np.flatnonzero(assigned >= 0)
+    extra = sequential_extra_load(window, assigned)
+    times = _pair_times(window, rows, assigned[rows], extra[rows], config)
+    minutes, on_time_rows, cost_rows = _realise(times, normals[rows], config)
+    promised = window.promised_minutes.astype(np.float64)
+    delivery = promised + UNASSIGNED_PENALTY_MINUTES
+    delivery[rows] = times.order_age_minutes + minutes
+    from_dispatch = np.full(window.num_orders, np.nan)
+    from_dispatch[rows] = minutes
+    on_time = np.zeros(window.num_orders, dtype=np.bool_)
+    on_time[rows] = on_time_rows
+    cost = np.full(window.num_orders, np.nan)
+    cost[rows] = cost_rows
+    return OrderOutcomes(
+        assigned=assigned >= 0,
+        minutes_from_dispatch=from_dispatch,
+        delivery_minutes=delivery,
+        on_time=on_time,
+        cost=cost,
+        extra_load=extra,
+    )
 
 
 # ------------------------------------------------------------------------------- windows

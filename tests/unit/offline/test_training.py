@@ -132,9 +132,10 @@ def test_quick_cli_writes_model_card_with_policy_figures(tmp_path: Path) -> None
     assert training.main(["--quick", "--seed", "5", "--out-dir", str(tmp_path)]) == 0
     card = json.loads((tmp_path / "model_card.json").read_text())
     assert "--quick" in card["command"] and "--seed 5" in card["command"]
-    policies = card["policy_evaluation"]["policies"]
-    assert {"model", "nearest_rider"} <= set(policies)
-    assert "nearest_rider" in (tmp_path / "MODEL_CARD.md").read_text()
+    policies = card["policy_evaluation"]["summary"]["regimes"]["default"]["policies"]
+    assert {"model", "nearest_rider", "distance_matching", "rule_eta", "oracle"} == set(policies)
+    text = (tmp_path / "MODEL_CARD.md").read_text()
+    assert "| nearest_rider |" in text and "Issue 12 targets: model" in text
     onnx.checker.check_model(onnx.load(str(tmp_path / "model.onnx")))
 
 

@@ -96,7 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick", action="store_true", help="tiny data and few epochs: for tests, not serving"
     )
-    parser.add_argument("--eval-windows", type=int, help="policy evaluation windows (32)")
+    parser.add_argument(
+        "--eval-windows", type=int, help="policy evaluation windows per regime for the card (12)"
+    )
     parser.add_argument(
         "--no-eval", action="store_true", help="skip the model-vs-nearest-rider evaluation"
     )
@@ -113,17 +115,9 @@ def _version_dir(version: int) -> Path:
     return MODEL_REPOSITORY / "dispatch_model" / str(version)
 
 
-def _policy_versus(results: dict[str, Any], ref_name: str, version: int) -> str:
-    model, ref = results["model"], results[ref_name]
-    return (
-        f"Version {version} (`model`) vs {ref_name.replace('_', ' ')}: "
-        f"{model.mean_delivery_minutes - ref.mean_delivery_minutes:+.2f} minutes mean delivery, "
-        f"{100.0 * (model.ontime_rate - ref.ontime_rate):+.1f} points on-time rate, "
-        f"{model.mean_cost_cny - ref.mean_cost_cny:+.2f} CNY mean cost."
-    )
-
-
-QUICK: Final = {"windows": 24, "holdout_windows": 8, "epochs": 3, "eval_windows": 4}
+QUICK: Final = {"windows": 24, "holdout_windows": 8, "epochs": 3, "eval_windows": 2}
+# Policy evaluation windows per regime written into the card (make evaluate runs more).
+EVAL_WINDOWS: Final = 12
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -210,23 +204,17 @@ def _train(
 
         eval_windows = args.eval_windows
         if eval_windows is None:
-            eval_windows = QUICK["eval_windows"] if args.quick else None
-        eval_config = (
-            evaluation.EvaluationConfig()
-            if eval_windows is None
-            else evaluation.EvaluationConfig(windows=eval_windows)
-        )
-        comparison = evaluation.evaluate_policies(
-            result.model_path, eval_config, include_oracle=True
-        )
+            eval_windows = QUICK["eval_windows"] if args.quick else EVAL_WINDOWS
+        regimes = ("default",) if args.quick else tuple(evaluation.EvaluationConfig.regimes)
+        models = {"model": out_dir / "model.onnx"}
         if reference is not None:  # the reference version on the same windows and noise
-            ref_name = f"version_{reference.name}"
-            ref = evaluation.evaluate_policies(reference / "model.onnx", eval_config)["model"]
-            comparison = {"model": comparison.pop("model"), ref_name: ref, **comparison}
-        print(evaluation.format_table(comparison))
-        section = evaluation.card_section(comparison, eval_config)
-        if reference is not None:
-            section["markdown"] += "\n\n" + _policy_versus(comparison, ref_name, args.version)
+            models[f"version_{reference.name}"] = reference / "model.onnx"
+        summary = evaluation.evaluate(
+            evaluation.default_policies(models, MODEL_REPOSITORY),
+            evaluation.EvaluationConfig(windows=eval_windows, regimes=regimes),
+        )
+        section = evaluation.card_section(summary, "model")
+        print(section["markdown"])
         append_policy_evaluation(out_dir, card, section)
     host = f"{platform.machine()}, {_cpu_count()} CPUs, Python {platform.python_version()}"
     print(

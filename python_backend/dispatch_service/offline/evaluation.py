@@ -38,12 +38,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.domain.resolver import ResolverSettings
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline import baseline, simulator
-from dispatch_service.pipeline.dispatch_pipeline import config_parameters, repository_steps
+from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.stacking import resolve_stack_aware
 from dispatch_service.pipeline.steps import DispatchModelStep
 

@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from dispatch_contract import PAIR_FEATURE_NAMES
 
 __all__ = [
+    "joining_extra_load",
     "stacked_extra_load",
     "with_extra_load",
 ]
@@ -49,6 +50,27 @@ def stacked_extra_load(created_at: ArrayLike, assigned: ArrayLike) -> NDArray[np
     extra = np.zeros(count, dtype=np.int64)
     extra[order] = extra_sorted
     return extra
+
+
+def joining_extra_load(
+    created_at: ArrayLike,
+    assigned: ArrayLike,
+    pair_orders: NDArray[np.int64],
+    pair_riders: NDArray[np.int64],
+) -> NDArray[np.int64]:
+    """For each (order, rider) pair: the extra load the order would ride with if it took that
+    rider while every other order keeps its assignment -- the rider's other new orders
+    created before it (ties by row). For an assigned pair it equals `stacked_extra_load`."""
+    created = np.asarray(created_at).reshape(-1)
+    riders = np.asarray(assigned, dtype=np.int64).reshape(-1)
+    count = riders.shape[0]
+    rank = np.empty(count, dtype=np.int64)
+    rank[np.lexsort((np.arange(count), created))] = np.arange(count)
+    taken = np.flatnonzero(riders >= 0)
+    keys = np.sort(riders[taken] * count + rank[taken])
+    query = pair_riders * count + rank[pair_orders]
+    before = np.searchsorted(keys, query) - np.searchsorted(keys, pair_riders * count)
+    return before.astype(np.int64)
 
 
 def with_extra_load(features: NDArray[np.float32], extra: ArrayLike) -> NDArray[np.float32]:

@@ -8,9 +8,10 @@ assignment is refined until it agrees with its own scores:
 2. for every assigned order whose rider got an earlier new order in this window
    (`domain.stacking.stacked_extra_load`), re-load its pair features with that extra load
    and re-score it with the model;
-3. resolve again with those pairs' objectives replaced (all other pairs keep the model's
-   stand-alone scores); repeat until the stacked pairs and their loads stop changing, at most
-   ``MAX_ROUNDS`` solves.
+3. resolve again with those pairs' objectives replaced; repeat until every assigned pair's
+   objectives were scored with the load it really rides with, at most ``MAX_ROUNDS`` solves.
+   A re-scored pair keeps its stacked figures after its order moves elsewhere (so the
+   assignment settles instead of oscillating), which can also show in its Top-K entry.
 
 A window whose first assignment stacks nothing costs one solve, as before. If the rounds run
 out before the assignment settles, the assignment of the last solve is kept and its stacked
@@ -31,7 +32,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dispatch_service.domain.resolver import Resolution, ResolverSettings, resolve, score_pairs
-from dispatch_service.domain.stacking import stacked_extra_load, with_extra_load
+from dispatch_service.domain.stacking import (
+    joining_extra_load,
+    stacked_extra_load,
+    with_extra_load,
+)
 
 __all__ = [
     "MAX_ROUNDS",
@@ -56,13 +61,13 @@ class StackedResolution:
     converged: bool
 
 
-def _stacked_pairs(
+def _assigned_pairs(
     resolution: Resolution, candidates: NDArray[np.int64], created_at: ArrayLike
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """(pair rows, extra loads) of the assigned orders that ride with earlier new orders."""
+    """(pair rows, extra loads) of every assigned order; extra 0 when not stacked."""
     assigned = resolution.assigned_rider_index.astype(np.int64)
     extra = stacked_extra_load(created_at, assigned)
-    orders = np.flatnonzero((assigned >= 0) & (extra > 0))
+    orders = np.flatnonzero(assigned >= 0)
     columns = np.argmax(candidates[orders] == assigned[orders, None], axis=1)
     return orders * candidates.shape[1] + columns, extra[orders]
 
@@ -89,30 +94,54 @@ def resolve_stack_aware(
             current, candidates, rider_ids, rider_load, rider_capacity, weights, settings
         )
 
-    current = base
+    current = base.copy()
+    width = candidates.shape[1]
+    flat = candidates.reshape(-1)
+    valid = np.flatnonzero(flat >= 0)
+    pair_orders, pair_riders = valid // width, flat[valid]
+    # The extra load each valid pair's objectives in `current` were scored with.
+    scored_extra = np.zeros(valid.size, dtype=np.int64)
+    spare = np.maximum(
+        np.asarray(rider_capacity, dtype=np.int64) - np.asarray(rider_load, dtype=np.int64), 0
+    )[pair_riders]
+    position = np.full(flat.size, -1, dtype=np.int64)
+    position[valid] = np.arange(valid.size)
     resolution = solve(current)
-    used: tuple[bytes, bytes] = (b"", b"")
     rounds, converged = 1, False
     while True:
-        rows, extra = _stacked_pairs(resolution, candidates, created_at)
-        key = (rows.tobytes(), extra.tobytes())
-        if key == used:
+        # Every pair is scored with the load it would ride with if its order took that
+        # rider now, not only the assigned ones: the next solve then sees what joining
+        # each busy rider costs. Pairs that are not assigned only ever grow their extra
+        # load (no rider it cannot fit), so the solves cannot cycle through the same
+        # states; the assigned pairs always get their true load.
+        joining = joining_extra_load(
+            created_at, resolution.assigned_rider_index, pair_orders, pair_riders
+        )
+        joining = np.where(joining < spare, joining, 0)
+        extra = np.maximum(scored_extra, joining)
+        assigned_rows, assigned_extra = _assigned_pairs(resolution, candidates, created_at)
+        extra[position[assigned_rows]] = assigned_extra
+        stale = np.flatnonzero(scored_extra != extra)
+        if not stale.size:
             converged = True
             break
-        current = base.copy()
-        if rows.size:
-            current[rows] = rescore(rows, with_extra_load(features[rows], extra))
+        scored_extra[stale] = extra[stale]
+        rows, load = valid[stale], extra[stale]
+        stacked = load > 0
+        current[rows[~stacked]] = base[rows[~stacked]]
+        if stacked.any():
+            current[rows[stacked]] = rescore(
+                rows[stacked], with_extra_load(features[rows[stacked]], load[stacked])
+            )
         if rounds >= max_rounds:
             resolution = _patched(resolution, current, candidates, weights, settings)
             break
         resolution = solve(current)
-        used = key
         rounds += 1
-    assigned = resolution.assigned_rider_index.astype(np.int64)
-    orders = np.flatnonzero(assigned >= 0)
-    columns = np.argmax(candidates[orders] == assigned[orders, None], axis=1)
-    assigned_objectives = np.zeros((assigned.size, 3), dtype=np.float32)
-    assigned_objectives[orders] = current[orders * candidates.shape[1] + columns]
+    rows, _ = _assigned_pairs(resolution, candidates, created_at)
+    orders = rows // candidates.shape[1]
+    assigned_objectives = np.zeros((resolution.assigned_rider_index.size, 3), dtype=np.float32)
+    assigned_objectives[orders] = current[rows]
     return StackedResolution(resolution, current, assigned_objectives, rounds, converged)
 
 

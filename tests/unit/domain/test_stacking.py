@@ -8,7 +8,11 @@ import dataclasses
 import numpy as np
 
 from dispatch_service.domain.features import EncoderSettings, encode_pairs, select_candidates
-from dispatch_service.domain.stacking import stacked_extra_load, with_extra_load
+from dispatch_service.domain.stacking import (
+    joining_extra_load,
+    stacked_extra_load,
+    with_extra_load,
+)
 from dispatch_service.offline import simulator
 
 
@@ -33,3 +37,17 @@ def test_reloaded_features_equal_the_encoder_on_a_loaded_window() -> None:
     rows = np.flatnonzero(flat >= 0)
     got = with_extra_load(features[rows], extra_per_rider[flat[rows]])
     np.testing.assert_array_equal(got, expected[rows])
+
+
+def test_joining_extra_load_by_brute_force() -> None:
+    rng = np.random.default_rng(7)
+    created = rng.integers(0, 5, 30)
+    assigned = rng.integers(-1, 6, 30)
+    orders = rng.integers(0, 30, 200)
+    riders = rng.integers(0, 6, 200)
+    got = joining_extra_load(created, assigned, orders, riders)
+    for b, r, extra in zip(orders.tolist(), riders.tolist(), got.tolist(), strict=True):
+        # Move b to r, everything else stays: the rule for an assigned order then applies.
+        moved = assigned.copy()
+        moved[b] = r
+        assert extra == stacked_extra_load(created, moved)[b]

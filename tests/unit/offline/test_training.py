@@ -18,8 +18,10 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.offline import training
+from dispatch_service.offline.training.card import rounded
 
 TINY = training.TrainConfig(
     seed=3, windows=6, holdout_windows=3, epochs=2, hidden=(16, 8), batch_size=256
@@ -100,6 +102,18 @@ def test_same_seed_gives_the_same_files(tmp_path: Path, tiny: training.TrainResu
     card = json.loads((tmp_path / "model_card.json").read_text())
     assert not {"train_seconds", "wall_seconds", "host"} & set(card)
     assert again.seconds["wall"] > 0.0  # measured, but only returned and printed
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_committed_cards_match_the_code(tiny: training.TrainResult, version: int) -> None:
+    """The committed card has the keys the code writes and its Markdown renders from its JSON."""
+    folder = MODEL_REPOSITORY / "dispatch_model" / str(version)
+    committed = json.loads((folder / "model_card.json").read_text())
+    assert set(tiny.card) <= set(committed), set(tiny.card) - set(committed)
+    assert set(tiny.card["architecture"]) == set(committed["architecture"])
+    assert training.render_card(committed) == (folder / "MODEL_CARD.md").read_text()
+    # Rounded like the code rounds (compared as JSON text: NaN never equals itself).
+    assert json.dumps(rounded(committed)) == json.dumps(committed)
 
 
 def test_training_reduces_the_loss() -> None:

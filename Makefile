@@ -107,7 +107,7 @@ model-check: setup ## retrain v1 and v2 in a temporary folder; fail unless byte-
 # on every regime's held-out windows, every order counted: evaluation/reports/report.md,
 # summary.json and plots. About two minutes on 2 cores.
 .PHONY: evaluate
-evaluate: setup
+evaluate: setup ## every policy on every regime, every order counted (evaluation/reports/)
 	$(PY) -m dispatch_service.offline.evaluation
 
 # Latency cost of shadow scoring: the same windows with shadow_percent 0 and 100 on a

@@ -6,4 +6,5 @@ from dispatch_service.offline.training.cli import main
 
 __all__: list[str] = []
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -90,13 +90,28 @@ bench: setup ## every entry point vs limits and FastAPI (under 10 minutes)
 bench-quick: setup ## the bench pipeline in 1-2 minutes
 	$(PY) -m perf.bench --quick
 
-# Retrain dispatch_model version 2 (log features, more data, wider net) and compare it with
-# version 1 on the same held-out pairs and policy windows in its card. Several minutes.
+# Retrain dispatch_model version 2 (log features, wider net; same data and epochs as version
+# 1 to keep CPU time small) and compare it with version 1 on the same held-out pairs and
+# policy windows in its card.
 .PHONY: model-v2
+V2_ARGS := --hidden 192,96 --log-features --version 2 \
+	--compare-with model_repository/dispatch_model/1
 model-v2: setup ## retrain dispatch_model version 2 and compare with 1
-	$(PY) -m dispatch_service.offline.training --seed $(SEED) --windows 3000 --epochs 40 \
-		--eval-windows 256 --hidden 192,96 --log-features --version 2 \
-		--compare-with model_repository/dispatch_model/1
+	$(PY) -m dispatch_service.offline.training --seed $(SEED) $(V2_ARGS)
+
+# Retrain v1 and v2 into temporary folders and compare every file (model.onnx, cards,
+# feature_layout.json) byte for byte with the committed ones; fails on any difference.
+.PHONY: model-check
+model-check: setup ## retrain v1 and v2 in a temporary folder; fail unless byte-identical
+	$(PY) -m dispatch_service.offline.training --seed $(SEED) --check
+	$(PY) -m dispatch_service.offline.training --seed $(SEED) $(V2_ARGS) --check
+
+# Every policy (nearest-rider, distance matching, rule ETA, model v1 and v2 as served, oracle)
+# on every regime's held-out windows, every order counted: evaluation/reports/report.md,
+# summary.json and plots. About two minutes on 2 cores.
+.PHONY: evaluate
+evaluate: setup ## every policy on every regime, every order counted (evaluation/reports/)
+	$(PY) -m dispatch_service.offline.evaluation
 
 # Latency cost of shadow scoring: the same windows with shadow_percent 0 and 100 on a
 # server of its own; prints p50/p95/p99 per setting.

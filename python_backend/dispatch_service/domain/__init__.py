@@ -30,6 +30,11 @@ if TYPE_CHECKING:
         resolve,
         score_pairs,
     )
+    from dispatch_service.domain.stacking import (
+        joining_extra_load,
+        stacked_extra_load,
+        with_extra_load,
+    )
     from dispatch_service.domain.window import (
         DispatchWindow,
         WindowLimits,
@@ -52,12 +57,15 @@ __all__ = [
     "encode_window",
     "feasible",
     "feasible_mask",
+    "joining_extra_load",
     "meets_hard_constraints",
     "parse_objective_weights",
     "resolve",
     "score_pairs",
+    "stacked_extra_load",
     "window_from_tensors",
     "window_to_tensors",
+    "with_extra_load",
 ]
 
 # Hidden from the type checker, which reads the imports above: a misspelt name stays an
@@ -76,6 +84,11 @@ if not TYPE_CHECKING:
                 "EncoderSettings",
                 "encode_window",
                 "feasible_mask",
+            ),
+            "stacking": (
+                "joining_extra_load",
+                "stacked_extra_load",
+                "with_extra_load",
             ),
             "resolver": (
                 "Resolution",

@@ -23,7 +23,12 @@ Ranking
     candidates, padded with index -1, id b'' and zeros.
 
 Assignment
-    Each order gets at most one rider from its Top-K list, and rider r at most
+    The assignment is made over *every* valid candidate of every order (all N columns of
+    ``CANDIDATE_RIDER_INDEX``, N = ``candidates_per_order``), not over the Top-K lists:
+    Top-K is only the ranked list in the answer. Cutting to Top-K first loses orders where
+    riders are scarce (issue 12: 249 unassigned vs 10 for the exact optimum at 64 x 64),
+    so the assigned rider of an order may sit outside its Top-K list.
+    Each order gets at most one of its candidates, and rider r at most
     ``spare_r = max(capacity_r - load_r, 0)`` new orders. The objective is
     lexicographic: first the number of assigned orders, then the sum of their scores.
     It is solved as a minimum-cost full matching of a sparse bipartite graph with
@@ -31,9 +36,9 @@ Assignment
 
     * one row per order;
     * ``c_r = min(spare_r, deg_r)`` interchangeable slot columns for rider r, where
-      ``deg_r`` is the number of Top-K lists naming r (r can never take more than that);
-      order b links to every slot of every rider in its list at cost ``2 - s_br``, in
-      [1, 2] so that no cost is an explicit zero, which sparse matrices drop;
+      ``deg_r`` is the number of candidate lists naming r (r can never take more than
+      that); order b links to every slot of every rider in its list at cost ``2 - s_br``,
+      in [1, 2] so that no cost is an explicit zero, which sparse matrices drop;
     * one private dummy column per order ("unassigned") at cost ``D = 2B + 3``.
 
     Why this is optimal: full matchings and feasible assignments correspond one to one
@@ -567,19 +572,24 @@ def resolve(
     # np.lexsort: the last key is the primary one.
     order = np.lexsort(
         (safe_index, rider_hash[safe_index], cost, -ontime, eta, -score, ~valid), axis=-1
-    )[:, :k]
+    )
 
     # Missing candidates sort last and carry zero objectives and score, so the Top-K
     # values need no masking: a padded slot already reads 0.
     rows = np.arange(index.shape[0])[:, None]
-    top_index = safe_index[rows, order]
-    top_valid = top_index < num_riders
-    top_score = score[rows, order]
-    top_obj = obj[rows, order].astype(np.float32)
-    topk_index = np.where(top_valid, top_index, -1)
-
-    position = _assign_slots(topk_index, top_score, np.maximum(capacity - load, 0))
-    assigned_index = _at_position(topk_index, position, -1)
+    ranked_index = safe_index[rows, order]
+    ranked_score = score[rows, order]
+    full_index = np.where(ranked_index < num_riders, ranked_index, -1)
+    # The assignment sees every candidate (ranked, so ties resolve as the ranking does);
+    # the answer's Top-K list is the first k of the same ranking.
+    position = _assign_slots(full_index, ranked_score, np.maximum(capacity - load, 0))
+    assigned_index = _at_position(full_index, position, -1)
+    assigned_score = _at_position(ranked_score, position, 0.0)
+    top = order[:, :k]
+    top_index = ranked_index[:, :k]
+    top_score = ranked_score[:, :k]
+    top_obj = obj[rows, top].astype(np.float32)
+    topk_index = full_index[:, :k]
     return Resolution(
         topk_rider_ids=id_table[top_index],
         topk_rider_index=topk_index.astype(np.int32),
@@ -589,5 +599,5 @@ def resolve(
         topk_cost=np.ascontiguousarray(top_obj[..., _COST]),
         assigned_rider_ids=id_table[assigned_index],
         assigned_rider_index=assigned_index.astype(np.int32),
-        assigned_score=_at_position(top_score, position, 0.0).astype(np.float32),
+        assigned_score=assigned_score.astype(np.float32),
     )

@@ -1,4 +1,4 @@
-"""Offline work, never on the request path: the simulated city, the baseline, evaluation.
+"""Offline work, never on the request path: the simulated city, baselines, evaluation.
 
 `offline.training` and `offline.profiling` are run as modules (`make model`,
 `make profile`) and imported from their own modules.
@@ -16,32 +16,42 @@ from dispatch_service.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from dispatch_service.offline.baseline import (
+        distance_matching_assignment,
         nearest_rider_assignment,
+        rule_objectives,
     )
     from dispatch_service.offline.evaluation import (
         EvaluationConfig,
-        evaluate_policies,
-        evaluate_policy,
+        default_policies,
+        evaluate,
     )
     from dispatch_service.offline.simulator import (
         DEFAULT_CITY,
+        REGIMES,
         CityConfig,
         evaluate_assignment,
         expected_outcome,
+        generate_regime_window,
         generate_window,
+        order_outcomes,
         sample_outcome,
     )
 
 __all__ = [
     "DEFAULT_CITY",
+    "REGIMES",
     "CityConfig",
     "EvaluationConfig",
+    "default_policies",
+    "distance_matching_assignment",
+    "evaluate",
     "evaluate_assignment",
-    "evaluate_policies",
-    "evaluate_policy",
     "expected_outcome",
+    "generate_regime_window",
     "generate_window",
     "nearest_rider_assignment",
+    "order_outcomes",
+    "rule_objectives",
     "sample_outcome",
 ]
 
@@ -51,18 +61,25 @@ if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
-            "baseline": ("nearest_rider_assignment",),
+            "baseline": (
+                "distance_matching_assignment",
+                "nearest_rider_assignment",
+                "rule_objectives",
+            ),
             "evaluation": (
                 "EvaluationConfig",
-                "evaluate_policies",
-                "evaluate_policy",
+                "default_policies",
+                "evaluate",
             ),
             "simulator": (
                 "DEFAULT_CITY",
+                "REGIMES",
                 "CityConfig",
                 "evaluate_assignment",
                 "expected_outcome",
+                "generate_regime_window",
                 "generate_window",
+                "order_outcomes",
                 "sample_outcome",
             ),
         },

@@ -1,267 +1,648 @@
-"""Does the model dispatch better than nearest-rider? Judged in the simulator, on held-out windows.
+"""Judge every policy on the same simulated windows, counting every order (issue 12).
 
-Two policies see the same windows and the same luck:
+Policies (each sees the same windows and, through common random numbers, the same luck):
 
-- ``model``: the serving path -- ``features.encode_window``, the ONNX model in onnxruntime,
-  ``resolver.resolve`` with the default objective weights and settings;
-- ``nearest_rider``: ``baseline.nearest_rider_assignment``.
+- ``nearest_rider``: first come first served, nearest feasible rider (`baseline`);
+- ``distance_matching``: maximum-cardinality, minimum-total-distance assignment over every
+  feasible rider (scipy); its assigned count is the most any policy can serve;
+- ``rule_eta``: straight-line km x 1.3 / vehicle speed + 3 min per carried order
+  (`baseline.rule_objectives`) through the project's resolver, stack-aware like the model;
+- ``model_v1``, ``model_v2`` (or any model given): the served steps -- encoder and resolver
+  configured from the repository's config.pbtxt, the ONNX model in ONNX Runtime with the
+  served session options -- with stack-aware re-scoring (`pipeline.stacking`);
+- ``oracle``: the simulator's noise-free expectations (stack-aware too) over 32 candidates
+  per order, solved exactly by the resolver. Not deployable: it reads the ground truth.
 
-Each window's assignment is realised by ``simulator.evaluate_assignment`` with a generator
-seeded per window, identical for both policies, so each order draws the same noise whichever
-rider it gets (common random numbers: differences come from the decisions, not the dice).
-Window seeds come from a stream the training script never uses.
+Metrics count **all** orders: an unassigned order counts as delivered
+``simulator.UNASSIGNED_PENALTY_MINUTES`` after its promise, and late. Per regime
+(`simulator.REGIMES`) the report gives the assigned rate, mean and p90 delivery minutes
+(from creation), late rate and mean cost of assigned orders, each policy's paired bootstrap
+95 % interval against ``rule_eta`` over windows, and calibration of the model policies
+(on-time ECE with 10 equal-width bins, ETA MAE and bias) on all candidate pairs (stand-alone
+scores against a stand-alone realisation) and on the dispatched pairs (the reported,
+stack-aware figures against what happened). Window seeds come from a stream training never
+uses.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
-from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
+from dispatch_service.core.model_config import config_parameters
+from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.domain.features import EncoderSettings, encode_window
-from dispatch_service.domain.resolver import ResolverSettings, resolve
+from dispatch_service.domain.resolver import ResolverSettings
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline import baseline, simulator
-from dispatch_service.pipeline.onnx_runner import OnnxScorer
+from dispatch_service.pipeline.dispatch_pipeline import repository_steps
+from dispatch_service.pipeline.stacking import resolve_stack_aware
+from dispatch_service.pipeline.steps import DispatchModelStep
 
 __all__ = [
-    "COMMITTED_MODEL",
+    "BASELINE",
     "EVAL_STREAM",
+    "ORACLE_CANDIDATES",
+    "Decision",
     "EvaluationConfig",
     "Policy",
-    "PolicyMetrics",
     "card_section",
-    "evaluate_policies",
-    "evaluate_policy",
-    "evaluation_windows",
-    "format_table",
+    "default_policies",
+    "distance_matching_policy",
+    "evaluate",
+    "expected_calibration_error",
     "main",
     "model_policy",
+    "nearest_rider_policy",
     "oracle_policy",
+    "paired_bootstrap",
+    "regime_windows",
+    "rule_eta_policy",
 ]
 
-Policy = Callable[[DispatchWindow], NDArray[np.int32]]
-
-COMMITTED_MODEL: Final = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
-# Training derives its streams from [seed, 0..3]; evaluation windows use [EVAL_STREAM, i].
+# Training derives its streams from [seed, 0..3]; evaluation windows use [EVAL_STREAM, ...].
 EVAL_STREAM: Final = 0xE7A1
+BASELINE: Final = "rule_eta"  # the policy every interval is taken against
+ORACLE_CANDIDATES: Final = 32
+_WEIGHTS: Final = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
+_BOOTSTRAP: Final = 2000
+_METRICS: Final = ("assigned_rate", "mean_delivery", "p90_delivery", "late_rate", "mean_cost")
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    """One window's assignment, and what the policy predicted for its pairs (if anything)."""
+
+    assigned: NDArray[np.int64]  # [B] rider row, -1 = unassigned
+    # [B, 3] reported (stack-aware) objectives of each assigned pair; None: not a predictor
+    predicted: NDArray[np.float32] | None = None
+    # every scored candidate pair: order rows, rider rows, stand-alone [n, 3] objectives
+    pair_orders: NDArray[np.int64] | None = None
+    pair_riders: NDArray[np.int64] | None = None
+    pair_predicted: NDArray[np.float32] | None = None
+
+
+Policy = Callable[[DispatchWindow], Decision]
 
 
 @dataclass(frozen=True)
 class EvaluationConfig:
     seed: int = 2024
-    windows: int = 32
-    num_orders: int = 64
-    num_riders: int = 200
-    encoder: EncoderSettings = field(default_factory=EncoderSettings)
-    resolver: ResolverSettings = field(default_factory=ResolverSettings)
+    windows: int = 24  # per regime
+    regimes: tuple[str, ...] = tuple(simulator.REGIMES)
 
 
-@dataclass(frozen=True)
-class PolicyMetrics:
-    """Pooled over all windows: each order counts once."""
-
-    mean_delivery_minutes: float  # assigned orders, from creation to delivery
-    ontime_rate: float  # over all orders; unassigned orders are late
-    mean_cost_cny: float
-    assigned_share: float
-    orders: int
+# ---------------------------------------------------------------------------- policies
 
 
-def model_policy(
-    model_path: str | Path,
-    encoder: EncoderSettings | None = None,
-    resolver: ResolverSettings | None = None,
-) -> Policy:
-    """The served decision: encode, score with onnxruntime (CPU), resolve with default weights."""
-    encoder = encoder or EncoderSettings()
-    resolver = resolver or ResolverSettings()
-    scorer = OnnxScorer(model_path)  # the served session options: one thread, CPU
+def nearest_rider_policy(window: DispatchWindow) -> Decision:
+    return Decision(baseline.nearest_rider_assignment(window).astype(np.int64))
 
-    def decide(window: DispatchWindow) -> NDArray[np.int32]:
+
+def distance_matching_policy(window: DispatchWindow) -> Decision:
+    return Decision(baseline.distance_matching_assignment(window).astype(np.int64))
+
+
+Scorer = Callable[[NDArray[np.float32]], NDArray[np.float32]]
+
+
+def _scored_policy(encoder: EncoderSettings, resolver: ResolverSettings, score: Scorer) -> Policy:
+    """Encode, score every candidate pair, resolve stack-aware with the same scorer."""
+
+    def decide(window: DispatchWindow) -> Decision:
         encoded = encode_window(window, encoder)
-        objectives = scorer.infer(encoded.pair_features)
-        return _assign(window, encoded.candidate_rider_index, objectives, resolver)
+        candidates = encoded.candidate_rider_index
+        objectives = score(encoded.pair_features)
+        result = resolve_stack_aware(
+            objectives,
+            encoded.pair_features,
+            candidates,
+            window.created_at,
+            window.rider_ids,
+            window.rider_load,
+            window.rider_capacity,
+            _WEIGHTS,
+            lambda rows, features: score(features),
+            resolver,
+        )
+        flat = candidates.reshape(-1)
+        valid = np.flatnonzero(flat >= 0)
+        return Decision(
+            assigned=result.resolution.assigned_rider_index.astype(np.int64),
+            predicted=result.assigned_objectives,
+            pair_orders=valid // candidates.shape[1],
+            pair_riders=flat[valid].astype(np.int64),
+            pair_predicted=objectives[valid],
+        )
 
     return decide
 
 
-def _assign(
-    window: DispatchWindow,
-    candidates: NDArray[np.int32],
-    objectives: NDArray[np.float32],
-    resolver: ResolverSettings,
-) -> NDArray[np.int32]:
-    """The resolver's assignment of one window's scored pairs, with the default weights."""
-    resolution = resolve(
-        objectives=objectives,
-        candidate_rider_index=candidates,
-        rider_ids=window.rider_ids,
-        rider_load=window.rider_load,
-        rider_capacity=window.rider_capacity,
-        weights=np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64),
-        settings=resolver,
+def _served_settings(repository: Path) -> tuple[EncoderSettings, ResolverSettings]:
+    encoder, resolver = repository_steps(repository)
+    return encoder.encoder, resolver.settings
+
+
+def model_policy(model_path: str | Path, repository: Path = MODEL_REPOSITORY) -> Policy:
+    """The served decision: the repository's encoder and resolver settings, the model in
+    ONNX Runtime with the served session options, stack-aware re-scoring."""
+    encoder, resolver = _served_settings(repository)
+    step = DispatchModelStep.from_parameters(
+        model_path, config_parameters(repository / "dispatch_model" / "config.pbtxt")
     )
-    return np.asarray(resolution.assigned_rider_index, dtype=np.int32)
+    return _scored_policy(encoder, resolver, step.scorer.infer)
+
+
+def rule_eta_policy(repository: Path = MODEL_REPOSITORY) -> Policy:
+    """The rule ETA (`baseline.rule_objectives`) through the served encoder and resolver."""
+    encoder, resolver = _served_settings(repository)
+    return _scored_policy(encoder, resolver, baseline.rule_objectives)
 
 
 def oracle_policy(
-    encoder: EncoderSettings | None = None,
-    resolver: ResolverSettings | None = None,
-    city: simulator.CityConfig = simulator.DEFAULT_CITY,
+    repository: Path = MODEL_REPOSITORY, city: simulator.CityConfig = simulator.DEFAULT_CITY
 ) -> Policy:
-    """The same pipeline scored by the simulator's own noise-free expectation.
+    """Ground-truth expectations (stacking included) over 32 candidates, exact resolver."""
+    _, resolver = _served_settings(repository)
+    encoder = EncoderSettings(candidates_per_order=ORACLE_CANDIDATES)
 
-    Not a deployable policy (it reads the ground truth): it shows how much of the
-    available gain the learned model captures.
-    """
-    encoder = encoder or EncoderSettings()
-    resolver = resolver or ResolverSettings()
-
-    def decide(window: DispatchWindow) -> NDArray[np.int32]:
+    def decide(window: DispatchWindow) -> Decision:
         encoded = encode_window(window, encoder)
         candidates = encoded.candidate_rider_index
+        width = candidates.shape[1]
         flat = candidates.reshape(-1)
         valid = np.flatnonzero(flat >= 0)
+
+        def truth(rows: NDArray[np.int64], extra: NDArray[np.int64] | None) -> NDArray[np.float32]:
+            expected = simulator.expected_outcome(
+                window, rows // width, flat[rows], city, extra_load=extra
+            )
+            return np.stack(expected, axis=1).astype(np.float32)
+
         objectives = np.zeros((flat.size, 3), dtype=np.float32)
-        expected = simulator.expected_outcome(
-            window, valid // candidates.shape[1], flat[valid], city
+        objectives[valid] = truth(valid, None)
+        load_column = encoded.pair_features[:, _LOAD_COLUMN]
+
+        def rescore(rows: NDArray[np.int64], features: NDArray[np.float32]) -> NDArray[np.float32]:
+            extra = (features[:, _LOAD_COLUMN] - load_column[rows]).astype(np.int64)
+            return truth(rows, extra)
+
+        result = resolve_stack_aware(
+            objectives,
+            encoded.pair_features,
+            candidates,
+            window.created_at,
+            window.rider_ids,
+            window.rider_load,
+            window.rider_capacity,
+            _WEIGHTS,
+            rescore,
+            resolver,
         )
-        objectives[valid] = np.stack(expected, axis=1)
-        return _assign(window, candidates, objectives, resolver)
+        return Decision(result.resolution.assigned_rider_index.astype(np.int64))
 
     return decide
 
 
-def evaluation_windows(config: EvaluationConfig) -> list[tuple[DispatchWindow, int]]:
-    """(window, noise seed) pairs; deterministic from ``config.seed``."""
+_LOAD_COLUMN: Final = PAIR_FEATURE_NAMES.index("rider_load")
+
+
+def default_policies(
+    models: Mapping[str, Path], repository: Path = MODEL_REPOSITORY
+) -> dict[str, Policy]:
+    """The baselines, the given models (name -> model.onnx) and the oracle, in report order."""
+    return {
+        "nearest_rider": nearest_rider_policy,
+        "distance_matching": distance_matching_policy,
+        BASELINE: rule_eta_policy(repository),
+        **{name: model_policy(path, repository) for name, path in models.items()},
+        "oracle": oracle_policy(repository),
+    }
+
+
+# ------------------------------------------------------------------------------ windows
+
+
+def regime_windows(config: EvaluationConfig, regime: str) -> list[tuple[DispatchWindow, int]]:
+    """(window, noise seed) pairs of one regime; deterministic from ``config.seed``."""
+    index = list(simulator.REGIMES).index(regime)
     out = []
     for i in range(config.windows):
-        rng = np.random.default_rng([EVAL_STREAM, config.seed, i])
-        window = simulator.generate_window(rng, config.num_orders, config.num_riders)
+        rng = np.random.default_rng([EVAL_STREAM, config.seed, index, i])
+        window = simulator.generate_regime_window(rng, simulator.REGIMES[regime])
         out.append((window, int(rng.integers(0, 2**63 - 1))))
     return out
 
 
-def evaluate_policy(policy: Policy, windows: Sequence[tuple[DispatchWindow, int]]) -> PolicyMetrics:
-    minutes_sum = cost_sum = 0.0
-    on_time = assigned = orders = 0.0
-    for window, noise_seed in windows:
-        result = simulator.evaluate_assignment(
-            window, policy(window), np.random.default_rng(noise_seed)
-        )
-        n_assigned = result["assigned"]
-        if n_assigned:
-            minutes_sum += result["mean_delivery_minutes"] * n_assigned
-            cost_sum += result["mean_cost_cny"] * n_assigned
-        on_time += result["ontime_rate"] * result["orders"]
-        assigned += n_assigned
-        orders += result["orders"]
-    return PolicyMetrics(
-        mean_delivery_minutes=minutes_sum / assigned if assigned else float("nan"),
-        ontime_rate=on_time / orders,
-        mean_cost_cny=cost_sum / assigned if assigned else float("nan"),
-        assigned_share=assigned / orders,
-        orders=int(orders),
-    )
+# ------------------------------------------------------------------------------ metrics
 
 
-def evaluate_policies(
-    model_path: str | Path = COMMITTED_MODEL,
-    config: EvaluationConfig | None = None,
-    include_oracle: bool = False,
-) -> dict[str, PolicyMetrics]:
-    """Metrics of the model policy and of nearest-rider on the same windows and noise.
+def expected_calibration_error(
+    predicted: NDArray[Any], outcome: NDArray[Any], bins: int = 10
+) -> float:
+    """ECE of probabilities: sum over equal-width bins of share x |mean p - mean outcome|."""
+    p = np.clip(np.asarray(predicted, dtype=np.float64), 0.0, 1.0)
+    y = np.asarray(outcome, dtype=np.float64)
+    if p.size == 0:
+        return float("nan")
+    which = np.minimum((p * bins).astype(np.int64), bins - 1)
+    count = np.bincount(which, minlength=bins)
+    gap = np.abs(np.bincount(which, p, bins) - np.bincount(which, y, bins))
+    return float(gap.sum() / p.size) if count.sum() else float("nan")
 
-    ``include_oracle`` adds the ground-truth-scored reference (see ``oracle_policy``).
-    """
-    config = config or EvaluationConfig()
-    windows = evaluation_windows(config)
-    results = {
-        "model": evaluate_policy(
-            model_policy(model_path, config.encoder, config.resolver), windows
-        ),
-        "nearest_rider": evaluate_policy(baseline.nearest_rider_assignment, windows),
+
+def paired_bootstrap(diff: NDArray[np.float64], seed: int = 0) -> tuple[float, float, float]:
+    """(mean, 2.5 %, 97.5 %) of the mean per-window difference, windows resampled."""
+    rng = np.random.default_rng([EVAL_STREAM, seed])
+    picks = rng.integers(0, diff.size, (_BOOTSTRAP, diff.size))
+    means = diff[picks].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(diff.mean()), float(low), float(high)
+
+
+def _window_metrics(outcome: simulator.OrderOutcomes) -> dict[str, float]:
+    cost = outcome.cost[outcome.assigned]
+    return {
+        "assigned_rate": float(outcome.assigned.mean()),
+        "mean_delivery": float(outcome.delivery_minutes.mean()),
+        "p90_delivery": float(np.percentile(outcome.delivery_minutes, 90)),
+        "late_rate": float(1.0 - outcome.on_time.mean()),
+        "mean_cost": float(cost.mean()) if cost.size else float("nan"),
+        "unassigned": float((~outcome.assigned).sum()),
     }
-    if include_oracle:
-        results["oracle_reference"] = evaluate_policy(
-            oracle_policy(config.encoder, config.resolver), windows
-        )
-    return results
 
 
-def format_table(results: dict[str, PolicyMetrics]) -> str:
-    """A Markdown table of the policies' figures."""
+@dataclass
+class _Calibration:
+    """Predictions and outcomes gathered over a regime's windows."""
+
+    all_p: list[NDArray[Any]]
+    all_y: list[NDArray[Any]]
+    all_eta: list[NDArray[Any]]
+    all_minutes: list[NDArray[Any]]
+    sent_p: list[NDArray[Any]]
+    sent_y: list[NDArray[Any]]
+    sent_eta: list[NDArray[Any]]
+    sent_minutes: list[NDArray[Any]]
+
+    @classmethod
+    def empty(cls) -> _Calibration:
+        return cls([], [], [], [], [], [], [], [])
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        def block(p: Any, y: Any, eta: Any, minutes: Any) -> dict[str, float]:
+            pp, yy = np.concatenate(p), np.concatenate(y)
+            err = np.concatenate(eta) - np.concatenate(minutes)
+            return {
+                "pairs": float(pp.size),
+                "ontime_ece": expected_calibration_error(pp, yy),
+                "predicted_ontime": float(pp.mean()),
+                "realised_ontime": float(yy.mean()),
+                "eta_mae": float(np.abs(err).mean()),
+                "eta_bias": float(err.mean()),
+            }
+
+        return {
+            "all_pairs": block(self.all_p, self.all_y, self.all_eta, self.all_minutes),
+            "dispatched": block(self.sent_p, self.sent_y, self.sent_eta, self.sent_minutes),
+        }
+
+
+def _calibrate(
+    calibration: _Calibration,
+    window: DispatchWindow,
+    decision: Decision,
+    outcome: simulator.OrderOutcomes,
+    noise_seed: int,
+) -> None:
+    assert decision.predicted is not None
+    sent = outcome.assigned
+    calibration.sent_p.append(decision.predicted[sent, 1])
+    calibration.sent_y.append(outcome.on_time[sent])
+    calibration.sent_eta.append(decision.predicted[sent, 0])
+    calibration.sent_minutes.append(outcome.minutes_from_dispatch[sent])
+    if decision.pair_orders is None or decision.pair_riders is None:
+        return
+    assert decision.pair_predicted is not None
+    # Stand-alone pairs against a stand-alone realisation (no stacking), fresh noise.
+    rng = np.random.default_rng([EVAL_STREAM, noise_seed % (2**32)])
+    minutes, on_time, _ = simulator.sample_outcome(
+        window, decision.pair_orders, decision.pair_riders, rng
+    )
+    calibration.all_p.append(decision.pair_predicted[:, 1])
+    calibration.all_y.append(on_time)
+    calibration.all_eta.append(decision.pair_predicted[:, 0])
+    calibration.all_minutes.append(minutes)
+
+
+def evaluate(
+    policies: Mapping[str, Policy], config: EvaluationConfig | None = None
+) -> dict[str, Any]:
+    """Every policy on every regime's windows: the JSON summary the report renders."""
+    config = config or EvaluationConfig()
+    regimes: dict[str, Any] = {}
+    for regime in config.regimes:
+        windows = regime_windows(config, regime)
+        per_window: dict[str, dict[str, list[float]]] = {}
+        calibration: dict[str, _Calibration] = {}
+        for window, noise_seed in windows:
+            for name, policy in policies.items():
+                decision = policy(window)
+                outcome = simulator.order_outcomes(
+                    window, decision.assigned, np.random.default_rng(noise_seed)
+                )
+                rows = per_window.setdefault(name, {})
+                for key, value in _window_metrics(outcome).items():
+                    rows.setdefault(key, []).append(value)
+                if decision.predicted is not None:
+                    _calibrate(
+                        calibration.setdefault(name, _Calibration.empty()),
+                        window,
+                        decision,
+                        outcome,
+                        noise_seed,
+                    )
+        regimes[regime] = _regime_summary(per_window, calibration, windows)
+    return {
+        "setup": {
+            "seed": config.seed,
+            "windows_per_regime": config.windows,
+            "regimes": {
+                name: {
+                    "orders": simulator.REGIMES[name].num_orders,
+                    "riders": simulator.REGIMES[name].num_riders,
+                    "scarce": simulator.REGIMES[name].scarce,
+                    "hours": simulator.REGIMES[name].hours,
+                }
+                for name in config.regimes
+            },
+            "unassigned_penalty_minutes": simulator.UNASSIGNED_PENALTY_MINUTES,
+            "baseline": BASELINE,
+        },
+        "regimes": regimes,
+    }
+
+
+def _regime_summary(
+    per_window: dict[str, dict[str, list[float]]],
+    calibration: dict[str, _Calibration],
+    windows: Sequence[tuple[DispatchWindow, int]],
+) -> dict[str, Any]:
+    base = {key: np.asarray(values) for key, values in per_window[BASELINE].items()}
+    optimum = np.asarray(per_window["distance_matching"]["unassigned"])
+    policies: dict[str, Any] = {}
+    for name, rows in per_window.items():
+        arrays = {key: np.asarray(values) for key, values in rows.items()}
+        entry: dict[str, Any] = {key: float(np.nanmean(arrays[key])) for key in _METRICS}
+        entry["unassigned"] = int(arrays["unassigned"].sum())
+        entry["windows_above_optimum_unassigned"] = int((arrays["unassigned"] > optimum).sum())
+        if name != BASELINE:
+            entry["vs_" + BASELINE] = {
+                key: list(paired_bootstrap(arrays[key] - base[key]))
+                for key in ("mean_delivery", "late_rate")
+            }
+        if name in calibration:
+            entry["calibration"] = calibration[name].summary()
+        policies[name] = entry
+    if "oracle" in policies:
+        gap = policies[BASELINE]["mean_delivery"] - policies["oracle"]["mean_delivery"]
+        for entry in policies.values():
+            gain = policies[BASELINE]["mean_delivery"] - entry["mean_delivery"]
+            entry["oracle_gain_captured"] = float(gain / gap) if gap > 0 else float("nan")
+    return {
+        "windows": len(windows),
+        "orders": int(sum(window.num_orders for window, _ in windows)),
+        "policies": policies,
+    }
+
+
+# ------------------------------------------------------------------------------- render
+
+
+def _ci(values: Sequence[float], digits: int, scale: float = 1.0) -> str:
+    mean, low, high = (scale * v for v in values)
+    return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def regime_table(regime: dict[str, Any]) -> str:
+    """One regime's Markdown table: every policy, every order counted."""
     lines = [
-        "| policy | mean delivery minutes | on-time rate | mean cost CNY | assigned |",
-        "| --- | --- | --- | --- | --- |",
+        "| policy | assigned | mean delivery min | p90 min | late rate | mean cost CNY | "
+        f"mean delivery vs {BASELINE} [95% CI] | late rate vs {BASELINE} (points) | "
+        "oracle gain captured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, m in results.items():
+    for name, m in regime["policies"].items():
+        versus = m.get("vs_" + BASELINE)
+        delta = _ci(versus["mean_delivery"], 2) if versus else "-"
+        late = _ci(versus["late_rate"], 1, 100.0) if versus else "-"
+        captured = m.get("oracle_gain_captured", float("nan"))
         lines.append(
-            f"| {name} | {m.mean_delivery_minutes:.2f} | {m.ontime_rate:.3f} | "
-            f"{m.mean_cost_cny:.2f} | {m.assigned_share:.3f} |"
+            f"| {name} | {m['assigned_rate']:.3f} | {m['mean_delivery']:.2f} | "
+            f"{m['p90_delivery']:.1f} | {m['late_rate']:.3f} | {m['mean_cost']:.2f} | "
+            f"{delta} | {late} | {'-' if np.isnan(captured) else f'{100 * captured:.0f} %'} |"
         )
     return "\n".join(lines)
 
 
-def card_section(results: dict[str, PolicyMetrics], config: EvaluationConfig) -> dict[str, Any]:
-    """The model card's policy section (figures plus a ready Markdown rendering)."""
-    model, base = results["model"], results["nearest_rider"]
-    setup = (
-        f"{config.windows} held-out windows of {config.num_orders} orders x "
-        f"{config.num_riders} riders (evaluation seed {config.seed}), same noise for both "
-        "policies; model = encode_window + onnxruntime + resolver.resolve with default "
-        "weights 0.45/0.35/0.20 and settings."
-    )
-    summary = (
-        f"Model vs nearest-rider: {model.mean_delivery_minutes - base.mean_delivery_minutes:+.2f} "
-        f"minutes mean delivery, {100.0 * (model.ontime_rate - base.ontime_rate):+.1f} points "
-        "on-time rate."
-    )
-    if "oracle_reference" in results:
-        summary += (
-            " `oracle_reference` is the same pipeline scored by the simulator's noise-free"
-            " expectation (not deployable: it reads the ground truth): what perfect predictions"
-            " would give with the same resolver."
-        )
-    return {
-        "setup": {
-            "seed": config.seed,
-            "windows": config.windows,
-            "num_orders": config.num_orders,
-            "num_riders": config.num_riders,
-        },
-        "policies": {name: asdict(m) for name, m in results.items()},
-        "markdown": "\n\n".join([setup, format_table(results), summary]),
+def calibration_table(summary: dict[str, Any]) -> str:
+    """On-time ECE and ETA error of every model policy, per regime, both pair sets."""
+    lines = [
+        "| regime | policy | pairs | on-time ECE (all / dispatched) | "
+        "predicted vs realised on time (dispatched) | ETA MAE min (all / dispatched) | "
+        "ETA bias min (all / dispatched) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for regime, data in summary["regimes"].items():
+        for name, m in data["policies"].items():
+            cal = m.get("calibration")
+            if not cal:
+                continue
+            a, d = cal["all_pairs"], cal["dispatched"]
+            lines.append(
+                f"| {regime} | {name} | {int(a['pairs'])} / {int(d['pairs'])} | "
+                f"{a['ontime_ece']:.3f} / {d['ontime_ece']:.3f} | "
+                f"{d['predicted_ontime']:.3f} vs {d['realised_ontime']:.3f} | "
+                f"{a['eta_mae']:.2f} / {d['eta_mae']:.2f} | "
+                f"{a['eta_bias']:+.2f} / {d['eta_bias']:+.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def targets(summary: dict[str, Any], model: str) -> list[tuple[str, bool, str]]:
+    """Issue 12's targets for one model policy: (target, met, figures)."""
+    regimes = summary["regimes"]
+    out: list[tuple[str, bool, str]] = []
+    above = {
+        r: d["policies"][model]["windows_above_optimum_unassigned"] for r, d in regimes.items()
     }
+    out.append(
+        (
+            "unassigned <= the exact optimum's (distance matching) in every window",
+            all(v == 0 for v in above.values()),
+            ", ".join(f"{r}: {v} windows above" for r, v in above.items()),
+        )
+    )
+    beats = {}
+    for r, d in regimes.items():
+        versus = d["policies"][model]["vs_" + BASELINE]
+        beats[r] = versus["mean_delivery"][2] < 0 and versus["late_rate"][2] < 0
+    out.append(
+        (
+            f"beats {BASELINE} on mean delivery and late rate, 95 % CI excludes 0, every regime",
+            all(beats.values()),
+            ", ".join(f"{r}: {'yes' if v else 'no'}" for r, v in beats.items()),
+        )
+    )
+    captured = {
+        r: regimes[r]["policies"][model]["oracle_gain_captured"]
+        for r in ("default", "peak")
+        if r in regimes
+    }
+    out.append(
+        (
+            "captures >= 85 % of the oracle's gain over rule_eta (default, peak)",
+            all(v >= 0.85 for v in captured.values()),
+            ", ".join(f"{r}: {100 * v:.0f} %" for r, v in captured.items()),
+        )
+    )
+    cal = {r: d["policies"][model]["calibration"]["dispatched"] for r, d in regimes.items()}
+    default = cal.get("default")
+    ok_default = default is not None and default["ontime_ece"] <= 0.02
+    ok_default = ok_default and default is not None and abs(default["eta_bias"]) <= 0.5
+    out.append(
+        (
+            "dispatched pairs, default: on-time ECE <= 0.02 and |ETA bias| <= 0.5 min",
+            ok_default,
+            "-"
+            if default is None
+            else f"ECE {default['ontime_ece']:.3f}, bias {default['eta_bias']:+.2f} min",
+        )
+    )
+    out.append(
+        (
+            "dispatched pairs: on-time ECE <= 0.03 in every regime",
+            all(c["ontime_ece"] <= 0.03 for c in cal.values()),
+            ", ".join(f"{r}: {c['ontime_ece']:.3f}" for r, c in cal.items()),
+        )
+    )
+    return out
+
+
+def render_report(summary: dict[str, Any], models: Sequence[str]) -> str:
+    setup = summary["setup"]
+    lines = [
+        "# Dispatch policies in the simulator: every order counted",
+        "",
+        f"{setup['windows_per_regime']} held-out windows per regime "
+        f"(evaluation seed {setup['seed']}), the same windows and noise for every policy; an "
+        f"unassigned order counts as delivered {setup['unassigned_penalty_minutes']:.0f} "
+        "minutes after its promise, and late. Intervals: paired bootstrap over windows "
+        f"against `{BASELINE}` (negative = better). Policies: see "
+        "`dispatch_service/offline/evaluation.py`.",
+    ]
+    for regime, data in summary["regimes"].items():
+        shape = setup["regimes"][regime]
+        lines += [
+            "",
+            f"## {regime} ({shape['orders']} orders, {shape['riders']} riders"
+            f"{', scarce: spare capacity ~ orders' if shape['scarce'] else ''}"
+            f"{', hours ' + str(shape['hours']) if shape['hours'] else ''})",
+            "",
+            regime_table(data),
+        ]
+    lines += ["", "## Calibration", "", calibration_table(summary)]
+    for model in models:
+        lines += ["", f"## Issue 12 targets: {model}", "", "| target | met | figures |"]
+        lines += ["| --- | --- | --- |"]
+        for name, met, figures in targets(summary, model):
+            lines.append(f"| {name} | {'met' if met else 'NOT met'} | {figures} |")
+    return "\n".join(lines) + "\n"
+
+
+def card_section(summary: dict[str, Any], model: str) -> dict[str, Any]:
+    """The model card's policy section: the summary and a ready Markdown rendering (its
+    headings one level down, under the card's own section heading)."""
+    lines = render_report(summary, [model]).splitlines()[2:]  # the card has its own title
+    markdown = "\n".join("#" + line if line.startswith("#") else line for line in lines)
+    return {"summary": summary, "markdown": markdown}
+
+
+def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Mean delivery per regime and policy; late rate likewise (PNG, matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    regimes = list(summary["regimes"])
+    names = list(next(iter(summary["regimes"].values()))["policies"])
+    for key, label in (
+        ("mean_delivery", "mean delivery minutes (all orders)"),
+        ("late_rate", "late rate"),
+    ):
+        fig, ax = plt.subplots(figsize=(11, 4.5))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            values = [summary["regimes"][r]["policies"][name][key] for r in regimes]
+            ax.bar(np.arange(len(regimes)) + i * width, values, width, label=name)
+        ax.set_xticks(np.arange(len(regimes)) + 0.4 - width / 2, regimes, rotation=15)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8, ncol=4)
+        fig.tight_layout()
+        path = out_dir / f"{key}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------------------- CLI
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dispatch_service.offline.evaluation",
-        description="Compare the ONNX model policy with nearest-rider dispatch in the simulator.",
+        description="Every policy on every regime's held-out windows, every order counted: "
+        "writes report.md, summary.json and plots.",
     )
-    parser.add_argument("--model", default=str(COMMITTED_MODEL))
     parser.add_argument("--seed", type=int, default=EvaluationConfig.seed)
-    parser.add_argument("--windows", type=int, default=EvaluationConfig.windows)
-    parser.add_argument("--orders", type=int, default=EvaluationConfig.num_orders)
-    parser.add_argument("--riders", type=int, default=EvaluationConfig.num_riders)
     parser.add_argument(
-        "--oracle", action="store_true", help="also score the ground-truth reference policy"
+        "--windows", type=int, default=EvaluationConfig.windows, help="windows per regime (24)"
     )
+    parser.add_argument("--regimes", default=",".join(simulator.REGIMES))
+    parser.add_argument("--versions", default="1,2", help="dispatch_model versions to judge")
+    parser.add_argument("--repository", default=str(MODEL_REPOSITORY))
+    parser.add_argument("--out-dir", default=str(REPO_ROOT / "evaluation" / "reports"))
     args = parser.parse_args(argv)
+    repository = Path(args.repository)
+    models = {
+        f"model_v{v}": repository / "dispatch_model" / v / "model.onnx"
+        for v in args.versions.split(",")
+        if v
+    }
     config = EvaluationConfig(
-        seed=args.seed, windows=args.windows, num_orders=args.orders, num_riders=args.riders
+        seed=args.seed, windows=args.windows, regimes=tuple(args.regimes.split(","))
     )
-    print(format_table(evaluate_policies(args.model, config, include_oracle=args.oracle)))
+    summary = evaluate(default_policies(models, repository), config)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    report = render_report(summary, list(models))
+    (out_dir / "report.md").write_text(report)
+    plots = write_plots(summary, out_dir)
+    print(report)
+    print(f"wrote {out_dir / 'report.md'}, {out_dir / 'summary.json'}, {len(plots)} plots")
     return 0
 
 

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
         OnnxScorer,
         OrtSettings,
     )
+    from dispatch_service.pipeline.stacking import (
+        StackedResolution,
+        resolve_stack_aware,
+    )
     from dispatch_service.pipeline.steps import (
         DispatchModelStep,
         FeatureEncoderStep,
@@ -39,9 +43,11 @@ __all__ = [
     "FusedResult",
     "OnnxScorer",
     "OrtSettings",
+    "StackedResolution",
     "Step",
     "TopKResolverStep",
     "repository_steps",
+    "resolve_stack_aware",
 ]
 
 # Hidden from the type checker, which reads the imports above: a misspelt name stays an
@@ -61,6 +67,10 @@ if not TYPE_CHECKING:
             "onnx_runner": (
                 "OnnxScorer",
                 "OrtSettings",
+            ),
+            "stacking": (
+                "StackedResolution",
+                "resolve_stack_aware",
             ),
             "steps": (
                 "DispatchModelStep",

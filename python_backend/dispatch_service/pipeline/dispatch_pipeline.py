@@ -12,8 +12,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_service.core.errors import DispatchInputError
@@ -41,6 +42,21 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class _StackAwareResolver:
+    """The resolver step with stack-aware re-scoring by the pipeline's model."""
+
+    resolver: TopKResolverStep
+    model: DispatchModelStep
+    input_names: ClassVar[tuple[str, ...]] = TopKResolverStep.input_names
+
+    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
+        def rescore(rows: NDArray[np.int64], features: NDArray[np.float32]) -> NDArray[np.float32]:
+            return self.model.scorer.infer(features)
+
+        return self.resolver.run_stack_aware(inputs, rescore).resolution.as_tensors()
+
+
 def repository_steps(repository: Path) -> tuple[FeatureEncoderStep, TopKResolverStep]:
     """The encoder and resolver steps as the repository's config.pbtxt files configure them."""
     return (
@@ -59,6 +75,10 @@ class DispatchPipeline:
     model: DispatchModelStep
     resolver: TopKResolverStep
     metrics: MetricsSink = field(default_factory=NullMetrics, compare=False)
+    # Re-score stacked orders with the model and re-solve (pipeline.stacking). Off by
+    # default: the `dispatch` ensemble this pipeline mirrors has no model in its resolver
+    # step, and tests compare the two answers.
+    stack_aware: bool = False
 
     @classmethod
     def from_repository(
@@ -66,6 +86,7 @@ class DispatchPipeline:
         repository: Path = MODEL_REPOSITORY,
         model_version: int = 1,
         metrics: MetricsSink | None = None,
+        stack_aware: bool = False,
     ) -> DispatchPipeline:
         encoder, resolver = repository_steps(repository)
         return cls(
@@ -76,13 +97,21 @@ class DispatchPipeline:
             ),
             resolver=resolver,
             metrics=metrics if metrics is not None else NullMetrics(),
+            stack_aware=stack_aware,
         )
 
     def run(self, tensors: Mapping[str, NDArray[Any] | None]) -> Arrays:
         encoded = self._observed(self.encoder, tensors, encoder_observations)
         scored = self._observed(self.model, encoded, None)
+        # With stack_aware, stacked orders are re-scored with this model and the window
+        # re-solved (pipeline.stacking); the step records the resolver's metrics as before.
+        resolver: Step = (
+            _StackAwareResolver(self.resolver, self.model) if self.stack_aware else self.resolver
+        )
         return self._observed(
-            self.resolver, {**tensors, **encoded, **scored}, resolver_observations
+            resolver,
+            {**tensors, **encoded, **scored},
+            resolver_observations,
         )
 
     def _observed(

@@ -39,6 +39,7 @@ from dispatch_service.pipeline.onnx_runner import (
     OrtSettings,
     version_scorer,
 )
+from dispatch_service.pipeline.stacking import Rescorer, StackedResolution, resolve_stack_aware
 
 __all__ = [
     "Arrays",
@@ -98,6 +99,25 @@ class TopKResolverStep:
     def from_parameters(cls, parameters: Mapping[str, str]) -> TopKResolverStep:
         reject_unknown(parameters, ResolverSettings)
         return cls(settings=load_settings(ResolverSettings, parameters))
+
+    def run_stack_aware(
+        self, inputs: Mapping[str, NDArray[Any] | None], rescore: Rescorer
+    ) -> StackedResolution:
+        """`run` with stacked orders re-scored by ``rescore`` (`pipeline.stacking`); needs
+        the encoder's PAIR_FEATURES and the window's ORDER_CREATED_AT among the inputs."""
+        arrays = {name: _required(inputs, name) for name in self.input_names[:-1]}
+        return resolve_stack_aware(
+            objectives=arrays[PAIR_OBJECTIVES.name],
+            features=_required(inputs, PAIR_FEATURES.name),
+            candidate_rider_index=arrays[CANDIDATE_RIDER_INDEX.name],
+            created_at=_required(inputs, "ORDER_CREATED_AT"),
+            rider_ids=arrays["RIDER_IDS"],
+            rider_load=arrays["RIDER_LOAD"],
+            rider_capacity=arrays["RIDER_CAPACITY"],
+            weights=parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
+            rescore=rescore,
+            settings=self.settings,
+        )
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
         arrays = {name: _required(inputs, name) for name in self.input_names[:-1]}

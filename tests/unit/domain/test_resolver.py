@@ -330,9 +330,16 @@ def check_assignment(result: Resolution, args: Args) -> None:
             assert result.assigned_rider_ids[b] == b""
             assert result.assigned_score[b] == 0.0
             continue
-        slot = result.topk_rider_index[b].tolist().index(rider)
-        assert result.assigned_score[b] == result.topk_score[b, slot]
+        # The assigned rider is one of the order's candidates, perhaps outside its Top-K.
+        candidates = np.asarray(args["candidate_rider_index"])[b].tolist()
+        assert rider in candidates
+        column = b * len(candidates) + candidates.index(rider)
+        own = score_pairs(np.asarray(args["objectives"])[column], args["weights"])
+        assert result.assigned_score[b] == np.float32(own)
         assert result.assigned_rider_ids[b] == args["rider_ids"][rider]
+        slots = result.topk_rider_index[b].tolist()
+        if rider in slots:
+            assert result.assigned_score[b] == result.topk_score[b, slots.index(rider)]
 
 
 def test_capacity_is_never_exceeded() -> None:
@@ -423,13 +430,13 @@ def test_resolve_assignment_is_optimal_on_small_windows() -> None:
     for _ in range(100):
         riders = int(rng.integers(2, 5))
         args = random_window(rng, int(rng.integers(1, 6)), riders, riders, missing=0.3)
-        result = resolve(**args, settings=ResolverSettings(top_k=3))
+        result = resolve(**args, settings=ResolverSettings(top_k=1))
         check_assignment(result, args)
         spare = np.maximum(args["rider_capacity"] - args["rider_load"], 0).astype(np.int64)
-        scores = result.topk_score.astype(np.float64)
-        best_count, best_total = brute_force(
-            result.topk_rider_index.astype(np.int64), scores, spare
-        )
+        # Optimal over every candidate, not only the (here one-long) Top-K lists.
+        index = np.asarray(args["candidate_rider_index"], dtype=np.int64)
+        scores = score_pairs(args["objectives"], args["weights"]).reshape(index.shape)
+        best_count, best_total = brute_force(index, np.where(index >= 0, scores, 0.0), spare)
         assert int((result.assigned_rider_index >= 0).sum()) == best_count
         assert float(result.assigned_score.astype(np.float64).sum()) == pytest.approx(
             best_total, abs=1e-5

@@ -115,7 +115,8 @@ def test_window_fields_are_realistic() -> None:
     for w in windows:
         age = w.dispatch_time - w.created_at
         assert age.min() >= 0 and age.max() <= CONFIG.max_order_age_s
-        assert w.promised_minutes.min() >= 25.0 and w.promised_minutes.max() <= 60.0
+        low, high = CONFIG.promise_range_minutes
+        assert w.promised_minutes.min() >= low and w.promised_minutes.max() <= high
         assert (w.rider_load >= 0).all() and (w.rider_load <= w.rider_capacity).all()
         assert w.rider_capacity.min() >= 1 and w.rider_capacity.max() <= 4
         assert len(set(w.order_ids.tolist())) == w.num_orders
@@ -317,3 +318,21 @@ def test_evaluate_assignment_shares_noise_per_order() -> None:
         sim.evaluate_assignment(window, assigned[:3], np.random.default_rng(3))
     with pytest.raises(ValueError, match="within the window"):
         sim.evaluate_assignment(window, np.full(8, 40), np.random.default_rng(3))
+
+
+def test_regimes_keep_their_shape() -> None:
+    """Each regime draws what it says: hours, sizes, and spare capacity close to the orders."""
+    for name, regime in sim.REGIMES.items():
+        window = sim.generate_regime_window(np.random.default_rng(3), regime)
+        assert window.num_orders == regime.num_orders, name
+        spare = int(np.maximum(window.rider_capacity - window.rider_load, 0).sum())
+        if regime.scarce:
+            # Riders are kept until their spare capacity first reaches the orders, so the
+            # total overshoots by less than one rider's largest spare (4).
+            assert window.num_orders <= spare < window.num_orders + 4, name
+        else:
+            assert window.num_riders == regime.num_riders, name
+        if regime.hours is not None:
+            hour = sim.local_hour(window.dispatch_time)
+            assert regime.hours[0] <= hour <= regime.hours[1], name
+            assert not sim.is_weekend(window.dispatch_time), name

@@ -18,8 +18,10 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.offline import training
+from dispatch_service.offline.training.card import rounded
 
 TINY = training.TrainConfig(
     seed=3, windows=6, holdout_windows=3, epochs=2, hidden=(16, 8), batch_size=256
@@ -89,9 +91,29 @@ def test_layout_and_card_are_written_next_to_the_model(tiny: training.TrainResul
     assert "ETA MAE" in text and "tiny" in text
 
 
-def test_same_seed_gives_the_same_model(tmp_path: Path, tiny: training.TrainResult) -> None:
+ARTIFACTS = ("model.onnx", "model_card.json", "MODEL_CARD.md", "feature_layout.json")
+
+
+def test_same_seed_gives_the_same_files(tmp_path: Path, tiny: training.TrainResult) -> None:
+    """Byte for byte, cards included: they are signed, so nothing measured may enter them."""
     again = training.train_and_export(TINY, tmp_path, command="tiny")
-    assert again.model_path.read_bytes() == tiny.model_path.read_bytes()
+    for name in ARTIFACTS:
+        assert (tmp_path / name).read_bytes() == (tiny.model_path.parent / name).read_bytes(), name
+    card = json.loads((tmp_path / "model_card.json").read_text())
+    assert not {"train_seconds", "wall_seconds", "host"} & set(card)
+    assert again.seconds["wall"] > 0.0  # measured, but only returned and printed
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_committed_cards_match_the_code(tiny: training.TrainResult, version: int) -> None:
+    """The committed card has the keys the code writes and its Markdown renders from its JSON."""
+    folder = MODEL_REPOSITORY / "dispatch_model" / str(version)
+    committed = json.loads((folder / "model_card.json").read_text())
+    assert set(tiny.card) <= set(committed), set(tiny.card) - set(committed)
+    assert set(tiny.card["architecture"]) == set(committed["architecture"])
+    assert training.render_card(committed) == (folder / "MODEL_CARD.md").read_text()
+    # Rounded like the code rounds (compared as JSON text: NaN never equals itself).
+    assert json.dumps(rounded(committed)) == json.dumps(committed)
 
 
 def test_training_reduces_the_loss() -> None:
@@ -124,9 +146,10 @@ def test_quick_cli_writes_model_card_with_policy_figures(tmp_path: Path) -> None
     assert training.main(["--quick", "--seed", "5", "--out-dir", str(tmp_path)]) == 0
     card = json.loads((tmp_path / "model_card.json").read_text())
     assert "--quick" in card["command"] and "--seed 5" in card["command"]
-    policies = card["policy_evaluation"]["policies"]
-    assert {"model", "nearest_rider"} <= set(policies)
-    assert "nearest_rider" in (tmp_path / "MODEL_CARD.md").read_text()
+    policies = card["policy_evaluation"]["summary"]["regimes"]["default"]["policies"]
+    assert {"model", "nearest_rider", "distance_matching", "rule_eta", "oracle"} == set(policies)
+    text = (tmp_path / "MODEL_CARD.md").read_text()
+    assert "| nearest_rider |" in text and "Issue 12 targets: model" in text
     onnx.checker.check_model(onnx.load(str(tmp_path / "model.onnx")))
 
 

@@ -1,0 +1,71 @@
+"""What determines a trained model: its configuration, derived log columns, random streams."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import NUM_PAIR_FEATURES, PAIR_FEATURE_NAMES
+from dispatch_service.domain.features import EncoderSettings
+
+__all__ = [
+    "LOG_COST_RANGE",
+    "LOG_ETA_RANGE",
+    "LOG_FEATURES",
+    "STREAM_HOLDOUT",
+    "STREAM_INIT",
+    "STREAM_SHUFFLE",
+    "STREAM_TRAIN",
+    "TrainConfig",
+    "log_feature_matrix",
+]
+
+# Derived input columns of --log-features: name -> coefficients of the raw features whose
+# weighted sum s gives the column log(1 + max(s, 0)).
+LOG_FEATURES: Final[tuple[tuple[str, tuple[tuple[str, float], ...]], ...]] = (
+    ("log1p_pickup_distance_km", (("pickup_distance_km", 1.0),)),
+    ("log1p_trip_distance_km", (("trip_distance_km", 1.0),)),
+    ("log1p_total_distance_km", (("pickup_distance_km", 1.0), ("trip_distance_km", 1.0))),
+    ("log1p_slack_minutes", (("slack_minutes", 1.0),)),
+    ("log1p_overdue_minutes", (("slack_minutes", -1.0),)),
+    ("log1p_promised_minutes", (("promised_minutes", 1.0),)),
+    ("log1p_order_age_minutes", (("order_age_minutes", 1.0),)),
+)
+
+
+def log_feature_matrix() -> NDArray[np.float32]:
+    """[F, len(LOG_FEATURES)]: column j holds the coefficients of derived feature j."""
+    matrix = np.zeros((NUM_PAIR_FEATURES, len(LOG_FEATURES)), dtype=np.float32)
+    for j, (_, terms) in enumerate(LOG_FEATURES):
+        for feature, coefficient in terms:
+            matrix[PAIR_FEATURE_NAMES.index(feature), j] = coefficient
+    return matrix
+
+
+# Independent random streams derived from the one seed.
+STREAM_TRAIN, STREAM_HOLDOUT, STREAM_INIT, STREAM_SHUFFLE = range(4)
+# Log-space clamps before Exp: a wild feature row yields a large but finite answer.
+LOG_ETA_RANGE: Final = (math.log(0.5), math.log(600.0))
+LOG_COST_RANGE: Final = (math.log(0.5), math.log(1000.0))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines the trained weights (wall time aside)."""
+
+    seed: int = 7
+    windows: int = 1500
+    holdout_windows: int = 120
+    orders_range: tuple[int, int] = (8, 64)
+    riders_range: tuple[int, int] = (40, 300)
+    hidden: tuple[int, ...] = (128, 64)
+    epochs: int = 30
+    batch_size: int = 1024
+    learning_rate: float = 3e-3
+    final_learning_rate: float = 1e-4
+    log_features: bool = False  # append LOG_FEATURES inside the graph (version 2)
+    encoder: EncoderSettings = field(default_factory=EncoderSettings)

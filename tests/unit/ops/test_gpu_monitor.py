@@ -288,3 +288,11 @@ def test_a_taken_metrics_port_does_not_stop_the_monitor(caplog: pytest.LogCaptur
         finally:
             running.stop()
     assert any("gpu_monitor_metrics_unavailable" in r.message for r in caplog.records)
+
+
+def test_the_monitor_and_the_launcher_health_endpoint_default_to_different_ports() -> None:
+    # Both run in the launcher process: on one port the second would fail to bind.
+    from dispatch_service.ops.gpu.settings import GpuMonitorSettings
+    from dispatch_service.ops.supervisor import SupervisorSettings
+
+    assert GpuMonitorSettings().metrics_port != SupervisorSettings().health_port

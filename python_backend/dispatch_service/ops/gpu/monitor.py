@@ -7,7 +7,7 @@ ready. It can also run beside a server it did not start (the NGC image's tritons
 
 Metrics: the launcher has no metrics endpoint of its own and Triton's (:8002) belongs to
 the server process, so the monitor serves its own with prometheus_client on
-``metrics_port`` (default 8003, loopback unless ``metrics_host`` says otherwise); the series
+``metrics_port`` (default 8004, loopback unless ``metrics_host`` says otherwise); the series
 are listed in `export.METRIC_NAMES`. On a host without NVML it says "no GPU" once (log line and
 ``dispatch_gpu_monitor_gpus 0``) and samples nothing more.
 """

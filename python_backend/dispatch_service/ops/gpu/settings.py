@@ -57,7 +57,7 @@ class GpuMonitorSettings:
     # (the cpu profile's stand-in, so the whole chain runs against a live CPU server).
     l1_instance_kind: str = "KIND_GPU"
     # Prometheus endpoint of the monitor (its own port; 0 = none).
-    metrics_port: int = 8003
+    metrics_port: int = 8004  # 8003 is the launcher's health port
     metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:

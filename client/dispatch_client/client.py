@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
+from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
     DEFAULT_HTTP_URL,
@@ -135,9 +136,26 @@ class DispatchClient(Closing):
     ...     result = client.dispatch(window_from_json(text))
     """
 
-    def __init__(self, transport: Transport, *, model_name: str = DEFAULT_MODEL_NAME) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        model_name: str = DEFAULT_MODEL_NAME,
+        deadline_ms: float | None = None,
+        priority: int | None = None,
+        priorities: PriorityMap | None = None,
+    ) -> None:
+        """`deadline_ms`: the longest a window may wait in the server's queue before it is
+        refused (UNAVAILABLE), (0, 60000] ms; None keeps the model's default timeout.
+        `priority`: 1 (priority/premium), 2 (standard) or 3 (bulk) for every window;
+        `priorities`: a tenant-to-level map choosing each window's level from its orders
+        (used when `priority` is None). Neither: the model's default level (2).
+        Raises ValueError for a bad deadline or an unknown level."""
         self.transport = transport
         self.model_name = model_name
+        self.deadline_ms = check_deadline_ms(deadline_ms)
+        self.priority = None if priority is None else check_priority(priority)
+        self.priorities = priorities
 
     @classmethod
     def http(
@@ -146,8 +164,17 @@ class DispatchClient(Closing):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         model_name: str = DEFAULT_MODEL_NAME,
+        deadline_ms: float | None = None,
+        priority: int | None = None,
+        priorities: PriorityMap | None = None,
     ) -> DispatchClient:
-        return cls(HttpTransport(url, timeout_s=timeout_s), model_name=model_name)
+        return cls(
+            HttpTransport(url, timeout_s=timeout_s),
+            model_name=model_name,
+            deadline_ms=deadline_ms,
+            priority=priority,
+            priorities=priorities,
+        )
 
     @classmethod
     def grpc(
@@ -156,8 +183,17 @@ class DispatchClient(Closing):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         model_name: str = DEFAULT_MODEL_NAME,
+        deadline_ms: float | None = None,
+        priority: int | None = None,
+        priorities: PriorityMap | None = None,
     ) -> DispatchClient:
-        return cls(GrpcTransport(url, timeout_s=timeout_s), model_name=model_name)
+        return cls(
+            GrpcTransport(url, timeout_s=timeout_s),
+            model_name=model_name,
+            deadline_ms=deadline_ms,
+            priority=priority,
+            priorities=priorities,
+        )
 
     def dispatch(
         self, window: Mapping[str, ArrayLike], *, request_id: str | None = None
@@ -189,7 +225,20 @@ class DispatchClient(Closing):
         for name in ("ORDER_IDS", "RIDER_IDS"):
             if name not in inputs:
                 raise ValueError(f"window tensors lack {name}")
-        return self._call(self.model_name, inputs, request_id)
+        options = self._request_options(present if not wire else {})
+        return self._call(self.model_name, inputs, request_id, options=options)
+
+    def _request_options(self, window: Mapping[str, ArrayLike]) -> dict[str, int]:
+        """Triton's request priority and queue timeout, only those the caller set."""
+        options: dict[str, int] = {}
+        level = self.priority
+        if level is None and self.priorities is not None:
+            level = self.priorities.level_of(window)
+        if level is not None:
+            options["priority"] = level
+        if self.deadline_ms is not None:
+            options["timeout_us"] = max(1, round(self.deadline_ms * 1000.0))
+        return options
 
     def dispatch_features(
         self,
@@ -241,7 +290,9 @@ class DispatchClient(Closing):
             raise ValueError(
                 f"PAIR_FEATURES must have B x N = {candidates.size} rows, got {pairs.shape[0]}"
             )
-        return self._call(model_name, inputs, request_id, ids)
+        return self._call(
+            model_name, inputs, request_id, ids, options=self._request_options(features)
+        )
 
     def _call(
         self,
@@ -249,14 +300,17 @@ class DispatchClient(Closing):
         inputs: dict[str, NDArray[Any]],
         request_id: str | None,
         order_ids: ArrayLike | None = None,
+        *,
+        options: Mapping[str, int] | None = None,
     ) -> DispatchResult:
-        """One window (batch dimension 1) under one id; the id rides on the error or the
-        result. The answer's rider indices become the window's rider ids."""
+        """One window (batch dimension 1) under one id, with the caller's priority and
+        deadline (`options`); the id rides on the error or the result. The answer's rider
+        indices become the window's rider ids."""
         rid = new_request_id() if request_id is None else request_id
         ids = inputs["ORDER_IDS"] if order_ids is None else order_ids
         try:
             outputs = self.transport.infer(
-                model_name, batched(inputs), OUTPUT_NAMES, request_id=rid
+                model_name, batched(inputs), OUTPUT_NAMES, request_id=rid, **(options or {})
             )
             result = parse_dispatch_outputs(ids, unbatched_outputs(outputs), inputs["RIDER_IDS"])
         except DispatchError as exc:

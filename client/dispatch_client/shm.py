@@ -50,6 +50,7 @@ from tritonclient.utils import InferenceServerException
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchServerError
 from dispatch_client.keys import SHM_KEY_ENV, SHM_KEY_HEADER, grpc_headers, read_key
+from dispatch_client.priority import request_options
 from dispatch_client.shm_layout import (
     ALIGNMENT,
     BYTES_PREFIX,
@@ -168,8 +169,11 @@ class GrpcShmTransport(Closing):
         output_names: Sequence[str],
         *,
         request_id: str = "",
+        priority: int = 0,
+        timeout_us: int = 0,
     ) -> dict[str, NDArray[Any]]:
-        """One request through a borrowed region set; raises before sending if it won't fit."""
+        """One request through a borrowed region set; raises before sending if it won't fit.
+        `priority` and `timeout_us` as in `Transport.infer`."""
         wire = {name: tensor_bytes(np.asarray(value)) for name, value in inputs.items()}
         in_slots = plan_slots(
             [(name, data.size) for name, (_, data) in wire.items()],
@@ -202,6 +206,7 @@ class GrpcShmTransport(Closing):
                     outputs=wanted,
                     client_timeout=self.timeout_s,
                     request_id=request_id,
+                    **request_options(priority, timeout_us),
                 )
             except InferenceServerException as exc:
                 raise grpc_error(exc, self.url, self.timeout_s) from exc

@@ -313,6 +313,7 @@ def test_package_exports_the_public_api() -> None:
             "GrpcTransport",
             "HttpTransport",
             "OrderResult",
+            "PriorityMap",
             "ProtocolName",
             "Transport",
             "WindowJSONError",

@@ -82,6 +82,27 @@ def test_window_level_models_batch_one_window_per_request(model: str) -> None:
         assert tensor.allow_ragged_batch == (-1 in tensor.dims), tensor.name
 
 
+@pytest.mark.parametrize(
+    "model", [m for m in WINDOW_LEVEL if m not in ("dispatch", "dispatch_features")]
+)
+def test_every_queue_is_bounded_with_deadlines_and_bulk_is_shed_first(model: str) -> None:
+    """Priorities 1 premium, 2 standard (default), 3 bulk; each level's queue is bounded and
+    refuses at once (REJECT) after its timeout, which a caller may shorten or lengthen."""
+    batching = load_config(REPO / model / "config.pbtxt").dynamic_batching
+    assert batching.priority_levels == 3 and batching.default_priority_level == 2
+    policies = {level: batching.priority_queue_policy[level] for level in (1, 2, 3)}
+    for policy in (batching.default_queue_policy, *policies.values()):
+        assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+        assert policy.allow_timeout_override
+        assert 0 < policy.max_queue_size <= 256
+        assert 0 < policy.default_timeout_microseconds <= 5_000_000
+    assert policies[2] == batching.default_queue_policy
+    sizes = [policies[level].max_queue_size for level in (1, 2, 3)]
+    timeouts = [policies[level].default_timeout_microseconds for level in (1, 2, 3)]
+    assert sizes == sorted(sizes, reverse=True) and sizes[2] < sizes[1]
+    assert timeouts == sorted(timeouts, reverse=True) and timeouts[2] < timeouts[1]
+
+
 def test_the_wire_column_layouts_are_documented_and_packed_in_order() -> None:
     assert contracts.ORDER_FIELDS.dims == (-1, len(contracts.ORDER_FIELD_COLUMNS))
     assert contracts.RIDER_FIELDS.dims == (-1, len(contracts.RIDER_FIELD_COLUMNS))

@@ -229,7 +229,7 @@ class FusedDispatch:
             width = encoded[CANDIDATE_RIDER_INDEX.name].shape[1]
             resolved = self.resolver.run_stack_aware(
                 resolver_inputs, self._rescorer(routed, width)
-            ).resolution.as_tensors()
+            ).resolution.as_wire_tensors()
         else:
             resolved = self.resolver.run(resolver_inputs)
         done = time.perf_counter()

@@ -33,6 +33,7 @@ from dispatch_service.domain.window import (
     parse_objective_weights,
     rider_counts_from_wire,
     window_from_wire,
+    window_tensors_from_wire,
 )
 from dispatch_service.pipeline.onnx_runner import (
     MODEL_FILE,
@@ -101,16 +102,20 @@ class TopKResolverStep:
         self, inputs: Mapping[str, NDArray[Any] | None], rescore: Rescorer
     ) -> StackedResolution:
         """`run` with stacked orders re-scored by ``rescore`` (`pipeline.stacking`); needs
-        the encoder's PAIR_FEATURES and the window's ORDER_CREATED_AT among the inputs."""
-        arrays = {name: _required(inputs, name) for name in self.input_names[:-1]}
+        the encoder's PAIR_FEATURES and the window's v2 tensors (ORDER_FIELDS: created_at)."""
+        objectives = _required(inputs, PAIR_OBJECTIVES.name)
+        candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
+        rider_ids = _required(inputs, "RIDER_IDS")
+        load, capacity = rider_counts_from_wire(inputs)
+        created_at = window_tensors_from_wire(inputs)["ORDER_CREATED_AT"]
         return resolve_stack_aware(
-            objectives=arrays[PAIR_OBJECTIVES.name],
+            objectives=objectives,
             features=_required(inputs, PAIR_FEATURES.name),
-            candidate_rider_index=arrays[CANDIDATE_RIDER_INDEX.name],
-            created_at=_required(inputs, "ORDER_CREATED_AT"),
-            rider_ids=arrays["RIDER_IDS"],
-            rider_load=arrays["RIDER_LOAD"],
-            rider_capacity=arrays["RIDER_CAPACITY"],
+            candidate_rider_index=candidates,
+            created_at=created_at,
+            rider_ids=rider_ids,
+            rider_load=load,
+            rider_capacity=capacity,
             weights=parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
             rescore=rescore,
             settings=self.settings,

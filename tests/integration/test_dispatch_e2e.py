@@ -233,7 +233,7 @@ def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxrunt
                 pending.append(results)
                 client.async_infer(
                     "dispatch_model",
-                    grpc_inputs({"PAIR_FEATURES": rows}),
+                    grpc_inputs({"PAIR_FEATURES": rows}, batch=False),  # pair rows are its batch
                     lambda result, error, out=results: out.append((result, error)),
                     model_version="1",
                 )

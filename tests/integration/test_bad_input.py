@@ -125,9 +125,9 @@ CASES: list[tuple[str, Mutation, tuple[str, ...]]] = [
     (
         "negative capacity",
         _cell("RIDER_FIELDS", (4, CAPACITY), -1),
-        ("RIDER_FIELDS[capacity]", ">= 0"),
+        ("RIDER_FIELDS[capacity]", "within [0,"),
     ),
-    ("negative load", _cell("RIDER_FIELDS", (4, LOAD), -2), ("RIDER_FIELDS[load]", ">= 0")),
+    ("negative load", _cell("RIDER_FIELDS", (4, LOAD), -2), ("RIDER_FIELDS[load]", "within [0,")),
     ("empty order id", _cell("ORDER_IDS", (0,), b""), ("ORDER_IDS", "empty")),
     ("over-long rider id", _cell("RIDER_IDS", (0,), b"r" * 65), ("RIDER_IDS", "64 bytes")),
     (

@@ -5,11 +5,16 @@ then fails after about 1 s while `/v2/health/ready` stays 200), answers its heal
 while inference hangs, and fails in-flight ensemble requests when stopped (issue 10).
 So the launcher:
 
-- polls its server's stubs every ``poll_s`` (0.25 s): a stub that vanished marks the server
+- polls its server's stubs every ``poll_s`` (0.25 s): a stub that died marks the server
   not ready and its model is reloaded through the locked repository API (a load with the
   model's own config as an override forces Triton to build new instances); readiness
   returns when every entry point answers again. Restarts are counted (metric
-  ``dispatch_launcher_stub_restarts_total``) and logged as JSON lines;
+  ``dispatch_launcher_stub_restarts_total``) and logged as JSON lines. Triton ends stubs
+  itself too -- a version unloaded (``rollback --unload-canary``), a model reloaded with a
+  new config (``deploy`` and ``rollback`` set the router's parameters that way; the new
+  instances start before the old ones end) -- so a vanished stub counts as dead only while
+  its version is still READY and fewer stubs than the model's instance count serve it
+  (`stub_deaths`); the others are logged as ``stub_retired`` and left alone;
 - sends a small real window to each entry point every ``check_every_s`` with a short
   deadline (`health.deep_check`); when none succeeded for ``dead_after_s`` the server is
   declared dead and the policy applies (``exit``: stop it and exit non-zero for the process
@@ -22,6 +27,7 @@ So the launcher:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -43,6 +49,7 @@ from dispatch_service.ops.model_control import (
     ModelControlError,
     load_model,
     model_config,
+    repository_index,
     unload_model,
 )
 
@@ -73,7 +80,10 @@ __all__ = [
     "SupervisedServer",
     "Supervisor",
     "SupervisorSettings",
+    "instance_count",
+    "stub_deaths",
     "stub_models",
+    "stub_versions",
     "triton_activity",
 ]
 
@@ -98,8 +108,16 @@ class SupervisorSettings:
     health_port: int = 8003  # 0: any free port (tests)
 
 
+StubKey = tuple[str, str]  # (model, version folder)
+
+
 def stub_models(parent_pid: int, proc: Path = Path("/proc")) -> dict[int, str]:
-    """pid -> model of every Python-backend stub whose parent is ``parent_pid``.
+    """pid -> model of every Python-backend stub whose parent is ``parent_pid``."""
+    return {pid: model for pid, (model, _) in stub_versions(parent_pid, proc).items()}
+
+
+def stub_versions(parent_pid: int, proc: Path = Path("/proc")) -> dict[int, StubKey]:
+    """pid -> (model, version) of every Python-backend stub whose parent is ``parent_pid``.
 
     A stub's command line is ``stub <repository>/<model>/<version>/model.py <region> ...``.
     """
@@ -117,8 +135,45 @@ def stub_models(parent_pid: int, proc: Path = Path("/proc")) -> dict[int, str]:
         if len(fields) < 2 or fields[0] == "Z" or int(fields[1]) != parent_pid:
             continue
         model_py = Path(argv[1].decode(errors="replace"))
-        found[int(entry.name)] = model_py.parent.parent.name
+        found[int(entry.name)] = (model_py.parent.parent.name, model_py.parent.name)
     return found
+
+
+def instance_count(config: dict[str, Any]) -> int:
+    """The stubs one version of a Python-backend model runs: its instance groups' counts
+    (1 by default), a KIND_GPU group's once per listed GPU."""
+    groups = config.get("instance_group") or [{}]
+    total = 0
+    for group in groups:
+        count = int(group.get("count", 1) or 1)
+        gpus = group.get("gpus") or []
+        total += count * (len(gpus) if group.get("kind") == "KIND_GPU" and gpus else 1)
+    return total
+
+
+def stub_deaths(
+    lost: dict[int, StubKey],
+    alive: dict[int, StubKey],
+    ready: set[StubKey],
+    instances: dict[str, int],
+) -> dict[str, list[int]]:
+    """model -> pids of the ``lost`` stubs that died rather than being ended by Triton.
+
+    Triton ends a version's stubs when it unloads that version (then it is no longer READY)
+    and the old instances' stubs when it reloads a model with a new config (then the new
+    stubs already serve the version: as many as ``instances`` asks). A lost stub whose
+    version is READY with fewer ``alive`` stubs than its model's instance count died.
+    """
+    deaths: dict[str, list[int]] = {}
+    for pid, key in sorted(lost.items()):
+        model = key[0]
+        if key not in ready:
+            continue  # unloaded (or unloading): Triton ended it
+        serving = sum(1 for other in alive.values() if other == key)
+        if serving >= instances.get(model, 1):
+            continue  # replaced by a reload's new instances
+        deaths.setdefault(model, []).append(pid)
+    return deaths
 
 
 _SAMPLE = re.compile(
@@ -171,7 +226,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.dead = threading.Event()
-        self._stubs: dict[int, str] = {}
+        self._stubs: dict[int, StubKey] = {}
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
 
@@ -282,9 +337,9 @@ class Supervisor:
         return drained
 
     # -- watchers -------------------------------------------------------------------------
-    def _current_stubs(self) -> dict[int, str]:
+    def _current_stubs(self) -> dict[int, StubKey]:
         process = self.server.process
-        return {} if process is None else stub_models(process.pid)
+        return {} if process is None else stub_versions(process.pid)
 
     def _watch_stubs(self) -> None:
         while not self._stop.wait(self.settings.poll_s):
@@ -292,10 +347,37 @@ class Supervisor:
                 if self.state.draining or self.state.dead_reason:
                     continue
             now = self._current_stubs()
-            lost = {pid: model for pid, model in self._stubs.items() if pid not in now}
+            lost = {pid: key for pid, key in self._stubs.items() if pid not in now}
             self._stubs = now
-            for model in sorted(set(lost.values())):
-                self._recover(model, [pid for pid, m in lost.items() if m == model])
+            if not lost:
+                continue
+            deaths = self._deaths(lost, now)
+            retired = sorted(pid for pid in lost if not any(pid in d for d in deaths.values()))
+            if retired:
+                models = sorted({lost[pid][0] for pid in retired})
+                self._event("stub_retired", models=models, pids=retired)
+            for model, pids in sorted(deaths.items()):
+                self._recover(model, pids)
+
+    def _deaths(self, lost: dict[int, StubKey], now: dict[int, StubKey]) -> dict[str, list[int]]:
+        """`stub_deaths` with what Triton says now; when it cannot say, every loss counts
+        (the reload is what a dead stub needs, and the deep check watches the rest)."""
+        url, key = self.server.http_url, self.server.admin_key
+        timeout = self.settings.check_timeout_s
+        try:
+            ready = {
+                (str(entry["name"]), str(entry["version"]))
+                for entry in repository_index(url, key, timeout)
+                if entry.get("state") == "READY" and "version" in entry
+            }
+        except ModelControlError:
+            ready = set(lost.values())
+        instances = {}
+        for model in sorted({model for model, _ in lost.values()}):
+            # Not loaded any more (then not READY either): stub_deaths assumes one instance.
+            with contextlib.suppress(ModelControlError):
+                instances[model] = instance_count(model_config(url, model, timeout))
+        return stub_deaths(lost, now, ready, instances)
 
     def _recover(self, model: str, pids: list[int]) -> None:
         with self._lock:

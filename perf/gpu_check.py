@@ -57,7 +57,7 @@ from dispatch_client.transport import GrpcTransport, Transport
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
 from dispatch_service.core.model_config import CONFIG_NAME, read_model_config, write_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window import window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.ops.server import (
     Ports,
@@ -269,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    window = window_to_wire(generate_window(np.random.default_rng(4242), args.orders, args.riders))
+    window = window_to_tensors(
+        generate_window(np.random.default_rng(4242), args.orders, args.riders)
+    )
     from perf.pa import output_shm_size, write_input_data
     from perf.windows import NEUTRAL_OPTIONAL_INPUTS, optional_inputs
 

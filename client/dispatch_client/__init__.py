@@ -22,7 +22,6 @@ from dispatch_client.errors import (
     DispatchServerError,
     WindowJSONError,
 )
-from dispatch_client.priority import PriorityMap
 from dispatch_client.transport import (
     GrpcTransport,
     HttpTransport,
@@ -46,7 +45,6 @@ __all__ = [
     "GrpcTransport",
     "HttpTransport",
     "OrderResult",
-    "PriorityMap",
     "ProtocolName",
     "Transport",
     "WindowJSONError",

@@ -64,10 +64,20 @@ SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 PYTRITON=$SITE/pytriton/tritonserver
 [ -x "$PYTRITON/bin/tritonserver" ] || die "tritonserver not found in nvidia-pytriton ($PYTRITON)"
 mkdir -p "$TRITON_HOME/backends/python"
-cp -f "$PYTRITON/backends/python/libtriton_python.so" \
-      "$PYTRITON/backends/python/triton_python_backend_utils.py" "$TRITON_HOME/backends/python/"
-cp -f "$PYTRITON/python_backend_stubs/3.11/triton_python_backend_stub" "$TRITON_HOME/backends/python/"
-chmod +x "$TRITON_HOME/backends/python/triton_python_backend_stub"
+# Every make target runs this script, also while servers run from this folder (the
+# integration tests run `make sign-all` next to their session server). A running tritonserver
+# maps libtriton_python.so: `cp -f` over it rewrites the mapped file in place and the server
+# dies (SIGBUS). So a file is left alone when unchanged, else replaced by a rename: running
+# processes keep the old inode.
+place() { # place SOURCE MODE: into the backend folder under the same name
+  local target=$TRITON_HOME/backends/python/$(basename "$1")
+  cmp -s "$1" "$target" && return 0
+  cp "$1" "$target.tmp.$$" && chmod "$2" "$target.tmp.$$" && mv -f "$target.tmp.$$" "$target" \
+    || die "cannot install $target"
+}
+place "$PYTRITON/backends/python/libtriton_python.so" 644
+place "$PYTRITON/backends/python/triton_python_backend_utils.py" 644
+place "$PYTRITON/python_backend_stubs/3.11/triton_python_backend_stub" 755
 cat > "$TRITON_HOME/env.sh" <<ENV
 # Sourced by the Makefile and the test fixture: how to run this checkout's tritonserver.
 export TRITONSERVER_BIN="$PYTRITON/bin/tritonserver"

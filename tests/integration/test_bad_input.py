@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from dispatch_contract import MAX_ORDERS, MAX_RIDERS
+from dispatch_service.domain.window import MAX_RIDER_LOAD
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import infer_grpc, infer_http, sim_window
 
@@ -70,6 +71,9 @@ def _riders(n: int) -> Mutation:
     return mutate
 
 
+# A rider's load or capacity: one rule, the bound and the offending row in the message.
+RIDER_COUNT = (f"must be within [0, {MAX_RIDER_LOAD}]", "(row 4)")
+
 # (case id, mutation, words the error must contain)
 CASES: list[tuple[str, Mutation, tuple[str, ...]]] = [
     ("missing tensor", _drop("RIDER_CAPACITY"), ("RIDER_CAPACITY",)),
@@ -110,8 +114,13 @@ CASES: list[tuple[str, Mutation, tuple[str, ...]]] = [
         _set("COORD_SYSTEM", np.array([b"MERCATOR"], dtype=object)),
         ("COORD_SYSTEM", "must be one of"),
     ),
-    ("negative capacity", _cell("RIDER_CAPACITY", (4,), -1), ("RIDER_CAPACITY", ">= 0")),
-    ("negative load", _cell("RIDER_LOAD", (4,), -2), ("RIDER_LOAD", ">= 0")),
+    ("negative capacity", _cell("RIDER_CAPACITY", (4,), -1), ("RIDER_CAPACITY", *RIDER_COUNT)),
+    ("negative load", _cell("RIDER_LOAD", (4,), -2), ("RIDER_LOAD", *RIDER_COUNT)),
+    (
+        "load above the bound",
+        _cell("RIDER_LOAD", (4,), MAX_RIDER_LOAD + 1),
+        ("RIDER_LOAD", *RIDER_COUNT),
+    ),
     ("empty order id", _cell("ORDER_IDS", (0,), b""), ("ORDER_IDS", "empty")),
     ("over-long rider id", _cell("RIDER_IDS", (0,), b"r" * 65), ("RIDER_IDS", "64 bytes")),
     (

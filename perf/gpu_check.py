@@ -557,7 +557,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     levels = sorted({str(o.get("fallback_level")) for o in orders})
                     return f"{len(orders)} orders answered, fallback levels {levels}"
 
-                drill = fallback_drill(gpu_server.http_url, range(len(baseline)), score_one)
+                drill = fallback_drill(
+                    gpu_server.http_url,
+                    range(len(baseline)),
+                    score_one,
+                    admin_key=gpu_server.admin_key,
+                )
     watcher.join(timeout=max(1.0, left() - 5))
     summary["gpu_monitor"] = {
         "overhead": None

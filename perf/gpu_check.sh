@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, at most five minutes: cpu profile vs gpu profile with CUDA shared memory vs gpu
-# profile with ordinary copies (latency p50/p99, throughput at concurrency 128, GPU memory).
+# profile with ordinary copies (latency p50/p99, throughput at concurrency 128, GPU memory),
+# and the feature-level entry point dispatch_features on the gpu server with CUDA shm vs plain
+# gRPC at concurrency 128, set beside the original design's zero-copy vs memcpy figures.
 # Writes perf/reports/gpu-<stamp>/report.md (and summary.json, server logs). Also runs the
 # GPU monitor (issue 14) on the real NVML while the gpu server is measured (its CPU share,
 # the GPUs' states, the CUDA context probe) and drills the device fallback on that server

@@ -149,13 +149,17 @@ def fallback_drill(
     gpus: Sequence[int],
     score_one: Callable[[], str],
     restore_after_s: float = 1.0,
+    admin_key: str | None = None,
 ) -> DrillResult:
-    """All GPUs unhealthy (synthetic) -> L2 on the live server -> healthy again -> L0."""
+    """All GPUs unhealthy (synthetic) -> L2 on the live server -> healthy again -> L0.
+
+    `admin_key`: the server's key for the model-repository group (its reloads answer 403
+    without it)."""
     settings = GpuMonitorSettings(restore_after_s=restore_after_s, metrics_port=0)
     hot = [GpuSample(i, f"GPU-{i}", 99.0, 78 * GIB, 80 * GIB, 91.0, 0, True) for i in gpus]
     calm = [GpuSample(i, f"GPU-{i}", 30.0, 4 * GIB, 80 * GIB, 55.0, 0, True) for i in gpus]
     sampler = ScriptedSampler([hot])
-    controller = FallbackController(http_url, settings)
+    controller = FallbackController(http_url, settings, admin_key=admin_key)
     monitor = GpuMonitor(sampler, settings, controller)
     result = DrillResult()
     try:

@@ -3,9 +3,15 @@ section, and the probe's cost accounting."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+import perf.gpu_monitor_check as check
 from perf.gpu_monitor_check import (
     DrillResult,
     OverheadResult,
+    fallback_drill,
     probe_cpu_seconds,
     render_monitor,
     run_overhead,
@@ -40,3 +46,19 @@ def test_a_probe_answers_for_every_gpu_asked_and_its_cpu_time_is_counted() -> No
     spent, answers = probe_cpu_seconds([0])
     assert spent >= 0.0
     assert set(answers) == {0}
+
+
+def test_the_drill_reloads_with_the_servers_admin_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_check's servers lock the model-repository group: without the key every reload of
+    the drill answered 403 (seen in a CPU smoke run of gpu_check)."""
+    keys: list[Any] = []
+
+    class Refusing:
+        def __init__(self, http_url: str, settings: Any, admin_key: str | None = None) -> None:
+            keys.append(admin_key)
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(check, "FallbackController", Refusing)
+    with pytest.raises(RuntimeError, match="stop here"):
+        fallback_drill("http://127.0.0.1:1", [0], lambda: "-", admin_key="k-123")
+    assert keys == ["k-123"]

@@ -66,7 +66,10 @@ def test_a_second_launcher_on_the_same_ports_leaves_the_first_serving(
                     failures.append(exc.message)
 
     log_before = log.read_bytes()
-    regions_before = {p.name for p in Path("/dev/shm").glob("dispatchsrv_*")}
+    # The first server's regions only: /dev/shm is shared with every other server on the host.
+    ours = f"dispatchsrv_{launcher.process.pid}_*"
+    regions_before = {p.name for p in Path("/dev/shm").glob(ours)}
+    assert regions_before, "the first server holds no region"
     thread = threading.Thread(target=traffic)
     thread.start()
     try:
@@ -80,7 +83,7 @@ def test_a_second_launcher_on_the_same_ports_leaves_the_first_serving(
     assert "already in use" in err and str(launcher.ports.http) in err
     assert "ready:" not in out
     assert log.read_bytes()[: len(log_before)] == log_before  # not truncated
-    assert regions_before <= {p.name for p in Path("/dev/shm").glob("dispatchsrv_*")}
+    assert regions_before <= {p.name for p in Path("/dev/shm").glob(ours)}
     assert failures == [] and served > 0
     assert launcher.process.poll() is None
     with DispatchClient.grpc(url, timeout_s=30) as client:

@@ -68,3 +68,21 @@ def write_contract_model(path: Path, seed: int = 7) -> Path:
 def contract_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Path of a contract-conforming ONNX model (not the trained one)."""
     return write_contract_model(tmp_path_factory.mktemp("contract_model") / "model.onnx")
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit tests see no control-plane keys from the environment.
+
+    The integration session exports the live server's shm key (`make test` runs both suites in
+    one process); a unit test's stand-in server must not receive it as a request header.
+    """
+    from dispatch_client.keys import (
+        ADMIN_KEY_ENV,
+        ADMIN_KEY_FILE_ENV,
+        SHM_KEY_ENV,
+        SHM_KEY_FILE_ENV,
+    )
+
+    for name in (ADMIN_KEY_ENV, ADMIN_KEY_FILE_ENV, SHM_KEY_ENV, SHM_KEY_FILE_ENV):
+        monkeypatch.delenv(name, raising=False)

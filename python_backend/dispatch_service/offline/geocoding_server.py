@@ -1,0 +1,216 @@
+"""A real local HTTP geocoding server for tests and benchmarks, serving the city gazetteer.
+
+It speaks both provider shapes `dispatch_service.geocoding.providers` calls (``amap``:
+GCJ-02 answers; ``baidu``: BD-09 answers) on loopback, and answers from the gazetteer (road
++ house number or POI matches only, as a map provider would) plus any extra places a test
+adds. Its latency and failure mode can be switched while it runs:
+
+| failure | what the client sees |
+| --- | --- |
+| ``none`` | a normal answer after ``latency_ms`` |
+| ``http_500`` | HTTP 500 |
+| ``error_status`` | HTTP 200 with the provider's error status (bad key, quota) |
+| ``garbage`` | HTTP 200 with a body that is not JSON |
+| ``hang`` | no answer for a minute (the client's timeout fires) |
+
+The server runs its own event loop on a daemon thread, so a slow answer never slows the
+test's or the benchmark's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+from aiohttp import web
+
+from dispatch_contract import CoordSystem
+from dispatch_service.domain import geo
+from dispatch_service.geocoding.gazetteer import (
+    AdminRecogniser,
+    Gazetteer,
+    MatchKind,
+    match_address,
+)
+from dispatch_service.geocoding.normalize import normalize_address
+
+__all__ = ["FAILURE_MODES", "GeocodingServer", "ServerMode"]
+
+FAILURE_MODES: Final = ("none", "http_500", "error_status", "garbage", "hang")
+_HANG_S: Final = 60.0
+
+
+@dataclass
+class ServerMode:
+    latency_ms: float = 0.0
+    failure: str = "none"
+
+
+@dataclass
+class _State:
+    modes: dict[str, ServerMode] = field(
+        default_factory=lambda: {"amap": ServerMode(), "baidu": ServerMode()}
+    )
+    calls: Counter[str] = field(default_factory=Counter)
+    extra: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+class GeocodingServer:
+    """``with GeocodingServer(key="k") as server: server.url`` (loopback, a free port)."""
+
+    def __init__(
+        self,
+        key: str = "test-key",
+        gazetteer: Gazetteer | None = None,
+        recogniser: AdminRecogniser | None = None,
+    ) -> None:
+        self.key = key
+        self.gazetteer = gazetteer or Gazetteer.load()
+        self.recogniser = recogniser or AdminRecogniser()
+        self._state = _State()
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # ------------------------------------------------------------------- control
+
+    def set_mode(self, kind: str, latency_ms: float = 0.0, failure: str = "none") -> None:
+        """Switch one API shape's behaviour ("amap" or "baidu") from now on."""
+        if failure not in FAILURE_MODES:
+            raise ValueError(f"failure must be one of {', '.join(FAILURE_MODES)}")
+        with self._lock:
+            self._state.modes[kind] = ServerMode(latency_ms, failure)
+
+    def add_place(self, address: str, latlon: tuple[float, float]) -> None:
+        """A place only the server knows (WGS-84), by normalised address."""
+        with self._lock:
+            self._state.extra[normalize_address(address)] = latlon
+
+    def calls(self, kind: str) -> int:
+        with self._lock:
+            return self._state.calls[kind]
+
+    # ------------------------------------------------------------------- answers
+
+    def _locate(self, address: str, city: str) -> tuple[float, float] | None:
+        text = normalize_address(address)
+        with self._lock:
+            if text in self._state.extra:
+                return self._state.extra[text]
+        code = self.recogniser.city_adcode(city) if city else None
+        found = match_address(text, code, self.gazetteer, self.recogniser)
+        if found is None or found.kind not in (MatchKind.ROAD_NUMBER, MatchKind.POI):
+            return None
+        return found.latlon
+
+    async def _answer(self, request: web.Request, kind: str) -> web.Response:
+        with self._lock:
+            mode = self._state.modes[kind]
+            self._state.calls[kind] += 1
+        if mode.failure == "hang":
+            await asyncio.sleep(_HANG_S)
+        if mode.latency_ms > 0:
+            await asyncio.sleep(mode.latency_ms / 1000.0)
+        if mode.failure == "http_500":
+            return web.Response(status=500, text="internal error")
+        if mode.failure == "garbage":
+            return web.Response(status=200, text="<html>busy</html>")
+        query = request.rel_url.query
+        key = query.get("key" if kind == "amap" else "ak", "")
+        if mode.failure == "error_status" or key != self.key:
+            if kind == "amap":
+                return web.json_response(
+                    {"status": "0", "info": "INVALID_USER_KEY", "infocode": "10001"}
+                )
+            return web.json_response({"status": 200, "msg": "APP不存在\uff0cAK有误请检查再重试"})
+        point = await asyncio.to_thread(
+            self._locate, query.get("address", ""), query.get("city", "")
+        )
+        if kind == "amap":
+            if point is None:
+                return web.json_response(
+                    {"status": "1", "info": "OK", "infocode": "10000", "count": "0",
+                     "geocodes": []}
+                )  # fmt: skip
+            lat, lon = geo.from_wgs84(np.array([point]), CoordSystem.GCJ02)[0]
+            return web.json_response(
+                {
+                    "status": "1",
+                    "info": "OK",
+                    "infocode": "10000",
+                    "count": "1",
+                    "geocodes": [
+                        {
+                            "formatted_address": query.get("address", ""),
+                            "location": f"{lon:.6f},{lat:.6f}",
+                            "level": "门牌号",
+                        }
+                    ],
+                }
+            )
+        if point is None:
+            return web.json_response({"status": 1, "msg": "Internal Service Error:无相关结果"})
+        lat, lon = geo.from_wgs84(np.array([point]), CoordSystem.BD09)[0]
+        return web.json_response(
+            {
+                "status": 0,
+                "result": {
+                    "location": {"lng": round(float(lon), 6), "lat": round(float(lat), 6)},
+                    "precise": 1,
+                    "confidence": 80,
+                    "comprehension": 100,
+                    "level": "门址",
+                },
+            }
+        )
+
+    async def _amap(self, request: web.Request) -> web.Response:
+        return await self._answer(request, "amap")
+
+    async def _baidu(self, request: web.Request) -> web.Response:
+        return await self._answer(request, "baidu")
+
+    # ------------------------------------------------------------------- lifecycle
+
+    async def _start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/v3/geocode/geo", self._amap)
+        app.router.add_get("/geocoding/v3/", self._baidu)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+        await web.SockSite(self._runner, sock).start()
+        return f"http://127.0.0.1:{port}"
+
+    def start(self) -> str:
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="geocoding-server", daemon=True
+        )
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self.url
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+            self._runner = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> GeocodingServer:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

@@ -161,6 +161,12 @@ def adcode_prefix(adcode: str) -> str:
     return adcode
 
 
+def _nested(a: str, b: str) -> bool:
+    """Does one division lie inside the other (or are they the same)?"""
+    pa, pb = adcode_prefix(a), adcode_prefix(b)
+    return pa.startswith(pb) or pb.startswith(pa)
+
+
 @dataclass(frozen=True)
 class Road:
     """A straight road (WGS-84 ends) whose house numbers run evenly from start to end."""
@@ -247,9 +253,7 @@ class Gazetteer:
         """Is a division (or unknown: None) inside or around this gazetteer's city?"""
         if adcode is None:
             return True
-        mine = adcode_prefix(self.city_adcode)
-        theirs = adcode_prefix(adcode)
-        return theirs.startswith(mine) or mine.startswith(theirs)
+        return _nested(adcode, self.city_adcode)
 
     def find_poi(self, text: str) -> tuple[Poi, str] | None:
         best: tuple[Poi, str] | None = None
@@ -287,6 +291,8 @@ def match_address(
     """
     admin = recogniser.recognise(text, city_adcode or gazetteer.city_adcode)
     adcode = admin.adcode if admin is not None else None
+    if adcode is not None and city_adcode is not None and not _nested(adcode, city_adcode):
+        return None  # the address names a place outside the order's city
     local = gazetteer.covers(adcode) and gazetteer.covers(city_adcode)
     district_point: LatLon | None = None
     if adcode is not None and not adcode.endswith("00"):

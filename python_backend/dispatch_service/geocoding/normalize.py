@@ -42,7 +42,7 @@ _TRADITIONAL: Final = str.maketrans(
 _SPACE: Final = re.compile(r"\s+")
 # "88#", "88 號", "No.88" -> "88号"
 _NUMBER_HASH: Final = re.compile(r"(\d+)\s*#")
-_NUMBER_PREFIX: Final = re.compile(r"(?i)\bno\.?\s*(\d+)")
+_NUMBER_PREFIX: Final = re.compile(r"(?i)(?<![a-z])no\.?\s*(\d+)")
 # Words after the address proper that do not move the point ("附近" = nearby).
 _TRAILING_NOISE: Final = re.compile(r"(附近|旁边|旁|对面|一带|周边)+$")
 # "上海" written without its 市 (but not "上海市", "上海路" or "上海南站").

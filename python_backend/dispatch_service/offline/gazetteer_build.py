@@ -198,7 +198,6 @@ def address_for_point(
     gazetteer: gaz.Gazetteer,
     recogniser: gaz.AdminRecogniser,
     max_road_km: float = 0.4,
-    metres_per_number: float = 10.0,
     book: _AddressBook | None = None,
 ) -> tuple[str, bool]:
     """(the address a customer at ``point`` would type, whether it names a road)."""
@@ -207,7 +206,9 @@ def address_for_point(
     km, road, along_km = book.nearest_road(point)
     if km > max_road_km:
         return f"上海市{district}康居小区", False
-    number = road.first_number + round(along_km * 1000.0 / metres_per_number)
+    length_km = float(geo.haversine_km(road.start[0], road.start[1], road.end[0], road.end[1]))
+    share = along_km / length_km if length_km > 0 else 0.0
+    number = road.first_number + round(share * (road.last_number - road.first_number))
     return f"上海市{district}{road.name}{number}号", True
 
 

@@ -199,10 +199,19 @@ class GeocodingServer:
         self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
         return self.url
 
-    def stop(self) -> None:
+    async def _shutdown(self) -> None:
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+            await self._runner.cleanup()
             self._runner = None
+        # Handlers still sleeping (hang mode) end here, not as "destroyed but pending".
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    def stop(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)

@@ -31,6 +31,7 @@ from typing import Any, Final, TypeVar
 
 import aiohttp
 import numpy as np
+from cachetools import LRUCache
 from numpy.typing import NDArray
 
 from dispatch_service.core.errors import DispatchInputError
@@ -64,6 +65,8 @@ __all__ = [
 ]
 
 MAX_CITY_BYTES: Final = 64
+# Offline matches worked out between two looks at the network (each well under 1 ms).
+_OFFLINE_CHUNK: Final = 8
 AddressText = str | bytes
 T = TypeVar("T")
 
@@ -188,13 +191,17 @@ class GeocoderChain:
         self.gazetteer = gazetteer or Gazetteer.load(s.geocoder_gazetteer_path or None)
         self.recogniser = recogniser or AdminRecogniser()
         self._city_codes: dict[str, str | None] = {}
+        self._offline: LRUCache[CacheKey, GazetteerMatch | None] = LRUCache(
+            s.geocoder_cache_entries
+        )
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._slots = asyncio.Semaphore(self.settings.geocoder_max_concurrency)
         self._lock = threading.Lock()
         self.sources: Counter[str] = Counter()
         self.provider_failures: Counter[str] = Counter()
         self.provider_not_found: Counter[str] = Counter()
-        self.late = 0  # lookups cut off by the deadline
+        self.late = 0  # lookups cut off by the window's deadline (not provider failures)
 
     # ------------------------------------------------------------------ inputs and keys
 
@@ -211,13 +218,45 @@ class GeocoderChain:
             )  # fmt: skip
         return code
 
+    def _offline_match(self, text: str, city_code: str | None) -> GazetteerMatch | None:
+        """`match_address`, remembered: it is a pure function of its inputs, and a busy
+        city's fallback sees the same addresses over and over."""
+        key = (text, city_code or "")
+        with self._lock:
+            if key in self._offline:
+                return self._offline[key]
+        found = match_address(text, city_code, self.gazetteer, self.recogniser)
+        with self._lock:
+            self._offline[key] = found
+        return found
+
+    async def _offline_meanwhile(
+        self,
+        misses: dict[CacheKey, list[int]],
+        city_codes: list[str | None],
+        tasks: dict[CacheKey, asyncio.Task[LatLon | None]],
+        cutoff: float,
+    ) -> None:
+        """Work out the offline answers while the providers are being waited for, a few
+        at a time, so that what is left after the cutoff is assembly, not matching."""
+        loop = asyncio.get_running_loop()
+        todo = list(misses)
+        for start in range(0, len(todo), _OFFLINE_CHUNK):
+            await asyncio.sleep(0)  # let the lookups send and read
+            if loop.time() >= cutoff or all(task.done() for task in tasks.values()):
+                return
+            for key in todo[start : start + _OFFLINE_CHUNK]:
+                if not tasks[key].done():
+                    self._offline_match(key[0], city_codes[misses[key][0]])
+
     # ---------------------------------------------------------------------- the network
 
     def _http(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session_loop is not loop or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.settings.geocoder_max_concurrency)
-            self._session = aiohttp.ClientSession(connector=connector)
+            limit = self.settings.geocoder_max_concurrency
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit))
+            self._slots = asyncio.Semaphore(limit)
             self._session_loop = loop
         return self._session
 
@@ -228,8 +267,16 @@ class GeocoderChain:
         self._session = None
 
     async def _lookup(self, text: str, city: str, cutoff: float) -> LatLon | None:
-        loop = asyncio.get_running_loop()
+        """Primary, then secondary; the attempt clock starts once a slot is free, so a
+        window's own queue never counts against a provider's breaker."""
         session = self._http()
+        async with self._slots:
+            return await self._attempts(session, text, city, cutoff)
+
+    async def _attempts(
+        self, session: aiohttp.ClientSession, text: str, city: str, cutoff: float
+    ) -> LatLon | None:
+        loop = asyncio.get_running_loop()
         attempt_s = self.settings.geocoder_attempt_timeout_ms / 1000.0
         for provider, breaker in self.providers:
             remaining = cutoff - loop.time()
@@ -237,9 +284,19 @@ class GeocoderChain:
                 return None
             if not breaker.allow():
                 continue
+            cut_by_window = remaining < attempt_s
             try:
                 point = await provider.geocode(session, text, city, min(attempt_s, remaining))
-            except (ProviderError, TimeoutError):
+            except TimeoutError:
+                if cut_by_window:
+                    # The window's deadline, not the provider's own timeout, ended it.
+                    breaker.release()
+                    self.late += 1
+                    return None
+                breaker.record_failure()
+                self.provider_failures[provider.name] += 1
+                continue
+            except ProviderError:
                 breaker.record_failure()
                 self.provider_failures[provider.name] += 1
                 continue
@@ -309,6 +366,7 @@ class GeocoderChain:
             tasks = {
                 key: asyncio.ensure_future(self._lookup(key[0], key[1], cutoff)) for key in misses
             }
+            await self._offline_meanwhile(misses, city_codes, tasks, cutoff)
             _, pending = await asyncio.wait(tasks.values(), timeout=max(cutoff - loop.time(), 0))
             for task in pending:
                 task.cancel()
@@ -328,7 +386,7 @@ class GeocoderChain:
         offline: list[GazetteerMatch | None] = [None] * n
         unknown: list[int] = []
         for key, indices in misses.items():
-            found = match_address(key[0], city_codes[indices[0]], self.gazetteer, self.recogniser)
+            found = self._offline_match(key[0], city_codes[indices[0]])
             for i in indices:
                 if found is None:
                     unknown.append(i)

@@ -41,6 +41,7 @@ from dispatch_service.offline.simulator import DEFAULT_CITY, CityConfig
 __all__ = [
     "HOT_SPOT_NAMES",
     "AccuracyReport",
+    "AddressBook",
     "address_for_point",
     "build_gazetteer",
     "default_path",
@@ -156,7 +157,7 @@ def build_gazetteer(
     }
 
 
-class _AddressBook:
+class AddressBook:
     """Vectorised lookups for `address_for_point`: district centres and road segments."""
 
     def __init__(self, gazetteer: gaz.Gazetteer, recogniser: gaz.AdminRecogniser) -> None:
@@ -198,10 +199,10 @@ def address_for_point(
     gazetteer: gaz.Gazetteer,
     recogniser: gaz.AdminRecogniser,
     max_road_km: float = 0.4,
-    book: _AddressBook | None = None,
+    book: AddressBook | None = None,
 ) -> tuple[str, bool]:
     """(the address a customer at ``point`` would type, whether it names a road)."""
-    book = book or _AddressBook(gazetteer, recogniser)
+    book = book or AddressBook(gazetteer, recogniser)
     district = book.district(point)
     km, road, along_km = book.nearest_road(point)
     if km > max_road_km:
@@ -232,7 +233,7 @@ def gazetteer_accuracy(
     """Geocode simulator pickups and drop-offs offline; errors against the true points."""
     recogniser = gaz.AdminRecogniser()
     gazetteer = gaz.Gazetteer.load()
-    book = _AddressBook(gazetteer, recogniser)
+    book = AddressBook(gazetteer, recogniser)
     rng = np.random.default_rng(seed)
     road_err: list[float] = []
     district_err: list[float] = []

@@ -19,9 +19,14 @@ test's or the benchmark's loop.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import socket
+import subprocess
+import sys
 import threading
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
@@ -39,7 +44,7 @@ from dispatch_service.geocoding.gazetteer import (
 )
 from dispatch_service.geocoding.normalize import normalize_address
 
-__all__ = ["FAILURE_MODES", "GeocodingServer", "ServerMode"]
+__all__ = ["FAILURE_MODES", "GeocodingServer", "RemoteGeocodingServer", "ServerMode", "main"]
 
 FAILURE_MODES: Final = ("none", "http_500", "error_status", "garbage", "hang")
 _HANG_S: Final = 60.0
@@ -177,12 +182,30 @@ class GeocodingServer:
     async def _baidu(self, request: web.Request) -> web.Response:
         return await self._answer(request, "baidu")
 
+    async def _control_mode(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        try:
+            self.set_mode(
+                str(body["kind"]),
+                float(body.get("latency_ms", 0.0)),
+                str(body.get("failure", "none")),
+            )
+        except (KeyError, ValueError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"ok": True})
+
+    async def _control_calls(self, _: web.Request) -> web.Response:
+        with self._lock:
+            return web.json_response(dict(self._state.calls))
+
     # ------------------------------------------------------------------- lifecycle
 
     async def _start(self) -> str:
         app = web.Application()
         app.router.add_get("/v3/geocode/geo", self._amap)
         app.router.add_get("/geocoding/v3/", self._baidu)
+        app.router.add_post("/_control/mode", self._control_mode)
+        app.router.add_get("/_control/calls", self._control_calls)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -223,3 +246,76 @@ class GeocodingServer:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+class RemoteGeocodingServer:
+    """The same server in a child process (its own interpreter and GIL), driven over its
+    ``/_control`` endpoints: for benchmarks and for a Triton server's models to call."""
+
+    def __init__(self, key: str = "test-key") -> None:
+        self.key = key
+        self._process: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "dispatch_service.offline.geocoding_server", "--key", self.key],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().strip()
+        if not line.startswith("URL "):
+            self.stop()
+            raise RuntimeError(f"geocoding server did not start: {line!r}")
+        self.url = line.split(" ", 1)[1]
+        return self.url
+
+    def set_mode(self, kind: str, latency_ms: float = 0.0, failure: str = "none") -> None:
+        body = json.dumps({"kind": kind, "latency_ms": latency_ms, "failure": failure})
+        request = urllib.request.Request(
+            f"{self.url}/_control/mode", data=body.encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            reply.read()
+
+    def calls(self, kind: str) -> int:
+        with urllib.request.urlopen(f"{self.url}/_control/calls", timeout=10) as reply:
+            return int(json.loads(reply.read()).get(kind, 0))
+
+    def stop(self) -> None:
+        if self._process is not None:
+            if self._process.stdin is not None:
+                self._process.stdin.close()  # the child stops when its stdin closes
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            if self._process.stdout is not None:
+                self._process.stdout.close()
+            self._process = None
+
+    def __enter__(self) -> RemoteGeocodingServer:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve on loopback until stdin closes; the first stdout line is ``URL <url>``."""
+    parser = argparse.ArgumentParser(description="local geocoding server (tests, benchmarks)")
+    parser.add_argument("--key", default="test-key")
+    args = parser.parse_args(argv)
+    with GeocodingServer(key=args.key) as server:
+        print(f"URL {server.url}", flush=True)
+        sys.stdin.read()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

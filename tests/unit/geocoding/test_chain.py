@@ -30,8 +30,10 @@ from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer, Mat
 from dispatch_service.offline.geocoding_server import GeocodingServer
 
 T = TypeVar("T")
-# Short attempts keep the failure tests quick; the deadline stays the default 300 ms.
-ATTEMPT_MS = 60.0
+# Generous limits, so that a loaded CI machine never turns an answer into a timeout: the
+# tests check which source answered, not how fast. Tests of the deadline itself set their own.
+ATTEMPT_MS = 1000.0
+DEADLINE_MS = 4000.0
 
 
 def _metres(a: Any, b: Any) -> float:
@@ -47,7 +49,10 @@ def _chain(
     secondary: str | None = "baidu",
     **overrides: Any,
 ) -> GeocoderChain:
-    values: dict[str, Any] = {"geocoder_attempt_timeout_ms": ATTEMPT_MS}
+    values: dict[str, Any] = {
+        "geocoder_attempt_timeout_ms": ATTEMPT_MS,
+        "geocoder_deadline_ms": DEADLINE_MS,
+    }
     if server is not None:
         values |= {
             "geocoder_primary_kind": primary,
@@ -162,7 +167,8 @@ def test_both_providers_down_gives_gazetteer_points(
 ) -> None:
     server.set_mode("amap", failure=amap)
     server.set_mode("baidu", failure=baidu)
-    chain = _chain(server, *parts)
+    limits = {"geocoder_deadline_ms": 500.0, "geocoder_attempt_timeout_ms": 200.0}
+    chain = _chain(server, *parts, **(limits if amap == "hang" else {}))
     texts = [_address(parts[0], n)[0] for n in (160, 170, 180)] + ["人民广场"]
     found = _run(chain, chain.resolve_locations(texts, ["上海"] * 4))
     assert found.source.tolist() == [LocationSource.GAZETTEER] * 4
@@ -177,7 +183,7 @@ def test_slow_providers_past_the_deadline_give_gazetteer_points(
 ) -> None:
     server.set_mode("amap", latency_ms=400)
     server.set_mode("baidu", latency_ms=400)
-    chain = _chain(server, *parts, geocoder_attempt_timeout_ms=150.0)
+    chain = _chain(server, *parts, geocoder_deadline_ms=300.0, geocoder_attempt_timeout_ms=150.0)
     texts = [_address(parts[0], n, road=r)[0] for n in (10, 20) for r in (1, 2, 3, 4)]
     found = _run(chain, chain.resolve_locations(texts, ["上海"] * len(texts)))
     assert found.source.tolist() == [LocationSource.GAZETTEER] * len(texts)
@@ -296,3 +302,20 @@ def test_blocking_facade_for_synchronous_callers(server: GeocodingServer, parts:
         assert _metres(found.latlon[0], truth) < 1.0
     finally:
         blocking.close()
+
+
+def test_the_window_deadline_cuts_lookups_that_are_still_waiting(
+    server: GeocodingServer, parts: Any
+) -> None:
+    """Attempts may wait 10 s, the window only 300 ms: the deadline, not the attempt
+    timeout, ends the lookups, and the answer comes from the gazetteer."""
+    server.set_mode("amap", latency_ms=3000)
+    server.set_mode("baidu", latency_ms=3000)
+    chain = _chain(server, *parts, geocoder_deadline_ms=300.0, geocoder_attempt_timeout_ms=10_000.0)
+    texts = [_address(parts[0], n)[0] for n in (400, 410, 420)]
+    found = _run(chain, chain.resolve_locations(texts, ["上海"] * 3))
+    assert found.source.tolist() == [LocationSource.GAZETTEER] * 3
+    stats = chain.stats()
+    assert stats["late"] == 3
+    assert stats["provider_failures"] == {}  # cut by the deadline, not failed
+    assert stats["breakers"] == {"primary": "closed", "secondary": "closed"}

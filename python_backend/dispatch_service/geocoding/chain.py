@@ -319,10 +319,12 @@ class GeocoderChain:
         field: str | Sequence[str] = "address",
         rows: Sequence[int] | None = None,
         deadline_s: float | None = None,
+        city_field: str = "city",
     ) -> Resolution:
         """WGS-84 points and their sources for ``texts`` ("" = not given: NaN, source 0).
 
-        ``field`` and ``rows`` name each text in errors (e.g. "pickup_address", row 3);
+        ``field`` and ``rows`` name each text in errors (e.g. "pickup_address", row 3),
+        ``city_field`` the cities;
         ``deadline_s`` defaults to the configured deadline. Raises `DispatchInputError`
         for bad text, an unknown city, or an address that nothing recognises.
         """
@@ -344,7 +346,6 @@ class GeocoderChain:
         city_codes: list[str | None] = [None] * n
         for i in range(n):
             text = normalize_address(_decode(texts[i], fields[i], row_ids[i], MAX_ADDRESS_BYTES))
-            city_field = fields[i].replace("address", "city") if "address" in fields[i] else "city"
             city = normalize_city(_decode(city_list[i], city_field, row_ids[i], MAX_CITY_BYTES))
             if not text:
                 continue

@@ -279,8 +279,8 @@ def test_unknown_address_names_the_field_and_row_and_the_next_call_is_served(
     [
         (b"\xff\xfe\x00", "上海", r"dropoff_address: row 7: must be UTF-8"),
         ("路" * 100, "上海", r"dropoff_address: row 7: must be at most 256 bytes"),
-        ("上海市徐汇区安平路1号", "亚特兰蒂斯", r"dropoff_city: row 7: city '亚特兰蒂斯' must be"),
-        ("上海市徐汇区安平路1号", "999999", r"dropoff_city: row 7: city '999999' must be"),
+        ("上海市徐汇区安平路1号", "亚特兰蒂斯", r"city: row 7: city '亚特兰蒂斯' must be"),
+        ("上海市徐汇区安平路1号", "999999", r"city: row 7: city '999999' must be"),
         ("北京市朝阳区建国路1号", "上海", r"dropoff_address: row 7: address"),
     ],
 )

@@ -115,6 +115,7 @@ class GeocoderSettings:
             raise ValueError("geocoder_attempt_timeout_ms must be > 0")
         if self.geocoder_max_concurrency < 1:
             raise ValueError("geocoder_max_concurrency must be >= 1")
+        self.providers()  # a bad provider kind or URL fails at model load
 
     def providers(self) -> list[ProviderConfig]:
         found = []

@@ -8,10 +8,12 @@ One call resolves all the addresses of a window (`GeocoderChain.resolve_location
 3. the distinct misses go out concurrently; each tries the primary, then the secondary,
    skipping a provider whose circuit breaker is open; each attempt has its own timeout so a
    hung primary still leaves time for the secondary (source 2);
-4. at ``deadline - fallback_reserve`` whatever is still in flight is cancelled and, with
-   every address the providers did not know, takes the offline path (source 3): cpca
-   division + gazetteer road / POI. The answer never waits for the network past that
-   point, and the offline path is local CPU work of well under a millisecond an address.
+4. at ``deadline - fallback_reserve`` the window stops waiting: what is still in flight,
+   and every address the providers did not know, takes the offline path (source 3): cpca
+   division + gazetteer road / POI, worked out while the providers were awaited. The answer
+   never waits for the network past that point. Lookups still in flight are not cancelled:
+   they end within their own attempt timeout and a late answer fills the cache for the
+   next window (cancelling would also close their connections).
 
 An address that nothing recognises is an error naming the field and the row.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections import Counter
@@ -36,7 +39,7 @@ from numpy.typing import NDArray
 
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.geocoding.breaker import BreakerState, CircuitBreaker
-from dispatch_service.geocoding.cache import CacheKey, CacheStats, GeocodeCache, LatLon
+from dispatch_service.geocoding.cache import CacheKey, CacheStats, GeocodeCache
 from dispatch_service.geocoding.gazetteer import (
     AdminRecogniser,
     Gazetteer,
@@ -52,6 +55,8 @@ from dispatch_service.geocoding.providers import (
     HttpGeocodeProvider,
     ProviderConfig,
     ProviderError,
+    RawPoint,
+    to_wgs84_points,
 )
 
 __all__ = [
@@ -66,7 +71,7 @@ __all__ = [
 
 MAX_CITY_BYTES: Final = 64
 # Offline matches worked out between two looks at the network (each well under 1 ms).
-_OFFLINE_CHUNK: Final = 8
+_OFFLINE_CHUNK: Final = 64
 AddressText = str | bytes
 T = TypeVar("T")
 
@@ -158,12 +163,6 @@ def _decode(value: AddressText, field: str, row: int, limit: int) -> str:
     return value
 
 
-def _consume(task: asyncio.Task[Any]) -> None:
-    """Retrieve a cancelled lookup's outcome so asyncio does not log it as lost."""
-    if not task.cancelled():
-        task.exception()
-
-
 class GeocoderChain:
     """Cache, providers with breakers, offline fallback; one per model instance.
 
@@ -202,7 +201,9 @@ class GeocoderChain:
         self.sources: Counter[str] = Counter()
         self.provider_failures: Counter[str] = Counter()
         self.provider_not_found: Counter[str] = Counter()
-        self.late = 0  # lookups cut off by the window's deadline (not provider failures)
+        self.late = 0  # lookups still running when their window's deadline came
+        self.late_answers = 0  # ... of which answered afterwards (cached for next time)
+        self._background: set[asyncio.Task[RawPoint | None]] = set()
 
     # ------------------------------------------------------------------ inputs and keys
 
@@ -235,16 +236,18 @@ class GeocoderChain:
         self,
         misses: dict[CacheKey, list[int]],
         city_codes: list[str | None],
-        tasks: dict[CacheKey, asyncio.Task[LatLon | None]],
+        tasks: dict[CacheKey, asyncio.Task[RawPoint | None]],
         cutoff: float,
     ) -> None:
-        """Work out the offline answers while the providers are being waited for, a few
-        at a time, so that what is left after the cutoff is assembly, not matching."""
+        """Work out the offline answers while the providers are being waited for, so
+        that what is left after the cutoff is assembly, not matching. Large chunks: each
+        yield lets queued answers run first, and on a busy CPU that would push the
+        matching past the cutoff."""
         loop = asyncio.get_running_loop()
         todo = list(misses)
         for start in range(0, len(todo), _OFFLINE_CHUNK):
-            await asyncio.sleep(0)  # let the lookups send and read
-            if loop.time() >= cutoff or all(task.done() for task in tasks.values()):
+            await asyncio.sleep(0)  # let the lookups send their requests
+            if loop.time() >= cutoff:
                 return
             for key in todo[start : start + _OFFLINE_CHUNK]:
                 if not tasks[key].done():
@@ -261,13 +264,27 @@ class GeocoderChain:
             self._session_loop = loop
         return self._session
 
+    def _late_answer(self, key: CacheKey, task: asyncio.Task[RawPoint | None]) -> None:
+        """A lookup that finished after its window was answered: cache what it found."""
+        self._background.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            return
+        raw = task.result()
+        if raw is not None:
+            self.cache.put(key, to_wgs84_points([raw])[0])
+            self.late_answers += 1
+
     async def close(self) -> None:
-        """Close the HTTP session (call from the loop that used it)."""
+        """Stop late lookups and close the HTTP session (call from the loop that used it)."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background.clear()
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
 
-    async def _lookup(self, text: str, city: str, cutoff: float) -> LatLon | None:
+    async def _lookup(self, text: str, city: str, cutoff: float) -> RawPoint | None:
         """Primary, then secondary; the attempt clock starts once a slot is free, so a
         window's own queue never counts against a provider's breaker."""
         session = self._http()
@@ -276,7 +293,7 @@ class GeocoderChain:
 
     async def _attempts(
         self, session: aiohttp.ClientSession, text: str, city: str, cutoff: float
-    ) -> LatLon | None:
+    ) -> RawPoint | None:
         loop = asyncio.get_running_loop()
         attempt_s = self.settings.geocoder_attempt_timeout_ms / 1000.0
         for provider, breaker in self.providers:
@@ -285,15 +302,11 @@ class GeocoderChain:
                 return None
             if not breaker.allow():
                 continue
-            cut_by_window = remaining < attempt_s
             try:
-                point = await provider.geocode(session, text, city, min(attempt_s, remaining))
+                # The provider's own timeout, not the window's: an answer that comes after
+                # the window has moved on still fills the cache (see `_late_answer`).
+                point = await provider.geocode(session, text, city, attempt_s)
             except TimeoutError:
-                if cut_by_window:
-                    # The window's deadline, not the provider's own timeout, ended it.
-                    breaker.release()
-                    self.late += 1
-                    return None
                 breaker.record_failure()
                 self.provider_failures[provider.name] += 1
                 continue
@@ -370,16 +383,22 @@ class GeocoderChain:
             }
             await self._offline_meanwhile(misses, city_codes, tasks, cutoff)
             _, pending = await asyncio.wait(tasks.values(), timeout=max(cutoff - loop.time(), 0))
-            for task in pending:
-                task.cancel()
-                task.add_done_callback(_consume)
+            for key, task in tasks.items():
+                if task in pending:
+                    # Not cancelled: the answer goes to the cache when it comes, and the
+                    # connection stays open for reuse (a cancelled request closes it).
+                    self._background.add(task)
+                    task.add_done_callback(functools.partial(self._late_answer, key))
             self.late += len(pending)
+            answered: list[tuple[CacheKey, RawPoint]] = []
             for key, task in tasks.items():
                 if task in pending or task.cancelled() or task.exception() is not None:
                     continue
-                point = task.result()
-                if point is None:
-                    continue
+                raw = task.result()
+                if raw is not None:
+                    answered.append((key, raw))
+            points = to_wgs84_points([raw for _, raw in answered])
+            for (key, _), point in zip(answered, points, strict=True):
                 self.cache.put(key, point)
                 for i in misses.pop(key):
                     latlon[i] = point
@@ -423,6 +442,7 @@ class GeocoderChain:
                 "breakers": {p.name: b.state.value for p, b in self.providers},
                 "breaker_opened": {p.name: b.times_opened for p, b in self.providers},
                 "late": self.late,
+                "late_answers": self.late_answers,
             }
 
     def breaker_state(self, name: str) -> BreakerState:

@@ -34,11 +34,28 @@ __all__ = [
     "HttpGeocodeProvider",
     "ProviderConfig",
     "ProviderError",
+    "RawPoint",
+    "to_wgs84_points",
 ]
 
 PROVIDER_KINDS: Final = ("amap", "baidu")
 PROVIDER_DATUM: Final = {"amap": CoordSystem.GCJ02, "baidu": CoordSystem.BD09}
 _BAIDU_NO_RESULT: Final = "无相关结果"
+
+
+# (lat, lon, datum) as a provider answered.
+RawPoint = tuple[float, float, CoordSystem]
+
+
+def to_wgs84_points(points: list[RawPoint]) -> list[LatLon]:
+    """Provider answers in WGS-84, one vectorised conversion per datum."""
+    out: list[LatLon] = [(0.0, 0.0)] * len(points)
+    for datum in {p[2] for p in points}:
+        index = [i for i, p in enumerate(points) if p[2] == datum]
+        wgs = geo.to_wgs84(np.array([points[i][:2] for i in index]), datum)
+        for k, i in enumerate(index):
+            out[i] = (float(wgs[k, 0]), float(wgs[k, 1]))
+    return out
 
 
 class ProviderError(RuntimeError):
@@ -69,6 +86,7 @@ class HttpGeocodeProvider:
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
         self.name = config.name
+        self.datum = PROVIDER_DATUM[config.kind]
         base = config.base_url.rstrip("/")
         if config.kind == "amap":
             self._url = f"{base}/v3/geocode/geo"
@@ -91,8 +109,11 @@ class HttpGeocodeProvider:
 
     async def geocode(
         self, session: aiohttp.ClientSession, address: str, city: str, timeout_s: float
-    ) -> LatLon | None:
-        """The WGS-84 point of ``address``; None when the provider knows no such place.
+    ) -> RawPoint | None:
+        """(lat, lon, datum) of ``address`` as the provider answered it; None when the
+        provider knows no such place. The caller converts a window's answers to WGS-84 in
+        one vectorised call (`to_wgs84_points`): one point at a time, the inverse datum
+        iteration costs more than the HTTP call.
 
         Raises `ProviderError` on any failure, `asyncio.TimeoutError` past ``timeout_s``.
         """
@@ -109,8 +130,7 @@ class HttpGeocodeProvider:
         point = self._parse(body)
         if point is None:
             return None
-        wgs = geo.to_wgs84(np.array([point]), PROVIDER_DATUM[self.config.kind])
-        return float(wgs[0, 0]), float(wgs[0, 1])
+        return point[0], point[1], self.datum
 
     def _parse(self, body: Any) -> LatLon | None:
         """(lat, lon) in the provider's datum, None for "no such place"."""

@@ -307,8 +307,8 @@ def test_blocking_facade_for_synchronous_callers(server: GeocodingServer, parts:
 def test_the_window_deadline_cuts_lookups_that_are_still_waiting(
     server: GeocodingServer, parts: Any
 ) -> None:
-    """Attempts may wait 10 s, the window only 300 ms: the deadline, not the attempt
-    timeout, ends the lookups, and the answer comes from the gazetteer."""
+    """Attempts may wait 10 s, the window only 300 ms: the window stops waiting at its
+    deadline and answers from the gazetteer; the lookups are late, not failed."""
     server.set_mode("amap", latency_ms=3000)
     server.set_mode("baidu", latency_ms=3000)
     chain = _chain(server, *parts, geocoder_deadline_ms=300.0, geocoder_attempt_timeout_ms=10_000.0)
@@ -319,3 +319,27 @@ def test_the_window_deadline_cuts_lookups_that_are_still_waiting(
     assert stats["late"] == 3
     assert stats["provider_failures"] == {}  # cut by the deadline, not failed
     assert stats["breakers"] == {"primary": "closed", "secondary": "closed"}
+
+
+def test_a_late_answer_fills_the_cache_for_the_next_window(
+    server: GeocodingServer, parts: Any
+) -> None:
+    server.set_mode("amap", latency_ms=400)
+    chain = _chain(
+        server, *parts, secondary=None, geocoder_deadline_ms=300.0,
+        geocoder_attempt_timeout_ms=5000.0,
+    )  # fmt: skip
+    text, truth = _address(parts[0], 430)
+
+    async def body() -> tuple[int, int]:
+        first = await chain.resolve_locations([text], ["上海"])
+        for _ in range(200):  # the late answer lands within the attempt timeout
+            if chain.stats()["late_answers"]:
+                break
+            await asyncio.sleep(0.05)
+        second = await chain.resolve_locations([text], ["上海"])
+        assert _metres(second.latlon[0], truth) < 1.0
+        return int(first.source[0]), int(second.source[0])
+
+    assert _run(chain, body()) == (LocationSource.GAZETTEER, LocationSource.CACHE)
+    assert chain.stats()["late"] == 1

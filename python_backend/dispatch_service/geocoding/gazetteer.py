@@ -16,8 +16,12 @@ the request path. The version is pinned (0.5.5) and the unit tests cover the cal
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
+import sys
+import types
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -46,6 +50,7 @@ __all__ = [
 ]
 
 DEFAULT_GAZETTEER: Final = "gazetteer_shanghai.json"
+_ABSENT: Final = object()
 _HOUSE_NUMBER: Final = re.compile(r"(\d{1,6})(?:号|弄)")
 
 
@@ -84,8 +89,7 @@ class AdminRecogniser:
     """
 
     def __init__(self) -> None:
-        import cpca
-
+        cpca = _import_cpca()
         self._cpca: Any = cpca
         self._table: dict[str, Any] = cpca.ad_2_addr_dict
         # "徐汇" -> "徐汇区", "浦东" -> "浦东新区": cpca matches districts only with suffix.
@@ -151,6 +155,38 @@ def _centroid(recogniser: AdminRecogniser, adcode: str) -> LatLon | None:
     gcj = np.array([[float(info.latitude), float(info.longitude)]])
     wgs = geo.to_wgs84(gcj, CoordSystem.GCJ02)
     return float(wgs[0, 0]), float(wgs[0, 1])
+
+
+def _import_cpca() -> Any:
+    """Import cpca (heavy: pandas), which reads its adcode table at import time through
+    ``pkg_resources.resource_stream``. Where setuptools' ``pkg_resources`` is absent (Python
+    3.12 venvs, newer setuptools) a stand-in over `importlib.resources` serves that one
+    call for the duration of the import; its deprecation warning is silenced."""
+    if "cpca" in sys.modules:
+        return sys.modules["cpca"]
+    saved = sys.modules.get("pkg_resources", _ABSENT)
+    shimmed = False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pkg_resources  # noqa: F401
+    except ImportError:
+        shim = types.ModuleType("pkg_resources")
+        shim.resource_stream = lambda package, name: (  # type: ignore[attr-defined]
+            resources.files(package).joinpath(name).open("rb")
+        )
+        sys.modules["pkg_resources"] = shim
+        shimmed = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return importlib.import_module("cpca")
+    finally:
+        if shimmed:
+            if saved is _ABSENT:
+                del sys.modules["pkg_resources"]
+            else:
+                sys.modules["pkg_resources"] = saved  # type: ignore[assignment]
 
 
 def adcode_prefix(adcode: str) -> str:

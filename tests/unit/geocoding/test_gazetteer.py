@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -112,3 +115,21 @@ def test_address_outside_the_given_city_gives_none(
     gazetteer: Gazetteer, recogniser: AdminRecogniser
 ) -> None:
     assert match_address("北京市朝阳区建国路1号", "310000", gazetteer, recogniser) is None
+
+
+def test_cpca_imports_without_setuptools_pkg_resources() -> None:
+    """cpca reads its table through pkg_resources at import; Python 3.12 venvs and newer
+    setuptools lack it. A child interpreter with pkg_resources blocked still recognises."""
+    code = (
+        "import sys; sys.modules['pkg_resources'] = None\n"
+        "from dispatch_service.geocoding.gazetteer import AdminRecogniser\n"
+        "found = AdminRecogniser().recognise('上海市徐汇区安平路1号')\n"
+        "assert found is not None and found.adcode == '310104', found\n"
+        "assert sys.modules.get('pkg_resources', 'gone') is None\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

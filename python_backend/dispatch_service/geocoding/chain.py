@@ -72,6 +72,7 @@ __all__ = [
 MAX_CITY_BYTES: Final = 64
 # Offline matches worked out between two looks at the network (each well under 1 ms).
 _OFFLINE_CHUNK: Final = 64
+_CITY_CODES: Final = 4096
 AddressText = str | bytes
 T = TypeVar("T")
 
@@ -190,7 +191,8 @@ class GeocoderChain:
         ]
         self.gazetteer = gazetteer or Gazetteer.load(s.geocoder_gazetteer_path or None)
         self.recogniser = recogniser or AdminRecogniser()
-        self._city_codes: dict[str, str | None] = {}
+        # Bounded: unknown cities are remembered too, and a caller chooses what it sends.
+        self._city_codes: LRUCache[str, str | None] = LRUCache(_CITY_CODES)
         self._offline: LRUCache[CacheKey, GazetteerMatch | None] = LRUCache(
             s.geocoder_cache_entries
         )
@@ -210,9 +212,13 @@ class GeocoderChain:
     def _city_code(self, city: str, field: str, row: int) -> str | None:
         if not city:
             return None
-        if city not in self._city_codes:
-            self._city_codes[city] = self.recogniser.city_adcode(city)
-        code = self._city_codes[city]
+        with self._lock:
+            known = city in self._city_codes
+            code = self._city_codes.get(city)
+        if not known:
+            code = self.recogniser.city_adcode(city)
+            with self._lock:
+                self._city_codes[city] = code
         if code is None:
             raise DispatchInputError(
                 field, f"row {row}: city {city!r} must be a known city name or adcode",

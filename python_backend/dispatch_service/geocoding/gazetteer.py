@@ -130,6 +130,15 @@ class AdminRecogniser:
                 return str(key[:6])
         return None
 
+    def districts(self, prefix: str) -> list[tuple[str, str]]:
+        """(name, adcode) of every district-level division whose adcode starts with
+        ``prefix`` (e.g. "31": Shanghai's), sorted by name."""
+        return sorted(
+            (str(info.name), key[:6])
+            for key, info in self._table.items()
+            if key.startswith(prefix) and info.rank == 2
+        )
+
     def city_adcode(self, city: str) -> str | None:
         """The 6-digit adcode of a city field (a name like 上海 / 杭州市, or an adcode)."""
         if city.isdigit():

@@ -95,11 +95,7 @@ def _road_names(count: int, recogniser: gaz.AdminRecogniser, seed: int) -> list[
 
 
 def _shanghai_districts(recogniser: gaz.AdminRecogniser) -> list[str]:
-    return sorted(
-        str(info.name)
-        for key, info in recogniser._table.items()
-        if key.startswith("31") and info.rank == 2
-    )
+    return [name for name, _ in recogniser.districts("31")]
 
 
 def build_gazetteer(

@@ -51,7 +51,7 @@ __all__ = [
 
 DEFAULT_GAZETTEER: Final = "gazetteer_shanghai.json"
 _ABSENT: Final = object()
-_HOUSE_NUMBER: Final = re.compile(r"(\d{1,6})(?:号|弄)")
+_HOUSE_NUMBER: Final = re.compile(r"(\d{1,6})(?:[-之]\d{1,4})?(?:号|弄)")
 
 
 class MatchKind(IntEnum):

@@ -74,6 +74,9 @@ def test_road_and_number(gazetteer: Gazetteer, recogniser: AdminRecogniser) -> N
     assert found is not None and found.kind is MatchKind.ROAD_NUMBER
     assert found.latlon == pytest.approx(road.point(250))
     assert found.adcode == "310104"
+    for variant in (f"{road.name}250-3号", f"{road.name}250之1号", f"{road.name}250弄12号"):
+        other = match_address(variant, None, gazetteer, recogniser)
+        assert other is not None and other.latlon == pytest.approx(road.point(250))
 
 
 def test_poi_is_the_simulator_hot_spot(gazetteer: Gazetteer, recogniser: AdminRecogniser) -> None:

@@ -256,6 +256,7 @@ class RemoteGeocodingServer:
         self.key = key
         self._process: subprocess.Popen[str] | None = None
         self.url = ""
+        self.exit_code: int | None = None  # the child's, once stopped
 
     def start(self) -> str:
         self._process = subprocess.Popen(
@@ -296,6 +297,7 @@ class RemoteGeocodingServer:
                 self._process.wait()
             if self._process.stdout is not None:
                 self._process.stdout.close()
+            self.exit_code = self._process.returncode
             self._process = None
 
     def __enter__(self) -> RemoteGeocodingServer:

@@ -124,7 +124,8 @@ class HttpGeocodeProvider:
                         raise ProviderError(f"{self.name}: HTTP {reply.status}")
                     body = await reply.json(content_type=None)
             except aiohttp.ClientError as exc:
-                raise ProviderError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+                # The type only: some aiohttp messages carry the URL, and with it the key.
+                raise ProviderError(f"{self.name}: {type(exc).__name__}") from exc
             except ValueError as exc:  # body is not JSON
                 raise ProviderError(f"{self.name}: answer is not JSON") from exc
         point = self._parse(body)

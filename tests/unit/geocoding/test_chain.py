@@ -343,3 +343,22 @@ def test_a_late_answer_fills_the_cache_for_the_next_window(
 
     assert _run(chain, body()) == (LocationSource.GAZETTEER, LocationSource.CACHE)
     assert chain.stats()["late"] == 1
+
+
+def test_a_place_only_the_provider_knows_and_an_answer_outside_china(
+    server: GeocodingServer, parts: Any
+) -> None:
+    server.add_place("上海市某某新村12号", (31.25, 121.45))
+    server.add_place("上海市巴黎路1号", (48.8566, 2.3522))  # a provider answering nonsense
+    chain = _chain(server, *parts, secondary=None)
+
+    async def body() -> Resolution:
+        known = await chain.resolve_locations(["上海市某某新村12号"], ["上海"])
+        with pytest.raises(DispatchInputError, match=r"address: row 0: address '上海市巴黎路1号'"):
+            await chain.resolve_locations(["上海市巴黎路1号"], ["上海"])
+        return known
+
+    known = _run(chain, body())
+    assert known.source.tolist() == [LocationSource.GEOCODER]
+    assert _metres(known.latlon[0], (31.25, 121.45)) < 1.0
+    assert chain.stats()["provider_failures"] == {"primary": 1}

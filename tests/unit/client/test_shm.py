@@ -488,7 +488,7 @@ class ShmServer:
 def shm_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[ShmServer]]:
     monkeypatch.setattr("dispatch_client.shm.grpcclient.InferenceServerClient", ShmServer)
     # SIGTERM handling is tested in a child process (integration); keep pytest's own.
-    monkeypatch.setattr("dispatch_client.shm._install_sigterm_handler", lambda: None)
+    monkeypatch.setattr("dispatch_client.shm_pool._install_sigterm_handler", lambda: None)
     ShmServer.registered = {}
     ShmServer.requests = []
     ShmServer.fail_with = None

@@ -68,7 +68,7 @@ class RegionBackend(Protocol):
 
     def register(self, client: Any, region: Region) -> None: ...
 
-    def unregister(self, client: Any, region: Region) -> None: ...
+    def unregister(self, client: Any, region: Region, timeout_s: float) -> None: ...
 
     def write(self, region: Region, chunks: Sequence[tuple[Slot, NDArray[np.uint8]]]) -> None:
         """Copy each chunk (raw bytes as uint8) to its slot; slots are in offset order."""
@@ -109,8 +109,10 @@ class SystemShmBackend:
             region.name, f"/{region.name}", region.byte_size, **self._auth()
         )
 
-    def unregister(self, client: Any, region: Region) -> None:
-        client.unregister_system_shared_memory(region.name, **self._auth())
+    def unregister(self, client: Any, region: Region, timeout_s: float) -> None:
+        client.unregister_system_shared_memory(
+            region.name, client_timeout=timeout_s, **self._auth()
+        )
 
     def write(self, region: Region, chunks: Sequence[tuple[Slot, NDArray[np.uint8]]]) -> None:
         assert region.view is not None
@@ -180,8 +182,8 @@ class CudaShmBackend:
             region.name, raw, self.device_id, region.byte_size, **self._auth()
         )
 
-    def unregister(self, client: Any, region: Region) -> None:
-        client.unregister_cuda_shared_memory(region.name, **self._auth())
+    def unregister(self, client: Any, region: Region, timeout_s: float) -> None:
+        client.unregister_cuda_shared_memory(region.name, client_timeout=timeout_s, **self._auth())
 
     def write(self, region: Region, chunks: Sequence[tuple[Slot, NDArray[np.uint8]]]) -> None:
         # tritonclient writes arrays back to back from offset 0, one cudaMemcpy each: fill
@@ -263,6 +265,9 @@ class ShmRegionPool(Closing):
     """
 
     close_wait_s: ClassVar[float] = 5.0
+    # One unregistration call; an unanswered one is retried like a refused one, so a busy
+    # or wedged server cannot hold close() (or a signal's exit) for long.
+    unregister_timeout_s: ClassVar[float] = 2.0
 
     def __init__(
         self,
@@ -350,11 +355,18 @@ class ShmRegionPool(Closing):
         return regions
 
     def _release(self, region: Region) -> None:
-        """Unregister, then unmap and unlink; best effort and idempotent.
+        """Unmap and unlink, then unregister; best effort and idempotent.
 
-        Each flag flips before its call: an interrupt in between may leak a region to the
-        OS, but a region is never destroyed twice (a double unmap could crash the process).
+        Local first: the server keeps its own mapping of a registered region, so unlinking
+        ours never disturbs it, and a process killed while the server is slow to answer
+        the unregistration leaves nothing in /dev/shm. Each flag flips before its call: an
+        interrupt in between may leak a region, but a region is never destroyed twice (a
+        double unmap could crash the process).
         """
+        if not region.destroyed:
+            region.destroyed = True
+            with contextlib.suppress(Exception):
+                self.backend.destroy(region)
         if region.registered:
             region.registered = False
             if not self._unregister(region):
@@ -362,15 +374,11 @@ class ShmRegionPool(Closing):
                 # timeout); retried before later checkouts and at close.
                 with self._cond:
                     self._pending.append(region)
-        if not region.destroyed:
-            region.destroyed = True
-            with contextlib.suppress(Exception):
-                self.backend.destroy(region)
 
     def _unregister(self, region: Region) -> bool:
         """True when the server no longer holds the region (or cannot be reached at all)."""
         try:
-            self.backend.unregister(self.client, region)
+            self.backend.unregister(self.client, region, self.unregister_timeout_s)
         except InferenceServerException as exc:
             return str(exc.status()) == "StatusCode.UNAVAILABLE"  # server gone: nothing to undo
         except Exception:

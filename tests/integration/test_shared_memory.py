@@ -68,16 +68,6 @@ def shm_files(pid: int) -> set[str]:
     return {p.name for p in SHM.glob(f"{REGION_PREFIX}_{pid}_*")}
 
 
-def stale_files() -> set[str]:
-    """Region files whose creating process is gone (the CLI's, a child's)."""
-    pid_at = len(REGION_PREFIX.split("_"))
-    return {
-        path.name
-        for path in SHM.glob(f"{REGION_PREFIX}_*")
-        if not Path(f"/proc/{path.name.split('_')[pid_at]}").exists()
-    }
-
-
 @pytest.fixture(autouse=True)
 def nothing_left_behind(grpc_client: grpcclient.InferenceServerClient) -> Iterator[None]:
     yield
@@ -268,7 +258,12 @@ def test_a_child_releases_its_regions_on_signal_or_exit(
                 assert len(server_regions(grpc_client, child.pid)) == 8  # 4 region sets
                 time.sleep(0.3)  # let it get into the middle of requests
                 child.send_signal(signum)
-            child.wait(timeout=30)
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                _, err = child.communicate()
+                pytest.fail(f"the child did not exit within 30 s of {signum!r}:\n{err[-4000:]}")
         finally:
             if child.poll() is None:
                 child.kill()
@@ -281,22 +276,28 @@ def test_a_child_releases_its_regions_on_signal_or_exit(
     assert shm_files(child.pid) == set()
 
 
-def test_cli_grpc_shm_answers_like_grpc(triton: TritonServer) -> None:
+def test_cli_grpc_shm_answers_like_grpc(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
     cli = Path(sys.prefix) / "bin" / "dispatch-client"
 
-    def run(protocol: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+    def run(protocol: str) -> tuple[int, str, str, int]:
+        with subprocess.Popen(
             [str(cli), "--url", triton.grpc_url, "--protocol", protocol, str(EXAMPLE)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=60,
-            check=False,
-        )
+        ) as process:
+            out, err = process.communicate(timeout=60)
+        return process.returncode, out, err, process.pid
 
-    over_shm, over_grpc = run("grpc-shm"), run("grpc")
-    assert over_shm.returncode == over_grpc.returncode == 0, over_shm.stderr
-    assert json.loads(over_shm.stdout) == json.loads(over_grpc.stdout)
-    assert stale_files() == set()
+    code_shm, out_shm, err_shm, pid = run("grpc-shm")
+    code_grpc, out_grpc, _, _ = run("grpc")
+    assert code_shm == code_grpc == 0, err_shm
+    assert json.loads(out_shm) == json.loads(out_grpc)
+    # The CLI's own regions only: /dev/shm is the host's, shared with every other client.
+    assert shm_files(pid) == set()
+    assert server_regions(grpc_client, pid) == set()
 
 
 # ---- the feature-level entry point --------------------------------------------------------

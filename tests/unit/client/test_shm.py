@@ -82,7 +82,9 @@ class Registrar:
         self.registered[name] = (key, byte_size)
         self.calls.append(("register", name))
 
-    def unregister_system_shared_memory(self, name: str) -> None:
+    def unregister_system_shared_memory(
+        self, name: str, client_timeout: float | None = None
+    ) -> None:
         self.registered.pop(name, None)
         self.calls.append(("unregister", name))
 
@@ -317,11 +319,13 @@ def test_a_region_the_server_still_uses_is_unregistered_once_it_lets_go() -> Non
     class Busy(Registrar):
         refusals = 2
 
-        def unregister_system_shared_memory(self, name: str) -> None:
+        def unregister_system_shared_memory(
+            self, name: str, client_timeout: float | None = None
+        ) -> None:
             if self.refusals > 0:
                 self.refusals -= 1
                 raise InferenceServerException("region is in use", "StatusCode.INTERNAL")
-            super().unregister_system_shared_memory(name)
+            super().unregister_system_shared_memory(name, client_timeout)
 
     client = Busy()
     with make_pool(client, size=1) as pool:
@@ -417,7 +421,9 @@ class ShmServer:
     def register_system_shared_memory(self, name: str, key: str, byte_size: int) -> None:
         ShmServer.registered[name] = key
 
-    def unregister_system_shared_memory(self, name: str) -> None:
+    def unregister_system_shared_memory(
+        self, name: str, client_timeout: float | None = None
+    ) -> None:
         ShmServer.registered.pop(name)
 
     def _mapping(self, region: str) -> mmap.mmap:
@@ -641,7 +647,7 @@ class KeyedRegistrar:
         self.registered.add(name)
 
     def unregister_system_shared_memory(
-        self, name: str, headers: dict[str, str] | None = None
+        self, name: str, headers: dict[str, str] | None = None, client_timeout: float | None = None
     ) -> None:
         self._check(headers)
         self.registered.discard(name)

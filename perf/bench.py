@@ -33,13 +33,16 @@ from typing import Any
 
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from perf import limit
 from perf.bodies import (
     decode_arrays,
     triton_infer_path,
 )
+from perf.floor import measure_floor
 from perf.levels import PA_ENTRIES, load_level, pa_level
 from perf.locust_run import run_locust
+from perf.overload import run_overload
 from perf.pa import PerfAnalyzer
 from perf.report import render_report
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, MODELS, BenchResults, Series, entry_key
@@ -88,6 +91,10 @@ class Plan:
     locust_seconds: int
     locust_users: int
     budget_s: float  # after this, remaining levels are skipped (and listed)
+    # dispatch_fused at concurrency 512 (all standard, then 10 % level 1 / 90 % level 3) and
+    # the no-work floor of the contract (perf.floor), each level this long
+    overload_seconds: float = 0.0
+    floor_seconds: float = 0.0
 
 
 FULL = Plan(
@@ -103,6 +110,8 @@ FULL = Plan(
     locust_seconds=15,
     locust_users=16,
     budget_s=540.0,
+    overload_seconds=0.0,  # off: perf.overload hung in its one live try (see its docstring)
+    floor_seconds=3.0,
 )
 
 QUICK = Plan(
@@ -118,6 +127,8 @@ QUICK = Plan(
     locust_seconds=5,
     locust_users=8,
     budget_s=150.0,
+    overload_seconds=0.0,
+    floor_seconds=1.0,
 )
 
 
@@ -176,6 +187,8 @@ class Bench:
         )
         self.phase("Triton", self.triton_phase)
         self.phase("FastAPI baseline", self.fastapi_phase)
+        if self.plan.floor_seconds > 0:
+            self.phase("no-work floor", self.floor_phase)
         self.results.host["loadavg_after"] = _loadavg()
         self.results.duration_s = time.monotonic() - self.started
         self.results.tuning_log = json.loads(TUNING_LOG.read_text()) if TUNING_LOG.exists() else []
@@ -196,6 +209,8 @@ class Bench:
         with TritonSession(self.repository, self.out / "tritonserver.log") as triton:
             for size in self.sizes:
                 self.triton_size(triton, self.workloads[size.name])
+            if self.plan.overload_seconds > 0 and self.remaining() > 0:
+                self.overload_levels(triton)
             if "small" in self.workloads and self.remaining() > 0:
                 self.say("locust scenario")
                 self.results.locust = run_locust(
@@ -207,6 +222,21 @@ class Bench:
                     max_requests=20000,
                     out=self.out,
                 )
+
+    def overload_levels(self, triton: TritonSession) -> None:
+        """Concurrency 512 on dispatch_fused, then the same with mixed priorities; each as
+        one note (JSON) in the report: accepted/refused per level, latencies, next request."""
+        for share, label in ((None, "overload"), (0.1, "mixed-priority overload")):
+            self.say(f"{label}: dispatch_fused, concurrency 512, {self.plan.overload_seconds:g} s")
+            result = run_overload(
+                triton.endpoints.grpc, FUSED_MODEL_NAME, 512, self.plan.overload_seconds, share
+            )
+            self.results.notes.append(f"{label}: {json.dumps(result.summary())}")
+
+    def floor_phase(self) -> None:
+        self.say("no-work floor of the contract (dispatch_floor)")
+        figures = measure_floor(self.plan.floor_seconds, self.out / "floor")
+        self.results.notes.append(f"no-work floor: {json.dumps(figures)}")
 
     def fastapi_phase(self) -> None:
         self.deadline = self.started + self.plan.budget_s

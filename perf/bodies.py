@@ -1,6 +1,8 @@
 """HTTP request bodies built once from simulator windows, and the answers they get back.
 
-Four wire forms of the same window:
+Four wire forms of the same window (`perf.windows` gives each as its contract v2 wire
+tensors, one window without the batch dimension; the Triton bodies add the batch
+dimension of 1 every request carries):
 - Triton KServe v2 JSON (`/v2/models/dispatch/infer`, tensors as JSON lists, answer in JSON);
 - Triton KServe v2 binary extension (JSON header + raw tensors, `Inference-Header-Content-Length`);
 - the FastAPI baseline's window JSON (`POST /dispatch`): the client's documented window
@@ -23,7 +25,8 @@ import tritonclient.http as httpclient
 from numpy.typing import NDArray
 
 from dispatch_client.window_json import window_to_json
-from dispatch_contract import DISPATCH_OUTPUTS, TRITON_TO_NUMPY, spec_by_name
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, TRITON_TO_NUMPY, batched, spec_by_name
+from dispatch_service.domain.window import window_tensors_from_wire
 from perf.pa import tensor_entry
 
 __all__ = [
@@ -42,7 +45,8 @@ __all__ = [
 ]
 
 Tensors = dict[str, NDArray[Any]]
-OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_OUTPUTS)
+# Contract v2: rider indices and objective matrices, plus the per-order routing outputs.
+OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS)
 
 
 def triton_infer_path(model: str) -> str:
@@ -64,7 +68,7 @@ def triton_json_body(tensors: Mapping[str, NDArray[Any]]) -> RequestBody:
     document = {
         "inputs": [
             {"name": name, "datatype": spec_by_name(name).triton_dtype, **_kserve_json(array)}
-            for name, array in tensors.items()
+            for name, array in batched(tensors).items()
         ],
         "outputs": [{"name": name, "parameters": {"binary_data": False}} for name in OUTPUT_NAMES],
     }
@@ -80,7 +84,7 @@ def _kserve_json(array: NDArray[Any]) -> dict[str, Any]:
 def triton_binary_body(tensors: Mapping[str, NDArray[Any]]) -> RequestBody:
     """KServe v2 binary-tensor extension, built by tritonclient exactly as its client sends it."""
     inputs = []
-    for name, array in tensors.items():
+    for name, array in batched(tensors).items():
         infer_input = httpclient.InferInput(
             name, list(array.shape), spec_by_name(name).triton_dtype
         )
@@ -110,7 +114,8 @@ def decode_triton_json_answer(data: bytes) -> Tensors:
 
 def fastapi_window_body(tensors: Mapping[str, NDArray[Any]]) -> RequestBody:
     """The client's window JSON, compact, as `dispatch-client` would read it."""
-    data = window_to_json(tensors, indent=None).encode()
+    logical = window_tensors_from_wire(tensors)
+    data = window_to_json({k: v for k, v in logical.items() if v is not None}, indent=None).encode()
     return RequestBody(data, {"Content-Type": "application/json"})
 
 

@@ -76,7 +76,7 @@ from dispatch_service.core.model_config import (
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.features import EncoderSettings, encode_window
-from dispatch_service.domain.window import window_from_tensors, window_to_tensors
+from dispatch_service.domain.window import window_from_wire, window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.ops.server import (
     Ports,
@@ -301,7 +301,7 @@ def feature_inputs(window: Tensors) -> Tensors:
     `feature_encoder/config.pbtxt`, so `dispatch_features` answers as `dispatch` does.
     """
     parameters = config_parameters(MODEL_REPOSITORY / "feature_encoder" / CONFIG_NAME)
-    pairs = encode_window(window_from_tensors(window), load_settings(EncoderSettings, parameters))
+    pairs = encode_window(window_from_wire(window), load_settings(EncoderSettings, parameters))
     tensors: Tensors = {
         "PAIR_FEATURES": pairs.pair_features,
         "CANDIDATE_RIDER_INDEX": pairs.candidate_rider_index,
@@ -385,9 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    window = window_to_tensors(
-        generate_window(np.random.default_rng(4242), args.orders, args.riders)
-    )
+    window = window_to_wire(generate_window(np.random.default_rng(4242), args.orders, args.riders))
     from perf.pa import output_shm_size, write_input_data
 
     # One --input-data file per entry point, each used by both of its runs (shm and copies).

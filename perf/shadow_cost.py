@@ -22,9 +22,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched
 from dispatch_service.core.paths import REPO_ROOT
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.ops.router_control import apply_router_settings
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
@@ -42,7 +42,7 @@ OUTPUTS = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
 
 
 def _inputs(orders: int, riders: int) -> list[grpcclient.InferInput]:
-    tensors = window_to_tensors(generate_window(np.random.default_rng(11), orders, riders))
+    tensors = batched(window_to_wire(generate_window(np.random.default_rng(11), orders, riders)))
     inputs = []
     for name, array in tensors.items():
         item = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))

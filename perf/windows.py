@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
 from dispatch_service.core.model_config import CONFIG_NAME, read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
 __all__ = [
@@ -98,7 +98,7 @@ def simulated_windows(
     extra = neutral_inputs(optional)
     windows = []
     for seed in range(first_seed, first_seed + size.count):
-        tensors = window_to_tensors(
+        tensors = window_to_wire(
             generate_window(np.random.default_rng(seed), size.orders, size.riders)
         )
         tensors.update({name: value.copy() for name, value in extra.items()})

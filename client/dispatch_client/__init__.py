@@ -22,6 +22,7 @@ from dispatch_client.errors import (
     DispatchServerError,
     WindowJSONError,
 )
+from dispatch_client.priority import PriorityMap
 from dispatch_client.transport import (
     GrpcTransport,
     HttpTransport,
@@ -45,6 +46,7 @@ __all__ = [
     "GrpcTransport",
     "HttpTransport",
     "OrderResult",
+    "PriorityMap",
     "ProtocolName",
     "Transport",
     "WindowJSONError",

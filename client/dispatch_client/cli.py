@@ -43,6 +43,7 @@ from dispatch_client.client import DEFAULT_MODEL_NAME, DispatchClient
 from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchError, DispatchServerError, WindowJSONError, one_line
 from dispatch_client.keys import KeyFileError
+from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
 from dispatch_client.shm import ShmCapacity
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
@@ -132,7 +133,8 @@ OPTIONAL_INPUT_OPTIONS: tuple[InputOption, ...] = (
         "document's model_version_tag, else the router picks per user)",
         str,
     ),
-    # The deadline and priority inputs (tensor contract v2) get their rows here.
+    # Deadline and priority are request options, not window tensors: --deadline-ms,
+    # --priority and --priority-map below.
 )
 
 
@@ -185,6 +187,25 @@ def _parser() -> argparse.ArgumentParser:
         help="request id sent to the server (default: a fresh 32-hex-digit id)",
     )
     parser.add_argument(
+        "--deadline-ms",
+        type=float,
+        metavar="MS",
+        help="longest the window may wait in the server's queue before it is refused "
+        "(0 < MS <= 60000; default: the model's own timeout)",
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        metavar="LEVEL",
+        help="1 priority orders / premium, 2 standard, 3 bulk re-dispatch "
+        "(default: from --priority-map, else the model's default 2)",
+    )
+    parser.add_argument(
+        "--priority-map",
+        metavar="FILE",
+        help='tenant-to-level JSON, e.g. {"default": 2, "tenants": {"premium-co": 1}}',
+    )
+    parser.add_argument(
         "file",
         nargs="?",
         default="-",
@@ -228,6 +249,16 @@ def main(
     except SystemExit as exc:  # --help printed its text and asked to exit
         return exc.code if isinstance(exc.code, int) else EXIT_OK
 
+    try:
+        deadline_ms = check_deadline_ms(args.deadline_ms)
+        priority = None if args.priority is None else check_priority(args.priority)
+        priorities = None if args.priority_map is None else PriorityMap.from_file(args.priority_map)
+    except ValueError as exc:
+        option = "--deadline-ms" if "deadline" in str(exc) else "--priority"
+        if args.priority_map is not None and str(exc).startswith("priority map"):
+            option = "--priority-map"
+        return _fail(f"{option}: {exc}", EXIT_INPUT)
+
     source = "<stdin>" if args.file == "-" else args.file
     given = {o.key: o.flag for o in OPTIONAL_INPUT_OPTIONS if getattr(args, o.key) is not None}
     try:
@@ -258,7 +289,13 @@ def main(
         return _fail("interrupted", 130)
 
     try:
-        with DispatchClient(transport, model_name=args.model) as client:
+        with DispatchClient(
+            transport,
+            model_name=args.model,
+            deadline_ms=deadline_ms,
+            priority=priority,
+            priorities=priorities,
+        ) as client:
             result = client.dispatch(window, request_id=args.request_id)
     except DispatchError as exc:
         return _fail(exc.message, exit_code_for(exc), exc.request_id)

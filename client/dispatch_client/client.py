@@ -1,9 +1,10 @@
 """`DispatchClient`: send one dispatch window, get per-order results back.
 
-The `dispatch` ensemble answers in padded [B, K] tensors; callers want, per order, the
-riders that were really ranked and the one assigned. This module does that reshaping once,
-and checks the answer's shapes so a contract drift shows up as an error, not as results
-attached to the wrong order.
+The `dispatch` ensemble (contract v2) answers one window per request in padded [1, B, K]
+rider indices and objective matrices; callers want, per order, the riders (by id) that were
+really ranked and the one assigned. This module packs the window into the wire tensors,
+maps the indices back to the window's rider ids, and checks the answer's shapes so a
+contract drift shows up as an error, not as results attached to the wrong order.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
+from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
     DEFAULT_HTTP_URL,
@@ -32,7 +34,11 @@ from dispatch_contract import (
     FEATURE_ENTRY_MODEL_NAME,
     NUM_PAIR_FEATURES,
     ROUTING_INPUTS,
+    TOPK_OBJECTIVE_COLUMNS,
     WINDOW_INPUTS,
+    WIRE_DISPATCH_INPUTS,
+    batched,
+    pack_window,
 )
 
 __all__ = [
@@ -44,23 +50,23 @@ __all__ = [
     "OrderResult",
     "new_request_id",
     "parse_dispatch_outputs",
+    "unbatched_outputs",
 ]
 
 DEFAULT_MODEL_NAME = "dispatch"
-# The resolver's answer plus the router's per-order ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL.
+# Contract v2: the resolver's answer (rider indices and objective matrices) plus the
+# router's per-order ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL.
 OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS)
-# The window, plus the optional MODEL_VERSION_TAG ("stable", "canary" or a version number).
+# A window in the library's form (one tensor per field, as `window_from_json` builds it),
+# plus the optional MODEL_VERSION_TAG ("stable", "canary" or a version number) ...
 _INPUT_NAMES = frozenset(spec.name for spec in (*WINDOW_INPUTS, *ROUTING_INPUTS))
+# ... or already packed as the wire's v2 tensors (without the batch dimension).
+_WIRE_NAMES = frozenset(spec.name for spec in WIRE_DISPATCH_INPUTS)
 _FEATURE_SPECS = {spec.name: spec for spec in FEATURE_ENTRY_INPUTS}
-_TOPK = (  # the index first: it defines K and marks padding
-    "TOPK_RIDER_INDEX",
-    "TOPK_RIDER_IDS",
-    "TOPK_SCORE",
-    "TOPK_ETA_MINUTES",
-    "TOPK_ONTIME_PROBABILITY",
-    "TOPK_COST",
+_SCORE, _ETA, _ONTIME, _COST = (
+    TOPK_OBJECTIVE_COLUMNS.index(name)
+    for name in ("score", "eta_minutes", "ontime_probability", "cost")
 )
-_ASSIGNED = ("ASSIGNED_RIDER_IDS", "ASSIGNED_RIDER_INDEX", "ASSIGNED_SCORE")
 
 
 class Candidate(NamedTuple):
@@ -130,9 +136,26 @@ class DispatchClient(Closing):
     ...     result = client.dispatch(window_from_json(text))
     """
 
-    def __init__(self, transport: Transport, *, model_name: str = DEFAULT_MODEL_NAME) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        model_name: str = DEFAULT_MODEL_NAME,
+        deadline_ms: float | None = None,
+        priority: int | None = None,
+        priorities: PriorityMap | None = None,
+    ) -> None:
+        """`deadline_ms`: the longest a window may wait in the server's queue before it is
+        refused (UNAVAILABLE), (0, 60000] ms; None keeps the model's default timeout.
+        `priority`: 1 (priority/premium), 2 (standard) or 3 (bulk) for every window;
+        `priorities`: a tenant-to-level map choosing each window's level from its orders
+        (used when `priority` is None). Neither: the model's default level (2).
+        Raises ValueError for a bad deadline or an unknown level."""
         self.transport = transport
         self.model_name = model_name
+        self.deadline_ms = check_deadline_ms(deadline_ms)
+        self.priority = None if priority is None else check_priority(priority)
+        self.priorities = priorities
 
     @classmethod
     def http(
@@ -141,8 +164,17 @@ class DispatchClient(Closing):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         model_name: str = DEFAULT_MODEL_NAME,
+        deadline_ms: float | None = None,
+        priority: int | None = None,
+        priorities: PriorityMap | None = None,
     ) -> DispatchClient:
-        return cls(HttpTransport(url, timeout_s=timeout_s), model_name=model_name)
+        return cls(
+            HttpTransport(url, timeout_s=timeout_s),
+            model_name=model_name,
+            deadline_ms=deadline_ms,
+            priority=priority,
+            priorities=priorities,
+        )
 
     @classmethod
     def grpc(
@@ -151,26 +183,62 @@ class DispatchClient(Closing):
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         model_name: str = DEFAULT_MODEL_NAME,
+        deadline_ms: float | None = None,
+        priority: int | None = None,
+        priorities: PriorityMap | None = None,
     ) -> DispatchClient:
-        return cls(GrpcTransport(url, timeout_s=timeout_s), model_name=model_name)
+        return cls(
+            GrpcTransport(url, timeout_s=timeout_s),
+            model_name=model_name,
+            deadline_ms=deadline_ms,
+            priority=priority,
+            priorities=priorities,
+        )
 
     def dispatch(
         self, window: Mapping[str, ArrayLike], *, request_id: str | None = None
     ) -> DispatchResult:
-        """Send window tensors (e.g. from `window_from_json`) and parse the answer.
+        """Send a window (e.g. from `window_from_json`) and parse the answer.
 
-        `request_id` is sent as Triton's request id (a fresh `new_request_id` when None):
-        the server's rejection log lines carry it, the raised error and the result too.
-        Raises ValueError for a tensor name the contract does not know or a missing
-        ORDER_IDS (caught before any network traffic), and the transport's errors.
+        The window is packed into the v2 wire tensors (`dispatch_contract.pack_window`),
+        one window per request (batch dimension 1); the answer's rider indices are mapped
+        back to the window's rider ids. A window already in the wire form (ORDER_FIELDS,
+        RIDER_FIELDS, WINDOW_FIELDS) is sent as it is. `request_id` is sent as Triton's
+        request id (a fresh `new_request_id` when None): the server's rejection log lines
+        carry it, the raised error and the result too. Raises ValueError for a tensor name
+        the contract does not know or a missing one (caught before any network traffic),
+        and the transport's errors.
         """
-        unknown = sorted(set(window) - _INPUT_NAMES)
+        given = {name for name, value in window.items() if value is not None}
+        wire = given & (_WIRE_NAMES - _INPUT_NAMES)
+        unknown = sorted(given - (_WIRE_NAMES if wire else _INPUT_NAMES))
         if unknown:
             raise ValueError(f"unknown window tensor(s) {', '.join(unknown)}")
-        inputs = {name: np.asarray(value) for name, value in window.items() if value is not None}
-        if "ORDER_IDS" not in inputs:
-            raise ValueError("window tensors lack ORDER_IDS")
-        return self._call(self.model_name, inputs, inputs["ORDER_IDS"], request_id)
+        present = {name: window[name] for name in given}
+        if wire:
+            inputs = {name: np.asarray(value) for name, value in present.items()}
+        else:
+            try:
+                inputs = pack_window(present)
+            except KeyError as exc:
+                raise ValueError(f"window tensors lack {exc.args[0]}") from None
+        for name in ("ORDER_IDS", "RIDER_IDS"):
+            if name not in inputs:
+                raise ValueError(f"window tensors lack {name}")
+        options = self._request_options(present if not wire else {})
+        return self._call(self.model_name, inputs, request_id, options=options)
+
+    def _request_options(self, window: Mapping[str, ArrayLike]) -> dict[str, int]:
+        """Triton's request priority and queue timeout, only those the caller set."""
+        options: dict[str, int] = {}
+        level = self.priority
+        if level is None and self.priorities is not None:
+            level = self.priorities.level_of(window)
+        if level is not None:
+            options["priority"] = level
+        if self.deadline_ms is not None:
+            options["timeout_us"] = max(1, round(self.deadline_ms * 1000.0))
+        return options
 
     def dispatch_features(
         self,
@@ -182,12 +250,13 @@ class DispatchClient(Closing):
     ) -> DispatchResult:
         """Send already encoded pair features to the `dispatch_features` ensemble.
 
-        `features` holds the tensors of `contracts.FEATURE_ENTRY_INPUTS`: PAIR_FEATURES
-        [B x N, 28] (the served model versions' layout, rows in CANDIDATE_RIDER_INDEX order),
-        CANDIDATE_RIDER_INDEX [B, N], ORDER_USER_IDS [B] (canary routing), RIDER_IDS,
-        RIDER_LOAD, RIDER_CAPACITY and optionally OBJECTIVE_WEIGHTS and MODEL_VERSION_TAG.
-        `order_ids` ([B]) label the results; they are not sent. `request_id` as in
-        `dispatch`. Numeric tensors are cast to
+        `features` holds the tensors of `contracts.FEATURE_ENTRY_INPUTS` (one window, without
+        the batch dimension): PAIR_FEATURES [B x N, 28] (the served model versions' layout,
+        rows in CANDIDATE_RIDER_INDEX order), CANDIDATE_RIDER_INDEX [B, N], ORDER_USER_IDS [B]
+        (canary routing), RIDER_IDS [R], RIDER_FIELDS [R, 6] (`RIDER_FIELD_COLUMNS`; the
+        resolver reads load and capacity) and optionally OBJECTIVE_WEIGHTS and
+        MODEL_VERSION_TAG. `order_ids` ([B]) label the results; they are not sent.
+        `request_id` as in `dispatch`. Numeric tensors are cast to
         the contract's dtypes. Raises ValueError for an unknown or
         missing tensor or inconsistent shapes (before any network traffic), and the
         transport's errors.
@@ -221,20 +290,29 @@ class DispatchClient(Closing):
             raise ValueError(
                 f"PAIR_FEATURES must have B x N = {candidates.size} rows, got {pairs.shape[0]}"
             )
-        return self._call(model_name, inputs, ids, request_id)
+        return self._call(
+            model_name, inputs, request_id, ids, options=self._request_options(features)
+        )
 
     def _call(
         self,
         model_name: str,
         inputs: dict[str, NDArray[Any]],
-        order_ids: ArrayLike,
         request_id: str | None,
+        order_ids: ArrayLike | None = None,
+        *,
+        options: Mapping[str, int] | None = None,
     ) -> DispatchResult:
-        """One request under one id; the id rides on the error or the result."""
+        """One window (batch dimension 1) under one id, with the caller's priority and
+        deadline (`options`); the id rides on the error or the result. The answer's rider
+        indices become the window's rider ids."""
         rid = new_request_id() if request_id is None else request_id
+        ids = inputs["ORDER_IDS"] if order_ids is None else order_ids
         try:
-            outputs = self.transport.infer(model_name, inputs, OUTPUT_NAMES, request_id=rid)
-            result = parse_dispatch_outputs(order_ids, outputs)
+            outputs = self.transport.infer(
+                model_name, batched(inputs), OUTPUT_NAMES, request_id=rid, **(options or {})
+            )
+            result = parse_dispatch_outputs(ids, unbatched_outputs(outputs), inputs["RIDER_IDS"])
         except DispatchError as exc:
             exc.request_id = rid
             raise
@@ -244,28 +322,58 @@ class DispatchClient(Closing):
         self.transport.close()
 
 
+def unbatched_outputs(outputs: Mapping[str, ArrayLike]) -> dict[str, NDArray[Any]]:
+    """A one-window answer without its batch dimension of 1 (DispatchServerError otherwise)."""
+    out: dict[str, NDArray[Any]] = {}
+    for name, value in outputs.items():
+        array = np.asarray(value)
+        if array.ndim == 0 or array.shape[0] != 1:
+            raise DispatchServerError(
+                f"malformed response: {name} has shape {array.shape}, expected a batch of 1"
+            )
+        out[name] = array[0]
+    return out
+
+
 def parse_dispatch_outputs(
-    order_ids: ArrayLike, outputs: Mapping[str, ArrayLike]
+    order_ids: ArrayLike, outputs: Mapping[str, ArrayLike], rider_ids: ArrayLike
 ) -> DispatchResult:
-    """Turn the ensemble's padded outputs into per-order results, dropping padding (-1).
+    """Turn the v2 answer (one window, no batch dimension) into per-order results: rider
+    indices become the window's rider ids, padding (-1) is dropped.
 
     Raises DispatchServerError when an output is missing or shaped against the contract.
     """
     ids = [_text(v) for v in np.asarray(order_ids, dtype=object).reshape(-1)]
+    riders = np.asarray(rider_ids, dtype=object).reshape(-1)
     count = len(ids)
-    arrays = {name: _output(outputs, name) for name in (*_TOPK, *_ASSIGNED)}
-    width = arrays["TOPK_RIDER_INDEX"].shape[1] if arrays["TOPK_RIDER_INDEX"].ndim == 2 else -1
-    for name in _TOPK:
-        if arrays[name].shape != (count, width):
+    index = _output(outputs, "TOPK_RIDER_INDEX")
+    width = index.shape[1] if index.ndim == 2 else -1
+    if index.shape != (count, width):
+        raise DispatchServerError(
+            f"malformed response: TOPK_RIDER_INDEX has shape {index.shape}, "
+            f"expected ({count}, K) for {count} orders"
+        )
+    objectives = _output(outputs, "TOPK_OBJECTIVES")
+    expected = (count, width, len(TOPK_OBJECTIVE_COLUMNS))
+    if objectives.shape != expected:
+        raise DispatchServerError(
+            f"malformed response: TOPK_OBJECTIVES has shape {objectives.shape}, expected {expected}"
+        )
+    assigned_index = _output(outputs, "ASSIGNED_RIDER_INDEX")
+    assigned_score = _output(outputs, "ASSIGNED_SCORE")
+    for name, array in (
+        ("ASSIGNED_RIDER_INDEX", assigned_index),
+        ("ASSIGNED_SCORE", assigned_score),
+    ):
+        if array.shape != (count,):
             raise DispatchServerError(
-                f"malformed response: {name} has shape {arrays[name].shape}, "
-                f"expected ({count}, K) for {count} orders"
+                f"malformed response: {name} has shape {array.shape}, expected ({count},)"
             )
-    for name in _ASSIGNED:
-        if arrays[name].shape != (count,):
-            raise DispatchServerError(
-                f"malformed response: {name} has shape {arrays[name].shape}, expected ({count},)"
-            )
+    bad = (index >= len(riders)).any() or (assigned_index >= len(riders)).any()
+    if bad:
+        raise DispatchServerError(
+            f"malformed response: a rider index is not below the window's {len(riders)} riders"
+        )
 
     versions = _routing_output(outputs, "ORDER_MODEL_VERSION", count)
     levels = _routing_output(outputs, "ORDER_FALLBACK_LEVEL", count)
@@ -273,22 +381,22 @@ def parse_dispatch_outputs(
     for row, order_id in enumerate(ids):
         top_k = tuple(
             Candidate(
-                rider_id=_text(arrays["TOPK_RIDER_IDS"][row, slot]),
-                score=_short_float(arrays["TOPK_SCORE"][row, slot]),
-                eta_minutes=_short_float(arrays["TOPK_ETA_MINUTES"][row, slot]),
-                ontime_probability=_short_float(arrays["TOPK_ONTIME_PROBABILITY"][row, slot]),
-                cost=_short_float(arrays["TOPK_COST"][row, slot]),
+                rider_id=_text(riders[int(index[row, slot])]),
+                score=_short_float(objectives[row, slot, _SCORE]),
+                eta_minutes=_short_float(objectives[row, slot, _ETA]),
+                ontime_probability=_short_float(objectives[row, slot, _ONTIME]),
+                cost=_short_float(objectives[row, slot, _COST]),
             )
             for slot in range(width)
-            if int(arrays["TOPK_RIDER_INDEX"][row, slot]) >= 0
+            if int(index[row, slot]) >= 0
         )
-        assigned = int(arrays["ASSIGNED_RIDER_INDEX"][row]) >= 0
+        chosen = int(assigned_index[row])
         results.append(
             OrderResult(
                 order_id=order_id,
                 top_k=top_k,
-                assigned_rider_id=_text(arrays["ASSIGNED_RIDER_IDS"][row]) if assigned else None,
-                assigned_score=_short_float(arrays["ASSIGNED_SCORE"][row]) if assigned else None,
+                assigned_rider_id=_text(riders[chosen]) if chosen >= 0 else None,
+                assigned_score=_short_float(assigned_score[row]) if chosen >= 0 else None,
                 model_version=None if versions is None else int(versions[row]),
                 fallback_level=None if levels is None else int(levels[row]),
             )

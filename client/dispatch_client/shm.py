@@ -26,11 +26,14 @@ at close).
 Sizing. Regions are sized once, from a `ShmCapacity` (the largest window the caller will
 send). Inputs are laid out back to back at 64-byte aligned offsets; BYTES tensors use
 Triton's wire form (a 4-byte little-endian length before each element). Output sizes are
-not known before the answer, so each output gets a slot bounded from the request: B orders,
-K <= min(top_k, riders or candidates) Top-K columns, and for BYTES outputs (rider ids) 4 bytes
-of length prefix plus the longest rider id of the request (at most 64 bytes, the contract's
-limit) per element. A request whose tensors do not fit raises `ShmRegionTooSmallError`
-naming the tensor, its byte size and the region size, before anything is sent.
+not known before the answer, so each output gets a slot bounded from the request: B orders
+and K <= min(top_k, riders or candidates) Top-K columns (contract v2 answers carry no ids,
+only rider indices and FP32 objective matrices). A request whose tensors do not fit raises
+`ShmRegionTooSmallError` naming the tensor, its byte size and the region size, before
+anything is sent.
+
+Layout and sizing live in `dispatch_client.shm_layout`, the region kinds and the pool in
+`dispatch_client.shm_pool`; this module is the transport and re-exports their public names.
 """
 
 from __future__ import annotations
@@ -47,34 +50,36 @@ from tritonclient.utils import InferenceServerException
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchServerError
 from dispatch_client.keys import SHM_KEY_ENV, SHM_KEY_HEADER, grpc_headers, read_key
+from dispatch_client.priority import request_options
 from dispatch_client.shm_layout import (
-    _SPECS,
     ALIGNMENT,
     BYTES_PREFIX,
     REGION_PREFIX,
     ShmCapacity,
     ShmError,
+    ShmKind,
     ShmPoolClosedError,
     ShmRegionTooSmallError,
     ShmUnavailableError,
     Slot,
-    _decode_bytes,
-    _wire,
+    decode_bytes,
     output_sizes,
     plan_slots,
     region_name,
+    tensor_bytes,
 )
 from dispatch_client.shm_pool import (
     CudaShmBackend,
     Region,
     RegionBackend,
     RegionSet,
-    ShmKind,
     ShmRegionPool,
     SystemShmBackend,
 )
 from dispatch_client.transport import DEFAULT_GRPC_URL, DEFAULT_TIMEOUT_S, grpc_error, split_url
+from dispatch_contract import spec_by_name
 
+# The transport, and (re-exported) the layout and region names callers already import here.
 __all__ = [
     "ALIGNMENT",
     "BYTES_PREFIX",
@@ -164,9 +169,12 @@ class GrpcShmTransport(Closing):
         output_names: Sequence[str],
         *,
         request_id: str = "",
+        priority: int = 0,
+        timeout_us: int = 0,
     ) -> dict[str, NDArray[Any]]:
-        """One request through a borrowed region set; raises before sending if it won't fit."""
-        wire = {name: _wire(np.asarray(value)) for name, value in inputs.items()}
+        """One request through a borrowed region set; raises before sending if it won't fit.
+        `priority` and `timeout_us` as in `Transport.infer`."""
+        wire = {name: tensor_bytes(np.asarray(value)) for name, value in inputs.items()}
         in_slots = plan_slots(
             [(name, data.size) for name, (_, data) in wire.items()],
             self.pool.input_bytes,
@@ -198,6 +206,7 @@ class GrpcShmTransport(Closing):
                     outputs=wanted,
                     client_timeout=self.timeout_s,
                     request_id=request_id,
+                    **request_options(priority, timeout_us),
                 )
             except InferenceServerException as exc:
                 raise grpc_error(exc, self.url, self.timeout_s) from exc
@@ -219,10 +228,10 @@ class GrpcShmTransport(Closing):
             chunk = memory[slot.offset : slot.end]
             if meta.datatype == "BYTES":
                 array = np.empty(count, dtype=object)
-                array[:] = _decode_bytes(chunk, count, slot.name)
+                array[:] = decode_bytes(chunk, count, slot.name)
                 arrays[slot.name] = array.reshape(shape)
                 continue
-            spec = _SPECS[slot.name]
+            spec = spec_by_name(slot.name)
             dtype = spec.numpy_dtype
             if meta.datatype != spec.triton_dtype or count * dtype.itemsize > slot.byte_size:
                 raise DispatchServerError(

@@ -1,6 +1,10 @@
-"""Shared-memory layout for the dispatch client: region names, slot plans, capacity, errors,
-and the (de)serialising of tensors into regions. No I/O: `shm_pool` owns the regions and
-`shm` the transport.
+"""Shared-memory layout: errors, region names, slots, region sizes and tensor bytes.
+
+What the shared-memory transport (`dispatch_client.shm`) needs to know before it touches
+any memory: where each tensor goes in a region, how large the regions must be for the
+largest window a caller sends (`ShmCapacity`, from the contract), how large each answer
+can be (`output_sizes`, bounded from the request) and Triton's raw byte form of a tensor.
+Requests carry the v2 contract's leading batch dimension of 1; it changes no size.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import struct
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Self
+from typing import Any, Final, Literal, Self
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,14 +38,19 @@ __all__ = [
     "REGION_PREFIX",
     "ShmCapacity",
     "ShmError",
+    "ShmKind",
     "ShmPoolClosedError",
     "ShmRegionTooSmallError",
     "ShmUnavailableError",
     "Slot",
+    "decode_bytes",
     "output_sizes",
     "plan_slots",
     "region_name",
+    "tensor_bytes",
 ]
+
+ShmKind = Literal["system", "cuda"]
 
 ALIGNMENT: Final = 64  # every tensor starts on a cache line (and a safe GPU alignment)
 BYTES_PREFIX: Final = 4  # Triton's BYTES wire form: uint32 little-endian length per element
@@ -242,7 +251,7 @@ class ShmCapacity:
 # ---- (de)serialising tensors -------------------------------------------------------------------
 
 
-def _wire(array: NDArray[Any]) -> tuple[str, NDArray[np.uint8]]:
+def tensor_bytes(array: NDArray[Any]) -> tuple[str, NDArray[np.uint8]]:
     """(Triton datatype, raw bytes) of one input tensor; str elements go out as UTF-8."""
     if array.dtype == np.object_ or array.dtype.kind in "SU":
         if array.size == 0:
@@ -253,7 +262,7 @@ def _wire(array: NDArray[Any]) -> tuple[str, NDArray[np.uint8]]:
     return np_to_triton_dtype(contiguous.dtype), contiguous.reshape(-1).view(np.uint8)
 
 
-def _decode_bytes(buffer: NDArray[np.uint8], count: int, name: str) -> list[bytes]:
+def decode_bytes(buffer: NDArray[np.uint8], count: int, name: str) -> list[bytes]:
     """`count` length-prefixed elements from `buffer`, refusing to run past its end."""
     data = buffer.tobytes()
     items: list[bytes] = []
@@ -285,15 +294,16 @@ def output_sizes(
     inputs: Mapping[str, NDArray[Any]], output_names: Sequence[str], capacity: ShmCapacity
 ) -> list[tuple[str, int]]:
     """Byte bound of each requested output for this request (see the module docstring)."""
+    # One window per request: the leading batch dimension of 1 changes no size.
     if "ORDER_IDS" in inputs:
-        orders = int(inputs["ORDER_IDS"].shape[0])
-        columns = int(inputs["RIDER_IDS"].shape[0]) if "RIDER_IDS" in inputs else capacity.top_k
-    elif "CANDIDATE_RIDER_INDEX" in inputs and inputs["CANDIDATE_RIDER_INDEX"].ndim == 2:
-        orders, columns = (int(d) for d in inputs["CANDIDATE_RIDER_INDEX"].shape)
+        orders = int(inputs["ORDER_IDS"].size)
+        columns = int(inputs["RIDER_IDS"].size) if "RIDER_IDS" in inputs else capacity.top_k
+    elif "CANDIDATE_RIDER_INDEX" in inputs and inputs["CANDIDATE_RIDER_INDEX"].ndim >= 2:
+        orders, columns = (int(d) for d in inputs["CANDIDATE_RIDER_INDEX"].shape[-2:])
     else:
         raise ValueError(
-            "cannot bound the outputs: the request has neither ORDER_IDS nor a 2-D "
-            "CANDIDATE_RIDER_INDEX"
+            "cannot bound the outputs: the request has neither ORDER_IDS nor a "
+            "CANDIDATE_RIDER_INDEX [1, B, N]"
         )
     top_k = min(capacity.top_k, columns)
     id_bytes = _longest(inputs.get("RIDER_IDS"))  # output ids are rider ids (or b"")

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,6 +25,7 @@ from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchServerError
 from dispatch_client.shm_layout import (
     ShmError,
+    ShmKind,
     ShmPoolClosedError,
     ShmUnavailableError,
     Slot,
@@ -37,12 +38,9 @@ __all__ = [
     "Region",
     "RegionBackend",
     "RegionSet",
-    "ShmKind",
     "ShmRegionPool",
     "SystemShmBackend",
 ]
-
-ShmKind = Literal["system", "cuda"]
 
 # ---- region backends -------------------------------------------------------------------------
 

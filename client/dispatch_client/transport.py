@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+from dispatch_client.priority import request_options
 
 __all__ = [
     "DEFAULT_GRPC_URL",
@@ -40,7 +41,12 @@ DEFAULT_TIMEOUT_S = 60.0
 
 
 class Transport(Protocol):
-    """Sends one inference request and returns the named outputs as numpy arrays."""
+    """Sends one inference request and returns the named outputs as numpy arrays.
+
+    `priority` (0: the model's default level) and `timeout_us` (0: the model's default queue
+    timeout) are Triton's request priority and queue deadline; `DispatchClient` passes them
+    only when the caller set them, so a transport without them still serves plain calls.
+    """
 
     def infer(
         self,
@@ -49,6 +55,8 @@ class Transport(Protocol):
         output_names: Sequence[str],
         *,
         request_id: str = "",
+        priority: int = 0,
+        timeout_us: int = 0,
     ) -> dict[str, NDArray[Any]]:
         """Run `model_name` on `inputs`; raise DispatchServerError/DispatchConnectionError.
 
@@ -153,6 +161,8 @@ class HttpTransport:
         output_names: Sequence[str],
         *,
         request_id: str = "",
+        priority: int = 0,
+        timeout_us: int = 0,
     ) -> dict[str, NDArray[Any]]:
         """Send the inputs as binary tensors and ask for binary outputs (no JSON floats)."""
         request = []
@@ -163,7 +173,13 @@ class HttpTransport:
             request.append(item)
         wanted = [httpclient.InferRequestedOutput(n, binary_data=True) for n in output_names]
         try:
-            result = self._client.infer(model_name, request, outputs=wanted, request_id=request_id)
+            result = self._client.infer(
+                model_name,
+                request,
+                outputs=wanted,
+                request_id=request_id,
+                **request_options(priority, timeout_us),
+            )
         except InferenceServerException as exc:
             raise _server_error(exc) from exc
         except TimeoutError as exc:
@@ -193,6 +209,8 @@ class GrpcTransport:
         output_names: Sequence[str],
         *,
         request_id: str = "",
+        priority: int = 0,
+        timeout_us: int = 0,
     ) -> dict[str, NDArray[Any]]:
         """One unary call bounded by `timeout_s`."""
         request = []
@@ -209,6 +227,7 @@ class GrpcTransport:
                 outputs=wanted,
                 client_timeout=self.timeout_s,
                 request_id=request_id,
+                **request_options(priority, timeout_us),
             )
         except InferenceServerException as exc:
             raise grpc_error(exc, self.url, self.timeout_s) from exc

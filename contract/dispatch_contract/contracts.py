@@ -6,18 +6,22 @@ these names; `tests/unit/test_contracts.py` checks each config against them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
+from numpy.typing import NDArray
 
 __all__ = [
     "CANDIDATE_RIDER_INDEX",
+    "CONTRACT_VERSION",
     "DEFAULT_OBJECTIVE_WEIGHTS",
     "DISPATCH_ENSEMBLE_INPUTS",
     "DISPATCH_ENSEMBLE_OUTPUTS",
     "DISPATCH_OUTPUTS",
+    "ENCODER_INPUTS",
     "ENCODER_OUTPUTS",
     "FEATURE_ENTRY_INPUTS",
     "FEATURE_ENTRY_MODEL_NAME",
@@ -30,28 +34,48 @@ __all__ = [
     "MAX_ORDERS",
     "MAX_PAIRS",
     "MAX_RIDERS",
+    "MAX_WINDOW_BATCH",
+    "MAX_WIRE_TENSORS",
     "MODEL_INPUTS",
     "MODEL_OUTPUTS",
     "MODEL_VERSION_TAG",
     "NUM_PAIR_FEATURES",
     "OBJECTIVES",
     "ORDER_FALLBACK_LEVEL",
+    "ORDER_FIELDS",
+    "ORDER_FIELD_COLUMNS",
+    "ORDER_FIELD_SOURCES",
     "ORDER_MODEL_VERSION",
     "PAIR_FEATURES",
     "PAIR_FEATURE_NAMES",
     "PAIR_OBJECTIVES",
-    "RESOLVER_WINDOW_INPUTS",
+    "RESOLVER_INPUTS",
+    "RESOLVER_OUTPUTS",
+    "RIDER_FIELDS",
+    "RIDER_FIELD_COLUMNS",
+    "RIDER_FIELD_SOURCES",
     "ROUTER_INPUTS",
     "ROUTER_OUTPUTS",
     "ROUTING_INPUTS",
     "ROUTING_OUTPUTS",
+    "TOPK_OBJECTIVES",
+    "TOPK_OBJECTIVE_COLUMNS",
     "TRITON_TO_NUMPY",
+    "WINDOW_FIELDS",
+    "WINDOW_FIELD_COLUMNS",
     "WINDOW_INPUTS",
+    "WIRE_DISPATCH_INPUTS",
+    "WIRE_DISPATCH_OUTPUTS",
+    "WIRE_WINDOW_INPUTS",
     "CoordSystem",
     "OrderConstraint",
     "TensorSpec",
     "Vehicle",
+    "batched",
+    "coord_system_code",
+    "pack_window",
     "spec_by_name",
+    "wire_shape",
 ]
 
 
@@ -158,7 +182,9 @@ PAIR_FEATURE_NAMES: Final[tuple[str, ...]] = (
 )
 NUM_PAIR_FEATURES: Final = len(PAIR_FEATURE_NAMES)
 
-# ---- the dispatch window: inputs of the `dispatch` ensemble and `feature_encoder` ---------
+# ---- the dispatch window, one tensor per field: the library's form of a window ----------
+# (what `window_from_tensors` validates and the client builds from JSON). On the wire (v2,
+# below) these are packed into ORDER_FIELDS, RIDER_FIELDS and WINDOW_FIELDS.
 B, R, P, N, K = -1, -1, -1, -1, -1  # variable dims, named for readability
 
 WINDOW_INPUTS: Final[tuple[TensorSpec, ...]] = (
@@ -199,9 +225,9 @@ ENCODER_OUTPUTS: Final = (PAIR_FEATURES, CANDIDATE_RIDER_INDEX)
 MODEL_INPUTS: Final = (PAIR_FEATURES,)
 MODEL_OUTPUTS: Final = (PAIR_OBJECTIVES,)
 
-RESOLVER_WINDOW_INPUTS: Final = ("RIDER_IDS", "RIDER_LOAD", "RIDER_CAPACITY", "OBJECTIVE_WEIGHTS")
 
-# ---- the answer: outputs of `topk_resolver` and the `dispatch` ensemble ------------------
+# ---- the answer, one tensor per field (v1): the library's `Resolution.as_tensors` ---------
+# On the wire (v2, below) the ids are dropped and the objectives packed in TOPK_OBJECTIVES.
 DISPATCH_OUTPUTS: Final[tuple[TensorSpec, ...]] = (
     TensorSpec(
         "TOPK_RIDER_IDS", "BYTES", (B, K), doc="best riders per order, best first; b'' pads"
@@ -247,10 +273,174 @@ ROUTER_INPUTS: Final = (
     MODEL_VERSION_TAG,
 )
 ROUTER_OUTPUTS: Final = (PAIR_OBJECTIVES, *ROUTING_OUTPUTS)
-# The `dispatch` ensemble: the window plus the optional tag in; the resolver's answer plus
-# the per-order routing outputs out (DISPATCH_OUTPUTS stays the resolver's own outputs).
-DISPATCH_ENSEMBLE_INPUTS: Final = (*WINDOW_INPUTS, *ROUTING_INPUTS)
-DISPATCH_ENSEMBLE_OUTPUTS: Final = (*DISPATCH_OUTPUTS, *ROUTING_OUTPUTS)
+
+
+# ==== contract v2: what crosses the wire ==================================================
+# At most 8 tensors per request in and out of every window-level model: the window's numbers
+# packed into FP64 matrices with the column layouts below, ids as BYTES, answers as rider
+# indices (rows of RIDER_IDS; the client maps them back to ids) and objective matrices.
+# Every window-level model declares `max_batch_size` > 0, so every tensor below is sent with
+# a leading batch dimension of 1 per request (one window per request): ORDER_FIELDS [B, 7]
+# goes out as [1, B, 7]. Triton may then gather several windows into one `execute`
+# (`allow_ragged_batch`: windows of different sizes batch together). `dims` below are the
+# per-window dims, as the config.pbtxt files declare them (without the batch dimension).
+CONTRACT_VERSION: Final = 2
+# Most windows Triton gathers into one execute of a window-level model.
+MAX_WINDOW_BATCH: Final = 64
+
+# Column layouts. Integer columns (created_at, constraints, load, ...) must hold whole
+# numbers (FP64 is exact for integers up to 2**53, far above every limit).
+ORDER_FIELD_COLUMNS: Final = (
+    "pickup_lat",  # degrees, COORD_SYSTEM datum
+    "pickup_lon",
+    "dropoff_lat",
+    "dropoff_lon",
+    "created_at",  # unix seconds (whole)
+    "promised_minutes",  # (0, 240]
+    "constraints",  # OrderConstraint bitmask (whole)
+)
+RIDER_FIELD_COLUMNS: Final = (
+    "lat",  # degrees, COORD_SYSTEM datum
+    "lon",
+    "load",  # orders carried now, >= 0 (whole)
+    "capacity",  # most orders the rider may carry, >= 0 (whole)
+    "vehicle",  # Vehicle: 0 e-bike, 1 motorbike, 2 car
+    "equipment",  # bit 1: carries a thermal box (whole)
+)
+WINDOW_FIELD_COLUMNS: Final = (
+    "dispatch_time",  # the window's decision time, unix seconds (whole, > 0)
+    "coord_system",  # CoordSystem: 0 WGS84, 1 GCJ02, 2 BD09
+)
+TOPK_OBJECTIVE_COLUMNS: Final = (
+    "score",  # weighted score in [0, 1]; 0 pads
+    "eta_minutes",  # predicted minutes to delivery
+    "ontime_probability",  # predicted P(on time)
+    "cost",  # predicted delivery cost, CNY
+)
+# Which logical window tensor (WINDOW_INPUTS) each column carries, in column order.
+ORDER_FIELD_SOURCES: Final = (
+    ("ORDER_PICKUP", 0),
+    ("ORDER_PICKUP", 1),
+    ("ORDER_DROPOFF", 0),
+    ("ORDER_DROPOFF", 1),
+    ("ORDER_CREATED_AT", None),
+    ("ORDER_PROMISED_MINUTES", None),
+    ("ORDER_CONSTRAINTS", None),
+)
+RIDER_FIELD_SOURCES: Final = (
+    ("RIDER_POSITION", 0),
+    ("RIDER_POSITION", 1),
+    ("RIDER_LOAD", None),
+    ("RIDER_CAPACITY", None),
+    ("RIDER_VEHICLE", None),
+    ("RIDER_EQUIPMENT", None),
+)
+
+_WINDOW_SPECS = {spec.name: spec for spec in WINDOW_INPUTS}
+ORDER_FIELDS = TensorSpec(
+    "ORDER_FIELDS", "FP64", (B, len(ORDER_FIELD_COLUMNS)), doc="per order, ORDER_FIELD_COLUMNS"
+)
+RIDER_FIELDS = TensorSpec(
+    "RIDER_FIELDS", "FP64", (R, len(RIDER_FIELD_COLUMNS)), doc="per rider, RIDER_FIELD_COLUMNS"
+)
+WINDOW_FIELDS = TensorSpec(
+    "WINDOW_FIELDS", "FP64", (len(WINDOW_FIELD_COLUMNS),), doc="WINDOW_FIELD_COLUMNS"
+)
+WIRE_WINDOW_INPUTS: Final[tuple[TensorSpec, ...]] = (
+    _WINDOW_SPECS["ORDER_IDS"],
+    _WINDOW_SPECS["ORDER_USER_IDS"],
+    ORDER_FIELDS,
+    _WINDOW_SPECS["RIDER_IDS"],
+    RIDER_FIELDS,
+    WINDOW_FIELDS,
+    _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
+)
+# The encoder needs the window without the weights (they are the resolver's).
+ENCODER_INPUTS: Final = tuple(s for s in WIRE_WINDOW_INPUTS if s.name != "OBJECTIVE_WEIGHTS")
+
+TOPK_OBJECTIVES = TensorSpec(
+    "TOPK_OBJECTIVES",
+    "FP32",
+    (B, K, len(TOPK_OBJECTIVE_COLUMNS)),
+    doc="per Top-K slot, TOPK_OBJECTIVE_COLUMNS; 0 pads",
+)
+_V1_OUTPUTS = {spec.name: spec for spec in DISPATCH_OUTPUTS}
+RESOLVER_OUTPUTS: Final[tuple[TensorSpec, ...]] = (
+    _V1_OUTPUTS["TOPK_RIDER_INDEX"],
+    TOPK_OBJECTIVES,
+    _V1_OUTPUTS["ASSIGNED_RIDER_INDEX"],
+    _V1_OUTPUTS["ASSIGNED_SCORE"],
+)
+RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
+    PAIR_OBJECTIVES,
+    CANDIDATE_RIDER_INDEX,
+    _WINDOW_SPECS["RIDER_IDS"],  # the tie-break hashes the ids
+    RIDER_FIELDS,  # load and capacity columns
+    _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
+)
+# `dispatch` and `dispatch_fused`: 8 tensors in, 6 out.
+WIRE_DISPATCH_INPUTS: Final = (*WIRE_WINDOW_INPUTS, *ROUTING_INPUTS)
+WIRE_DISPATCH_OUTPUTS: Final = (*RESOLVER_OUTPUTS, *ROUTING_OUTPUTS)
+MAX_WIRE_TENSORS: Final = 8
+# The `dispatch` ensemble (and `dispatch_fused`): the packed window plus the optional tag in;
+# the resolver's answer plus the per-order routing outputs out.
+DISPATCH_ENSEMBLE_INPUTS: Final = WIRE_DISPATCH_INPUTS
+DISPATCH_ENSEMBLE_OUTPUTS: Final = WIRE_DISPATCH_OUTPUTS
+
+
+def wire_shape(spec: TensorSpec) -> str:
+    """The shape a request sends for `spec`, batch dimension first: e.g. "[1, B, 7]"."""
+    return "[" + ", ".join(["1", *("*" if d == -1 else str(d) for d in spec.dims)]) + "]"
+
+
+def pack_window(tensors: Mapping[str, Any]) -> dict[str, NDArray[Any]]:
+    """The logical window tensors (WINDOW_INPUTS names, plus MODEL_VERSION_TAG) -> the v2
+    wire tensors, without the batch dimension. Only packs; value rules are the server's.
+
+    COORD_SYSTEM may be a name (b"GCJ02") or the CoordSystem code; absent means WGS84.
+    Raises KeyError naming a missing required tensor, ValueError for an unknown datum.
+    """
+    out: dict[str, NDArray[Any]] = {}
+    for name in ("ORDER_IDS", "ORDER_USER_IDS", "RIDER_IDS"):
+        out[name] = np.asarray(tensors[name], dtype=object).reshape(-1)
+    for spec, sources in ((ORDER_FIELDS, ORDER_FIELD_SOURCES), (RIDER_FIELDS, RIDER_FIELD_SOURCES)):
+        columns = []
+        for source, column in sources:
+            array = np.asarray(tensors[source], dtype=np.float64)
+            columns.append(array[..., column] if column is not None else array.reshape(-1))
+        out[spec.name] = np.stack(columns, axis=-1)
+    coord = tensors.get("COORD_SYSTEM")
+    time_value = np.asarray(tensors["DISPATCH_TIME"]).reshape(-1)
+    out[WINDOW_FIELDS.name] = np.array(
+        [float(time_value[0]), float(coord_system_code(coord))], dtype=np.float64
+    )
+    for name in ("OBJECTIVE_WEIGHTS", MODEL_VERSION_TAG.name):
+        value = tensors.get(name)
+        if value is not None:
+            dtype = object if name == MODEL_VERSION_TAG.name else np.float32
+            out[name] = np.asarray(value, dtype=dtype).reshape(-1)
+    return out
+
+
+def coord_system_code(value: Any) -> int:
+    """A datum given as a name (str/bytes, any case, "-" ignored) or a code -> its code."""
+    if value is None:
+        return int(CoordSystem.WGS84)
+    item = np.asarray(value).reshape(-1)[0] if not isinstance(value, str | bytes) else value
+    if isinstance(item, bytes):
+        item = item.decode("utf-8", errors="replace")
+    if isinstance(item, str):
+        key = item.strip().upper().replace("-", "")
+        if key not in CoordSystem.__members__:
+            allowed = ", ".join(c.name for c in CoordSystem)
+            raise ValueError(f"COORD_SYSTEM must be one of {allowed}, got {item!r}")
+        return int(CoordSystem[key])
+    return int(CoordSystem(int(item)))
+
+
+def batched(tensors: Mapping[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
+    """One window's wire tensors with the leading batch dimension of 1 every request carries."""
+    return {name: np.asarray(value)[np.newaxis] for name, value in tensors.items()}
 
 
 def spec_by_name(name: str) -> TensorSpec:
@@ -261,6 +451,10 @@ def spec_by_name(name: str) -> TensorSpec:
         *DISPATCH_OUTPUTS,
         *ROUTING_INPUTS,
         *ROUTING_OUTPUTS,
+        ORDER_FIELDS,
+        RIDER_FIELDS,
+        WINDOW_FIELDS,
+        TOPK_OBJECTIVES,
     ):
         if spec.name == name:
             return spec
@@ -282,8 +476,10 @@ FEATURE_ENTRY_INPUTS: Final[tuple[TensorSpec, ...]] = (
         doc="one row per candidate pair, P = B x N rows in CANDIDATE_RIDER_INDEX order",
     ),
     CANDIDATE_RIDER_INDEX,
-    *(spec for spec in WINDOW_INPUTS if spec.name == "ORDER_USER_IDS"),
-    *(spec for spec in WINDOW_INPUTS if spec.name in RESOLVER_WINDOW_INPUTS),
+    _WINDOW_SPECS["ORDER_USER_IDS"],
+    _WINDOW_SPECS["RIDER_IDS"],
+    RIDER_FIELDS,
+    _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
     *ROUTING_INPUTS,
 )
 FEATURE_ENTRY_OUTPUTS: Final = DISPATCH_ENSEMBLE_OUTPUTS

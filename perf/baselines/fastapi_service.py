@@ -10,8 +10,9 @@ Endpoints (loopback only):
   schema `dispatch-client` reads); answer = `DispatchResult.to_json_dict()` (per order: its
   Top-K riders and the assigned one) as JSON.
 - `POST /dispatch/arrays`: body = `{"tensors": {NAME: {"dtype", "shape", "b64" | "text"}}}`
-  (see `perf.bodies.encode_arrays`: numbers as base64 raw little-endian, ids as strings);
-  answer = the nine output tensors in the same form.
+  holding one window's contract v2 tensors (ORDER_FIELDS, RIDER_FIELDS, ... without the
+  batch dimension; see `perf.bodies.encode_arrays`: numbers as base64 raw little-endian,
+  ids as strings); answer = the v2 output tensors in the same form.
 Bad input is answered 400 with the library's message.
 
 Handlers are `async def` and run the pipeline inline: the work is CPU-bound, a worker
@@ -39,6 +40,7 @@ from numpy.typing import NDArray
 from dispatch_client.client import parse_dispatch_outputs
 from dispatch_client.errors import WindowJSONError
 from dispatch_client.window_json import window_from_json
+from dispatch_contract import pack_window
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
@@ -91,11 +93,12 @@ async def health() -> Response:
 @app.post("/dispatch")
 async def dispatch(request: Request) -> Response:
     try:
-        tensors = window_from_json(await request.body())
+        tensors = pack_window(window_from_json(await request.body()))
         outputs = _run(tensors)
     except (WindowJSONError, DispatchInputError) as exc:
         return _json({"error": str(exc)}, 400)
-    return _json(parse_dispatch_outputs(tensors["ORDER_IDS"], outputs).to_json_dict())
+    answer = parse_dispatch_outputs(tensors["ORDER_IDS"], outputs, tensors["RIDER_IDS"])
+    return _json(answer.to_json_dict())
 
 
 @app.post("/dispatch/arrays")

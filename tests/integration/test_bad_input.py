@@ -12,7 +12,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from dispatch_contract import MAX_ORDERS, MAX_RIDERS
-from dispatch_service.domain.window import MAX_RIDER_LOAD
+from dispatch_service.domain.window import MAX_RIDER_LOAD, window_to_tensors
+from dispatch_service.offline.simulator import generate_window
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import infer_grpc, infer_http, sim_window
 
@@ -52,9 +53,8 @@ def _orders(n: int) -> Mutation:
 
     def mutate(w: Arrays) -> None:
         take = np.arange(n) % len(w["ORDER_IDS"])
-        for name in list(w):
-            if name.startswith("ORDER_"):
-                w[name] = w[name][take]
+        for name in ("ORDER_IDS", "ORDER_USER_IDS", "ORDER_FIELDS"):
+            w[name] = w[name][take]
         w["ORDER_IDS"] = _ids(n, "o")
 
     return mutate
@@ -63,63 +63,78 @@ def _orders(n: int) -> Mutation:
 def _riders(n: int) -> Mutation:
     def mutate(w: Arrays) -> None:
         take = np.arange(n) % len(w["RIDER_IDS"])
-        for name in list(w):
-            if name.startswith("RIDER_"):
-                w[name] = w[name][take]
+        for name in ("RIDER_IDS", "RIDER_FIELDS"):
+            w[name] = w[name][take]
         w["RIDER_IDS"] = _ids(n, "r")
 
     return mutate
 
 
+# Columns of the packed matrices (dispatch_contract ORDER_/RIDER_/WINDOW_FIELD_COLUMNS).
+PICKUP_LAT, DROPOFF_LAT, CREATED_AT, PROMISED, CONSTRAINTS = 0, 2, 4, 5, 6
+RIDER_LON, LOAD, CAPACITY, VEHICLE = 1, 2, 3, 4
+PICKUP = "ORDER_FIELDS[pickup_lat, pickup_lon]"
+DROPOFF = "ORDER_FIELDS[dropoff_lat, dropoff_lon]"
+POSITION = "RIDER_FIELDS[lat, lon]"
+
 # A rider's load or capacity: one rule, the bound and the offending row in the message.
 RIDER_COUNT = (f"must be within [0, {MAX_RIDER_LOAD}]", "(row 4)")
 
-# (case id, mutation, words the error must contain)
+# (case id, mutation of the v2 wire tensors of one window, words the error must contain)
 CASES: list[tuple[str, Mutation, tuple[str, ...]]] = [
-    ("missing tensor", _drop("RIDER_CAPACITY"), ("RIDER_CAPACITY",)),
+    ("missing tensor", _drop("RIDER_FIELDS"), ("RIDER_FIELDS",)),
     (
         "wrong dtype",
-        _set("ORDER_PICKUP", lambda w: w["ORDER_PICKUP"].astype(np.float32)),
-        ("ORDER_PICKUP", "FP"),
+        _set("ORDER_FIELDS", lambda w: w["ORDER_FIELDS"].astype(np.float32)),
+        ("ORDER_FIELDS", "FP"),
     ),
     (
-        "wrong shape",
-        _set("ORDER_PICKUP", lambda w: w["ORDER_PICKUP"][:, :1].copy()),
-        ("ORDER_PICKUP",),
+        "wrong width",
+        _set("ORDER_FIELDS", lambda w: w["ORDER_FIELDS"][:, :6].copy()),
+        ("ORDER_FIELDS", "7"),
     ),
     (
         "row count mismatch",
-        _set("ORDER_DROPOFF", lambda w: w["ORDER_DROPOFF"][:-1].copy()),
-        ("ORDER_DROPOFF", "rows"),
+        _set("ORDER_FIELDS", lambda w: w["ORDER_FIELDS"][:-1].copy()),
+        ("ORDER_FIELDS", "rows"),
     ),
     ("zero orders", _orders(0), ("ORDER_IDS", "between 1 and")),
     ("too many orders", _orders(MAX_ORDERS + 1), ("ORDER_IDS", f"{MAX_ORDERS}")),
     ("zero riders", _riders(0), ("RIDER_IDS", "between 1 and")),
     ("too many riders", _riders(MAX_RIDERS + 1), ("RIDER_IDS", f"{MAX_RIDERS}")),
-    ("NaN coordinate", _cell("ORDER_PICKUP", (3, 0), np.nan), ("ORDER_PICKUP", "finite")),
-    ("infinite coordinate", _cell("RIDER_POSITION", (1, 1), np.inf), ("RIDER_POSITION", "finite")),
+    ("NaN coordinate", _cell("ORDER_FIELDS", (3, PICKUP_LAT), np.nan), (PICKUP, "finite")),
+    ("infinite coordinate", _cell("RIDER_FIELDS", (1, RIDER_LON), np.inf), (POSITION, "finite")),
     (
         "NaN promise",
-        _cell("ORDER_PROMISED_MINUTES", (0,), np.nan),
-        ("ORDER_PROMISED_MINUTES", "finite"),
+        _cell("ORDER_FIELDS", (0, PROMISED), np.nan),
+        ("ORDER_FIELDS[promised_minutes]", "finite"),
     ),
-    ("latitude out of range", _cell("ORDER_DROPOFF", (2, 0), 91.0), ("ORDER_DROPOFF", "latitude")),
+    ("latitude out of range", _cell("ORDER_FIELDS", (2, DROPOFF_LAT), 91.0), (DROPOFF, "latitude")),
     (
         "longitude out of range",
-        _cell("RIDER_POSITION", (0, 1), -181.0),
-        ("RIDER_POSITION", "longitude"),
+        _cell("RIDER_FIELDS", (0, RIDER_LON), -181.0),
+        (POSITION, "longitude"),
     ),
     (
         "unknown coordinate system",
-        _set("COORD_SYSTEM", np.array([b"MERCATOR"], dtype=object)),
-        ("COORD_SYSTEM", "must be one of"),
+        _cell("WINDOW_FIELDS", (1,), 7.0),
+        ("WINDOW_FIELDS[coord_system]", "must be one of"),
     ),
-    ("negative capacity", _cell("RIDER_CAPACITY", (4,), -1), ("RIDER_CAPACITY", *RIDER_COUNT)),
-    ("negative load", _cell("RIDER_LOAD", (4,), -2), ("RIDER_LOAD", *RIDER_COUNT)),
+    (
+        "fraction in an integer column",
+        _cell("RIDER_FIELDS", (4, CAPACITY), 2.5),
+        ("RIDER_FIELDS[capacity]", "whole number"),
+    ),
+    (
+        "negative capacity",
+        _cell("RIDER_FIELDS", (4, CAPACITY), -1),
+        ("RIDER_FIELDS[capacity]", *RIDER_COUNT),
+    ),
+    ("negative load", _cell("RIDER_FIELDS", (4, LOAD), -2), ("RIDER_FIELDS[load]", *RIDER_COUNT)),
     (
         "load above the bound",
-        _cell("RIDER_LOAD", (4,), MAX_RIDER_LOAD + 1),
-        ("RIDER_LOAD", *RIDER_COUNT),
+        _cell("RIDER_FIELDS", (4, LOAD), MAX_RIDER_LOAD + 1),
+        ("RIDER_FIELDS[load]", *RIDER_COUNT),
     ),
     ("empty order id", _cell("ORDER_IDS", (0,), b""), ("ORDER_IDS", "empty")),
     ("over-long rider id", _cell("RIDER_IDS", (0,), b"r" * 65), ("RIDER_IDS", "64 bytes")),
@@ -130,9 +145,17 @@ CASES: list[tuple[str, Mutation, tuple[str, ...]]] = [
         ),
         ("RIDER_IDS", "unique"),
     ),
-    ("unknown constraint bit", _cell("ORDER_CONSTRAINTS", (0,), 64), ("ORDER_CONSTRAINTS", "bits")),
-    ("unknown vehicle", _cell("RIDER_VEHICLE", (0,), 7), ("RIDER_VEHICLE",)),
-    ("zero promise", _cell("ORDER_PROMISED_MINUTES", (0,), 0.0), ("ORDER_PROMISED_MINUTES",)),
+    (
+        "unknown constraint bit",
+        _cell("ORDER_FIELDS", (0, CONSTRAINTS), 64),
+        ("ORDER_FIELDS[constraints]", "bits"),
+    ),
+    ("unknown vehicle", _cell("RIDER_FIELDS", (0, VEHICLE), 7), ("RIDER_FIELDS[vehicle]",)),
+    (
+        "zero promise",
+        _cell("ORDER_FIELDS", (0, PROMISED), 0.0),
+        ("ORDER_FIELDS[promised_minutes]",),
+    ),
     (
         "negative weights",
         _set("OBJECTIVE_WEIGHTS", np.array([-1.0, 1.0, 1.0], dtype=np.float32)),
@@ -145,8 +168,11 @@ CASES: list[tuple[str, Mutation, tuple[str, ...]]] = [
     ),
     (
         "created far after dispatch time",
-        _set("ORDER_CREATED_AT", lambda w: w["ORDER_CREATED_AT"] + 10_000),
-        ("ORDER_CREATED_AT",),
+        _set(
+            "ORDER_FIELDS",
+            lambda w: w["ORDER_FIELDS"] + np.eye(1, 7, CREATED_AT) * 10_000,
+        ),
+        ("ORDER_FIELDS[created_at]",),
     ),
 ]
 
@@ -210,6 +236,37 @@ def test_bad_window_is_rejected_over_grpc_too(
     np.testing.assert_array_equal(
         again["ASSIGNED_RIDER_INDEX"], good_answer["ASSIGNED_RIDER_INDEX"]
     )
+
+
+@pytest.mark.parametrize("model", ["dispatch", FUSED_MODEL_NAME])
+def test_an_old_form_request_gets_one_error_naming_the_v2_tensors(
+    model: str, good: Arrays, good_answer: Arrays, http_client: httpclient.InferenceServerClient
+) -> None:
+    old = window_to_tensors(generate_window(np.random.default_rng(77), 12, 40))
+    with pytest.raises(InferenceServerException) as info:
+        infer_http(http_client, old, model=model, batch=False)
+    message = info.value.message()
+    for word in ("ORDER_FIELDS", "RIDER_FIELDS", "WINDOW_FIELDS", "missing required input"):
+        assert word in message, message
+    # ids in the v1 shape [B], without the batch dimension: Triton names the expected shape
+    with pytest.raises(InferenceServerException) as info:
+        infer_http(http_client, good, model=model, batch=False)
+    assert "ORDER_IDS" in info.value.message() or "batch size" in info.value.message()
+    again = infer_http(http_client, good, model=model)
+    np.testing.assert_array_equal(again["TOPK_RIDER_INDEX"], good_answer["TOPK_RIDER_INDEX"])
+
+
+@pytest.mark.parametrize("model", ["dispatch", FUSED_MODEL_NAME])
+def test_two_windows_in_one_request_are_refused_naming_the_shape(
+    model: str, good: Arrays, good_answer: Arrays, http_client: httpclient.InferenceServerClient
+) -> None:
+    two = {name: np.stack([value, value]) for name, value in good.items()}
+    with pytest.raises(InferenceServerException) as info:
+        infer_http(http_client, two, model=model, batch=False)
+    message = info.value.message()
+    assert "must have a batch dimension of 1" in message and "[1, " in message, message
+    again = infer_http(http_client, good, model=model)
+    np.testing.assert_array_equal(again["TOPK_RIDER_INDEX"], good_answer["TOPK_RIDER_INDEX"])
 
 
 def test_intermediate_model_rejects_malformed_features_directly(

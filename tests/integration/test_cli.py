@@ -70,10 +70,13 @@ def test_server_rejection_is_one_line_exit_2_and_logged_under_the_request_id(
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert "ORDER_PICKUP" in lines[0] and "latitude" in lines[0]
+    assert "ORDER_FIELDS[pickup_lat, pickup_lon]" in lines[0] and "latitude" in lines[0]
     assert lines[0].endswith(f"(request id {rid})")
     [record] = rejection_lines(triton, rid)
-    assert record["tensor"] == "ORDER_PICKUP" and record["model"] == "feature_encoder"
+    assert (
+        record["tensor"] == "ORDER_FIELDS[pickup_lat, pickup_lon]"
+        and record["model"] == "feature_encoder"
+    )
 
 
 def test_a_generated_request_id_is_printed_and_logged(triton: TritonServer) -> None:
@@ -84,7 +87,7 @@ def test_a_generated_request_id_is_printed_and_logged(triton: TritonServer) -> N
     rid = done.stderr.strip().rsplit("(request id ", 1)[1].rstrip(")")
     assert len(rid) == 32
     [record] = rejection_lines(triton, rid)
-    assert record["tensor"] == "RIDER_CAPACITY"
+    assert record["tensor"] == "RIDER_FIELDS[capacity]"
 
 
 def test_a_server_failure_is_exit_1(triton: TritonServer) -> None:

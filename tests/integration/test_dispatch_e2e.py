@@ -54,22 +54,20 @@ def assert_valid_answer(window: Arrays, result: Arrays) -> None:
     num_orders = len(window["ORDER_IDS"])
     rider_ids = window["RIDER_IDS"]
     topk_index = result["TOPK_RIDER_INDEX"]
-    topk_ids = result["TOPK_RIDER_IDS"]
-    scores = result["TOPK_SCORE"]
+    scores = result["TOPK_OBJECTIVES"][..., 0]  # TOPK_OBJECTIVE_COLUMNS: score first
     assert topk_index.shape[0] == num_orders and topk_index.shape[1] >= 1
     for b in range(num_orders):
         valid = topk_index[b] >= 0
         assert valid.all(), f"order {b} got fewer than K riders in a 200-rider window"
         assert len(set(topk_index[b].tolist())) == topk_index.shape[1], "riders repeat"
-        assert list(topk_ids[b]) == [rider_ids[i] for i in topk_index[b]]
         assert np.all(np.diff(scores[b]) <= 0), "Top-K not sorted by score"
         assert np.all((scores[b] > 0) & (scores[b] <= 1))
-    spare = np.maximum(window["RIDER_CAPACITY"] - window["RIDER_LOAD"], 0)
+    load, capacity = window["RIDER_FIELDS"][:, 2], window["RIDER_FIELDS"][:, 3]
+    spare = np.maximum(capacity - load, 0)
     assigned = result["ASSIGNED_RIDER_INDEX"]
     counts = np.bincount(assigned[assigned >= 0], minlength=len(rider_ids))
     assert np.all(counts <= spare), "a rider is over capacity"
     for b in np.flatnonzero(assigned >= 0):
-        assert result["ASSIGNED_RIDER_IDS"][b] == rider_ids[assigned[b]]
         # The assignment ranges over all candidates: a rider outside the Top-K list
         # ranks below it, so scores no more than the K-th.
         if assigned[b] in topk_index[b]:
@@ -144,7 +142,7 @@ def test_objective_weights_override_per_request(
     cost_only = dict(window, OBJECTIVE_WEIGHTS=np.array([0.0, 0.0, 1.0], dtype=np.float32))
     result = infer_grpc(grpc_client, cost_only)
     assert_valid_answer(window, result)
-    costs = result["TOPK_COST"]
+    costs = result["TOPK_OBJECTIVES"][..., 3]
     assert np.all(np.diff(costs, axis=1) >= -1e-6), "cost-only weights rank by cost"
     assert not np.array_equal(result["TOPK_RIDER_INDEX"], http_result["TOPK_RIDER_INDEX"])
 
@@ -156,14 +154,16 @@ def test_chinese_datums_give_the_wgs84_answer(
     http_result: Arrays,
     grpc_client: grpcclient.InferenceServerClient,
 ) -> None:
-    shifted = dict(window)
-    for name in ("ORDER_PICKUP", "ORDER_DROPOFF", "RIDER_POSITION"):
-        shifted[name] = geo.from_wgs84(window[name], system)
-    shifted["COORD_SYSTEM"] = np.array([system.name.encode()], dtype=object)
-    assert not np.allclose(shifted["ORDER_PICKUP"], window["ORDER_PICKUP"], atol=1e-4)
+    shifted = {name: np.array(value, copy=True) for name, value in window.items()}
+    for name, columns in (("ORDER_FIELDS", (0, 2)), ("RIDER_FIELDS", (0,))):
+        for first in columns:  # each [lat, lon] pair of columns
+            pair = slice(first, first + 2)
+            shifted[name][:, pair] = geo.from_wgs84(window[name][:, pair], system)
+    shifted["WINDOW_FIELDS"][1] = float(system)  # coord_system
+    assert not np.allclose(shifted["ORDER_FIELDS"], window["ORDER_FIELDS"], atol=1e-4)
     result = infer_grpc(grpc_client, shifted)
     np.testing.assert_array_equal(result["TOPK_RIDER_INDEX"], http_result["TOPK_RIDER_INDEX"])
-    np.testing.assert_allclose(result["TOPK_SCORE"], http_result["TOPK_SCORE"], atol=1e-4)
+    np.testing.assert_allclose(result["TOPK_OBJECTIVES"], http_result["TOPK_OBJECTIVES"], atol=1e-4)
 
 
 @pytest.mark.parametrize("full_riders", [(), (1,), (0, 2), (0, 1, 2)])
@@ -173,10 +173,10 @@ def test_small_window_pads_after_the_feasible_riders(
     """One order, three riders (K = min(top_k 5, 3 riders) = 3): the feasible riders first,
     then -1 / b"" / score 0 for each rider that is full."""
     window = sim_window(seed=5, orders=1, riders=3)
-    window["ORDER_CONSTRAINTS"][:] = 0  # any rider may carry it ...
-    window["RIDER_LOAD"][:] = 0
-    window["RIDER_CAPACITY"][:] = 2
-    window["RIDER_LOAD"][list(full_riders)] = 2  # ... unless full
+    window["ORDER_FIELDS"][:, 6] = 0  # constraints: any rider may carry it ...
+    window["RIDER_FIELDS"][:, 2] = 0  # load
+    window["RIDER_FIELDS"][:, 3] = 2  # capacity
+    window["RIDER_FIELDS"][list(full_riders), 2] = 2  # ... unless full
     feasible = sorted(set(range(3)) - set(full_riders))
     n = len(feasible)
     result = infer_http(http_client, window)
@@ -184,10 +184,7 @@ def test_small_window_pads_after_the_feasible_riders(
     assert index.shape == (3,)
     assert sorted(index[:n].tolist()) == feasible
     assert index[n:].tolist() == [-1] * (3 - n)
-    ids = result["TOPK_RIDER_IDS"][0]
-    assert list(ids[:n]) == [window["RIDER_IDS"][i] for i in index[:n]]
-    assert list(ids[n:]) == [b""] * (3 - n)
-    scores = result["TOPK_SCORE"][0]
+    scores = result["TOPK_OBJECTIVES"][0][:, 0]
     assert (scores[:n] > 0).all() and (scores[n:] == 0).all()
     assigned = int(result["ASSIGNED_RIDER_INDEX"][0])
     assert assigned in feasible if feasible else assigned == -1
@@ -236,7 +233,7 @@ def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxrunt
                 pending.append(results)
                 client.async_infer(
                     "dispatch_model",
-                    grpc_inputs({"PAIR_FEATURES": rows}),
+                    grpc_inputs({"PAIR_FEATURES": rows}, batch=False),  # pair rows are its batch
                     lambda result, error, out=results: out.append((result, error)),
                     model_version="1",
                 )
@@ -280,7 +277,7 @@ def test_concurrent_windows_are_each_answered_like_the_in_process_library(
             assert error is None, error
             expected = pipeline.run(window)
             np.testing.assert_array_equal(
-                result.as_numpy("ASSIGNED_RIDER_INDEX"), expected["ASSIGNED_RIDER_INDEX"]
+                result.as_numpy("ASSIGNED_RIDER_INDEX")[0], expected["ASSIGNED_RIDER_INDEX"]
             )
     finally:
         client.close()

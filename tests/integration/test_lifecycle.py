@@ -181,8 +181,9 @@ class BackgroundLoad:
                         outputs=outputs,
                         client_timeout=REQUEST_TIMEOUT_S,
                     )
-                    self.versions.update(result.as_numpy(ORDER_MODEL_VERSION.name).tolist())
-                    self.fallbacks.update(result.as_numpy(ORDER_FALLBACK_LEVEL.name).tolist())
+                    # [1, B]: one window per request
+                    self.versions.update(result.as_numpy(ORDER_MODEL_VERSION.name)[0].tolist())
+                    self.fallbacks.update(result.as_numpy(ORDER_FALLBACK_LEVEL.name)[0].tolist())
                 except InferenceServerException as exc:
                     self.errors.append(str(exc))
                 self.sent += 1
@@ -235,7 +236,7 @@ def dispatch_once(
             grpc_inputs(window),
             outputs=[grpcclient.InferRequestedOutput(n) for n in names],
         )
-    return {name: result.as_numpy(name) for name in names}
+    return {name: result.as_numpy(name)[0] for name in names}  # one window: batch of 1
 
 
 # ---- tests -------------------------------------------------------------------------------

@@ -188,17 +188,17 @@ def _bad_windows() -> list[tuple[tuple[str, str, str], dict[str, np.ndarray[Any,
     bad = []
     for seed in range(3):
         window = sim_window(100 + seed, 6, 12)
-        pickup = window["ORDER_PICKUP"].copy()
-        pickup[seed, 0] = 95.0
-        window["ORDER_PICKUP"] = pickup
-        bad.append((("feature_encoder", "ORDER_PICKUP", "range"), window))
+        fields = window["ORDER_FIELDS"].copy()
+        fields[seed, 0] = 95.0  # pickup_lat
+        window["ORDER_FIELDS"] = fields
+        bad.append((("feature_encoder", "ORDER_FIELDS[pickup_lat, pickup_lon]", "range"), window))
     for seed in range(2):
         window = sim_window(200 + seed, 4, 8)
         window["ORDER_IDS"] = np.array([b"a", b"b", b"a", b"c"], dtype=object)
         bad.append((("feature_encoder", "ORDER_IDS", "unique"), window))
     window = sim_window(300, 3, 5)
-    window["COORD_SYSTEM"] = np.array([b"ED50"], dtype=object)
-    bad.append((("feature_encoder", "COORD_SYSTEM", "unknown_value"), window))
+    window["WINDOW_FIELDS"] = np.array([window["WINDOW_FIELDS"][0], 9.0])  # no datum 9
+    bad.append((("feature_encoder", "WINDOW_FIELDS[coord_system]", "unknown_value"), window))
     return bad
 
 
@@ -214,7 +214,7 @@ def test_traffic_moves_triton_and_custom_metrics_in_prometheus(
         out = infer_grpc(grpc_client, sim_window(seed, orders, riders))
         conflicts += capacity_conflicts(
             out["TOPK_RIDER_INDEX"],
-            out["TOPK_SCORE"],
+            out["TOPK_OBJECTIVES"][..., 0],
             out["ASSIGNED_RIDER_INDEX"],
             out["ASSIGNED_SCORE"],
         )
@@ -309,7 +309,8 @@ def test_metric_names_and_labels(
         labels = sample["metric"]
         assert set(labels) >= {"model", "version", "tensor", "rule"}, labels
         assert labels["rule"].isidentifier() and " " not in labels["rule"], labels
-        assert labels["tensor"].isupper(), labels
+        # a tensor, or columns of a packed one: ORDER_FIELDS[pickup_lat, pickup_lon]
+        assert labels["tensor"].split("[")[0].isupper(), labels
 
 
 def _logged_events(log: Path, event: str) -> list[dict[str, Any]]:

@@ -28,12 +28,12 @@ from dispatch_client import DispatchClient
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.keys import SHM_KEY_ENV, SHM_KEY_HEADER, grpc_headers
 from dispatch_client.shm import REGION_PREFIX, GrpcShmTransport, ShmCapacity, ShmRegionTooSmallError
-from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, FEATURE_ENTRY_MODEL_NAME
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, FEATURE_ENTRY_MODEL_NAME, batched
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.features import EncoderSettings, encode_window
-from dispatch_service.domain.window import window_from_tensors
+from dispatch_service.domain.window import window_from_wire
 from dispatch_service.ops.server import TritonServer
 from triton_helpers import grpc_inputs, sim_window
 
@@ -89,7 +89,7 @@ def test_results_through_shared_memory_equal_plain_grpc(
     window = sim_window(seed=2024, orders=64, riders=200)
     plain = infer_raw(grpc_client, window, "dispatch")
     with transport(triton, ShmCapacity.for_window(window)) as shm:
-        through_shm = shm.infer("dispatch", dict(window), NAMES)
+        through_shm = shm.infer("dispatch", batched(window), NAMES)
         assert_same(through_shm, plain)
         with DispatchClient(shm) as over_shm, DispatchClient.grpc(triton.grpc_url) as over_grpc:
             assert over_shm.dispatch(window) == over_grpc.dispatch(window)
@@ -113,8 +113,8 @@ def test_ten_thousand_requests_reuse_the_regions_and_leave_nothing_behind(
             try:
                 for i in range(per_thread):
                     k = (worker + i) % len(windows)
-                    got = shm.infer("dispatch", dict(windows[k]), NAMES)
-                    for name in ("TOPK_RIDER_IDS", "TOPK_SCORE", "ASSIGNED_RIDER_INDEX"):
+                    got = shm.infer("dispatch", batched(windows[k]), NAMES)
+                    for name in ("TOPK_RIDER_INDEX", "TOPK_OBJECTIVES", "ASSIGNED_RIDER_INDEX"):
                         if not np.array_equal(got[name], expected[k][name]):
                             mismatches.append(f"request {worker}/{i}: {name}")
             except BaseException as exc:
@@ -144,11 +144,11 @@ def test_an_oversize_request_errors_cleanly_and_the_next_one_works(
     small = sim_window(seed=7, orders=1, riders=5)
     with transport(triton, ShmCapacity(max_orders=1, max_riders=5)) as shm:
         with pytest.raises(ShmRegionTooSmallError) as caught:
-            shm.infer("dispatch", dict(sim_window(seed=8, orders=1, riders=200)), NAMES)
+            shm.infer("dispatch", batched(sim_window(seed=8, orders=1, riders=200)), NAMES)
         assert caught.value.direction == "input"
         assert f"{caught.value.region_bytes}-byte input" in caught.value.message
         assert_same(
-            shm.infer("dispatch", dict(small), NAMES), infer_raw(grpc_client, small, "dispatch")
+            shm.infer("dispatch", batched(small), NAMES), infer_raw(grpc_client, small, "dispatch")
         )
 
 
@@ -157,14 +157,15 @@ def test_a_server_rejection_keeps_the_regions_for_the_next_request(
 ) -> None:
     good = sim_window(seed=9, orders=2, riders=8)
     bad = dict(good)
-    bad["ORDER_PICKUP"] = np.array([[91.0, 121.4], [31.2, 121.4]])
+    bad["ORDER_FIELDS"] = good["ORDER_FIELDS"].copy()
+    bad["ORDER_FIELDS"][0, 0] = 91.0  # pickup_lat
     with transport(triton, ShmCapacity(max_orders=2, max_riders=8), pool_size=1) as shm:
         names = set(shm.pool.region_names())
-        with pytest.raises(DispatchServerError, match="ORDER_PICKUP"):
-            shm.infer("dispatch", bad, NAMES)
+        with pytest.raises(DispatchServerError, match=r"ORDER_FIELDS\[pickup_lat, pickup_lon\]"):
+            shm.infer("dispatch", batched(bad), NAMES)
         assert set(shm.pool.region_names()) == names
         assert_same(
-            shm.infer("dispatch", dict(good), NAMES), infer_raw(grpc_client, good, "dispatch")
+            shm.infer("dispatch", batched(good), NAMES), infer_raw(grpc_client, good, "dispatch")
         )
 
 
@@ -185,12 +186,13 @@ def test_an_exception_mid_request_releases_the_region(
 
         monkeypatch.setattr(shm._client, "infer", broken)
         with pytest.raises(type(failure)):
-            shm.infer("dispatch", dict(window), NAMES)
+            shm.infer("dispatch", batched(window), NAMES)
         assert server_regions(grpc_client, os.getpid()) == set()
         assert shm_files(os.getpid()) == set()
         monkeypatch.setattr(shm._client, "infer", real)
         assert_same(
-            shm.infer("dispatch", dict(window), NAMES), infer_raw(grpc_client, window, "dispatch")
+            shm.infer("dispatch", batched(window), NAMES),
+            infer_raw(grpc_client, window, "dispatch"),
         )
         after = server_regions(grpc_client, os.getpid())
         assert len(after) == 2 and not after & before  # a fresh set replaced the lost one
@@ -204,12 +206,12 @@ def test_a_timed_out_request_retires_its_regions(
         before = set(shm.pool.region_names())
         shm.timeout_s = 1e-6  # the server may still write later: the set must not be reused
         with pytest.raises(DispatchConnectionError, match="no answer"):
-            shm.infer("dispatch", dict(window), NAMES)
+            shm.infer("dispatch", batched(window), NAMES)
         shm.timeout_s = 60.0
         assert not set(shm.pool.region_names()) & before
         assert not shm_files(os.getpid()) & before  # unmapped and unlinked at once
         expected = infer_raw(grpc_client, window, "dispatch")
-        assert_same(shm.infer("dispatch", dict(window), NAMES), expected)
+        assert_same(shm.infer("dispatch", batched(window), NAMES), expected)
     # the server unregisters the old pair once the abandoned request lets go (by close)
     assert not server_regions(grpc_client, os.getpid()) & before
 
@@ -306,14 +308,11 @@ def test_cli_grpc_shm_answers_like_grpc(
 def encoded(window: Arrays) -> Arrays:
     """What a co-located feature service sends: the server's own encoder, run locally."""
     parameters = config_parameters(MODEL_REPOSITORY / "feature_encoder" / "config.pbtxt")
-    pairs = encode_window(window_from_tensors(window), load_settings(EncoderSettings, parameters))
+    pairs = encode_window(window_from_wire(window), load_settings(EncoderSettings, parameters))
     tensors = {
         "PAIR_FEATURES": pairs.pair_features,
         "CANDIDATE_RIDER_INDEX": pairs.candidate_rider_index,
-        **{
-            name: window[name]
-            for name in ("ORDER_USER_IDS", "RIDER_IDS", "RIDER_LOAD", "RIDER_CAPACITY")
-        },
+        **{name: window[name] for name in ("ORDER_USER_IDS", "RIDER_IDS", "RIDER_FIELDS")},
     }
     for optional in ("OBJECTIVE_WEIGHTS", "MODEL_VERSION_TAG"):
         if optional in window:

@@ -10,17 +10,19 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, DISPATCH_OUTPUTS
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, RESOLVER_OUTPUTS, batched
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
-OUTPUT_NAMES = [spec.name for spec in DISPATCH_OUTPUTS]
+OUTPUT_NAMES = [spec.name for spec in RESOLVER_OUTPUTS]
 # The resolver's answer plus the router's per-order ORDER_MODEL_VERSION / ORDER_FALLBACK_LEVEL.
 ROUTED_OUTPUT_NAMES = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
 
 
 def sim_window(seed: int, orders: int, riders: int) -> dict[str, np.ndarray[Any, Any]]:
-    return window_to_tensors(generate_window(np.random.default_rng(seed), orders, riders))
+    """One simulated window's contract v2 tensors, without the batch dimension (the infer
+    helpers add it and take it off the answer)."""
+    return window_to_wire(generate_window(np.random.default_rng(seed), orders, riders))
 
 
 def infer_http(
@@ -29,15 +31,17 @@ def infer_http(
     model: str = "dispatch",
     binary: bool = True,
     output_names: Sequence[str] = OUTPUT_NAMES,
+    batch: bool = True,
 ) -> dict[str, np.ndarray[Any, Any]]:
+    """One window over HTTP; `batch=False` sends the tensors exactly as given."""
     inputs = []
-    for name, array in tensors.items():
+    for name, array in (batched(tensors) if batch else tensors).items():
         tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)
     outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in output_names]
     result = client.infer(model, inputs, outputs=outputs)
-    return {name: _as_bytes(result.as_numpy(name)) for name in output_names}
+    return {name: _as_bytes(result.as_numpy(name))[0] for name in output_names}
 
 
 def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -47,9 +51,12 @@ def _as_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return np.vectorize(lambda v: v.encode() if isinstance(v, str) else v, otypes=[object])(array)
 
 
-def grpc_inputs(tensors: dict[str, np.ndarray[Any, Any]]) -> list[grpcclient.InferInput]:
+def grpc_inputs(
+    tensors: dict[str, np.ndarray[Any, Any]], batch: bool = True
+) -> list[grpcclient.InferInput]:
+    """gRPC inputs of one window (with the batch dimension of 1 unless batch=False)."""
     inputs = []
-    for name, array in tensors.items():
+    for name, array in (batched(tensors) if batch else tensors).items():
         tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
@@ -61,8 +68,9 @@ def infer_grpc(
     tensors: dict[str, np.ndarray[Any, Any]],
     model: str = "dispatch",
     output_names: Sequence[str] = OUTPUT_NAMES,
+    batch: bool = True,
 ) -> dict[str, np.ndarray[Any, Any]]:
-    inputs = grpc_inputs(tensors)
+    inputs = grpc_inputs(tensors, batch)
     outputs = [grpcclient.InferRequestedOutput(n) for n in output_names]
     result = client.infer(model, inputs, outputs=outputs)
-    return {name: result.as_numpy(name) for name in output_names}
+    return {name: result.as_numpy(name)[0] for name in output_names}

@@ -204,7 +204,7 @@ def resolver_observations(
     try:
         conflicts = capacity_conflicts(
             outputs["TOPK_RIDER_INDEX"],
-            outputs["TOPK_SCORE"],
+            outputs["TOPK_OBJECTIVES"][..., 0],  # the score column
             outputs["ASSIGNED_RIDER_INDEX"],
             outputs["ASSIGNED_SCORE"],
         )

@@ -73,6 +73,7 @@ from dispatch_contract import (
     DISPATCH_OUTPUTS,
     OBJECTIVES,
     PAIR_OBJECTIVES,
+    TOPK_OBJECTIVES,
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.window import check_objective_weights
@@ -135,6 +136,23 @@ class Resolution:
         return {
             spec.name: np.asarray(getattr(self, spec.name.lower()), dtype=spec.numpy_dtype)
             for spec in DISPATCH_OUTPUTS
+        }
+
+    def as_wire_tensors(self) -> dict[str, NDArray[Any]]:
+        """The v2 answer (`RESOLVER_OUTPUTS`): indices and objective matrices, no ids."""
+        return {
+            "TOPK_RIDER_INDEX": self.topk_rider_index,
+            TOPK_OBJECTIVES.name: np.stack(
+                (
+                    self.topk_score,
+                    self.topk_eta_minutes,
+                    self.topk_ontime_probability,
+                    self.topk_cost,
+                ),
+                axis=-1,
+            ).astype(np.float32),
+            "ASSIGNED_RIDER_INDEX": self.assigned_rider_index,
+            "ASSIGNED_SCORE": self.assigned_score,
         }
 
 

@@ -21,10 +21,19 @@ from dispatch_contract import (
     MAX_ORDERS,
     MAX_RIDERS,
     OBJECTIVES,
+    ORDER_FIELD_COLUMNS,
+    ORDER_FIELD_SOURCES,
+    ORDER_FIELDS,
+    RIDER_FIELD_COLUMNS,
+    RIDER_FIELD_SOURCES,
+    RIDER_FIELDS,
+    WINDOW_FIELD_COLUMNS,
+    WINDOW_FIELDS,
     WINDOW_INPUTS,
     CoordSystem,
     TensorSpec,
     Vehicle,
+    pack_window,
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain import geo
@@ -45,8 +54,13 @@ __all__ = [
     "check_times",
     "parse_coord_system",
     "parse_objective_weights",
+    "rider_counts_from_wire",
     "window_from_tensors",
+    "window_from_wire",
+    "window_tensors_from_wire",
     "window_to_tensors",
+    "window_to_wire",
+    "wire_field",
 ]
 
 MAX_PROMISED_MINUTES = 240.0
@@ -497,3 +511,175 @@ def window_to_tensors(window: DispatchWindow) -> dict[str, NDArray[Any]]:
         "COORD_SYSTEM": np.array([b"WGS84"], dtype=object),
         "DISPATCH_TIME": np.array([window.dispatch_time], dtype=np.int64),
     }
+
+
+# ---- contract v2: the packed window on the wire ------------------------------------------
+# Unpacking only reshapes and checks the matrices' own rules (dtype, width, whole numbers in
+# integer columns); every value rule is `window_from_tensors`'s, and its errors are renamed
+# to the column that carried the value, so a v2 caller reads where to look.
+
+_INT32_LIMIT = float(2**31 - 1)
+_INT64_LIMIT = float(2**62)
+# logical tensor -> (dtype, limit) of its integer column; float columns are absent.
+_INTEGER_SOURCES: dict[str, tuple[type[np.generic], float]] = {
+    "ORDER_CREATED_AT": (np.int64, _INT64_LIMIT),
+    "ORDER_CONSTRAINTS": (np.int32, _INT32_LIMIT),
+    "RIDER_LOAD": (np.int32, _INT32_LIMIT),
+    "RIDER_CAPACITY": (np.int32, _INT32_LIMIT),
+    "RIDER_VEHICLE": (np.int32, _INT32_LIMIT),
+    "RIDER_EQUIPMENT": (np.int32, _INT32_LIMIT),
+}
+
+
+def wire_field(tensor: str, columns: tuple[str, ...]) -> str:
+    """How errors name columns of a packed tensor: ``ORDER_FIELDS[pickup_lat, pickup_lon]``."""
+    return f"{tensor}[{', '.join(columns)}]"
+
+
+def _wire_names() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for spec, sources, columns in (
+        (ORDER_FIELDS, ORDER_FIELD_SOURCES, ORDER_FIELD_COLUMNS),
+        (RIDER_FIELDS, RIDER_FIELD_SOURCES, RIDER_FIELD_COLUMNS),
+    ):
+        grouped: dict[str, list[str]] = {}
+        for (source, _), column in zip(sources, columns, strict=True):
+            grouped.setdefault(source, []).append(column)
+        names.update({src: wire_field(spec.name, tuple(cols)) for src, cols in grouped.items()})
+    names["DISPATCH_TIME"] = wire_field(WINDOW_FIELDS.name, ("dispatch_time",))
+    names["COORD_SYSTEM"] = wire_field(WINDOW_FIELDS.name, ("coord_system",))
+    return names
+
+
+_WIRE_NAMES = _wire_names()
+
+
+def _matrix(inputs: Mapping[str, Any], name: str, columns: tuple[str, ...]) -> NDArray[np.float64]:
+    value = inputs.get(name)
+    if value is None:
+        raise DispatchInputError(name, "is required but missing", "missing")
+    array = np.asarray(value)
+    if array.dtype != np.float64:
+        raise DispatchInputError(name, f"must be FP64, got {array.dtype}", "dtype")
+    width = len(columns)
+    if array.ndim != 2 or array.shape[1] != width:
+        raise DispatchInputError(
+            name,
+            f"must have shape [*, {width}] (columns {', '.join(columns)}), got {array.shape}",
+            "shape",
+        )
+    return array
+
+
+def _whole(
+    tensor: str, column: str, values: NDArray[np.float64], limit: float
+) -> NDArray[np.float64]:
+    """Refuse NaN, fractions and values no integer tensor can hold, naming the column."""
+    ok = np.abs(values) <= limit  # False for NaN and infinity
+    ok &= values == np.floor(values)
+    if not ok.all():
+        row = int(np.argmin(ok))
+        value = float(values.reshape(-1)[row])
+        where = wire_field(tensor, (column,))
+        if not np.isfinite(value):
+            raise DispatchInputError(
+                where, f"must be finite, got NaN or infinity (row {row})", "not_finite"
+            )
+        raise DispatchInputError(
+            where, f"must be a whole number within [-{limit:.0f}, {limit:.0f}] (row {row})", "range"
+        )
+    return values
+
+
+def _unpack(
+    inputs: Mapping[str, Any],
+    tensor: str,
+    columns: tuple[str, ...],
+    sources: tuple[tuple[str, int | None], ...],
+    out: dict[str, Any],
+) -> None:
+    matrix = _matrix(inputs, tensor, columns)
+    for index, ((source, part), column) in enumerate(zip(sources, columns, strict=True)):
+        if part is not None:
+            if part == 0:  # a [*, 2] pair of adjacent columns (lat, lon)
+                out[source] = matrix[:, index : index + 2]
+            continue
+        values = matrix[:, index]
+        integer = _INTEGER_SOURCES.get(source)
+        if integer is None:
+            out[source] = values.astype(np.float32)
+        else:
+            dtype, limit = integer
+            out[source] = _whole(tensor, column, values, limit).astype(dtype)
+
+
+def window_tensors_from_wire(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The v2 wire tensors of one window (no batch dimension) -> the logical window tensors
+    (WINDOW_INPUTS names) `window_from_tensors` validates. Raises DispatchInputError."""
+    out: dict[str, Any] = {
+        name: inputs.get(name)
+        for name in ("ORDER_IDS", "ORDER_USER_IDS", "RIDER_IDS", "OBJECTIVE_WEIGHTS")
+    }
+    _unpack(inputs, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS, ORDER_FIELD_SOURCES, out)
+    _unpack(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS, RIDER_FIELD_SOURCES, out)
+    value = inputs.get(WINDOW_FIELDS.name)
+    if value is None:
+        raise DispatchInputError(WINDOW_FIELDS.name, "is required but missing", "missing")
+    fields = np.asarray(value)
+    if fields.dtype != np.float64:
+        raise DispatchInputError(WINDOW_FIELDS.name, f"must be FP64, got {fields.dtype}", "dtype")
+    if fields.shape != (len(WINDOW_FIELD_COLUMNS),):
+        raise DispatchInputError(
+            WINDOW_FIELDS.name,
+            f"must have shape [{len(WINDOW_FIELD_COLUMNS)}] "
+            f"(columns {', '.join(WINDOW_FIELD_COLUMNS)}), got {fields.shape}",
+            "shape",
+        )
+    dispatch_time = _whole(WINDOW_FIELDS.name, "dispatch_time", fields[:1], _INT64_LIMIT)
+    out["DISPATCH_TIME"] = dispatch_time.astype(np.int64)
+    code = float(fields[1])
+    if code not in tuple(float(c) for c in CoordSystem):
+        allowed = ", ".join(f"{int(c)} ({c.name})" for c in CoordSystem)
+        raise DispatchInputError(
+            wire_field(WINDOW_FIELDS.name, ("coord_system",)),
+            f"must be one of {allowed}",
+            "unknown_value",
+        )
+    out["COORD_SYSTEM"] = np.array([CoordSystem(int(code)).name.encode()], dtype=object)
+    return out
+
+
+def window_from_wire(
+    inputs: Mapping[str, Any], limits: WindowLimits | None = None
+) -> DispatchWindow:
+    """Validate one window's v2 wire tensors (`window_from_tensors`'s rules, errors named
+    by the column that carried the value) and build the WGS-84 window."""
+    tensors = window_tensors_from_wire(inputs)
+    try:
+        return window_from_tensors(tensors, limits)
+    except DispatchInputError as exc:
+        wire = _WIRE_NAMES.get(exc.tensor)
+        if wire is None:
+            raise
+        # the same rule and code, named by the column that carried the value
+        exc.tensor = wire
+        exc.args = (f"{wire}: {exc.rule}",)
+        raise
+
+
+def rider_counts_from_wire(
+    inputs: Mapping[str, Any],
+) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
+    """The load and capacity columns of RIDER_FIELDS as INT32 (the resolver's inputs)."""
+    matrix = _matrix(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS)
+    load = RIDER_FIELD_COLUMNS.index("load")
+    capacity = RIDER_FIELD_COLUMNS.index("capacity")
+    return (
+        _whole(RIDER_FIELDS.name, "load", matrix[:, load], _INT32_LIMIT).astype(np.int32),
+        _whole(RIDER_FIELDS.name, "capacity", matrix[:, capacity], _INT32_LIMIT).astype(np.int32),
+    )
+
+
+def window_to_wire(window: DispatchWindow) -> dict[str, NDArray[Any]]:
+    """The v2 wire tensors for a window (no batch dimension; coordinates as WGS-84)."""
+    return pack_window(window_to_tensors(window))

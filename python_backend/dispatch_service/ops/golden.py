@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from dispatch_contract import CANDIDATE_RIDER_INDEX, PAIR_OBJECTIVES
 from dispatch_service.core.model_config import config_parameters
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
 from dispatch_service.routing.settings import SCORING_MODEL_NAME
@@ -88,7 +88,7 @@ class GoldenReport:
 def golden_tensors(settings: GoldenSettings) -> list[dict[str, NDArray[Any]]]:
     """The golden windows as request tensors; the same for the same settings."""
     return [
-        window_to_tensors(
+        window_to_wire(
             generate_window(
                 np.random.default_rng([GOLDEN_STREAM, settings.seed, i]),
                 settings.num_orders,
@@ -149,7 +149,7 @@ def check_candidate(
             resolver.run({**tensors, **encoded, PAIR_OBJECTIVES.name: objectives})
             for objectives in (new_obj, old_obj)
         )
-        if not np.isfinite(new_top["TOPK_SCORE"]).all():
+        if not np.isfinite(new_top["TOPK_OBJECTIVES"]).all():
             problems.append(f"window {number}: non-finite scores")
             continue
         new_best, old_best = new_top["TOPK_RIDER_INDEX"][:, 0], old_top["TOPK_RIDER_INDEX"][:, 0]

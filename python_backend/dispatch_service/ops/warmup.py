@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
@@ -51,8 +51,9 @@ def raw_bytes(array: NDArray[Any]) -> bytes:
 
 
 def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, NDArray[Any]]]:
-    """Per model, the tensors of one simulated window at each model's inputs."""
-    window = window_to_tensors(
+    """Per model, the tensors of one simulated window at each model's inputs (contract v2,
+    without the batch dimension: each warmup sample is a batch of 1)."""
+    window = window_to_wire(
         generate_window(np.random.default_rng(WARMUP_SEED), WARMUP_ORDERS, WARMUP_RIDERS)
     )
     pipeline = DispatchPipeline.from_repository(repository)

@@ -54,7 +54,7 @@ class _StackAwareResolver:
         def rescore(rows: NDArray[np.int64], features: NDArray[np.float32]) -> NDArray[np.float32]:
             return self.model.scorer.infer(features)
 
-        return self.resolver.run_stack_aware(inputs, rescore).resolution.as_tensors()
+        return self.resolver.run_stack_aware(inputs, rescore).resolution.as_wire_tensors()
 
 
 def repository_steps(repository: Path) -> tuple[FeatureEncoderStep, TopKResolverStep]:

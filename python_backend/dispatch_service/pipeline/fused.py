@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -54,7 +54,7 @@ from dispatch_service.pipeline.stacking import Rescorer
 from dispatch_service.pipeline.steps import Arrays, FeatureEncoderStep, TopKResolverStep
 from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score_now
 from dispatch_service.routing.policy import ServedVersions, route_window
-from dispatch_service.routing.settings import FusedSettings
+from dispatch_service.routing.settings import FusedSettings, RouterSettings
 from dispatch_service.routing.shadow import shadow_sampled
 
 __all__ = [
@@ -78,6 +78,30 @@ class FusedResult:
 
 
 VersionLoader = Callable[[int], OnnxScorer]
+
+
+@dataclass
+class _Prepared:
+    """One window of a batch after encoding and routing, before scoring."""
+
+    encoded: Arrays
+    routing: RouterSettings
+    versions: NDArray[np.int32]
+    served: ServedVersions
+    started: float
+    encode_ms: float
+    # version -> (the pair rows routed to it, their scores from the batch's session call)
+    scored: dict[int, tuple[NDArray[np.float32], NDArray[np.float32]]] = field(default_factory=dict)
+
+    def rows_for(self, version: int) -> NDArray[np.float32]:
+        """The pair rows of the orders routed to `version`, as routing asks for them."""
+        features: NDArray[np.float32] = self.encoded[PAIR_FEATURES.name]
+        chosen = self.versions == version
+        if chosen.all():
+            return features
+        width = self.encoded[CANDIDATE_RIDER_INDEX.name].shape[1]
+        per_order = features.reshape(len(chosen), width, -1)
+        return np.ascontiguousarray(per_order[chosen].reshape(-1, features.shape[1]))
 
 
 @dataclass
@@ -205,7 +229,7 @@ class FusedDispatch:
             width = encoded[CANDIDATE_RIDER_INDEX.name].shape[1]
             resolved = self.resolver.run_stack_aware(
                 resolver_inputs, self._rescorer(routed, width)
-            ).resolution.as_tensors()
+            ).resolution.as_wire_tensors()
         else:
             resolved = self.resolver.run(resolver_inputs)
         done = time.perf_counter()
@@ -218,5 +242,109 @@ class FusedDispatch:
             encoded=encoded,
             routed=routed,
             encode_ms=(encoded_at - started) * 1000.0,
+            resolve_ms=(done - scored_at) * 1000.0,
+        )
+
+    # ---- several windows of one execute ------------------------------------------------------
+
+    def run_batch(
+        self, batch: Sequence[Mapping[str, NDArray[Any] | None]]
+    ) -> list[FusedResult | Exception]:
+        """Several windows (one Triton `execute`) at once: each window is encoded, routed and
+        resolved on its own, but the pairs all windows route to one version are scored in
+        one ONNX Runtime call per version for the whole batch.
+
+        Returns per window, in order, its result or the exception it alone raised
+        (DispatchInputError for bad input): one bad window never fails the others. Each
+        answer is `run`'s for that window, byte for byte: ONNX Runtime scores every pair row
+        on its own, and a call routing makes that the batch did not score (a shadow, a stable
+        retry) is scored for that window alone.
+        """
+        prepared: list[_Prepared | Exception] = []
+        for inputs in batch:
+            try:
+                prepared.append(self._prepare(inputs))
+            except Exception as exc:  # this window's own error
+                prepared.append(exc)
+        self._score_together([item for item in prepared if isinstance(item, _Prepared)])
+        results: list[FusedResult | Exception] = []
+        for inputs, item in zip(batch, prepared, strict=True):
+            if isinstance(item, Exception):
+                results.append(item)
+                continue
+            try:
+                results.append(self._finish(inputs, item))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _prepare(self, inputs: Mapping[str, NDArray[Any] | None]) -> _Prepared:
+        started = time.perf_counter()
+        encoded = self.encoder.run(inputs)
+        encode_ms = (time.perf_counter() - started) * 1000.0
+        user_ids = inputs.get(_USER_IDS)
+        if user_ids is None:  # the encoder has already rejected this; kept for the type
+            raise DispatchInputError(_USER_IDS, "is required but missing", "missing")
+        served = ServedVersions(self.servable)
+        routing, versions = route_window(
+            user_ids, inputs.get(MODEL_VERSION_TAG.name), self.settings.routing, served
+        )
+        return _Prepared(encoded, routing, versions, served, started, encode_ms)
+
+    def _score_together(self, windows: Sequence[_Prepared]) -> None:
+        """One session call per version over the rows every window routes to it."""
+        wanted: dict[int, list[tuple[_Prepared, NDArray[np.float32]]]] = {}
+        for item in windows:
+            for version in np.unique(item.versions).tolist():
+                if item.served(int(version)):  # else its call fails alone, as in `run`
+                    wanted.setdefault(int(version), []).append((item, item.rows_for(version)))
+        for version, members in wanted.items():
+            scorer = self.scorer(version)
+            if scorer is None:
+                continue
+            parts = [rows for _, rows in members]
+            joined = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            try:
+                scores = scorer.infer(joined)
+            except Exception:  # each window's own call then reports the failure
+                continue
+            bounds = np.cumsum([len(part) for part in parts])[:-1]
+            for (item, rows), part in zip(members, np.split(scores, bounds), strict=True):
+                item.scored[version] = (rows, part)
+
+    def _finish(self, inputs: Mapping[str, NDArray[Any] | None], item: _Prepared) -> FusedResult:
+        def score(version: int, features: NDArray[np.float32]) -> NDArray[Any]:
+            hit = item.scored.get(version)
+            if hit is not None:
+                rows, scores = hit
+                if rows is features or (
+                    rows.shape == features.shape and np.array_equal(rows, features)
+                ):
+                    return scores
+            return self.score(version, features)
+
+        routed = route_and_score_now(
+            item.encoded[PAIR_FEATURES.name],
+            item.encoded[CANDIDATE_RIDER_INDEX.name],
+            item.versions,
+            item.routing,
+            score,
+            shadow=shadow_sampled(self.draw(), item.routing),
+            served=item.served,
+        )
+        scored_at = time.perf_counter()
+        resolved = self.resolver.run(
+            {**inputs, **item.encoded, PAIR_OBJECTIVES.name: routed.objectives}
+        )
+        done = time.perf_counter()
+        return FusedResult(
+            outputs={
+                **resolved,
+                ORDER_MODEL_VERSION.name: routed.model_version,
+                ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
+            },
+            encoded=item.encoded,
+            routed=routed,
+            encode_ms=item.encode_ms,
             resolve_ms=(done - scored_at) * 1000.0,
         )

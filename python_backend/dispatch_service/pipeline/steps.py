@@ -16,12 +16,12 @@ from numpy.typing import NDArray
 
 from dispatch_contract import (
     CANDIDATE_RIDER_INDEX,
+    ENCODER_INPUTS,
     ENCODER_OUTPUTS,
     MODEL_INPUTS,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
-    RESOLVER_WINDOW_INPUTS,
-    WINDOW_INPUTS,
+    RESOLVER_INPUTS,
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.settings import load_settings, reject_unknown
@@ -31,7 +31,9 @@ from dispatch_service.domain.resolver import ResolverSettings, resolve
 from dispatch_service.domain.window import (
     WindowLimits,
     parse_objective_weights,
-    window_from_tensors,
+    rider_counts_from_wire,
+    window_from_wire,
+    window_tensors_from_wire,
 )
 from dispatch_service.pipeline.onnx_runner import (
     MODEL_FILE,
@@ -65,7 +67,7 @@ class FeatureEncoderStep:
     limits: WindowLimits = field(default_factory=WindowLimits)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     threads: EncoderThreads = field(default_factory=EncoderThreads)
-    input_names: ClassVar[tuple[str, ...]] = tuple(spec.name for spec in WINDOW_INPUTS)
+    input_names: ClassVar[tuple[str, ...]] = tuple(spec.name for spec in ENCODER_INPUTS)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> FeatureEncoderStep:
@@ -77,7 +79,7 @@ class FeatureEncoderStep:
         )
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        window = window_from_tensors(inputs, self.limits)
+        window = window_from_wire(inputs, self.limits)
         encoded = encode_window(window, self.encoder, self.threads.selection_threads)
         features, candidates = ENCODER_OUTPUTS
         return {
@@ -89,11 +91,7 @@ class FeatureEncoderStep:
 @dataclass(frozen=True)
 class TopKResolverStep:
     settings: ResolverSettings = field(default_factory=ResolverSettings)
-    input_names: ClassVar[tuple[str, ...]] = (
-        PAIR_OBJECTIVES.name,
-        CANDIDATE_RIDER_INDEX.name,
-        *RESOLVER_WINDOW_INPUTS,
-    )
+    input_names: ClassVar[tuple[str, ...]] = tuple(spec.name for spec in RESOLVER_INPUTS)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> TopKResolverStep:
@@ -104,33 +102,41 @@ class TopKResolverStep:
         self, inputs: Mapping[str, NDArray[Any] | None], rescore: Rescorer
     ) -> StackedResolution:
         """`run` with stacked orders re-scored by ``rescore`` (`pipeline.stacking`); needs
-        the encoder's PAIR_FEATURES and the window's ORDER_CREATED_AT among the inputs."""
-        arrays = {name: _required(inputs, name) for name in self.input_names[:-1]}
+        the encoder's PAIR_FEATURES and the window's v2 tensors (ORDER_FIELDS: created_at)."""
+        objectives = _required(inputs, PAIR_OBJECTIVES.name)
+        candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
+        rider_ids = _required(inputs, "RIDER_IDS")
+        load, capacity = rider_counts_from_wire(inputs)
+        created_at = window_tensors_from_wire(inputs)["ORDER_CREATED_AT"]
         return resolve_stack_aware(
-            objectives=arrays[PAIR_OBJECTIVES.name],
+            objectives=objectives,
             features=_required(inputs, PAIR_FEATURES.name),
-            candidate_rider_index=arrays[CANDIDATE_RIDER_INDEX.name],
-            created_at=_required(inputs, "ORDER_CREATED_AT"),
-            rider_ids=arrays["RIDER_IDS"],
-            rider_load=arrays["RIDER_LOAD"],
-            rider_capacity=arrays["RIDER_CAPACITY"],
+            candidate_rider_index=candidates,
+            created_at=created_at,
+            rider_ids=rider_ids,
+            rider_load=load,
+            rider_capacity=capacity,
             weights=parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
             rescore=rescore,
             settings=self.settings,
         )
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        arrays = {name: _required(inputs, name) for name in self.input_names[:-1]}
+        """One window's objectives and riders -> the v2 answer (`RESOLVER_OUTPUTS`)."""
+        objectives = _required(inputs, PAIR_OBJECTIVES.name)
+        candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
+        rider_ids = _required(inputs, "RIDER_IDS")
+        load, capacity = rider_counts_from_wire(inputs)
         resolution = resolve(
-            objectives=arrays[PAIR_OBJECTIVES.name],
-            candidate_rider_index=arrays[CANDIDATE_RIDER_INDEX.name],
-            rider_ids=arrays["RIDER_IDS"],
-            rider_load=arrays["RIDER_LOAD"],
-            rider_capacity=arrays["RIDER_CAPACITY"],
+            objectives=objectives,
+            candidate_rider_index=candidates,
+            rider_ids=rider_ids,
+            rider_load=load,
+            rider_capacity=capacity,
             weights=parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
             settings=self.settings,
         )
-        return resolution.as_tensors()
+        return resolution.as_wire_tensors()
 
 
 class DispatchModelStep:

@@ -73,17 +73,37 @@ class FusedDispatchAdapter(TritonResponder):
         self.input_names = tuple(spec.name for spec in DISPATCH_ENSEMBLE_INPUTS)
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
-        return [self._respond(request) for request in requests]
-
-    def _respond(self, request: Any) -> Any:
-        if request.is_cancelled():
-            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
+        """The windows of one execute run as one batch (`FusedDispatch.run_batch`: one ONNX
+        Runtime call per routed version); each request still gets its own answer or error."""
+        responses: list[Any] = [None] * len(requests)
+        members: list[int] = []
+        windows: list[dict[str, Any]] = []
+        for i, request in enumerate(requests):
+            if request.is_cancelled():
+                responses[i] = self.error(
+                    request, "request cancelled", self.pb.TritonError.CANCELLED
+                )
+                continue
+            try:
+                windows.append(self.arrays(request, self.input_names))
+            except DispatchInputError as exc:
+                responses[i] = self.reject(request, exc)
+                continue
+            members.append(i)
         try:
-            result = self.dispatch.run(self.arrays(request, self.input_names))
-        except DispatchInputError as exc:
-            return self.reject(request, exc)
-        except Exception as exc:  # answers this request only
-            return self.internal_error(request, exc)
+            outcomes: list[FusedResult | Exception] = self.dispatch.run_batch(windows)
+        except Exception as exc:  # a failure of the batch itself: each member's own error
+            outcomes = [exc] * len(members)
+        for i, outcome in zip(members, outcomes, strict=True):
+            responses[i] = self._respond(requests[i], outcome)
+        return responses
+
+    def _respond(self, request: Any, outcome: FusedResult | Exception) -> Any:
+        if isinstance(outcome, DispatchInputError):
+            return self.reject(request, outcome)
+        if isinstance(outcome, Exception):  # answers this request only
+            return self.internal_error(request, outcome)
+        result = outcome
         self.record(fused_observations(result))
         log_failed_calls(
             self.pb, self.model_name, request, result.routed, self.dispatch.settings.scoring_model

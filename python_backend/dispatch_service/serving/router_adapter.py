@@ -98,8 +98,8 @@ class DispatchRouterAdapter(TritonResponder):
     async def _respond(self, request: Any) -> Any:
         if request.is_cancelled():
             return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
-        inputs = self.arrays(request, _INPUT_NAMES)
         try:
+            inputs = self.arrays(request, _INPUT_NAMES)
             user_ids = self._required(inputs, _USER_IDS)
             served = ServedVersions(self.settings.serves)
             settings, versions = route_window(

@@ -18,12 +18,12 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_contract import PAIR_OBJECTIVES
+from dispatch_contract import PAIR_OBJECTIVES, spec_by_name, wire_shape
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     STEP_OBSERVERS,
@@ -54,6 +54,7 @@ __all__ = [
     "log_event",
     "metrics_error_logger",
     "triton_metrics",
+    "unbatched",
     "with_instance_device",
 ]
 
@@ -112,20 +113,34 @@ class TritonResponder:
         except Exception as exc:
             self._metrics_failed(exc)
 
-    @staticmethod
-    def arrays(request: Any, names: Sequence[str]) -> dict[str, NDArray[Any] | None]:
+    # Window-level models (max_batch_size > 0, contract v2): every request carries one
+    # window behind a leading batch dimension of 1, which `arrays` removes and `response`
+    # puts back. dispatch_model batches pair rows instead and sets this False.
+    one_window_per_request: ClassVar[bool] = True
+
+    def arrays(self, request: Any, names: Sequence[str]) -> dict[str, NDArray[Any] | None]:
         """The named inputs of a request as arrays (None where absent), in one pass over its
-        inputs: `pb_utils.get_input_tensor_by_name` lists them all again for every name."""
+        inputs: `pb_utils.get_input_tensor_by_name` lists them all again for every name.
+
+        Raises DispatchInputError when a window-level input's batch dimension is not 1."""
         present = {tensor.name(): tensor for tensor in request.inputs()}
-        return {
+        arrays = {
             name: None if (tensor := present.get(name)) is None else tensor.as_numpy()
             for name in names
         }
+        if not self.one_window_per_request:
+            return arrays
+        return {
+            name: None if value is None else unbatched(name, value)
+            for name, value in arrays.items()
+        }
 
     def response(self, outputs: dict[str, NDArray[Any]]) -> Any:
+        batch = self.one_window_per_request
         return self.pb.InferenceResponse(
             output_tensors=[
-                self.pb.Tensor(name, np.asarray(value)) for name, value in outputs.items()
+                self.pb.Tensor(name, np.asarray(value)[np.newaxis] if batch else np.asarray(value))
+                for name, value in outputs.items()
             ]
         )
 
@@ -204,6 +219,7 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
     """dispatch_model under dynamic batching: score all good requests in one session call."""
 
     step: DispatchModelStep
+    one_window_per_request: ClassVar[bool] = False  # its batch dimension is the pair rows
 
     def __init__(
         self,
@@ -252,6 +268,23 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
                 for i, scores in zip(members, scored, strict=True):
                     responses[i] = self.response({PAIR_OBJECTIVES.name: scores})
         return responses
+
+
+def unbatched(name: str, value: NDArray[Any]) -> NDArray[Any]:
+    """One request's window tensor without its batch dimension, which must be 1."""
+    if value.ndim == 0 or value.shape[0] != 1:
+        try:
+            expected = wire_shape(spec_by_name(name))
+        except KeyError:
+            expected = "[1, ...]"
+        raise DispatchInputError(
+            name,
+            f"must have a batch dimension of 1 (one window per request, contract v2): "
+            f"shape {expected}, got {list(value.shape)}",
+            "shape",
+        )
+    window: NDArray[Any] = value[0]
+    return window
 
 
 def with_instance_device(parameters: dict[str, str], args: dict[str, str]) -> dict[str, str]:

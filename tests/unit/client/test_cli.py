@@ -48,19 +48,16 @@ class FakeServer:
         self.inputs.append(inputs)
         if self.error is not None:
             raise self.error
-        n = len(inputs["ORDER_IDS"])
-        first = inputs["RIDER_IDS"][0]
-        return {
-            "TOPK_RIDER_IDS": np.array([[first, b""]] * n, dtype=object),
+        n = inputs["ORDER_IDS"].shape[1]  # [1, B]: one window per request (contract v2)
+        objectives = np.zeros((n, 2, 4), np.float32)  # score, ETA, on-time, cost
+        objectives[:, 0] = [0.5, 20, 0.9, 7]
+        answer = {
             "TOPK_RIDER_INDEX": np.array([[0, -1]] * n, np.int32),
-            "TOPK_SCORE": np.full((n, 2), 0.5, np.float32),
-            "TOPK_ETA_MINUTES": np.full((n, 2), 20, np.float32),
-            "TOPK_ONTIME_PROBABILITY": np.full((n, 2), 0.9, np.float32),
-            "TOPK_COST": np.full((n, 2), 7, np.float32),
-            "ASSIGNED_RIDER_IDS": np.array([first] + [b""] * (n - 1), dtype=object),
+            "TOPK_OBJECTIVES": objectives,
             "ASSIGNED_RIDER_INDEX": np.array([0] + [-1] * (n - 1), np.int32),
             "ASSIGNED_SCORE": np.array([0.5] + [0.0] * (n - 1), np.float32),
         }
+        return {name: value[np.newaxis] for name, value in answer.items()}
 
     def close(self) -> None:
         self.closed += 1
@@ -94,7 +91,7 @@ def test_prints_the_result_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["orders"][1]["assigned_rider_id"] is None
     assert server.built == [("http", None, 60.0)]
     assert server.models == ["dispatch"]
-    assert server.inputs[0]["ORDER_CONSTRAINTS"].tolist() == [1, 4, 0]
+    assert server.inputs[0]["ORDER_FIELDS"][0, :, 6].tolist() == [1, 4, 0]  # constraints column
     assert server.closed == 1
 
 
@@ -238,8 +235,8 @@ def test_optional_inputs_from_options_win_over_the_document(
     argv = ["--weights", "0.5,0.3,0.2", "--version-tag", "canary", str(EXAMPLE)]
     assert main(argv, transport_factory=server) == EXIT_OK
     sent = server.inputs[0]
-    assert sent["OBJECTIVE_WEIGHTS"].tolist() == pytest.approx([0.5, 0.3, 0.2])
-    assert sent["MODEL_VERSION_TAG"].tolist() == [b"canary"]
+    assert sent["OBJECTIVE_WEIGHTS"][0].tolist() == pytest.approx([0.5, 0.3, 0.2])
+    assert sent["MODEL_VERSION_TAG"].tolist() == [[b"canary"]]  # batch of 1
 
 
 def test_optional_inputs_from_the_document(tmp_path: Path) -> None:
@@ -249,8 +246,8 @@ def test_optional_inputs_from_the_document(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc), encoding="utf-8")
     server = FakeServer()
     assert main([str(path)], transport_factory=server) == EXIT_OK
-    assert server.inputs[0]["MODEL_VERSION_TAG"].tolist() == [b"2"]
-    assert server.inputs[0]["OBJECTIVE_WEIGHTS"].tolist() == pytest.approx([0.45, 0.35, 0.2])
+    assert server.inputs[0]["MODEL_VERSION_TAG"].tolist() == [[b"2"]]
+    assert server.inputs[0]["OBJECTIVE_WEIGHTS"][0].tolist() == pytest.approx([0.45, 0.35, 0.2])
     # Without the keys or options nothing optional is sent: the server's defaults apply.
     del doc["model_version_tag"], doc["objective_weights"]
     path.write_text(json.dumps(doc), encoding="utf-8")

@@ -19,7 +19,7 @@ from dispatch_client.client import (
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.transport import GrpcTransport, HttpTransport, Transport
 from dispatch_client.window_json import window_from_dict
-from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched, pack_window
 
 Array = np.ndarray[Any, Any]
 
@@ -75,21 +75,27 @@ def window(num_orders: int = 3) -> dict[str, Array]:
     )
 
 
-def outputs() -> dict[str, Array]:
-    """Three orders, K = 3: full, padded at the end, and all padding (unassigned)."""
+def answer() -> dict[str, Array]:
+    """Three orders, K = 3: full, padded at the end, and all padding (unassigned); the v2
+    answer of one window (indices into the riders ra, rb, rc), without the batch dimension."""
+    # TOPK_OBJECTIVE_COLUMNS: score, ETA minutes, on-time probability, cost
+    objectives = np.zeros((3, 3, 4), np.float32)
+    objectives[0] = [[0.9, 12.5, 0.95, 6.5], [0.8, 14, 0.9, 7], [0.1, 30, 0.2, 9]]
+    objectives[1, 0] = [0.7, 20, 0.8, 8.25]
     return {
-        "TOPK_RIDER_IDS": np.array(
-            [[b"rb", b"ra", b"rc"], [b"rc", b"", b""], [b"", b"", b""]], dtype=object
-        ),
         "TOPK_RIDER_INDEX": np.array([[1, 0, 2], [2, -1, -1], [-1, -1, -1]], np.int32),
-        "TOPK_SCORE": np.array([[0.9, 0.8, 0.1], [0.7, 0, 0], [0, 0, 0]], np.float32),
-        "TOPK_ETA_MINUTES": np.array([[12.5, 14, 30], [20, 0, 0], [0, 0, 0]], np.float32),
-        "TOPK_ONTIME_PROBABILITY": np.array([[0.95, 0.9, 0.2], [0.8, 0, 0], [0, 0, 0]], np.float32),
-        "TOPK_COST": np.array([[6.5, 7, 9], [8.25, 0, 0], [0, 0, 0]], np.float32),
-        "ASSIGNED_RIDER_IDS": np.array([b"ra", b"rc", b""], dtype=object),
+        "TOPK_OBJECTIVES": objectives,
         "ASSIGNED_RIDER_INDEX": np.array([0, 2, -1], np.int32),
         "ASSIGNED_SCORE": np.array([0.8, 0.7, 0.0], np.float32),
     }
+
+
+def outputs() -> dict[str, Array]:
+    """`answer()` as the server sends it: behind the batch dimension of 1."""
+    return {name: value[np.newaxis] for name, value in answer().items()}
+
+
+RIDERS = np.array([b"ra", b"rb", b"rc"], dtype=object)
 
 
 def test_fake_satisfies_the_transport_protocol() -> None:
@@ -105,10 +111,13 @@ def test_dispatch_sends_the_window_and_asks_for_every_output() -> None:
     [(model, inputs, names)] = fake.calls
     assert model == "dispatch"
     assert names == tuple(spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS)
-    assert list(inputs) == list(tensors)
-    for name, array in tensors.items():
+    # contract v2: the window packed, one window per request (batch dimension 1)
+    expected = batched(pack_window(tensors))
+    assert list(inputs) == list(expected)
+    for name, array in expected.items():
         assert inputs[name].dtype == array.dtype
         assert inputs[name].tolist() == array.tolist()
+    assert inputs["ORDER_FIELDS"].shape == (1, 3, 7)
 
 
 def test_results_skip_padding_and_mark_unassigned_orders() -> None:
@@ -139,9 +148,9 @@ def test_results_skip_padding_and_mark_unassigned_orders() -> None:
 
 
 def test_padding_in_the_middle_is_skipped_too() -> None:
-    out = outputs()
+    out = answer()
     out["TOPK_RIDER_INDEX"][0] = [1, -1, 2]
-    result = parse_dispatch_outputs(np.array([b"a", b"b", b"c"], dtype=object), out)
+    result = parse_dispatch_outputs(np.array([b"a", b"b", b"c"], dtype=object), out, RIDERS)
     assert [c.rider_id for c in result.orders[0].top_k] == ["rb", "rc"]
 
 
@@ -211,16 +220,26 @@ def test_unknown_tensor_and_missing_order_ids_fail_before_sending() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("TOPK_COST", None, "malformed response: output TOPK_COST is missing"),
+        ("TOPK_OBJECTIVES", None, "malformed response: output TOPK_OBJECTIVES is missing"),
         (
-            "TOPK_SCORE",
-            np.zeros((3, 2), np.float32),
-            "malformed response: TOPK_SCORE has shape (3, 2), expected (3, K) for 3 orders",
+            "TOPK_OBJECTIVES",
+            np.zeros((1, 3, 2, 4), np.float32),
+            "malformed response: TOPK_OBJECTIVES has shape (3, 2, 4), expected (3, 3, 4)",
         ),
         (
             "ASSIGNED_SCORE",
-            np.zeros(2, np.float32),
+            np.zeros((1, 2), np.float32),
             "malformed response: ASSIGNED_SCORE has shape (2,), expected (3,)",
+        ),
+        (
+            "TOPK_RIDER_INDEX",
+            np.array([[[3, 0, 2], [2, -1, -1], [-1, -1, -1]]], np.int32),
+            "malformed response: a rider index is not below the window's 3 riders",
+        ),
+        (
+            "ASSIGNED_RIDER_INDEX",
+            np.zeros((2, 3), np.int32),
+            "malformed response: ASSIGNED_RIDER_INDEX has shape (2, 3), expected a batch of 1",
         ),
     ],
 )
@@ -294,6 +313,7 @@ def test_package_exports_the_public_api() -> None:
             "GrpcTransport",
             "HttpTransport",
             "OrderResult",
+            "PriorityMap",
             "ProtocolName",
             "Transport",
             "WindowJSONError",
@@ -311,8 +331,8 @@ def test_package_exports_the_public_api() -> None:
 
 def test_routing_outputs_label_each_order_with_its_version_and_level() -> None:
     out = outputs()
-    out["ORDER_MODEL_VERSION"] = np.array([2, 1, 0], dtype=np.int32)
-    out["ORDER_FALLBACK_LEVEL"] = np.array([0, 1, 2], dtype=np.int32)
+    out["ORDER_MODEL_VERSION"] = np.array([[2, 1, 0]], dtype=np.int32)
+    out["ORDER_FALLBACK_LEVEL"] = np.array([[0, 1, 2]], dtype=np.int32)
     result = DispatchClient(FakeTransport(out)).dispatch(window())
     assert [(o.model_version, o.fallback_level) for o in result.orders] == [
         (2, 0),
@@ -321,7 +341,7 @@ def test_routing_outputs_label_each_order_with_its_version_and_level() -> None:
     ]
     assert result.to_json_dict()["orders"][1]["model_version"] == 1
     assert result.to_json_dict()["orders"][2]["fallback_level"] == 2
-    out["ORDER_FALLBACK_LEVEL"] = np.array([0, 1], dtype=np.int32)
+    out["ORDER_FALLBACK_LEVEL"] = np.array([[0, 1]], dtype=np.int32)
     with pytest.raises(DispatchServerError, match="ORDER_FALLBACK_LEVEL"):
         DispatchClient(FakeTransport(out)).dispatch(window())
 
@@ -332,7 +352,7 @@ def test_the_version_tag_is_a_known_input() -> None:
     tensors["MODEL_VERSION_TAG"] = np.array([b"canary"], dtype=object)
     DispatchClient(fake).dispatch(tensors)
     [(_, inputs, _)] = fake.calls
-    assert inputs["MODEL_VERSION_TAG"].tolist() == [b"canary"]
+    assert inputs["MODEL_VERSION_TAG"].tolist() == [[b"canary"]]
 
 
 def test_the_request_id_rides_on_the_request_the_result_and_the_error() -> None:

@@ -36,20 +36,17 @@ class Recorder:
     ) -> dict[str, Array]:
         self.request_ids.append(request_id)
         self.calls.append((model_name, inputs))
-        index = inputs["CANDIDATE_RIDER_INDEX"][:, :1].astype(np.int32)
-        ids = np.array([[inputs["RIDER_IDS"][i]] for i in index[:, 0]], dtype=object)
+        assert all(value.shape[0] == 1 for value in inputs.values())  # one window per request
+        index = inputs["CANDIDATE_RIDER_INDEX"][0, :, :1].astype(np.int32)
         n = len(index)
-        return {
-            "TOPK_RIDER_IDS": ids,
+        objectives = np.tile(np.array([0.5, 20, 0.9, 7], np.float32), (n, 1, 1))
+        answer = {
             "TOPK_RIDER_INDEX": index,
-            "TOPK_SCORE": np.full((n, 1), 0.5, np.float32),
-            "TOPK_ETA_MINUTES": np.full((n, 1), 20, np.float32),
-            "TOPK_ONTIME_PROBABILITY": np.full((n, 1), 0.9, np.float32),
-            "TOPK_COST": np.full((n, 1), 7, np.float32),
-            "ASSIGNED_RIDER_IDS": ids[:, 0],
+            "TOPK_OBJECTIVES": objectives,
             "ASSIGNED_RIDER_INDEX": index[:, 0],
             "ASSIGNED_SCORE": np.full(n, 0.5, np.float32),
         }
+        return {name: value[np.newaxis] for name, value in answer.items()}
 
     def close(self) -> None:
         pass
@@ -61,8 +58,8 @@ def features(orders: int = 2, candidates: int = 3, riders: int = 4) -> dict[str,
         "CANDIDATE_RIDER_INDEX": np.arange(orders * candidates).reshape(orders, -1) % riders,
         "ORDER_USER_IDS": [b"u%d" % i for i in range(orders)],
         "RIDER_IDS": [f"r{i}".encode() for i in range(riders)],
-        "RIDER_LOAD": [0] * riders,
-        "RIDER_CAPACITY": [2] * riders,
+        # RIDER_FIELD_COLUMNS: lat, lon, load, capacity, vehicle, equipment
+        "RIDER_FIELDS": [[31.2, 121.4, 0, 2, 0, 0]] * riders,
     }
 
 
@@ -76,6 +73,7 @@ def test_sends_contract_dtypes_to_the_feature_entry_point() -> None:
     for name, array in sent.items():
         expected = object if specs[name].triton_dtype == "BYTES" else specs[name].numpy_dtype
         assert array.dtype == expected, name
+    assert sent["RIDER_FIELDS"].shape == (1, 4, 6)
     assert [o.order_id for o in result.orders] == ["o1", "o2"]
     assert result.assignments() == {"o1": "r0", "o2": "r3"}
 
@@ -84,7 +82,7 @@ def test_weights_are_sent_when_given() -> None:
     transport = Recorder()
     tensors = {**features(), "OBJECTIVE_WEIGHTS": [1, 0, 0]}
     DispatchClient(transport).dispatch_features(["a", "b"], tensors)
-    assert transport.calls[0][1]["OBJECTIVE_WEIGHTS"].tolist() == [1.0, 0.0, 0.0]
+    assert transport.calls[0][1]["OBJECTIVE_WEIGHTS"].tolist() == [[1.0, 0.0, 0.0]]
 
 
 @pytest.mark.parametrize(

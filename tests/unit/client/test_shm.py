@@ -46,14 +46,14 @@ from dispatch_client.shm import (
     region_name,
 )
 from dispatch_client.transport import Transport
-from dispatch_contract import DISPATCH_OUTPUTS, MAX_CANDIDATES
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, MAX_CANDIDATES, batched, pack_window
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
 Array = NDArray[Any]
 SHM = Path("/dev/shm")
 EXAMPLE = Path(__file__).resolve().parents[3] / "client" / "examples" / "window_small.json"
-OUTPUT_NAMES = [spec.name for spec in DISPATCH_OUTPUTS]
+OUTPUT_NAMES = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
 
 
 def our_files() -> set[str]:
@@ -144,10 +144,9 @@ def test_a_tensor_past_the_region_end_is_named_with_its_size() -> None:
 def test_output_region_is_sized_from_orders_k_and_64_byte_ids() -> None:
     capacity = ShmCapacity(max_orders=2, max_riders=3, top_k=3)
     expected = plan_slots(
-        [
-            ("TOPK_RIDER_IDS", 2 * 3 * (4 + 64)),
-            *((name, 2 * 3 * 4) for name in OUTPUT_NAMES[1:6]),
-            ("ASSIGNED_RIDER_IDS", 2 * (4 + 64)),
+        [  # contract v2: no ids in the answer, objectives as one [B, K, 4] matrix
+            ("TOPK_RIDER_INDEX", 2 * 3 * 4),
+            ("TOPK_OBJECTIVES", 2 * 3 * 4 * 4),
             ("ASSIGNED_RIDER_INDEX", 2 * 4),
             ("ASSIGNED_SCORE", 2 * 4),
             ("ORDER_MODEL_VERSION", 2 * 4),  # the routing outputs of `dispatch`
@@ -160,7 +159,8 @@ def test_output_region_is_sized_from_orders_k_and_64_byte_ids() -> None:
 
 
 def window(orders: int, riders: int, seed: int = 1) -> dict[str, Array]:
-    return window_to_tensors(generate_window(np.random.default_rng(seed), orders, riders))
+    """One window's v2 request tensors, batch dimension 1 first, as the client sends them."""
+    return batched(window_to_wire(generate_window(np.random.default_rng(seed), orders, riders)))
 
 
 def test_capacity_holds_a_window_of_its_size_with_64_byte_ids() -> None:
@@ -168,9 +168,9 @@ def test_capacity_holds_a_window_of_its_size_with_64_byte_ids() -> None:
     tensors = window(8, 40)
     long_ids = np.array([b"r" * 64 for _ in range(40)], dtype=object)
     long_ids[:] = [b"%063d" % i + b"x" for i in range(40)]
-    tensors["RIDER_IDS"] = long_ids
-    tensors["ORDER_IDS"] = np.array([b"%064d" % i for i in range(8)], dtype=object)
-    tensors["OBJECTIVE_WEIGHTS"] = np.array([0.5, 0.3, 0.2], np.float32)
+    tensors["RIDER_IDS"] = long_ids[np.newaxis]
+    tensors["ORDER_IDS"] = np.array([[b"%064d" % i for i in range(8)]], dtype=object)
+    tensors["OBJECTIVE_WEIGHTS"] = np.array([[0.5, 0.3, 0.2]], np.float32)
     sizes = [(name, len(_raw(value))) for name, value in tensors.items()]
     plan_slots(sizes, capacity.input_bytes, "input")  # fits
     plan_slots(output_sizes(tensors, OUTPUT_NAMES, capacity), capacity.output_bytes, "output")
@@ -182,16 +182,16 @@ def test_output_bound_follows_the_request() -> None:
     capacity = ShmCapacity()  # top_k = MAX_CANDIDATES
     tensors = window(3, 4)
     sizes = dict(output_sizes(tensors, OUTPUT_NAMES, capacity))
-    longest = max(len(v) for v in tensors["RIDER_IDS"])
     # K <= min(top_k, R): a 4-rider window has at most 4 columns
-    assert sizes["TOPK_SCORE"] == 3 * 4 * 4
-    assert sizes["TOPK_RIDER_IDS"] == 3 * 4 * (4 + longest)
-    assert sizes["ASSIGNED_RIDER_IDS"] == 3 * (4 + longest)
+    assert sizes["TOPK_RIDER_INDEX"] == 3 * 4 * 4
+    assert sizes["TOPK_OBJECTIVES"] == 3 * 4 * 4 * 4
+    assert sizes["ASSIGNED_SCORE"] == 3 * 4
     features = {
-        "CANDIDATE_RIDER_INDEX": np.zeros((3, 2), np.int32),
+        "CANDIDATE_RIDER_INDEX": np.zeros((1, 3, 2), np.int32),
         "RIDER_IDS": tensors["RIDER_IDS"],
     }
-    assert dict(output_sizes(features, OUTPUT_NAMES, capacity))["TOPK_COST"] == 3 * 2 * 4
+    objectives = dict(output_sizes(features, OUTPUT_NAMES, capacity))["TOPK_OBJECTIVES"]
+    assert objectives == 3 * 2 * 4 * 4
     with pytest.raises(ValueError, match="no shared-memory size bound for output X"):
         output_sizes(tensors, ["X"], capacity)
     assert capacity.top_k == MAX_CANDIDATES
@@ -452,21 +452,19 @@ class ShmServer:
         ShmServer.requests.append(arrays)
         if ShmServer.fail_with is not None:
             raise ShmServer.fail_with
-        n, first = len(arrays["ORDER_IDS"]), arrays["RIDER_IDS"][0]
+        n = len(arrays["ORDER_IDS"])
         k = ShmServer.top_k
-        answer = {
-            "TOPK_RIDER_IDS": np.array([[first] + [b""] * (k - 1)] * n, dtype=object),
+        objectives = np.zeros((n, k, 4), np.float32)  # score, ETA, on-time, cost
+        objectives[:, 0] = [0.5, 20, 0.9, 7]
+        one_window = {
             "TOPK_RIDER_INDEX": np.array([[0] + [-1] * (k - 1)] * n, np.int32),
-            "TOPK_SCORE": np.full((n, k), 0.5, np.float32),
-            "TOPK_ETA_MINUTES": np.full((n, k), 20, np.float32),
-            "TOPK_ONTIME_PROBABILITY": np.full((n, k), 0.9, np.float32),
-            "TOPK_COST": np.full((n, k), 7, np.float32),
-            "ASSIGNED_RIDER_IDS": np.array([first] + [b""] * (n - 1), dtype=object),
+            "TOPK_OBJECTIVES": objectives,
             "ASSIGNED_RIDER_INDEX": np.array([0] + [-1] * (n - 1), np.int32),
             "ASSIGNED_SCORE": np.array([0.5] + [0.0] * (n - 1), np.float32),
             "ORDER_MODEL_VERSION": np.ones(n, np.int32),
             "ORDER_FALLBACK_LEVEL": np.zeros(n, np.int32),
         }
+        answer = {name: value[np.newaxis] for name, value in one_window.items()}
         meta = {}
         for item in outputs:
             tensor = item._get_tensor()
@@ -510,8 +508,11 @@ def test_the_transport_round_trips_through_shared_memory(shm_server: type[ShmSer
         results = [client.dispatch(tensors) for _ in range(3)]
         assert shm_server.registered == registered  # registered once, reused
     (sent, *_) = shm_server.requests
-    for name, value in tensors.items():
-        assert sent[name].tolist() == np.asarray(value).tolist(), name
+    for name, value in batched(pack_window(tensors)).items():
+        if value.dtype == object:  # the stand-in decodes BYTES flat
+            assert sent[name].tolist() == value.reshape(-1).tolist(), name
+        else:
+            assert sent[name].tolist() == value.tolist(), name
     first = results[0].orders[0]
     assert first.assigned_rider_id == tensors["RIDER_IDS"][0].decode()
     assert [c.rider_id for c in first.top_k] == [first.assigned_rider_id]
@@ -529,7 +530,7 @@ def test_an_oversize_request_is_refused_before_sending(shm_server: type[ShmServe
         assert shm_server.requests == []
         assert t.pool.counts() == (4, 0)
         small = window(1, 2)
-        assert t.infer("dispatch", small, OUTPUT_NAMES)["ASSIGNED_RIDER_INDEX"].tolist() == [0]
+        assert t.infer("dispatch", small, OUTPUT_NAMES)["ASSIGNED_RIDER_INDEX"].tolist() == [[0]]
     with GrpcShmTransport("local:1", capacity=ShmCapacity(1, 400), handle_sigterm=False) as t:
         with pytest.raises(ShmRegionTooSmallError) as caught:
             t.infer("dispatch", window(20, 5), OUTPUT_NAMES)  # 20 orders: answer too big
@@ -568,7 +569,8 @@ def test_failed_requests_keep_or_retire_their_set(
         still_registered = before & set(shm_server.registered)
         assert still_registered == (before if kept else set())
         shm_server.fail_with = None
-        assert t.infer("dispatch", window(1, 3), OUTPUT_NAMES)["TOPK_RIDER_INDEX"].shape == (1, 2)
+        answer = t.infer("dispatch", window(1, 3), OUTPUT_NAMES)
+        assert answer["TOPK_RIDER_INDEX"].shape == (1, 1, 2)
 
 
 def test_unreachable_server_at_setup_is_a_connection_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -611,7 +613,7 @@ def test_cli_grpc_shm_default_factory_sizes_regions_for_the_window(
 
 def test_a_window_with_overlong_ids_still_fits_so_the_server_names_the_rule() -> None:
     tensors = window(2, 3)
-    tensors["RIDER_IDS"] = np.array([b"r" * 100, b"s", b"t"], dtype=object)
+    tensors["RIDER_IDS"] = np.array([[b"r" * 100, b"s", b"t"]], dtype=object)
     capacity = ShmCapacity.for_window(tensors)
     assert capacity.max_id_bytes == 100
     sizes = [(name, len(_raw(value))) for name, value in tensors.items()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from tritonclient.grpc import model_config_pb2
@@ -53,10 +54,96 @@ def test_folder_name_equals_model_name(folder: str) -> None:
     assert load_config(REPO / folder / "config.pbtxt").name == folder
 
 
+WINDOW_LEVEL = (
+    "feature_encoder",
+    "dispatch_router",
+    "topk_resolver",
+    "dispatch_fused",
+    "dispatch",
+    "dispatch_features",
+)
+
+
+@pytest.mark.parametrize("model", WINDOW_LEVEL)
+def test_window_level_models_batch_one_window_per_request(model: str) -> None:
+    """Contract v2: at most 8 tensors each way, max_batch_size > 0, ragged batching and
+    dynamic batching on every Python model (an ensemble batches through its steps)."""
+    config = load_config(REPO / model / "config.pbtxt")
+    assert config.max_batch_size == contracts.MAX_WINDOW_BATCH
+    assert len(config.input) <= contracts.MAX_WIRE_TENSORS
+    assert len(config.output) <= contracts.MAX_WIRE_TENSORS
+    if config.platform == "ensemble":
+        for step in config.ensemble_scheduling.step:
+            step_config = load_config(REPO / step.model_name / "config.pbtxt")
+            assert step_config.max_batch_size >= config.max_batch_size, step.model_name
+        return
+    assert config.HasField("dynamic_batching")
+    for tensor in config.input:
+        assert tensor.allow_ragged_batch == (-1 in tensor.dims), tensor.name
+
+
+@pytest.mark.parametrize(
+    "model", [m for m in WINDOW_LEVEL if m not in ("dispatch", "dispatch_features")]
+)
+def test_every_queue_is_bounded_with_deadlines_and_bulk_is_shed_first(model: str) -> None:
+    """Priorities 1 premium, 2 standard (default), 3 bulk; each level's queue is bounded and
+    refuses at once (REJECT) after its timeout, which a caller may shorten or lengthen."""
+    batching = load_config(REPO / model / "config.pbtxt").dynamic_batching
+    assert batching.priority_levels == 3 and batching.default_priority_level == 2
+    policies = {level: batching.priority_queue_policy[level] for level in (1, 2, 3)}
+    for policy in (batching.default_queue_policy, *policies.values()):
+        assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+        assert policy.allow_timeout_override
+        assert 0 < policy.max_queue_size <= 256
+        assert 0 < policy.default_timeout_microseconds <= 5_000_000
+    assert policies[2] == batching.default_queue_policy
+    sizes = [policies[level].max_queue_size for level in (1, 2, 3)]
+    timeouts = [policies[level].default_timeout_microseconds for level in (1, 2, 3)]
+    assert sizes == sorted(sizes, reverse=True) and sizes[2] < sizes[1]
+    assert timeouts == sorted(timeouts, reverse=True) and timeouts[2] < timeouts[1]
+
+
+def test_the_wire_column_layouts_are_documented_and_packed_in_order() -> None:
+    assert contracts.ORDER_FIELDS.dims == (-1, len(contracts.ORDER_FIELD_COLUMNS))
+    assert contracts.RIDER_FIELDS.dims == (-1, len(contracts.RIDER_FIELD_COLUMNS))
+    assert contracts.WINDOW_FIELDS.dims == (len(contracts.WINDOW_FIELD_COLUMNS),)
+    assert contracts.TOPK_OBJECTIVES.dims[-1] == len(contracts.TOPK_OBJECTIVE_COLUMNS)
+    assert contracts.TOPK_OBJECTIVE_COLUMNS[1:] == tuple(
+        name.replace("_cny", "") for name in contracts.OBJECTIVES
+    )
+    window = {
+        "ORDER_IDS": np.array([b"o1", b"o2"], dtype=object),
+        "ORDER_USER_IDS": np.array([b"u1", b"u2"], dtype=object),
+        "ORDER_PICKUP": np.array([[31.0, 121.0], [31.5, 121.5]]),
+        "ORDER_DROPOFF": np.array([[32.0, 122.0], [32.5, 122.5]]),
+        "ORDER_CREATED_AT": np.array([100, 200], dtype=np.int64),
+        "ORDER_PROMISED_MINUTES": np.array([30, 45], dtype=np.float32),
+        "ORDER_CONSTRAINTS": np.array([1, 8], dtype=np.int32),
+        "RIDER_IDS": np.array([b"r1"], dtype=object),
+        "RIDER_POSITION": np.array([[31.1, 121.1]]),
+        "RIDER_LOAD": np.array([2], dtype=np.int32),
+        "RIDER_CAPACITY": np.array([3], dtype=np.int32),
+        "RIDER_VEHICLE": np.array([1], dtype=np.int32),
+        "RIDER_EQUIPMENT": np.array([1], dtype=np.int32),
+        "COORD_SYSTEM": np.array([b"GCJ02"], dtype=object),
+        "DISPATCH_TIME": np.array([300], dtype=np.int64),
+    }
+    wire = contracts.pack_window(window)
+    assert set(wire) == {spec.name for spec in contracts.WIRE_WINDOW_INPUTS if not spec.optional}
+    # hand-written rows, in the documented column order
+    assert wire["ORDER_FIELDS"].tolist() == [
+        [31.0, 121.0, 32.0, 122.0, 100.0, 30.0, 1.0],
+        [31.5, 121.5, 32.5, 122.5, 200.0, 45.0, 8.0],
+    ]
+    assert wire["RIDER_FIELDS"].tolist() == [[31.1, 121.1, 2.0, 3.0, 1.0, 1.0]]
+    assert wire["WINDOW_FIELDS"].tolist() == [300.0, 1.0]
+    assert contracts.batched(wire)["ORDER_FIELDS"].shape == (1, 2, 7)
+    assert contracts.wire_shape(contracts.ORDER_FIELDS) == "[1, *, 7]"
+
+
 def test_feature_encoder_declares_the_window_and_encoder_outputs() -> None:
     config = load_config(REPO / "feature_encoder" / "config.pbtxt")
-    assert config.max_batch_size == 0
-    assert io_of(config.input) == spec_rows(contracts.WINDOW_INPUTS)
+    assert io_of(config.input) == spec_rows(contracts.ENCODER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.ENCODER_OUTPUTS)
     FeatureEncoderStep.from_parameters(params(config))
 
@@ -66,7 +153,7 @@ def test_topk_resolver_declares_its_inputs_and_the_dispatch_outputs() -> None:
     assert [row[0] for row in io_of(config.input)] == list(TopKResolverStep.input_names)
     expected = [contracts.spec_by_name(n) for n in TopKResolverStep.input_names]
     assert io_of(config.input) == spec_rows(tuple(expected))
-    assert io_of(config.output) == spec_rows(contracts.DISPATCH_OUTPUTS)
+    assert io_of(config.output) == spec_rows(contracts.RESOLVER_OUTPUTS)
     TopKResolverStep.from_parameters(params(config))
 
 
@@ -116,7 +203,7 @@ SERVED_VERSIONS = (1, 2)
 
 def test_router_declares_the_routing_contract_and_valid_settings() -> None:
     config = load_config(REPO / "dispatch_router" / "config.pbtxt")
-    assert config.backend == "python" and config.max_batch_size == 0
+    assert config.backend == "python"
     assert io_of(config.input) == spec_rows(contracts.ROUTER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.ROUTER_OUTPUTS)
     settings = RouterSettings.from_parameters(params(config))
@@ -196,9 +283,9 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
     assert features.name == contracts.PAIR_FEATURES.name
     assert (features.triton_dtype, features.dims) == ("FP32", (-1, contracts.NUM_PAIR_FEATURES))
     assert candidates == contracts.CANDIDATE_RIDER_INDEX
-    window = {spec.name: spec for spec in contracts.WINDOW_INPUTS}
+    window = {spec.name: spec for spec in contracts.WIRE_DISPATCH_INPUTS}
     for spec in rest:  # everything else is a tensor `dispatch` takes, declared the same
-        assert spec in (window.get(spec.name), *contracts.ROUTING_INPUTS), spec.name
+        assert spec == window[spec.name], spec.name
     dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
     entry = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
     assert list(entry.output) == list(dispatch.output)
@@ -212,9 +299,10 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
 def test_fused_entry_declares_what_dispatch_declares() -> None:
     fused = load_config(REPO / FUSED_MODEL_NAME / "config.pbtxt")
     dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
-    assert fused.backend == "python" and fused.max_batch_size == 0
+    assert fused.backend == "python"
+    assert fused.max_batch_size == dispatch.max_batch_size
     assert io_of(fused.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
-    assert list(fused.input) == list(dispatch.input)
+    assert io_of(fused.input) == io_of(dispatch.input)  # the ensemble itself never batches
     assert list(fused.output) == list(dispatch.output)
     settings = FusedSettings.from_parameters(params(fused))
     router = RouterSettings.from_parameters(

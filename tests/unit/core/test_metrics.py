@@ -32,7 +32,7 @@ from dispatch_service.core.metrics import (
     rejection_observation,
     resolver_observations,
 )
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from pb_stand_in import FakeMetricFamily
@@ -112,7 +112,7 @@ def test_capacity_conflicts_counts_orders_without_their_top1() -> None:
 def _conflicts(out: dict[str, Any]) -> int:
     return capacity_conflicts(
         out["TOPK_RIDER_INDEX"],
-        out["TOPK_SCORE"],
+        out["TOPK_OBJECTIVES"][..., 0],
         out["ASSIGNED_RIDER_INDEX"],
         out["ASSIGNED_SCORE"],
     )
@@ -120,18 +120,16 @@ def _conflicts(out: dict[str, Any]) -> int:
 
 def test_capacity_conflicts_of_a_real_window_with_scarce_riders() -> None:
     pipeline = DispatchPipeline.from_repository()
-    window = dict(window_to_tensors(generate_window(np.random.default_rng(3), 30, 6)))
+    window = dict(window_to_wire(generate_window(np.random.default_rng(3), 30, 6)))
     out = pipeline.run(window)
     had_top1 = out["TOPK_RIDER_INDEX"][:, 0] >= 0
     unassigned = int((had_top1 & (out["ASSIGNED_RIDER_INDEX"] < 0)).sum())
     assert unassigned > 0  # 30 orders, 6 riders: not everyone can be served
     assert _conflicts(out) >= unassigned
     # with room for every order on every rider, each order gets its top-1: no conflicts
-    roomy = {
-        **window,
-        "RIDER_LOAD": np.zeros_like(window["RIDER_LOAD"]),
-        "RIDER_CAPACITY": np.full_like(window["RIDER_CAPACITY"], 30),
-    }
+    fields = np.array(window["RIDER_FIELDS"], copy=True)
+    fields[:, 2], fields[:, 3] = 0, 30  # RIDER_FIELD_COLUMNS: load, capacity
+    roomy = {**window, "RIDER_FIELDS": fields}
     assert _conflicts(pipeline.run(roomy)) == 0
 
 
@@ -145,7 +143,11 @@ def test_encoder_and_resolver_observations() -> None:
     resolver = resolver_observations(
         {
             "TOPK_RIDER_INDEX": np.array([[0, 1], [0, 1]], dtype=np.int32),
-            "TOPK_SCORE": np.array([[0.9, 0.5], [0.8, 0.3]], dtype=np.float32),
+            # TOPK_OBJECTIVE_COLUMNS: score, then ETA, on-time, cost (unused here)
+            "TOPK_OBJECTIVES": np.array(
+                [[[0.9, 0, 0, 0], [0.5, 0, 0, 0]], [[0.8, 0, 0, 0], [0.3, 0, 0, 0]]],
+                dtype=np.float32,
+            ),
             "ASSIGNED_RIDER_INDEX": np.array([0, 1], dtype=np.int32),
             "ASSIGNED_SCORE": np.array([0.9, 0.3], dtype=np.float32),
         },

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dispatch_client.window_json import window_from_json
-from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, pack_window
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from perf.bench import FULL, QUICK
@@ -89,7 +89,8 @@ def test_simulated_windows_are_deterministic_and_carry_neutral_optional_inputs()
     assert first[0]["ORDER_IDS"].shape == (3,) and first[0]["RIDER_IDS"].shape == (7,)
     assert first[0]["OBJECTIVE_WEIGHTS"].dtype == np.float32
     np.testing.assert_allclose(first[0]["OBJECTIVE_WEIGHTS"], DEFAULT_OBJECTIVE_WEIGHTS)
-    assert not np.array_equal(first[0]["ORDER_PICKUP"], first[1]["ORDER_PICKUP"])
+    assert first[0]["ORDER_FIELDS"].shape == (3, 7)  # contract v2, without the batch dimension
+    assert not np.array_equal(first[0]["ORDER_FIELDS"], first[1]["ORDER_FIELDS"])
 
 
 def test_neutral_inputs_refuse_an_optional_input_without_a_value() -> None:
@@ -116,7 +117,8 @@ def test_input_data_file_round_trips_bytes_and_fp64_exactly(
     tmp_path: Path, windows: list[dict[str, Any]]
 ) -> None:
     tricky = dict(windows[0])
-    tricky["ORDER_PICKUP"] = np.array(
+    tricky["ORDER_FIELDS"] = np.array(tricky["ORDER_FIELDS"], copy=True)
+    tricky["ORDER_FIELDS"][:, :2] = np.array(
         [[0.1, 1 / 3], [-89.999999999999, 179.12345678901234], [31.2304, 121.4737]]
     )
     tricky["ORDER_IDS"] = np.array([b"o-1", "订单-2".encode(), b"o-3"], dtype=object)
@@ -349,9 +351,9 @@ def test_triton_json_body_is_kserve_json(windows: list[dict[str, Any]]) -> None:
     body = triton_json_body(windows[0])
     document = json.loads(body.data)
     by_name = {entry["name"]: entry for entry in document["inputs"]}
-    assert by_name["RIDER_POSITION"]["datatype"] == "FP64"
-    assert by_name["RIDER_POSITION"]["shape"] == [7, 2]
-    assert len(by_name["RIDER_POSITION"]["data"]) == 14
+    assert by_name["RIDER_FIELDS"]["datatype"] == "FP64"
+    assert by_name["RIDER_FIELDS"]["shape"] == [1, 7, 6]  # one window per request
+    assert len(by_name["RIDER_FIELDS"]["data"]) == 42
     assert by_name["ORDER_IDS"]["datatype"] == "BYTES"
     assert all(isinstance(v, str) for v in by_name["ORDER_IDS"]["data"])
     assert [o["name"] for o in document["outputs"]] == list(OUTPUT_NAMES)
@@ -381,7 +383,7 @@ def test_decode_triton_json_answer() -> None:
 
 
 def test_fastapi_window_body_is_the_client_schema(windows: list[dict[str, Any]]) -> None:
-    parsed = window_from_json(fastapi_window_body(windows[0]).data)
+    parsed = pack_window(window_from_json(fastapi_window_body(windows[0]).data))
     for name, array in parsed.items():
         assert np.array_equal(np.asarray(array), np.asarray(windows[0][name])), name
 
@@ -426,12 +428,12 @@ def test_check_answer() -> None:
     expected = {
         "TOPK_RIDER_INDEX": np.array([[1, 0]], dtype=np.int32),
         "ASSIGNED_RIDER_INDEX": np.array([1], dtype=np.int32),
-        "TOPK_SCORE": np.array([[0.5, 0.25]], dtype=np.float32),
+        "TOPK_OBJECTIVES": np.array([[[0.5, 20, 0.9, 7], [0.25, 30, 0.8, 9]]], dtype=np.float32),
     }
     assert check_answer(expected, dict(expected)) == ""
     moved = {**expected, "ASSIGNED_RIDER_INDEX": np.array([0], dtype=np.int32)}
     assert "ASSIGNED_RIDER_INDEX" in check_answer(expected, moved)
-    assert "missing" in check_answer(expected, {"TOPK_SCORE": expected["TOPK_SCORE"]})
+    assert "missing" in check_answer(expected, {"TOPK_OBJECTIVES": expected["TOPK_OBJECTIVES"]})
 
 
 def test_parse_locust_stats_reads_the_aggregated_row() -> None:
@@ -484,7 +486,7 @@ def test_patched_repository_changes_only_the_copy(tmp_path: Path) -> None:
         patched_repository(MODEL_REPOSITORY, tmp_path / "r2", [parse_override("nope.instances=1")])
     with pytest.raises(ValueError, match="dynamic_batching"):
         patched_repository(
-            MODEL_REPOSITORY, tmp_path / "r3", [parse_override("topk_resolver.queue_delay_us=1")]
+            MODEL_REPOSITORY, tmp_path / "r3", [parse_override("dispatch.queue_delay_us=1")]
         )
 
 
@@ -712,12 +714,12 @@ def test_a_killed_perf_analyzers_regions_are_removed_and_nothing_else(tmp_path: 
 
     (tmp_path / "ORDER_IDS").write_bytes(b"old")  # there before the run: not this run's
     before = shm_entries(tmp_path)
-    for name in ("ORDER_IDS_0_1", "COORD_SYSTEM_0_12", "ASSIGNED_RIDER_IDS", "PAIR_FEATURES"):
+    for name in ("ORDER_IDS_0_1", "WINDOW_FIELDS_0_12", "TOPK_OBJECTIVES", "PAIR_FEATURES"):
         (tmp_path / name).write_bytes(b"x")
     for name in ("triton_python_backend_shm_region_1", "dispatch_client_7_0_in", "ORDER_IDSX"):
         (tmp_path / name).write_bytes(b"x")
     removed = remove_leftover_regions(before, tmp_path)
-    assert removed == ["ASSIGNED_RIDER_IDS", "COORD_SYSTEM_0_12", "ORDER_IDS_0_1", "PAIR_FEATURES"]
+    assert removed == ["ORDER_IDS_0_1", "PAIR_FEATURES", "TOPK_OBJECTIVES", "WINDOW_FIELDS_0_12"]
     assert sorted(shm_entries(tmp_path)) == [
         "ORDER_IDS",
         "ORDER_IDSX",

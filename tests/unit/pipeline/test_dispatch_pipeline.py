@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from dispatch_contract import DISPATCH_OUTPUTS
+from dispatch_contract import RESOLVER_OUTPUTS
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     CANDIDATES_PER_ORDER,
@@ -24,7 +24,7 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
@@ -35,7 +35,7 @@ COMMITTED_MODEL = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
 
 def window_tensors(orders: int, riders: int, seed: int = 0) -> Tensors:
     window = generate_window(np.random.default_rng(seed), orders, riders)
-    return dict(window_to_tensors(window))
+    return dict(window_to_wire(window))
 
 
 def make_repository(root: Path, model: Path) -> Path:
@@ -57,11 +57,12 @@ def set_parameter(config: Path, key: str, value: str) -> None:
 
 
 def assert_contract_outputs(outputs: dict[str, NDArray[Any]], orders: int, k: int) -> None:
-    assert set(outputs) == {spec.name for spec in DISPATCH_OUTPUTS}
-    for spec in DISPATCH_OUTPUTS:
+    assert set(outputs) == {spec.name for spec in RESOLVER_OUTPUTS}
+    shapes = {"TOPK_RIDER_INDEX": (orders, k), "TOPK_OBJECTIVES": (orders, k, 4)}
+    for spec in RESOLVER_OUTPUTS:
         value = outputs[spec.name]
         assert value.dtype == spec.numpy_dtype, spec.name
-        assert value.shape == ((orders, k) if len(spec.dims) == 2 else (orders,)), spec.name
+        assert value.shape == shapes.get(spec.name, (orders,)), spec.name
 
 
 # ---- from_repository and run ---------------------------------------------------------
@@ -107,10 +108,12 @@ def test_pipeline_loads_the_requested_version(tmp_path: Path, contract_model: Pa
 def test_pipeline_rejects_a_bad_window(tmp_path: Path, contract_model: Path) -> None:
     pipeline = DispatchPipeline.from_repository(make_repository(tmp_path, contract_model))
     tensors = window_tensors(orders=3, riders=5)
-    tensors["RIDER_VEHICLE"] = np.array([0, 1, 2, 3, 0], dtype=np.int32)
+    fields = np.array(tensors["RIDER_FIELDS"], copy=True)
+    fields[:, 4] = [0, 1, 2, 3, 0]  # vehicle 3 does not exist
+    tensors["RIDER_FIELDS"] = fields
     with pytest.raises(DispatchInputError) as info:
         pipeline.run(tensors)
-    assert info.value.tensor == "RIDER_VEHICLE"
+    assert info.value.tensor == "RIDER_FIELDS[vehicle]"
 
 
 def test_pipeline_passes_objective_weights_to_the_resolver(
@@ -120,7 +123,7 @@ def test_pipeline_passes_objective_weights_to_the_resolver(
     tensors = window_tensors(orders=5, riders=20)
     tensors["OBJECTIVE_WEIGHTS"] = np.array([0.0, 0.0, 1.0], dtype=np.float32)
     cost_only = pipeline.run(tensors)
-    costs = cost_only["TOPK_COST"]
+    costs = cost_only["TOPK_OBJECTIVES"][..., 3]
     valid = cost_only["TOPK_RIDER_INDEX"] >= 0
     for row, mask in zip(costs, valid, strict=True):
         assert list(row[mask]) == sorted(row[mask])
@@ -133,14 +136,13 @@ def test_committed_pipeline_answers_a_window_with_the_contract() -> None:
     outputs = DispatchPipeline.from_repository().run(window_tensors(orders=8, riders=40, seed=4))
     assert_contract_outputs(outputs, orders=8, k=5)
     valid = outputs["TOPK_RIDER_INDEX"] >= 0
-    score = outputs["TOPK_SCORE"]
+    score = outputs["TOPK_OBJECTIVES"][..., 0]
     assert ((score[valid] > 0) & (score[valid] <= 1)).all()
     assert (score[~valid] == 0).all()
     assigned = outputs["ASSIGNED_RIDER_INDEX"]
-    rider_ids = window_tensors(orders=8, riders=40, seed=4)["RIDER_IDS"]
-    assert rider_ids is not None
-    for row, rider in zip(assigned.tolist(), outputs["ASSIGNED_RIDER_IDS"].tolist(), strict=True):
-        assert rider == (rider_ids[row] if row >= 0 else b"")
+    assert ((assigned >= -1) & (assigned < 40)).all()
+    got = outputs["ASSIGNED_SCORE"]
+    assert (got[assigned < 0] == 0).all() and (got[assigned >= 0] > 0).all()
 
 
 def test_the_pipeline_records_the_same_custom_metrics_as_the_models() -> None:
@@ -153,7 +155,7 @@ def test_the_pipeline_records_the_same_custom_metrics_as_the_models() -> None:
     assert sink.observed(CANDIDATES_PER_ORDER) == [candidates_per_order(candidates)]
     conflicts = capacity_conflicts(
         out["TOPK_RIDER_INDEX"],
-        out["TOPK_SCORE"],
+        out["TOPK_OBJECTIVES"][..., 0],
         out["ASSIGNED_RIDER_INDEX"],
         out["ASSIGNED_SCORE"],
     )

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, DISPATCH_OUTPUTS
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, RESOLVER_OUTPUTS
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
@@ -22,7 +22,7 @@ from dispatch_service.core.signing import (
     generate_private_key,
     sign_version,
 )
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
@@ -34,7 +34,7 @@ Tensors = dict[str, NDArray[Any]]
 
 
 def window(seed: int = 3, orders: int = 24, riders: int = 80, **extra: NDArray[Any]) -> Tensors:
-    tensors = window_to_tensors(generate_window(np.random.default_rng(seed), orders, riders))
+    tensors = window_to_wire(generate_window(np.random.default_rng(seed), orders, riders))
     return {**tensors, **extra}
 
 
@@ -62,7 +62,7 @@ def run(dispatch: FusedDispatch, tensors: Tensors) -> FusedResult:
 
 
 def assert_same_answer(got: Tensors, expected: Tensors) -> None:
-    for spec in DISPATCH_OUTPUTS:
+    for spec in RESOLVER_OUTPUTS:
         np.testing.assert_array_equal(got[spec.name], expected[spec.name], err_msg=spec.name)
 
 
@@ -98,10 +98,11 @@ def test_a_bad_tag_names_the_tensor(fused: FusedDispatch) -> None:
 
 def test_a_bad_window_names_the_tensor_and_the_rule(fused: FusedDispatch) -> None:
     tensors = window()
-    tensors["RIDER_CAPACITY"] = tensors["RIDER_CAPACITY"][:-1]
+    tensors["RIDER_FIELDS"] = tensors["RIDER_FIELDS"][:, :-1]
     with pytest.raises(DispatchInputError) as caught:
         run(fused, tensors)
-    assert caught.value.tensor == "RIDER_CAPACITY"
+    assert caught.value.tensor == "RIDER_FIELDS"
+    assert "[*, 6]" in caught.value.rule
 
 
 def test_canary_share_routes_users_as_the_router_does(fused: FusedDispatch) -> None:
@@ -181,7 +182,8 @@ def test_no_version_at_all_still_assigns_with_the_rule_based_dispatcher(
     assigned = result["ASSIGNED_RIDER_INDEX"]
     assert (assigned >= 0).any()
     riders, counts = np.unique(assigned[assigned >= 0], return_counts=True)
-    spare = tensors["RIDER_CAPACITY"][riders] - tensors["RIDER_LOAD"][riders]
+    fields = tensors["RIDER_FIELDS"]  # RIDER_FIELD_COLUMNS: load 2, capacity 3
+    spare = fields[riders, 3] - fields[riders, 2]
     assert (counts <= spare).all()
 
 

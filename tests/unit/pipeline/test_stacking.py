@@ -98,11 +98,11 @@ def test_a_window_without_stacking_is_one_plain_solve() -> None:
 def test_pipeline_wiring_runs_the_stack_aware_resolution() -> None:
     """Wiring: DispatchPipeline(stack_aware=True) answers what resolve_stack_aware does
     with the pipeline's own model, and differs from the plain pipeline on a stacked window."""
-    from dispatch_service.domain.window import window_to_tensors
+    from dispatch_service.domain.window import window_to_wire
     from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
     window = simulator.generate_window(np.random.default_rng(2), 48, 40)
-    tensors = window_to_tensors(window)
+    tensors = window_to_wire(window)
     plain = DispatchPipeline.from_repository()
     aware = DispatchPipeline.from_repository(stack_aware=True)
     encoded = aware.encoder.run(tensors)
@@ -118,7 +118,7 @@ def test_pipeline_wiring_runs_the_stack_aware_resolution() -> None:
         WEIGHTS,
         lambda rows, features: aware.model.scorer.infer(features),
         aware.resolver.settings,
-    ).resolution.as_tensors()
+    ).resolution.as_wire_tensors()
     got = aware.run(tensors)
     for name, value in direct.items():
         np.testing.assert_array_equal(got[name], value)

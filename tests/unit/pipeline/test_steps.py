@@ -10,17 +10,17 @@ import pytest
 from numpy.typing import NDArray
 
 from dispatch_contract import (
-    DISPATCH_OUTPUTS,
+    ENCODER_INPUTS,
     NUM_PAIR_FEATURES,
     OBJECTIVES,
-    WINDOW_INPUTS,
+    RESOLVER_OUTPUTS,
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.features import EncoderSettings
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
@@ -32,7 +32,7 @@ COMMITTED_MODEL = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
 
 def window_tensors(orders: int = 5, riders: int = 12, seed: int = 0) -> Tensors:
     window = generate_window(np.random.default_rng(seed), orders, riders)
-    return dict(window_to_tensors(window))
+    return dict(window_to_wire(window))
 
 
 def features(rows: int, seed: int = 0) -> NDArray[np.float32]:
@@ -52,8 +52,8 @@ def resolver_inputs() -> Tensors:
         "PAIR_OBJECTIVES": objectives,
         "CANDIDATE_RIDER_INDEX": candidates,
         "RIDER_IDS": np.array([f"r{i}".encode() for i in range(6)], dtype=object),
-        "RIDER_LOAD": np.zeros(6, dtype=np.int32),
-        "RIDER_CAPACITY": np.full(6, 2, dtype=np.int32),
+        # RIDER_FIELD_COLUMNS: lat, lon, load 0, capacity 2, vehicle, equipment
+        "RIDER_FIELDS": np.tile([31.2, 121.4, 0.0, 2.0, 0.0, 0.0], (6, 1)),
     }
 
 
@@ -61,7 +61,7 @@ def resolver_inputs() -> Tensors:
 
 
 def test_encoder_reads_every_window_input() -> None:
-    assert FeatureEncoderStep.input_names == tuple(spec.name for spec in WINDOW_INPUTS)
+    assert FeatureEncoderStep.input_names == tuple(spec.name for spec in ENCODER_INPUTS)
 
 
 def test_encoder_defaults_are_the_documented_values() -> None:
@@ -132,12 +132,12 @@ def test_encoder_caps_candidates_at_the_rider_count() -> None:
 
 def test_encoder_rejects_a_bad_window_by_tensor() -> None:
     tensors = window_tensors()
-    pickup = np.array(tensors["ORDER_PICKUP"], copy=True)
-    pickup[1, 0] = np.nan
-    tensors["ORDER_PICKUP"] = pickup
+    fields = np.array(tensors["ORDER_FIELDS"], copy=True)
+    fields[1, 0] = np.nan  # pickup_lat
+    tensors["ORDER_FIELDS"] = fields
     with pytest.raises(DispatchInputError) as info:
         FeatureEncoderStep().run(tensors)
-    assert info.value.tensor == "ORDER_PICKUP"
+    assert info.value.tensor == "ORDER_FIELDS[pickup_lat, pickup_lon]"
 
 
 # ---- TopKResolverStep ----------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_resolver_input_names_end_with_the_optional_weights() -> None:
     names = TopKResolverStep.input_names
     assert names[:2] == ("PAIR_OBJECTIVES", "CANDIDATE_RIDER_INDEX")
     assert names[-1] == "OBJECTIVE_WEIGHTS"
-    assert set(names) >= {"RIDER_IDS", "RIDER_LOAD", "RIDER_CAPACITY"}
+    assert set(names) >= {"RIDER_IDS", "RIDER_FIELDS"}
 
 
 def test_resolver_rejects_unknown_parameters() -> None:
@@ -165,8 +165,8 @@ def test_resolver_applies_top_k() -> None:
     settings = step.settings
     assert (settings.top_k, settings.eta_scale_minutes, settings.cost_scale_cny) == (3, 20.0, 10.0)
     outputs = step.run(resolver_inputs())
-    for spec in DISPATCH_OUTPUTS:
-        expected = (3, 3) if spec.name.startswith("TOPK_") else (3,)
+    for spec in RESOLVER_OUTPUTS:
+        expected = {"TOPK_RIDER_INDEX": (3, 3), "TOPK_OBJECTIVES": (3, 3, 4)}.get(spec.name, (3,))
         assert outputs[spec.name].shape == expected, spec.name
         assert outputs[spec.name].dtype == spec.numpy_dtype, spec.name
 
@@ -194,7 +194,7 @@ def test_resolver_reports_a_missing_input_by_name(name: str) -> None:
 def test_resolver_objective_weights_are_optional_and_steer_the_ranking() -> None:
     inputs = resolver_inputs()
     default = TopKResolverStep().run(inputs)
-    assert set(default) == {spec.name for spec in DISPATCH_OUTPUTS}
+    assert set(default) == {spec.name for spec in RESOLVER_OUTPUTS}
 
     objectives = inputs["PAIR_OBJECTIVES"]
     assert objectives is not None
@@ -203,10 +203,9 @@ def test_resolver_objective_weights_are_optional_and_steer_the_ranking() -> None
     cost_only = TopKResolverStep().run(inputs)
     # Order 0 lists riders 0..3: with cost alone the cheapest rider ranks first.
     assert cost_only["TOPK_RIDER_INDEX"][0, 0] == int(np.argmin(cost[0]))
-    np.testing.assert_array_equal(
-        np.sort(cost_only["TOPK_COST"][0]), np.sort(cost[0]).astype(np.float32)
-    )
-    assert list(cost_only["TOPK_COST"][0]) == sorted(cost_only["TOPK_COST"][0])
+    top_cost = cost_only["TOPK_OBJECTIVES"][0, :, 3]  # TOPK_OBJECTIVE_COLUMNS: cost last
+    np.testing.assert_array_equal(np.sort(top_cost), np.sort(cost[0]).astype(np.float32))
+    assert list(top_cost) == sorted(top_cost)
 
 
 def test_resolver_rejects_bad_weights_by_name() -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from dispatch_contract import batched
 from dispatch_service.core.metrics import (
     CANDIDATES_PER_ORDER,
     ENCODER_LATENCY,
@@ -17,7 +18,7 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.routing.metrics import ROUTED_ORDERS
@@ -41,7 +42,7 @@ def args(**parameters: str) -> dict[str, str]:
 
 
 def window(seed: int, orders: int = 10) -> dict[str, NDArray[Any]]:
-    return window_to_tensors(generate_window(np.random.default_rng(seed), orders, 50))
+    return window_to_wire(generate_window(np.random.default_rng(seed), orders, 50))
 
 
 def execute(adapter: FusedDispatchAdapter, *requests: FakeRequest) -> list[FakeResponse]:
@@ -57,12 +58,12 @@ def pb() -> FakePbUtils:
 
 def test_each_request_gets_its_answer(pb: FakePbUtils) -> None:
     adapter = fused_adapter_for(pb, args(canary_version="2"))
-    requests = [FakeRequest(window(seed), request_id=f"r{seed}") for seed in (1, 2)]
+    requests = [FakeRequest(batched(window(seed)), request_id=f"r{seed}") for seed in (1, 2)]
     for seed, response in zip((1, 2), execute(adapter, *requests), strict=True):
-        got = response.outputs()
+        got = {name: value[0] for name, value in response.outputs().items()}  # batch of 1
         expected = DispatchPipeline.from_repository().run(window(seed))
-        np.testing.assert_array_equal(got["ASSIGNED_RIDER_IDS"], expected["ASSIGNED_RIDER_IDS"])
-        np.testing.assert_array_equal(got["TOPK_SCORE"], expected["TOPK_SCORE"])
+        for name, value in expected.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
         assert (got["ORDER_MODEL_VERSION"] == 1).all()
 
 
@@ -71,22 +72,36 @@ def test_a_bad_request_gets_its_own_error_and_its_neighbours_their_answers(
 ) -> None:
     adapter = fused_adapter_for(pb, args())
     bad = window(3)
-    bad["ORDER_PICKUP"] = bad["ORDER_PICKUP"].astype(np.float32)
-    requests = [FakeRequest(window(1)), FakeRequest(bad, request_id="bad"), FakeRequest(window(2))]
+    bad["ORDER_FIELDS"] = bad["ORDER_FIELDS"].astype(np.float32)
+    requests = [
+        FakeRequest(batched(window(1))),
+        FakeRequest(batched(bad), request_id="bad"),
+        FakeRequest(batched(window(2))),
+    ]
     first, error, last = execute(adapter, *requests)
     assert error.has_error()
     assert error.error().code() == "INVALID_ARG"
-    assert "ORDER_PICKUP" in error.error().message()
+    assert "ORDER_FIELDS: must be FP64" in error.error().message()
     assert not first.has_error() and not last.has_error()
     rejected = [json.loads(line) for level, line in pb.Logger.lines if level == "warn"]
     assert [(r["event"], r["request_id"], r["tensor"]) for r in rejected] == [
-        ("request_rejected", "bad", "ORDER_PICKUP")
+        ("request_rejected", "bad", "ORDER_FIELDS")
     ]
+
+
+def test_a_request_of_two_windows_is_refused_naming_the_shape(pb: FakePbUtils) -> None:
+    adapter = fused_adapter_for(pb, args())
+    two = {name: np.stack([value, value]) for name, value in window(1).items()}
+    (error, good) = execute(adapter, FakeRequest(two), FakeRequest(batched(window(2))))
+    assert error.error().code() == "INVALID_ARG"
+    assert "ORDER_IDS: must have a batch dimension of 1" in error.error().message()
+    assert "[1, *]" in error.error().message()
+    assert not good.has_error()
 
 
 def test_a_cancelled_request_is_answered_cancelled(pb: FakePbUtils) -> None:
     adapter = fused_adapter_for(pb, args())
-    (response,) = execute(adapter, FakeRequest(window(1), cancelled=True))
+    (response,) = execute(adapter, FakeRequest(batched(window(1)), cancelled=True))
     assert response.error().code() == "CANCELLED"
 
 
@@ -95,7 +110,7 @@ def test_records_the_encoder_router_and_resolver_metrics_per_answer(pb: FakePbUt
     assert set(pb.MetricFamily.created) == {spec.name for spec in FUSED_METRICS}
     bad = window(3)
     del bad["RIDER_IDS"]
-    execute(adapter, FakeRequest(window(1, orders=7)), FakeRequest(bad))
+    execute(adapter, FakeRequest(batched(window(1, orders=7))), FakeRequest(batched(bad)))
     adapter.finalize()  # stops the recording thread after it recorded what was queued
     families = pb.MetricFamily
     for spec in (ENCODER_LATENCY, RESOLVER_LATENCY, CANDIDATES_PER_ORDER):

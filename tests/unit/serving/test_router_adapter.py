@@ -120,12 +120,21 @@ def window_inputs(seed: int = 5, orders: int = 12, **extra: NDArray[Any]) -> dic
 
 
 def run(adapter: DispatchRouterAdapter, *requests: FakeRequest) -> list[Response]:
+    """Each request as Triton hands it over: one window behind a batch dimension of 1."""
+    for request in requests:
+        request.tensors = {
+            name: None if value is None else np.asarray(value)[np.newaxis]
+            for name, value in request.tensors.items()
+        }
     return asyncio.run(adapter.execute(list(requests)))
 
 
 def outputs(response: Response) -> dict[str, NDArray[Any]]:
+    """The answer of one window (its batch dimension of 1 removed)."""
     assert not response.has_error(), response.error().message()
-    return {name: t.as_numpy() for name, t in response.tensors.items()}
+    tensors = {name: t.as_numpy() for name, t in response.tensors.items()}
+    assert all(value.shape[0] == 1 for value in tensors.values())
+    return {name: value[0] for name, value in tensors.items()}
 
 
 def test_answers_objectives_versions_and_levels_through_bls() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from dispatch_contract import NUM_PAIR_FEATURES, OBJECTIVES
+from dispatch_contract import NUM_PAIR_FEATURES, OBJECTIVES, batched, pack_window
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     STEP_OBSERVERS,
@@ -22,7 +22,7 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_tensors, window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
 from dispatch_service.serving.triton_adapter import (
@@ -66,18 +66,30 @@ class EchoStep:
 
 
 def echo_request(value: int, request_id: str = "", cancelled: bool = False) -> FakeRequest:
-    return FakeRequest({"X": np.array([value, value + 1])}, request_id, cancelled)
+    # one "window" per request: the batch dimension of 1 every window-level model gets
+    return FakeRequest({"X": np.array([[value, value + 1]])}, request_id, cancelled)
 
 
 def json_lines(pb: FakePbUtils, level: str) -> list[dict[str, Any]]:
     return [json.loads(line) for lvl, line in pb.Logger.lines if lvl == level]
 
 
-def window_request(seed: int, request_id: str = "", **changes: NDArray[Any]) -> FakeRequest:
-    window = generate_window(np.random.default_rng(seed), 4, 10)
-    tensors: dict[str, NDArray[Any]] = dict(window_to_tensors(window))
+def logical_window(seed: int) -> dict[str, NDArray[Any]]:
+    return dict(window_to_tensors(generate_window(np.random.default_rng(seed), 4, 10)))
+
+
+def window_request(
+    seed: int,
+    request_id: str = "",
+    wire: dict[str, NDArray[Any]] | None = None,
+    **changes: NDArray[Any],
+) -> FakeRequest:
+    """A v2 request (batch of 1) of a simulated window, with fields changed before packing
+    (by WINDOW_INPUTS name) and wire tensors replaced after."""
+    tensors = logical_window(seed)
     tensors.update(changes)
-    return FakeRequest(tensors, request_id)
+    packed = {**pack_window(tensors), **(wire or {})}
+    return FakeRequest(batched(packed), request_id)
 
 
 # ---- TritonStepAdapter ---------------------------------------------------------------
@@ -87,8 +99,8 @@ def test_one_response_per_request_in_order() -> None:
     pb = FakePbUtils()
     adapter = TritonStepAdapter(pb, "echo", EchoStep())
     responses = adapter.execute([echo_request(v) for v in (1, 5, 9)])
-    assert [r.outputs()["Y"].tolist() for r in responses] == [[2, 4], [10, 12], [18, 20]]
-    assert all(r.outputs()["N"].tolist() == [2] for r in responses)
+    assert [r.outputs()["Y"][0].tolist() for r in responses] == [[2, 4], [10, 12], [18, 20]]
+    assert all(r.outputs()["N"][0].tolist() == [2] for r in responses)
     assert pb.Logger.lines == []
 
 
@@ -101,8 +113,8 @@ def test_bad_input_fails_only_its_own_request() -> None:
     responses = TritonStepAdapter(pb, "echo", EchoStep()).execute(
         [echo_request(1), echo_request(-3, "bad"), echo_request(2)]
     )
-    assert responses[0].outputs()["Y"].tolist() == [2, 4]
-    assert responses[2].outputs()["Y"].tolist() == [4, 6]
+    assert responses[0].outputs()["Y"][0].tolist() == [2, 4]
+    assert responses[2].outputs()["Y"][0].tolist() == [4, 6]
     error = responses[1].error()
     assert error.code() == FakeTritonError.INVALID_ARG
     assert error.message() == "X: must be >= 0 (row 0)"
@@ -112,7 +124,7 @@ def test_a_bad_window_is_answered_with_invalid_arg_naming_the_tensor() -> None:
     pb = FakePbUtils()
     adapter = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep())
     good = window_request(1, "a")
-    pickup = np.array(good.tensors["ORDER_PICKUP"], copy=True)
+    pickup = np.array(logical_window(1)["ORDER_PICKUP"], copy=True)
     pickup[2, 0] = 95.0
     responses = adapter.execute(
         [good, window_request(1, "b", ORDER_PICKUP=pickup), window_request(2, "c")]
@@ -121,20 +133,22 @@ def test_a_bad_window_is_answered_with_invalid_arg_naming_the_tensor() -> None:
     for ok in (responses[0], responses[2]):
         outputs = ok.outputs()
         assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX"}
-        assert outputs["PAIR_FEATURES"].shape[1] == NUM_PAIR_FEATURES
+        assert outputs["PAIR_FEATURES"].shape[-1] == NUM_PAIR_FEATURES
     error = responses[1].error()
     assert error.code() == FakeTritonError.INVALID_ARG
-    assert error.message().startswith("ORDER_PICKUP: latitude must be within")
+    assert error.message().startswith(
+        "ORDER_FIELDS[pickup_lat, pickup_lon]: latitude must be within"
+    )
     assert "(row 2)" in error.message()
 
 
 def test_a_missing_tensor_is_answered_with_invalid_arg() -> None:
     pb = FakePbUtils()
     request = window_request(1)
-    del request.tensors["RIDER_LOAD"]
+    del request.tensors["RIDER_FIELDS"]
     (response,) = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep()).execute([request])
     assert response.error().code() == FakeTritonError.INVALID_ARG
-    assert response.error().message() == "RIDER_LOAD: is required but missing"
+    assert response.error().message() == "RIDER_FIELDS: is required but missing"
 
 
 def test_the_optional_input_is_passed_as_none_when_absent() -> None:
@@ -157,8 +171,8 @@ def test_an_unexpected_exception_is_internal_and_names_the_model() -> None:
     responses = TritonStepAdapter(pb, "topk_resolver", EchoStep()).execute(
         [echo_request(1), echo_request(13, "req-13"), echo_request(3)]
     )
-    assert responses[0].outputs()["Y"].tolist() == [2, 4]
-    assert responses[2].outputs()["Y"].tolist() == [6, 8]
+    assert responses[0].outputs()["Y"][0].tolist() == [2, 4]
+    assert responses[2].outputs()["Y"][0].tolist() == [6, 8]
     error = responses[1].error()
     assert error.code() == FakeTritonError.INTERNAL
     assert error.message() == "topk_resolver: internal error (RuntimeError: unlucky number)"
@@ -178,15 +192,15 @@ def test_a_cancelled_request_is_not_run() -> None:
     )
     assert responses[1].error().code() == FakeTritonError.CANCELLED
     assert "cancelled" in responses[1].error().message()
-    assert responses[0].outputs()["Y"].tolist() == [2, 4]
-    assert responses[2].outputs()["Y"].tolist() == [6, 8]
+    assert responses[0].outputs()["Y"][0].tolist() == [2, 4]
+    assert responses[2].outputs()["Y"][0].tolist() == [6, 8]
     assert step.calls == 2
 
 
 def test_a_rejection_logs_one_json_line_without_payload() -> None:
     pb = FakePbUtils()
     secret_order = b"order-SECRET-4711"
-    pickup = np.array(window_request(1).tensors["ORDER_PICKUP"], copy=True)
+    pickup = np.array(logical_window(1)["ORDER_PICKUP"], copy=True)
     pickup[3] = [123.4567891, 121.4737]
     request = window_request(
         1,
@@ -207,7 +221,7 @@ def test_a_rejection_logs_one_json_line_without_payload() -> None:
         "event": "request_rejected",
         "model": "feature_encoder",
         "request_id": "req-42",
-        "tensor": "ORDER_PICKUP",
+        "tensor": "ORDER_FIELDS[pickup_lat, pickup_lon]",
         "rule": "latitude must be within [-90.0, 90.0] (row 3)",
         "code": "range",
     }
@@ -229,7 +243,16 @@ REJECTIONS_WITH_PAYLOAD: dict[str, tuple[NDArray[Any], str]] = {
     "ORDER_CREATED_AT": (np.array([1, 2, -3333, 4], dtype=np.int64), "3333"),
     "ORDER_CONSTRAINTS": (np.array([0, 2222, 0, 0], dtype=np.int32), "2222"),
     "ORDER_PROMISED_MINUTES": (np.array([30, 999.25, 30, 30], dtype=np.float32), "999"),
-    "COORD_SYSTEM": (np.array([b"MY-PRIVATE-DATUM"], dtype=object), "PRIVATE"),
+}
+# Where each field travels in contract v2 (errors name the column).
+WIRE_NAMES = {
+    "RIDER_LOAD": "RIDER_FIELDS[load]",
+    "RIDER_CAPACITY": "RIDER_FIELDS[capacity]",
+    "RIDER_EQUIPMENT": "RIDER_FIELDS[equipment]",
+    "RIDER_VEHICLE": "RIDER_FIELDS[vehicle]",
+    "ORDER_CREATED_AT": "ORDER_FIELDS[created_at]",
+    "ORDER_CONSTRAINTS": "ORDER_FIELDS[constraints]",
+    "ORDER_PROMISED_MINUTES": "ORDER_FIELDS[promised_minutes]",
 }
 
 
@@ -240,10 +263,31 @@ def test_rejection_logs_never_echo_request_values(tensor: str) -> None:
     request = window_request(1, "req-7", **{tensor: value})
     (response,) = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep()).execute([request])
     assert response.error().code() == FakeTritonError.INVALID_ARG
-    assert response.error().message().startswith(f"{tensor}: ")
+    assert response.error().message().startswith(f"{WIRE_NAMES[tensor]}: ")
     ((_, line),) = pb.Logger.lines
-    assert json.loads(line)["tensor"] == tensor
+    assert json.loads(line)["tensor"] == WIRE_NAMES[tensor]
     assert payload not in line
+
+
+def test_a_bad_datum_code_is_refused_without_echoing_it() -> None:
+    pb = FakePbUtils()
+    wire = {"WINDOW_FIELDS": np.array([1_764_400_000.0, 7777.0])}
+    request = window_request(1, "req-8", wire=wire)
+    (response,) = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep()).execute([request])
+    message = response.error().message()
+    assert message.startswith("WINDOW_FIELDS[coord_system]: must be one of 0 (WGS84)")
+    ((_, line),) = pb.Logger.lines
+    assert "7777" not in line and "7777" not in message
+
+
+def test_a_request_without_the_batch_dimension_is_refused_naming_the_shape() -> None:
+    pb = FakePbUtils()
+    request = window_request(1)
+    request.tensors["ORDER_FIELDS"] = request.tensors["ORDER_FIELDS"][0]
+    (response,) = TritonStepAdapter(pb, "feature_encoder", FeatureEncoderStep()).execute([request])
+    message = response.error().message()
+    assert message.startswith("ORDER_FIELDS: must have a batch dimension of 1")
+    assert "shape [1, *, 7], got [4, 7]" in message
 
 
 # ---- TritonBatchedModelAdapter -------------------------------------------------------
@@ -252,7 +296,7 @@ def test_rejection_logs_never_echo_request_values(tensor: str) -> None:
 def pairs(rows: int, seed: int) -> NDArray[np.float32]:
     """Realistic pair features: the encoder's own output for a simulated window."""
     window = generate_window(np.random.default_rng(seed), max(rows, 1), 20)
-    encoded = FeatureEncoderStep().run(dict(window_to_tensors(window)))
+    encoded = FeatureEncoderStep().run(dict(window_to_wire(window)))
     features: NDArray[np.float32] = encoded["PAIR_FEATURES"][:rows]
     return features
 
@@ -478,7 +522,7 @@ def test_the_encoder_records_latency_candidates_and_rejections(tmp_path: Path) -
     args = triton_args("feature_encoder", {"candidates_per_order": "3"}, tmp_path)
     adapter = adapter_for(pb, args, "feature_encoder")
     good = [window_request(1, "a"), window_request(2, "c")]
-    pickup = np.array(good[0].tensors["ORDER_PICKUP"], copy=True)
+    pickup = np.array(logical_window(1)["ORDER_PICKUP"], copy=True)
     pickup[0, 1] = 200.0
     twice = np.array([b"o1", b"o2", b"o1", b"o4"], dtype=object)
     responses = adapter.execute(
@@ -498,12 +542,13 @@ def test_the_encoder_records_latency_candidates_and_rejections(tmp_path: Path) -
     assert latency.buckets is not None and latency.buckets[0] > 0
     candidates = families.series("dispatch_candidates_per_order", **labels)
     expected = [
-        candidates_per_order(responses[i].outputs()["CANDIDATE_RIDER_INDEX"]) for i in (0, 2)
+        candidates_per_order(responses[i].outputs()["CANDIDATE_RIDER_INDEX"][0]) for i in (0, 2)
     ]
     assert candidates.observations == expected
     rejections = families.created["dispatch_validation_rejections_total"].metrics
     counted = {(m.labels["tensor"], m.labels["rule"]): m.value for m in rejections}
-    assert counted == {("ORDER_PICKUP", "range"): 1.0, ("ORDER_IDS", "unique"): 2.0}
+    pickup = "ORDER_FIELDS[pickup_lat, pickup_lon]"
+    assert counted == {(pickup, "range"): 1.0, ("ORDER_IDS", "unique"): 2.0}
     assert all(m.labels["model"] == "feature_encoder" for m in rejections)
     codes = [entry["code"] for entry in json_lines(pb, "warn")]
     assert codes == ["range", "unique", "unique"]
@@ -512,17 +557,19 @@ def test_the_encoder_records_latency_candidates_and_rejections(tmp_path: Path) -
 def test_the_resolver_records_capacity_conflicts(tmp_path: Path) -> None:
     pb = FakePbUtils()
     adapter = adapter_for(pb, triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
-    window = dict(window_to_tensors(generate_window(np.random.default_rng(5), 30, 6)))
+    window = dict(window_to_wire(generate_window(np.random.default_rng(5), 30, 6)))
     encoded = FeatureEncoderStep().run(window)
     scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
     inputs = {**window, **encoded, **scored}
-    request = FakeRequest({name: inputs.get(name) for name in adapter.step.input_names})
+    request = FakeRequest(
+        batched({name: inputs[name] for name in adapter.step.input_names if name in inputs})
+    )
     (response,) = adapter.execute([request])
     adapter.finalize()  # the metrics thread records what it still holds
-    out = response.outputs()
+    out = {name: value[0] for name, value in response.outputs().items()}
     expected = capacity_conflicts(
         out["TOPK_RIDER_INDEX"],
-        out["TOPK_SCORE"],
+        out["TOPK_OBJECTIVES"][..., 0],
         out["ASSIGNED_RIDER_INDEX"],
         out["ASSIGNED_SCORE"],
     )

@@ -1,0 +1,121 @@
+"""The serving floor of the contract: what Triton costs per window when the model does nothing.
+
+`dispatch_floor` is a Python-backend model with `dispatch_fused`'s config (contract v2
+inputs and outputs, ragged dynamic batching, queue policies, 2 instances) whose `execute`
+reads every input of every request and answers zeros of the right shapes. Measured with
+perf_analyzer over gRPC on the same small windows as the bench, it is the ceiling any entry
+point of this contract can reach on this host: the rest of the gap is the pipeline's work.
+
+`python -m perf.floor [--seconds 3]` prints c=1 and c=64 figures (JSON); a repository copy
+with the floor model added is made in a temporary folder and removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from perf.pa import PaJob
+from perf.sessions import TritonSession
+from perf.stats import request_budget
+from perf.windows import SIZES, optional_inputs
+from perf.workload import prepare_workload
+
+__all__ = ["FLOOR_MODEL", "FLOOR_MODEL_PY", "floor_repository", "main", "measure_floor"]
+
+FLOOR_MODEL: Final = "dispatch_floor"
+FLOOR_MODEL_PY: Final = '''"""No work: read every input, answer zeros (perf.floor)."""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+K = 5
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            orders = 0
+            for tensor in request.inputs():
+                array = tensor.as_numpy()
+                if tensor.name() == "ORDER_IDS":
+                    orders = array.shape[1]
+            shapes = {
+                "TOPK_RIDER_INDEX": ((1, orders, K), np.int32),
+                "TOPK_OBJECTIVES": ((1, orders, K, 4), np.float32),
+                "ASSIGNED_RIDER_INDEX": ((1, orders), np.int32),
+                "ASSIGNED_SCORE": ((1, orders), np.float32),
+                "ORDER_MODEL_VERSION": ((1, orders), np.int32),
+                "ORDER_FALLBACK_LEVEL": ((1, orders), np.int32),
+            }
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor(n, np.zeros(s, d)) for n, (s, d) in shapes.items()]
+                )
+            )
+        return responses
+'''
+
+
+def floor_repository(target: Path, source: Path = MODEL_REPOSITORY) -> Path:
+    """A copy of `source` with `dispatch_floor` added (dispatch_fused's config, no work)."""
+    shutil.copytree(source, target)
+    fused = (source / "dispatch_fused" / "config.pbtxt").read_text()
+    config = fused.replace('name: "dispatch_fused"', f'name: "{FLOOR_MODEL}"')
+    config = re.sub(r"(?ms)^parameters \[\n.*?^\]\n", "", config)
+    config = re.sub(r"(?ms)^model_warmup \[\n.*?^\]\n", "", config)
+    folder = target / FLOOR_MODEL
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(config)
+    (folder / "1" / "model.py").write_text(FLOOR_MODEL_PY)
+    return target
+
+
+def measure_floor(seconds: float, work: Path) -> dict[str, Any]:
+    """p50 at concurrency 1 and windows/s at concurrency 64, small windows, gRPC."""
+    repository = floor_repository(work / "repo")
+    pipeline = DispatchPipeline.from_repository(repository)
+    workload = prepare_workload(SIZES["small"], pipeline, work, optional_inputs(repository))
+    figures: dict[str, Any] = {"model": FLOOR_MODEL, "size": "small (1 x 20)", "protocol": "grpc"}
+    with TritonSession(repository, work / "server.log") as session:
+        rate = 2000.0
+        for concurrency in (1, 64):
+            job = PaJob(
+                url=session.endpoints.grpc,
+                protocol="grpc",
+                input_data=workload.input_data,
+                concurrency=concurrency,
+                request_count=request_budget(rate, seconds, concurrency),
+                csv_path=work / f"floor_c{concurrency}.csv",
+                model=FLOOR_MODEL,
+            )
+            outcome = session.pa.run(job, 120)
+            if not outcome.ok:
+                figures[f"c{concurrency}"] = f"failed: {outcome.log_tail[-300:]}"
+                continue
+            row = outcome.rows[0]
+            rate = row.throughput_per_s
+            figures[f"c{concurrency}"] = row.to_dict()
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per level")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="dispatch-floor-") as tmp:
+        print(json.dumps(measure_floor(args.seconds, Path(tmp)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""dispatch_fused runs the windows of one execute as a batch: the same answers, byte for
+byte, as each window sent alone; a bad window gets its own error; one session call per
+routed version for the whole batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from dispatch_contract import CoordSystem
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.model_config import config_parameters
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.domain import geo
+from dispatch_service.domain.window import window_to_wire
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
+from dispatch_service.pipeline.onnx_runner import OnnxScorer
+from dispatch_service.routing.engine import RouterSettings
+from dispatch_service.routing.settings import FusedSettings
+
+Tensors = dict[str, NDArray[Any]]
+SHIPPED = FusedSettings.from_parameters(
+    config_parameters(MODEL_REPOSITORY / "dispatch_fused" / "config.pbtxt")
+)
+
+
+@pytest.fixture(scope="module")
+def fused() -> FusedDispatch:
+    return FusedDispatch.from_repository(MODEL_REPOSITORY, SHIPPED)
+
+
+def window(seed: int, orders: int, riders: int, coord: CoordSystem, tag: str | None) -> Tensors:
+    tensors = dict(window_to_wire(generate_window(np.random.default_rng(seed), orders, riders)))
+    if coord is not CoordSystem.WGS84:  # the same places, stated in another datum
+        fields = {
+            name: np.array(tensors[name], copy=True) for name in ("ORDER_FIELDS", "RIDER_FIELDS")
+        }
+        for name, firsts in (("ORDER_FIELDS", (0, 2)), ("RIDER_FIELDS", (0,))):
+            for first in firsts:
+                pair = slice(first, first + 2)
+                fields[name][:, pair] = geo.from_wgs84(tensors[name][:, pair], coord)
+        tensors.update(fields)
+        tensors["WINDOW_FIELDS"] = np.array([tensors["WINDOW_FIELDS"][0], float(coord)])
+    if tag is not None:
+        tensors["MODEL_VERSION_TAG"] = np.array([tag.encode()], dtype=object)
+    return tensors
+
+
+MIXED = [
+    window(1, 1, 20, CoordSystem.WGS84, None),
+    window(2, 64, 200, CoordSystem.GCJ02, "canary"),
+    window(3, 7, 15, CoordSystem.BD09, "stable"),
+    window(4, 3, 2, CoordSystem.WGS84, "2"),  # fewer riders than K
+    window(5, 30, 90, CoordSystem.GCJ02, None),
+    window(6, 1, 20, CoordSystem.WGS84, "1"),
+]
+
+
+def assert_identical(got: FusedResult, alone: FusedResult) -> None:
+    assert got.outputs.keys() == alone.outputs.keys()
+    for name, value in alone.outputs.items():
+        assert got.outputs[name].dtype == value.dtype, name
+        assert got.outputs[name].shape == value.shape, name
+        assert got.outputs[name].tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize(
+    "routing",
+    [
+        RouterSettings(stable_version=1, canary_version=2, canary_percent=0),
+        RouterSettings(stable_version=1, canary_version=2, canary_percent=50),
+    ],
+    ids=["stable-only", "half-canary"],
+)
+def test_a_batch_answers_byte_for_byte_like_each_window_alone(
+    fused: FusedDispatch, routing: RouterSettings
+) -> None:
+    dispatch = dataclasses.replace(fused, settings=FusedSettings(routing))
+    batch = dispatch.run_batch(MIXED)
+    for tensors, got in zip(MIXED, batch, strict=True):
+        assert isinstance(got, FusedResult), got
+        assert_identical(got, dispatch.run(tensors))
+
+
+def test_one_session_call_per_routed_version_for_the_whole_batch(fused: FusedDispatch) -> None:
+    calls: list[tuple[int, int]] = []
+
+    class Counting(OnnxScorer):
+        def __init__(self, inner: OnnxScorer, version: int) -> None:
+            self.__dict__.update(inner.__dict__)
+            self.version = version
+
+        def infer(self, pair_features: NDArray[np.float32]) -> NDArray[np.float32]:
+            calls.append((self.version, len(pair_features)))
+            return super().infer(pair_features)
+
+    scorers = {v: Counting(s, v) for v, s in fused.scorers.items()}
+    dispatch = dataclasses.replace(fused, scorers=scorers)
+    plain = [w for w in MIXED if "MODEL_VERSION_TAG" not in w]  # all routed to stable (1)
+    results = dispatch.run_batch(plain)
+    assert all(isinstance(r, FusedResult) for r in results)
+    total = sum(r.encoded["PAIR_FEATURES"].shape[0] for r in results if isinstance(r, FusedResult))
+    assert calls == [(1, total)]
+
+
+def test_a_bad_window_gets_its_own_error_and_the_others_their_answers(
+    fused: FusedDispatch,
+) -> None:
+    bad = dict(MIXED[2])
+    bad["RIDER_FIELDS"] = np.array(bad["RIDER_FIELDS"], copy=True)
+    bad["RIDER_FIELDS"][0, 3] = 1.5  # capacity must be whole
+    tag = dict(MIXED[0], MODEL_VERSION_TAG=np.array([b"blue"], dtype=object))
+    batch = [MIXED[0], bad, MIXED[1], tag, MIXED[4]]
+    results = fused.run_batch(batch)
+    assert isinstance(results[1], DispatchInputError)
+    assert results[1].tensor == "RIDER_FIELDS[capacity]"
+    assert isinstance(results[3], DispatchInputError)
+    assert results[3].tensor == "MODEL_VERSION_TAG"
+    for i in (0, 2, 4):
+        result = results[i]
+        assert isinstance(result, FusedResult)
+        assert_identical(result, fused.run(batch[i]))
+    assert fused.run_batch([]) == []

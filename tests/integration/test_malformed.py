@@ -25,15 +25,28 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from dispatch_contract import WINDOW_INPUTS
+from dispatch_contract import (
+    ORDER_FIELD_COLUMNS,
+    RIDER_FIELD_COLUMNS,
+    WINDOW_FIELD_COLUMNS,
+    WIRE_WINDOW_INPUTS,
+    batched,
+)
 from dispatch_service.ops.server import TritonServer
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, infer_http, sim_window
 
 Tensors = dict[str, np.ndarray[Any, Any]]
 REQUESTS = 2400  # split over 2 transports x 2 entry points
 DEADLINE_S = 10.0
-OPTIONAL = {spec.name for spec in WINDOW_INPUTS if spec.optional}
-REQUIRED = [spec.name for spec in WINDOW_INPUTS if not spec.optional]
+# contract v2: the window travels as ORDER_FIELDS / RIDER_FIELDS / WINDOW_FIELDS matrices
+# beside the id tensors; requests carry a batch dimension of 1 (added in `send`).
+OPTIONAL = {spec.name for spec in WIRE_WINDOW_INPUTS if spec.optional}
+REQUIRED = [spec.name for spec in WIRE_WINDOW_INPUTS if not spec.optional]
+COLUMNS = {
+    "ORDER_FIELDS": ORDER_FIELD_COLUMNS,
+    "RIDER_FIELDS": RIDER_FIELD_COLUMNS,
+    "WINDOW_FIELDS": WINDOW_FIELD_COLUMNS,
+}
 IDS = ("ORDER_IDS", "ORDER_USER_IDS", "RIDER_IDS")
 
 
@@ -41,13 +54,18 @@ def base() -> Tensors:
     return {name: np.array(value, copy=True) for name, value in sim_window(5, 4, 8).items()}
 
 
-def _set(name: str, value: Any) -> Callable[[Tensors, np.random.Generator], str]:
+def _set(name: str, column: str, value: Any) -> Callable[[Tensors, np.random.Generator], str]:
+    """Put `value` into `column` of one random row of the packed matrix `name`."""
+    index = COLUMNS[name].index(column)
+
     def mutate(t: Tensors, rng: np.random.Generator) -> str:
-        if name not in t:  # dropped by an earlier mutation
+        if name not in t or t[name].dtype != np.float64:  # dropped or retyped by another
             return name
         t[name] = np.array(t[name], copy=True)
-        flat = t[name].reshape(-1)
-        flat[int(rng.integers(len(flat)))] = value
+        if t[name].ndim == 1:  # WINDOW_FIELDS: one row
+            t[name][index] = value
+        else:
+            t[name][int(rng.integers(t[name].shape[0])), index] = value
         return name
 
     return mutate
@@ -67,7 +85,7 @@ def _dtype(t: Tensors, rng: np.random.Generator) -> str:
     t[name] = (
         np.arange(array.size, dtype=np.float32).reshape(array.shape)
         if array.dtype.kind == "O"
-        else array.astype(np.float64 if array.dtype.kind != "f" else np.int64)
+        else array.astype(np.float64 if array.dtype.kind != "f" else np.float32)
     )
     return name
 
@@ -79,7 +97,7 @@ def _rank(t: Tensors, rng: np.random.Generator) -> str:
 
 
 def _length(t: Tensors, rng: np.random.Generator) -> str:
-    names = [n for n in REQUIRED if n in t and n not in ("COORD_SYSTEM", "DISPATCH_TIME")]
+    names = [n for n in REQUIRED if n in t and n != "WINDOW_FIELDS"]
     name = str(rng.choice(names))
     t[name] = t[name][:-1] if rng.random() < 0.5 else np.concatenate([t[name], t[name][:1]])
     return name
@@ -107,6 +125,8 @@ def _duplicate(t: Tensors, rng: np.random.Generator) -> str:
     name = str(rng.choice(["ORDER_IDS", "RIDER_IDS"]))
     if name not in t:
         return name
+    if t[name].ndim != 1 or len(t[name]) < 2:  # already reshaped or cut by another mutation
+        return name
     t[name] = np.array(t[name], dtype=object, copy=True)
     t[name][1] = t[name][0]
     return name
@@ -127,23 +147,24 @@ MUTATIONS: list[Callable[[Tensors, np.random.Generator], str]] = [
     _ids("long"),
     _duplicate,
     _extra,
-    _set("ORDER_PICKUP", np.nan),
-    _set("ORDER_DROPOFF", np.inf),
-    _set("RIDER_POSITION", 200.0),
-    _set("ORDER_PICKUP", -181.0),
-    _set("ORDER_PROMISED_MINUTES", -1.0),
-    _set("ORDER_PROMISED_MINUTES", np.nan),
-    _set("ORDER_CREATED_AT", 0),
-    _set("ORDER_CREATED_AT", np.iinfo(np.int64).max),
-    _set("DISPATCH_TIME", np.iinfo(np.int64).max),
-    _set("DISPATCH_TIME", -1),
-    _set("RIDER_LOAD", 1001),
-    _set("RIDER_LOAD", -1),
-    _set("RIDER_CAPACITY", np.iinfo(np.int32).max),
-    _set("RIDER_VEHICLE", 9),
-    _set("ORDER_CONSTRAINTS", 1 << 20),
-    _set("COORD_SYSTEM", b"EPSG:4326"),
-    _set("COORD_SYSTEM", b"\xff\xfe"),
+    _set("ORDER_FIELDS", "pickup_lat", np.nan),
+    _set("ORDER_FIELDS", "dropoff_lon", np.inf),
+    _set("RIDER_FIELDS", "lat", 200.0),
+    _set("ORDER_FIELDS", "pickup_lon", -181.0),
+    _set("ORDER_FIELDS", "promised_minutes", -1.0),
+    _set("ORDER_FIELDS", "promised_minutes", np.nan),
+    _set("ORDER_FIELDS", "created_at", 0.0),
+    _set("ORDER_FIELDS", "created_at", float(np.iinfo(np.int64).max)),
+    _set("WINDOW_FIELDS", "dispatch_time", float(np.iinfo(np.int64).max)),
+    _set("WINDOW_FIELDS", "dispatch_time", -1.0),
+    _set("RIDER_FIELDS", "load", 1001.0),
+    _set("RIDER_FIELDS", "load", -1.0),
+    _set("RIDER_FIELDS", "load", 2.5),
+    _set("RIDER_FIELDS", "capacity", float(np.iinfo(np.int32).max)),
+    _set("RIDER_FIELDS", "vehicle", 9.0),
+    _set("ORDER_FIELDS", "constraints", float(1 << 20)),
+    _set("WINDOW_FIELDS", "coord_system", 7.0),
+    _set("WINDOW_FIELDS", "coord_system", np.nan),
 ]
 
 
@@ -167,6 +188,7 @@ def test_generated_malformed_requests_are_refused_and_the_server_keeps_serving(
         grpc = grpcclient.InferenceServerClient(triton.grpc_url)
 
         def send(tensors: Tensors, model: str) -> Any:
+            tensors = batched(tensors)
             inputs = [
                 grpcclient.InferInput(n, list(a.shape), _dtype_name(a)) for n, a in tensors.items()
             ]
@@ -185,7 +207,7 @@ def test_generated_malformed_requests_are_refused_and_the_server_keeps_serving(
 
         def send(tensors: Tensors, model: str) -> Any:
             inputs = []
-            for name, array in tensors.items():
+            for name, array in batched(tensors).items():
                 item = httpclient.InferInput(name, list(array.shape), _dtype_name(array))
                 item.set_data_from_numpy(array, binary_data=True)
                 inputs.append(item)

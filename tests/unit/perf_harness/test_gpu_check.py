@@ -17,7 +17,7 @@ from dispatch_contract import FEATURE_ENTRY_INPUTS, NUM_PAIR_FEATURES
 from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings, reject_unknown
-from dispatch_service.domain.window import window_to_tensors
+from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from perf.gpu_check import (
@@ -135,7 +135,7 @@ def test_a_failed_gpu_server_is_explained_by_its_first_load_failure(tmp_path: Pa
 
 
 def window(orders: int = 8, riders: int = 30) -> dict[str, np.ndarray]:
-    return window_to_tensors(generate_window(np.random.default_rng(4242), orders, riders))
+    return window_to_wire(generate_window(np.random.default_rng(4242), orders, riders))
 
 
 def test_the_gpu_server_measures_both_entry_points_with_and_without_cuda_shm() -> None:
@@ -215,7 +215,7 @@ def test_feature_inputs_are_what_dispatch_features_declares(tmp_path: Path) -> N
     assert b == len(w["ORDER_IDS"]) and 1 <= n <= 16
     assert tensors["PAIR_FEATURES"].shape == (b * n, NUM_PAIR_FEATURES)
     assert np.isfinite(tensors["PAIR_FEATURES"]).all()
-    for name in ("ORDER_USER_IDS", "RIDER_IDS", "RIDER_LOAD", "RIDER_CAPACITY"):
+    for name in ("ORDER_USER_IDS", "RIDER_IDS", "RIDER_FIELDS"):
         np.testing.assert_array_equal(tensors[name], w[name])
     for name, neutral in NEUTRAL_OPTIONAL_INPUTS.items():
         np.testing.assert_array_equal(tensors[name], neutral)
@@ -231,8 +231,8 @@ def test_feature_inputs_use_the_servers_encoder_settings() -> None:
     # rider load / capacity columns of the layout are the riders' own (rows in index order)
     pairs = tensors["PAIR_FEATURES"].reshape(8, 16, NUM_PAIR_FEATURES)
     valid = index >= 0
-    np.testing.assert_array_equal(pairs[..., 22][valid], w["RIDER_LOAD"][index[valid]])
-    np.testing.assert_array_equal(pairs[..., 23][valid], w["RIDER_CAPACITY"][index[valid]])
+    np.testing.assert_array_equal(pairs[..., 22][valid], w["RIDER_FIELDS"][index[valid], 2])
+    np.testing.assert_array_equal(pairs[..., 23][valid], w["RIDER_FIELDS"][index[valid], 3])
 
 
 def test_the_input_data_files_round_trip_exactly(tmp_path: Path) -> None:

@@ -1,29 +1,24 @@
 """Overload: more callers than the server can serve, and what the bounded queues do with them.
 
-A closed loop of `concurrency` gRPC callers (tritonclient's async API, one channel) sends
-small windows to one entry point for `seconds`; each caller sends its next window as soon as
-its previous answer (or refusal) arrives. Every request records its priority level, whether
-it was accepted, its latency and, when refused, the status. A mixed run sends a share of
-the requests at level 1 (priority orders) and the rest at level 3 (bulk); the targets of
-issue 11 read: accepted p99 against the same entry point's p99 at concurrency 64, refusal
-p99 (a refusal must be immediate), zero refusals at level 1, and the next request after the
-burst served.
+A closed loop of `concurrency` gRPC callers (coroutines on tritonclient's asyncio client,
+one channel) sends small windows to one entry point for `seconds`; each caller sends its
+next window as soon as its previous answer (or refusal) arrives. Every request records its
+priority level, whether it was accepted, its latency and, when refused, the status. A mixed
+run sends a share of the requests at level 1 (priority orders) and the rest at level 3
+(bulk); the targets of issue 11 read: accepted p99 against the same entry point's p99 at
+concurrency 64, refusal p99 (a refusal must be immediate), zero refusals at level 1, and
+the next request after the burst served.
 
 `python -m perf.overload --url 127.0.0.1:8001 --model dispatch_fused --concurrency 512
 --seconds 5 [--priority-share 0.1]` prints the figures as JSON (loopback only).
-
-NOT YET WORKING: its one live try (concurrency 64, 4 s, on a loaded 2-core host) never
-returned; the closed loop re-sends from tritonclient's completion callback, which may be
-what stalls. make bench leaves the overload phase off (Plan.overload_seconds = 0) until
-this is fixed and checked against a live server.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,8 +26,9 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
 from numpy.typing import NDArray
-from tritonclient.utils import np_to_triton_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched
 from perf.loadgen import require_loopback
@@ -107,55 +103,48 @@ def run_overload(
     require_loopback(f"http://{url}")  # the loopback rule of every load generator
     if not 1 <= concurrency <= 1024 or not 0 < seconds <= 60:
         raise ValueError("concurrency must be 1..1024 and seconds 0..60 (bounded load only)")
+    return asyncio.run(_overload(url, model, concurrency, seconds, priority_share, seed))
+
+
+async def _overload(
+    url: str,
+    model: str,
+    concurrency: int,
+    seconds: float,
+    priority_share: float | None,
+    seed: int,
+) -> OverloadResult:
     windows = [_inputs(w) for w in simulated_windows(SIZES["small"], ())]
     outputs = [grpcclient.InferRequestedOutput(spec.name) for spec in DISPATCH_ENSEMBLE_OUTPUTS]
     result = OverloadResult(model, concurrency, seconds)
-    lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
-    in_flight = threading.Semaphore(0)
     draw = random.Random(seed)
-    client = grpcclient.InferenceServerClient(url)
+    client = grpcaio.InferenceServerClient(url)
+    stop_at = time.monotonic() + seconds
 
-    def send(caller: int) -> None:
-        if time.monotonic() >= stop_at:
-            in_flight.release()
-            return
-        with lock:
+    async def caller(index: int) -> None:
+        window = windows[index % len(windows)]
+        while time.monotonic() < stop_at:
             level = 0 if priority_share is None else (1 if draw.random() < priority_share else 3)
-        started = time.monotonic()
-
-        def done(answer: Any, error: Any) -> None:
+            started = time.monotonic()
+            status = ""
+            try:
+                await client.infer(
+                    model, window, outputs=outputs, priority=level, client_timeout=60
+                )
+            except InferenceServerException as exc:
+                status = str(exc.status())
             latency = (time.monotonic() - started) * 1000.0
-            outcome = Outcome(
-                level or 2,
-                error is None,
-                latency,
-                "" if error is None else str(error.status()),
-            )
-            with lock:
-                result.outcomes.append(outcome)
-            send(caller)
-
-        client.async_infer(
-            model,
-            windows[caller % len(windows)],
-            done,
-            outputs=outputs,
-            priority=level,
-        )
+            result.outcomes.append(Outcome(level or 2, not status, latency, status))
 
     try:
-        for caller in range(concurrency):
-            send(caller)
-        for _ in range(concurrency):
-            in_flight.acquire(timeout=seconds + 120)
+        await asyncio.gather(*(caller(i) for i in range(concurrency)))
         try:  # the next request after the burst, at the default level
-            client.infer(model, windows[0], outputs=outputs, client_timeout=30)
+            await client.infer(model, windows[0], outputs=outputs, client_timeout=30)
             result.next_request_served = True
-        except Exception:
+        except InferenceServerException:
             result.next_request_served = False
     finally:
-        client.close()
+        await client.close()
     return result
 
 

@@ -138,6 +138,10 @@ class BenchResults:
     breakdown: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     # size -> "dispatch_fused" -> the same parts for the fused model (its one step)
     breakdown_fused: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # label ("overload", "mixed-priority overload") -> perf.overload's summary
+    overload: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # perf.floor's figures: the contract's no-work floor at c=1 and c=64
+    floor: dict[str, Any] = field(default_factory=dict)
 
     def breakdowns(self) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
         """Model -> size -> step -> parts, for both Triton entry points."""
@@ -173,6 +177,8 @@ class BenchResults:
             "notes": self.notes,
             "server_breakdown": self.breakdown,
             "server_breakdown_fused": self.breakdown_fused,
+            "overload": self.overload,
+            "floor": self.floor,
         }
 
     @classmethod
@@ -191,6 +197,8 @@ class BenchResults:
             duration_s=float(data.get("duration_s", 0.0)),
             breakdown=_read_breakdown(data.get("server_breakdown", {})),
             breakdown_fused=_read_breakdown(data.get("server_breakdown_fused", {})),
+            overload={str(k): dict(v) for k, v in data.get("overload", {}).items()},
+            floor=dict(data.get("floor", {})),
         )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "compute_ratios",
     "compute_targets",
     "model_targets",
+    "scheduler_targets",
     "summary",
 ]
 
@@ -248,10 +249,146 @@ def model_targets(results: BenchResults, model: str) -> list[Target]:
     ]
 
 
+def _overload_level(results: BenchResults, label: str, level: int) -> dict[str, Any]:
+    summary = results.overload.get(label, {})
+    figures = summary.get(f"level_{level}")
+    return dict(figures) if isinstance(figures, dict) else {}
+
+
+def scheduler_targets(results: BenchResults) -> list[Target]:
+    """Issue 11's targets: batching, latency at c=1 and behaviour under overload."""
+    grpc_fused, grpc_ensemble = entry_key("grpc", FUSED_MODEL), entry_key("grpc", ENSEMBLE_MODEL)
+    fused1 = _at(results, grpc_fused, "small", 1)
+    fused64 = _at(results, grpc_fused, "small", TARGET_CONCURRENCY)
+    ensemble64 = _at(results, grpc_ensemble, "small", TARGET_CONCURRENCY)
+    fast64 = _at(results, "fastapi_json", "small", TARGET_CONCURRENCY)
+    limit = results.limits.get("small")
+    floor64 = results.floor.get(f"c{TARGET_CONCURRENCY}")
+    floor_tput = floor64.get("throughput_per_s") if isinstance(floor64, dict) else None
+    fused_tput = fused64.throughput_per_s if fused64 else None
+    fast_tput = fast64.throughput_per_s if fast64 else None
+    fused_p99 = fused64.p99_ms if fused64 else None
+    standard = _overload_level(results, "overload", 2)
+    urgent = _overload_level(results, "mixed-priority overload", 1)
+    bulk = _overload_level(results, "mixed-priority overload", 3)
+    refusal_p99 = max(
+        (v for v in (standard.get("refusal_p99_ms"), bulk.get("refusal_p99_ms")) if v is not None),
+        default=None,
+    )
+    served_after = [
+        bool(results.overload[label].get("next_request_served")) for label in results.overload
+    ]
+    floor_detail = (
+        f"no-work floor of the contract: {floor_tput:,.0f} windows/s" if floor_tput else ""
+    )
+    return [
+        Target(
+            "small, gRPC, c=64: throughput / FastAPI",
+            FUSED_MODEL,
+            _div(fused_tput, fast_tput),
+            2.0,
+            False,
+            "x",
+            floor_detail,
+        ),
+        Target(
+            "small, gRPC, c=64: throughput / in-process limit",
+            FUSED_MODEL,
+            _div(fused_tput, limit.multi_windows_per_s if limit else None),
+            1.0,
+            False,
+            "x",
+            "limit: DispatchPipeline in 2 worker processes, no serving",
+        ),
+        Target(
+            "small, gRPC, c=64: throughput / FastAPI",
+            ENSEMBLE_MODEL,
+            _div(ensemble64.throughput_per_s if ensemble64 else None, fast_tput),
+            1.0,
+            False,
+            "x",
+        ),
+        Target(
+            "small, gRPC, c=1: p50",
+            FUSED_MODEL,
+            fused1.p50_ms if fused1 else None,
+            1.2,
+            True,
+            " ms",
+        ),
+        Target(
+            "small, gRPC, c=1: p99",
+            FUSED_MODEL,
+            fused1.p99_ms if fused1 else None,
+            3.0,
+            True,
+            " ms",
+        ),
+        Target(
+            "overload c=512: accepted p99 / p99 at c=64",
+            FUSED_MODEL,
+            _div(standard.get("accepted_p99_ms"), fused_p99),
+            3.0,
+            True,
+            "x",
+            _overload_detail(standard),
+        ),
+        Target(
+            "overload c=512: refusal p99",
+            FUSED_MODEL,
+            refusal_p99,
+            10.0,
+            True,
+            " ms",
+            "the slower of the all-standard and the mixed run's bulk refusals",
+        ),
+        Target(
+            "overload: next request after each burst served",
+            FUSED_MODEL,
+            float(all(served_after)) if served_after else None,
+            1.0,
+            False,
+            "",
+            "1 = served",
+        ),
+        Target(
+            "mixed overload (10 % level 1): level-1 refusals",
+            FUSED_MODEL,
+            urgent.get("refused"),
+            0.0,
+            True,
+            "",
+            _overload_detail(urgent),
+        ),
+        Target(
+            "mixed overload: level-1 p99 / p99 at c=64",
+            FUSED_MODEL,
+            _div(urgent.get("accepted_p99_ms"), fused_p99),
+            2.0,
+            True,
+            "x",
+            "bulk (level 3): " + _overload_detail(bulk),
+        ),
+    ]
+
+
+def _overload_detail(level: dict[str, Any]) -> str:
+    if not level:
+        return "not run"
+    p99 = level.get("accepted_p99_ms")
+    return (
+        f"{level.get('accepted', 0):,} accepted ({level.get('accepted_per_s', 0):,.0f}/s"
+        + (f", p99 {p99:.1f} ms" if p99 is not None else "")
+        + f"), {level.get('refused', 0):,} refused"
+    )
+
+
 def compute_targets(results: BenchResults) -> list[Target]:
-    """Every target for both models: the ensemble's row, then dispatch_fused's, per target."""
+    """Every target for both models: the ensemble's row, then dispatch_fused's, per target;
+    then the scheduler's (issue 11)."""
     ensemble, fused = (model_targets(results, model) for model in MODELS)
-    return [target for pair in zip(ensemble, fused, strict=True) for target in pair]
+    paired = [target for pair in zip(ensemble, fused, strict=True) for target in pair]
+    return paired + scheduler_targets(results)
 
 
 def summary(results: BenchResults) -> dict[str, Any]:

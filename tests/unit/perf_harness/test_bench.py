@@ -46,7 +46,7 @@ from perf.pa import (
 from perf.report import render_report
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, FUSED_MODEL, BenchResults, Series
 from perf.stats import LevelStats, LimitStats, level_stats, request_budget
-from perf.targets import compute_ratios, compute_targets, summary
+from perf.targets import compute_ratios, compute_targets, scheduler_targets, summary
 from perf.tuning import append_log, metric_key, noise_percent, tuning_entry
 from perf.variants import ConfigOverride, config_digest, parse_override, patched_repository
 from perf.windows import SIZES, WindowSize, neutral_inputs, optional_inputs, simulated_windows
@@ -626,7 +626,7 @@ def test_ratios() -> None:
 
 
 def test_targets() -> None:
-    all_targets = compute_targets(_results())
+    all_targets = compute_targets(_results())[:14]
     assert [t.model for t in all_targets] == ["dispatch", "dispatch_fused"] * 7
     assert [t.name for t in all_targets[::2]] == [t.name for t in all_targets[1::2]]
     targets = {t.name: t for t in all_targets if t.model == "dispatch"}
@@ -650,9 +650,60 @@ def test_targets() -> None:
     shm = fused["large, c=1: gRPC + system shm p50 / plain gRPC p50"]
     assert shm.measured == pytest.approx(0.9) and shm.met is False
     empty = compute_targets(BenchResults("s", "quick"))
-    assert len(empty) == 14
+    assert len(empty) == 14 + len(scheduler_targets(BenchResults("s", "quick")))
     assert all(t.met is None and t.measured is None for t in empty)
     assert targets["large, gRPC, c=1: p99"].goal == "<= 100 ms"
+
+
+def _overload_level(accepted: int, refused: int, p99: float, refusal_p99: float | None) -> Any:
+    return {
+        "accepted": accepted,
+        "refused": refused,
+        "accepted_per_s": accepted / 30,
+        "accepted_p50_ms": p99 / 2,
+        "accepted_p99_ms": p99,
+        "refusal_p50_ms": refusal_p99,
+        "refusal_p99_ms": refusal_p99,
+        "refusal_statuses": ["StatusCode.UNAVAILABLE"] if refused else [],
+    }
+
+
+def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
+    results = _results()
+    results.floor = {"c64": _row(64, 6000.0, 10.0, 12.0).to_dict()}
+    results.overload = {
+        "overload": {
+            "next_request_served": True,
+            "level_2": _overload_level(900, 5000, 450.0, 4.0),
+        },
+        "mixed-priority overload": {
+            "next_request_served": False,
+            "level_1": _overload_level(90, 0, 300.0, None),
+            "level_3": _overload_level(800, 4000, 500.0, 12.0),
+        },
+    }
+    by_name = {(t.name, t.model): t for t in scheduler_targets(results)}
+    fused = "dispatch_fused"
+    vs_fastapi = by_name["small, gRPC, c=64: throughput / FastAPI", fused]
+    assert vs_fastapi.measured == pytest.approx(1200 / 250) and vs_fastapi.met is True
+    assert "6,000 windows/s" in vs_fastapi.detail  # the no-work floor beside it
+    assert by_name["small, gRPC, c=64: throughput / in-process limit", fused].measured == (
+        pytest.approx(1200 / 1500)
+    )
+    assert by_name["small, gRPC, c=64: throughput / FastAPI", "dispatch"].measured == (
+        pytest.approx(1000 / 250)
+    )
+    assert by_name["small, gRPC, c=1: p50", fused].met is False  # 1.5 ms > 1.2 ms
+    assert by_name["small, gRPC, c=1: p99", fused].met is True  # 2.5 ms <= 3 ms
+    accepted = by_name["overload c=512: accepted p99 / p99 at c=64", fused]
+    assert accepted.measured == pytest.approx(450 / 200) and accepted.met is True
+    refusal = by_name["overload c=512: refusal p99", fused]
+    assert refusal.measured == pytest.approx(12.0) and refusal.met is False  # the bulk's
+    assert by_name["overload: next request after each burst served", fused].met is False
+    assert by_name["mixed overload (10 % level 1): level-1 refusals", fused].met is True
+    urgent = by_name["mixed overload: level-1 p99 / p99 at c=64", fused]
+    assert urgent.measured == pytest.approx(300 / 200) and urgent.met is True
+    assert all(t.met is None for t in scheduler_targets(BenchResults("s", "quick")))
 
 
 def test_targets_of_one_model_do_not_use_the_other_models_series() -> None:
@@ -697,7 +748,7 @@ def test_render_report() -> None:
     assert "- `dispatch_fused`: the same inputs, outputs and answer" in text
     empty = render_report(BenchResults("s", "full"))
     assert "No tuning entries recorded." in empty
-    assert empty.count("not measured") == 14
+    assert empty.count("not measured") == len(compute_targets(BenchResults("s", "full")))
     assert "## Where the time goes" not in empty
 
 

@@ -20,13 +20,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_client.client import DispatchClient
-from dispatch_client.errors import DispatchError
+from dispatch_client.errors import DispatchConnectionError, DispatchError, DispatchServerError
 from dispatch_client.transport import GrpcTransport
 from dispatch_service.ops.model_control import ModelControlError, repository_index
 from dispatch_service.ops.verified_load import LoadPlan
 
 __all__ = [
     "PROBE_ORDERS",
+    "PROBE_PRIORITY",
     "PROBE_RIDERS",
     "Probe",
     "deep_check",
@@ -37,6 +38,9 @@ __all__ = [
 
 PROBE_ORDERS = 2
 PROBE_RIDERS = 4
+# Probes go at the highest priority level: under overload they wait behind no bulk window.
+PROBE_PRIORITY = 1
+_BUSY_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "503"})
 
 
 @cache
@@ -55,6 +59,10 @@ class Probe:
     ok: bool
     detail: str  # "" when ok
     seconds: float
+    # Failed only for want of capacity: refused by a full queue, its queue deadline passed
+    # or no answer in time. A server that is shedding load is alive if it still completes
+    # other requests; the supervisor checks that (a hung one completes none).
+    busy: bool = False
 
     def line(self) -> str:
         state = "ok" if self.ok else f"FAILED: {self.detail}"
@@ -66,8 +74,10 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
     version (no fallback), comes within the deadline."""
     start = time.monotonic()
     window = probe_window()
+    busy = False
+    transport = GrpcTransport(grpc_url, timeout_s=timeout_s)
     try:
-        with DispatchClient(GrpcTransport(grpc_url, timeout_s=timeout_s), model_name=model) as c:
+        with DispatchClient(transport, model_name=model, priority=PROBE_PRIORITY) as c:
             result = c.dispatch(window)
         degraded = sorted({o.fallback_level for o in result.orders if o.fallback_level})
         if len(result.orders) != len(window["ORDER_IDS"]):
@@ -78,9 +88,12 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
             ok, detail = True, ""
     except DispatchError as exc:
         ok, detail = False, exc.message
+        busy = isinstance(exc, DispatchConnectionError) or (
+            isinstance(exc, DispatchServerError) and exc.status in _BUSY_STATUSES
+        )
     except Exception as exc:  # a probe never raises: what failed is the verdict
         ok, detail = False, f"{type(exc).__name__}: {exc}"
-    return Probe(model, ok, detail, time.monotonic() - start)
+    return Probe(model, ok, detail, time.monotonic() - start, busy)
 
 
 def deep_check(grpc_url: str, models: Sequence[str], timeout_s: float = 2.0) -> list[Probe]:

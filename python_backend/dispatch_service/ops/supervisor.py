@@ -85,6 +85,7 @@ __all__ = [
     "stub_models",
     "stub_versions",
     "triton_activity",
+    "triton_successes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -178,22 +179,41 @@ def stub_deaths(
 
 _SAMPLE = re.compile(
     r"^(nv_inference_pending_request_count|nv_inference_request_success|"
-    r"nv_inference_request_failure)\{[^}]*\}\s+([0-9.eE+-]+)$",
+    r"nv_inference_request_failure)\{([^}]*)\}\s+([0-9.eE+-]+)$",
     re.M,
 )
+_MODEL_LABEL = re.compile(r'model="([^"]*)"')
+
+
+def _samples(metrics_url: str, timeout_s: float) -> list[tuple[str, str, float]]:
+    """(metric, model, value) of Triton's request counters and gauges."""
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+        text = response.read().decode(errors="replace")
+    samples = []
+    for name, labels, value in _SAMPLE.findall(text):
+        model = _MODEL_LABEL.search(labels)
+        samples.append((name, model.group(1) if model else "", float(value)))
+    return samples
 
 
 def triton_activity(metrics_url: str, timeout_s: float = 2.0) -> tuple[float, float]:
     """(pending requests, completed requests) summed over models from Triton's metrics."""
-    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
-        text = response.read().decode(errors="replace")
     pending = done = 0.0
-    for name, value in _SAMPLE.findall(text):
+    for name, _, value in _samples(metrics_url, timeout_s):
         if name == "nv_inference_pending_request_count":
             pending += float(value)
         else:
             done += float(value)
     return pending, done
+
+
+def triton_successes(metrics_url: str, timeout_s: float = 2.0) -> dict[str, float]:
+    """Successful requests per model (all versions) from Triton's metrics."""
+    successes: dict[str, float] = {}
+    for name, model, value in _samples(metrics_url, timeout_s):
+        if name == "nv_inference_request_success":
+            successes[model] = successes.get(model, 0.0) + value
+    return successes
 
 
 @dataclass
@@ -227,6 +247,7 @@ class Supervisor:
         self._stop = threading.Event()
         self.dead = threading.Event()
         self._stubs: dict[int, StubKey] = {}
+        self._successes: dict[str, float] = {}
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
 
@@ -415,10 +436,11 @@ class Supervisor:
                 if self.state.draining:
                     continue
             probes = deep_check(self.server.grpc_url, self.models, settings.check_timeout_s)
+            excused = self._shedding(probes)
             now = time.monotonic()
             with self._lock:
                 self.state.last_probes = probes
-                if all(p.ok for p in probes):
+                if all(p.ok or p.model in excused for p in probes):
                     self.state.last_ok = now
                     self.state.recovering.clear()
                     self.state.ready = True
@@ -440,6 +462,22 @@ class Supervisor:
                     self.state.dead_reason = reason
                 self.dead.set()
                 return
+
+    def _shedding(self, probes: list[Probe]) -> set[str]:
+        """Entry points whose probe failed for want of capacity while they kept completing
+        other requests since the last check: overloaded and shedding, not hung."""
+        try:
+            successes = triton_successes(self.server.metrics_url)
+        except OSError:
+            successes = {}
+        before, self._successes = self._successes, successes
+        if not before:
+            return set()  # the first reading: no progress to see yet
+        return {
+            p.model
+            for p in probes
+            if not p.ok and p.busy and successes.get(p.model, 0.0) > before.get(p.model, 0.0)
+        }
 
     def _restart(self) -> None:
         self.server.stop(timeout_s=5)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
+from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_service.core.signing import Outcome, Verification
 from dispatch_service.ops import health
 from dispatch_service.ops.verified_load import LoadPlan
@@ -46,3 +47,43 @@ def test_refused_signatures_come_with_the_command_that_fixes_them(
     (line,) = health.explain_missing("h:1", ["dispatch"], "k", plan).values()
     assert "refused by signature verification: step dispatch_model" in line
     assert "dispatch-admin sign --model dispatch_model --version 2 --key KEY" in line
+
+
+class _Client:
+    """Stands in for DispatchClient: records its priority, raises what the test chose."""
+
+    priorities: ClassVar[list[int | None]] = []
+    error: ClassVar[Exception] = RuntimeError("unset")
+
+    def __init__(self, transport: Any, model_name: str, priority: int | None = None) -> None:
+        _Client.priorities.append(priority)
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def dispatch(self, window: Any) -> Any:
+        raise _Client.error
+
+
+@pytest.mark.parametrize(
+    ("error", "busy"),
+    [
+        (DispatchServerError("Exceeds maximum queue size", "StatusCode.UNAVAILABLE"), True),
+        (DispatchServerError("Request timeout expired", "StatusCode.UNAVAILABLE"), True),
+        (DispatchConnectionError("no answer from x over gRPC within 2 s"), True),
+        (DispatchServerError("ORDER_FIELDS: must be finite", "StatusCode.INVALID_ARGUMENT"), False),
+        (DispatchServerError("Stub process is not healthy", "StatusCode.INTERNAL"), False),
+        (RuntimeError("boom"), False),
+    ],
+)
+def test_probes_go_first_in_line_and_say_when_they_failed_for_want_of_capacity(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, busy: bool
+) -> None:
+    monkeypatch.setattr(health, "DispatchClient", _Client)
+    _Client.priorities, _Client.error = [], error
+    result = health.probe("127.0.0.1:1", "dispatch_fused", timeout_s=0.5)
+    assert not result.ok and result.busy is busy
+    assert _Client.priorities == [health.PROBE_PRIORITY] == [1]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatch_service.ops.health import Probe
 from dispatch_service.ops.supervisor import (
     Supervisor,
     SupervisorSettings,
@@ -20,6 +21,7 @@ from dispatch_service.ops.supervisor import (
     stub_models,
     stub_versions,
     triton_activity,
+    triton_successes,
 )
 
 
@@ -110,6 +112,59 @@ def test_activity_sums_pending_and_completed_requests_over_models() -> None:
         assert triton_activity(server.url) == (4.0, 152.0)
     finally:
         server.close()
+
+
+def test_successes_are_summed_per_model() -> None:
+    server = _Server(METRICS)
+    try:
+        assert triton_successes(server.url) == {"dispatch": 120.0, "dispatch_fused": 30.0}
+    finally:
+        server.close()
+
+
+class _Counters:
+    """A metrics endpoint whose success counters the test moves."""
+
+    def __init__(self) -> None:
+        self.counts = {"dispatch": 10, "dispatch_fused": 10}
+        counters = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = "".join(
+                    f'nv_inference_request_success{{model="{m}",version="1"}} {n}\n'
+                    for m, n in counters.counts.items()
+                )
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+
+
+def test_a_busy_probe_is_excused_only_while_its_model_completes_other_requests() -> None:
+    counters = _Counters()
+    server = FakeServer()
+    server.metrics_url = counters.url
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=lambda line: None)
+    probes = [
+        Probe("dispatch", False, "Exceeds maximum queue size", 0.01, busy=True),
+        Probe("dispatch_fused", False, "answered through fallback level 1", 0.01),
+    ]
+    try:
+        assert watcher._shedding(probes) == set()  # first reading: nothing to compare
+        counters.counts = {"dispatch": 50, "dispatch_fused": 50}
+        # dispatch sheds load and serves others: alive; fused's fallback is a real failure
+        assert watcher._shedding(probes) == {"dispatch"}
+        assert watcher._shedding(probes) == set()  # no progress since: hung, not busy
+    finally:
+        counters.httpd.shutdown()
+        counters.httpd.server_close()
 
 
 class FakeServer:

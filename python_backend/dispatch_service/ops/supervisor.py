@@ -16,7 +16,10 @@ So the launcher:
   its version is still READY and fewer stubs than the model's instance count serve it
   (`stub_deaths`); the others are logged as ``stub_retired`` and left alone;
 - sends a small real window to each entry point every ``check_every_s`` with a short
-  deadline (`health.deep_check`); when none succeeded for ``dead_after_s`` the server is
+  deadline (`health.deep_check`, at the highest priority level); a probe refused or timed
+  out for want of capacity counts as answered while its entry point keeps completing other
+  requests (Triton's success counters, read beside the probes): a server shedding load is
+  alive, a hung one completes nothing. When no check succeeded for ``dead_after_s`` it is
   declared dead and the policy applies (``exit``: stop it and exit non-zero for the process
   manager; ``restart``: stop and start it again);
 - serves the verdicts on its own HTTP port: ``/livez`` and ``/readyz`` (200 or 503),
@@ -38,6 +41,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -435,8 +439,12 @@ class Supervisor:
             with self._lock:
                 if self.state.draining:
                     continue
-            probes = deep_check(self.server.grpc_url, self.models, settings.check_timeout_s)
-            excused = self._shedding(probes)
+            # The counters are read beside the probes, not after them: a stopped server
+            # costs one timeout in all.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="counters") as pool:
+                reading = pool.submit(self._read_successes)
+                probes = deep_check(self.server.grpc_url, self.models, settings.check_timeout_s)
+                excused = self._shedding(probes, reading.result())
             now = time.monotonic()
             with self._lock:
                 self.state.last_probes = probes
@@ -463,13 +471,15 @@ class Supervisor:
                 self.dead.set()
                 return
 
-    def _shedding(self, probes: list[Probe]) -> set[str]:
+    def _read_successes(self) -> dict[str, float]:
+        try:
+            return triton_successes(self.server.metrics_url, self.settings.check_timeout_s)
+        except OSError:
+            return {}
+
+    def _shedding(self, probes: list[Probe], successes: dict[str, float]) -> set[str]:
         """Entry points whose probe failed for want of capacity while they kept completing
         other requests since the last check: overloaded and shedding, not hung."""
-        try:
-            successes = triton_successes(self.server.metrics_url)
-        except OSError:
-            successes = {}
         before, self._successes = self._successes, successes
         if not before:
             return set()  # the first reading: no progress to see yet

@@ -157,11 +157,15 @@ def test_a_busy_probe_is_excused_only_while_its_model_completes_other_requests()
         Probe("dispatch_fused", False, "answered through fallback level 1", 0.01),
     ]
     try:
-        assert watcher._shedding(probes) == set()  # first reading: nothing to compare
+        # first reading: nothing to compare
+        assert watcher._shedding(probes, watcher._read_successes()) == set()
         counters.counts = {"dispatch": 50, "dispatch_fused": 50}
         # dispatch sheds load and serves others: alive; fused's fallback is a real failure
-        assert watcher._shedding(probes) == {"dispatch"}
-        assert watcher._shedding(probes) == set()  # no progress since: hung, not busy
+        assert watcher._shedding(probes, watcher._read_successes()) == {"dispatch"}
+        # no progress since: hung, not busy
+        assert watcher._shedding(probes, watcher._read_successes()) == set()
+        # the counters unreachable (a stopped server): nothing is excused
+        assert watcher._shedding(probes, {}) == set()
     finally:
         counters.httpd.shutdown()
         counters.httpd.server_close()

@@ -1,4 +1,4 @@
-"""Domain rules: window validation, geo, feasibility, pair features, Top-K and assignment.
+"""Domain rules: window validation, geo, feasibility, pair features, coverage, Top-K, assignment.
 
 The names below are re-exported lazily (module `__getattr__`): importing the package
 loads none of its modules, so `import dispatch_service.domain.<module>` stays as light as
@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 from dispatch_service.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from dispatch_service.domain.coverage import cover_maximum_assignment
     from dispatch_service.domain.feasibility import (
         THERMAL_EQUIPMENT_BIT,
         feasible,
         meets_hard_constraints,
+        spare_slots,
     )
     from dispatch_service.domain.features import (
         EncodedWindow,
@@ -54,6 +56,7 @@ __all__ = [
     "WindowLimits",
     "assign",
     "check_objective_weights",
+    "cover_maximum_assignment",
     "encode_window",
     "feasible",
     "feasible_mask",
@@ -62,6 +65,7 @@ __all__ = [
     "parse_objective_weights",
     "resolve",
     "score_pairs",
+    "spare_slots",
     "stacked_extra_load",
     "window_from_tensors",
     "window_to_tensors",
@@ -74,10 +78,12 @@ if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
+            "coverage": ("cover_maximum_assignment",),
             "feasibility": (
                 "THERMAL_EQUIPMENT_BIT",
                 "feasible",
                 "meets_hard_constraints",
+                "spare_slots",
             ),
             "features": (
                 "EncodedWindow",

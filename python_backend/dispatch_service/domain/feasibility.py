@@ -20,6 +20,7 @@ __all__ = [
     "THERMAL_EQUIPMENT_BIT",
     "feasible",
     "meets_hard_constraints",
+    "spare_slots",
 ]
 
 # Bit of RIDER_EQUIPMENT that says the rider carries a thermal box.
@@ -51,3 +52,10 @@ def feasible(
     return np.asarray(
         meets_hard_constraints(constraints, rider_equipment, rider_vehicle) & (load < capacity)
     )
+
+
+def spare_slots(rider_load: ArrayLike, rider_capacity: ArrayLike) -> NDArray[np.int64]:
+    """int64, element-wise: how many new orders a rider may still take (never negative)."""
+    load = np.asarray(rider_load, dtype=np.int64)
+    capacity = np.asarray(rider_capacity, dtype=np.int64)
+    return np.asarray(np.maximum(capacity - load, 0), dtype=np.int64)

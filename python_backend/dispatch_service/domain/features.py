@@ -1,7 +1,8 @@
 """The pair feature encoder, shared by serving and training so the two cannot drift.
 
 A window of B orders and R riders becomes B x N candidate pairs (the N nearest
-feasible riders per order) and a float32 feature row per pair, laid out exactly as
+feasible riders per order, amended in scarce windows by `coverage`) and a float32
+feature row per pair, laid out exactly as
 ``contracts.PAIR_FEATURE_NAMES``. Everything is vectorised: a full window (1024 x 8192)
 must encode within a few tens of milliseconds on a CPU.
 """
@@ -24,7 +25,8 @@ from dispatch_contract import (
     Vehicle,
 )
 from dispatch_service.domain import geo
-from dispatch_service.domain.feasibility import feasible
+from dispatch_service.domain.coverage import cover_maximum_assignment
+from dispatch_service.domain.feasibility import feasible, spare_slots
 from dispatch_service.domain.window import DispatchWindow
 
 __all__ = [
@@ -407,9 +409,18 @@ def encode_pairs(
 def encode_window(
     window: DispatchWindow, settings: EncoderSettings | None = None, threads: int = 1
 ) -> EncodedWindow:
-    """Select candidates and encode their pairs: the whole feature_encoder step."""
+    """Select candidates and encode their pairs: the whole feature_encoder step.
+
+    The lists are the N nearest feasible riders, amended where riders are scarce so that
+    they still hold an assignment serving as many orders as the exact optimum
+    (`coverage.cover_maximum_assignment`).
+    """
     settings = settings or EncoderSettings()
-    candidates = select_candidates(window, settings.candidates_per_order, threads)
+    candidates = cover_maximum_assignment(
+        select_candidates(window, settings.candidates_per_order, threads),
+        lambda: feasible_mask(window),
+        spare_slots(window.rider_load, window.rider_capacity),
+    )
     return EncodedWindow(
         pair_features=encode_pairs(window, candidates, settings),
         candidate_rider_index=candidates,

@@ -76,6 +76,7 @@ from dispatch_contract import (
     TOPK_OBJECTIVES,
 )
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain.feasibility import spare_slots
 from dispatch_service.domain.window import check_objective_weights
 
 __all__ = [
@@ -523,10 +524,9 @@ def assign(
     if load.ndim != 1:
         raise DispatchInputError("RIDER_LOAD", f"must have shape [R], got {load.shape}", "shape")
     num_riders = int(load.shape[0])
-    spare = np.maximum(
-        _counts("RIDER_CAPACITY", rider_capacity, num_riders)
-        - _counts("RIDER_LOAD", load, num_riders),
-        0,
+    spare = spare_slots(
+        _counts("RIDER_LOAD", load, num_riders),
+        _counts("RIDER_CAPACITY", rider_capacity, num_riders),
     )
     index = _candidates(topk_rider_index, num_riders, "TOPK_RIDER_INDEX")
     score = np.asarray(topk_score, dtype=np.float64)

@@ -20,7 +20,7 @@ from scipy.optimize import linear_sum_assignment
 
 from dispatch_contract import PAIR_FEATURE_NAMES
 from dispatch_service.domain import geo
-from dispatch_service.domain.feasibility import feasible
+from dispatch_service.domain.feasibility import feasible, spare_slots
 from dispatch_service.domain.features import feasible_mask
 from dispatch_service.domain.window import DispatchWindow
 
@@ -85,9 +85,7 @@ def distance_matching_assignment(window: DispatchWindow) -> NDArray[np.int32]:
     """
     num_orders = window.num_orders
     out = np.full(num_orders, -1, dtype=np.int32)
-    spare = np.maximum(
-        window.rider_capacity.astype(np.int64) - window.rider_load.astype(np.int64), 0
-    )
+    spare = spare_slots(window.rider_load, window.rider_capacity)
     feasible = feasible_mask(window)
     if num_orders == 0 or not feasible.any():
         return out

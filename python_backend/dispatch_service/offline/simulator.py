@@ -48,7 +48,7 @@ from scipy.special import ndtr
 
 from dispatch_contract import OrderConstraint
 from dispatch_service.domain import geo
-from dispatch_service.domain.feasibility import THERMAL_EQUIPMENT_BIT, feasible
+from dispatch_service.domain.feasibility import THERMAL_EQUIPMENT_BIT, feasible, spare_slots
 from dispatch_service.domain.stacking import stacked_extra_load
 from dispatch_service.domain.window import DispatchWindow
 
@@ -789,7 +789,7 @@ def generate_regime_window(rng: np.random.Generator, regime: Regime) -> Dispatch
     window = generate_window(rng, regime.num_orders, regime.num_riders, dispatch_time, config)
     if not regime.scarce:
         return window
-    spare = np.maximum(window.rider_capacity - window.rider_load, 0)
+    spare = spare_slots(window.rider_load, window.rider_capacity)
     order = rng.permutation(window.num_riders)
     enough = int(np.searchsorted(np.cumsum(spare[order]), window.num_orders)) + 1
     keep = np.sort(order[: max(1, min(enough, window.num_riders))])

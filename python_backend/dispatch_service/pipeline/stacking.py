@@ -31,6 +31,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from dispatch_service.domain.feasibility import spare_slots
 from dispatch_service.domain.resolver import Resolution, ResolverSettings, resolve, score_pairs
 from dispatch_service.domain.stacking import (
     joining_extra_load,
@@ -101,9 +102,7 @@ def resolve_stack_aware(
     pair_orders, pair_riders = valid // width, flat[valid]
     # The extra load each valid pair's objectives in `current` were scored with.
     scored_extra = np.zeros(valid.size, dtype=np.int64)
-    spare = np.maximum(
-        np.asarray(rider_capacity, dtype=np.int64) - np.asarray(rider_load, dtype=np.int64), 0
-    )[pair_riders]
+    spare = spare_slots(rider_load, rider_capacity)[pair_riders]
     position = np.full(flat.size, -1, dtype=np.int64)
     position[valid] = np.arange(valid.size)
     resolution = solve(current)

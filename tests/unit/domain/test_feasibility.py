@@ -12,6 +12,7 @@ from dispatch_service.domain.feasibility import (
     THERMAL_EQUIPMENT_BIT,
     feasible,
     meets_hard_constraints,
+    spare_slots,
 )
 from dispatch_service.domain.features import feasible_mask
 from dispatch_service.domain.window import DispatchWindow
@@ -122,3 +123,10 @@ def test_baseline_only_assigns_feasible_riders_and_fills_capacity() -> None:
     # Rider 2 (the only choice of order 2) takes one order at most: capacity 1, load 0.
     assert int(np.sum(given == 2)) <= 1
     assert int(np.sum(given == 1)) <= 1  # load 1 of 2
+
+
+def test_spare_slots_is_capacity_less_load_and_never_negative() -> None:
+    # An overloaded rider (load above capacity, as a feature service may report) has none.
+    got = spare_slots(np.array([0, 1, 3, 5], dtype=np.int32), np.array([2, 3, 3, 4]))
+    assert got.dtype == np.int64
+    assert got.tolist() == [2, 2, 0, 0]

@@ -91,8 +91,8 @@ class Plan:
     locust_seconds: int
     locust_users: int
     budget_s: float  # after this, remaining levels are skipped (and listed)
-    # dispatch_fused at concurrency 512 (all standard, then 10 % level 1 / 90 % level 3) and
-    # the no-work floor of the contract (perf.floor), each level this long
+    # dispatch_fused at concurrency 512 (all standard, then 10 % of the callers level 1, the
+    # rest level 3) and the no-work floor of the contract (perf.floor), each level this long
     overload_seconds: float = 0.0
     floor_seconds: float = 0.0
 

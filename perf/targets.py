@@ -352,7 +352,7 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
             "1 = served",
         ),
         Target(
-            "mixed overload (10 % level 1): level-1 refusals",
+            "mixed overload (10 % level-1 callers): level-1 refusals",
             FUSED_MODEL,
             urgent.get("refused"),
             0.0,

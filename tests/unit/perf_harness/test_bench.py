@@ -700,7 +700,7 @@ def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
     refusal = by_name["overload c=512: refusal p99", fused]
     assert refusal.measured == pytest.approx(12.0) and refusal.met is False  # the bulk's
     assert by_name["overload: next request after each burst served", fused].met is False
-    assert by_name["mixed overload (10 % level 1): level-1 refusals", fused].met is True
+    assert by_name["mixed overload (10 % level-1 callers): level-1 refusals", fused].met is True
     urgent = by_name["mixed overload: level-1 p99 / p99 at c=64", fused]
     assert urgent.measured == pytest.approx(300 / 200) and urgent.met is True
     assert all(t.met is None for t in scheduler_targets(BenchResults("s", "quick")))

@@ -12,7 +12,7 @@ Endpoints (loopback only):
 - `POST /dispatch/arrays`: body = `{"tensors": {NAME: {"dtype", "shape", "b64" | "text"}}}`
   holding one window's contract v2 tensors (ORDER_FIELDS, RIDER_FIELDS, ... without the
   batch dimension; see `perf.bodies.encode_arrays`: numbers as base64 raw little-endian,
-  ids as strings); answer = the v2 output tensors in the same form.
+  ids as strings); answer = the resolver's v2 output tensors in the same form.
 Bad input is answered 400 with the library's message.
 
 Handlers are `async def` and run the pipeline inline: the work is CPU-bound, a worker
@@ -40,15 +40,16 @@ from numpy.typing import NDArray
 from dispatch_client.client import parse_dispatch_outputs
 from dispatch_client.errors import WindowJSONError
 from dispatch_client.window_json import window_from_json
-from dispatch_contract import pack_window
+from dispatch_contract import RESOLVER_OUTPUTS, pack_window
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
-from perf.bodies import OUTPUT_NAMES, decode_arrays, encode_arrays
+from perf.bodies import decode_arrays, encode_arrays
 
 __all__ = [
     "REPOSITORY_ENV",
     "app",
+    "arrays_answer",
     "dispatch",
     "dispatch_arrays",
     "health",
@@ -101,14 +102,20 @@ async def dispatch(request: Request) -> Response:
     return _json(answer.to_json_dict())
 
 
-@app.post("/dispatch/arrays")
-async def dispatch_arrays(request: Request) -> Response:
+def arrays_answer(body: bytes) -> tuple[dict[str, Any], int]:
+    """The `/dispatch/arrays` answer and status: the resolver's v2 outputs (no routing
+    here, so not ORDER_MODEL_VERSION / ORDER_FALLBACK_LEVEL), or the library's error."""
     try:
-        tensors = decode_arrays(json.loads(await request.body()))
+        tensors = decode_arrays(json.loads(body))
         outputs = _run(tensors)
     except (ValueError, DispatchInputError) as exc:  # JSONDecodeError is a ValueError
-        return _json({"error": str(exc)}, 400)
-    return _json(encode_arrays({name: outputs[name] for name in OUTPUT_NAMES}))
+        return {"error": str(exc)}, 400
+    return encode_arrays({spec.name: outputs[spec.name] for spec in RESOLVER_OUTPUTS}), 200
+
+
+@app.post("/dispatch/arrays")
+async def dispatch_arrays(request: Request) -> Response:
+    return _json(*arrays_answer(await request.body()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,7 @@ __all__ = [
     "ORDER_FIELD_COLUMNS",
     "ORDER_FIELD_SOURCES",
     "ORDER_MODEL_VERSION",
+    "ORDER_USER_IDS",
     "PAIR_FEATURES",
     "PAIR_FEATURE_NAMES",
     "PAIR_OBJECTIVES",
@@ -264,12 +265,14 @@ ORDER_FALLBACK_LEVEL = TensorSpec(
     doc="0 chosen version answered, 1 stable retry answered, 2 rule-based dispatcher answered, "
     "3 chosen version answered on CPU instances (no healthy GPU: device fallback L2)",
 )
+# The routing key: each order is routed by its user id's bucket.
+ORDER_USER_IDS: Final = next(spec for spec in WINDOW_INPUTS if spec.name == "ORDER_USER_IDS")
 ROUTING_INPUTS: Final = (MODEL_VERSION_TAG,)
 ROUTING_OUTPUTS: Final = (ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL)
 ROUTER_INPUTS: Final = (
     PAIR_FEATURES,
     CANDIDATE_RIDER_INDEX,
-    next(spec for spec in WINDOW_INPUTS if spec.name == "ORDER_USER_IDS"),
+    ORDER_USER_IDS,
     MODEL_VERSION_TAG,
 )
 ROUTER_OUTPUTS: Final = (PAIR_OBJECTIVES, *ROUTING_OUTPUTS)
@@ -348,7 +351,7 @@ WINDOW_FIELDS = TensorSpec(
 )
 WIRE_WINDOW_INPUTS: Final[tuple[TensorSpec, ...]] = (
     _WINDOW_SPECS["ORDER_IDS"],
-    _WINDOW_SPECS["ORDER_USER_IDS"],
+    ORDER_USER_IDS,
     ORDER_FIELDS,
     _WINDOW_SPECS["RIDER_IDS"],
     RIDER_FIELDS,
@@ -476,7 +479,7 @@ FEATURE_ENTRY_INPUTS: Final[tuple[TensorSpec, ...]] = (
         doc="one row per candidate pair, P = B x N rows in CANDIDATE_RIDER_INDEX order",
     ),
     CANDIDATE_RIDER_INDEX,
-    _WINDOW_SPECS["ORDER_USER_IDS"],
+    ORDER_USER_IDS,
     _WINDOW_SPECS["RIDER_IDS"],
     RIDER_FIELDS,
     _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],

@@ -41,6 +41,7 @@ from dispatch_contract import (
     MODEL_VERSION_TAG,
     ORDER_FALLBACK_LEVEL,
     ORDER_MODEL_VERSION,
+    ORDER_USER_IDS,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
@@ -62,7 +63,7 @@ __all__ = [
     "FusedResult",
 ]
 
-_USER_IDS: Final = "ORDER_USER_IDS"
+_USER_IDS: Final = ORDER_USER_IDS.name
 _REFUSED: Final = "refused by signature verification: "
 
 

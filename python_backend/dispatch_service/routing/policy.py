@@ -33,7 +33,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from dispatch_contract import MODEL_VERSION_TAG
+from dispatch_contract import MODEL_VERSION_TAG, ORDER_USER_IDS
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.resolver import fnv1a_64, ids_as_bytes
 from dispatch_service.routing.settings import ROUTING_BUCKETS, RouterSettings
@@ -100,7 +100,7 @@ _SHIFT: Final = np.uint64(33)
 
 def user_buckets(user_ids: ArrayLike) -> NDArray[np.int64]:
     """Bucket in [0, 100) per user id; identical in every process (FNV-1a + fmix64)."""
-    h = fnv1a_64(ids_as_bytes("ORDER_USER_IDS", user_ids))
+    h = fnv1a_64(ids_as_bytes(ORDER_USER_IDS.name, user_ids))
     h = h ^ (h >> _SHIFT)
     h = h * _MIX1  # numpy arrays wrap modulo 2**64
     h = h ^ (h >> _SHIFT)

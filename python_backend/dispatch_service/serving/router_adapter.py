@@ -27,6 +27,7 @@ from dispatch_contract import (
     MODEL_VERSION_TAG,
     ORDER_FALLBACK_LEVEL,
     ORDER_MODEL_VERSION,
+    ORDER_USER_IDS,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
     ROUTER_INPUTS,
@@ -57,7 +58,7 @@ __all__ = [
     "router_metrics",
 ]
 
-_USER_IDS: Final = "ORDER_USER_IDS"
+_USER_IDS: Final = ORDER_USER_IDS.name
 _INPUT_NAMES: Final = tuple(spec.name for spec in ROUTER_INPUTS)
 
 

@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_bipartite_matching
 
 __all__ = ["cover_maximum_assignment"]
 
@@ -62,16 +64,50 @@ def _greedy(candidates: NDArray[np.int32], spare: NDArray[np.int64]) -> NDArray[
     return rider_of
 
 
+def _maximum_over_lists(
+    candidates: NDArray[np.int32], spare: NDArray[np.int64]
+) -> NDArray[np.int64]:
+    """int64 [B]: a maximum assignment over the lists (Hopcroft-Karp in scipy), -1 = none.
+
+    Rider r becomes ``min(spare_r, deg_r)`` interchangeable slot columns (``deg_r``: lists
+    naming r), as in the resolver, so that a unit-capacity matching respects capacities.
+    """
+    num_orders = candidates.shape[0]
+    orders, columns = np.nonzero(candidates >= 0)
+    riders = candidates[orders, columns].astype(np.int64)
+    slots = np.minimum(spare, np.bincount(riders, minlength=spare.size))
+    first_slot = np.cumsum(slots) - slots
+    copies = slots[riders]  # each listed pair links its order to every slot of its rider
+    starts = np.cumsum(copies) - copies
+    offsets = np.arange(int(copies.sum())) - np.repeat(starts, copies)
+    graph = csr_matrix(
+        (
+            np.ones(offsets.size, dtype=np.int8),
+            (np.repeat(orders, copies), np.repeat(first_slot[riders], copies) + offsets),
+        ),
+        shape=(num_orders, int(slots.sum())),
+    )
+    slot_of = maximum_bipartite_matching(graph, perm_type="column")
+    slot_rider = np.repeat(np.arange(spare.size), slots)
+    return np.where(slot_of >= 0, slot_rider[np.maximum(slot_of, 0)], -1).astype(np.int64)
+
+
 class _Matching:
-    """A capacitated bipartite matching grown by breadth-first augmenting paths."""
+    """A capacitated bipartite matching grown by breadth-first augmenting paths.
+
+    Each search step handles all new riders of one order at once (numpy), so a search
+    costs a few array operations per order it reaches, not Python work per edge.
+    """
 
     def __init__(self, rider_of: NDArray[np.int64], spare: NDArray[np.int64]) -> None:
-        self.rider_of = rider_of
+        num_riders = spare.size
+        self.rider_of = rider_of.copy()
         self.spare = spare
-        self.holders: list[list[int]] = [[] for _ in range(spare.size)]
-        for order, rider in enumerate(rider_of.tolist()):
-            if rider >= 0:
-                self.holders[rider].append(order)
+        self.load = np.bincount(rider_of[rider_of >= 0], minlength=num_riders)
+        # Per rider, the order whose edge reached it in the current search.
+        self.reached_from = np.full(num_riders, -1, dtype=np.int64)
+        # Scratch mark over riders, plus a last entry that rider_of's -1 indexes (False).
+        self.marked = np.zeros(num_riders + 1, dtype=np.bool_)
 
     def grow(self, roots: list[int], neighbours: Neighbours) -> None:
         """Augment from each unassigned root once; then no augmenting path is left.
@@ -89,32 +125,35 @@ class _Matching:
                 seen[:] = False
 
     def _augment(self, root: int, neighbours: Neighbours, seen: NDArray[np.bool_]) -> bool:
-        reached_from: dict[int, int] = {}  # rider -> the order whose edge reached it
         queue = deque([root])
         while queue:
             order = queue.popleft()
             fresh = neighbours(order)
             fresh = fresh[~seen[fresh]]
+            if fresh.size == 0:
+                continue
             seen[fresh] = True
-            for rider in fresh.tolist():
-                reached_from[rider] = order
-                if len(self.holders[rider]) < self.spare[rider]:
-                    self._flip(rider, reached_from)
-                    return True
-                queue.extend(self.holders[rider])
+            self.reached_from[fresh] = order
+            free = fresh[self.load[fresh] < self.spare[fresh]]
+            if free.size:
+                self._flip(int(free[0]))
+                return True
+            # Every new rider is full: go on from the orders they hold.
+            self.marked[fresh] = True
+            queue.extend(np.flatnonzero(self.marked[self.rider_of]).tolist())
+            self.marked[fresh] = False
         return False
 
-    def _flip(self, free_rider: int, reached_from: dict[int, int]) -> None:
+    def _flip(self, free_rider: int) -> None:
         """Shift every order on the path to the rider that reached it; the root gains one."""
+        self.load[free_rider] += 1
         rider = free_rider
         while True:
-            order = reached_from[rider]
+            order = int(self.reached_from[rider])
             previous = int(self.rider_of[order])
             self.rider_of[order] = rider
-            self.holders[rider].append(order)
             if previous < 0:
                 return
-            self.holders[previous].remove(order)
             rider = previous
 
 
@@ -136,23 +175,20 @@ def cover_maximum_assignment(
     served = int(np.count_nonzero(first >= 0))
     if served == int(np.count_nonzero(listed)) or served == int(spare.sum()):
         return candidates  # every listed order, or every slot there is, already served
-    lists = [row[row >= 0].astype(np.int64) for row in candidates]
-    matching = _Matching(first, spare)
-    matching.grow(np.flatnonzero(listed & (first < 0)).tolist(), lists.__getitem__)
-    short = np.flatnonzero(listed & (matching.rider_of < 0)).tolist()
-    if not short or int(np.count_nonzero(matching.rider_of >= 0)) == int(spare.sum()):
+    best = _maximum_over_lists(candidates, spare)
+    short = np.flatnonzero(listed & (best < 0)).tolist()
+    if not short or int(np.count_nonzero(best >= 0)) == int(spare.sum()):
         return candidates
+    matching = _Matching(best, spare)
     mask = feasible()
     matching.grow(short, lambda b: np.flatnonzero(mask[b]).astype(np.int64))
-    moved = [
-        b
-        for b, rider in enumerate(matching.rider_of.tolist())
-        if rider >= 0 and not np.any(lists[b] == rider)
-    ]
-    if not moved:
+    rider_of = matching.rider_of
+    listed_rider = (candidates == rider_of[:, None]).any(axis=1)
+    moved = np.flatnonzero((rider_of >= 0) & ~listed_rider)
+    if moved.size == 0:
         return candidates
     out = candidates.copy()
     # A list with a pad already holds every feasible rider of its order, so only full
     # lists get here: the new rider, farther than all of them, replaces the farthest.
-    out[moved, -1] = matching.rider_of[moved]
+    out[moved, -1] = rider_of[moved]
     return out

@@ -5,12 +5,11 @@ riders are scarce, orders crowd the same nearby riders and an order can go unass
 although a farther rider, in nobody's list, could take it (issue 12: the peak + scarcity
 regime lost orders in 14 of 24 windows against the exact optimum over every feasible pair).
 
-`cover_maximum_assignment` closes that gap with the fewest changes it can find: if the
-candidate graph cannot serve as many orders as the whole feasible graph, it extends a
-maximum assignment of the candidate graph by augmenting paths over every feasible pair
-(Kuhn's algorithm, rider r offering ``spare_r = capacity_r - load_r`` slots) and gives
-each order whose rider in that assignment is outside its list that rider as its last
-candidate, in place of its farthest one. The candidate graph then holds a maximum
+`cover_maximum_assignment` closes that gap with few changes: it takes a maximum assignment
+of the candidate graph (Hopcroft-Karp, rider r offering ``spare_r = capacity_r - load_r``
+slots), extends it by augmenting paths over every feasible pair, which keeps the orders
+it served served, and gives each order whose rider in the result is outside its list that
+rider as its last candidate, in place of its farthest one. The candidate graph then holds a maximum
 assignment of the feasible graph, so the resolver's maximum-cardinality solve serves as
 many orders as any assignment could; which riders it picks is still the model's call.
 

@@ -155,7 +155,8 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(served: tuple[Launcher, s
     )
     assert seen_not_ready, "readiness never turned false"
     assert recovered_at is not None, "readiness never came back"
-    # Issue 10's target is 5 s; 2.51 takes ~9 s to reload (the report has the figure).
+    # Issue 10's target is 5 s (2.1-4.2 s measured on contract v2, docs/security.md); the
+    # bound here only says that it comes back.
     assert recovered_at - killed_at <= 20.0
     assert len(load.failed) <= total // 100  # the router's fallback answers meanwhile
     assert status(f"{health}/readyz") == 200

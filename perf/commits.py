@@ -3,7 +3,8 @@
 `python -m perf.commits 13a41a8,HEAD --rounds 2` checks every commit out into a temporary git
 worktree, serves its model repository with tritonserver and measures windows over gRPC with
 perf_analyzer (`--sizes`, default small at concurrency 1 and 64; `LEVELS`), for `dispatch`
-and (where the commit has it) `dispatch_fused`. Rounds go through all commits in turn, so a
+and (where the commit has it) `dispatch_fused`, each commit sent input data its own code
+writes (so a commit on contract v1 gets v1 tensors). Rounds go through all commits in turn, so a
 drift of the host's load spreads over all of them. It prints one line per level and writes
 `results.json` (every round's figures) to the output folder; code changes in
 `perf/tuning_log.json` were measured this way.
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +32,7 @@ __all__ = [
     "LEVELS",
     "MODELS",
     "checkout",
+    "input_data",
     "library_first",
     "main",
     "measure",
@@ -38,9 +42,15 @@ MODELS = ("dispatch", "dispatch_fused")
 LEVELS = {"small": (1, 64), "medium": (1, 16), "large": (1,)}
 
 
+def _library_paths(worktree: Path) -> list[str]:
+    """The worktree's importable folders: the library and, since the layout split, the
+    contract and the client packages (else the venv's editable installs would win)."""
+    return [str(worktree / p) for p in ("python_backend", "contract", "client")]
+
+
 def library_first(worktree: Path) -> int:
     """Make each model.py of the worktree import the worktree's library; returns how many."""
-    line = f"import sys; sys.path.insert(0, {str(worktree / 'python_backend')!r})\n"
+    line = f"import sys; sys.path[:0] = {_library_paths(worktree)!r}\n"
     patched = 0
     for model_py in sorted((worktree / "model_repository").glob("*/*/model.py")):
         text = model_py.read_text()
@@ -63,19 +73,43 @@ def checkout(commit: str, root: Path) -> Path:
     return worktree
 
 
+_WRITE_INPUTS = """
+import sys
+from pathlib import Path
+from perf.pa import write_input_data
+from perf.windows import SIZES, optional_inputs, simulated_windows
+for size in sys.argv[2:]:
+    path = Path(sys.argv[1]) / f"input_{size}.json"
+    write_input_data(path, simulated_windows(SIZES[size], optional_inputs()))
+"""
+
+
+def input_data(worktree: Path, out: Path, sizes: Sequence[str]) -> dict[str, Path]:
+    """perf_analyzer input files written by the worktree's own code, so that each commit is
+    sent the tensors of its own contract (v1 and v2 differ); the same simulator windows."""
+    folder = out / f"inputs-{worktree.name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [*_library_paths(worktree), str(worktree)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    subprocess.run(
+        [sys.executable, "-c", _WRITE_INPUTS, str(folder), *sizes],
+        cwd=worktree,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    return {size: folder / f"input_{size}.json" for size in sizes}
+
+
 def measure(
     commits: Sequence[str], rounds: int, out: Path, sizes: Sequence[str] = ("small",)
 ) -> dict[str, list[dict[str, Any]]]:
     from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-    from perf.pa import PaJob, PerfAnalyzer, write_input_data
-    from perf.windows import SIZES, optional_inputs, simulated_windows
+    from perf.pa import PaJob, PerfAnalyzer
 
     runtime = TritonRuntime.from_venv()
     pa = PerfAnalyzer.from_venv()
-    inputs = {}
-    for size in sizes:
-        inputs[size] = out / f"input_{size}.json"
-        write_input_data(inputs[size], simulated_windows(SIZES[size], optional_inputs()))
+    inputs = {commit: input_data(checkout(commit, out), out, sizes) for commit in commits}
     results: dict[str, list[dict[str, Any]]] = {}
     for round_no in range(rounds):
         for commit in commits:
@@ -89,7 +123,7 @@ def measure(
                         job = PaJob(
                             url=server.grpc_url,
                             protocol="grpc",
-                            input_data=inputs[size],
+                            input_data=inputs[commit][size],
                             concurrency=concurrency,
                             request_count=max(60 if size == "large" else 400, 25 * concurrency),
                             csv_path=out / f"{commit}_{model}_{size}_c{concurrency}.csv",

@@ -1,4 +1,4 @@
-"""perf.commits: each worktree's models import that worktree's library."""
+"""perf.commits: each worktree's models import that worktree's library and contract."""
 
 from __future__ import annotations
 
@@ -16,5 +16,6 @@ def test_every_model_py_puts_its_worktree_library_first_once(tmp_path: Path) -> 
     assert library_first(tmp_path) == 0  # already patched: nothing added twice
     text = (tmp_path / "model_repository" / "dispatch_fused" / "1" / "model.py").read_text()
     first, rest = text.split("\n", 1)
-    assert first == f"import sys; sys.path.insert(0, {str(tmp_path / 'python_backend')!r})"
+    folders = [str(tmp_path / name) for name in ("python_backend", "contract", "client")]
+    assert first == f"import sys; sys.path[:0] = {folders!r}"
     assert rest == "import dispatch_service\n"

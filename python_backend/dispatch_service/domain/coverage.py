@@ -27,6 +27,8 @@ from numpy.typing import NDArray
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
+from dispatch_service.domain.slots import slot_edges
+
 __all__ = ["cover_maximum_assignment"]
 
 # rider rows order b may take, in the order they are tried
@@ -66,29 +68,16 @@ def _greedy(candidates: NDArray[np.int32], spare: NDArray[np.int64]) -> NDArray[
 def _maximum_over_lists(
     candidates: NDArray[np.int32], spare: NDArray[np.int64]
 ) -> NDArray[np.int64]:
-    """int64 [B]: a maximum assignment over the lists (Hopcroft-Karp in scipy), -1 = none.
-
-    Rider r becomes ``min(spare_r, deg_r)`` interchangeable slot columns (``deg_r``: lists
-    naming r), as in the resolver, so that a unit-capacity matching respects capacities.
-    """
-    num_orders = candidates.shape[0]
+    """int64 [B]: a maximum assignment over the lists (Hopcroft-Karp in scipy over the rider
+    slots of `domain.slots`, as the resolver matches), -1 = none."""
     orders, columns = np.nonzero(candidates >= 0)
-    riders = candidates[orders, columns].astype(np.int64)
-    slots = np.minimum(spare, np.bincount(riders, minlength=spare.size))
-    first_slot = np.cumsum(slots) - slots
-    copies = slots[riders]  # each listed pair links its order to every slot of its rider
-    starts = np.cumsum(copies) - copies
-    offsets = np.arange(int(copies.sum())) - np.repeat(starts, copies)
+    slots = slot_edges(candidates[orders, columns].astype(np.int64), spare)
     graph = csr_matrix(
-        (
-            np.ones(offsets.size, dtype=np.int8),
-            (np.repeat(orders, copies), np.repeat(first_slot[riders], copies) + offsets),
-        ),
-        shape=(num_orders, int(slots.sum())),
+        (np.ones(slots.edge.size, dtype=np.int8), (orders[slots.edge], slots.column)),
+        shape=(candidates.shape[0], slots.num_slots),
     )
     slot_of = maximum_bipartite_matching(graph, perm_type="column")
-    slot_rider = np.repeat(np.arange(spare.size), slots)
-    return np.where(slot_of >= 0, slot_rider[np.maximum(slot_of, 0)], -1).astype(np.int64)
+    return np.where(slot_of >= 0, slots.slot_rider[np.maximum(slot_of, 0)], -1).astype(np.int64)
 
 
 class _Matching:

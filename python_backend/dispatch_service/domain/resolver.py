@@ -35,7 +35,7 @@ Assignment
     ``scipy.sparse.csgraph.min_weight_full_bipartite_matching`` (LAPJVsp):
 
     * one row per order;
-    * ``c_r = min(spare_r, deg_r)`` interchangeable slot columns for rider r, where
+    * ``c_r = min(spare_r, deg_r)`` interchangeable slot columns for rider r (`slots`), where
       ``deg_r`` is the number of candidate lists naming r (r can never take more than
       that); order b links to every slot of every rider in its list at cost ``2 - s_br``,
       in [1, 2] so that no cost is an explicit zero, which sparse matrices drop;
@@ -77,6 +77,7 @@ from dispatch_contract import (
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.feasibility import spare_slots
+from dispatch_service.domain.slots import slot_edges
 from dispatch_service.domain.window import check_objective_weights
 
 __all__ = [
@@ -467,33 +468,18 @@ def _solve_slots(
     by_rider = np.argsort(topk_index, axis=1)
     ordered = np.take_along_axis(topk_index, by_rider, axis=1)
     order_of, column = np.nonzero(ordered >= 0)
-    rider = ordered[order_of, column]
-    if rider.size == 0:
+    # Each (order, rider) edge to every slot of that rider (`domain.slots`).
+    slots = slot_edges(ordered[order_of, column], spare)
+    if slots.edge.size == 0:
         return chosen
     position = by_rider[order_of, column]
-    riders, rider_of_edge, degree = np.unique(rider, return_inverse=True, return_counts=True)
-    slots_per_rider = np.minimum(spare[riders], degree)
-    keep = slots_per_rider[rider_of_edge] > 0
-    order_of, position, rider_of_edge = order_of[keep], position[keep], rider_of_edge[keep]
-    if order_of.size == 0:
-        return chosen
-    first_slot = np.cumsum(slots_per_rider) - slots_per_rider
-    num_slots = int(slots_per_rider.sum())
+    edge_rows = order_of[slots.edge]
+    edge_cost = 2.0 - topk_score[order_of, position][slots.edge]
 
-    # Expand each (order, rider) edge to every slot of that rider, without Python loops.
-    copies = slots_per_rider[rider_of_edge]
-    edge_ids = np.repeat(np.arange(order_of.size), copies)
-    starts = np.cumsum(copies) - copies
-    within = np.arange(edge_ids.size) - starts[edge_ids]
-    edge_rows = order_of[edge_ids]
-    edge_cols = first_slot[rider_of_edge[edge_ids]] + within
-    edge_cost = 2.0 - topk_score[order_of, position][edge_ids]
-
-    matched = _match(edge_rows, edge_cols, edge_cost, num_orders, num_slots)
-    slot_rider = np.repeat(riders, slots_per_rider)
-    assigned = matched < num_slots
+    matched = _match(edge_rows, slots.column, edge_cost, num_orders, slots.num_slots)
+    assigned = matched < slots.num_slots
     rider_rows = np.full(num_orders, -1, dtype=np.int64)
-    rider_rows[assigned] = slot_rider[matched[assigned]]
+    rider_rows[assigned] = slots.slot_rider[matched[assigned]]
     hit = (topk_index == rider_rows[:, None]) & assigned[:, None]
     chosen[assigned] = np.argmax(hit[assigned], axis=1)
     return chosen

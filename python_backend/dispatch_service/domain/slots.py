@@ -1,0 +1,44 @@
+"""Riders as capacity slots: a capacitated assignment as a unit-capacity matching.
+
+Rider r offers ``c_r = min(spare_r, deg_r)`` interchangeable slot columns (``deg_r``: the
+edges naming r; it can never take more orders than that), numbered rider by rider in
+ascending rider order, and every (order, rider) edge becomes one edge to each slot of its
+rider. A matching of this graph is an assignment that respects every rider's spare
+capacity, and back. The resolver's exact solve and the encoder's coverage both match over it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["SlotEdges", "slot_edges"]
+
+
+@dataclass(frozen=True, eq=False)
+class SlotEdges:
+    """The slot graph of a list of (order, rider) edges, without Python loops."""
+
+    edge: NDArray[np.int64]  # [E'] the input edge each slot edge copies, in input order
+    column: NDArray[np.int64]  # [E'] its slot column
+    slot_rider: NDArray[np.int64]  # [S] the rider of each slot column
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.slot_rider.size)
+
+
+def slot_edges(edge_rider: NDArray[np.int64], spare: NDArray[np.int64]) -> SlotEdges:
+    """Expand edges whose riders are ``edge_rider`` (rider rows) to every slot of their
+    rider; ``spare`` [R] is each rider's spare capacity. An edge to a rider with no slot
+    gets no copy. Copies of one edge come out in ascending column order."""
+    riders, rider_of_edge, degree = np.unique(edge_rider, return_inverse=True, return_counts=True)
+    slots = np.minimum(spare[riders], degree)
+    first_slot = np.cumsum(slots) - slots
+    copies = slots[rider_of_edge]
+    edge = np.repeat(np.arange(edge_rider.size), copies)
+    starts = np.cumsum(copies) - copies
+    column = first_slot[rider_of_edge[edge]] + np.arange(edge.size) - starts[edge]
+    return SlotEdges(edge, column.astype(np.int64), np.repeat(riders, slots).astype(np.int64))

@@ -109,12 +109,12 @@ def measure(
 
     runtime = TritonRuntime.from_venv()
     pa = PerfAnalyzer.from_venv()
-    inputs = {commit: input_data(checkout(commit, out), out, sizes) for commit in commits}
+    worktrees = {commit: checkout(commit, out) for commit in commits}
+    inputs = {commit: input_data(worktrees[commit], out, sizes) for commit in commits}
     results: dict[str, list[dict[str, Any]]] = {}
     for round_no in range(rounds):
         for commit in commits:
-            worktree = checkout(commit, out)
-            repository = worktree / "model_repository"
+            repository = worktrees[commit] / "model_repository"
             models = [m for m in MODELS if (repository / m).is_dir()]
             options = ServerOptions(model_repository=repository, ports=Ports.free())
             with TritonServer(runtime, options, out / f"server-{commit}.log") as server:

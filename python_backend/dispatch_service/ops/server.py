@@ -539,26 +539,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--venv",
         type=Path,
         default=REPO_ROOT / ".venv",
-        help="virtual environment the Python-backend stubs run in (default .venv)",
+        help="virtual environment the Python-backend stubs run in (default %(default)s)",
     )
     parser.add_argument(
         "--backend-dir",
         type=Path,
         default=REPO_ROOT / ".triton" / "backends",
-        help="Triton backends folder, with the python backend (default .triton/backends)",
+        help="Triton backends folder, with the python backend (default %(default)s)",
     )
     parser.add_argument(
         "--model-repository",
         type=Path,
         default=MODEL_REPOSITORY,
-        help="the model repository to serve (default model_repository/)",
+        help="the model repository to serve (default %(default)s)",
     )
     parser.add_argument(
         "--profile",
         choices=("cpu", "gpu"),
         default="cpu",
         help="runtime profile: every model on CPU, or dispatch_model on the onnxruntime "
-        "backend on GPU (default cpu)",
+        "backend on GPU (default %(default)s)",
     )
     parser.add_argument(
         "--host",
@@ -571,16 +571,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a non-loopback --host: only with a patched Triton (25.07 or newer), never "
         "with the embedded 2.51 (CVE-2025-23310/23311/23319/23320/23334)",
     )
-    parser.add_argument("--http-port", type=int, default=8000, help="(default 8000)")
-    parser.add_argument("--grpc-port", type=int, default=8001, help="(default 8001)")
+    parser.add_argument("--http-port", type=int, default=8000, help="(default %(default)s)")
+    parser.add_argument("--grpc-port", type=int, default=8001, help="(default %(default)s)")
     parser.add_argument(
-        "--metrics-port", type=int, default=8002, help="Prometheus metrics (default 8002)"
+        "--metrics-port", type=int, default=8002, help="Prometheus metrics (default %(default)s)"
     )
     parser.add_argument(
         "--log",
         type=Path,
         default=REPO_ROOT / ".triton" / "server.log",
-        help="tritonserver's log file (default .triton/server.log)",
+        help="tritonserver's log file (default %(default)s)",
     )
     parser.add_argument(
         "--tritonserver",

@@ -40,6 +40,7 @@ from perf.bodies import (
     triton_infer_path,
 )
 from perf.floor import measure_floor
+from perf.geocoding_bench import served_scenarios
 from perf.levels import PA_ENTRIES, load_level, pa_level
 from perf.locust_run import run_locust
 from perf.overload import run_overload
@@ -95,6 +96,9 @@ class Plan:
     # rest level 3) and the no-work floor of the contract (perf.floor), each level this long
     overload_seconds: float = 0.0
     floor_seconds: float = 0.0
+    # medium windows (64 x 200) with addresses through dispatch_fused (perf.geocoding_bench
+    # --served): this many windows per scenario; 0 skips it
+    geocoding_windows: int = 0
 
 
 FULL = Plan(
@@ -112,6 +116,7 @@ FULL = Plan(
     budget_s=540.0,
     overload_seconds=30.0,
     floor_seconds=3.0,
+    geocoding_windows=10,
 )
 
 QUICK = Plan(
@@ -129,6 +134,7 @@ QUICK = Plan(
     budget_s=150.0,
     overload_seconds=3.0,
     floor_seconds=1.0,
+    geocoding_windows=3,
 )
 
 
@@ -189,6 +195,8 @@ class Bench:
         self.phase("FastAPI baseline", self.fastapi_phase)
         if self.plan.floor_seconds > 0:
             self.phase("no-work floor", self.floor_phase)
+        if self.plan.geocoding_windows > 0:
+            self.phase("addresses", self.geocoding_phase)
         self.results.host["loadavg_after"] = _loadavg()
         self.results.duration_s = time.monotonic() - self.started
         self.results.tuning_log = json.loads(TUNING_LOG.read_text()) if TUNING_LOG.exists() else []
@@ -232,6 +240,10 @@ class Bench:
                 triton.endpoints.grpc, FUSED_MODEL_NAME, 512, self.plan.overload_seconds, share
             )
             self.results.overload[label] = result.summary()
+
+    def geocoding_phase(self) -> None:
+        self.say(f"addresses: {self.plan.geocoding_windows} medium windows per scenario")
+        self.results.geocoding = served_scenarios(windows=self.plan.geocoding_windows)
 
     def floor_phase(self) -> None:
         self.say("no-work floor of the contract (dispatch_floor)")

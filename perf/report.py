@@ -307,6 +307,62 @@ def _locust_section(results: BenchResults) -> list[str]:
     return lines
 
 
+_GEOCODING_SCENARIOS = (
+    ("coordinates", "coordinates", "-"),
+    ("provider_20ms_cold", "addresses", "20 ms, cold cache"),
+    ("provider_20ms_warm", "addresses", "20 ms, warm cache"),
+    ("coordinates_again", "coordinates", "-"),
+    ("provider_400ms_cold", "addresses", "400 ms, cold cache"),
+)
+
+
+def _geocoding_section(results: BenchResults) -> list[str]:
+    """Windows with addresses against the same windows with coordinates (issue 13)."""
+    geo = results.geocoding
+    if not geo:
+        return []
+    lines = [
+        "",
+        "## Orders with addresses",
+        "",
+        f"`perf.geocoding_bench --served`: {geo.get('orders')} x {geo.get('riders')} windows, "
+        f"one request at a time over gRPC to `{geo.get('model')}`, every pickup and drop-off "
+        "an address (loopback geocoding server as both providers), against the same windows "
+        "with coordinates. Sources from `ORDER_LOCATION_SOURCE`.",
+        "",
+    ]
+    rows = []
+    for key, points, providers in _GEOCODING_SCENARIOS:
+        found = geo.get(key)
+        if not found:
+            continue
+        share = ", ".join(f"{name} {100 * v:.0f} %" for name, v in found["share"].items())
+        rows.append(
+            [
+                points,
+                providers,
+                str(found["windows"]),
+                str(found["errors"]),
+                _num(found["p50_ms"], 1),
+                _num(found["p99_ms"], 1),
+                _num(found["max_ms"], 1),
+                str(found["over_320ms"]),
+                share,
+            ]
+        )
+    lines += _table(
+        ["points", "providers", "windows", "errors", "p50 ms", "p99 ms", "max ms", "> 320 ms",
+         "answered by"],
+        rows,
+        "llrrrrrrl",
+    )  # fmt: skip
+    ratio = geo.get("warm_over_coordinates_p50")
+    if ratio is not None:
+        lines += ["", f"Warm-cache p50 over the coordinates p50 (the lower of the two runs): "
+                  f"{ratio:.2f}x (issue 13's target: at most 1.2x)."]  # fmt: skip
+    return lines
+
+
 def _tuning_section(results: BenchResults) -> list[str]:
     """The tuning log: changes tried and what each did."""
     lines: list[str] = []
@@ -398,6 +454,7 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         lines += _size_section(results, size, plots)
     lines += [
         *_locust_section(results),
+        *_geocoding_section(results),
         *_tuning_section(results),
         *_notes_section(results),
         *_method_section(results),

@@ -142,6 +142,8 @@ class BenchResults:
     overload: dict[str, dict[str, Any]] = field(default_factory=dict)
     # perf.floor's figures: the contract's no-work floor at c=1 and c=64
     floor: dict[str, Any] = field(default_factory=dict)
+    # perf.geocoding_bench.served_scenarios: windows with addresses vs coordinates
+    geocoding: dict[str, Any] = field(default_factory=dict)
 
     def breakdowns(self) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
         """Model -> size -> step -> parts, for both Triton entry points."""
@@ -179,6 +181,7 @@ class BenchResults:
             "server_breakdown_fused": self.breakdown_fused,
             "overload": self.overload,
             "floor": self.floor,
+            "geocoding": self.geocoding,
         }
 
     @classmethod
@@ -199,6 +202,7 @@ class BenchResults:
             breakdown_fused=_read_breakdown(data.get("server_breakdown_fused", {})),
             overload={str(k): dict(v) for k, v in data.get("overload", {}).items()},
             floor=dict(data.get("floor", {})),
+            geocoding=dict(data.get("geocoding", {})),
         )
 
 

@@ -32,11 +32,14 @@ from dispatch_contract import (
     DISPATCH_ENSEMBLE_OUTPUTS,
     FEATURE_ENTRY_INPUTS,
     FEATURE_ENTRY_MODEL_NAME,
+    FEATURE_ENTRY_OUTPUTS,
     NUM_PAIR_FEATURES,
+    ORDER_TEXT,
     ROUTING_INPUTS,
     TOPK_OBJECTIVE_COLUMNS,
     WINDOW_INPUTS,
     WIRE_DISPATCH_INPUTS,
+    LocationSource,
     batched,
     pack_window,
 )
@@ -55,8 +58,17 @@ __all__ = [
 
 DEFAULT_MODEL_NAME = "dispatch"
 # Contract v2: the resolver's answer (rider indices and objective matrices) plus the
-# router's per-order ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL.
+# router's per-order ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL and the encoder's
+# ORDER_LOCATION_SOURCE (the feature-level entry point has no encoder, so not that one).
 OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS)
+_FEATURE_OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in FEATURE_ENTRY_OUTPUTS)
+# How the JSON names each ORDER_LOCATION_SOURCE value.
+LOCATION_SOURCE_NAMES: dict[int, str] = {
+    LocationSource.GIVEN: "coordinates",
+    LocationSource.CACHE: "cache",
+    LocationSource.GEOCODER: "geocoder",
+    LocationSource.GAZETTEER: "gazetteer",
+}
 # A window in the library's form (one tensor per field, as `window_from_json` builds it),
 # plus the optional MODEL_VERSION_TAG ("stable", "canary" or a version number) ...
 _INPUT_NAMES = frozenset(spec.name for spec in (*WINDOW_INPUTS, *ROUTING_INPUTS))
@@ -92,6 +104,10 @@ class OrderResult:
     # healthy GPU); None when the answer lacks them.
     model_version: int | None = None
     fallback_level: int | None = None
+    # How the pickup and the drop-off were located ("coordinates", "cache", "geocoder",
+    # "gazetteer"); None when the answer lacks ORDER_LOCATION_SOURCE.
+    pickup_source: str | None = None
+    dropoff_source: str | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -104,6 +120,9 @@ class OrderResult:
             data["model_version"] = self.model_version
         if self.fallback_level is not None:
             data["fallback_level"] = self.fallback_level
+        if self.pickup_source is not None:
+            data["pickup_source"] = self.pickup_source
+            data["dropoff_source"] = self.dropoff_source
         return data
 
 
@@ -252,15 +271,19 @@ class DispatchClient(Closing):
 
         `features` holds the tensors of `contracts.FEATURE_ENTRY_INPUTS` (one window, without
         the batch dimension): PAIR_FEATURES [B x N, 28] (the served model versions' layout,
-        rows in CANDIDATE_RIDER_INDEX order), CANDIDATE_RIDER_INDEX [B, N], ORDER_USER_IDS [B]
-        (canary routing), RIDER_IDS [R], RIDER_FIELDS [R, 6] (`RIDER_FIELD_COLUMNS`; the
-        resolver reads load and capacity) and optionally OBJECTIVE_WEIGHTS and
-        MODEL_VERSION_TAG. `order_ids` ([B]) label the results; they are not sent.
-        `request_id` as in `dispatch`. Numeric tensors are cast to
-        the contract's dtypes. Raises ValueError for an unknown or
+        rows in CANDIDATE_RIDER_INDEX order), CANDIDATE_RIDER_INDEX [B, N], ORDER_TEXT [B, 1]
+        (the user ids, for canary routing; ORDER_USER_IDS [B] is taken in its place),
+        RIDER_IDS [R], RIDER_FIELDS [R, 6] (`RIDER_FIELD_COLUMNS`; the resolver reads load
+        and capacity) and optionally OBJECTIVE_WEIGHTS and MODEL_VERSION_TAG. `order_ids`
+        ([B]) label the results; they are not sent. `request_id` as in `dispatch`. Numeric
+        tensors are cast to the contract's dtypes. Raises ValueError for an unknown or
         missing tensor or inconsistent shapes (before any network traffic), and the
         transport's errors.
         """
+        features = dict(features)
+        users = features.pop("ORDER_USER_IDS", None)
+        if users is not None and features.get(ORDER_TEXT.name) is None:
+            features[ORDER_TEXT.name] = np.asarray(users, dtype=object).reshape(-1, 1)
         unknown = sorted(set(features) - set(_FEATURE_SPECS))
         if unknown:
             raise ValueError(f"unknown feature tensor(s) {', '.join(unknown)}")
@@ -284,14 +307,20 @@ class DispatchClient(Closing):
                 f"CANDIDATE_RIDER_INDEX must have shape [B, N] with B = {len(ids)} orders, "
                 f"got {candidates.shape}"
             )
-        if inputs["ORDER_USER_IDS"].shape != (len(ids),):
-            raise ValueError(f"ORDER_USER_IDS must have shape [{len(ids)}] like the order ids")
+        text = inputs[ORDER_TEXT.name]
+        if text.ndim != 2 or text.shape[0] != len(ids):
+            raise ValueError(f"ORDER_TEXT must have shape [{len(ids)}, *] like the order ids")
         if pairs.shape[0] != candidates.size:
             raise ValueError(
                 f"PAIR_FEATURES must have B x N = {candidates.size} rows, got {pairs.shape[0]}"
             )
         return self._call(
-            model_name, inputs, request_id, ids, options=self._request_options(features)
+            model_name,
+            inputs,
+            request_id,
+            ids,
+            options=self._request_options({"ORDER_USER_IDS": text[:, 0]}),
+            output_names=_FEATURE_OUTPUT_NAMES,
         )
 
     def _call(
@@ -302,6 +331,7 @@ class DispatchClient(Closing):
         order_ids: ArrayLike | None = None,
         *,
         options: Mapping[str, int] | None = None,
+        output_names: tuple[str, ...] = OUTPUT_NAMES,
     ) -> DispatchResult:
         """One window (batch dimension 1) under one id, with the caller's priority and
         deadline (`options`); the id rides on the error or the result. The answer's rider
@@ -310,7 +340,7 @@ class DispatchClient(Closing):
         ids = inputs["ORDER_IDS"] if order_ids is None else order_ids
         try:
             outputs = self.transport.infer(
-                model_name, batched(inputs), OUTPUT_NAMES, request_id=rid, **(options or {})
+                model_name, batched(inputs), output_names, request_id=rid, **(options or {})
             )
             result = parse_dispatch_outputs(ids, unbatched_outputs(outputs), inputs["RIDER_IDS"])
         except DispatchError as exc:
@@ -377,6 +407,7 @@ def parse_dispatch_outputs(
 
     versions = _routing_output(outputs, "ORDER_MODEL_VERSION", count)
     levels = _routing_output(outputs, "ORDER_FALLBACK_LEVEL", count)
+    sources = _location_sources(outputs, count)
     results = []
     for row, order_id in enumerate(ids):
         top_k = tuple(
@@ -399,9 +430,26 @@ def parse_dispatch_outputs(
                 assigned_score=_short_float(assigned_score[row]) if chosen >= 0 else None,
                 model_version=None if versions is None else int(versions[row]),
                 fallback_level=None if levels is None else int(levels[row]),
+                pickup_source=None if sources is None else sources[row][0],
+                dropoff_source=None if sources is None else sources[row][1],
             )
         )
     return DispatchResult(orders=tuple(results))
+
+
+def _location_sources(outputs: Mapping[str, ArrayLike], count: int) -> list[tuple[str, str]] | None:
+    """ORDER_LOCATION_SOURCE by name per order (pickup, drop-off); None when absent."""
+    value = outputs.get("ORDER_LOCATION_SOURCE")
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.shape != (count, 2) or not np.isin(array, list(LOCATION_SOURCE_NAMES)).all():
+        raise DispatchServerError(
+            f"malformed response: ORDER_LOCATION_SOURCE has shape {array.shape} or values "
+            f"outside {sorted(LOCATION_SOURCE_NAMES)}, expected ({count}, 2)"
+        )
+    names = LOCATION_SOURCE_NAMES
+    return [(names[int(p)], names[int(d)]) for p, d in array.tolist()]
 
 
 def _routing_output(outputs: Mapping[str, ArrayLike], name: str, count: int) -> NDArray[Any] | None:

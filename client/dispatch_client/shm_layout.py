@@ -27,8 +27,11 @@ from dispatch_contract import (
     DISPATCH_ENSEMBLE_INPUTS,
     DISPATCH_ENSEMBLE_OUTPUTS,
     FEATURE_ENTRY_INPUTS,
+    MAX_ADDRESS_BYTES,
     MAX_CANDIDATES,
     MAX_ID_BYTES,
+    ORDER_TEXT,
+    ORDER_TEXT_COLUMNS,
     TensorSpec,
 )
 
@@ -142,6 +145,8 @@ def plan_slots(sizes: Sequence[tuple[str, int]], region_bytes: int, direction: s
 
 
 def _element_bytes(spec: TensorSpec, id_bytes: int) -> int:
+    if spec.name == ORDER_TEXT.name:  # ids, or addresses of up to MAX_ADDRESS_BYTES
+        return BYTES_PREFIX + max(id_bytes, MAX_ADDRESS_BYTES)
     return BYTES_PREFIX + id_bytes if spec.triton_dtype == "BYTES" else spec.numpy_dtype.itemsize
 
 
@@ -158,6 +163,8 @@ def _bound_shape(name: str, orders: int, riders: int, candidates: int, top_k: in
     }.get(name.split("_", 1)[0])
     if lead is None:  # COORD_SYSTEM, DISPATCH_TIME, OBJECTIVE_WEIGHTS: fixed dims
         return list(spec.dims)
+    if name == ORDER_TEXT.name:
+        return [lead, len(ORDER_TEXT_COLUMNS)]
     tail = [
         (candidates if name.startswith("CANDIDATE") else top_k) if dim < 0 else dim
         for dim in spec.dims[1:]
@@ -235,7 +242,13 @@ class ShmCapacity:
         longest = max(
             (
                 _longest(np.asarray(tensors[name], dtype=object))
-                for name in ("ORDER_IDS", "ORDER_USER_IDS", "RIDER_IDS", "COORD_SYSTEM")
+                for name in (
+                    "ORDER_IDS",
+                    "ORDER_USER_IDS",
+                    "RIDER_IDS",
+                    "COORD_SYSTEM",
+                    ORDER_TEXT.name,
+                )
                 if tensors.get(name) is not None
             ),
             default=0,

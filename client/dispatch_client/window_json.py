@@ -20,8 +20,11 @@ key is not silently ignored)::
         {
           "id": "o-1",                              # string
           "user_id": "u-9",                         # string
-          "pickup": [31.2304, 121.4737],            # [lat, lon] numbers
-          "dropoff": [31.2243, 121.4768],           # [lat, lon] numbers
+          "pickup": [31.2304, 121.4737],            # [lat, lon] numbers; may be left
+          "dropoff": [31.2243, 121.4768],           # out where the address is given
+          "pickup_address": "徐汇区漕溪北路88号",    # optional: the server geocodes it
+          "dropoff_address": "静安寺",              # when pickup / dropoff is left out
+          "city": "上海",                            # optional: the addresses' city
           "created_at": 1764399700,                 # unix seconds, integer
           "promised_minutes": 30,                   # number
           "constraints": ["THERMAL_BOX", "FRAGILE"] # optional, default 0: an integer
@@ -58,6 +61,7 @@ numbers``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -104,6 +108,12 @@ OPTIONAL_INPUT_KEYS: Final = {
     "model_version_tag": MODEL_VERSION_TAG.name,
 }
 _TOP_FIELDS: Final = ("coord_system", "dispatch_time", *OPTIONAL_INPUT_KEYS, "orders", "riders")
+# Optional order keys carried as text tensors (ORDER_TEXT's address columns on the wire).
+ADDRESS_KEYS: Final = {
+    "pickup_address": "ORDER_PICKUP_ADDRESS",
+    "dropoff_address": "ORDER_DROPOFF_ADDRESS",
+    "city": "ORDER_CITY",
+}
 _ORDER_FIELDS: Final = (
     "id",
     "user_id",
@@ -112,7 +122,10 @@ _ORDER_FIELDS: Final = (
     "created_at",
     "promised_minutes",
     "constraints",
+    *ADDRESS_KEYS,
 )
+_REQUIRED_ORDER_FIELDS: Final = ("id", "user_id", "created_at", "promised_minutes")
+_NO_POINT: Final = [float("nan"), float("nan")]
 _RIDER_FIELDS: Final = ("id", "position", "load", "capacity", "vehicle", "equipment")
 
 
@@ -176,10 +189,7 @@ def window_from_dict(data: Any) -> dict[str, NDArray[Any]]:
     coord = _coord_system("coord_system", top.get("coord_system", CoordSystem.WGS84.name))
     dispatch_time = _integer("dispatch_time", top["dispatch_time"], _INT64)
 
-    orders = [
-        _fields(path, item, _ORDER_FIELDS, required=_ORDER_FIELDS[:-1])
-        for path, item in _items("orders", top["orders"])
-    ]
+    orders = [_order_fields(path, item) for path, item in _items("orders", top["orders"])]
     riders = [
         _fields(path, item, _RIDER_FIELDS, required=("id", "position", "capacity", "vehicle"))
         for path, item in _items("riders", top["riders"])
@@ -199,8 +209,12 @@ def window_from_dict(data: Any) -> dict[str, NDArray[Any]]:
     tensors: dict[str, NDArray[Any]] = {
         "ORDER_IDS": _tensor("ORDER_IDS", column(orders, "orders", "id", _text)),
         "ORDER_USER_IDS": _tensor("ORDER_USER_IDS", column(orders, "orders", "user_id", _text)),
-        "ORDER_PICKUP": _tensor("ORDER_PICKUP", column(orders, "orders", "pickup", _latlon)),
-        "ORDER_DROPOFF": _tensor("ORDER_DROPOFF", column(orders, "orders", "dropoff", _latlon)),
+        "ORDER_PICKUP": _tensor(
+            "ORDER_PICKUP", column(orders, "orders", "pickup", _latlon, _NO_POINT)
+        ),
+        "ORDER_DROPOFF": _tensor(
+            "ORDER_DROPOFF", column(orders, "orders", "dropoff", _latlon, _NO_POINT)
+        ),
         "ORDER_CREATED_AT": _tensor(
             "ORDER_CREATED_AT", column(orders, "orders", "created_at", _int64)
         ),
@@ -221,10 +235,23 @@ def window_from_dict(data: Any) -> dict[str, NDArray[Any]]:
         "COORD_SYSTEM": _tensor("COORD_SYSTEM", [coord.encode("ascii")]),
         "DISPATCH_TIME": _tensor("DISPATCH_TIME", [dispatch_time]),
     }
+    for key, name in ADDRESS_KEYS.items():
+        if any(key in row for row in orders):  # else the lean wire form: no address columns
+            tensors[name] = _tensor(name, column(orders, "orders", key, _text, ""))
     for key, name in OPTIONAL_INPUT_KEYS.items():
         if top.get(key) is not None:
             tensors[name] = _tensor(name, _OPTIONAL_CONVERTERS[key](key, top[key]))
     return tensors
+
+
+def _order_fields(path: str, item: Any) -> dict[str, Any]:
+    """One order's keys; its pickup and drop-off may be left out where the address is given
+    (the server geocodes it)."""
+    fields = _fields(path, item, _ORDER_FIELDS, required=_REQUIRED_ORDER_FIELDS)
+    for end in ("pickup", "dropoff"):
+        if end not in fields and not fields.get(f"{end}_address"):
+            raise WindowJSONError(f"{path}.{end}", f"is required unless {end}_address is given")
+    return fields
 
 
 def _tensor(name: str, values: list[Any]) -> NDArray[Any]:
@@ -425,7 +452,14 @@ def window_to_dict(tensors: Mapping[str, ArrayLike]) -> dict[str, Any]:
 
     Raises `WindowJSONError` naming the tensor when one is missing or mis-shaped.
     """
-    orders = _rows(tensors, ("ORDER_IDS", *(n for n in _SPECS if n.startswith("ORDER_"))))
+    orders = _rows(
+        tensors,
+        (
+            "ORDER_IDS",
+            *(n for n in _SPECS if n.startswith("ORDER_") and not _SPECS[n].optional),
+            *(n for n in ADDRESS_KEYS.values() if tensors.get(n) is not None),
+        ),
+    )
     riders = _rows(tensors, ("RIDER_IDS", *(n for n in _SPECS if n.startswith("RIDER_"))))
     coord = _as_text("COORD_SYSTEM", _column(tensors, "COORD_SYSTEM").reshape(-1)[0])
     time = _column(tensors, "DISPATCH_TIME").reshape(-1)
@@ -438,18 +472,7 @@ def window_to_dict(tensors: Mapping[str, ArrayLike]) -> dict[str, Any]:
         if tag.size != 1:
             raise WindowJSONError(MODEL_VERSION_TAG.name, "must hold exactly one value")
         document["model_version_tag"] = _as_text(MODEL_VERSION_TAG.name, tag[0])
-    document["orders"] = [
-        {
-            "id": _as_text(f"ORDER_IDS[{i}]", row["ORDER_IDS"]),
-            "user_id": _as_text(f"ORDER_USER_IDS[{i}]", row["ORDER_USER_IDS"]),
-            "pickup": [float(v) for v in row["ORDER_PICKUP"]],
-            "dropoff": [float(v) for v in row["ORDER_DROPOFF"]],
-            "created_at": int(row["ORDER_CREATED_AT"]),
-            "promised_minutes": _short_float(row["ORDER_PROMISED_MINUTES"]),
-            "constraints": _flag_names(int(row["ORDER_CONSTRAINTS"]), _CONSTRAINT_BITS),
-        }
-        for i, row in enumerate(orders)
-    ]
+    document["orders"] = [_order_document(i, row) for i, row in enumerate(orders)]
     document["riders"] = [
         {
             "id": _as_text(f"RIDER_IDS[{i}]", row["RIDER_IDS"]),
@@ -477,6 +500,26 @@ def _column(tensors: Mapping[str, ArrayLike], name: str) -> NDArray[Any]:
     if name in ("COORD_SYSTEM", "DISPATCH_TIME") and array.size != 1:
         raise WindowJSONError(name, "must hold exactly one value")
     return array
+
+
+def _order_document(i: int, row: dict[str, Any]) -> dict[str, Any]:
+    """One order's keys; a NaN point (to be geocoded) is left out, empty addresses too."""
+    order: dict[str, Any] = {
+        "id": _as_text(f"ORDER_IDS[{i}]", row["ORDER_IDS"]),
+        "user_id": _as_text(f"ORDER_USER_IDS[{i}]", row["ORDER_USER_IDS"]),
+    }
+    for key, name in (("pickup", "ORDER_PICKUP"), ("dropoff", "ORDER_DROPOFF")):
+        point = [float(v) for v in row[name]]
+        if not all(map(math.isnan, point)):
+            order[key] = point
+    order["created_at"] = int(row["ORDER_CREATED_AT"])
+    order["promised_minutes"] = _short_float(row["ORDER_PROMISED_MINUTES"])
+    order["constraints"] = _flag_names(int(row["ORDER_CONSTRAINTS"]), _CONSTRAINT_BITS)
+    for key, name in ADDRESS_KEYS.items():
+        text = _as_text(f"{name}[{i}]", row[name]) if name in row else ""
+        if text:
+            order[key] = text
+    return order
 
 
 def _rows(tensors: Mapping[str, ArrayLike], names: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -29,7 +29,9 @@ __all__ = [
     "FEATURE_LAYOUT_VERSION",
     "HARD_CONSTRAINTS",
     "KNOWN_CONSTRAINTS",
+    "MAX_ADDRESS_BYTES",
     "MAX_CANDIDATES",
+    "MAX_CITY_BYTES",
     "MAX_ID_BYTES",
     "MAX_ORDERS",
     "MAX_PAIRS",
@@ -45,7 +47,11 @@ __all__ = [
     "ORDER_FIELDS",
     "ORDER_FIELD_COLUMNS",
     "ORDER_FIELD_SOURCES",
+    "ORDER_LOCATION_SOURCE",
     "ORDER_MODEL_VERSION",
+    "ORDER_TEXT",
+    "ORDER_TEXT_COLUMNS",
+    "ORDER_TEXT_SOURCES",
     "ORDER_USER_IDS",
     "PAIR_FEATURES",
     "PAIR_FEATURE_NAMES",
@@ -69,11 +75,13 @@ __all__ = [
     "WIRE_DISPATCH_OUTPUTS",
     "WIRE_WINDOW_INPUTS",
     "CoordSystem",
+    "LocationSource",
     "OrderConstraint",
     "TensorSpec",
     "Vehicle",
     "batched",
     "coord_system_code",
+    "pack_order_text",
     "pack_window",
     "spec_by_name",
     "wire_shape",
@@ -108,6 +116,8 @@ TRITON_TO_NUMPY: Final[dict[str, type[np.generic]]] = {
 MAX_ORDERS: Final = 1024
 MAX_RIDERS: Final = 8192
 MAX_ID_BYTES: Final = 64
+MAX_ADDRESS_BYTES: Final = 256  # each of ORDER_TEXT's two address columns
+MAX_CITY_BYTES: Final = 64  # ORDER_TEXT's city column
 MAX_CANDIDATES: Final = 32
 # dispatch_model's max_batch_size must hold one whole window's pairs.
 MAX_PAIRS: Final = MAX_ORDERS * MAX_CANDIDATES
@@ -119,6 +129,15 @@ class CoordSystem(IntEnum):
     WGS84 = 0
     GCJ02 = 1
     BD09 = 2
+
+
+class LocationSource(IntEnum):
+    """How a pickup or drop-off point was found (ORDER_LOCATION_SOURCE)."""
+
+    GIVEN = 0  # the request carried coordinates
+    CACHE = 1  # geocoded earlier: the geocoding cache
+    GEOCODER = 2  # a geocoding provider answered within the window's deadline
+    GAZETTEER = 3  # matched offline: district (cpca), road or place of the city gazetteer
 
 
 class OrderConstraint(IntFlag):
@@ -191,11 +210,42 @@ B, R, P, N, K = -1, -1, -1, -1, -1  # variable dims, named for readability
 WINDOW_INPUTS: Final[tuple[TensorSpec, ...]] = (
     TensorSpec("ORDER_IDS", "BYTES", (B,), doc="order id, 1..64 UTF-8 bytes, unique"),
     TensorSpec("ORDER_USER_IDS", "BYTES", (B,), doc="user/tenant id, 1..64 bytes"),
-    TensorSpec("ORDER_PICKUP", "FP64", (B, 2), doc="pickup [lat, lon] degrees, COORD_SYSTEM"),
-    TensorSpec("ORDER_DROPOFF", "FP64", (B, 2), doc="drop-off [lat, lon] degrees"),
+    TensorSpec(
+        "ORDER_PICKUP",
+        "FP64",
+        (B, 2),
+        doc="pickup [lat, lon] degrees, COORD_SYSTEM; both NaN: geocode ORDER_PICKUP_ADDRESS",
+    ),
+    TensorSpec(
+        "ORDER_DROPOFF",
+        "FP64",
+        (B, 2),
+        doc="drop-off [lat, lon] degrees; both NaN: geocode ORDER_DROPOFF_ADDRESS",
+    ),
     TensorSpec("ORDER_CREATED_AT", "INT64", (B,), doc="creation time, unix seconds"),
     TensorSpec("ORDER_PROMISED_MINUTES", "FP32", (B,), doc="promised delivery minutes, (0, 240]"),
     TensorSpec("ORDER_CONSTRAINTS", "INT32", (B,), doc="OrderConstraint bitmask"),
+    TensorSpec(
+        "ORDER_PICKUP_ADDRESS",
+        "BYTES",
+        (B,),
+        optional=True,
+        doc="pickup address, UTF-8, at most 256 bytes; b'' = not given",
+    ),
+    TensorSpec(
+        "ORDER_DROPOFF_ADDRESS",
+        "BYTES",
+        (B,),
+        optional=True,
+        doc="drop-off address, UTF-8, at most 256 bytes; b'' = not given",
+    ),
+    TensorSpec(
+        "ORDER_CITY",
+        "BYTES",
+        (B,),
+        optional=True,
+        doc="the addresses' city, a name or an adcode, at most 64 bytes; b'' = not given",
+    ),
     TensorSpec("RIDER_IDS", "BYTES", (R,), doc="rider id, 1..64 bytes, unique"),
     TensorSpec("RIDER_POSITION", "FP64", (R, 2), doc="rider [lat, lon] degrees"),
     TensorSpec("RIDER_LOAD", "INT32", (R,), doc="orders the rider carries now, >= 0"),
@@ -222,7 +272,15 @@ PAIR_OBJECTIVES = TensorSpec(
     "PAIR_OBJECTIVES", "FP32", (P, 3), doc="per pair: ETA minutes, on-time probability, cost CNY"
 )
 
-ENCODER_OUTPUTS: Final = (PAIR_FEATURES, CANDIDATE_RIDER_INDEX)
+ORDER_LOCATION_SOURCE = TensorSpec(
+    "ORDER_LOCATION_SOURCE",
+    "INT32",
+    (B, 2),
+    doc="per order, pickup then drop-off: how the point was found; 0 coordinates given, "
+    "1 geocoding cache, 2 geocoder, 3 gazetteer rule match",
+)
+
+ENCODER_OUTPUTS: Final = (PAIR_FEATURES, CANDIDATE_RIDER_INDEX, ORDER_LOCATION_SOURCE)
 MODEL_INPUTS: Final = (PAIR_FEATURES,)
 MODEL_OUTPUTS: Final = (PAIR_OBJECTIVES,)
 
@@ -265,14 +323,35 @@ ORDER_FALLBACK_LEVEL = TensorSpec(
     doc="0 chosen version answered, 1 stable retry answered, 2 rule-based dispatcher answered, "
     "3 chosen version answered on CPU instances (no healthy GPU: device fallback L2)",
 )
-# The routing key: each order is routed by its user id's bucket.
 ORDER_USER_IDS: Final = next(spec for spec in WINDOW_INPUTS if spec.name == "ORDER_USER_IDS")
+# The order's text on the wire (v2): one BYTES matrix, a column per field. Only the user id
+# is required; columns may be left off from the right (a window without addresses sends
+# [B, 1]). The routing key is its first column: each order is routed by its user's bucket.
+ORDER_TEXT_COLUMNS: Final = (
+    "user_id",  # user/tenant id, 1..64 bytes
+    "pickup_address",  # UTF-8, at most MAX_ADDRESS_BYTES; b"" = not given
+    "dropoff_address",
+    "city",  # name or adcode of the addresses' city; b"" = not given
+)
+# Which logical window tensor (WINDOW_INPUTS) each column carries, in column order.
+ORDER_TEXT_SOURCES: Final = (
+    "ORDER_USER_IDS",
+    "ORDER_PICKUP_ADDRESS",
+    "ORDER_DROPOFF_ADDRESS",
+    "ORDER_CITY",
+)
+ORDER_TEXT = TensorSpec(
+    "ORDER_TEXT",
+    "BYTES",
+    (B, -1),
+    doc="per order, ORDER_TEXT_COLUMNS (1 to 4 of them, left to right)",
+)
 ROUTING_INPUTS: Final = (MODEL_VERSION_TAG,)
 ROUTING_OUTPUTS: Final = (ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL)
 ROUTER_INPUTS: Final = (
     PAIR_FEATURES,
     CANDIDATE_RIDER_INDEX,
-    ORDER_USER_IDS,
+    ORDER_TEXT,
     MODEL_VERSION_TAG,
 )
 ROUTER_OUTPUTS: Final = (PAIR_OBJECTIVES, *ROUTING_OUTPUTS)
@@ -351,7 +430,7 @@ WINDOW_FIELDS = TensorSpec(
 )
 WIRE_WINDOW_INPUTS: Final[tuple[TensorSpec, ...]] = (
     _WINDOW_SPECS["ORDER_IDS"],
-    ORDER_USER_IDS,
+    ORDER_TEXT,
     ORDER_FIELDS,
     _WINDOW_SPECS["RIDER_IDS"],
     RIDER_FIELDS,
@@ -381,9 +460,9 @@ RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     RIDER_FIELDS,  # load and capacity columns
     _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
 )
-# `dispatch` and `dispatch_fused`: 8 tensors in, 6 out.
+# `dispatch` and `dispatch_fused`: 8 tensors in, 7 out.
 WIRE_DISPATCH_INPUTS: Final = (*WIRE_WINDOW_INPUTS, *ROUTING_INPUTS)
-WIRE_DISPATCH_OUTPUTS: Final = (*RESOLVER_OUTPUTS, *ROUTING_OUTPUTS)
+WIRE_DISPATCH_OUTPUTS: Final = (*RESOLVER_OUTPUTS, *ROUTING_OUTPUTS, ORDER_LOCATION_SOURCE)
 MAX_WIRE_TENSORS: Final = 8
 # The `dispatch` ensemble (and `dispatch_fused`): the packed window plus the optional tag in;
 # the resolver's answer plus the per-order routing outputs out.
@@ -404,8 +483,9 @@ def pack_window(tensors: Mapping[str, Any]) -> dict[str, NDArray[Any]]:
     Raises KeyError naming a missing required tensor, ValueError for an unknown datum.
     """
     out: dict[str, NDArray[Any]] = {}
-    for name in ("ORDER_IDS", "ORDER_USER_IDS", "RIDER_IDS"):
+    for name in ("ORDER_IDS", "RIDER_IDS"):
         out[name] = np.asarray(tensors[name], dtype=object).reshape(-1)
+    out[ORDER_TEXT.name] = pack_order_text(tensors)
     for spec, sources in ((ORDER_FIELDS, ORDER_FIELD_SOURCES), (RIDER_FIELDS, RIDER_FIELD_SOURCES)):
         columns = []
         for source, column in sources:
@@ -422,6 +502,26 @@ def pack_window(tensors: Mapping[str, Any]) -> dict[str, NDArray[Any]]:
         if value is not None:
             dtype = object if name == MODEL_VERSION_TAG.name else np.float32
             out[name] = np.asarray(value, dtype=dtype).reshape(-1)
+    return out
+
+
+def pack_order_text(tensors: Mapping[str, Any]) -> NDArray[np.object_]:
+    """ORDER_TEXT from the logical tensors: the user ids, then the address columns up to the
+    last one given (absent ones in between are b""); [B, 1] when no address is given."""
+    users = np.asarray(tensors[ORDER_TEXT_SOURCES[0]], dtype=object).reshape(-1)
+    columns = [users]
+    for name in ORDER_TEXT_SOURCES[1:]:
+        value = tensors.get(name)
+        columns.append(
+            np.full(users.shape, b"", dtype=object)
+            if value is None
+            else np.asarray(value, dtype=object).reshape(-1)
+        )
+    while len(columns) > 1 and all(len(item) == 0 for item in columns[-1].tolist()):
+        columns.pop()
+    out = np.empty((users.shape[0], len(columns)), dtype=object)
+    for index, column in enumerate(columns):
+        out[:, index] = column
     return out
 
 
@@ -454,6 +554,7 @@ def spec_by_name(name: str) -> TensorSpec:
         *DISPATCH_OUTPUTS,
         *ROUTING_INPUTS,
         *ROUTING_OUTPUTS,
+        ORDER_TEXT,
         ORDER_FIELDS,
         RIDER_FIELDS,
         WINDOW_FIELDS,
@@ -468,8 +569,8 @@ def spec_by_name(name: str) -> TensorSpec:
 # For co-located feature services that already hold pair features: the caller encodes the
 # window (layout of the served dispatch_model versions, `v1` above), and the ensemble runs
 # the same dispatch_router -> topk_resolver steps as `dispatch`, so canary routing, fallback
-# and the answer are those of `dispatch` for the same window. ORDER_USER_IDS is needed for
-# the per-user canary routing.
+# and the answer are those of `dispatch` for the same window. ORDER_TEXT carries the user
+# ids the per-user canary routing needs (its address columns are not read: no encoder runs).
 FEATURE_ENTRY_MODEL_NAME: Final = "dispatch_features"
 FEATURE_ENTRY_INPUTS: Final[tuple[TensorSpec, ...]] = (
     TensorSpec(
@@ -479,10 +580,10 @@ FEATURE_ENTRY_INPUTS: Final[tuple[TensorSpec, ...]] = (
         doc="one row per candidate pair, P = B x N rows in CANDIDATE_RIDER_INDEX order",
     ),
     CANDIDATE_RIDER_INDEX,
-    ORDER_USER_IDS,
+    ORDER_TEXT,
     _WINDOW_SPECS["RIDER_IDS"],
     RIDER_FIELDS,
     _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
     *ROUTING_INPUTS,
 )
-FEATURE_ENTRY_OUTPUTS: Final = DISPATCH_ENSEMBLE_OUTPUTS
+FEATURE_ENTRY_OUTPUTS: Final = (*RESOLVER_OUTPUTS, *ROUTING_OUTPUTS)

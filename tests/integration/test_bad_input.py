@@ -53,7 +53,7 @@ def _orders(n: int) -> Mutation:
 
     def mutate(w: Arrays) -> None:
         take = np.arange(n) % len(w["ORDER_IDS"])
-        for name in ("ORDER_IDS", "ORDER_USER_IDS", "ORDER_FIELDS"):
+        for name in ("ORDER_IDS", "ORDER_TEXT", "ORDER_FIELDS"):
             w[name] = w[name][take]
         w["ORDER_IDS"] = _ids(n, "o")
 

@@ -61,7 +61,7 @@ def random_request(rng: np.random.Generator, tag: str | None) -> Arrays:
     orders, riders = int(rng.integers(1, 13)), int(rng.integers(4, 61))
     tensors = dict(sim_window(int(rng.integers(1 << 30)), orders, riders))
     users = rng.integers(0, 1000, size=orders)
-    tensors["ORDER_USER_IDS"] = np.array([f"user-{u}".encode() for u in users], dtype=object)
+    tensors["ORDER_TEXT"] = np.array([[f"user-{u}".encode()] for u in users], dtype=object)
     if rng.random() < 0.3:
         weights = rng.dirichlet(np.ones(3)).astype(np.float32)
         tensors["OBJECTIVE_WEIGHTS"] = weights

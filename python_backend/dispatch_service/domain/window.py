@@ -17,6 +17,8 @@ from numpy.typing import NDArray
 from dispatch_contract import (
     DEFAULT_OBJECTIVE_WEIGHTS,
     KNOWN_CONSTRAINTS,
+    MAX_ADDRESS_BYTES,
+    MAX_CITY_BYTES,
     MAX_ID_BYTES,
     MAX_ORDERS,
     MAX_RIDERS,
@@ -24,6 +26,9 @@ from dispatch_contract import (
     ORDER_FIELD_COLUMNS,
     ORDER_FIELD_SOURCES,
     ORDER_FIELDS,
+    ORDER_TEXT,
+    ORDER_TEXT_COLUMNS,
+    ORDER_TEXT_SOURCES,
     RIDER_FIELD_COLUMNS,
     RIDER_FIELD_SOURCES,
     RIDER_FIELDS,
@@ -44,6 +49,7 @@ __all__ = [
     "MAX_CLOCK_SKEW_S",
     "MAX_PROMISED_MINUTES",
     "MAX_RIDER_LOAD",
+    "USER_IDS_FIELD",
     "Counts",
     "DispatchWindow",
     "Values",
@@ -52,15 +58,19 @@ __all__ = [
     "check_objective_weights",
     "check_rider_counts",
     "check_times",
+    "decode_text",
+    "order_text_from_wire",
     "parse_coord_system",
     "parse_objective_weights",
     "rider_counts_from_wire",
+    "user_ids_from_wire",
     "window_from_tensors",
     "window_from_wire",
     "window_tensors_from_wire",
     "window_to_tensors",
     "window_to_wire",
     "wire_field",
+    "wire_name",
 ]
 
 MAX_PROMISED_MINUTES = 240.0
@@ -109,10 +119,20 @@ class DispatchWindow:
     rider_equipment: NDArray[np.int32]
     dispatch_time: int
     coord_system: CoordSystem = CoordSystem.WGS84
+    # Per order, UTF-8 bytes (b"" = not given); None when the request sent no such column.
+    # A pickup / drop-off row that is NaN has its address: the encoder geocodes it.
+    pickup_address: NDArray[np.object_] | None = None
+    dropoff_address: NDArray[np.object_] | None = None
+    city: NDArray[np.object_] | None = None
 
     @property
     def num_orders(self) -> int:
         return int(self.order_ids.shape[0])
+
+    @property
+    def needs_geocoding(self) -> bool:
+        """True when some pickup or drop-off came as an address instead of coordinates."""
+        return bool(np.isnan(self.pickup).any() or np.isnan(self.dropoff).any())
 
     @property
     def num_riders(self) -> int:
@@ -216,6 +236,74 @@ def check_id_text(name: str, row: int, value: bytes) -> None:
         raise DispatchInputError(
             name, f"ids must be valid UTF-8, row {row} is not (byte {exc.start})", "dtype"
         ) from None
+
+
+def decode_text(name: str, row: int, value: str | bytes, limit: int) -> str:
+    """The rule for free text (addresses, cities): UTF-8 of at most ``limit`` bytes."""
+    if isinstance(value, str):
+        data = value.encode("utf-8", "surrogatepass")
+    elif isinstance(value, bytes):
+        data = value
+    else:
+        raise DispatchInputError(name, f"must be bytes or text (row {row})", "dtype")
+    if len(data) > limit:
+        raise DispatchInputError(
+            name, f"must be at most {limit} bytes of UTF-8, row {row} has {len(data)}", "id_length"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DispatchInputError(
+            name, f"must be valid UTF-8, row {row} is not (byte {exc.start})", "dtype"
+        ) from None
+
+
+def _texts(
+    tensors: Mapping[str, Any], name: str, limit: int, rows: int
+) -> NDArray[np.object_] | None:
+    """An optional text column as UTF-8 bytes (b"" = not given); None when absent."""
+    if tensors.get(name) is None:
+        return None
+    raw = _fetch(tensors, name)
+    if raw.shape[0] != rows:
+        raise DispatchInputError(
+            name, f"must have {rows} rows like ORDER_IDS, got {raw.shape[0]}", "shape"
+        )
+    out = np.empty(rows, dtype=object)
+    for i, item in enumerate(raw.tolist()):
+        out[i] = decode_text(name, i, item, limit).encode("utf-8")
+    return out
+
+
+def _located(
+    name: str,
+    points: NDArray[np.float64],
+    addresses: NDArray[np.object_] | None,
+    address_name: str,
+) -> NDArray[np.float64]:
+    """``points`` with the rows to be geocoded (both NaN, address given) set to 0 for the
+    value checks; a NaN row without an address is refused here, naming both fields."""
+    if points.ndim != 2 or not np.isnan(points).any():
+        return points
+    missing = np.isnan(points).all(axis=1)
+    if not missing.any():
+        return points  # half-NaN rows: `_latlon` refuses them as not finite
+    given = (
+        np.zeros(missing.shape, dtype=bool)
+        if addresses is None
+        else np.array([len(a) > 0 for a in addresses.tolist()], dtype=bool)
+    )
+    bare = missing & ~given
+    if bare.any():
+        row = int(np.argmax(bare))
+        raise DispatchInputError(
+            name,
+            f"is NaN in row {row}, which has no {address_name}: give coordinates or an address",
+            "missing",
+        )
+    checked = points.copy()
+    checked[missing] = 0.0
+    return checked
 
 
 def _finite(name: str, array: NDArray[Any]) -> None:
@@ -441,6 +529,9 @@ def window_from_tensors(
         (order_ids, user_ids, pickup, dropoff, created_at, promised, constraints),
         num_orders,
     )
+    pickup_address = _texts(tensors, "ORDER_PICKUP_ADDRESS", MAX_ADDRESS_BYTES, num_orders)
+    dropoff_address = _texts(tensors, "ORDER_DROPOFF_ADDRESS", MAX_ADDRESS_BYTES, num_orders)
+    city = _texts(tensors, "ORDER_CITY", MAX_CITY_BYTES, num_orders)
 
     rider_ids = _ids(tensors, "RIDER_IDS", limits.max_id_bytes)
     num_riders = rider_ids.shape[0]
@@ -467,7 +558,14 @@ def window_from_tensors(
 
     _unique("ORDER_IDS", order_ids)
     _unique("RIDER_IDS", rider_ids)
-    values = (pickup, dropoff, position, promised, created_at, constraints)
+    values = (
+        _located("ORDER_PICKUP", pickup, pickup_address, "pickup address"),
+        _located("ORDER_DROPOFF", dropoff, dropoff_address, "drop-off address"),
+        position,
+        promised,
+        created_at,
+        constraints,
+    )
     counts = (load, capacity, equipment, vehicle)
     if not _values_plausible(values, counts, dispatch_time):
         _check_values(values, counts, dispatch_time)
@@ -489,12 +587,25 @@ def window_from_tensors(
         rider_equipment=equipment.astype(np.int32),
         dispatch_time=dispatch_time,
         coord_system=coord_system,
+        pickup_address=pickup_address,
+        dropoff_address=dropoff_address,
+        city=city,
     )
 
 
 def window_to_tensors(window: DispatchWindow) -> dict[str, NDArray[Any]]:
     """The request tensors for a window (coordinates sent as WGS-84)."""
+    text = {
+        name: value
+        for name, value in (
+            ("ORDER_PICKUP_ADDRESS", window.pickup_address),
+            ("ORDER_DROPOFF_ADDRESS", window.dropoff_address),
+            ("ORDER_CITY", window.city),
+        )
+        if value is not None
+    }
     return {
+        **text,
         "ORDER_IDS": window.order_ids,
         "ORDER_USER_IDS": window.order_user_ids,
         "ORDER_PICKUP": window.pickup.astype(np.float64),
@@ -546,12 +657,24 @@ def _wire_names() -> dict[str, str]:
         for (source, _), column in zip(sources, columns, strict=True):
             grouped.setdefault(source, []).append(column)
         names.update({src: wire_field(spec.name, tuple(cols)) for src, cols in grouped.items()})
+    for source, column in zip(ORDER_TEXT_SOURCES, ORDER_TEXT_COLUMNS, strict=True):
+        names[source] = wire_field(ORDER_TEXT.name, (column,))
     names["DISPATCH_TIME"] = wire_field(WINDOW_FIELDS.name, ("dispatch_time",))
     names["COORD_SYSTEM"] = wire_field(WINDOW_FIELDS.name, ("coord_system",))
     return names
 
 
 _WIRE_NAMES = _wire_names()
+
+
+def wire_name(logical: str) -> str:
+    """How the wire calls a logical window tensor: ``ORDER_PICKUP`` ->
+    ``ORDER_FIELDS[pickup_lat, pickup_lon]`` (a tensor sent as it is keeps its name)."""
+    return _WIRE_NAMES.get(logical, logical)
+
+
+# How errors name the routing key on the wire: ORDER_TEXT[user_id].
+USER_IDS_FIELD = _WIRE_NAMES["ORDER_USER_IDS"]
 
 
 def _matrix(inputs: Mapping[str, Any], name: str, columns: tuple[str, ...]) -> NDArray[np.float64]:
@@ -617,9 +740,10 @@ def window_tensors_from_wire(inputs: Mapping[str, Any]) -> dict[str, Any]:
     """The v2 wire tensors of one window (no batch dimension) -> the logical window tensors
     (WINDOW_INPUTS names) `window_from_tensors` validates. Raises DispatchInputError."""
     out: dict[str, Any] = {
-        name: inputs.get(name)
-        for name in ("ORDER_IDS", "ORDER_USER_IDS", "RIDER_IDS", "OBJECTIVE_WEIGHTS")
+        name: inputs.get(name) for name in ("ORDER_IDS", "RIDER_IDS", "OBJECTIVE_WEIGHTS")
     }
+    text = order_text_from_wire(inputs)
+    out.update(zip(ORDER_TEXT_SOURCES, text.T, strict=False))
     _unpack(inputs, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS, ORDER_FIELD_SOURCES, out)
     _unpack(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS, RIDER_FIELD_SOURCES, out)
     value = inputs.get(WINDOW_FIELDS.name)
@@ -647,6 +771,31 @@ def window_tensors_from_wire(inputs: Mapping[str, Any]) -> dict[str, Any]:
         )
     out["COORD_SYSTEM"] = np.array([CoordSystem(int(code)).name.encode()], dtype=object)
     return out
+
+
+def order_text_from_wire(inputs: Mapping[str, Any]) -> NDArray[Any]:
+    """ORDER_TEXT checked for its own rules (BYTES, [B, 1..4]): the routing key is column 0."""
+    value = inputs.get(ORDER_TEXT.name)
+    if value is None:
+        raise DispatchInputError(ORDER_TEXT.name, "is required but missing", "missing")
+    text = np.asarray(value)
+    if text.dtype.kind not in "OSU":
+        raise DispatchInputError(ORDER_TEXT.name, f"must be BYTES, got {text.dtype}", "dtype")
+    width = len(ORDER_TEXT_COLUMNS)
+    if text.ndim != 2 or not 1 <= text.shape[1] <= width:
+        raise DispatchInputError(
+            ORDER_TEXT.name,
+            f"must have shape [*, 1..{width}] (columns {', '.join(ORDER_TEXT_COLUMNS)}, "
+            f"the first required), got {text.shape}",
+            "shape",
+        )
+    return text
+
+
+def user_ids_from_wire(inputs: Mapping[str, Any]) -> NDArray[Any]:
+    """The routing key, ORDER_TEXT's user-id column (no other rule checked)."""
+    ids: NDArray[Any] = order_text_from_wire(inputs)[:, 0]
+    return ids
 
 
 def window_from_wire(

@@ -29,15 +29,16 @@ from collections import Counter
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any, Final, TypeVar
 
 import aiohttp
 import numpy as np
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 from numpy.typing import NDArray
 
+from dispatch_contract import MAX_ADDRESS_BYTES, MAX_CITY_BYTES, LocationSource
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain.window import decode_text
 from dispatch_service.geocoding.breaker import BreakerState, CircuitBreaker
 from dispatch_service.geocoding.cache import CacheKey, CacheStats, GeocodeCache
 from dispatch_service.geocoding.gazetteer import (
@@ -47,7 +48,6 @@ from dispatch_service.geocoding.gazetteer import (
     match_address,
 )
 from dispatch_service.geocoding.normalize import (
-    MAX_ADDRESS_BYTES,
     normalize_address,
     normalize_city,
 )
@@ -60,7 +60,6 @@ from dispatch_service.geocoding.providers import (
 )
 
 __all__ = [
-    "MAX_CITY_BYTES",
     "AddressText",
     "BlockingGeocoder",
     "GeocoderChain",
@@ -69,21 +68,11 @@ __all__ = [
     "Resolution",
 ]
 
-MAX_CITY_BYTES: Final = 64
 # Offline matches worked out between two looks at the network (each well under 1 ms).
 _OFFLINE_CHUNK: Final = 64
 _CITY_CODES: Final = 4096
 AddressText = str | bytes
 T = TypeVar("T")
-
-
-class LocationSource(IntEnum):
-    """How a location was found; the answer carries it per order and end."""
-
-    GIVEN = 0  # the request carried coordinates (or no address)
-    CACHE = 1
-    GEOCODER = 2
-    GAZETTEER = 3
 
 
 @dataclass(frozen=True)
@@ -145,25 +134,6 @@ class Resolution:
     offline: tuple[GazetteerMatch | None, ...]  # the gazetteer's match where source is 3
 
 
-def _decode(value: AddressText, field: str, row: int, limit: int) -> str:
-    if isinstance(value, bytes):
-        if len(value) > limit:
-            raise DispatchInputError(
-                field, f"row {row}: must be at most {limit} bytes of UTF-8", code="id_length"
-            )
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise DispatchInputError(
-                field, f"row {row}: must be UTF-8 text (bytes or text)", code="dtype"
-            ) from None
-    if len(value.encode("utf-8", "surrogatepass")) > limit:
-        raise DispatchInputError(
-            field, f"row {row}: must be at most {limit} bytes of UTF-8", code="id_length"
-        )
-    return value
-
-
 class GeocoderChain:
     """Cache, providers with breakers, offline fallback; one per model instance.
 
@@ -195,6 +165,17 @@ class GeocoderChain:
         self._city_codes: LRUCache[str, str | None] = LRUCache(_CITY_CODES)
         self._offline: LRUCache[CacheKey, GazetteerMatch | None] = LRUCache(
             s.geocoder_cache_entries
+        )
+        # Text as sent -> its cache key and city code: a repeated address skips decoding and
+        # normalising (most of a warm window's cost). Only texts that passed are remembered.
+        self._keys: LRUCache[tuple[AddressText, AddressText], tuple[CacheKey, str | None]] = (
+            LRUCache(s.geocoder_cache_entries)
+        )
+        # Addresses every configured provider answered "not found" (not an error): asked
+        # again only after the cache's TTL, so a repeated unknown address costs no round
+        # trip per window and goes straight to the gazetteer.
+        self._not_found: TTLCache[CacheKey, bool] = TTLCache(
+            s.geocoder_cache_entries, s.geocoder_cache_ttl_s, timer=clock
         )
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -302,6 +283,7 @@ class GeocoderChain:
     ) -> RawPoint | None:
         loop = asyncio.get_running_loop()
         attempt_s = self.settings.geocoder_attempt_timeout_ms / 1000.0
+        not_found = 0
         for provider, breaker in self.providers:
             remaining = cutoff - loop.time()
             if remaining <= 0:
@@ -327,6 +309,10 @@ class GeocoderChain:
             if point is not None:
                 return point
             self.provider_not_found[provider.name] += 1
+            not_found += 1
+        if not_found == len(self.providers):
+            with self._lock:
+                self._not_found[(text, city)] = True
         return None
 
     # -------------------------------------------------------------------- entry point
@@ -365,12 +351,21 @@ class GeocoderChain:
         keys: list[CacheKey | None] = [None] * n
         city_codes: list[str | None] = [None] * n
         for i in range(n):
-            text = normalize_address(_decode(texts[i], fields[i], row_ids[i], MAX_ADDRESS_BYTES))
-            city = normalize_city(_decode(city_list[i], city_field, row_ids[i], MAX_CITY_BYTES))
+            raw = (texts[i], city_list[i])
+            with self._lock:
+                known = self._keys.get(raw)
+            if known is not None:
+                keys[i], city_codes[i] = known
+                continue
+            text = decode_text(fields[i], row_ids[i], texts[i], MAX_ADDRESS_BYTES)
+            city = decode_text(city_field, row_ids[i], city_list[i], MAX_CITY_BYTES)
+            text, city = normalize_address(text), normalize_city(city)
             if not text:
                 continue
             city_codes[i] = self._city_code(city, city_field, row_ids[i])
             keys[i] = (text, city)
+            with self._lock:
+                self._keys[raw] = ((text, city), city_codes[i])
 
         misses: dict[CacheKey, list[int]] = {}
         for i, key in enumerate(keys):
@@ -383,9 +378,11 @@ class GeocoderChain:
             else:
                 misses.setdefault(key, []).append(i)
 
-        if misses and self.providers and cutoff > loop.time():
+        with self._lock:
+            asked = [key for key in misses if key not in self._not_found]
+        if asked and self.providers and cutoff > loop.time():
             tasks = {
-                key: asyncio.ensure_future(self._lookup(key[0], key[1], cutoff)) for key in misses
+                key: asyncio.ensure_future(self._lookup(key[0], key[1], cutoff)) for key in asked
             }
             await self._offline_meanwhile(misses, city_codes, tasks, cutoff)
             _, pending = await asyncio.wait(tasks.values(), timeout=max(cutoff - loop.time(), 0))
@@ -432,8 +429,15 @@ class GeocoderChain:
                 + (f" ({len(unknown)} such rows)" if len(unknown) > 1 else ""),
                 code="unknown_value",
             )
+        counts = np.bincount(source, minlength=len(LocationSource))
         with self._lock:
-            self.sources.update(LocationSource(int(v)).name.lower() for v in source if v)
+            self.sources.update(
+                {
+                    kind.name.lower(): int(counts[kind])
+                    for kind in LocationSource
+                    if kind and counts[kind]
+                }
+            )
         return Resolution(latlon, source, tuple(offline))
 
     def stats(self) -> dict[str, Any]:
@@ -473,7 +477,9 @@ class BlockingGeocoder:
         )
         self._thread.start()
 
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine of the chain (e.g. `locations.resolve_window_locations`) on the
+        geocoder's loop and wait for it."""
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         return future.result()
 
@@ -486,7 +492,7 @@ class BlockingGeocoder:
         rows: Sequence[int] | None = None,
         deadline_s: float | None = None,
     ) -> Resolution:
-        return self._run(
+        return self.run(
             self.chain.resolve_locations(
                 texts, cities, field=field, rows=rows, deadline_s=deadline_s
             )
@@ -494,7 +500,7 @@ class BlockingGeocoder:
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):
-            self._run(self.chain.close())
+            self.run(self.chain.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():

@@ -12,16 +12,26 @@ geocoded points are WGS-84 too, so nothing downstream changes.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_service.core.errors import DispatchInputError
-from dispatch_service.geocoding.chain import AddressText, GeocoderChain
+from dispatch_service.core.metrics import Observation
+from dispatch_service.domain.window import DispatchWindow, wire_name
+from dispatch_service.geocoding.chain import (
+    AddressText,
+    BlockingGeocoder,
+    GeocoderChain,
+    GeocoderSettings,
+)
+from dispatch_service.geocoding.metrics import GEOCODING_LATENCY, GeocodingObserver
 
-__all__ = ["WindowLocations", "resolve_window_locations"]
+__all__ = ["WindowGeocoder", "WindowLocations", "resolve_window_locations"]
 
 
 @dataclass(frozen=True)
@@ -55,9 +65,13 @@ async def resolve_window_locations(
     *,
     pickup_field: str = "ORDER_PICKUP",
     dropoff_field: str = "ORDER_DROPOFF",
+    address_fields: tuple[str, str] = ("pickup_address", "dropoff_address"),
+    city_field: str = "city",
     deadline_s: float | None = None,
 ) -> WindowLocations:
-    """Fill the NaN rows of ``pickup`` / ``dropoff`` from their addresses (new arrays)."""
+    """Fill the NaN rows of ``pickup`` / ``dropoff`` from their addresses (new arrays).
+
+    The ``*_field`` names are what errors call each input (the wire's column names)."""
     count = len(pickup)
     if not (len(dropoff) == len(pickup_address) == len(dropoff_address) == len(city) == count):
         raise DispatchInputError(
@@ -73,8 +87,8 @@ async def resolve_window_locations(
     slots: list[tuple[int, int]] = []
     for end, (points, name, addresses, field) in enumerate(
         (
-            (pickup_out, pickup_field, pickup_address, "pickup_address"),
-            (dropoff_out, dropoff_field, dropoff_address, "dropoff_address"),
+            (pickup_out, pickup_field, pickup_address, address_fields[0]),
+            (dropoff_out, dropoff_field, dropoff_address, address_fields[1]),
         )
     ):
         for row in np.flatnonzero(_missing_rows(points, name)).tolist():
@@ -89,9 +103,84 @@ async def resolve_window_locations(
             slots.append((row, end))
     if texts:
         found = await chain.resolve_locations(
-            texts, cities, field=fields, rows=rows, deadline_s=deadline_s
+            texts, cities, field=fields, rows=rows, deadline_s=deadline_s, city_field=city_field
         )
         for k, (row, end) in enumerate(slots):
             (pickup_out if end == 0 else dropoff_out)[row] = found.latlon[k]
             source[row, end] = found.source[k]
     return WindowLocations(pickup_out, dropoff_out, source)
+
+
+class WindowGeocoder:
+    """What the encoder of one model instance calls: a window's NaN points from their
+    addresses, in WGS-84, and where each point came from.
+
+    The chain (cache, providers, gazetteer) is built on first use, or at load by `warm`
+    (building it reads the gazetteer and cpca's tables: about a second, too long for a
+    window's 300 ms deadline). It runs on its own event-loop thread (`BlockingGeocoder`):
+    on the 2.51 build a non-decoupled `execute` holds its instance until it returns, async or
+    not (docs/geocoding.md), so the wait is bounded by the deadline instead.
+    """
+
+    def __init__(self, settings: GeocoderSettings | None = None) -> None:
+        self.settings = settings or GeocoderSettings()
+        self._lock = threading.Lock()
+        self._blocking: BlockingGeocoder | None = None
+        self._observer = GeocodingObserver()
+        self._latencies: list[float] = []
+
+    def warm(self) -> WindowGeocoder:
+        self._geocoder()
+        return self
+
+    def _geocoder(self) -> BlockingGeocoder:
+        with self._lock:
+            if self._blocking is None:
+                self._blocking = BlockingGeocoder(GeocoderChain(self.settings))
+            return self._blocking
+
+    def locate(self, window: DispatchWindow) -> tuple[DispatchWindow, NDArray[np.int32]]:
+        """``window`` with its NaN pickups / drop-offs geocoded, and the [B, 2] sources
+        (all 0 for a window that came with coordinates: the chain is not touched)."""
+        if not window.needs_geocoding:
+            return window, np.zeros((window.num_orders, 2), dtype=np.int32)
+        geocoder = self._geocoder()
+        empty = [b""] * window.num_orders
+        started = time.perf_counter()
+        found = geocoder.run(
+            resolve_window_locations(
+                geocoder.chain,
+                window.pickup,
+                window.dropoff,
+                empty if window.pickup_address is None else window.pickup_address.tolist(),
+                empty if window.dropoff_address is None else window.dropoff_address.tolist(),
+                empty if window.city is None else window.city.tolist(),
+                pickup_field=wire_name("ORDER_PICKUP"),
+                dropoff_field=wire_name("ORDER_DROPOFF"),
+                address_fields=(
+                    wire_name("ORDER_PICKUP_ADDRESS"),
+                    wire_name("ORDER_DROPOFF_ADDRESS"),
+                ),
+                city_field=wire_name("ORDER_CITY"),
+            )
+        )
+        with self._lock:
+            self._latencies.append((time.perf_counter() - started) * 1000.0)
+        located = replace(window, pickup=found.pickup, dropoff=found.dropoff)
+        return located, found.source.astype(np.int32)
+
+    def observations(self) -> list[Observation]:
+        """The geocoding metrics since the previous call (nothing when no window needed it)."""
+        with self._lock:
+            latencies, self._latencies = self._latencies, []
+            blocking = self._blocking
+        if blocking is None or not latencies:
+            return []
+        found = [Observation(GEOCODING_LATENCY, value) for value in latencies]
+        return found + self._observer.observe(blocking.chain.stats(), None)
+
+    def close(self) -> None:
+        with self._lock:
+            blocking, self._blocking = self._blocking, None
+        if blocking is not None:
+            blocking.close()

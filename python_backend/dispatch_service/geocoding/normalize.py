@@ -13,13 +13,10 @@ import unicodedata
 from typing import Final
 
 __all__ = [
-    "MAX_ADDRESS_BYTES",
     "normalize_address",
     "normalize_city",
 ]
 
-# The contract's limit on one address (UTF-8 bytes).
-MAX_ADDRESS_BYTES: Final = 256
 
 # Traditional forms seen in addresses -> simplified (after NFKC).
 _TRADITIONAL: Final = str.maketrans(

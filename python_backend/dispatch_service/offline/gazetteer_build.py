@@ -26,13 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
 from dispatch_service.domain import geo
+from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.geocoding import gazetteer as gaz
 from dispatch_service.geocoding.normalize import normalize_address
 from dispatch_service.offline import simulator
@@ -47,6 +48,7 @@ __all__ = [
     "default_path",
     "gazetteer_accuracy",
     "main",
+    "window_with_addresses",
 ]
 
 # Names of the simulator's hot spots, in `CityConfig.hot_spots` order, with aliases.
@@ -189,6 +191,19 @@ class AddressBook:
         )
         return float(km[best]), self.roads[best], float(along)
 
+    def address(self, point: tuple[float, float], max_road_km: float = 0.4) -> tuple[str, bool]:
+        """(the address a customer at ``point`` would type, whether it names a road):
+        district + nearest road + house number, or district + an unnamed estate when no
+        road lies within ``max_road_km``."""
+        district = self.district(point)
+        km, road, along_km = self.nearest_road(point)
+        if km > max_road_km:
+            return f"上海市{district}康居小区", False
+        length_km = float(geo.haversine_km(road.start[0], road.start[1], road.end[0], road.end[1]))
+        share = along_km / length_km if length_km > 0 else 0.0
+        number = road.first_number + round(share * (road.last_number - road.first_number))
+        return f"上海市{district}{road.name}{number}号", True
+
 
 def address_for_point(
     point: tuple[float, float],
@@ -198,15 +213,38 @@ def address_for_point(
     book: AddressBook | None = None,
 ) -> tuple[str, bool]:
     """(the address a customer at ``point`` would type, whether it names a road)."""
-    book = book or AddressBook(gazetteer, recogniser)
-    district = book.district(point)
-    km, road, along_km = book.nearest_road(point)
-    if km > max_road_km:
-        return f"上海市{district}康居小区", False
-    length_km = float(geo.haversine_km(road.start[0], road.start[1], road.end[0], road.end[1]))
-    share = along_km / length_km if length_km > 0 else 0.0
-    number = road.first_number + round(share * (road.last_number - road.first_number))
-    return f"上海市{district}{road.name}{number}号", True
+    return (book or AddressBook(gazetteer, recogniser)).address(point, max_road_km)
+
+
+def window_with_addresses(
+    window: DispatchWindow,
+    book: AddressBook,
+    *,
+    share: float = 1.0,
+    city: str = "上海",
+) -> DispatchWindow:
+    """``window`` as an order service holding typed addresses would send it: the first
+    ``share`` of its orders give their pickup and drop-off only as the address a customer
+    at that point would type (`address_for_point`), their coordinates NaN; the others keep
+    their coordinates and send no address."""
+    count = round(share * window.num_orders)
+    pickup, dropoff = window.pickup.copy(), window.dropoff.copy()
+    texts = {end: np.full(window.num_orders, b"", dtype=object) for end in ("pickup", "dropoff")}
+    for end, points in (("pickup", pickup), ("dropoff", dropoff)):
+        for row in range(count):
+            lat, lon = points[row]
+            texts[end][row] = book.address((float(lat), float(lon)))[0].encode("utf-8")
+        points[:count] = np.nan
+    cities = np.full(window.num_orders, b"", dtype=object)
+    cities[:count] = city.encode("utf-8")
+    return replace(
+        window,
+        pickup=pickup,
+        dropoff=dropoff,
+        pickup_address=texts["pickup"],
+        dropoff_address=texts["dropoff"],
+        city=cities,
+    )
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,16 @@ import sys
 import threading
 import urllib.request
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 
 import numpy as np
 from aiohttp import web
 
 from dispatch_contract import CoordSystem
+from dispatch_service.core.model_config import read_model_config, write_model_config
 from dispatch_service.domain import geo
 from dispatch_service.geocoding.gazetteer import (
     AdminRecogniser,
@@ -44,7 +47,14 @@ from dispatch_service.geocoding.gazetteer import (
 )
 from dispatch_service.geocoding.normalize import normalize_address
 
-__all__ = ["FAILURE_MODES", "GeocodingServer", "RemoteGeocodingServer", "ServerMode", "main"]
+__all__ = [
+    "FAILURE_MODES",
+    "GeocodingServer",
+    "RemoteGeocodingServer",
+    "ServerMode",
+    "main",
+    "use_as_providers",
+]
 
 FAILURE_MODES: Final = ("none", "http_500", "error_status", "garbage", "hang")
 _HANG_S: Final = 60.0
@@ -306,6 +316,28 @@ class RemoteGeocodingServer:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def use_as_providers(
+    repository: Path, url: str, key: str, settings: Mapping[str, str] | None = None
+) -> None:
+    """Point the feature_encoder of a repository copy (and so dispatch_fused, which reads
+    its settings) at this server as both providers: amap shape primary, baidu secondary;
+    ``settings`` sets further `GeocoderSettings` parameters."""
+    path = repository / "feature_encoder" / "config.pbtxt"
+    config = read_model_config(path)
+    values = {
+        "geocoder_primary_kind": "amap",
+        "geocoder_primary_url": url,
+        "geocoder_primary_key": key,
+        "geocoder_secondary_kind": "baidu",
+        "geocoder_secondary_url": url,
+        "geocoder_secondary_key": key,
+        **(settings or {}),
+    }
+    for name, value in values.items():
+        config.parameters[name].string_value = str(value)
+    write_model_config(path, config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,15 +40,15 @@ from dispatch_contract import (
     CANDIDATE_RIDER_INDEX,
     MODEL_VERSION_TAG,
     ORDER_FALLBACK_LEVEL,
+    ORDER_LOCATION_SOURCE,
     ORDER_MODEL_VERSION,
-    ORDER_USER_IDS,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
-from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
+from dispatch_service.domain.window import user_ids_from_wire
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
 from dispatch_service.pipeline.stacking import Rescorer
@@ -63,7 +63,6 @@ __all__ = [
     "FusedResult",
 ]
 
-_USER_IDS: Final = ORDER_USER_IDS.name
 _REFUSED: Final = "refused by signature verification: "
 
 
@@ -208,13 +207,11 @@ class FusedDispatch:
         started = time.perf_counter()
         encoded = self.encoder.run(inputs)
         encoded_at = time.perf_counter()
-        user_ids = inputs.get(_USER_IDS)
-        if user_ids is None:  # the encoder has already rejected this; kept for the type
-            raise DispatchInputError(_USER_IDS, "is required but missing", "missing")
         served = ServedVersions(self.servable)
         routing, versions = route_window(
-            user_ids, inputs.get(MODEL_VERSION_TAG.name), self.settings.routing, served
-        )
+            user_ids_from_wire(inputs), inputs.get(MODEL_VERSION_TAG.name),
+            self.settings.routing, served,
+        )  # fmt: skip
         routed = route_and_score_now(
             encoded[PAIR_FEATURES.name],
             encoded[CANDIDATE_RIDER_INDEX.name],
@@ -239,6 +236,7 @@ class FusedDispatch:
                 **resolved,
                 ORDER_MODEL_VERSION.name: routed.model_version,
                 ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
+                ORDER_LOCATION_SOURCE.name: encoded[ORDER_LOCATION_SOURCE.name],
             },
             encoded=encoded,
             routed=routed,
@@ -283,13 +281,11 @@ class FusedDispatch:
         started = time.perf_counter()
         encoded = self.encoder.run(inputs)
         encode_ms = (time.perf_counter() - started) * 1000.0
-        user_ids = inputs.get(_USER_IDS)
-        if user_ids is None:  # the encoder has already rejected this; kept for the type
-            raise DispatchInputError(_USER_IDS, "is required but missing", "missing")
         served = ServedVersions(self.servable)
         routing, versions = route_window(
-            user_ids, inputs.get(MODEL_VERSION_TAG.name), self.settings.routing, served
-        )
+            user_ids_from_wire(inputs), inputs.get(MODEL_VERSION_TAG.name),
+            self.settings.routing, served,
+        )  # fmt: skip
         return _Prepared(encoded, routing, versions, served, started, encode_ms)
 
     def _score_together(self, windows: Sequence[_Prepared]) -> None:
@@ -343,6 +339,7 @@ class FusedDispatch:
                 **resolved,
                 ORDER_MODEL_VERSION.name: routed.model_version,
                 ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
+                ORDER_LOCATION_SOURCE.name: item.encoded[ORDER_LOCATION_SOURCE.name],
             },
             encoded=item.encoded,
             routed=routed,

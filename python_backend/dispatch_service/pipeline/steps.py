@@ -35,6 +35,8 @@ from dispatch_service.domain.window import (
     window_from_wire,
     window_tensors_from_wire,
 )
+from dispatch_service.geocoding.chain import GeocoderSettings
+from dispatch_service.geocoding.locations import WindowGeocoder
 from dispatch_service.pipeline.onnx_runner import (
     MODEL_FILE,
     OnnxScorer,
@@ -67,25 +69,34 @@ class FeatureEncoderStep:
     limits: WindowLimits = field(default_factory=WindowLimits)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     threads: EncoderThreads = field(default_factory=EncoderThreads)
+    # Orders that came with an address instead of coordinates (issue 13).
+    geocoder: WindowGeocoder = field(default_factory=WindowGeocoder, compare=False)
     input_names: ClassVar[tuple[str, ...]] = tuple(spec.name for spec in ENCODER_INPUTS)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> FeatureEncoderStep:
-        reject_unknown(parameters, WindowLimits, EncoderSettings, EncoderThreads)
+        """The step a model instance serves; its geocoder is built now, not on the first
+        address (that would cost the window its deadline)."""
+        reject_unknown(parameters, WindowLimits, EncoderSettings, EncoderThreads, GeocoderSettings)
         return cls(
             limits=load_settings(WindowLimits, parameters),
             encoder=load_settings(EncoderSettings, parameters),
             threads=load_settings(EncoderThreads, parameters),
+            geocoder=WindowGeocoder(load_settings(GeocoderSettings, parameters)).warm(),
         )
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        window = window_from_wire(inputs, self.limits)
+        window, sources = self.geocoder.locate(window_from_wire(inputs, self.limits))
         encoded = encode_window(window, self.encoder, self.threads.selection_threads)
-        features, candidates = ENCODER_OUTPUTS
+        features, candidates, located = ENCODER_OUTPUTS
         return {
             features.name: encoded.pair_features,
             candidates.name: encoded.candidate_rider_index,
+            located.name: sources,
         }
+
+    def close(self) -> None:
+        self.geocoder.close()
 
 
 @dataclass(frozen=True)

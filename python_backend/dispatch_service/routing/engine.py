@@ -28,10 +28,10 @@ from dispatch_contract import (
     CANDIDATE_RIDER_INDEX,
     NUM_PAIR_FEATURES,
     OBJECTIVES,
-    ORDER_USER_IDS,
     PAIR_FEATURES,
 )
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain.window import USER_IDS_FIELD
 from dispatch_service.routing.fallback import (
     RULE_BASED_VERSION,
     FallbackLevel,
@@ -261,7 +261,7 @@ def _routing(
     chosen = np.asarray(versions, dtype=np.int32).reshape(-1)
     if chosen.shape != (num_orders,):
         raise DispatchInputError(
-            ORDER_USER_IDS.name,
+            USER_IDS_FIELD,
             f"must have B = {num_orders} rows like {CANDIDATE_RIDER_INDEX.name}, "
             f"got {chosen.shape[0]}",
             "shape",

@@ -1,11 +1,11 @@
 """Which dispatch_model version each order of a window should get: user buckets and tags.
 
-Each order is routed by its ``ORDER_USER_IDS`` entry: a stable 64-bit hash (FNV-1a, then the
-MurmurHash3 finaliser so that similar ids spread evenly) picks one of 100 buckets, and buckets
-``0 .. canary_percent - 1`` go to the canary version, the rest to the stable one. The hash is
-the same in every process and release (never Python's salted ``hash()``), so a user always
-sees one version; raising the percentage only adds users to the canary, lowering it only
-removes them. A request may force a version with the optional ``MODEL_VERSION_TAG`` input:
+Each order is routed by its user id (``ORDER_TEXT[user_id]``): a stable 64-bit hash (FNV-1a,
+then the MurmurHash3 finaliser so that similar ids spread evenly) picks one of 100 buckets,
+and buckets ``0 .. canary_percent - 1`` go to the canary version, the rest to the stable one.
+The hash is the same in every process and release (never Python's salted ``hash()``), so a
+user always sees one version; raising the percentage only adds users to the canary, lowering
+it only removes them. A request may force a version with the optional ``MODEL_VERSION_TAG`` input:
 ``stable``, ``canary`` or a version number.
 
 Served versions
@@ -33,9 +33,10 @@ from typing import Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from dispatch_contract import MODEL_VERSION_TAG, ORDER_USER_IDS
+from dispatch_contract import MODEL_VERSION_TAG
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.resolver import fnv1a_64, ids_as_bytes
+from dispatch_service.domain.window import USER_IDS_FIELD
 from dispatch_service.routing.settings import ROUTING_BUCKETS, RouterSettings
 
 __all__ = [
@@ -100,7 +101,7 @@ _SHIFT: Final = np.uint64(33)
 
 def user_buckets(user_ids: ArrayLike) -> NDArray[np.int64]:
     """Bucket in [0, 100) per user id; identical in every process (FNV-1a + fmix64)."""
-    h = fnv1a_64(ids_as_bytes(ORDER_USER_IDS.name, user_ids))
+    h = fnv1a_64(ids_as_bytes(USER_IDS_FIELD, user_ids))
     h = h ^ (h >> _SHIFT)
     h = h * _MIX1  # numpy arrays wrap modulo 2**64
     h = h ^ (h >> _SHIFT)

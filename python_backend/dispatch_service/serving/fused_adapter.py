@@ -27,6 +27,7 @@ from dispatch_service.core.metrics import (
     resolver_observations,
 )
 from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.routing.metrics import (
     FUSED_ROUTING_METRICS,
@@ -52,6 +53,7 @@ FUSED_METRICS = (
     CAPACITY_CONFLICTS,
     *FUSED_ROUTING_METRICS,
     VALIDATION_REJECTIONS,
+    *GEOCODING_METRICS,
 )
 
 
@@ -71,6 +73,10 @@ class FusedDispatchAdapter(TritonResponder):
         super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
         self.dispatch = dispatch
         self.input_names = tuple(spec.name for spec in DISPATCH_ENSEMBLE_INPUTS)
+
+    def finalize(self) -> None:
+        super().finalize()
+        self.dispatch.encoder.close()
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         """The windows of one execute run as one batch (`FusedDispatch.run_batch`: one ONNX
@@ -104,7 +110,7 @@ class FusedDispatchAdapter(TritonResponder):
         if isinstance(outcome, Exception):  # answers this request only
             return self.internal_error(request, outcome)
         result = outcome
-        self.record(fused_observations(result))
+        self.record(fused_observations(result) + self.dispatch.encoder.geocoder.observations())
         log_failed_calls(
             self.pb, self.model_name, request, result.routed, self.dispatch.settings.scoring_model
         )

@@ -27,7 +27,6 @@ from dispatch_contract import (
     MODEL_VERSION_TAG,
     ORDER_FALLBACK_LEVEL,
     ORDER_MODEL_VERSION,
-    ORDER_USER_IDS,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
     ROUTER_INPUTS,
@@ -38,6 +37,7 @@ from dispatch_service.core.metrics import (
     MetricsSink,
 )
 from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.domain.window import user_ids_from_wire
 from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score
 from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
 from dispatch_service.routing.policy import ServedVersions, route_window
@@ -58,7 +58,6 @@ __all__ = [
     "router_metrics",
 ]
 
-_USER_IDS: Final = ORDER_USER_IDS.name
 _INPUT_NAMES: Final = tuple(spec.name for spec in ROUTER_INPUTS)
 
 
@@ -101,7 +100,7 @@ class DispatchRouterAdapter(TritonResponder):
             return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         try:
             inputs = self.arrays(request, _INPUT_NAMES)
-            user_ids = self._required(inputs, _USER_IDS)
+            user_ids = user_ids_from_wire(inputs)
             served = ServedVersions(self.settings.serves)
             settings, versions = route_window(
                 user_ids, inputs[MODEL_VERSION_TAG.name], self.settings, served

@@ -16,7 +16,7 @@ import json
 import os
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,10 +34,12 @@ from dispatch_service.core.metrics import (
     Observation,
     StepObserver,
     TritonMetrics,
+    encoder_observations,
     metrics_of,
     rejection_observation,
 )
 from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.steps import (
     DispatchModelStep,
     FeatureEncoderStep,
@@ -196,6 +198,11 @@ class TritonStepAdapter(TritonResponder):
         self.step = step
         self.observer = observer
 
+    def finalize(self) -> None:
+        super().finalize()
+        if isinstance(self.step, FeatureEncoderStep):
+            self.step.close()  # its geocoder's event-loop thread
+
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         return [self._respond(request) for request in requests]
 
@@ -301,8 +308,16 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
     version = str(args.get("model_version", ""))
     labels = {"version": version, "instance": str(args.get("model_instance_name", ""))}
     adapter: TritonStepAdapter
+    observer = STEP_OBSERVERS.get(model)
+    definitions = metrics_of(model)
     if model == "feature_encoder":
-        step: Step = FeatureEncoderStep.from_parameters(parameters)
+        encoder = FeatureEncoderStep.from_parameters(parameters)
+        step: Step = encoder
+
+        def observer(outputs: Mapping[str, NDArray[Any]], elapsed_ms: float) -> list[Observation]:
+            return encoder_observations(outputs, elapsed_ms) + encoder.geocoder.observations()
+
+        definitions = (*definitions, *GEOCODING_METRICS)
     elif model == "topk_resolver":
         step = TopKResolverStep.from_parameters(parameters)
     elif model == "dispatch_model":
@@ -324,8 +339,8 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
         pb_utils,
         name,
         step,
-        metrics=triton_metrics(pb_utils, name, version, metrics_of(model)),
-        observer=STEP_OBSERVERS.get(model),
+        metrics=triton_metrics(pb_utils, name, version, definitions),
+        observer=observer,
         **labels,
     )
     adapter.loaded()

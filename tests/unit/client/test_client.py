@@ -346,6 +346,28 @@ def test_routing_outputs_label_each_order_with_its_version_and_level() -> None:
         DispatchClient(FakeTransport(out)).dispatch(window())
 
 
+def test_location_sources_say_per_order_how_each_end_was_found() -> None:
+    out = outputs()
+    out["ORDER_LOCATION_SOURCE"] = np.array([[[0, 0], [3, 2], [1, 0]]], dtype=np.int32)
+    result = DispatchClient(FakeTransport(out)).dispatch(window())
+    assert [(o.pickup_source, o.dropoff_source) for o in result.orders] == [
+        ("coordinates", "coordinates"),
+        ("gazetteer", "geocoder"),
+        ("cache", "coordinates"),
+    ]
+    assert result.to_json_dict()["orders"][1]["pickup_source"] == "gazetteer"
+    out["ORDER_LOCATION_SOURCE"] = np.array([[[0, 0], [7, 0], [0, 0]]], dtype=np.int32)
+    with pytest.raises(DispatchServerError, match="ORDER_LOCATION_SOURCE"):
+        DispatchClient(FakeTransport(out)).dispatch(window())
+    # an answer without it (the feature-level entry point) carries no source
+    assert (
+        "pickup_source"
+        not in DispatchClient(FakeTransport(outputs()))
+        .dispatch(window())
+        .to_json_dict()["orders"][0]
+    )
+
+
 def test_the_version_tag_is_a_known_input() -> None:
     fake = FakeTransport(outputs())
     tensors: dict[str, Any] = dict(window())

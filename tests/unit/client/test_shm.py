@@ -151,6 +151,7 @@ def test_output_region_is_sized_from_orders_k_and_64_byte_ids() -> None:
             ("ASSIGNED_SCORE", 2 * 4),
             ("ORDER_MODEL_VERSION", 2 * 4),  # the routing outputs of `dispatch`
             ("ORDER_FALLBACK_LEVEL", 2 * 4),
+            ("ORDER_LOCATION_SOURCE", 2 * 2 * 4),  # the encoder's: how points were found
         ],
         10**6,
         "output",
@@ -463,6 +464,7 @@ class ShmServer:
             "ASSIGNED_SCORE": np.array([0.5] + [0.0] * (n - 1), np.float32),
             "ORDER_MODEL_VERSION": np.ones(n, np.int32),
             "ORDER_FALLBACK_LEVEL": np.zeros(n, np.int32),
+            "ORDER_LOCATION_SOURCE": np.zeros((n, 2), np.int32),
         }
         answer = {name: value[np.newaxis] for name, value in one_window.items()}
         meta = {}

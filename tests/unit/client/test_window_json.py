@@ -55,9 +55,13 @@ def parse(doc: Any) -> dict[str, np.ndarray[Any, Any]]:
 def test_example_file_matches_the_contract_dtypes_and_shapes() -> None:
     tensors = window_from_json(EXAMPLE.read_text(encoding="utf-8"))
 
-    assert list(tensors) == [spec.name for spec in WINDOW_INPUTS]
+    given = [spec for spec in WINDOW_INPUTS if spec.name in tensors]
+    # every required tensor; of the optional ones the weights (the file gives no address)
+    assert [spec.name for spec in given] == [
+        spec.name for spec in WINDOW_INPUTS if not spec.optional or spec.name == "OBJECTIVE_WEIGHTS"
+    ]
     sizes = {"ORDER": 3, "RIDER": 6}
-    for spec in WINDOW_INPUTS:
+    for spec in given:
         array = tensors[spec.name]
         assert array.dtype == spec.numpy_dtype, spec.name
         assert array.ndim == len(spec.dims), spec.name
@@ -491,4 +495,51 @@ def test_a_model_version_tag_of_the_wrong_kind_is_refused_with_its_key(tag: Any)
     doc = base_window()
     doc["model_version_tag"] = tag
     with pytest.raises(WindowJSONError, match="model_version_tag: must be 'stable', 'canary'"):
+        parse(doc)
+
+
+# ---- orders with addresses instead of coordinates (issue 13) --------------------------------
+
+
+def test_addresses_become_optional_text_tensors_and_missing_points_nan() -> None:
+    doc = base_window()
+    del doc["orders"][1]["pickup"]
+    doc["orders"][1]["pickup_address"] = "徐汇区漕溪北路88号"
+    doc["orders"][1]["city"] = "上海"
+    doc["orders"][2]["dropoff_address"] = "静安寺"  # with coordinates too: they win
+    tensors = parse(doc)
+    assert np.isnan(tensors["ORDER_PICKUP"][1]).all()
+    assert np.isfinite(tensors["ORDER_PICKUP"][[0, 2, 3]]).all()
+    assert tensors["ORDER_PICKUP_ADDRESS"].tolist() == [
+        b"",
+        "徐汇区漕溪北路88号".encode(),
+        b"",
+        b"",
+    ]
+    assert tensors["ORDER_DROPOFF_ADDRESS"].tolist() == [b"", b"", "静安寺".encode(), b""]
+    assert tensors["ORDER_CITY"].tolist() == [b"", "上海".encode(), b"", b""]
+    back = window_to_dict(tensors)["orders"]
+    assert "pickup" not in back[1] and back[1]["pickup_address"] == "徐汇区漕溪北路88号"
+    assert back[2]["dropoff_address"] == "静安寺" and "pickup_address" not in back[0]
+    assert parse(window_to_dict(tensors))["ORDER_CITY"].tolist() == tensors["ORDER_CITY"].tolist()
+
+
+def test_a_window_without_addresses_sends_no_address_tensors() -> None:
+    tensors = parse(base_window())
+    assert not {"ORDER_PICKUP_ADDRESS", "ORDER_DROPOFF_ADDRESS", "ORDER_CITY"} & set(tensors)
+
+
+@pytest.mark.parametrize("end", ["pickup", "dropoff"])
+def test_a_point_may_be_left_out_only_when_its_address_is_given(end: str) -> None:
+    doc = base_window()
+    del doc["orders"][2][end]
+    with pytest.raises(WindowJSONError) as caught:
+        parse(doc)
+    assert str(caught.value) == f"orders[2].{end}: is required unless {end}_address is given"
+
+
+def test_an_address_must_be_a_string() -> None:
+    doc = base_window()
+    doc["orders"][0]["city"] = 310000
+    with pytest.raises(WindowJSONError, match=r"orders\[0\]\.city: must be a string"):
         parse(doc)

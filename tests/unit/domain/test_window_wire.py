@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from dispatch_contract import CoordSystem, pack_window
+from dispatch_contract import CoordSystem, pack_order_text, pack_window
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.window import (
     rider_counts_from_wire,
+    user_ids_from_wire,
     window_from_tensors,
     window_from_wire,
     window_to_tensors,
@@ -110,3 +111,137 @@ def test_rider_counts_are_the_load_and_capacity_columns() -> None:
     load, capacity = rider_counts_from_wire(tensors)
     assert load.dtype == capacity.dtype == np.int32
     assert (load.tolist(), capacity.tolist()) == ([0, 1, 2, 3], [4, 4, 5, 5])
+
+
+# ---- ORDER_TEXT: user ids and, optionally, addresses (issue 13) ----------------------------
+
+
+def with_addresses(tensors: Tensors, rows: list[int], end: str = "pickup") -> Tensors:
+    """``tensors`` with the ``end`` point of ``rows`` sent as an address (coordinates NaN)."""
+    out = {name: np.array(value, copy=True) for name, value in tensors.items()}
+    count = len(out["ORDER_IDS"])
+    text = np.full((count, 4), b"", dtype=object)
+    text[:, 0] = out["ORDER_TEXT"][:, 0]
+    column = 1 if end == "pickup" else 2
+    lat = 0 if end == "pickup" else 2
+    for row in rows:
+        text[row, column] = "上海市徐汇区徐家汇".encode()
+        text[row, 3] = "上海".encode()
+        out["ORDER_FIELDS"][row, lat : lat + 2] = np.nan
+    out["ORDER_TEXT"] = text
+    return out
+
+
+def test_a_window_without_addresses_sends_only_the_user_id_column() -> None:
+    tensors = wire()
+    assert tensors["ORDER_TEXT"].shape == (5, 1)
+    window = window_from_wire(tensors)
+    assert window.pickup_address is None and window.city is None
+    assert not window.needs_geocoding
+
+
+def test_addresses_unpack_per_row_and_nan_rows_are_kept_for_the_geocoder() -> None:
+    tensors = with_addresses(wire(), [1, 3])
+    window = window_from_wire(tensors)
+    assert window.needs_geocoding
+    assert np.isnan(window.pickup[[1, 3]]).all() and np.isfinite(window.pickup[[0, 2, 4]]).all()
+    assert window.pickup_address is not None and window.city is not None
+    assert window.pickup_address.tolist() == [b"", "上海市徐汇区徐家汇".encode(), b"",
+                                             "上海市徐汇区徐家汇".encode(), b""]  # fmt: skip
+    assert window.city[1] == "上海".encode()
+    # the round trip packs the same four columns back
+    np.testing.assert_array_equal(window_to_wire(window)["ORDER_TEXT"], tensors["ORDER_TEXT"])
+
+
+def test_a_row_with_both_keeps_its_coordinates() -> None:
+    tensors = with_addresses(wire(), [2])
+    tensors["ORDER_FIELDS"][2, 0:2] = [31.2, 121.45]
+    window = window_from_wire(tensors)
+    assert not window.needs_geocoding
+    np.testing.assert_allclose(window.pickup[2], [31.2, 121.45])
+
+
+def test_user_ids_are_the_first_column() -> None:
+    tensors = with_addresses(wire(), [0])
+    np.testing.assert_array_equal(user_ids_from_wire(tensors), wire()["ORDER_TEXT"][:, 0])
+    window = window_from_wire(tensors)
+    np.testing.assert_array_equal(window.order_user_ids, wire()["ORDER_TEXT"][:, 0])
+
+
+@pytest.mark.parametrize(
+    ("end", "tensor", "names"),
+    [
+        ("pickup", "ORDER_FIELDS[pickup_lat, pickup_lon]", "ORDER_PICKUP_ADDRESS"),
+        ("dropoff", "ORDER_FIELDS[dropoff_lat, dropoff_lon]", "ORDER_DROPOFF_ADDRESS"),
+    ],
+)
+def test_nan_coordinates_without_an_address_name_field_rule_and_row(
+    end: str, tensor: str, names: str
+) -> None:
+    tensors = wire()
+    lat = 0 if end == "pickup" else 2
+    tensors["ORDER_FIELDS"][4, lat : lat + 2] = np.nan
+    with pytest.raises(DispatchInputError) as caught:
+        window_from_wire(tensors)
+    assert caught.value.tensor == tensor
+    assert caught.value.code == "missing"
+    assert "row 4" in caught.value.rule and "give coordinates or an address" in caught.value.rule
+
+
+def test_half_nan_coordinates_are_not_finite_even_with_an_address() -> None:
+    tensors = with_addresses(wire(), [1])
+    tensors["ORDER_FIELDS"][1, 0] = 31.2  # lat given, lon NaN
+    with pytest.raises(DispatchInputError) as caught:
+        window_from_wire(tensors)
+    assert caught.value.tensor == "ORDER_FIELDS[pickup_lat, pickup_lon]"
+    assert caught.value.code == "not_finite"
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "field", "code", "rule"),
+    [
+        (1, b"\xff\xfe", "ORDER_TEXT[pickup_address]", "dtype", "must be valid UTF-8, row 2"),
+        (2, "路".encode() * 86, "ORDER_TEXT[dropoff_address]", "id_length",
+         "must be at most 256 bytes of UTF-8, row 2 has 258"),
+        (3, b"x" * 65, "ORDER_TEXT[city]", "id_length",
+         "must be at most 64 bytes of UTF-8, row 2 has 65"),
+    ],
+)  # fmt: skip
+def test_bad_address_text_names_column_rule_and_row(
+    column: int, value: bytes, field: str, code: str, rule: str
+) -> None:
+    tensors = with_addresses(wire(), [1])
+    tensors["ORDER_TEXT"][2, column] = value  # a row with coordinates: still checked
+    with pytest.raises(DispatchInputError) as caught:
+        window_from_wire(tensors)
+    assert (caught.value.tensor, caught.value.code) == (field, code)
+    assert caught.value.rule.startswith(rule)
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        (np.array([b"u1", b"u2"], dtype=object), "must have shape [*, 1..4]"),
+        (np.full((5, 5), b"u", dtype=object), "must have shape [*, 1..4]"),
+        (np.zeros((5, 1), np.float32), "must be BYTES"),
+    ],
+)
+def test_a_malformed_order_text_names_the_tensor(value: NDArray[Any], rule: str) -> None:
+    tensors = wire()
+    tensors["ORDER_TEXT"] = value
+    with pytest.raises(DispatchInputError) as caught:
+        window_from_wire(tensors)
+    assert caught.value.tensor == "ORDER_TEXT"
+    assert caught.value.rule.startswith(rule)
+
+
+def test_pack_order_text_drops_trailing_empty_columns() -> None:
+    users = np.array([b"u1", b"u2"], dtype=object)
+    assert pack_order_text({"ORDER_USER_IDS": users}).shape == (2, 1)
+    pickup_only = {"ORDER_USER_IDS": users, "ORDER_PICKUP_ADDRESS": [b"a", b""]}
+    assert pack_order_text(pickup_only).tolist() == [[b"u1", b"a"], [b"u2", b""]]
+    city_only = {"ORDER_USER_IDS": users, "ORDER_CITY": [b"", "上海".encode()]}
+    assert pack_order_text(city_only).tolist() == [
+        [b"u1", b"", b"", b""],
+        [b"u2", b"", b"", "上海".encode()],
+    ]

@@ -132,6 +132,44 @@ def test_cache_entry_expires_after_its_ttl(server: GeocodingServer, parts: Any) 
     assert chain.stats()["cache"]["expirations"] == 1
 
 
+def test_an_address_no_provider_knows_is_not_asked_again_until_the_ttl(
+    server: GeocodingServer, parts: Any
+) -> None:
+    """Both providers answer "not found" (the loopback server knows roads and places, not
+    estates): the gazetteer answers, and the next windows skip the round trip."""
+    clock: ManualClock = parts[2]
+    chain = _chain(server, *parts, geocoder_cache_ttl_s=3600.0)
+    text = "上海市徐汇区康居小区"
+    before = server.calls("amap"), server.calls("baidu")
+
+    async def body() -> list[int]:
+        sources = []
+        for step in (0.0, 10.0, 3600.0):
+            clock.advance(step)
+            found = await chain.resolve_locations([text], ["上海"])
+            sources.append(int(found.source[0]))
+        return sources
+
+    assert _run(chain, body()) == [LocationSource.GAZETTEER] * 3
+    # asked in the first window and again once the TTL had passed, not in between
+    assert (server.calls("amap"), server.calls("baidu")) == (before[0] + 2, before[1] + 2)
+
+
+def test_a_failing_provider_is_asked_again_next_window(server: GeocodingServer, parts: Any) -> None:
+    """An error is not an answer: only "not found" from every provider is remembered."""
+    server.set_mode("amap", failure="http_500")
+    chain = _chain(server, *parts, secondary=None)
+    text, _ = _address(parts[0], 140)
+    before = server.calls("amap")
+
+    async def body() -> None:
+        for _ in range(2):
+            await chain.resolve_locations([text], ["上海"])
+
+    _run(chain, body())
+    assert server.calls("amap") == before + 2
+
+
 @pytest.mark.parametrize(
     ("kind", "datum"), [("amap", CoordSystem.GCJ02), ("baidu", CoordSystem.BD09)]
 )
@@ -277,8 +315,8 @@ def test_unknown_address_names_the_field_and_row_and_the_next_call_is_served(
 @pytest.mark.parametrize(
     ("text", "city", "message"),
     [
-        (b"\xff\xfe\x00", "上海", r"dropoff_address: row 7: must be UTF-8"),
-        ("路" * 100, "上海", r"dropoff_address: row 7: must be at most 256 bytes"),
+        (b"\xff\xfe\x00", "上海", r"dropoff_address: must be valid UTF-8, row 7 is not"),
+        ("路" * 100, "上海", r"dropoff_address: must be at most 256 bytes of UTF-8, row 7 has 300"),
         ("上海市徐汇区安平路1号", "亚特兰蒂斯", r"city: row 7: city '亚特兰蒂斯' must be"),
         ("上海市徐汇区安平路1号", "999999", r"city: row 7: city '999999' must be"),
         ("北京市朝阳区建国路1号", "上海", r"dropoff_address: row 7: address"),

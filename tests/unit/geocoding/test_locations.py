@@ -4,16 +4,24 @@ or addresses, with per-order, per-end source codes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
-from geocoding_helpers import ManualClock
+from geocoding_helpers import SERVER_KEY, ManualClock
 
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain import geo
 from dispatch_service.geocoding.chain import GeocoderChain, GeocoderSettings, LocationSource
 from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
-from dispatch_service.geocoding.locations import WindowLocations, resolve_window_locations
+from dispatch_service.geocoding.locations import (
+    WindowGeocoder,
+    WindowLocations,
+    resolve_window_locations,
+)
+from dispatch_service.offline.geocoding_server import GeocodingServer
+from dispatch_service.offline.simulator import generate_window
 
 NAN = float("nan")
 
@@ -78,3 +86,77 @@ def test_column_lengths_must_match(chain: GeocoderChain) -> None:
 
 def test_source_codes_are_the_contract_values() -> None:
     assert [s.value for s in LocationSource] == [0, 1, 2, 3]
+
+
+# ---- WindowGeocoder: what the encoder calls -------------------------------------------------
+
+
+def _address_window(gazetteer: Gazetteer) -> Any:
+    """A simulated window whose first two orders give their pickup as an address."""
+    window = generate_window(np.random.default_rng(5), 4, 6)
+    road = gazetteer.roads[3]
+    pickup = window.pickup.copy()
+    pickup[:2] = NAN
+    addresses = np.array(
+        [f"上海市{road.name}200号".encode(), "人民广场".encode(), b"", b""], dtype=object
+    )
+    return dataclasses.replace(
+        window,
+        pickup=pickup,
+        pickup_address=addresses,
+        city=np.array(["上海".encode()] * 4, dtype=object),
+    )
+
+
+def test_a_window_with_coordinates_never_builds_the_chain() -> None:
+    geocoder = WindowGeocoder()
+    window = generate_window(np.random.default_rng(5), 4, 6)
+    located, sources = geocoder.locate(window)
+    assert located is window
+    assert sources.tolist() == [[0, 0]] * 4 and sources.dtype == np.int32
+    assert geocoder.observations() == []
+
+
+def test_the_window_geocoder_fills_nan_points_and_reports_sources_and_metrics(
+    server: GeocodingServer, gazetteer: Gazetteer
+) -> None:
+    settings = GeocoderSettings(geocoder_primary_url=server.url, geocoder_primary_key=SERVER_KEY)
+    geocoder = WindowGeocoder(settings).warm()
+    try:
+        window = _address_window(gazetteer)
+        located, sources = geocoder.locate(window)
+        road = gazetteer.roads[3]
+        # the loopback provider answers road + number and POIs (its GCJ-02, converted back)
+        assert 1000.0 * float(geo.haversine_km(*located.pickup[0], *road.point(200))) < 5.0
+        np.testing.assert_array_equal(located.pickup[2:], window.pickup[2:])
+        np.testing.assert_array_equal(located.dropoff, window.dropoff)
+        assert sources.tolist() == [[2, 0], [2, 0], [0, 0], [0, 0]]
+        metrics = {(o.metric.name, o.labels) for o in geocoder.observations()}
+        assert ("dispatch_geocoding_latency_ms", ()) in metrics
+        assert ("dispatch_geocoding_locations_total", (("source", "geocoder"),)) in metrics
+        # the same window again: both from the cache; the metrics count only the new ones
+        _, sources = geocoder.locate(window)
+        assert sources[:2, 0].tolist() == [LocationSource.CACHE] * 2
+        again = {(o.metric.name, o.labels, o.value) for o in geocoder.observations()}
+        assert ("dispatch_geocoding_locations_total", (("source", "cache"),), 2.0) in again
+        assert not any(labels == (("source", "geocoder"),) for _, labels, _ in again)
+    finally:
+        geocoder.close()
+
+
+def test_window_geocoder_errors_name_the_wire_columns(gazetteer: Gazetteer) -> None:
+    geocoder = WindowGeocoder()
+    window = _address_window(gazetteer)
+    unknown = window.pickup_address.copy()
+    unknown[1] = "北京市朝阳区建国路1号".encode()
+    try:
+        with pytest.raises(DispatchInputError) as caught:
+            geocoder.locate(dataclasses.replace(window, pickup_address=unknown))
+        assert caught.value.tensor == "ORDER_TEXT[pickup_address]"
+        assert "row 1" in caught.value.rule
+        cities = np.array(["亚特兰蒂斯".encode()] * 4, dtype=object)
+        with pytest.raises(DispatchInputError) as caught:
+            geocoder.locate(dataclasses.replace(window, city=cities))
+        assert caught.value.tensor == "ORDER_TEXT[city]"
+    finally:
+        geocoder.close()

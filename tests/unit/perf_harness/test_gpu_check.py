@@ -215,7 +215,7 @@ def test_feature_inputs_are_what_dispatch_features_declares(tmp_path: Path) -> N
     assert b == len(w["ORDER_IDS"]) and 1 <= n <= 16
     assert tensors["PAIR_FEATURES"].shape == (b * n, NUM_PAIR_FEATURES)
     assert np.isfinite(tensors["PAIR_FEATURES"]).all()
-    for name in ("ORDER_USER_IDS", "RIDER_IDS", "RIDER_FIELDS"):
+    for name in ("ORDER_TEXT", "RIDER_IDS", "RIDER_FIELDS"):
         np.testing.assert_array_equal(tensors[name], w[name])
     for name, neutral in NEUTRAL_OPTIONAL_INPUTS.items():
         np.testing.assert_array_equal(tensors[name], neutral)

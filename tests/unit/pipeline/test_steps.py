@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain import geo
 from dispatch_service.domain.features import EncoderSettings
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window import window_from_wire, window_to_wire
+from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
+from dispatch_service.offline import gazetteer_build
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
@@ -117,7 +121,9 @@ def test_encoder_accepts_its_shipped_config_parameters() -> None:
 
 def test_encoder_outputs_follow_the_contract() -> None:
     outputs = FeatureEncoderStep().run(window_tensors(orders=5, riders=12))
-    assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX"}
+    assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX", "ORDER_LOCATION_SOURCE"}
+    # every point came as coordinates: 0 for both ends of each order
+    np.testing.assert_array_equal(outputs["ORDER_LOCATION_SOURCE"], np.zeros((5, 2), np.int32))
     assert outputs["PAIR_FEATURES"].dtype == np.float32
     assert outputs["CANDIDATE_RIDER_INDEX"].dtype == np.int32
     n = min(EncoderSettings().candidates_per_order, 12)
@@ -278,3 +284,54 @@ def test_committed_model_scores_encoder_output() -> None:
     assert np.isfinite(objectives).all()
     assert (objectives[:, 0] > 0).all() and (objectives[:, 2] > 0).all()
     assert ((objectives[:, 1] >= 0) & (objectives[:, 1] <= 1)).all()
+
+
+def test_an_address_window_is_geocoded_before_encoding() -> None:
+    """Pickups sent as typed addresses (no providers: the shipped gazetteer) land near the
+    simulator's true points, their source says so, and the window encodes like the one
+    with coordinates."""
+    window = generate_window(np.random.default_rng(4), 16, 40)
+    book = gazetteer_build.AddressBook(Gazetteer.load(), AdminRecogniser())
+    sent = gazetteer_build.window_with_addresses(window, book, share=0.5)
+    step = FeatureEncoderStep()
+    try:
+        outputs = step.run(window_to_wire(sent))
+        located, _ = step.geocoder.locate(window_from_wire(window_to_wire(sent)))
+    finally:
+        step.close()
+    assert outputs["ORDER_LOCATION_SOURCE"].tolist() == [[3, 3]] * 8 + [[0, 0]] * 8
+    errors_m = 1000.0 * geo.haversine_km(
+        located.pickup[:8, 0], located.pickup[:8, 1], window.pickup[:8, 0], window.pickup[:8, 1]
+    )
+    assert float(np.median(errors_m)) < 300.0  # issue 13's target for road matches
+    expected = FeatureEncoderStep().run(window_to_wire(located))
+    np.testing.assert_array_equal(outputs["PAIR_FEATURES"], expected["PAIR_FEATURES"])
+
+
+def test_an_unknown_address_is_refused_naming_its_column_and_row() -> None:
+    window = generate_window(np.random.default_rng(4), 3, 5)
+    pickup = window.pickup.copy()
+    pickup[2] = np.nan
+    addresses = np.array([b"", b"", "火星基地一号".encode()], dtype=object)
+    sent = dataclasses.replace(window, pickup=pickup, pickup_address=addresses)
+    step = FeatureEncoderStep()
+    try:
+        with pytest.raises(DispatchInputError) as caught:
+            step.run(window_to_wire(sent))
+    finally:
+        step.close()
+    assert caught.value.tensor == "ORDER_TEXT[pickup_address]"
+    assert caught.value.rule.startswith("row 2: address")
+    assert caught.value.code == "unknown_value"
+
+
+def test_geocoder_settings_come_from_the_encoder_parameters() -> None:
+    parameters = {"geocoder_deadline_ms": "120", "geocoder_cache_entries": "10"}
+    step = FeatureEncoderStep.from_parameters(parameters)
+    try:
+        assert step.geocoder.settings.geocoder_deadline_ms == 120.0
+        assert step.geocoder.settings.geocoder_cache_entries == 10
+    finally:
+        step.close()
+    with pytest.raises(SettingsError, match="geocoder_deadline_ms"):
+        FeatureEncoderStep.from_parameters({"geocoder_deadline_ms": "soon"})

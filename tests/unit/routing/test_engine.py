@@ -458,7 +458,7 @@ def test_mismatched_tensors_are_input_errors() -> None:
         asyncio.run(
             route_and_score(features, candidates.reshape(-1), versions, CANARY, FakeVersions())
         )
-    with pytest.raises(DispatchInputError, match="ORDER_USER_IDS"):
+    with pytest.raises(DispatchInputError, match=r"ORDER_TEXT\[user_id\]"):
         asyncio.run(route_and_score(features, candidates, versions[:-1], CANARY, FakeVersions()))
 
 

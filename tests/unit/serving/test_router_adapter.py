@@ -114,7 +114,7 @@ def window_inputs(seed: int = 5, orders: int = 12, **extra: NDArray[Any]) -> dic
     return {
         "PAIR_FEATURES": encoded.pair_features,
         "CANDIDATE_RIDER_INDEX": encoded.candidate_rider_index,
-        "ORDER_USER_IDS": np.array([f"u{i}".encode() for i in range(orders)], dtype=object),
+        "ORDER_TEXT": np.array([[f"u{i}".encode()] for i in range(orders)], dtype=object),
         **extra,
     }
 
@@ -227,11 +227,11 @@ def test_the_tag_forces_a_version_and_a_bad_tag_is_invalid_arg() -> None:
 
 def test_a_missing_tensor_is_invalid_arg() -> None:
     inputs = window_inputs()
-    del inputs["ORDER_USER_IDS"]
+    del inputs["ORDER_TEXT"]
     adapter = DispatchRouterAdapter(FakePb(served(1)), "dispatch_router", RouterSettings())
     (response,) = run(adapter, FakeRequest(inputs))
     assert response.error().code() == FakeTritonError.INVALID_ARG
-    assert response.error().message() == "ORDER_USER_IDS: is required but missing"
+    assert response.error().message() == "ORDER_TEXT: is required but missing"
 
 
 def test_shadow_draws_extra_calls_but_the_same_answer() -> None:

@@ -132,7 +132,7 @@ def test_a_bad_window_is_answered_with_invalid_arg_naming_the_tensor() -> None:
     assert len(responses) == 3
     for ok in (responses[0], responses[2]):
         outputs = ok.outputs()
-        assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX"}
+        assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX", "ORDER_LOCATION_SOURCE"}
         assert outputs["PAIR_FEATURES"].shape[-1] == NUM_PAIR_FEATURES
     error = responses[1].error()
     assert error.code() == FakeTritonError.INVALID_ARG

@@ -34,6 +34,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from dispatch_client.client import LOCATION_SOURCE_NAMES
 from dispatch_contract import ORDER_LOCATION_SOURCE, batched
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import load_settings
@@ -131,9 +132,6 @@ def run_scenarios(
     return results
 
 
-_SOURCE_NAMES: dict[int, str] = {int(s): s.name.lower() for s in LocationSource}
-
-
 def _served(
     client: grpcclient.InferenceServerClient, model: str, windows: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -156,7 +154,7 @@ def _served(
             continue
         times.append((time.perf_counter() - start) * 1000.0)
         found = np.asarray(result.as_numpy(ORDER_LOCATION_SOURCE.name)).reshape(-1)
-        sources.update(_SOURCE_NAMES[int(v)] for v in found)
+        sources.update(LOCATION_SOURCE_NAMES[int(v)] for v in found)
     total = sum(sources.values()) or 1
     ms = np.array(times) if times else np.array([np.nan])
     return {

@@ -46,6 +46,7 @@ from dispatch_contract import (
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "LOCATION_SOURCE_NAMES",
     "OUTPUT_NAMES",
     "Candidate",
     "DispatchClient",

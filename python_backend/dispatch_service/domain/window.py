@@ -269,8 +269,14 @@ def _texts(
         raise DispatchInputError(
             name, f"must have {rows} rows like ORDER_IDS, got {raw.shape[0]}", "shape"
         )
+    items = raw.tolist()
     out = np.empty(rows, dtype=object)
-    for i, item in enumerate(raw.tolist()):
+    # The usual request: UTF-8 bytes within the limit, taken as they are.
+    plain = all(type(item) is bytes for item in items)
+    if plain and max(map(len, items), default=0) <= limit and _all_utf8(items):
+        out[:] = items
+        return out
+    for i, item in enumerate(items):
         out[i] = decode_text(name, i, item, limit).encode("utf-8")
     return out
 

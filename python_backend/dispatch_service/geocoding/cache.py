@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -96,6 +96,16 @@ class GeocodeCache:
             else:
                 self._hits += 1
             return value
+
+    def get_many(self, keys: Sequence[CacheKey]) -> list[LatLon | None]:
+        """Each key's point or None, counting nothing: the caller records the hits it
+        uses (`count_hits`) or looks the keys up again with `get`."""
+        with self._lock:
+            return [self._cache.get(key) for key in keys]
+
+    def count_hits(self, count: int) -> None:
+        with self._lock:
+            self._hits += count
 
     def put(self, key: CacheKey, value: LatLon) -> None:
         with self._lock:

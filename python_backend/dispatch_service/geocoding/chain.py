@@ -167,10 +167,9 @@ class GeocoderChain:
             s.geocoder_cache_entries
         )
         # Text as sent -> its cache key and city code: a repeated address skips decoding and
-        # normalising (most of a warm window's cost). Only texts that passed are remembered.
-        self._keys: LRUCache[tuple[AddressText, AddressText], tuple[CacheKey, str | None]] = (
-            LRUCache(s.geocoder_cache_entries)
-        )
+        # normalising (most of a warm window's cost). A pure function of the text, so a plain
+        # dict, emptied when full. Only texts that passed the checks are remembered.
+        self._keys: dict[tuple[AddressText, AddressText], tuple[CacheKey, str | None]] = {}
         # Addresses every configured provider answered "not found" (not an error): asked
         # again only after the cache's TTL, so a repeated unknown address costs no round
         # trip per window and goes straight to the gazetteer.
@@ -237,7 +236,8 @@ class GeocoderChain:
             if loop.time() >= cutoff:
                 return
             for key in todo[start : start + _OFFLINE_CHUNK]:
-                if not tasks[key].done():
+                task = tasks.get(key)  # None: known to no provider, not asked
+                if task is None or not task.done():
                     self._offline_match(key[0], city_codes[misses[key][0]])
 
     # ---------------------------------------------------------------------- the network
@@ -317,6 +317,41 @@ class GeocoderChain:
 
     # -------------------------------------------------------------------- entry point
 
+    def resolve_cached(
+        self, texts: Sequence[AddressText], cities: Sequence[AddressText]
+    ) -> Resolution | None:
+        """`resolve_locations` without the network, when it needs none: every text seen
+        before (checked then) and either cached or known to no provider (its gazetteer
+        match, remembered). None otherwise, having counted nothing: call the full path."""
+        n = len(texts)
+        with self._lock:
+            known = [self._keys.get(sent) for sent in zip(texts, cities, strict=True)]
+        entries = [item for item in known if item is not None]
+        if len(entries) != n:
+            return None
+        points = self.cache.get_many([key for key, _ in entries])
+        latlon = np.empty((n, 2))
+        source = np.full(n, LocationSource.CACHE, dtype=np.uint8)
+        offline: list[GazetteerMatch | None] = [None] * n
+        for i in [i for i, point in enumerate(points) if point is None]:
+            key, city_code = entries[i]
+            with self._lock:
+                unknown = key in self._not_found
+            match = self._offline_match(key[0], city_code) if unknown else None
+            if match is None:
+                return None  # to be asked, or unknown (the full path names field and row)
+            points[i], source[i], offline[i] = match.latlon, LocationSource.GAZETTEER, match
+        latlon[:] = points
+        self.cache.count_hits(int((source == LocationSource.CACHE).sum()))
+        self._count_sources(source)
+        return Resolution(latlon, source, tuple(offline))
+
+    def _count_sources(self, source: NDArray[np.uint8]) -> None:
+        counts = np.bincount(source, minlength=len(LocationSource))
+        found = {kind.name.lower(): int(counts[kind]) for kind in LocationSource if kind}
+        with self._lock:
+            self.sources.update({name: count for name, count in found.items() if count})
+
     async def resolve_locations(
         self,
         texts: Sequence[AddressText],
@@ -351,9 +386,9 @@ class GeocoderChain:
         keys: list[CacheKey | None] = [None] * n
         city_codes: list[str | None] = [None] * n
         for i in range(n):
-            raw = (texts[i], city_list[i])
+            sent = (texts[i], city_list[i])
             with self._lock:
-                known = self._keys.get(raw)
+                known = self._keys.get(sent)
             if known is not None:
                 keys[i], city_codes[i] = known
                 continue
@@ -365,7 +400,9 @@ class GeocoderChain:
             city_codes[i] = self._city_code(city, city_field, row_ids[i])
             keys[i] = (text, city)
             with self._lock:
-                self._keys[raw] = ((text, city), city_codes[i])
+                if len(self._keys) >= self.settings.geocoder_cache_entries:
+                    self._keys.clear()
+                self._keys[sent] = ((text, city), city_codes[i])
 
         misses: dict[CacheKey, list[int]] = {}
         for i, key in enumerate(keys):
@@ -429,15 +466,7 @@ class GeocoderChain:
                 + (f" ({len(unknown)} such rows)" if len(unknown) > 1 else ""),
                 code="unknown_value",
             )
-        counts = np.bincount(source, minlength=len(LocationSource))
-        with self._lock:
-            self.sources.update(
-                {
-                    kind.name.lower(): int(counts[kind])
-                    for kind in LocationSource
-                    if kind and counts[kind]
-                }
-            )
+        self._count_sources(source)
         return Resolution(latlon, source, tuple(offline))
 
     def stats(self) -> dict[str, Any]:

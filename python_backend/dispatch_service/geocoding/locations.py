@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,6 +30,7 @@ from dispatch_service.geocoding.chain import (
     BlockingGeocoder,
     GeocoderChain,
     GeocoderSettings,
+    Resolution,
 )
 from dispatch_service.geocoding.metrics import GEOCODING_LATENCY, GeocodingObserver
 
@@ -55,6 +58,71 @@ def _missing_rows(points: NDArray[np.float64], name: str) -> NDArray[np.bool_]:
     return nan[:, 0]
 
 
+@dataclass(frozen=True)
+class _Lookups:
+    """The addresses a window needs located (its NaN rows), in one batch for the chain:
+    the pickups first, then the drop-offs."""
+
+    texts: list[AddressText]
+    cities: list[AddressText]
+    fields: list[str]
+    rows: list[int]
+    pickups: NDArray[np.int64]  # rows whose pickup is looked up
+    dropoffs: NDArray[np.int64]
+
+
+def _lookups(
+    pickup: NDArray[np.float64],
+    dropoff: NDArray[np.float64],
+    pickup_address: Sequence[AddressText],
+    dropoff_address: Sequence[AddressText],
+    city: Sequence[AddressText],
+    fields: tuple[str, str, str, str],
+) -> _Lookups:
+    """Which rows need an address; ``fields``: pickup, drop-off, and their address names."""
+    count = len(pickup)
+    if not (len(dropoff) == len(pickup_address) == len(dropoff_address) == len(city) == count):
+        raise DispatchInputError(
+            "address columns", f"must have {count} rows, one per order", code="shape"
+        )
+    found = _Lookups([], [], [], [], np.flatnonzero(_missing_rows(pickup, fields[0])),
+                     np.flatnonzero(_missing_rows(dropoff, fields[1])))  # fmt: skip
+    for rows, name, addresses, field in (
+        (found.pickups, fields[0], pickup_address, fields[2]),
+        (found.dropoffs, fields[1], dropoff_address, fields[3]),
+    ):
+        listed = rows.tolist()
+        texts = [addresses[row] for row in listed]
+        bare = [row for row, text in zip(listed, texts, strict=True) if len(text) == 0]
+        if bare:
+            raise DispatchInputError(
+                field, f"row {bare[0]}: must be given when {name} is NaN", code="missing"
+            )
+        found.texts.extend(texts)
+        found.cities.extend(city[row] for row in listed)
+        found.fields.extend([field] * len(listed))
+        found.rows.extend(listed)
+    return found
+
+
+def _located(
+    pickup: NDArray[np.float64],
+    dropoff: NDArray[np.float64],
+    lookups: _Lookups,
+    found: Resolution | None,
+) -> WindowLocations:
+    """New arrays with the looked-up rows filled in, and their sources."""
+    points = (np.array(pickup, dtype=np.float64), np.array(dropoff, dtype=np.float64))
+    source = np.zeros((len(pickup), 2), dtype=np.uint8)
+    if found is not None:
+        split = len(lookups.pickups)
+        for end, rows, part in ((0, lookups.pickups, slice(None, split)),
+                                (1, lookups.dropoffs, slice(split, None))):  # fmt: skip
+            points[end][rows] = found.latlon[part]
+            source[rows, end] = found.source[part]
+    return WindowLocations(points[0], points[1], source)
+
+
 async def resolve_window_locations(
     chain: GeocoderChain,
     pickup: NDArray[np.float64],
@@ -72,43 +140,29 @@ async def resolve_window_locations(
     """Fill the NaN rows of ``pickup`` / ``dropoff`` from their addresses (new arrays).
 
     The ``*_field`` names are what errors call each input (the wire's column names)."""
-    count = len(pickup)
-    if not (len(dropoff) == len(pickup_address) == len(dropoff_address) == len(city) == count):
-        raise DispatchInputError(
-            "address columns", f"must have {count} rows, one per order", code="shape"
-        )
-    pickup_out = np.array(pickup, dtype=np.float64, copy=True)
-    dropoff_out = np.array(dropoff, dtype=np.float64, copy=True)
-    source = np.zeros((count, 2), dtype=np.uint8)
-    texts: list[AddressText] = []
-    cities: list[AddressText] = []
-    fields: list[str] = []
-    rows: list[int] = []
-    slots: list[tuple[int, int]] = []
-    for end, (points, name, addresses, field) in enumerate(
-        (
-            (pickup_out, pickup_field, pickup_address, address_fields[0]),
-            (dropoff_out, dropoff_field, dropoff_address, address_fields[1]),
-        )
-    ):
-        for row in np.flatnonzero(_missing_rows(points, name)).tolist():
-            if len(addresses[row]) == 0:
-                raise DispatchInputError(
-                    field, f"row {row}: must be given when {name} is NaN", code="missing"
-                )
-            texts.append(addresses[row])
-            cities.append(city[row])
-            fields.append(field)
-            rows.append(row)
-            slots.append((row, end))
-    if texts:
+    fields = (pickup_field, dropoff_field, *address_fields)
+    lookups = _lookups(pickup, dropoff, pickup_address, dropoff_address, city, fields)
+    found = None
+    if lookups.texts:
         found = await chain.resolve_locations(
-            texts, cities, field=fields, rows=rows, deadline_s=deadline_s, city_field=city_field
+            lookups.texts,
+            lookups.cities,
+            field=lookups.fields,
+            rows=lookups.rows,
+            deadline_s=deadline_s,
+            city_field=city_field,
         )
-        for k, (row, end) in enumerate(slots):
-            (pickup_out if end == 0 else dropoff_out)[row] = found.latlon[k]
-            source[row, end] = found.source[k]
-    return WindowLocations(pickup_out, dropoff_out, source)
+    return _located(pickup, dropoff, lookups, found)
+
+
+_KEPT_LATENCIES: Final = 1024
+# How errors call the window's points and addresses: the wire's columns.
+_WIRE_FIELDS: Final = (
+    wire_name("ORDER_PICKUP"),
+    wire_name("ORDER_DROPOFF"),
+    wire_name("ORDER_PICKUP_ADDRESS"),
+    wire_name("ORDER_DROPOFF_ADDRESS"),
+)
 
 
 class WindowGeocoder:
@@ -127,7 +181,8 @@ class WindowGeocoder:
         self._lock = threading.Lock()
         self._blocking: BlockingGeocoder | None = None
         self._observer = GeocodingObserver()
-        self._latencies: list[float] = []
+        # Until the adapter's next `observations`; bounded for callers that never ask.
+        self._latencies: deque[float] = deque(maxlen=_KEPT_LATENCIES)
 
     def warm(self) -> WindowGeocoder:
         self._geocoder()
@@ -145,34 +200,41 @@ class WindowGeocoder:
         if not window.needs_geocoding:
             return window, np.zeros((window.num_orders, 2), dtype=np.int32)
         geocoder = self._geocoder()
+        chain = geocoder.chain
         empty = [b""] * window.num_orders
         started = time.perf_counter()
-        found = geocoder.run(
-            resolve_window_locations(
-                geocoder.chain,
-                window.pickup,
-                window.dropoff,
-                empty if window.pickup_address is None else window.pickup_address.tolist(),
-                empty if window.dropoff_address is None else window.dropoff_address.tolist(),
-                empty if window.city is None else window.city.tolist(),
-                pickup_field=wire_name("ORDER_PICKUP"),
-                dropoff_field=wire_name("ORDER_DROPOFF"),
-                address_fields=(
-                    wire_name("ORDER_PICKUP_ADDRESS"),
-                    wire_name("ORDER_DROPOFF_ADDRESS"),
-                ),
-                city_field=wire_name("ORDER_CITY"),
-            )
+        lookups = _lookups(
+            window.pickup,
+            window.dropoff,
+            empty if window.pickup_address is None else window.pickup_address.tolist(),
+            empty if window.dropoff_address is None else window.dropoff_address.tolist(),
+            empty if window.city is None else window.city.tolist(),
+            _WIRE_FIELDS,
         )
+        # Every address already cached (a warm window): answered here, without a hop to
+        # the geocoder's event-loop thread.
+        found = chain.resolve_cached(lookups.texts, lookups.cities)
+        if found is None:
+            found = geocoder.run(
+                chain.resolve_locations(
+                    lookups.texts,
+                    lookups.cities,
+                    field=lookups.fields,
+                    rows=lookups.rows,
+                    city_field=wire_name("ORDER_CITY"),
+                )
+            )
+        located = _located(window.pickup, window.dropoff, lookups, found)
         with self._lock:
             self._latencies.append((time.perf_counter() - started) * 1000.0)
-        located = replace(window, pickup=found.pickup, dropoff=found.dropoff)
-        return located, found.source.astype(np.int32)
+        answer = replace(window, pickup=located.pickup, dropoff=located.dropoff)
+        return answer, located.source.astype(np.int32)
 
     def observations(self) -> list[Observation]:
         """The geocoding metrics since the previous call (nothing when no window needed it)."""
         with self._lock:
-            latencies, self._latencies = self._latencies, []
+            latencies = list(self._latencies)
+            self._latencies.clear()
             blocking = self._blocking
         if blocking is None or not latencies:
             return []

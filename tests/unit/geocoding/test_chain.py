@@ -140,19 +140,25 @@ def test_an_address_no_provider_knows_is_not_asked_again_until_the_ttl(
     clock: ManualClock = parts[2]
     chain = _chain(server, *parts, geocoder_cache_ttl_s=3600.0)
     text = "上海市徐汇区康居小区"
+    known, _ = _address(parts[0], 150)
     before = server.calls("amap"), server.calls("baidu")
 
-    async def body() -> list[int]:
+    async def body() -> list[list[int]]:
         sources = []
-        for step in (0.0, 10.0, 3600.0):
+        # the second window also holds an address a provider knows: asked, it alone
+        for step, texts in ((0.0, [text]), (10.0, [text, known]), (3600.0, [text])):
             clock.advance(step)
-            found = await chain.resolve_locations([text], ["上海"])
-            sources.append(int(found.source[0]))
+            found = await chain.resolve_locations(texts, ["上海"] * len(texts))
+            sources.append(found.source.tolist())
         return sources
 
-    assert _run(chain, body()) == [LocationSource.GAZETTEER] * 3
-    # asked in the first window and again once the TTL had passed, not in between
-    assert (server.calls("amap"), server.calls("baidu")) == (before[0] + 2, before[1] + 2)
+    assert _run(chain, body()) == [
+        [LocationSource.GAZETTEER],
+        [LocationSource.GAZETTEER, LocationSource.GEOCODER],
+        [LocationSource.GAZETTEER],
+    ]
+    # the unknown one asked in the first window and again once the TTL had passed
+    assert (server.calls("amap"), server.calls("baidu")) == (before[0] + 3, before[1] + 2)
 
 
 def test_a_failing_provider_is_asked_again_next_window(server: GeocodingServer, parts: Any) -> None:
@@ -400,3 +406,24 @@ def test_a_place_only_the_provider_knows_and_an_answer_outside_china(
     assert known.source.tolist() == [LocationSource.GEOCODER]
     assert _metres(known.latlon[0], (31.25, 121.45)) < 1.0
     assert chain.stats()["provider_failures"] == {"primary": 1}
+
+
+def test_resolve_cached_answers_warm_texts_without_the_loop_and_counts_once(
+    server: GeocodingServer, parts: Any
+) -> None:
+    chain = _chain(server, *parts)
+    known, _ = _address(parts[0], 160)
+    other, _ = _address(parts[0], 170)
+    estate = "上海市徐汇区康居小区"  # no provider knows it: the gazetteer's
+    assert chain.resolve_cached([known], ["上海"]) is None  # never seen
+    first = _run(chain, chain.resolve_locations([known, estate], ["上海", "上海"]))
+    before = chain.stats()["cache"]
+    warm = chain.resolve_cached([known, estate], ["上海", "上海"])
+    assert warm is not None
+    assert warm.source.tolist() == [LocationSource.CACHE, LocationSource.GAZETTEER]
+    np.testing.assert_array_equal(warm.latlon, first.latlon)
+    after = chain.stats()["cache"]
+    assert (after["hits"] - before["hits"], after["misses"] - before["misses"]) == (1, 0)
+    # one text not cached yet: nothing answered and nothing counted
+    assert chain.resolve_cached([known, other], ["上海", "上海"]) is None
+    assert chain.stats()["cache"] == after

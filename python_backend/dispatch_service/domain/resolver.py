@@ -39,7 +39,13 @@ Assignment
       ``deg_r`` is the number of candidate lists naming r (r can never take more than
       that); order b links to every slot of every rider in its list at cost ``2 - s_br``,
       in [1, 2] so that no cost is an explicit zero, which sparse matrices drop;
-    * one private dummy column per order ("unassigned") at cost ``D = 2B + 3``.
+    * one private dummy column per order ("unassigned") at cost ``D = 2B + 3``, unless a
+      matching serves every order that has a usable candidate (Hopcroft-Karp, cheap): then
+      no maximum-cardinality matching leaves one of them out, so the dummies (and the
+      orders with nothing usable) are left out of the graph and every full matching of
+      the rest is a maximum-cardinality assignment. Same optimum (an exact tie between two
+      optimal assignments may fall the other way), a fifth faster on a city-sized window:
+      for a non-square graph LAPJVsp scans every column for every row.
 
     Why this is optimal: full matchings and feasible assignments correspond one to one
     up to permuting a rider's identical slots -- an assigned order takes a distinct slot
@@ -55,6 +61,9 @@ Assignment
     The whole window is one solver call: augmenting-path searches only reach their own
     connected component anyway, and splitting into components first (hundreds of them in
     a city-sized window) cost more in per-call overhead than it saved.
+    The graph depends only on the candidates and the spare capacity (`AssignmentGraph`),
+    the costs on the scores: a window solved several times (`pipeline.stacking`) checks its
+    tensors once (`ResolverWindow`), builds the graph once and ranks its Top-K lists once.
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import min_weight_full_bipartite_matching
+from scipy.sparse.csgraph import maximum_bipartite_matching, min_weight_full_bipartite_matching
 
 from dispatch_contract import (
     CANDIDATE_RIDER_INDEX,
@@ -81,8 +90,10 @@ from dispatch_service.domain.slots import slot_edges
 from dispatch_service.domain.window import check_objective_weights
 
 __all__ = [
+    "AssignmentGraph",
     "Resolution",
     "ResolverSettings",
+    "ResolverWindow",
     "assign",
     "fnv1a_64",
     "ids_as_bytes",
@@ -196,7 +207,7 @@ def _fnv1a_scalar(item: bytes) -> int:
 def _rider_hashes(ids: list[bytes]) -> NDArray[np.uint64]:
     """`fnv1a_64` through a bounded cache: most riders were hashed in an earlier window."""
     cache = _hash_cache
-    found = [cache.get(item) for item in ids]
+    found = list(map(cache.get, ids))
     if None in found:
         missing = [item for item, value in zip(ids, found, strict=True) if value is None]
         fresh = dict(zip(missing, fnv1a_64(missing).tolist(), strict=True))
@@ -308,23 +319,29 @@ def _objectives(value: ArrayLike, valid: NDArray[np.bool_]) -> NDArray[np.float6
             "shape",
         )
     obj = array.astype(np.float64).reshape(num_orders, num_candidates, len(OBJECTIVES))
-    obj[~valid] = 0.0
-    flat_valid = valid.reshape(-1)
-    flat = obj.reshape(pairs, len(OBJECTIVES))
-    bad = ~np.isfinite(flat).all(axis=1) & flat_valid
+    obj[~valid] = 0.0  # zeros pass every check below
+    _check_pairs(obj.reshape(pairs, len(OBJECTIVES)), np.arange(pairs))
+    return obj
+
+
+def _check_pairs(values: NDArray[np.float64], rows: NDArray[np.int64]) -> None:
+    """Objectives [n, 3] of valid pairs, at PAIR_OBJECTIVES rows ``rows`` (ascending)."""
+    name = PAIR_OBJECTIVES.name
+    bad = ~np.isfinite(values).all(axis=1)
     if bad.any():
         raise DispatchInputError(
             name,
-            f"must be finite on valid pairs, got NaN or infinity (row {_first_row(bad)})",
+            f"must be finite on valid pairs, got NaN or infinity (row {rows[_first_row(bad)]})",
             "not_finite",
         )
     for column, label in ((_ETA, "ETA minutes"), (_COST, "cost")):
-        negative = (flat[:, column] < 0) & flat_valid
+        negative = values[:, column] < 0
         if negative.any():
             raise DispatchInputError(
-                name, f"{label} must be >= 0 on valid pairs (row {_first_row(negative)})", "range"
+                name,
+                f"{label} must be >= 0 on valid pairs (row {rows[_first_row(negative)]})",
+                "range",
             )
-    return obj
 
 
 def _counts(name: str, value: ArrayLike, num_riders: int) -> NDArray[np.int64]:
@@ -358,6 +375,8 @@ def ids_as_bytes(name: str, ids: ArrayLike, rows: NDArray[np.int64] | None = Non
     array = np.asarray(ids, dtype=object).reshape(-1)
     numbers = range(array.size) if rows is None else rows.tolist()
     items = array.tolist() if rows is None else array[rows].tolist()
+    if set(map(type, items)) <= {bytes}:  # the usual case, without a Python-level loop
+        return items  # type: ignore[no-any-return]
     out: list[bytes] = []
     for row, item in zip(numbers, items, strict=True):
         if isinstance(item, bytes):
@@ -374,38 +393,90 @@ def ids_as_bytes(name: str, ids: ArrayLike, rows: NDArray[np.int64] | None = Non
 # ---- assignment ----------------------------------------------------------------------
 
 
-def _match(
-    edge_rows: NDArray[np.int64],
-    edge_cols: NDArray[np.int64],
-    edge_cost: NDArray[np.float64],
-    num_orders: int,
-    num_slots: int,
-) -> NDArray[np.int64]:
-    """Matched column per order; ``num_slots + b`` is order b's dummy (unassigned).
+@dataclass(frozen=True, eq=False)
+class AssignmentGraph:
+    """The exact solve's sparse graph (module docstring) for fixed candidate lists and spare
+    capacity. Only its costs depend on the scores: one graph serves every solve of a window
+    whose scores change (`pipeline.stacking` re-solves after re-scoring stacked pairs).
 
-    The edges must come sorted by (row, column). The CSR arrays are then written
-    directly, each row's edges followed by its dummy (the largest column): exactly the
-    canonical matrix a COO build would sort itself into, for a fraction of the cost.
+    When a matching serves every order that has a usable candidate (Hopcroft-Karp, checked
+    once here), the unassigned dummies cannot be used by any maximum-cardinality matching:
+    they are left out, and the orders without a usable candidate with them. The optimum is the
+    same; the solver only has fewer columns to scan (its cost grows with rows x columns).
     """
-    # int32 like scipy's own build: columns and entries stay far below 2**31 under the
-    # contract's limits (at most MAX_ORDERS * MAX_CANDIDATES * MAX_ORDERS entries).
-    indptr = np.zeros(num_orders + 1, dtype=np.int32)
-    np.cumsum(np.bincount(edge_rows, minlength=num_orders) + 1, out=indptr[1:])
-    total = int(indptr[-1])
-    # Edge e sits after the dummies of the rows before its own.
-    edge_at = np.arange(edge_rows.size) + edge_rows
-    dummy_at = indptr[1:] - 1
-    indices = np.empty(total, dtype=np.int32)
-    indices[edge_at] = edge_cols
-    indices[dummy_at] = np.arange(num_slots, num_slots + num_orders)
-    data = np.empty(total, dtype=np.float64)
-    data[edge_at] = edge_cost
-    data[dummy_at] = 2.0 * num_orders + 3.0
-    graph = csr_matrix((data, indices, indptr), shape=(num_orders, num_slots + num_orders))
-    row_ind, col_ind = min_weight_full_bipartite_matching(graph)
-    matched = np.empty(num_orders, dtype=np.int64)
-    matched[row_ind] = col_ind
-    return matched
+
+    candidates: NDArray[np.int64]  # [B, N] rider rows, -1 = none
+    spare: NDArray[np.int64]  # [R]
+    rows: NDArray[np.int64]  # [B'] the order of each graph row
+    edge_pair: NDArray[np.int64]  # [E'] flat candidate position (b * N + j) of each slot edge
+    edge_at: NDArray[np.int64]  # [E'] its entry in the CSR arrays
+    slot_rider: NDArray[np.int64]  # [S] the rider of each slot column
+    # Built once; `solve` writes the edges' costs into its data (dummy costs stay): one
+    # graph serves one caller at a time.
+    matrix: csr_matrix
+
+    @classmethod
+    def build(cls, candidates: NDArray[np.int64], spare: NDArray[np.int64]) -> AssignmentGraph:
+        """The graph of validated candidates [B, N] (-1 pads anywhere) and spare [R]."""
+        num_orders, width = candidates.shape
+        # Each order's edges by rider, so that its slot columns come out ascending: sort
+        # every short row (riders are distinct within one; -1 pads sort first, dropped).
+        by_rider = np.argsort(candidates, axis=1)
+        ordered = np.take_along_axis(candidates, by_rider, axis=1)
+        order_of, column = np.nonzero(ordered >= 0)
+        # Each (order, rider) edge to every slot of that rider (`domain.slots`).
+        slots = slot_edges(ordered[order_of, column], spare)
+        edge_pair = (order_of * width + by_rider[order_of, column])[slots.edge]
+        edge_rows = order_of[slots.edge]
+        num_slots = slots.num_slots
+        # The edges come sorted by (row, column), so the CSR arrays are written directly:
+        # exactly the canonical matrix a COO build would sort itself into, for a fraction of
+        # the cost. int32 like scipy's own build: columns and entries stay far below 2**31
+        # under the contract's limits.
+        per_order = np.bincount(edge_rows, minlength=num_orders)
+        rows = np.flatnonzero(per_order)
+        indptr = np.zeros(rows.size + 1, dtype=np.int32)
+        np.cumsum(per_order[rows], out=indptr[1:])
+        served = csr_matrix(
+            (np.ones(edge_rows.size), slots.column.astype(np.int32), indptr),
+            shape=(rows.size, num_slots),
+        )
+        if rows.size == 0 or (maximum_bipartite_matching(served, perm_type="column") >= 0).all():
+            edge_at = np.arange(edge_pair.size)
+            return cls(candidates, spare, rows, edge_pair, edge_at, slots.slot_rider, served)
+        # Some order may stay unassigned: every order gets its private dummy, after its
+        # edges (the largest column). Edge e sits after the dummies of the rows before its own.
+        indptr = np.zeros(num_orders + 1, dtype=np.int32)
+        np.cumsum(per_order + 1, out=indptr[1:])
+        edge_at = np.arange(edge_rows.size) + edge_rows
+        dummy_at = indptr[1:] - 1
+        indices = np.empty(int(indptr[-1]), dtype=np.int32)
+        indices[edge_at] = slots.column
+        indices[dummy_at] = np.arange(num_slots, num_slots + num_orders)
+        data = np.empty(indices.size, dtype=np.float64)
+        data[dummy_at] = 2.0 * num_orders + 3.0
+        matrix = csr_matrix((data, indices, indptr), shape=(num_orders, num_slots + num_orders))
+        rows = np.arange(num_orders)
+        return cls(candidates, spare, rows, edge_pair, edge_at, slots.slot_rider, matrix)
+
+    def solve(self, score: NDArray[np.float64]) -> NDArray[np.int64]:
+        """Rider row per order (-1 = unassigned) for scores [B, N] in [0, 1]: most orders,
+        then most total score. Exact (the full matching), whatever the scores."""
+        assigned = np.full(self.candidates.shape[0], -1, dtype=np.int64)
+        if self.edge_pair.size == 0:
+            return assigned
+        self.matrix.data[self.edge_at] = 2.0 - score.reshape(-1)[self.edge_pair]
+        _, matched = min_weight_full_bipartite_matching(self.matrix)
+        slot = matched < self.slot_rider.size
+        assigned[self.rows[slot]] = self.slot_rider[matched[slot]]
+        return assigned
+
+    def assign(self, score: NDArray[np.float64]) -> NDArray[np.int64]:
+        """`solve`, through the uncontested shortcut when that is the one optimum."""
+        quick = _uncontested(self.candidates, score, self.spare)
+        if quick is None:
+            return self.solve(score)
+        return _at_position(self.candidates, quick, -1)
 
 
 def _uncontested(
@@ -461,28 +532,10 @@ def _solve_slots(
     spare: NDArray[np.int64],
 ) -> NDArray[np.int64]:
     """`_assign_slots` by the full matching (module docstring), for any instance."""
-    num_orders = topk_index.shape[0]
-    chosen = np.full(num_orders, -1, dtype=np.int64)
-    # Each order's edges by rider, so that its slot columns come out ascending (_match):
-    # sort every short row (riders are distinct within one; -1 pads sort first, dropped).
-    by_rider = np.argsort(topk_index, axis=1)
-    ordered = np.take_along_axis(topk_index, by_rider, axis=1)
-    order_of, column = np.nonzero(ordered >= 0)
-    # Each (order, rider) edge to every slot of that rider (`domain.slots`).
-    slots = slot_edges(ordered[order_of, column], spare)
-    if slots.edge.size == 0:
-        return chosen
-    position = by_rider[order_of, column]
-    edge_rows = order_of[slots.edge]
-    edge_cost = 2.0 - topk_score[order_of, position][slots.edge]
-
-    matched = _match(edge_rows, slots.column, edge_cost, num_orders, slots.num_slots)
-    assigned = matched < slots.num_slots
-    rider_rows = np.full(num_orders, -1, dtype=np.int64)
-    rider_rows[assigned] = slots.slot_rider[matched[assigned]]
-    hit = (topk_index == rider_rows[:, None]) & assigned[:, None]
-    chosen[assigned] = np.argmax(hit[assigned], axis=1)
-    return chosen
+    riders = AssignmentGraph.build(topk_index, spare).solve(topk_score)
+    if topk_index.shape[1] == 0:
+        return riders
+    return np.where(riders >= 0, np.argmax(topk_index == riders[:, None], axis=1), -1)
 
 
 def _at_position(values: NDArray[Any], position: NDArray[np.int64], fill: float) -> NDArray[Any]:
@@ -536,6 +589,132 @@ def assign(
 # ---- the step ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, eq=False)
+class ResolverWindow:
+    """One window's checked riders, candidates, weights and settings: all `resolve` needs but
+    the objectives, checked once for a window that is solved several times with objectives
+    that change (`pipeline.stacking`)."""
+
+    rider_ids: NDArray[Any]  # [R]
+    candidates: NDArray[np.int64]  # [B, N] rider rows, -1 = none
+    spare: NDArray[np.int64]  # [R]
+    weights: NDArray[np.float64]  # [3]
+    settings: ResolverSettings
+
+    @classmethod
+    def checked(
+        cls,
+        candidate_rider_index: ArrayLike,
+        rider_ids: ArrayLike,
+        rider_load: ArrayLike,
+        rider_capacity: ArrayLike,
+        weights: ArrayLike,
+        settings: ResolverSettings | None = None,
+    ) -> ResolverWindow:
+        """The window's tensors checked as `resolve` checks them (DispatchInputError)."""
+        ids = _rider_ids(rider_ids)
+        num_riders = int(ids.shape[0])
+        load = _counts("RIDER_LOAD", rider_load, num_riders)
+        capacity = _counts("RIDER_CAPACITY", rider_capacity, num_riders)
+        w = _weights(weights)
+        index = _candidates(candidate_rider_index, num_riders)
+        return cls(ids, index, np.maximum(capacity - load, 0), w, settings or ResolverSettings())
+
+    def objectives(self, objectives: ArrayLike) -> NDArray[np.float64]:
+        """PAIR_OBJECTIVES [B*N, 3] checked: [B, N, 3] float64, missing candidates zeroed."""
+        return _objectives(objectives, self.candidates >= 0)
+
+    def scores(self, objectives: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Each candidate's score from checked objectives [..., 3]; 0 for a missing one."""
+        score = _score(objectives, self.weights, self.settings)
+        score[self.candidates.reshape(score.shape) < 0] = 0.0
+        return score
+
+    def update(
+        self,
+        objectives: NDArray[np.float64],
+        scores: NDArray[np.float64],
+        rows: NDArray[np.int64],
+        values: ArrayLike,
+    ) -> None:
+        """Give valid pairs (PAIR_OBJECTIVES rows, ascending) new objectives, checked as
+        `objectives` checks them, in the checked ``objectives`` and their ``scores``."""
+        new = np.asarray(values, dtype=np.float64).reshape(-1, len(OBJECTIVES))
+        _check_pairs(new, rows)
+        orders, columns = np.divmod(rows, self.candidates.shape[1])
+        objectives[orders, columns] = new
+        scores[orders, columns] = _score(new, self.weights, self.settings)
+
+    def graph(self) -> AssignmentGraph:
+        """The exact solve's graph of these candidates and riders."""
+        return AssignmentGraph.build(self.candidates, self.spare)
+
+    def resolution(
+        self, objectives: NDArray[np.float64], assigned: NDArray[np.int64] | None = None
+    ) -> Resolution:
+        """Top-K lists from checked objectives [B, N, 3] and the assignment: the optimal one
+        for these objectives, or ``assigned`` (rider row per order, -1 = none) when given."""
+        settings = self.settings
+        index = self.candidates
+        num_riders = int(self.rider_ids.shape[0])
+        valid = index >= 0
+        num_candidates = index.shape[1]
+        k = min(settings.top_k, num_candidates)
+
+        # Ids and hashes only for the riders someone listed (-1 marks the sentinel row R).
+        listed = np.zeros(num_riders + 1, dtype=np.bool_)
+        listed[index] = True
+        used = np.flatnonzero(listed[:num_riders])
+        used_ids = ids_as_bytes("RIDER_IDS", self.rider_ids, used)
+        id_table = np.empty(num_riders + 1, dtype=object)
+        id_table[num_riders] = b""
+        id_table[used] = used_ids
+        rider_hash = np.zeros(num_riders + 1, dtype=np.uint64)
+        rider_hash[used] = _rider_hashes(used_ids)
+        safe_index = np.where(valid, index, num_riders)
+
+        obj = objectives
+        score = self.scores(obj)
+        eta, ontime, cost = obj[..., _ETA], obj[..., _ONTIME], obj[..., _COST]
+        # np.lexsort: the last key is the primary one.
+        order = np.lexsort(
+            (safe_index, rider_hash[safe_index], cost, -ontime, eta, -score, ~valid), axis=-1
+        )
+
+        # Missing candidates sort last and carry zero objectives and score, so the Top-K
+        # values need no masking: a padded slot already reads 0.
+        rows = np.arange(index.shape[0])[:, None]
+        ranked_index = safe_index[rows, order]
+        ranked_score = score[rows, order]
+        full_index = np.where(ranked_index < num_riders, ranked_index, -1)
+        if assigned is None:
+            # The assignment sees every candidate (ranked, so ties resolve as the ranking
+            # does); the answer's Top-K list is the first k of the same ranking.
+            position = _assign_slots(full_index, ranked_score, self.spare)
+            assigned_index = _at_position(full_index, position, -1)
+            assigned_score = _at_position(ranked_score, position, 0.0)
+        else:
+            assigned_index = assigned
+            hit = (index == assigned[:, None]) & valid
+            assigned_score = np.where(hit, score, 0.0).sum(axis=1)
+        top = order[:, :k]
+        top_index = ranked_index[:, :k]
+        top_score = ranked_score[:, :k]
+        top_obj = obj[rows, top].astype(np.float32)
+        topk_index = full_index[:, :k]
+        return Resolution(
+            topk_rider_ids=id_table[top_index],
+            topk_rider_index=topk_index.astype(np.int32),
+            topk_score=top_score.astype(np.float32),
+            topk_eta_minutes=np.ascontiguousarray(top_obj[..., _ETA]),
+            topk_ontime_probability=np.ascontiguousarray(top_obj[..., _ONTIME]),
+            topk_cost=np.ascontiguousarray(top_obj[..., _COST]),
+            assigned_rider_ids=id_table[assigned_index],
+            assigned_rider_index=assigned_index.astype(np.int32),
+            assigned_score=assigned_score.astype(np.float32),
+        )
+
+
 def resolve(
     objectives: ArrayLike,
     candidate_rider_index: ArrayLike,
@@ -546,62 +725,7 @@ def resolve(
     settings: ResolverSettings | None = None,
 ) -> Resolution:
     """Top-K riders per order and a capacity-respecting assignment for one window."""
-    settings = settings or ResolverSettings()
-    ids = _rider_ids(rider_ids)
-    num_riders = int(ids.shape[0])
-    load = _counts("RIDER_LOAD", rider_load, num_riders)
-    capacity = _counts("RIDER_CAPACITY", rider_capacity, num_riders)
-    w = _weights(weights)
-    index = _candidates(candidate_rider_index, num_riders)
-    valid = index >= 0
-    obj = _objectives(objectives, valid)
-    num_candidates = index.shape[1]
-    k = min(settings.top_k, num_candidates)
-
-    # Ids and hashes only for the riders someone listed (-1 marks the sentinel row R).
-    listed = np.zeros(num_riders + 1, dtype=np.bool_)
-    listed[index] = True
-    used = np.flatnonzero(listed[:num_riders])
-    used_ids = ids_as_bytes("RIDER_IDS", ids, used)
-    id_table = np.empty(num_riders + 1, dtype=object)
-    id_table[num_riders] = b""
-    id_table[used] = used_ids
-    rider_hash = np.zeros(num_riders + 1, dtype=np.uint64)
-    rider_hash[used] = _rider_hashes(used_ids)
-    safe_index = np.where(valid, index, num_riders)
-
-    score = _score(obj, w, settings)
-    score[~valid] = 0.0
-    eta, ontime, cost = obj[..., _ETA], obj[..., _ONTIME], obj[..., _COST]
-    # np.lexsort: the last key is the primary one.
-    order = np.lexsort(
-        (safe_index, rider_hash[safe_index], cost, -ontime, eta, -score, ~valid), axis=-1
+    window = ResolverWindow.checked(
+        candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings
     )
-
-    # Missing candidates sort last and carry zero objectives and score, so the Top-K
-    # values need no masking: a padded slot already reads 0.
-    rows = np.arange(index.shape[0])[:, None]
-    ranked_index = safe_index[rows, order]
-    ranked_score = score[rows, order]
-    full_index = np.where(ranked_index < num_riders, ranked_index, -1)
-    # The assignment sees every candidate (ranked, so ties resolve as the ranking does);
-    # the answer's Top-K list is the first k of the same ranking.
-    position = _assign_slots(full_index, ranked_score, np.maximum(capacity - load, 0))
-    assigned_index = _at_position(full_index, position, -1)
-    assigned_score = _at_position(ranked_score, position, 0.0)
-    top = order[:, :k]
-    top_index = ranked_index[:, :k]
-    top_score = ranked_score[:, :k]
-    top_obj = obj[rows, top].astype(np.float32)
-    topk_index = full_index[:, :k]
-    return Resolution(
-        topk_rider_ids=id_table[top_index],
-        topk_rider_index=topk_index.astype(np.int32),
-        topk_score=top_score.astype(np.float32),
-        topk_eta_minutes=np.ascontiguousarray(top_obj[..., _ETA]),
-        topk_ontime_probability=np.ascontiguousarray(top_obj[..., _ONTIME]),
-        topk_cost=np.ascontiguousarray(top_obj[..., _COST]),
-        assigned_rider_ids=id_table[assigned_index],
-        assigned_rider_index=assigned_index.astype(np.int32),
-        assigned_score=assigned_score.astype(np.float32),
-    )
+    return window.resolution(window.objectives(objectives))

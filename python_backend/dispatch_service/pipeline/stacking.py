@@ -18,6 +18,14 @@ out before the assignment settles, the assignment of the last solve is kept and 
 pairs' outputs (assigned score, their Top-K entries) are replaced by the stack-aware ones, so
 the reported figures of an assigned pair always reflect the rider's other new orders.
 
+Cost: the rounds give the same answer as one full `resolve` per round, for less. The
+window's tensors are checked once (`ResolverWindow`) and its solver graph built once
+(`AssignmentGraph`: only the costs change); a round re-scores only the stale pairs (one
+model call), updates their scores and solves for the assignment alone; the Top-K lists are
+ranked once, from the objectives of the last solve. What remains is the exact solve itself:
+a window that does not settle runs ``MAX_ROUNDS`` of them (LAPJVsp, whose cost grows with
+rows x columns: several ms each on a 1,000 x 5,000 window; ``python -m perf.resolver_time``).
+
 The `dispatch` ensemble cannot do this: its `topk_resolver` step has no model to re-score
 with, so there the stacked orders keep their stand-alone scores (see the report of issue 12).
 """
@@ -31,13 +39,13 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from dispatch_service.domain.feasibility import spare_slots
-from dispatch_service.domain.resolver import Resolution, ResolverSettings, resolve, score_pairs
-from dispatch_service.domain.stacking import (
-    joining_extra_load,
-    stacked_extra_load,
-    with_extra_load,
+from dispatch_service.domain.resolver import (
+    Resolution,
+    ResolverSettings,
+    ResolverWindow,
+    score_pairs,
 )
+from dispatch_service.domain.stacking import JoiningLoad, with_extra_load
 
 __all__ = [
     "MAX_ROUNDS",
@@ -62,15 +70,11 @@ class StackedResolution:
     converged: bool
 
 
-def _assigned_pairs(
-    resolution: Resolution, candidates: NDArray[np.int64], created_at: ArrayLike
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """(pair rows, extra loads) of every assigned order; extra 0 when not stacked."""
-    assigned = resolution.assigned_rider_index.astype(np.int64)
-    extra = stacked_extra_load(created_at, assigned)
+def _assigned_rows(assigned: NDArray[np.int64], candidates: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The pair row (b * N + j) of every assigned order, in order."""
     orders = np.flatnonzero(assigned >= 0)
-    columns = np.argmax(candidates[orders] == assigned[orders, None], axis=1)
-    return orders * candidates.shape[1] + columns, extra[orders]
+    columns: NDArray[np.int64] = np.argmax(candidates[orders] == assigned[orders, None], axis=1)
+    return orders * candidates.shape[1] + columns
 
 
 def resolve_stack_aware(
@@ -87,43 +91,51 @@ def resolve_stack_aware(
     max_rounds: int = MAX_ROUNDS,
 ) -> StackedResolution:
     """`resolve` made consistent with the stacking its own assignment creates (module doc)."""
-    candidates = np.asarray(candidate_rider_index).astype(np.int64)
+    # Checked once; each round then changes only the objectives and scores of the pairs it
+    # re-scores, and solves for the assignment alone over a graph built once. The Top-K
+    # lists are ranked once, at the end, from the objectives of the last solve.
+    window = ResolverWindow.checked(
+        candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings
+    )
+    candidates = window.candidates
     base = np.asarray(objectives, dtype=np.float32)
-
-    def solve(current: NDArray[np.float32]) -> Resolution:
-        return resolve(
-            current, candidates, rider_ids, rider_load, rider_capacity, weights, settings
-        )
+    checked = window.objectives(base)  # [B, N, 3] float64, as `current` holds them
+    scores = window.scores(checked)
+    graph = window.graph()
 
     current = base.copy()
     width = candidates.shape[1]
     flat = candidates.reshape(-1)
     valid = np.flatnonzero(flat >= 0)
     pair_orders, pair_riders = valid // width, flat[valid]
+    joining_load = JoiningLoad.of(created_at, pair_orders, pair_riders)
     # The extra load each valid pair's objectives in `current` were scored with.
     scored_extra = np.zeros(valid.size, dtype=np.int64)
-    spare = spare_slots(rider_load, rider_capacity)[pair_riders]
+    spare = window.spare[pair_riders]
     position = np.full(flat.size, -1, dtype=np.int64)
     position[valid] = np.arange(valid.size)
-    resolution = solve(current)
+    assigned = graph.assign(scores)
+    solved = checked  # the objectives of the last solve
     rounds, converged = 1, False
     while True:
         # Every pair is scored with the load it would ride with if its order took that
         # rider now, not only the assigned ones: the next solve then sees what joining
         # each busy rider costs. Pairs that are not assigned only ever grow their extra
         # load (no rider it cannot fit), so the solves cannot cycle through the same
-        # states; the assigned pairs always get their true load.
-        joining = joining_extra_load(
-            created_at, resolution.assigned_rider_index, pair_orders, pair_riders
-        )
+        # states; the assigned pairs always get their true load (`stacked_extra_load`,
+        # which is what `joining_extra_load` gives an assigned pair; never over its spare).
+        joining = joining_load(assigned)
         joining = np.where(joining < spare, joining, 0)
         extra = np.maximum(scored_extra, joining)
-        assigned_rows, assigned_extra = _assigned_pairs(resolution, candidates, created_at)
-        extra[position[assigned_rows]] = assigned_extra
+        taken = position[_assigned_rows(assigned, candidates)]
+        extra[taken] = joining[taken]
         stale = np.flatnonzero(scored_extra != extra)
         if not stale.size:
             converged = True
             break
+        last = rounds >= max_rounds  # this round's re-scoring gets no solve: patched below
+        if last:
+            solved = checked.copy()
         scored_extra[stale] = extra[stale]
         rows, load = valid[stale], extra[stale]
         stacked = load > 0
@@ -132,53 +144,48 @@ def resolve_stack_aware(
             current[rows[stacked]] = rescore(
                 rows[stacked], with_extra_load(features[rows[stacked]], load[stacked])
             )
-        if rounds >= max_rounds:
-            resolution = _patched(resolution, current, candidates, weights, settings)
+        window.update(checked, scores, rows, current[rows])
+        if last:
             break
-        resolution = solve(current)
+        # Straight to the full solve: the first solve's uncontested shortcut (`assign`) gives
+        # the same answer when it applies, which it did not once in the evaluation's windows.
+        assigned = graph.solve(scores)
         rounds += 1
-    rows, _ = _assigned_pairs(resolution, candidates, created_at)
-    orders = rows // candidates.shape[1]
-    assigned_objectives = np.zeros((resolution.assigned_rider_index.size, 3), dtype=np.float32)
-    assigned_objectives[orders] = current[rows]
+    resolution = window.resolution(solved, assigned)
+    rows = _assigned_rows(assigned, candidates)
+    if not converged:
+        resolution = _patched(resolution, current, rows, window)
+    assigned_objectives = np.zeros((assigned.size, 3), dtype=np.float32)
+    assigned_objectives[rows // width] = current[rows]
     return StackedResolution(resolution, current, assigned_objectives, rounds, converged)
 
 
 def _patched(
     resolution: Resolution,
     current: NDArray[np.float32],
-    candidates: NDArray[np.int64],
-    weights: ArrayLike,
-    settings: ResolverSettings | None,
+    rows: NDArray[np.int64],
+    window: ResolverWindow,
 ) -> Resolution:
-    """The last assignment with its assigned pairs' reported figures taken from ``current``
-    (stack-aware for that assignment; the last solve may have used an earlier stacking)."""
-    assigned = resolution.assigned_rider_index.astype(np.int64)
-    orders = np.flatnonzero(assigned >= 0)
-    if orders.size == 0:
+    """The last assignment with its assigned pairs' (``rows``) reported figures taken from
+    ``current`` (stack-aware for that assignment; the last solve used an earlier stacking)."""
+    if rows.size == 0:
         return resolution
-    riders = assigned[orders]
-    columns = np.argmax(candidates[orders] == riders[:, None], axis=1)
-    rows = orders * candidates.shape[1] + columns
-    scores = score_pairs(current[rows], weights, settings).astype(np.float32)
+    orders = rows // window.candidates.shape[1]
+    riders = resolution.assigned_rider_index[orders]
+    scores = score_pairs(current[rows], window.weights, window.settings).astype(np.float32)
     assigned_score = resolution.assigned_score.copy()
     assigned_score[orders] = scores
-    topk = [
-        resolution.topk_score.copy(),
-        resolution.topk_eta_minutes.copy(),
-        resolution.topk_ontime_probability.copy(),
-        resolution.topk_cost.copy(),
-    ]
-    hit = resolution.topk_rider_index[orders] == riders[:, None]
-    for i, slot in zip(*np.nonzero(hit), strict=True):
-        b = orders[i]
-        for array, value in zip(topk, (scores[i], *current[rows[i]]), strict=True):
-            array[b, slot] = value
-    return replace(
-        resolution,
-        assigned_score=assigned_score,
-        topk_score=topk[0],
-        topk_eta_minutes=topk[1],
-        topk_ontime_probability=topk[2],
-        topk_cost=topk[3],
-    )
+    # Where the assigned rider is in its order's Top-K list, that entry too.
+    hit, slot = np.nonzero(resolution.topk_rider_index[orders] == riders[:, None])
+    at = (orders[hit], slot)
+    topk = {}
+    for name, values in (
+        ("topk_score", scores[hit]),
+        ("topk_eta_minutes", current[rows[hit], 0]),
+        ("topk_ontime_probability", current[rows[hit], 1]),
+        ("topk_cost", current[rows[hit], 2]),
+    ):
+        array = getattr(resolution, name).copy()
+        array[at] = values
+        topk[name] = array
+    return replace(resolution, assigned_score=assigned_score, **topk)

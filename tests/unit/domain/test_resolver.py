@@ -675,3 +675,80 @@ def test_cached_rider_hashes_equal_fnv1a() -> None:
     assert first.tolist() == fnv1a_64(ids[:25]).tolist()
     assert again.tolist() == fnv1a_64(ids).tolist()
     assert again.dtype == np.uint64
+
+
+# ---- one window, several solves (pipeline.stacking) ----------------------------------------
+
+
+@pytest.mark.parametrize("coarse", [False, True])
+def test_assignment_graph_is_optimal_with_and_without_dummies(coarse: bool) -> None:
+    """The graph leaves the dummies out when every order with a usable candidate can be
+    served; either way each solve is the lexicographic optimum, and `assign` equals `solve`."""
+    from dispatch_service.domain.resolver import AssignmentGraph
+
+    rng = np.random.default_rng(30 + coarse)
+    paths = {True: 0, False: 0}
+    for _ in range(300):
+        orders, k, riders = (
+            int(rng.integers(0, 6)),
+            int(rng.integers(1, 4)),
+            int(rng.integers(1, 5)),
+        )
+        index = np.full((orders, k), -1, dtype=np.int64)
+        for b in range(orders):
+            listed = rng.permutation(riders)[: int(rng.integers(0, min(k, riders) + 1))]
+            index[b, rng.permutation(k)[: listed.size]] = listed
+        spare = rng.integers(0, 3, riders).astype(np.int64)
+        graph = AssignmentGraph.build(index, spare)
+        paths[graph.matrix.shape[1] > graph.slot_rider.size] += 1
+        for _ in range(3):  # the same graph, solved for other scores
+            score = rng.integers(0, 4, index.shape) / 4.0 if coarse else rng.random(index.shape)
+            assigned = graph.solve(score)
+            np.testing.assert_array_equal(graph.assign(score), assigned)
+            assert (np.bincount(assigned[assigned >= 0], minlength=spare.size) <= spare).all()
+            total = 0.0
+            for b, rider in enumerate(assigned.tolist()):
+                if rider >= 0:
+                    total += float(score[b, index[b].tolist().index(rider)])
+            best_count, best_total = brute_force(index, score, spare)
+            assert int((assigned >= 0).sum()) == best_count
+            assert total == pytest.approx(best_total, abs=1e-9)
+    assert min(paths.values()) > 30  # both layouts really ran
+
+
+def test_resolver_window_update_rescores_and_checks_like_resolve() -> None:
+    from dispatch_service.domain.resolver import ResolverWindow
+
+    rng = np.random.default_rng(31)
+    args = random_window(rng, 12, 5, 20)
+    window = ResolverWindow.checked(
+        args["candidate_rider_index"],
+        args["rider_ids"],
+        args["rider_load"],
+        args["rider_capacity"],
+        args["weights"],
+    )
+    objectives = window.objectives(args["objectives"])
+    scores = window.scores(objectives)
+    rows = np.flatnonzero(np.asarray(args["candidate_rider_index"]).reshape(-1) >= 0)[::3]
+    changed = np.asarray(args["objectives"]).copy()
+    changed[rows] = changed[rows] * np.float32(1.5)
+    window.update(objectives, scores, rows, changed[rows])
+    fresh = window.objectives(changed)
+    np.testing.assert_array_equal(objectives, fresh)
+    np.testing.assert_array_equal(scores, window.scores(fresh))
+    # Given the optimal assignment, the answer is resolve's.
+    expected = resolve(**{**args, "objectives": changed}).as_tensors()
+    optimal = expected["ASSIGNED_RIDER_INDEX"].astype(np.int64)
+    for given in (None, optimal):
+        got = window.resolution(objectives, given).as_tensors()
+        for name, value in expected.items():
+            np.testing.assert_array_equal(got[name], value)
+    # A bad row is refused as resolve refuses it, naming the same row.
+    bad = changed.copy()
+    bad[rows[1], 0] = -1.0
+    with pytest.raises(DispatchInputError) as direct:
+        resolve(**{**args, "objectives": bad})
+    with pytest.raises(DispatchInputError) as updated:
+        window.update(objectives, scores, rows, bad[rows])
+    assert str(updated.value) == str(direct.value)

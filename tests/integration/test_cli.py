@@ -37,6 +37,35 @@ def test_example_window_is_dispatched(triton: TritonServer, protocol: str) -> No
         assert order["assigned_rider_id"] in rider_ids | {None}
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc", "grpc-shm"])
+def test_addresses_in_the_json_are_located_and_the_source_printed(
+    triton: TritonServer, protocol: str
+) -> None:
+    """The shipped server names no geocoding provider: the addresses are matched offline
+    against the gazetteer (a POI, a road + house number), coordinates stay as given."""
+    example = REPO_ROOT / "client" / "examples" / "window_addresses.json"
+    url = triton.http_url if protocol == "http" else triton.grpc_url
+    done = run_cli("--url", url, "--protocol", protocol, str(example))
+    assert done.returncode == 0, done.stderr
+    orders = json.loads(done.stdout)["orders"]
+    assert [(o["pickup_source"], o["dropoff_source"]) for o in orders] == [
+        ("gazetteer", "coordinates"),
+        ("coordinates", "gazetteer"),
+    ]
+    assert all(order["top_k"] for order in orders)
+
+
+def test_an_address_nobody_knows_is_exit_2_naming_the_column_and_row(
+    triton: TritonServer,
+) -> None:
+    window = json.loads((REPO_ROOT / "client" / "examples" / "window_addresses.json").read_text())
+    window["orders"][1]["dropoff_address"] = "火星基地一号"
+    done = run_cli("--url", triton.grpc_url, "--protocol", "grpc", "-", stdin=json.dumps(window))
+    assert done.returncode == 2
+    assert "ORDER_TEXT[dropoff_address]: row 1: address '火星基地一号'" in done.stderr
+    assert run_cli("--url", triton.grpc_url, "--protocol", "grpc", str(EXAMPLE)).returncode == 0
+
+
 def test_stdin_and_both_protocols_agree(triton: TritonServer) -> None:
     text = EXAMPLE.read_text()
     over_http = run_cli("--url", triton.http_url, "--protocol", "http", "-", stdin=text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -720,6 +720,44 @@ def _whole(
     return values
 
 
+def _whole_columns(
+    tensor: str,
+    matrix: NDArray[np.float64],
+    at: NDArray[np.intp],
+    columns: tuple[str, ...],
+    limits: NDArray[np.float64],
+) -> None:
+    """`_whole` for the columns ``at`` of ``matrix`` (limits per column) in one pass over
+    them; where one fails, the columns are checked in order, so the first bad column and
+    row raise exactly the error `_whole` names (a small window paid ~9 us per column)."""
+    block = matrix[:, at]
+    ok = np.abs(block) <= limits  # False for NaN and infinity
+    ok &= block == np.floor(block)
+    if ok.all():
+        return
+    for index, limit in zip(at.tolist(), limits.tolist(), strict=True):
+        _whole(tensor, columns[index], matrix[:, index], limit)
+
+
+def _integer_columns(
+    sources: tuple[tuple[str, int | None], ...],
+) -> tuple[NDArray[np.intp], NDArray[np.float64]]:
+    """Where a packed tensor's whole-number columns are, and each one's limit."""
+    at = [i for i, (source, _) in enumerate(sources) if source in _INTEGER_SOURCES]
+    limits = [_INTEGER_SOURCES[sources[i][0]][1] for i in at]
+    return np.asarray(at, dtype=np.intp), np.asarray(limits, dtype=np.float64)
+
+
+_WHOLE_COLUMNS: Final = {
+    ORDER_FIELDS.name: _integer_columns(ORDER_FIELD_SOURCES),
+    RIDER_FIELDS.name: _integer_columns(RIDER_FIELD_SOURCES),
+}
+_RIDER_COUNTS_AT: Final = np.asarray(
+    [RIDER_FIELD_COLUMNS.index("load"), RIDER_FIELD_COLUMNS.index("capacity")], dtype=np.intp
+)
+_RIDER_COUNTS_LIMITS: Final = np.full(2, _INT32_LIMIT)
+
+
 def _unpack(
     inputs: Mapping[str, Any],
     tensor: str,
@@ -728,18 +766,16 @@ def _unpack(
     out: dict[str, Any],
 ) -> None:
     matrix = _matrix(inputs, tensor, columns)
-    for index, ((source, part), column) in enumerate(zip(sources, columns, strict=True)):
+    at, limits = _WHOLE_COLUMNS[tensor]
+    _whole_columns(tensor, matrix, at, columns, limits)
+    for index, (source, part) in enumerate(sources):
         if part is not None:
             if part == 0:  # a [*, 2] pair of adjacent columns (lat, lon)
                 out[source] = matrix[:, index : index + 2]
             continue
-        values = matrix[:, index]
         integer = _INTEGER_SOURCES.get(source)
-        if integer is None:
-            out[source] = values.astype(np.float32)
-        else:
-            dtype, limit = integer
-            out[source] = _whole(tensor, column, values, limit).astype(dtype)
+        # whole numbers within their limits: checked above
+        out[source] = matrix[:, index].astype(np.float32 if integer is None else integer[0])
 
 
 def window_tensors_from_wire(inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -827,12 +863,11 @@ def rider_counts_from_wire(
 ) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
     """The load and capacity columns of RIDER_FIELDS as INT32 (the resolver's inputs)."""
     matrix = _matrix(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS)
-    load = RIDER_FIELD_COLUMNS.index("load")
-    capacity = RIDER_FIELD_COLUMNS.index("capacity")
-    return (
-        _whole(RIDER_FIELDS.name, "load", matrix[:, load], _INT32_LIMIT).astype(np.int32),
-        _whole(RIDER_FIELDS.name, "capacity", matrix[:, capacity], _INT32_LIMIT).astype(np.int32),
+    _whole_columns(
+        RIDER_FIELDS.name, matrix, _RIDER_COUNTS_AT, RIDER_FIELD_COLUMNS, _RIDER_COUNTS_LIMITS
     )
+    load, capacity = _RIDER_COUNTS_AT.tolist()
+    return matrix[:, load].astype(np.int32), matrix[:, capacity].astype(np.int32)
 
 
 def window_to_wire(window: DispatchWindow) -> dict[str, NDArray[Any]]:

@@ -48,7 +48,7 @@ from dispatch_contract import (
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
-from dispatch_service.domain.window import user_ids_from_wire
+from dispatch_service.domain.window import DispatchWindow, user_ids_from_wire
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
 from dispatch_service.pipeline.stacking import Rescorer
@@ -85,6 +85,7 @@ class _Prepared:
     """One window of a batch after encoding and routing, before scoring."""
 
     encoded: Arrays
+    window: DispatchWindow  # validated by the encoder; the resolver reads its rider counts
     routing: RouterSettings
     versions: NDArray[np.int32]
     served: ServedVersions
@@ -205,7 +206,7 @@ class FusedDispatch:
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> FusedResult:
         """One window's tensors (`dispatch`'s inputs) -> `dispatch`'s outputs."""
         started = time.perf_counter()
-        encoded = self.encoder.run(inputs)
+        window, encoded = self.encoder.encode(inputs)
         encoded_at = time.perf_counter()
         served = ServedVersions(self.servable)
         routing, versions = route_window(
@@ -226,10 +227,10 @@ class FusedDispatch:
         if self.stack_aware:
             width = encoded[CANDIDATE_RIDER_INDEX.name].shape[1]
             resolved = self.resolver.run_stack_aware(
-                resolver_inputs, self._rescorer(routed, width)
+                resolver_inputs, self._rescorer(routed, width), window
             ).resolution.as_wire_tensors()
         else:
-            resolved = self.resolver.run(resolver_inputs)
+            resolved = self.resolver.run(resolver_inputs, window)
         done = time.perf_counter()
         return FusedResult(
             outputs={
@@ -279,14 +280,14 @@ class FusedDispatch:
 
     def _prepare(self, inputs: Mapping[str, NDArray[Any] | None]) -> _Prepared:
         started = time.perf_counter()
-        encoded = self.encoder.run(inputs)
+        window, encoded = self.encoder.encode(inputs)
         encode_ms = (time.perf_counter() - started) * 1000.0
         served = ServedVersions(self.servable)
         routing, versions = route_window(
             user_ids_from_wire(inputs), inputs.get(MODEL_VERSION_TAG.name),
             self.settings.routing, served,
         )  # fmt: skip
-        return _Prepared(encoded, routing, versions, served, started, encode_ms)
+        return _Prepared(encoded, window, routing, versions, served, started, encode_ms)
 
     def _score_together(self, windows: Sequence[_Prepared]) -> None:
         """One session call per version over the rows every window routes to it."""
@@ -331,7 +332,7 @@ class FusedDispatch:
         )
         scored_at = time.perf_counter()
         resolved = self.resolver.run(
-            {**inputs, **item.encoded, PAIR_OBJECTIVES.name: routed.objectives}
+            {**inputs, **item.encoded, PAIR_OBJECTIVES.name: routed.objectives}, item.window
         )
         done = time.perf_counter()
         return FusedResult(

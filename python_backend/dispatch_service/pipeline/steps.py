@@ -29,6 +29,7 @@ from dispatch_service.core.signing import TrustedKeys
 from dispatch_service.domain.features import EncoderSettings, EncoderThreads, encode_window
 from dispatch_service.domain.resolver import ResolverSettings, resolve
 from dispatch_service.domain.window import (
+    DispatchWindow,
     WindowLimits,
     parse_objective_weights,
     rider_counts_from_wire,
@@ -86,10 +87,15 @@ class FeatureEncoderStep:
         )
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
+        return self.encode(inputs)[1]
+
+    def encode(self, inputs: Mapping[str, NDArray[Any] | None]) -> tuple[DispatchWindow, Arrays]:
+        """`run`, with the validated (and located) window it encoded: dispatch_fused hands it
+        to the resolver instead of unpacking and checking the same tensors again."""
         window, sources = self.geocoder.locate(window_from_wire(inputs, self.limits))
         encoded = encode_window(window, self.encoder, self.threads.selection_threads)
         features, candidates, located = ENCODER_OUTPUTS
-        return {
+        return window, {
             features.name: encoded.pair_features,
             candidates.name: encoded.candidate_rider_index,
             located.name: sources,
@@ -110,15 +116,23 @@ class TopKResolverStep:
         return cls(settings=load_settings(ResolverSettings, parameters))
 
     def run_stack_aware(
-        self, inputs: Mapping[str, NDArray[Any] | None], rescore: Rescorer
+        self,
+        inputs: Mapping[str, NDArray[Any] | None],
+        rescore: Rescorer,
+        window: DispatchWindow | None = None,
     ) -> StackedResolution:
         """`run` with stacked orders re-scored by ``rescore`` (`pipeline.stacking`); needs
-        the encoder's PAIR_FEATURES and the window's v2 tensors (ORDER_FIELDS: created_at)."""
+        the encoder's PAIR_FEATURES and the window's v2 tensors (ORDER_FIELDS: created_at).
+        ``window``: as in `run`."""
         objectives = _required(inputs, PAIR_OBJECTIVES.name)
         candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
         rider_ids = _required(inputs, "RIDER_IDS")
-        load, capacity = rider_counts_from_wire(inputs)
-        created_at = window_tensors_from_wire(inputs)["ORDER_CREATED_AT"]
+        if window is None:
+            load, capacity = rider_counts_from_wire(inputs)
+            created_at = window_tensors_from_wire(inputs)["ORDER_CREATED_AT"]
+        else:
+            load, capacity = window.rider_load, window.rider_capacity
+            created_at = window.created_at
         return resolve_stack_aware(
             objectives=objectives,
             features=_required(inputs, PAIR_FEATURES.name),
@@ -132,12 +146,21 @@ class TopKResolverStep:
             settings=self.settings,
         )
 
-    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        """One window's objectives and riders -> the v2 answer (`RESOLVER_OUTPUTS`)."""
+    def run(
+        self, inputs: Mapping[str, NDArray[Any] | None], window: DispatchWindow | None = None
+    ) -> Arrays:
+        """One window's objectives and riders -> the v2 answer (`RESOLVER_OUTPUTS`).
+
+        ``window``: the window the encoder validated from these same ``inputs``
+        (`FeatureEncoderStep.encode`, dispatch_fused); its rider load and capacity are the
+        INT32 columns `rider_counts_from_wire` would unpack and check again."""
         objectives = _required(inputs, PAIR_OBJECTIVES.name)
         candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
         rider_ids = _required(inputs, "RIDER_IDS")
-        load, capacity = rider_counts_from_wire(inputs)
+        if window is None:
+            load, capacity = rider_counts_from_wire(inputs)
+        else:
+            load, capacity = window.rider_load, window.rider_capacity
         resolution = resolve(
             objectives=objectives,
             candidate_rider_index=candidates,

@@ -16,6 +16,7 @@ from dispatch_service.domain.window import (
     user_ids_from_wire,
     window_from_tensors,
     window_from_wire,
+    window_tensors_from_wire,
     window_to_tensors,
     window_to_wire,
 )
@@ -69,6 +70,36 @@ def test_nan_in_an_integer_column_is_not_finite() -> None:
         str(caught.value) == "RIDER_FIELDS[capacity]: must be finite, got NaN or infinity (row 2)"
     )
     assert caught.value.code == "not_finite"
+
+
+def test_of_several_bad_integer_columns_the_first_column_is_named() -> None:
+    # The whole-number columns are checked together; an error still names the first bad
+    # column in column order (then its first bad row), as the per-column check did.
+    tensors = wire()
+    tensors["RIDER_FIELDS"][4, 5] = 0.5  # equipment
+    tensors["RIDER_FIELDS"][6, 3] = np.inf  # capacity: an earlier column, a later row
+    with pytest.raises(DispatchInputError) as caught:
+        window_from_wire(tensors)
+    assert str(caught.value) == (
+        "RIDER_FIELDS[capacity]: must be finite, got NaN or infinity (row 6)"
+    )
+    with pytest.raises(DispatchInputError, match=r"RIDER_FIELDS\[capacity\].*\(row 6\)"):
+        rider_counts_from_wire(tensors)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "ok"),
+    [(4, 2.0**62, True), (4, 2.0**62 * 1.5, False), (6, 2.0**31 - 1, True), (6, 2.0**31, False)],
+)
+def test_each_integer_column_keeps_its_own_limit(column: int, value: float, ok: bool) -> None:
+    tensors = wire()  # created_at (column 4) is INT64, constraints (column 6) INT32
+    tensors["ORDER_FIELDS"][1, column] = value
+    tensors["WINDOW_FIELDS"][0] = 2.0**62  # created_at after dispatch_time is another rule
+    if ok:
+        window_tensors_from_wire(tensors)
+        return
+    with pytest.raises(DispatchInputError, match=r"must be a whole number.*\(row 1\)"):
+        window_tensors_from_wire(tensors)
 
 
 def test_value_rules_are_those_of_the_separate_tensors_renamed_to_their_column() -> None:

@@ -149,6 +149,27 @@ def test_encoder_rejects_a_bad_window_by_tensor() -> None:
 # ---- TopKResolverStep ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_encode_gives_run_outputs_and_the_window_the_resolver_may_reuse(seed: int) -> None:
+    tensors = window_tensors(orders=6, riders=14, seed=seed)
+    tensors["RIDER_FIELDS"][:, 2] = np.arange(14) % 3  # some riders loaded
+    step = FeatureEncoderStep()
+    window, encoded = step.encode(tensors)
+    expected = step.run(tensors)
+    assert encoded.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_array_equal(encoded[name], value, err_msg=name)
+    rng = np.random.default_rng(seed)
+    objectives = rng.random((encoded["PAIR_FEATURES"].shape[0], len(OBJECTIVES)))
+    inputs = {**tensors, **encoded, "PAIR_OBJECTIVES": objectives.astype(np.float32)}
+    resolver = TopKResolverStep()
+    alone = resolver.run(inputs)
+    reused = resolver.run(inputs, window)
+    for name, value in alone.items():
+        assert reused[name].dtype == value.dtype
+        np.testing.assert_array_equal(reused[name], value, err_msg=name)
+
+
 def test_resolver_input_names_end_with_the_optional_weights() -> None:
     names = TopKResolverStep.input_names
     assert names[:2] == ("PAIR_OBJECTIVES", "CANDIDATE_RIDER_INDEX")

@@ -19,7 +19,7 @@ from dispatch_service.domain.features import encode_window, feasible_mask
 from dispatch_service.domain.resolver import resolve
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.routing.engine import route_and_score, route_and_score_now
+from dispatch_service.routing.engine import RoutedScores, route_and_score, route_and_score_now
 from dispatch_service.routing.fallback import FallbackLevel, rule_based_objectives
 from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
@@ -28,6 +28,8 @@ from dispatch_service.routing.metrics import (
     ROUTED_ORDERS,
     SHADOW_ORDERS,
     SHADOW_TOP1_AGREEMENTS,
+    answered_counts,
+    fallback_counts,
     routed_observations,
 )
 from dispatch_service.routing.policy import choose_versions, parse_version_tag, user_buckets
@@ -483,6 +485,29 @@ def test_observations_count_calls_levels_and_fallbacks() -> None:
     assert sink.counter(ROUTED_ORDERS, model_version="1", level="1") == canary
     assert sink.counter(FALLBACK_ORDERS, model_version="2", level="1") == canary
     assert sink.counter(FALLBACK_ORDERS, model_version="1", level="1") == 0
+
+
+def _reference_counts(*columns: NDArray[np.int32]) -> dict[tuple[int, ...], int]:
+    """What the counts were before their fast paths: np.unique over (column, ...) rows."""
+    if columns[0].size == 0:
+        return {}
+    unique, counts = np.unique(np.stack(columns, axis=1), axis=0, return_counts=True)
+    return {tuple(row): count for row, count in zip(unique.tolist(), counts.tolist(), strict=True)}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_order_counts_match_the_unique_rows_reference(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    orders = int(rng.integers(0, 6))
+    kinds = int(rng.integers(1, 3))  # 1: every order alike, the fast path
+    chosen = rng.integers(1, 1 + kinds, orders).astype(np.int32)
+    level = rng.choice(np.asarray([0, 1, 2, 3], dtype=np.int32)[: 1 + kinds], orders)
+    version = np.where(level == 2, 0, chosen).astype(np.int32)
+    routed = RoutedScores(np.zeros((0, 3), np.float32), version, level, chosen)
+    assert answered_counts(routed) == _reference_counts(version, level)
+    fell = np.isin(level, (1, 2))
+    assert fallback_counts(routed) == _reference_counts(chosen[fell], level[fell])
+    assert list(answered_counts(routed)) == sorted(answered_counts(routed))  # ascending keys
 
 
 def test_observations_of_shadow_comparisons() -> None:

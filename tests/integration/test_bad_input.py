@@ -257,6 +257,22 @@ def test_an_old_form_request_gets_one_error_naming_the_v2_tensors(
 
 
 @pytest.mark.parametrize("model", ["dispatch", FUSED_MODEL_NAME])
+def test_a_request_from_before_order_text_is_refused_naming_it(
+    model: str, good: Arrays, good_answer: Arrays, http_client: httpclient.InferenceServerClient
+) -> None:
+    """A client of the first v2 contract sends ORDER_USER_IDS [B] where ORDER_TEXT now is."""
+    old = {name: value for name, value in good.items() if name != "ORDER_TEXT"}
+    old["ORDER_USER_IDS"] = good["ORDER_TEXT"][:, 0]
+    with pytest.raises(InferenceServerException) as info:
+        infer_http(http_client, old, model=model)
+    assert f"unexpected inference input 'ORDER_USER_IDS' for model '{model}'" in str(
+        info.value.message()
+    )
+    again = infer_http(http_client, good, model=model)
+    np.testing.assert_array_equal(again["TOPK_RIDER_INDEX"], good_answer["TOPK_RIDER_INDEX"])
+
+
+@pytest.mark.parametrize("model", ["dispatch", FUSED_MODEL_NAME])
 def test_two_windows_in_one_request_are_refused_naming_the_shape(
     model: str, good: Arrays, good_answer: Arrays, http_client: httpclient.InferenceServerClient
 ) -> None:

@@ -480,15 +480,19 @@ class Supervisor:
 
     def _shedding(self, probes: list[Probe], successes: dict[str, float]) -> set[str]:
         """Entry points whose probe failed for want of capacity while they kept completing
-        other requests since the last check: overloaded and shedding, not hung."""
+        other requests since the last check: overloaded and shedding, not hung.
+
+        A counter that went down was reset by a reload of the model (an ensemble is reloaded
+        with the step whose stub died): what it counts since is the progress."""
         before, self._successes = self._successes, successes
         if not before:
             return set()  # the first reading: no progress to see yet
-        return {
-            p.model
-            for p in probes
-            if not p.ok and p.busy and successes.get(p.model, 0.0) > before.get(p.model, 0.0)
-        }
+
+        def progressed(model: str) -> bool:
+            now, then = successes.get(model, 0.0), before.get(model, 0.0)
+            return now > then or 0.0 < now < then
+
+        return {p.model for p in probes if not p.ok and p.busy and progressed(p.model)}
 
     def _restart(self) -> None:
         self.server.stop(timeout_s=5)

@@ -164,6 +164,12 @@ def test_a_busy_probe_is_excused_only_while_its_model_completes_other_requests()
         assert watcher._shedding(probes, watcher._read_successes()) == {"dispatch"}
         # no progress since: hung, not busy
         assert watcher._shedding(probes, watcher._read_successes()) == set()
+        # reloaded (the counter starts again) and serving since: alive
+        counters.counts = {"dispatch": 4, "dispatch_fused": 50}
+        assert watcher._shedding(probes, watcher._read_successes()) == {"dispatch"}
+        # reloaded and nothing served since: not excused
+        counters.counts = {"dispatch": 0, "dispatch_fused": 50}
+        assert watcher._shedding(probes, watcher._read_successes()) == set()
         # the counters unreachable (a stopped server): nothing is excused
         assert watcher._shedding(probes, {}) == set()
     finally:

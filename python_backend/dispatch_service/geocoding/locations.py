@@ -3,8 +3,8 @@
 Per order and end, coordinates win when given; a row whose coordinates are NaN must carry
 an address, and both ends of every such order go to the geocoder chain in one batch, so
 they share one deadline and one round of concurrent lookups. The answer says per order and
-end how each point was found (`chain.LocationSource`: 0 given, 1 cache, 2 geocoder,
-3 gazetteer).
+end how each point was found (the contract's `LocationSource`: 0 given, 1 cache,
+2 geocoder, 3 gazetteer), which the encoder answers as ORDER_LOCATION_SOURCE.
 
 Input coordinates must already be WGS-84 (the window converts its stated datum first);
 geocoded points are WGS-84 too, so nothing downstream changes.

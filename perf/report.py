@@ -336,7 +336,7 @@ def _geocoding_section(results: BenchResults) -> list[str]:
         found = geo.get(key)
         if not found:
             continue
-        share = ", ".join(f"{name} {100 * v:.0f} %" for name, v in found["share"].items())
+        share = ", ".join(f"{name} {100 * v:.3g} %" for name, v in found["share"].items())
         rows.append(
             [
                 points,

@@ -752,6 +752,30 @@ def test_render_report() -> None:
     assert "## Where the time goes" not in empty
 
 
+def test_the_address_scenarios_render_as_a_table_and_round_trip() -> None:
+    def scenario(p50: float, share: dict[str, float]) -> dict[str, Any]:
+        return {"windows": 3, "errors": 0, "p50_ms": p50, "p99_ms": p50 + 1.0,
+                "max_ms": p50 + 2.0, "over_320ms": 0, "share": share}  # fmt: skip
+
+    results = BenchResults("s", "quick")
+    results.geocoding = {
+        "model": "dispatch_fused",
+        "orders": 64,
+        "riders": 200,
+        "coordinates": scenario(10.0, {"coordinates": 1.0}),
+        "provider_20ms_warm": scenario(11.3, {"cache": 0.983, "gazetteer": 0.017}),
+        "warm_over_coordinates_p50": 1.13,
+    }
+    text = render_report(results)
+    assert "## Orders with addresses" in text
+    assert (
+        "| addresses | 20 ms, warm cache | 3 | 0 | 11.3 | 12.3 | 13.3 | 0 | cache 98.3 %, " in text
+    )
+    assert "1.13x (issue 13's target: at most 1.2x)" in text
+    assert BenchResults.from_dict(results.to_dict()).geocoding == results.geocoding
+    assert "## Orders with addresses" not in render_report(BenchResults("s", "quick"))
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     from perf.plots import plot_size
 

@@ -59,7 +59,9 @@ def geocoding_repository(root: Path, url: str) -> Path:
         # the failover tests make every call fail: keep the breakers out of their way
         "geocoder_breaker_failures": "1000",
     }
-    use_as_providers(repository, url, KEY, settings)
+    # the key as a deployment keeps it: in a file only its owner can read
+    use_as_providers(repository, url, KEY, settings, key_file=root / "geocoder.key")
+    assert KEY not in (repository / "feature_encoder" / "config.pbtxt").read_text()
     return repository
 
 

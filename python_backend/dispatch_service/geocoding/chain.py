@@ -86,9 +86,13 @@ class GeocoderSettings:
     geocoder_primary_kind: str = "amap"
     geocoder_primary_url: str = ""
     geocoder_primary_key: str = ""
+    # A file holding the key (mode 600, e.g. a mounted Secret): the served encoder reads it
+    # into `geocoder_primary_key` at load (`pipeline.steps.geocoder_settings`).
+    geocoder_primary_key_file: str = ""
     geocoder_secondary_kind: str = "baidu"
     geocoder_secondary_url: str = ""
     geocoder_secondary_key: str = ""
+    geocoder_secondary_key_file: str = ""
     geocoder_deadline_ms: float = 300.0
     # Kept back from the deadline for the offline path and the answer.
     geocoder_fallback_reserve_ms: float = 20.0
@@ -110,6 +114,13 @@ class GeocoderSettings:
             raise ValueError("geocoder_attempt_timeout_ms must be > 0")
         if self.geocoder_max_concurrency < 1:
             raise ValueError("geocoder_max_concurrency must be >= 1")
+        for which in ("primary", "secondary"):
+            if getattr(self, f"geocoder_{which}_key") and getattr(
+                self, f"geocoder_{which}_key_file"
+            ):
+                raise ValueError(
+                    f"geocoder_{which}_key and geocoder_{which}_key_file: give one, not both"
+                )
         self.providers()  # a bad provider kind or URL fails at model load
 
     def providers(self) -> list[ProviderConfig]:

@@ -319,22 +319,33 @@ class RemoteGeocodingServer:
 
 
 def use_as_providers(
-    repository: Path, url: str, key: str, settings: Mapping[str, str] | None = None
+    repository: Path,
+    url: str,
+    key: str,
+    settings: Mapping[str, str] | None = None,
+    key_file: Path | None = None,
 ) -> None:
     """Point the feature_encoder of a repository copy (and so dispatch_fused, which reads
     its settings) at this server as both providers: amap shape primary, baidu secondary;
-    ``settings`` sets further `GeocoderSettings` parameters."""
+    ``settings`` sets further `GeocoderSettings` parameters. With ``key_file`` the key is
+    written there (mode 600) and the config names the file, as a deployment would."""
     path = repository / "feature_encoder" / "config.pbtxt"
     config = read_model_config(path)
     values = {
         "geocoder_primary_kind": "amap",
         "geocoder_primary_url": url,
-        "geocoder_primary_key": key,
         "geocoder_secondary_kind": "baidu",
         "geocoder_secondary_url": url,
-        "geocoder_secondary_key": key,
-        **(settings or {}),
     }
+    for which in ("primary", "secondary"):
+        if key_file is None:
+            values[f"geocoder_{which}_key"] = key
+        else:
+            values[f"geocoder_{which}_key_file"] = str(key_file)
+    if key_file is not None:
+        key_file.write_text(key + "\n", encoding="utf-8")
+        key_file.chmod(0o600)
+    values.update(settings or {})
     for name, value in values.items():
         config.parameters[name].string_value = str(value)
     write_model_config(path, config)

@@ -7,13 +7,14 @@ in one process in `pipeline.DispatchPipeline` (evaluation, benchmarks' in-proces
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from dispatch_client.keys import read_key_file
 from dispatch_contract import (
     CANDIDATE_RIDER_INDEX,
     ENCODER_INPUTS,
@@ -52,6 +53,7 @@ __all__ = [
     "FeatureEncoderStep",
     "Step",
     "TopKResolverStep",
+    "geocoder_settings",
 ]
 
 Arrays = dict[str, NDArray[Any]]
@@ -63,6 +65,20 @@ class Step(Protocol):
     input_names: ClassVar[tuple[str, ...]]
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays: ...
+
+
+def geocoder_settings(parameters: Mapping[str, str]) -> GeocoderSettings:
+    """The encoder's geocoding settings, each provider's key read from its key file when
+    one is named (a key belongs in a file or a Secret, not in the repository's config).
+    Raises SettingsError or KeyFileError (a ValueError): the model must not load."""
+    settings = load_settings(GeocoderSettings, parameters)
+    if settings.geocoder_primary_key_file:
+        key = read_key_file(Path(settings.geocoder_primary_key_file))
+        settings = replace(settings, geocoder_primary_key=key, geocoder_primary_key_file="")
+    if settings.geocoder_secondary_key_file:
+        key = read_key_file(Path(settings.geocoder_secondary_key_file))
+        settings = replace(settings, geocoder_secondary_key=key, geocoder_secondary_key_file="")
+    return settings
 
 
 @dataclass(frozen=True)
@@ -83,7 +99,7 @@ class FeatureEncoderStep:
             limits=load_settings(WindowLimits, parameters),
             encoder=load_settings(EncoderSettings, parameters),
             threads=load_settings(EncoderThreads, parameters),
-            geocoder=WindowGeocoder(load_settings(GeocoderSettings, parameters)).warm(),
+            geocoder=WindowGeocoder(geocoder_settings(parameters)).warm(),
         )
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from dispatch_client.keys import KeyFileError
 from dispatch_contract import (
     ENCODER_INPUTS,
     NUM_PAIR_FEATURES,
@@ -27,7 +28,12 @@ from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
 from dispatch_service.offline import gazetteer_build
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.onnx_runner import OrtSettings
-from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
+from dispatch_service.pipeline.steps import (
+    DispatchModelStep,
+    FeatureEncoderStep,
+    TopKResolverStep,
+    geocoder_settings,
+)
 
 Tensors = dict[str, NDArray[Any] | None]
 
@@ -356,3 +362,25 @@ def test_geocoder_settings_come_from_the_encoder_parameters() -> None:
         step.close()
     with pytest.raises(SettingsError, match="geocoder_deadline_ms"):
         FeatureEncoderStep.from_parameters({"geocoder_deadline_ms": "soon"})
+
+
+def test_provider_keys_are_read_from_their_key_files(tmp_path: Path) -> None:
+    key_file = tmp_path / "geocoder.key"
+    key_file.write_text("s3cret\n")
+    key_file.chmod(0o600)
+    parameters = {
+        "geocoder_primary_url": "http://127.0.0.1:9",
+        "geocoder_primary_key_file": str(key_file),
+        "geocoder_secondary_url": "http://127.0.0.1:9",
+        "geocoder_secondary_key": "inline",
+    }
+    settings = geocoder_settings(parameters)
+    assert (settings.geocoder_primary_key, settings.geocoder_primary_key_file) == ("s3cret", "")
+    assert settings.geocoder_secondary_key == "inline"
+    key_file.chmod(0o644)  # others may read it: it locks nothing
+    with pytest.raises(KeyFileError, match="open to others"):
+        geocoder_settings(parameters)
+    with pytest.raises(SettingsError, match="give one, not both"):
+        geocoder_settings({**parameters, "geocoder_primary_key": "also"})
+    with pytest.raises(KeyFileError, match="cannot read"):
+        FeatureEncoderStep.from_parameters({"geocoder_primary_key_file": str(tmp_path / "none")})

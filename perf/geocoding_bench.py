@@ -39,7 +39,7 @@ from dispatch_contract import ORDER_LOCATION_SOURCE, batched
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.window import window_to_wire
-from dispatch_service.geocoding.chain import GeocoderChain, GeocoderSettings, LocationSource
+from dispatch_service.geocoding.chain import GeocoderChain, GeocoderSettings
 from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
 from dispatch_service.offline import gazetteer_build, simulator
 from dispatch_service.offline.geocoding_server import RemoteGeocodingServer, use_as_providers
@@ -61,15 +61,26 @@ def _windows(
     for _ in range(count):
         window = simulator.generate_window(rng, orders, 1)
         points = np.concatenate([window.pickup, window.dropoff])
-        windows.append(
-            [
-                gazetteer_build.address_for_point(
-                    (float(lat), float(lon)), gazetteer, recogniser, book=book
-                )[0]
-                for lat, lon in points
-            ]
-        )
+        windows.append([book.address((float(lat), float(lon)))[0] for lat, lon in points])
     return windows
+
+
+def _summary(
+    windows: int, errors: int, times: list[float], sources: Counter[str]
+) -> dict[str, Any]:
+    """One scenario's figures: ms per window answered and the share of each source."""
+    total = sum(sources.values()) or 1
+    ms = np.array(times) if times else np.array([np.nan])
+    return {
+        "windows": windows,
+        "errors": errors,
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p99_ms": round(float(np.percentile(ms, 99)), 2),
+        "max_ms": round(float(ms.max()), 2),
+        "first_ms": round(float(ms[0]), 2),  # before any breaker has opened
+        "over_320ms": int((ms > 320.0).sum()),  # the issue's bound: deadline + 20 ms
+        "share": {name: round(n / total, 3) for name, n in sorted(sources.items())},
+    }
 
 
 async def _measure(chain: GeocoderChain, windows: list[list[str]]) -> dict[str, Any]:
@@ -84,19 +95,8 @@ async def _measure(chain: GeocoderChain, windows: list[list[str]]) -> dict[str, 
             errors += 1
             continue
         times.append((time.perf_counter() - start) * 1000.0)
-        sources.update(LocationSource(int(v)).name.lower() for v in found.source)
-    total = sum(sources.values()) or 1
-    ms = np.array(times) if times else np.array([np.nan])
-    return {
-        "windows": len(windows),
-        "errors": errors,
-        "p50_ms": round(float(np.percentile(ms, 50)), 2),
-        "p99_ms": round(float(np.percentile(ms, 99)), 2),
-        "max_ms": round(float(ms.max()), 2),
-        "first_ms": round(float(ms[0]), 2),  # before any breaker has opened
-        "over_320ms": int((ms > 320.0).sum()),  # the issue's bound: deadline + 20 ms
-        "share": {name: round(n / total, 3) for name, n in sorted(sources.items())},
-    }
+        sources.update(LOCATION_SOURCE_NAMES[int(v)] for v in found.source)
+    return _summary(len(windows), errors, times, sources)
 
 
 def run_scenarios(
@@ -155,17 +155,7 @@ def _served(
         times.append((time.perf_counter() - start) * 1000.0)
         found = np.asarray(result.as_numpy(ORDER_LOCATION_SOURCE.name)).reshape(-1)
         sources.update(LOCATION_SOURCE_NAMES[int(v)] for v in found)
-    total = sum(sources.values()) or 1
-    ms = np.array(times) if times else np.array([np.nan])
-    return {
-        "windows": len(windows),
-        "errors": errors,
-        "p50_ms": round(float(np.percentile(ms, 50)), 2),
-        "p99_ms": round(float(np.percentile(ms, 99)), 2),
-        "max_ms": round(float(ms.max()), 2),
-        "over_320ms": int((ms > 320.0).sum()),
-        "share": {name: round(n / total, 3) for name, n in sorted(sources.items())},
-    }
+    return _summary(len(windows), errors, times, sources)
 
 
 def served_scenarios(

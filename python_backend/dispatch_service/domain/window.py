@@ -193,13 +193,9 @@ def _check_dtype(spec: TensorSpec, array: NDArray[Any]) -> None:
 def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.object_]:
     raw = _fetch(tensors, name)
     items = raw.tolist()
-    # The usual request: non-empty UTF-8 bytes within the limit, taken as they are.
-    if all(type(item) is bytes for item in items):
-        lengths = list(map(len, items))
-        if lengths and min(lengths) > 0 and max(lengths) <= max_bytes and _all_utf8(items):
-            fast = np.empty(len(items), dtype=object)
-            fast[:] = items
-            return fast
+    taken = _taken_as_sent(items, 1, max_bytes)
+    if taken is not None:
+        return taken
     out = np.empty(raw.shape[0], dtype=object)
     for i, item in enumerate(items):
         if not isinstance(item, str | bytes):
@@ -215,6 +211,21 @@ def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.ob
             )
         check_id_text(name, i, value)
         out[i] = value
+    return out
+
+
+def _taken_as_sent(items: list[Any], min_bytes: int, max_bytes: int) -> NDArray[np.object_] | None:
+    """The usual request: UTF-8 bytes of [min_bytes, max_bytes] each, taken as they are (as
+    an object array); None when an item needs the checks one by one."""
+    if not all(type(item) is bytes for item in items):
+        return None
+    lengths = list(map(len, items))
+    if lengths and (min(lengths) < min_bytes or max(lengths) > max_bytes):
+        return None
+    if not _all_utf8(items):
+        return None
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
     return out
 
 
@@ -270,12 +281,10 @@ def _texts(
             name, f"must have {rows} rows like ORDER_IDS, got {raw.shape[0]}", "shape"
         )
     items = raw.tolist()
+    taken = _taken_as_sent(items, 0, limit)
+    if taken is not None:
+        return taken
     out = np.empty(rows, dtype=object)
-    # The usual request: UTF-8 bytes within the limit, taken as they are.
-    plain = all(type(item) is bytes for item in items)
-    if plain and max(map(len, items), default=0) <= limit and _all_utf8(items):
-        out[:] = items
-        return out
     for i, item in enumerate(items):
         out[i] = decode_text(name, i, item, limit).encode("utf-8")
     return out

@@ -188,6 +188,25 @@ def served(signed: Walk) -> Walk:
     return signed
 
 
+@pytest.fixture(autouse=True)
+def first_server_alive(request: pytest.FixtureRequest) -> None:
+    """Each step on the served walk starts with its server up; if Triton died in an earlier
+    step, say how (its log from the crash on) instead of failing on the consequences."""
+    if "served" not in request.fixturenames:
+        return
+    walk: Walk = request.getfixturevalue("served")
+    if walk.launcher is None or walk.launcher.process.poll() is None:
+        return
+    log = (walk.root / "server.log").read_text(errors="replace").splitlines()
+    crash = next((i for i, line in enumerate(log) if line.startswith("Signal (")), None)
+    shown = log[crash : crash + 60] if crash is not None else log[-60:]
+    pytest.fail(
+        f"the launcher exited with {walk.launcher.process.returncode} in an earlier step; "
+        "its last lines:\n" + "\n".join(walk.launcher.lines[-15:])
+        + "\ntritonserver's log:\n" + "\n".join(shown)
+    )  # fmt: skip
+
+
 def serve_argv(walk: Walk, log: str, *extra: str) -> list[str]:
     """The command `make serve` runs, on the walk's ports and repository copy."""
     ports = walk.ports

@@ -7,7 +7,7 @@ these names; `tests/unit/test_contracts.py` checks each config against them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum, IntFlag
 from typing import Any, Final
 
@@ -81,6 +81,7 @@ __all__ = [
     "Vehicle",
     "batched",
     "coord_system_code",
+    "declared_by_ensemble",
     "pack_order_text",
     "pack_window",
     "spec_by_name",
@@ -468,6 +469,17 @@ MAX_WIRE_TENSORS: Final = 8
 # the resolver's answer plus the per-order routing outputs out.
 DISPATCH_ENSEMBLE_INPUTS: Final = WIRE_DISPATCH_INPUTS
 DISPATCH_ENSEMBLE_OUTPUTS: Final = WIRE_DISPATCH_OUTPUTS
+
+
+def declared_by_ensemble(specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+    """``specs`` as an ensemble's config declares them: every input optional.
+
+    Triton 2.51 runs no step of an ensemble request that lacks a required input but carries
+    an optional one, and answers "unexpected deadlock" without naming the tensor. Declared
+    optional, the request reaches the first step that needs the tensor, and that step's
+    input check refuses it by name. Clients still must send what ``specs`` requires.
+    """
+    return tuple(replace(spec, optional=True) for spec in specs)
 
 
 def wire_shape(spec: TensorSpec) -> str:

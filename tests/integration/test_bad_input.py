@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from dispatch_contract import MAX_ORDERS, MAX_RIDERS
+from dispatch_contract import DISPATCH_ENSEMBLE_INPUTS, MAX_ORDERS, MAX_RIDERS
 from dispatch_service.domain.window import MAX_RIDER_LOAD, window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
@@ -238,16 +238,55 @@ def test_bad_window_is_rejected_over_grpc_too(
     )
 
 
+REQUIRED = [spec.name for spec in DISPATCH_ENSEMBLE_INPUTS if not spec.optional]
+OPTIONAL_SENT = {
+    "OBJECTIVE_WEIGHTS": np.array([0.5, 0.3, 0.2], dtype=np.float32),
+    "MODEL_VERSION_TAG": np.array([b"stable"], dtype=object),
+}
+
+
+@pytest.mark.parametrize("optional", [[], ["OBJECTIVE_WEIGHTS"], list(OPTIONAL_SENT)])
 @pytest.mark.parametrize("model", ["dispatch", FUSED_MODEL_NAME])
-def test_an_old_form_request_gets_one_error_naming_the_v2_tensors(
+def test_a_missing_required_input_is_named_whatever_else_is_sent(
+    model: str,
+    optional: list[str],
+    good: Arrays,
+    good_answer: Arrays,
+    http_client: httpclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """Triton 2.51 answered `dispatch` "unexpected deadlock" (no name) when an optional
+    input came with a required one missing; declared optional in the ensemble, the step
+    that needs the tensor refuses it by name."""
+    for missing in REQUIRED:
+        tensors = {n: a for n, a in good.items() if n != missing}
+        tensors |= {name: OPTIONAL_SENT[name] for name in optional}
+        for protocol in ("http", "grpc"):
+            with pytest.raises(InferenceServerException) as info:
+                if protocol == "http":
+                    infer_http(http_client, tensors, model=model)
+                else:
+                    infer_grpc(grpc_client, tensors, model=model)
+            message = f"{protocol}: {info.value.message()}"
+            assert missing in message, message
+            assert "deadlock" not in message
+            assert "missing" in message, message
+    again = infer_grpc(grpc_client, good, model=model)
+    np.testing.assert_array_equal(again["TOPK_RIDER_INDEX"], good_answer["TOPK_RIDER_INDEX"])
+
+
+@pytest.mark.parametrize("model", ["dispatch", FUSED_MODEL_NAME])
+def test_an_old_form_request_gets_one_error_naming_the_tensor_count(
     model: str, good: Arrays, good_answer: Arrays, http_client: httpclient.InferenceServerClient
 ) -> None:
     old = window_to_tensors(generate_window(np.random.default_rng(77), 12, 40))
     with pytest.raises(InferenceServerException) as info:
         infer_http(http_client, old, model=model, batch=False)
-    message = info.value.message()
-    for word in ("ORDER_FIELDS", "RIDER_FIELDS", "WINDOW_FIELDS", "missing required input"):
-        assert word in message, message
+    message = str(info.value.message())
+    assert f"inputs between {0 if model == 'dispatch' else 6} and 8 but got {len(old)}" in message
+    if model == FUSED_MODEL_NAME:  # the ensemble requires none itself (declared_by_ensemble)
+        for word in ("ORDER_FIELDS", "RIDER_FIELDS", "WINDOW_FIELDS", "missing required input"):
+            assert word in message, message
     # ids in the v1 shape [B], without the batch dimension: Triton names the expected shape
     with pytest.raises(InferenceServerException) as info:
         infer_http(http_client, good, model=model, batch=False)

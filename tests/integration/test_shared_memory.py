@@ -29,7 +29,12 @@ from dispatch_client import DispatchClient, DispatchResult
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.keys import SHM_KEY_ENV, SHM_KEY_HEADER, grpc_headers
 from dispatch_client.shm import REGION_PREFIX, GrpcShmTransport, ShmCapacity, ShmRegionTooSmallError
-from dispatch_contract import FEATURE_ENTRY_MODEL_NAME, FEATURE_ENTRY_OUTPUTS, batched
+from dispatch_contract import (
+    FEATURE_ENTRY_INPUTS,
+    FEATURE_ENTRY_MODEL_NAME,
+    FEATURE_ENTRY_OUTPUTS,
+    batched,
+)
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings
@@ -351,6 +356,28 @@ def test_feature_entry_through_the_client_and_shared_memory(
     with DispatchClient(transport(triton, ShmCapacity(max_orders=16, max_riders=60))) as client:
         assert client.dispatch_features(window["ORDER_IDS"], features) == without_sources(expected)
         assert client.dispatch(window) == expected
+
+
+@pytest.mark.parametrize("with_optional", [False, True], ids=["alone", "with-optional"])
+def test_feature_entry_names_a_missing_required_input(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient, with_optional: bool
+) -> None:
+    window = sim_window(seed=43, orders=4, riders=20)
+    good = encoded(window)
+    optional = {"OBJECTIVE_WEIGHTS": np.array([0.5, 0.3, 0.2], np.float32)}
+    required = [s.name for s in FEATURE_ENTRY_INPUTS if not s.optional]
+    for missing in required:
+        tensors = {n: a for n, a in good.items() if n != missing}
+        with pytest.raises(InferenceServerException) as caught:
+            infer_raw(grpc_client, tensors | (optional if with_optional else {}),
+                      FEATURE_ENTRY_MODEL_NAME)  # fmt: skip
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        message = str(caught.value.message())
+        assert missing in message and "missing" in message, message
+    assert_same(
+        infer_raw(grpc_client, good, FEATURE_ENTRY_MODEL_NAME),
+        infer_raw(grpc_client, window, "dispatch"),
+    )
 
 
 def without_sources(result: DispatchResult) -> DispatchResult:

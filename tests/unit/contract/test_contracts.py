@@ -181,7 +181,8 @@ def test_profiles_differ_only_in_how_the_model_runs() -> None:
 def test_ensemble_chains_the_three_steps_over_the_contract() -> None:
     config = load_config(REPO / "dispatch" / "config.pbtxt")
     assert config.platform == "ensemble"
-    assert io_of(config.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
+    ensemble_inputs = contracts.declared_by_ensemble(contracts.DISPATCH_ENSEMBLE_INPUTS)
+    assert io_of(config.input) == spec_rows(ensemble_inputs)
     assert io_of(config.output) == spec_rows(contracts.DISPATCH_ENSEMBLE_OUTPUTS)
     steps = [step.model_name for step in config.ensemble_scheduling.step]
     assert steps == ["feature_encoder", "dispatch_router", "topk_resolver"]
@@ -254,6 +255,40 @@ def test_parameters_from_model_config_reads_string_values() -> None:
     assert parameters_from_model_config(json.dumps(config)) == {"top_k": "7"}
 
 
+@pytest.mark.parametrize(
+    ("ensemble", "specs"),
+    [
+        ("dispatch", contracts.DISPATCH_ENSEMBLE_INPUTS),
+        (contracts.FEATURE_ENTRY_MODEL_NAME, contracts.FEATURE_ENTRY_INPUTS),
+    ],
+)
+def test_every_input_a_client_must_send_is_required_by_a_step_of_the_ensemble(
+    ensemble: str, specs: tuple[TensorSpec, ...]
+) -> None:
+    """The ensemble declares all inputs optional (declared_by_ensemble), so what refuses a
+    missing one by name is the step that requires it: each required tensor needs one."""
+    config = load_config(REPO / ensemble / "config.pbtxt")
+    required_by_steps = set()
+    for step in config.ensemble_scheduling.step:
+        step_config = load_config(REPO / step.model_name / "config.pbtxt")
+        required = {t.name for t in step_config.input if not t.optional}
+        required_by_steps |= {outer for inner, outer in step.input_map.items() if inner in required}
+    must_send = {spec.name for spec in specs if not spec.optional}
+    assert must_send <= required_by_steps
+    assert [t.name for t in config.input if not t.optional] == []
+
+
+def test_an_ensemble_declares_the_same_tensors_all_optional() -> None:
+    declared = contracts.declared_by_ensemble(contracts.DISPATCH_ENSEMBLE_INPUTS)
+    for spec, as_declared in zip(contracts.DISPATCH_ENSEMBLE_INPUTS, declared, strict=True):
+        assert (as_declared.name, as_declared.triton_dtype) == (spec.name, spec.triton_dtype)
+        assert as_declared.dims == spec.dims and as_declared.optional
+    # What a client must send is unchanged.
+    assert [s.name for s in contracts.DISPATCH_ENSEMBLE_INPUTS if not s.optional] == [
+        "ORDER_IDS", "ORDER_TEXT", "ORDER_FIELDS", "RIDER_IDS", "RIDER_FIELDS", "WINDOW_FIELDS",
+    ]  # fmt: skip
+
+
 def _assert_steps_chain(config: model_config_pb2.ModelConfig) -> set[str]:
     """Every step reads only tensors available before it; returns all tensors produced."""
     available = {t.name for t in config.input}
@@ -273,7 +308,8 @@ def test_feature_entry_ensemble_declares_the_feature_contract() -> None:
     config = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
     assert config.name == contracts.FEATURE_ENTRY_MODEL_NAME
     assert config.platform == "ensemble"
-    assert io_of(config.input) == spec_rows(contracts.FEATURE_ENTRY_INPUTS)
+    ensemble_inputs = contracts.declared_by_ensemble(contracts.FEATURE_ENTRY_INPUTS)
+    assert io_of(config.input) == spec_rows(ensemble_inputs)
     assert io_of(config.output) == spec_rows(contracts.FEATURE_ENTRY_OUTPUTS)
     assert {t.name for t in config.output} <= _assert_steps_chain(config)
 
@@ -304,7 +340,9 @@ def test_fused_entry_declares_what_dispatch_declares() -> None:
     assert fused.backend == "python"
     assert fused.max_batch_size == dispatch.max_batch_size
     assert io_of(fused.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
-    assert io_of(fused.input) == io_of(dispatch.input)  # the ensemble itself never batches
+    # The same tensors as the ensemble (which never batches itself); only the ensemble
+    # declares its required ones optional (contracts.declared_by_ensemble).
+    assert [row[:3] for row in io_of(fused.input)] == [row[:3] for row in io_of(dispatch.input)]
     assert list(fused.output) == list(dispatch.output)
     settings = FusedSettings.from_parameters(params(fused))
     router = RouterSettings.from_parameters(

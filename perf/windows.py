@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, spec_by_name
 from dispatch_service.core.model_config import CONFIG_NAME, read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.window import window_to_wire
@@ -68,9 +68,11 @@ NEUTRAL_OPTIONAL_INPUTS: dict[str, NDArray[Any]] = {
 
 
 def optional_inputs(repository: Path = MODEL_REPOSITORY, model: str = "dispatch") -> list[str]:
-    """Names of the optional inputs `model` declares in its config.pbtxt."""
+    """Names of the inputs `model` declares in its config.pbtxt that a client may leave out:
+    optional there and in the contract (an ensemble declares even the required ones optional,
+    `declared_by_ensemble`)."""
     config = read_model_config(repository / model / CONFIG_NAME)
-    return [tensor.name for tensor in config.input if tensor.optional]
+    return [t.name for t in config.input if t.optional and spec_by_name(t.name).optional]
 
 
 def neutral_inputs(names: Sequence[str]) -> dict[str, NDArray[Any]]:

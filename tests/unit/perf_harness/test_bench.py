@@ -104,6 +104,8 @@ def test_optional_inputs_are_read_from_the_ensemble_config() -> None:
     assert "OBJECTIVE_WEIGHTS" in names
     assert "ORDER_IDS" not in names
     neutral_inputs(names)  # every optional input of the served ensemble has a value
+    # The same list for the plain model, which declares only the contract's optional ones.
+    assert names == optional_inputs(MODEL_REPOSITORY, "dispatch_fused")
 
 
 def test_sizes_match_the_issue() -> None:

@@ -84,6 +84,7 @@ def measure_floor(seconds: float, work: Path) -> dict[str, Any]:
     """p50 at concurrency 1 and windows/s at concurrency 64, small windows, gRPC."""
     # The throwaway repository goes to a temporary folder, not the report: its model.py
     # would otherwise sit among the project's modules (and their public-surface test).
+    work.mkdir(parents=True, exist_ok=True)  # the inputs and the server log stay in the report
     with tempfile.TemporaryDirectory(prefix="dispatch-floor-") as scratch:
         return _measure(seconds, work, floor_repository(Path(scratch) / "repo"))
 

@@ -213,8 +213,11 @@ class RegionSet:
 
     input: Region
     output: Region
-    # Held while the host touches the memory; close() takes it before unmapping.
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Held while the host touches the memory; retiring the set takes it before unmapping.
+    # Reentrant: a signal's exception can land in `touching()` after the lock was taken and
+    # before its `with` could undo that (the generator is left suspended, holding it); the
+    # same thread then retires the set on its way out and must not wait for itself.
+    lock: threading.RLock = field(default_factory=threading.RLock)
     released: bool = False
 
     @property

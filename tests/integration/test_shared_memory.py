@@ -224,7 +224,8 @@ def test_a_timed_out_request_retires_its_regions(
 
 
 CHILD = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks of a child that hangs
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.shm import GrpcShmTransport, ShmCapacity
 
@@ -270,6 +271,8 @@ def test_a_child_releases_its_regions_on_signal_or_exit(
             try:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
+                child.send_signal(signal.SIGUSR1)
+                time.sleep(1)
                 child.kill()
                 _, err = child.communicate()
                 pytest.fail(f"the child did not exit within 30 s of {signum!r}:\n{err[-4000:]}")

@@ -8,6 +8,7 @@ the way Triton does.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -304,6 +305,33 @@ def test_interrupts_release_the_set_too() -> None:
         with pytest.raises(KeyboardInterrupt), pool.checkout(1.0):
             raise KeyboardInterrupt
         assert not (our_files() & old)
+
+
+def test_a_set_an_interrupt_left_locked_is_still_released_by_its_thread() -> None:
+    """A signal can raise after `touching()` took the set's lock and before its `with` can
+    release it (seen as a child that never exited after SIGINT); the set is then retired
+    by the same thread on its way out, which must not wait for itself."""
+    client = Registrar()
+    pool = make_pool(client, size=1)
+    old = set(pool.region_names())
+    stranded: list[Any] = []
+
+    def interrupted() -> None:
+        with contextlib.suppress(KeyboardInterrupt), pool.checkout(1.0) as regions:
+            touching = regions.touching()
+            touching.__enter__()  # the lock is taken; the interrupt lands before the body
+            stranded.append(touching)
+            raise KeyboardInterrupt
+        stranded.clear()  # the traceback goes: the generator ends here and lets go
+
+    worker = threading.Thread(target=interrupted, daemon=True)
+    worker.start()
+    worker.join(timeout=5)
+    assert not worker.is_alive(), "retiring the set waited for its own stranded lock"
+    assert not (our_files() & old)
+    assert not (set(client.registered) & old)
+    pool.close()
+    assert client.registered == {}
 
 
 def test_a_server_refusal_keeps_the_set() -> None:

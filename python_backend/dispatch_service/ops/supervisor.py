@@ -230,6 +230,7 @@ class _State:
     last_probes: list[Probe] = field(default_factory=list)
     restarts: Counter[str] = field(default_factory=Counter)
     server_restarts: int = 0
+    restarting: bool = False  # the restart policy is replacing the server: stubs come and go
     dead_reason: str = ""
 
 
@@ -368,21 +369,31 @@ class Supervisor:
 
     def _watch_stubs(self) -> None:
         while not self._stop.wait(self.settings.poll_s):
-            with self._lock:
-                if self.state.draining or self.state.dead_reason:
-                    continue
-            now = self._current_stubs()
-            lost = {pid: key for pid, key in self._stubs.items() if pid not in now}
-            self._stubs = now
-            if not lost:
-                continue
-            deaths = self._deaths(lost, now)
-            retired = sorted(pid for pid in lost if not any(pid in d for d in deaths.values()))
-            if retired:
-                models = sorted({lost[pid][0] for pid in retired})
-                self._event("stub_retired", models=models, pids=retired)
-            for model, pids in sorted(deaths.items()):
-                self._recover(model, pids)
+            self._check_stubs()
+
+    def _check_stubs(self) -> None:
+        """One look at the stubs: recover the models whose stubs died."""
+        with self._lock:
+            if self.state.draining or self.state.dead_reason or self.state.restarting:
+                return  # stubs end with a stopping server and start with a new one
+        process = self.server.process
+        if process is None or process.poll() is not None:
+            # Triton itself is gone (crashed or stopped) and its stubs with it: that is the
+            # deep check's verdict to give, not a stub death per model to reload.
+            self._stubs = {}
+            return
+        now = self._current_stubs()
+        lost = {pid: key for pid, key in self._stubs.items() if pid not in now}
+        self._stubs = now
+        if not lost:
+            return
+        deaths = self._deaths(lost, now)
+        retired = sorted(pid for pid in lost if not any(pid in d for d in deaths.values()))
+        if retired:
+            models = sorted({lost[pid][0] for pid in retired})
+            self._event("stub_retired", models=models, pids=retired)
+        for model, pids in sorted(deaths.items()):
+            self._recover(model, pids)
 
     def _deaths(self, lost: dict[int, StubKey], now: dict[int, StubKey]) -> dict[str, list[int]]:
         """`stub_deaths` with what Triton says now; when it cannot say, every loss counts
@@ -495,15 +506,20 @@ class Supervisor:
         return {p.model for p in probes if not p.ok and p.busy and progressed(p.model)}
 
     def _restart(self) -> None:
-        self.server.stop(timeout_s=5)
+        with self._lock:
+            self.state.restarting = True
         try:
+            self.server.stop(timeout_s=5)
             self.server.start()
         except Exception as exc:  # cannot come back: give up like `exit`
             with self._lock:
                 self.state.dead_reason = f"restart failed: {exc}"
             self.dead.set()
             return
-        self._stubs = self._current_stubs()
+        finally:
+            self._stubs = self._current_stubs()
+            with self._lock:
+                self.state.restarting = False
         with self._lock:
             self.state.server_restarts += 1
             self.state.last_ok = time.monotonic()

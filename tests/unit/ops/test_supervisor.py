@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import http.server
 import json
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,6 +210,44 @@ def get(url: str) -> tuple[int, str]:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read().decode()
+
+
+def test_the_stubs_of_a_crashed_server_are_not_counted_as_stub_deaths(
+    supervisor: Supervisor,
+) -> None:
+    """Triton gone (a SIGSEGV while reloading, seen in CI) takes every stub with it: that is
+    for the deep check to declare, not seven model reloads against a dead port."""
+    events: list[str] = []
+    supervisor.report = events.append
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    supervisor.server.process = ended  # type: ignore[misc]
+    supervisor._stubs = {4242: ("dispatch_model", "1"), 4343: ("feature_encoder", "1")}
+    supervisor._check_stubs()
+    assert supervisor.state.restarts == Counter()
+    assert supervisor._stubs == {}
+    assert events == []
+
+
+def test_stubs_are_left_alone_while_the_restart_policy_replaces_the_server(
+    supervisor: Supervisor,
+) -> None:
+    """A new server's stubs come and go while it starts: none of that is a stub death."""
+    events: list[str] = []
+    supervisor.report = events.append
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as running:
+        try:
+            supervisor.server.process = running  # type: ignore[misc]
+            supervisor.state.restarting = True
+            supervisor._stubs = {4242: ("feature_encoder", "1")}
+            supervisor._check_stubs()
+            assert events == [] and supervisor.state.restarts == Counter()
+            supervisor.state.restarting = False  # the same look outside a restart: a death
+            supervisor._check_stubs()
+            assert supervisor.state.restarts == Counter({"feature_encoder": 1})
+            assert any('"stub_died"' in event for event in events)
+        finally:
+            running.kill()
 
 
 def test_endpoints_report_ready_then_draining_then_dead(supervisor: Supervisor) -> None:

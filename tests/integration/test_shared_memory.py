@@ -225,6 +225,9 @@ def test_a_timed_out_request_retires_its_regions(
 
 CHILD = """
 import faulthandler, signal, sys, time
+# Python keeps an inherited SIG_IGN for SIGINT (a test run started in the background has
+# one), and the case under test is Ctrl-C's KeyboardInterrupt: ask for it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks of a child that hangs
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.shm import GrpcShmTransport, ShmCapacity

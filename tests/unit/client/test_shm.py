@@ -309,8 +309,8 @@ def test_interrupts_release_the_set_too() -> None:
 
 def test_a_set_an_interrupt_left_locked_is_still_released_by_its_thread() -> None:
     """A signal can raise after `touching()` took the set's lock and before its `with` can
-    release it (the likely cause of a CI run's child that never exited after SIGINT); the
-    set is then retired by the same thread on its way out, which must not wait for itself."""
+    release it; the set is then retired by the same thread on its way out, which must not
+    wait for itself."""
     client = Registrar()
     pool = make_pool(client, size=1)
     old = set(pool.region_names())

@@ -344,6 +344,11 @@ class TritonServer(ChildService):
             "--backend-config=python,shm-default-byte-size=4194304",
             "--backend-config=python,shm-growth-byte-size=4194304",
             "--strict-readiness=true",
+            # Every config.pbtxt is complete (tests/unit/test_contracts.py holds them to the
+            # contract): without this, each Python model load starts one more stub just to
+            # ask model.py for a config, ~1 s a model (start 13.5 -> 6.4 s, stub reload 5.2
+            # -> 2.1 s on the 2-core host).
+            "--disable-auto-complete-config",
             "--exit-timeout-secs=10",
             "--log-verbose=0",
         ]

@@ -21,7 +21,10 @@ So the launcher:
   requests (Triton's success counters, read beside the probes): a server shedding load is
   alive, a hung one completes nothing. When no check succeeded for ``dead_after_s`` it is
   declared dead and the policy applies (``exit``: stop it and exit non-zero for the process
-  manager; ``restart``: stop and start it again);
+  manager; ``restart``: stop and start it again). Under ``restart`` a Triton process that
+  has exited is restarted at the next check, without that wait (2.51 aborts with
+  ``boost::interprocess::lock_exception`` now and then when a stub is SIGKILLed while it
+  holds a shared-memory lock); under ``exit`` the launcher exits with Triton's status;
 - serves the verdicts on its own HTTP port: ``/livez`` and ``/readyz`` (200 or 503),
   ``/healthz`` (JSON detail) and ``/metrics`` (Prometheus text);
 - on SIGTERM turns readiness false, waits until Triton is quiet (nothing pending and no
@@ -224,7 +227,9 @@ def triton_successes(metrics_url: str, timeout_s: float = 2.0) -> dict[str, floa
 class _State:
     ready: bool = False
     draining: bool = False
-    recovering: set[str] = field(default_factory=set)
+    # model -> when its reload finished (inf while reloading): only a deep check begun after
+    # that may end its recovery (one begun earlier may have been answered by the fallback).
+    recovering: dict[str, float] = field(default_factory=dict)
     recovery_started: float = 0.0
     last_ok: float = 0.0
     last_probes: list[Probe] = field(default_factory=list)
@@ -417,7 +422,7 @@ class Supervisor:
 
     def _recover(self, model: str, pids: list[int]) -> None:
         with self._lock:
-            self.state.recovering.add(model)
+            self.state.recovering[model] = float("inf")
             self.state.recovery_started = time.monotonic()
             self.state.restarts[model] += 1
         self._event("stub_died", model=model, pids=pids)
@@ -436,52 +441,70 @@ class Supervisor:
         except ModelControlError as exc:
             self._event("model_reload_failed", model=model, error=str(exc))
         self._stubs = self._current_stubs()
+        with self._lock:
+            self.state.recovering[model] = time.monotonic()
         probes = deep_check(self.server.grpc_url, self.models, self.settings.check_timeout_s)
         with self._lock:
             self.state.last_probes = probes
             if all(p.ok for p in probes):
-                self.state.recovering.discard(model)
+                self.state.recovering.pop(model, None)
                 self.state.last_ok = time.monotonic()
         if all(p.ok for p in probes):
             self._event("recovered", model=model)
 
     def _watch_health(self) -> None:
-        settings = self.settings
-        while not self._stop.wait(settings.check_every_s):
-            with self._lock:
-                if self.state.draining:
-                    continue
-            # The counters are read beside the probes, not after them: a stopped server
-            # costs one timeout in all.
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="counters") as pool:
-                reading = pool.submit(self._read_successes)
-                probes = deep_check(self.server.grpc_url, self.models, settings.check_timeout_s)
-                excused = self._shedding(probes, reading.result())
-            now = time.monotonic()
-            with self._lock:
-                self.state.last_probes = probes
-                if all(p.ok or p.model in excused for p in probes):
-                    self.state.last_ok = now
-                    self.state.recovering.clear()
-                    self.state.ready = True
-                    continue
-                self.state.ready = False
-                silent = now - self.state.last_ok
-                # A reload in progress may take a while; one stuck for 30 s is a dead server.
-                recovering = bool(self.state.recovering) and (
-                    now - self.state.recovery_started < RECOVERY_GRACE_S
-                )
-            if silent < settings.dead_after_s or recovering:
-                continue
-            reason = "; ".join(p.line() for p in probes if not p.ok)
-            self._event("server_dead", silent_s=round(silent, 1), reason=reason)
-            if settings.on_dead == "restart":
-                self._restart()
-            else:
-                with self._lock:
-                    self.state.dead_reason = reason
-                self.dead.set()
+        while not self._stop.wait(self.settings.check_every_s):
+            if not self._check_health():
                 return
+
+    def _check_health(self) -> bool:
+        """One deep check and its verdict; False once the server is given up (``exit``)."""
+        settings = self.settings
+        with self._lock:
+            if self.state.draining or self.state.restarting:
+                return True
+        process = self.server.process
+        code = None if process is None else process.poll()
+        if code is not None:
+            if settings.on_dead == "exit":
+                return True  # the launcher exits with Triton's own status (`server.main`)
+            return self._dead(f"tritonserver exited with {code}", silent=0.0)
+        started = time.monotonic()
+        # The counters are read beside the probes, not after them: a stopped server costs
+        # one timeout in all.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="counters") as pool:
+            reading = pool.submit(self._read_successes)
+            probes = deep_check(self.server.grpc_url, self.models, settings.check_timeout_s)
+            excused = self._shedding(probes, reading.result())
+        now = time.monotonic()
+        with self._lock:
+            state = self.state
+            state.last_probes = probes
+            if all(p.ok or p.model in excused for p in probes):
+                state.last_ok = now
+                state.recovering = {m: t for m, t in state.recovering.items() if t > started}
+                state.ready = True
+                return True
+            state.ready = False
+            silent = now - state.last_ok
+            # A reload in progress may take a while; one stuck for 30 s is a dead server.
+            recovering = bool(state.recovering) and (
+                now - state.recovery_started < RECOVERY_GRACE_S
+            )
+        if silent < settings.dead_after_s or recovering:
+            return True
+        return self._dead("; ".join(p.line() for p in probes if not p.ok), silent=silent)
+
+    def _dead(self, reason: str, silent: float) -> bool:
+        """Apply the policy to a dead server; False when the launcher gives it up."""
+        self._event("server_dead", silent_s=round(silent, 1), reason=reason)
+        if self.settings.on_dead == "restart":
+            self._restart()
+            return not self.dead.is_set()
+        with self._lock:
+            self.state.dead_reason = reason
+        self.dead.set()
+        return False
 
     def _read_successes(self) -> dict[str, float]:
         try:
@@ -508,6 +531,7 @@ class Supervisor:
     def _restart(self) -> None:
         with self._lock:
             self.state.restarting = True
+            self.state.ready = False
         try:
             self.server.stop(timeout_s=5)
             self.server.start()
@@ -523,6 +547,7 @@ class Supervisor:
         with self._lock:
             self.state.server_restarts += 1
             self.state.last_ok = time.monotonic()
+            self.state.recovering.clear()  # the old server's reloads: gone with it
             self.state.ready = True
         self._event("server_restarted")
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -268,3 +269,75 @@ def test_metrics_count_restarts_per_model(supervisor: Supervisor) -> None:
     assert code == 200
     assert 'dispatch_launcher_stub_restarts_total{model="dispatch_model"} 2' in text
     assert "dispatch_launcher_ready 1" in text
+
+
+def ok_probes(*models: str) -> list[Probe]:
+    return [Probe(model, True, "answered", 0.01) for model in models]
+
+
+def test_a_check_begun_before_a_reload_ended_does_not_end_its_recovery(
+    supervisor: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router's fallback answers the probes while a stub's model reloads: such an answer
+    says nothing of the reloaded model (a stop-19 run saw readiness back after 0.76 s with the
+    server about to die)."""
+    state = supervisor.state
+    state.recovering = {"dispatch_model": float("inf")}  # reload in progress
+    monkeypatch.setattr(
+        "dispatch_service.ops.supervisor.deep_check", lambda *a: ok_probes("dispatch")
+    )
+    assert supervisor._check_health()
+    assert not supervisor.ready() and list(state.recovering) == ["dispatch_model"]
+
+    def reload_ends_meanwhile(*args: object) -> list[Probe]:
+        state.recovering["dispatch_model"] = time.monotonic()
+        return ok_probes("dispatch")
+
+    monkeypatch.setattr("dispatch_service.ops.supervisor.deep_check", reload_ends_meanwhile)
+    assert supervisor._check_health()
+    assert not supervisor.ready()
+    # The next check begins after the reload: it ends the recovery.
+    monkeypatch.setattr(
+        "dispatch_service.ops.supervisor.deep_check", lambda *a: ok_probes("dispatch")
+    )
+    assert supervisor._check_health()
+    assert supervisor.ready() and state.recovering == {}
+
+
+class CountingServer(FakeServer):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start(self, timeout_s: float = 0) -> object:
+        self.calls.append("start")
+        return self
+
+    def stop(self, timeout_s: float = 0) -> None:
+        self.calls.append("stop")
+
+
+@pytest.mark.parametrize("policy", ["exit", "restart"])
+def test_an_exited_triton_is_restarted_at_once_or_left_to_the_launcher(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No probes and no dead_after_s wait for a process that is gone: under ``restart`` the
+    next check replaces it; under ``exit`` the launcher's loop exits with Triton's status."""
+    server = CountingServer()
+    events: list[str] = []
+    settings = SupervisorSettings(health_port=0, on_dead=policy)  # type: ignore[arg-type]
+    watcher = Supervisor(server, settings, report=events.append)
+
+    def no_probe(*args: object) -> list[Probe]:
+        raise AssertionError("probed a server that has exited")
+
+    monkeypatch.setattr("dispatch_service.ops.supervisor.deep_check", no_probe)
+    crashed = subprocess.Popen([sys.executable, "-c", "import os; os.abort()"])
+    crashed.wait()
+    server.process = crashed  # type: ignore[assignment]
+    assert watcher._check_health()
+    if policy == "exit":
+        assert server.calls == [] and events == [] and not watcher.dead.is_set()
+    else:
+        assert server.calls == ["stop", "start"] and watcher.state.server_restarts == 1
+        assert '"server_dead"' in events[0] and "exited with -6" in events[0]
+        assert '"server_restarted"' in events[-1] and watcher.ready()

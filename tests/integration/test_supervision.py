@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,11 @@ from launcher_helpers import EXAMPLE, Launcher
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError
 from dispatch_service.ops.host import STUB_NAME
+from dispatch_service.ops.router_control import (
+    apply_router_settings,
+    read_fused_settings,
+    read_router_settings,
+)
 from dispatch_service.ops.server import EXIT_DEAD, Ports
 from dispatch_service.ops.supervisor import stub_models
 
@@ -266,6 +271,17 @@ def test_with_the_restart_policy_a_stopped_server_is_replaced(tmp_path: Path) ->
     try:
         assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
         url = f"http://127.0.0.1:{health}"
+        # A canary set live (what `dispatch-admin deploy` does), seen by a good check since.
+        triton = f"127.0.0.1:{launcher.ports.http}"
+        admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
+        canary = replace(read_router_settings(triton), canary_version=2, canary_percent=25)
+        apply_router_settings(triton, canary, admin_key=admin_key)
+        applied_at = time.monotonic()
+        while health_detail(url)["seconds_since_last_good_check"] >= (  # type: ignore[operator]
+            time.monotonic() - applied_at - 0.2
+        ):
+            time.sleep(0.2)
+        time.sleep(0.5)  # the check's own reading of the live configs follows at once
         first = triton_pid(launcher)
         os.kill(first, signal.SIGSTOP)
         stopped_at = time.monotonic()
@@ -283,6 +299,9 @@ def test_with_the_restart_policy_a_stopped_server_is_replaced(tmp_path: Path) ->
         assert restarted is not None, "\n".join(launcher.lines)
         assert launcher.process.poll() is None
         assert triton_pid(launcher) != first and not Path(f"/proc/{first}").exists()
+        # The new server routes as the old one did: the restart did not end the rollout.
+        assert read_router_settings(triton) == canary
+        assert read_fused_settings(triton, admin_key) == canary
         window = window_from_json(EXAMPLE.read_bytes())
         with DispatchClient.grpc(f"127.0.0.1:{launcher.ports.grpc}", timeout_s=30) as client:
             assert client.dispatch(window).orders

@@ -21,7 +21,10 @@ So the launcher:
   requests (Triton's success counters, read beside the probes): a server shedding load is
   alive, a hung one completes nothing. When no check succeeded for ``dead_after_s`` it is
   declared dead and the policy applies (``exit``: stop it and exit non-zero for the process
-  manager; ``restart``: stop and start it again). Under ``restart`` a Triton process that
+  manager; ``restart``: stop and start it again, then load back the configs `deploy` and
+  `rollback` set live -- the scoring versions, the router's and dispatch_fused's routing --
+  as the last good check read them, so a restart does not end a rollout). Under ``restart``
+  a Triton process that
   has exited is restarted at the next check, without that wait (2.51 aborts with
   ``boost::interprocess::lock_exception`` now and then when a stub is SIGKILLed while it
   holds a shared-memory lock); under ``exit`` the launcher exits with Triton's status;
@@ -58,6 +61,11 @@ from dispatch_service.ops.model_control import (
     model_config,
     repository_index,
     unload_model,
+)
+from dispatch_service.routing.settings import (
+    FUSED_MODEL_NAME,
+    ROUTER_MODEL_NAME,
+    SCORING_MODEL_NAME,
 )
 
 
@@ -99,6 +107,9 @@ logger = logging.getLogger(__name__)
 
 DeadPolicy = Literal["exit", "restart"]
 RECOVERY_GRACE_S = 30.0
+# What `dispatch-admin deploy` / `rollback` change live, in the order a restart loads them
+# back: the scoring versions, then the router, then dispatch_fused (which routes the same).
+LIVE_MODELS = (SCORING_MODEL_NAME, ROUTER_MODEL_NAME, FUSED_MODEL_NAME)
 
 
 @dataclass(frozen=True)
@@ -258,6 +269,7 @@ class Supervisor:
         self.dead = threading.Event()
         self._stubs: dict[int, StubKey] = {}
         self._successes: dict[str, float] = {}
+        self._live: dict[str, dict[str, Any]] = {}  # LIVE_MODELS' configs at the last good check
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
 
@@ -477,23 +489,48 @@ class Supervisor:
             probes = deep_check(self.server.grpc_url, self.models, settings.check_timeout_s)
             excused = self._shedding(probes, reading.result())
         now = time.monotonic()
+        healthy = all(p.ok or p.model in excused for p in probes)
         with self._lock:
             state = self.state
             state.last_probes = probes
-            if all(p.ok or p.model in excused for p in probes):
+            state.ready = healthy
+            if healthy:
                 state.last_ok = now
                 state.recovering = {m: t for m, t in state.recovering.items() if t > started}
-                state.ready = True
-                return True
-            state.ready = False
             silent = now - state.last_ok
             # A reload in progress may take a while; one stuck for 30 s is a dead server.
             recovering = bool(state.recovering) and (
                 now - state.recovery_started < RECOVERY_GRACE_S
             )
+        if healthy:
+            self._remember_live()
+            return True
         if silent < settings.dead_after_s or recovering:
             return True
         return self._dead("; ".join(p.line() for p in probes if not p.ok), silent=silent)
+
+    def _remember_live(self) -> None:
+        """Keep the configs `deploy` and `rollback` set live, for a restart to load back."""
+        live = {}
+        for model in LIVE_MODELS:
+            with contextlib.suppress(ModelControlError):  # not loaded: nothing to restore
+                live[model] = model_config(
+                    self.server.http_url, model, self.settings.check_timeout_s
+                )
+        self._live = live
+
+    def _restore_live(self) -> None:
+        """Load back on a restarted server the live configs that differ from its files'
+        (a canary's versions and routing), so a restart does not end a rollout."""
+        url, key = self.server.http_url, self.server.admin_key
+        for model, config in self._live.items():
+            try:
+                if model_config(url, model) == config:
+                    continue
+                load_model(url, model, config, admin_key=key)
+                self._event("live_config_restored", model=model)
+            except ModelControlError as exc:
+                self._event("live_config_restore_failed", model=model, error=str(exc))
 
     def _dead(self, reason: str, silent: float) -> bool:
         """Apply the policy to a dead server; False when the launcher gives it up."""
@@ -535,6 +572,7 @@ class Supervisor:
         try:
             self.server.stop(timeout_s=5)
             self.server.start()
+            self._restore_live()  # its reloads end stubs too: still inside `restarting`
         except Exception as exc:  # cannot come back: give up like `exit`
             with self._lock:
                 self.state.dead_reason = f"restart failed: {exc}"

@@ -341,3 +341,82 @@ def test_an_exited_triton_is_restarted_at_once_or_left_to_the_launcher(
         assert server.calls == ["stop", "start"] and watcher.state.server_restarts == 1
         assert '"server_dead"' in events[0] and "exited with -6" in events[0]
         assert '"server_restarted"' in events[-1] and watcher.ready()
+
+
+class _Repository:
+    """Triton's config and load endpoints over models whose files say ``files``: a load with
+    a config overrides it; `start` (a new server) reads the files again."""
+
+    def __init__(self, files: dict[str, dict[str, object]]) -> None:
+        self.files = files
+        self.live = {m: dict(c) for m, c in files.items()}
+        self.loads: list[tuple[str, str | None]] = []
+        repo = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                model = self.path.split("/")[3]
+                if model not in repo.live:
+                    self._send(400, {"error": f"Request for unknown model: '{model}'"})
+                else:
+                    self._send(200, repo.live[model])
+
+            def do_POST(self) -> None:
+                model = self.path.split("/")[4]
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                repo.live[model] = json.loads(body["parameters"]["config"])
+                repo.loads.append((model, self.headers.get("admin-key")))
+                self._send(200, {})
+
+            def _send(self, code: int, body: object) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_restart_loads_back_the_configs_set_live() -> None:
+    """`deploy` set a canary (dispatch_model versions, router and fused parameters): a server
+    restarted by the policy would read config.pbtxt again and end the rollout."""
+    files = {
+        "dispatch_model": {"version_policy": {"specific": {"versions": [1]}}},
+        "dispatch_router": {"parameters": {"canary_percent": {"string_value": "0"}}},
+        "dispatch_fused": {"parameters": {"canary_percent": {"string_value": "0"}}},
+        "dispatch": {"platform": "ensemble"},
+    }
+    repo = _Repository(files)
+    server = CountingServer()
+    server.http_url = repo.url  # type: ignore[misc]
+    server.start = lambda timeout_s=0: repo.live.update(  # type: ignore[method-assign]
+        {m: dict(c) for m, c in files.items()}
+    )
+    events: list[str] = []
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=events.append)
+    try:
+        deployed = {
+            "dispatch_model": {"version_policy": {"specific": {"versions": [1, 2]}}},
+            "dispatch_router": {"parameters": {"canary_percent": {"string_value": "25"}}},
+        }
+        repo.live.update(deployed)
+        watcher._remember_live()
+        watcher._restart()
+        assert repo.live["dispatch_model"] == deployed["dispatch_model"]
+        assert repo.live["dispatch_router"] == deployed["dispatch_router"]
+        # In LIVE_MODELS' order, with the admin key; what the files already say is not reloaded.
+        assert repo.loads == [("dispatch_model", "k"), ("dispatch_router", "k")]
+        assert sum('"live_config_restored"' in e for e in events) == 2
+        assert watcher.state.server_restarts == 1 and watcher.ready()
+    finally:
+        repo.close()

@@ -24,10 +24,10 @@ So the launcher:
   manager; ``restart``: stop and start it again, then load back the configs `deploy` and
   `rollback` set live -- the scoring versions, the router's and dispatch_fused's routing --
   as the last good check read them, so a restart does not end a rollout). Under ``restart``
-  a Triton process that
-  has exited is restarted at the next check, without that wait (2.51 aborts with
-  ``boost::interprocess::lock_exception`` now and then when a stub is SIGKILLed while it
-  holds a shared-memory lock); under ``exit`` the launcher exits with Triton's status;
+  a Triton process that has exited is restarted at the next check, without that wait (2.51
+  aborts with ``boost::interprocess::lock_exception`` now and then when a stub is SIGKILLed
+  while it holds a shared-memory lock); under ``exit`` the launcher exits with Triton's
+  status;
 - serves the verdicts on its own HTTP port: ``/livez`` and ``/readyz`` (200 or 503),
   ``/healthz`` (JSON detail) and ``/metrics`` (Prometheus text);
 - on SIGTERM turns readiness false, waits until Triton is quiet (nothing pending and no

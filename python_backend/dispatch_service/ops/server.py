@@ -636,6 +636,13 @@ def build_parser() -> argparse.ArgumentParser:
         "process manager), or restart it in place (default exit)",
     )
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="with --on-dead restart: after this many restarts within 10 minutes, stop and "
+        "exit 3 instead (default %(default)s)",
+    )
+    parser.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -683,6 +690,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
     gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -713,6 +722,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     health_port = args.metrics_port + 1 if args.health_port is None else args.health_port
     settings = SupervisorSettings(
         on_dead=args.on_dead,
+        max_restarts=args.max_restarts,
         drain_timeout_s=args.drain_timeout,
         health_host=args.host,
         health_port=health_port,

@@ -121,6 +121,10 @@ class SupervisorSettings:
     # dead_after_s + check_every_s + check_timeout_s = 9 s, inside issue 10's 10 s.
     dead_after_s: float = 6.0
     on_dead: DeadPolicy = "exit"
+    # `restart` gives up like `exit` after this many restarts within restart_window_s: a
+    # server that keeps dying is for the process manager's back-off and a person, not a loop.
+    max_restarts: int = 5
+    restart_window_s: float = 600.0
     drain_timeout_s: float = 30.0
     quiet_s: float = 1.0
     health_host: str = "127.0.0.1"
@@ -269,6 +273,7 @@ class Supervisor:
         self.dead = threading.Event()
         self._stubs: dict[int, StubKey] = {}
         self._successes: dict[str, float] = {}
+        self._restarted_at: list[float] = []  # monotonic times of the policy's restarts
         self._live: dict[str, dict[str, Any]] = {}  # LIVE_MODELS' configs at the last good check
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
@@ -535,9 +540,20 @@ class Supervisor:
     def _dead(self, reason: str, silent: float) -> bool:
         """Apply the policy to a dead server; False when the launcher gives it up."""
         self._event("server_dead", silent_s=round(silent, 1), reason=reason)
-        if self.settings.on_dead == "restart":
-            self._restart()
-            return not self.dead.is_set()
+        settings = self.settings
+        if settings.on_dead == "restart":
+            now = time.monotonic()
+            recent = [t for t in self._restarted_at if now - t < settings.restart_window_s]
+            self._restarted_at = recent
+            if len(recent) < settings.max_restarts:
+                self._restarted_at.append(now)
+                self._restart()
+                return not self.dead.is_set()
+            reason = (
+                f"{reason} (given up: {len(recent)} restarts in the last "
+                f"{settings.restart_window_s:.0f} s)"
+            )
+            self._event("restart_limit", restarts=len(recent))
         with self._lock:
             self.state.dead_reason = reason
         self.dead.set()

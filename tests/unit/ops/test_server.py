@@ -465,3 +465,10 @@ def test_keys_from_the_environment_win_and_images_refuse_to_run_without(
     monkeypatch.delenv("DISPATCH_SHM_KEY_FILE", raising=False)
     with pytest.raises(KeyFileError, match="no shared-memory key"):
         resolve_keys(launcher_args(tmp_path, "--no-create-keys"), io.StringIO())
+
+
+def test_a_negative_restart_limit_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["--on-dead", "restart", "--max-restarts", "-1", "--tritonserver", "/nonexistent"])
+    assert stopped.value.code == 2
+    assert "--max-restarts must be >= 0, got -1" in capsys.readouterr().err

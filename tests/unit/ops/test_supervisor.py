@@ -420,3 +420,21 @@ def test_a_restart_loads_back_the_configs_set_live() -> None:
         assert watcher.state.server_restarts == 1 and watcher.ready()
     finally:
         repo.close()
+
+
+def test_the_restart_policy_gives_up_after_max_restarts_in_its_window() -> None:
+    server = CountingServer()
+    events: list[str] = []
+    settings = SupervisorSettings(health_port=0, on_dead="restart", max_restarts=2)
+    watcher = Supervisor(server, settings, report=events.append)
+    assert watcher._dead("dispatch: FAILED", silent=6.0)
+    assert watcher._dead("dispatch: FAILED", silent=6.0)
+    assert not watcher._dead("dispatch: FAILED", silent=6.0)  # the third death: given up
+    assert server.calls == ["stop", "start"] * 2 and watcher.state.server_restarts == 2
+    assert watcher.dead.is_set() and not watcher.live()
+    assert "given up: 2 restarts in the last 600 s" in watcher.snapshot()["dead_reason"]
+    assert any('"restart_limit"' in event for event in events)
+    # Restarts older than the window no longer count.
+    watcher = Supervisor(server, settings, report=events.append)
+    watcher._restarted_at = [time.monotonic() - 601.0] * 2
+    assert watcher._dead("dispatch: FAILED", silent=6.0) and not watcher.dead.is_set()

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Final
 
 import numpy as np
@@ -471,13 +472,6 @@ class AssignmentGraph:
         assigned[self.rows[slot]] = self.slot_rider[matched[slot]]
         return assigned
 
-    def assign(self, score: NDArray[np.float64]) -> NDArray[np.int64]:
-        """`solve`, through the uncontested shortcut when that is the one optimum."""
-        quick = _uncontested(self.candidates, score, self.spare)
-        if quick is None:
-            return self.solve(score)
-        return _at_position(self.candidates, quick, -1)
-
 
 def _uncontested(
     topk_index: NDArray[np.int64],
@@ -645,9 +639,19 @@ class ResolverWindow:
         objectives[orders, columns] = new
         scores[orders, columns] = _score(new, self.weights, self.settings)
 
+    @cached_property
     def graph(self) -> AssignmentGraph:
-        """The exact solve's graph of these candidates and riders."""
+        """The exact solve's graph of these candidates and riders, built on first use."""
         return AssignmentGraph.build(self.candidates, self.spare)
+
+    def assign(self, scores: NDArray[np.float64]) -> NDArray[np.int64]:
+        """Rider row per order (-1 = none) for scores [B, N]: the uncontested shortcut when
+        that is the one optimum, else the graph's exact solve. A window the shortcut settles
+        never builds the graph (most of a small window's stack-aware time before)."""
+        quick = _uncontested(self.candidates, scores, self.spare)
+        if quick is None:
+            return self.graph.solve(scores)
+        return _at_position(self.candidates, quick, -1)
 
     def resolution(
         self, objectives: NDArray[np.float64], assigned: NDArray[np.int64] | None = None

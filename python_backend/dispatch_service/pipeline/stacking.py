@@ -19,8 +19,9 @@ pairs' outputs (assigned score, their Top-K entries) are replaced by the stack-a
 the reported figures of an assigned pair always reflect the rider's other new orders.
 
 Cost: the rounds give the same answer as one full `resolve` per round, for less. The
-window's tensors are checked once (`ResolverWindow`) and its solver graph built once
-(`AssignmentGraph`: only the costs change); a round re-scores only the stale pairs (one
+window's tensors are checked once (`ResolverWindow`) and its solver graph built once, and
+only when a solve needs it (`AssignmentGraph`: only the costs change; a first assignment the
+uncontested shortcut settles needs none); a round re-scores only the stale pairs (one
 model call), updates their scores and solves for the assignment alone; the Top-K lists are
 ranked once, from the objectives of the last solve. What remains is the exact solve itself:
 a window that does not settle runs ``MAX_ROUNDS`` of them (LAPJVsp, whose cost grows with
@@ -101,7 +102,6 @@ def resolve_stack_aware(
     base = np.asarray(objectives, dtype=np.float32)
     checked = window.objectives(base)  # [B, N, 3] float64, as `current` holds them
     scores = window.scores(checked)
-    graph = window.graph()
 
     current = base.copy()
     width = candidates.shape[1]
@@ -114,7 +114,7 @@ def resolve_stack_aware(
     spare = window.spare[pair_riders]
     position = np.full(flat.size, -1, dtype=np.int64)
     position[valid] = np.arange(valid.size)
-    assigned = graph.assign(scores)
+    assigned = window.assign(scores)
     solved = checked  # the objectives of the last solve
     rounds, converged = 1, False
     while True:
@@ -149,7 +149,7 @@ def resolve_stack_aware(
             break
         # Straight to the full solve: the first solve's uncontested shortcut (`assign`) gives
         # the same answer when it applies, which it did not once in the evaluation's windows.
-        assigned = graph.solve(scores)
+        assigned = window.graph.solve(scores)
         rounds += 1
     resolution = window.resolution(solved, assigned)
     rows = _assigned_rows(assigned, candidates)

@@ -683,8 +683,9 @@ def test_cached_rider_hashes_equal_fnv1a() -> None:
 @pytest.mark.parametrize("coarse", [False, True])
 def test_assignment_graph_is_optimal_with_and_without_dummies(coarse: bool) -> None:
     """The graph leaves the dummies out when every order with a usable candidate can be
-    served; either way each solve is the lexicographic optimum, and `assign` equals `solve`."""
-    from dispatch_service.domain.resolver import AssignmentGraph
+    served; either way each solve is the lexicographic optimum, and the window's `assign`
+    (the uncontested shortcut first) equals `solve`."""
+    from dispatch_service.domain.resolver import AssignmentGraph, ResolverWindow
 
     rng = np.random.default_rng(30 + coarse)
     paths = {True: 0, False: 0}
@@ -700,11 +701,14 @@ def test_assignment_graph_is_optimal_with_and_without_dummies(coarse: bool) -> N
             index[b, rng.permutation(k)[: listed.size]] = listed
         spare = rng.integers(0, 3, riders).astype(np.int64)
         graph = AssignmentGraph.build(index, spare)
+        window = ResolverWindow(
+            np.arange(riders).astype(bytes), index, spare, np.ones(3), ResolverSettings()
+        )
         paths[graph.matrix.shape[1] > graph.slot_rider.size] += 1
         for _ in range(3):  # the same graph, solved for other scores
             score = rng.integers(0, 4, index.shape) / 4.0 if coarse else rng.random(index.shape)
             assigned = graph.solve(score)
-            np.testing.assert_array_equal(graph.assign(score), assigned)
+            np.testing.assert_array_equal(window.assign(score), assigned)
             assert (np.bincount(assigned[assigned >= 0], minlength=spare.size) <= spare).all()
             total = 0.0
             for b, rider in enumerate(assigned.tolist()):

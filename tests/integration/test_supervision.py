@@ -146,20 +146,28 @@ def health_detail(health: str) -> dict[str, object]:
         return dict(json.load(exc))
 
 
-def test_a_killed_stub_is_noticed_reloaded_and_counted(served: tuple[Launcher, str]) -> None:
+# dispatch_model: the stable version's stub, behind the router's fallback (reloaded by unload
+# + load); feature_encoder: a step of the `dispatch` ensemble, with no fallback (reloaded with
+# a new reload mark, which keeps the ensemble loaded).
+@pytest.mark.parametrize("model", ["dispatch_model", "feature_encoder"])
+def test_a_killed_stub_is_noticed_reloaded_and_counted(
+    served: tuple[Launcher, str], model: str
+) -> None:
     launcher, health = served
     server_pid = triton_pid(launcher)
     stubs = stub_models(server_pid)
-    # The stable version's stub: the one every `dispatch` request goes through.
-    (victim,) = [
+    victim = min(
         pid
         for pid in stubs
-        if b"/dispatch_model/1/model.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-    count = list(stubs.values()).count("dispatch_model")
+        if f"/{model}/1/model.py".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )
+    count = list(stubs.values()).count(model)
+    restarts_before = health_detail(health)["stub_restarts"].get(model, 0)  # type: ignore[attr-defined]
     seen_not_ready = False
+    # Issue 10's case: one stub killed under steady load for 30 s.
     with Load(f"127.0.0.1:{launcher.ports.grpc}") as load:
-        time.sleep(2.0)
+        started = time.monotonic()
+        time.sleep(5.0)
         before = load.ok
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
@@ -172,11 +180,11 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(served: tuple[Launcher, s
                 recovered_at = time.monotonic()
                 break
             time.sleep(0.05)
-        time.sleep(2.0)
+        time.sleep(max(2.0, 30.0 - (time.monotonic() - started)))
     total = load.ok + len(load.failed)
     restarted = health_detail(health)["server_restarts"]
     print(
-        f"\nstub kill: recovered in {(recovered_at or float('nan')) - killed_at:.2f} s; "
+        f"\nstub kill ({model}): recovered in {(recovered_at or float('nan')) - killed_at:.2f} s; "
         f"{len(load.failed)} of {total} requests failed ({before} before the kill); "
         f"server restarts {restarted}; failures {Counter(load.failed).most_common(2)}"
     )
@@ -202,10 +210,15 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(served: tuple[Launcher, s
     assert len(load.failed) <= total // 100  # the router's fallback answers meanwhile
     metrics = urllib.request.urlopen(f"{health}/metrics", timeout=5).read().decode()
     assert re.search(
-        r'dispatch_launcher_stub_restarts_total\{model="dispatch_model"\} 1\b', metrics
+        rf'dispatch_launcher_stub_restarts_total\{{model="{model}"\}} {restarts_before + 1}\b',
+        metrics,
     )
-    new_stubs = stub_models(triton_pid(launcher))
-    assert victim not in new_stubs and list(new_stubs.values()).count("dispatch_model") == count
+    # A full set of new instances. (The replaced model's other stubs stay until the server
+    # stops: 2.51 never finishes unloading a model one of whose stubs died, whether it is
+    # unloaded or replaced; docs/security.md.)
+    now = stub_models(triton_pid(launcher))
+    fresh = [pid for pid, name in now.items() if name == model and pid not in stubs]
+    assert victim not in now and len(fresh) == count
 
 
 def test_sigterm_under_load_drains_in_flight_requests(served: tuple[Launcher, str]) -> None:

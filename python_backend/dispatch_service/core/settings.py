@@ -13,6 +13,7 @@ from typing import Any, TypeVar, get_type_hints
 
 __all__ = [
     "BACKEND_PARAMETERS",
+    "RELOAD_MARK_PARAMETER",
     "SettingsError",
     "load_settings",
     "parameters_from_model_config",
@@ -23,6 +24,12 @@ T = TypeVar("T")
 
 # Parameters read by Triton's Python backend itself, not by our settings classes.
 BACKEND_PARAMETERS = frozenset({"FORCE_CPU_ONLY_INPUT_TENSORS", "EXECUTION_ENV_PATH"})
+# Set by the launcher's supervisor when it reloads a model whose stub died: a config that
+# differs makes Triton build every instance anew while the old ones answer (one that does not
+# differ keeps the dead stub's instance), without unloading the model and the ensembles that
+# use it. No model reads it.
+RELOAD_MARK_PARAMETER = "reload_mark"
+_NOT_SETTINGS = BACKEND_PARAMETERS | {RELOAD_MARK_PARAMETER}
 
 
 class SettingsError(ValueError):
@@ -75,7 +82,7 @@ def load_settings(cls: type[T], parameters: Mapping[str, str]) -> T:
 def reject_unknown(parameters: Mapping[str, str], *classes: type[Any]) -> None:
     """Fail when a parameter matches no field of the model's settings classes."""
     known = {field.name for cls in classes for field in dataclasses.fields(cls)}
-    unknown = sorted(set(parameters) - known - BACKEND_PARAMETERS)
+    unknown = sorted(set(parameters) - known - _NOT_SETTINGS)
     if unknown:
         raise SettingsError(
             f"unknown config parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"

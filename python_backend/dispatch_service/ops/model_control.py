@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dispatch_client.keys import ADMIN_KEY_HEADER
+from dispatch_service.core.settings import RELOAD_MARK_PARAMETER
 
 __all__ = [
     "ADMIN_KEY_HEADER",
@@ -27,6 +29,7 @@ __all__ = [
     "ready_versions",
     "repository_index",
     "unload_model",
+    "with_reload_mark",
     "with_versions",
 ]
 
@@ -108,6 +111,14 @@ def with_versions(config: Mapping[str, Any], versions: Iterable[int]) -> dict[st
     if not chosen:
         raise ValueError("a version policy needs at least one version")
     return {**config, "version_policy": {"specific": {"versions": chosen}}}
+
+
+def with_reload_mark(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` with a new reload mark (`core.settings.RELOAD_MARK_PARAMETER`):
+    loaded, it makes Triton build every instance of the model anew."""
+    parameters = dict(config.get("parameters") or {})
+    parameters[RELOAD_MARK_PARAMETER] = {"string_value": str(time.time_ns())}
+    return {**config, "parameters": parameters}
 
 
 def load_model(

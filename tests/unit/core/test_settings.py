@@ -9,6 +9,7 @@ import pytest
 
 from dispatch_service.core.settings import (
     BACKEND_PARAMETERS,
+    RELOAD_MARK_PARAMETER,
     SettingsError,
     load_settings,
     parameters_from_model_config,
@@ -176,6 +177,11 @@ def test_no_parameters_are_accepted() -> None:
 @pytest.mark.parametrize("key", sorted(BACKEND_PARAMETERS))
 def test_the_backends_own_keys_are_accepted(key: str) -> None:
     reject_unknown({key: "no", "count": "1"}, Knobs)
+
+
+def test_the_supervisors_reload_mark_is_accepted_and_read_by_no_setting() -> None:
+    reject_unknown({RELOAD_MARK_PARAMETER: "1733050000", "count": "1"}, Knobs)
+    assert load_settings(Knobs, {RELOAD_MARK_PARAMETER: "x", "count": "3"}) == Knobs(count=3)
 
 
 def test_force_cpu_only_input_tensors_is_a_backend_key() -> None:

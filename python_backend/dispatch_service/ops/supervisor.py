@@ -452,7 +452,7 @@ class Supervisor:
             # - a step of an ensemble is loaded with a new reload mark: Triton builds every
             #   instance anew while the old ones answer, and the ensemble stays loaded
             #   (unload + load made `dispatch` unknown for ~4 s when a feature_encoder or
-            #   topk_resolver stub died: 45 % of requests failed; now 0.2-0.4 %);
+            #   topk_resolver stub died: 45 % of requests failed; now 0.1-0.4 %);
             # - any other model is unloaded, then loaded with its own config (versions
             #   included): faster (dispatch_model ready again in ~2.2 s, 3-5 s with a mark),
             #   and the router answers with its fallback meanwhile.
@@ -478,10 +478,15 @@ class Supervisor:
             self._event("recovered", model=model)
 
     def _ensemble_steps(self) -> set[str]:
-        """The models some loaded ensemble runs as a step (read from the server)."""
+        """The models some loaded ensemble runs as a step (read from the server; none when
+        it cannot say: unload + load then, which always works)."""
         url, timeout = self.server.http_url, self.settings.check_timeout_s
         steps: set[str] = set()
-        for entry in repository_index(url, self.server.admin_key, timeout):
+        try:
+            index = repository_index(url, self.server.admin_key, timeout)
+        except ModelControlError:
+            return steps
+        for entry in index:
             if entry.get("state") != "READY":
                 continue
             with contextlib.suppress(ModelControlError):

@@ -449,19 +449,21 @@ class Supervisor:
             # Triton keeps a dead stub's instance when asked to load an unchanged model
             # ("successfully loaded" in milliseconds, requests still fail); renaming the
             # instance groups is no better on 2.51. Two ways that work:
-            # - a step of an ensemble is loaded with a new reload mark: Triton builds every
-            #   instance anew while the old ones answer, and the ensemble stays loaded
-            #   (unload + load made `dispatch` unknown for ~4 s when a feature_encoder or
-            #   topk_resolver stub died: 45 % of requests failed; now 0.1-0.4 %);
-            # - any other model is unloaded, then loaded with its own config (versions
-            #   included): faster (dispatch_model ready again in ~2.2 s, 3-5 s with a mark),
-            #   and the router answers with its fallback meanwhile.
+            # - the model is loaded with a new reload mark: Triton builds every instance anew
+            #   while the old ones answer, and the model (and any ensemble running it) stays
+            #   loaded. Unload + load made `dispatch` unknown for ~4 s when a feature_encoder
+            #   or topk_resolver stub died (45 % of requests failed; now 0.1-0.4 %), and
+            #   `dispatch_fused` unknown for ~3 s when one of its stubs died (23 %);
+            # - the scoring model, which only the router and dispatch_fused call, and which
+            #   they answer for with their fallback while it is away, is unloaded, then
+            #   loaded with its own config (versions included): ready again in ~2.2 s,
+            #   against 3-5 s with a mark.
             config = model_config(url, model)
-            if model in self._ensemble_steps():
-                load_model(url, model, with_reload_mark(config), admin_key=key)
-            else:
+            if model == SCORING_MODEL_NAME:
                 unload_model(url, model, admin_key=key)
                 load_model(url, model, config, admin_key=key)
+            else:
+                load_model(url, model, with_reload_mark(config), admin_key=key)
             self._event("model_reloaded", model=model)
         except ModelControlError as exc:
             self._event("model_reload_failed", model=model, error=str(exc))
@@ -476,24 +478,6 @@ class Supervisor:
                 self.state.last_ok = time.monotonic()
         if all(p.ok for p in probes):
             self._event("recovered", model=model)
-
-    def _ensemble_steps(self) -> set[str]:
-        """The models some loaded ensemble runs as a step (read from the server; none when
-        it cannot say: unload + load then, which always works)."""
-        url, timeout = self.server.http_url, self.settings.check_timeout_s
-        steps: set[str] = set()
-        try:
-            index = repository_index(url, self.server.admin_key, timeout)
-        except ModelControlError:
-            return steps
-        for entry in index:
-            if entry.get("state") != "READY":
-                continue
-            with contextlib.suppress(ModelControlError):
-                config = model_config(url, str(entry["name"]), timeout)
-                scheduling = config.get("ensemble_scheduling") or {}
-                steps.update(str(step["model_name"]) for step in scheduling.get("step", []))
-        return steps
 
     def _watch_health(self) -> None:
         while not self._stop.wait(self.settings.check_every_s):

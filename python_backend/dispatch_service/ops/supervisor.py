@@ -53,6 +53,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from dispatch_service.core.settings import RELOAD_MARK_PARAMETER
 from dispatch_service.ops.health import Probe, deep_check
 from dispatch_service.ops.host import STUB_NAME
 from dispatch_service.ops.model_control import (
@@ -68,6 +69,14 @@ from dispatch_service.routing.settings import (
     ROUTER_MODEL_NAME,
     SCORING_MODEL_NAME,
 )
+
+
+def _without_reload_mark(config: dict[str, Any]) -> dict[str, Any]:
+    parameters = config.get("parameters") or {}
+    if RELOAD_MARK_PARAMETER not in parameters:
+        return config
+    rest = {k: v for k, v in parameters.items() if k != RELOAD_MARK_PARAMETER}
+    return {**config, "parameters": rest}
 
 
 class SupervisedServer(Protocol):
@@ -538,9 +547,10 @@ class Supervisor:
         """Load back on a restarted server the live configs that differ from its files'
         (a canary's versions and routing), so a restart does not end a rollout."""
         url, key = self.server.http_url, self.server.admin_key
-        for model, config in self._live.items():
+        for model, live in self._live.items():
+            config = _without_reload_mark(live)  # a stub's recovery is no deploy
             try:
-                if model_config(url, model) == config:
+                if _without_reload_mark(model_config(url, model)) == config:
                     continue
                 load_model(url, model, config, admin_key=key)
                 self._event("live_config_restored", model=model)

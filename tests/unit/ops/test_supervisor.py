@@ -414,6 +414,13 @@ def test_a_restart_loads_back_the_configs_set_live() -> None:
             "dispatch_router": {"parameters": {"canary_percent": {"string_value": "25"}}},
         }
         repo.live.update(deployed)
+        # A stub of dispatch_fused died earlier: its reload mark is no deploy to load back.
+        repo.live["dispatch_fused"] = {
+            "parameters": {
+                "canary_percent": {"string_value": "0"},
+                RELOAD_MARK_PARAMETER: {"string_value": "1"},
+            }
+        }
         watcher._remember_live()
         watcher._restart()
         assert repo.live["dispatch_model"] == deployed["dispatch_model"]

@@ -8,6 +8,7 @@ the server the same way. The runtime comes from the `nvidia-pytriton` wheel in t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -728,7 +729,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         health_port=health_port,
     )
     try:
-        supervisor = Supervisor(server, settings, lambda line: print(line, file=out, flush=True))
+        supervisor = Supervisor(server, settings, event_printer(out))
         supervisor.start()
     except OSError as exc:  # the health port is taken
         monitor.stop()
@@ -746,6 +747,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return run_until_stopped(server, supervisor, out)
     finally:
         monitor.stop()
+        server.stop()  # whatever ended the loop: never leave a Triton behind
+
+
+def event_printer(out: TextIO) -> Callable[[str], None]:
+    """The supervisor's events as lines on ``out``. A reader that went away (a closed pipe)
+    must not stop the launcher: an event printed into it raised BrokenPipeError in the
+    drain, and the launcher exited with its Triton still running, orphaned."""
+
+    def report(line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            print(line, file=out, flush=True)
+
+    return report
 
 
 def run_until_stopped(server: TritonServer, supervisor: Supervisor, out: TextIO) -> int:
@@ -776,7 +790,7 @@ def run_until_stopped(server: TritonServer, supervisor: Supervisor, out: TextIO)
             print(f"error: tritonserver exited with {code}:\n{server.log_tail()}", file=sys.stderr)
             return int(code or 1)
     drained = supervisor.drain_and_stop()
-    print(f"tritonserver stopped (drained {drained:.1f} s)", flush=True, file=out)
+    event_printer(out)(f"tritonserver stopped (drained {drained:.1f} s)")
     return 0
 
 

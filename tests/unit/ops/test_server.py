@@ -8,6 +8,7 @@ Integration tests start the real server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -26,6 +27,7 @@ from dispatch_service.ops.server import (
     TritonRuntime,
     TritonServer,
     build_parser,
+    event_printer,
     main,
     resolve_keys,
 )
@@ -472,3 +474,16 @@ def test_a_negative_restart_limit_is_refused_by_name(capsys: pytest.CaptureFixtu
         main(["--on-dead", "restart", "--max-restarts", "-1", "--tritonserver", "/nonexistent"])
     assert stopped.value.code == 2
     assert "--max-restarts must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_events_into_a_closed_pipe_do_not_stop_the_launcher() -> None:
+    """A parent that stopped reading: the drain's events raised BrokenPipeError and the
+    launcher exited with its Triton still running."""
+    read, write = os.pipe()
+    os.close(read)
+    broken = os.fdopen(write, "w")
+    report = event_printer(broken)
+    report('{"event": "drain_started"}')  # EPIPE (Python ignores SIGPIPE): swallowed
+    with contextlib.suppress(BrokenPipeError):  # the line still buffered fails once more
+        broken.close()
+    report('{"event": "drain_finished"}')  # a closed file: swallowed too

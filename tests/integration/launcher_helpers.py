@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,14 +14,24 @@ from pathlib import Path
 from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.ops.server import Ports
 
-__all__ = ["EXAMPLE", "Launcher"]
+__all__ = ["EXAMPLE", "Launcher", "free_port"]
 
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class Launcher:
     def __init__(self, ports: Ports, log: Path, key_dir: Path, *extra: str) -> None:
         self.ports = ports
+        if "--health-port" not in extra:
+            # Not the default (metrics port + 1): on a busy host that port may be taken by
+            # some connection's local end, and a fresh-clone CI run saw the start fail so.
+            extra = (*extra, "--health-port", str(free_port()))
         argv = [
             sys.executable,
             "-m",

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import threading
 import time
 import urllib.error
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from launcher_helpers import EXAMPLE, Launcher
+from launcher_helpers import EXAMPLE, Launcher, free_port
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError
@@ -39,12 +38,6 @@ from dispatch_service.ops.router_control import (
 )
 from dispatch_service.ops.server import EXIT_DEAD, Ports
 from dispatch_service.ops.supervisor import stub_models
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def status(url: str) -> int:

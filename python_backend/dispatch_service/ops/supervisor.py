@@ -527,7 +527,8 @@ class Supervisor:
                 now - state.recovery_started < RECOVERY_GRACE_S
             )
         if healthy:
-            self._remember_live()
+            if settings.on_dead == "restart":  # only a restart loads them back
+                self._remember_live()
             return True
         if silent < settings.dead_after_s or recovering:
             return True

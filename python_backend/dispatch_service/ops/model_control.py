@@ -31,6 +31,7 @@ __all__ = [
     "unload_model",
     "with_reload_mark",
     "with_versions",
+    "without_reload_mark",
 ]
 
 
@@ -119,6 +120,13 @@ def with_reload_mark(config: Mapping[str, Any]) -> dict[str, Any]:
     parameters = dict(config.get("parameters") or {})
     parameters[RELOAD_MARK_PARAMETER] = {"string_value": str(time.time_ns())}
     return {**config, "parameters": parameters}
+
+
+def without_reload_mark(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as its deploy left it: without the reload mark of a stub's recovery."""
+    parameters = config.get("parameters") or {}
+    rest = {k: v for k, v in parameters.items() if k != RELOAD_MARK_PARAMETER}
+    return {**config, "parameters": rest} if "parameters" in config else dict(config)
 
 
 def load_model(

@@ -53,7 +53,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from dispatch_service.core.settings import RELOAD_MARK_PARAMETER
 from dispatch_service.ops.health import Probe, deep_check
 from dispatch_service.ops.host import STUB_NAME
 from dispatch_service.ops.model_control import (
@@ -63,20 +62,13 @@ from dispatch_service.ops.model_control import (
     repository_index,
     unload_model,
     with_reload_mark,
+    without_reload_mark,
 )
 from dispatch_service.routing.settings import (
     FUSED_MODEL_NAME,
     ROUTER_MODEL_NAME,
     SCORING_MODEL_NAME,
 )
-
-
-def _without_reload_mark(config: dict[str, Any]) -> dict[str, Any]:
-    parameters = config.get("parameters") or {}
-    if RELOAD_MARK_PARAMETER not in parameters:
-        return config
-    rest = {k: v for k, v in parameters.items() if k != RELOAD_MARK_PARAMETER}
-    return {**config, "parameters": rest}
 
 
 class SupervisedServer(Protocol):
@@ -549,9 +541,9 @@ class Supervisor:
         (a canary's versions and routing), so a restart does not end a rollout."""
         url, key = self.server.http_url, self.server.admin_key
         for model, live in self._live.items():
-            config = _without_reload_mark(live)  # a stub's recovery is no deploy
+            config = without_reload_mark(live)  # a stub's recovery is no deploy
             try:
-                if _without_reload_mark(model_config(url, model)) == config:
+                if without_reload_mark(model_config(url, model)) == config:
                     continue
                 load_model(url, model, config, admin_key=key)
                 self._event("live_config_restored", model=model)

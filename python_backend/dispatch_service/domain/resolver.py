@@ -62,8 +62,9 @@ Assignment
     connected component anyway, and splitting into components first (hundreds of them in
     a city-sized window) cost more in per-call overhead than it saved.
     The graph depends only on the candidates and the spare capacity (`AssignmentGraph`),
-    the costs on the scores: a window solved several times (`pipeline.stacking`) checks its
-    tensors once (`ResolverWindow`), builds the graph once and ranks its Top-K lists once.
+    the costs on the scores; a slot's cost may also depend on its rank among its rider's
+    slots (`AssignmentGraph.solve_ranked`), which is how `pipeline.stacking` prices a
+    rider's second and later new orders in the same exact solve.
 """
 
 from __future__ import annotations
@@ -397,8 +398,7 @@ def ids_as_bytes(name: str, ids: ArrayLike, rows: NDArray[np.int64] | None = Non
 @dataclass(frozen=True, eq=False)
 class AssignmentGraph:
     """The exact solve's sparse graph (module docstring) for fixed candidate lists and spare
-    capacity. Only its costs depend on the scores: one graph serves every solve of a window
-    whose scores change (`pipeline.stacking` re-solves after re-scoring stacked pairs).
+    capacity. Only its costs depend on the scores, given per pair or per pair and slot rank.
 
     When a matching serves every order that has a usable candidate (Hopcroft-Karp, checked
     once here), the unassigned dummies cannot be used by any maximum-cardinality matching:
@@ -411,6 +411,7 @@ class AssignmentGraph:
     rows: NDArray[np.int64]  # [B'] the order of each graph row
     edge_pair: NDArray[np.int64]  # [E'] flat candidate position (b * N + j) of each slot edge
     edge_at: NDArray[np.int64]  # [E'] its entry in the CSR arrays
+    edge_rank: NDArray[np.int64]  # [E'] its slot's rank among its rider's slots (`slots`)
     slot_rider: NDArray[np.int64]  # [S] the rider of each slot column
     # Built once; `solve` writes the edges' costs into its data (dummy costs stay): one
     # graph serves one caller at a time.
@@ -444,7 +445,9 @@ class AssignmentGraph:
         )
         if rows.size == 0 or (maximum_bipartite_matching(served, perm_type="column") >= 0).all():
             edge_at = np.arange(edge_pair.size)
-            return cls(candidates, spare, rows, edge_pair, edge_at, slots.slot_rider, served)
+            return cls(
+                candidates, spare, rows, edge_pair, edge_at, slots.rank, slots.slot_rider, served
+            )
         # Some order may stay unassigned: every order gets its private dummy, after its
         # edges (the largest column). Edge e sits after the dummies of the rows before its own.
         indptr = np.zeros(num_orders + 1, dtype=np.int32)
@@ -458,15 +461,26 @@ class AssignmentGraph:
         data[dummy_at] = 2.0 * num_orders + 3.0
         matrix = csr_matrix((data, indices, indptr), shape=(num_orders, num_slots + num_orders))
         rows = np.arange(num_orders)
-        return cls(candidates, spare, rows, edge_pair, edge_at, slots.slot_rider, matrix)
+        return cls(
+            candidates, spare, rows, edge_pair, edge_at, slots.rank, slots.slot_rider, matrix
+        )
 
     def solve(self, score: NDArray[np.float64]) -> NDArray[np.int64]:
         """Rider row per order (-1 = unassigned) for scores [B, N] in [0, 1]: most orders,
         then most total score. Exact (the full matching), whatever the scores."""
+        return self.solve_ranked(score.reshape(-1, 1))
+
+    def solve_ranked(self, score: NDArray[np.float64]) -> NDArray[np.int64]:
+        """`solve` where a pair's score depends on how many new orders its rider already
+        took: ``score[b * N + j, k]`` (in [0, 1]) is candidate j of order b as its rider's
+        (k+1)-th new order; ranks past the last column read the last. Exact: the slot of
+        rank k carries that score, so the optimum holds over every way of ranking each
+        rider's orders (whichever ranking the rider's orders really ride in)."""
         assigned = np.full(self.candidates.shape[0], -1, dtype=np.int64)
         if self.edge_pair.size == 0:
             return assigned
-        self.matrix.data[self.edge_at] = 2.0 - score.reshape(-1)[self.edge_pair]
+        ranks = np.minimum(self.edge_rank, score.shape[1] - 1)
+        self.matrix.data[self.edge_at] = 2.0 - score[self.edge_pair, ranks]
         _, matched = min_weight_full_bipartite_matching(self.matrix)
         slot = matched < self.slot_rider.size
         assigned[self.rows[slot]] = self.slot_rider[matched[slot]]
@@ -586,8 +600,8 @@ def assign(
 @dataclass(frozen=True, eq=False)
 class ResolverWindow:
     """One window's checked riders, candidates, weights and settings: all `resolve` needs but
-    the objectives, checked once for a window that is solved several times with objectives
-    that change (`pipeline.stacking`)."""
+    the objectives, for a caller that scores some pairs again before it resolves
+    (`pipeline.stacking`)."""
 
     rider_ids: NDArray[Any]  # [R]
     candidates: NDArray[np.int64]  # [B, N] rider rows, -1 = none
@@ -619,38 +633,35 @@ class ResolverWindow:
         return _objectives(objectives, self.candidates >= 0)
 
     def scores(self, objectives: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Each candidate's score from checked objectives [..., 3]; 0 for a missing one."""
+        """Each candidate's score from checked objectives [B, N, ..., 3]; 0 for a missing one."""
         score = _score(objectives, self.weights, self.settings)
-        score[self.candidates.reshape(score.shape) < 0] = 0.0
+        score[self.candidates < 0] = 0.0
         return score
 
-    def update(
-        self,
-        objectives: NDArray[np.float64],
-        scores: NDArray[np.float64],
-        rows: NDArray[np.int64],
-        values: ArrayLike,
-    ) -> None:
-        """Give valid pairs (PAIR_OBJECTIVES rows, ascending) new objectives, checked as
-        `objectives` checks them, in the checked ``objectives`` and their ``scores``."""
+    def pair_objectives(self, rows: NDArray[np.int64], values: ArrayLike) -> NDArray[np.float64]:
+        """New objectives [n, 3] of valid pairs (PAIR_OBJECTIVES rows ``rows``, ascending),
+        e.g. scored again with another load: float64, checked as `objectives` checks them."""
         new = np.asarray(values, dtype=np.float64).reshape(-1, len(OBJECTIVES))
         _check_pairs(new, rows)
-        orders, columns = np.divmod(rows, self.candidates.shape[1])
-        objectives[orders, columns] = new
-        scores[orders, columns] = _score(new, self.weights, self.settings)
+        return new
 
     @cached_property
     def graph(self) -> AssignmentGraph:
         """The exact solve's graph of these candidates and riders, built on first use."""
         return AssignmentGraph.build(self.candidates, self.spare)
 
-    def assign(self, scores: NDArray[np.float64]) -> NDArray[np.int64]:
-        """Rider row per order (-1 = none) for scores [B, N]: the uncontested shortcut when
-        that is the one optimum, else the graph's exact solve. A window the shortcut settles
-        never builds the graph (most of a small window's stack-aware time before)."""
-        quick = _uncontested(self.candidates, scores, self.spare)
+    def assign(self, ranked: NDArray[np.float64]) -> NDArray[np.int64]:
+        """Rider row per order (-1 = none) for scores [B * N, K] by slot rank
+        (`AssignmentGraph.solve_ranked`; each row non-increasing, K = 1: plain scores).
+
+        When every order's best usable rank-0 score is strictly its best and no two orders
+        share that rider, giving each its best is the one optimum (it serves every order that
+        can be served, each at the most it can score, and nothing stacks): that shortcut
+        skips building the graph, which most small windows never need."""
+        best = ranked[:, 0].reshape(self.candidates.shape)
+        quick = _uncontested(self.candidates, best, np.minimum(self.spare, 1))
         if quick is None:
-            return self.graph.solve(scores)
+            return self.graph.solve_ranked(ranked)
         return _at_position(self.candidates, quick, -1)
 
     def resolution(

@@ -4,7 +4,9 @@ Rider r offers ``c_r = min(spare_r, deg_r)`` interchangeable slot columns (``deg
 edges naming r; it can never take more orders than that), numbered rider by rider in
 ascending rider order, and every (order, rider) edge becomes one edge to each slot of its
 rider. A matching of this graph is an assignment that respects every rider's spare
-capacity, and back. The resolver's exact solve and the encoder's coverage both match over it.
+capacity, and back. A slot's rank (0 for a rider's first) lets a solve price the k-th new
+order of a rider differently from the first (`pipeline.stacking`). The resolver's exact
+solve and the encoder's coverage both match over it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class SlotEdges:
 
     edge: NDArray[np.int64]  # [E'] the input edge each slot edge copies, in input order
     column: NDArray[np.int64]  # [E'] its slot column
+    rank: NDArray[np.int64]  # [E'] that column's place among its rider's slots, from 0
     slot_rider: NDArray[np.int64]  # [S] the rider of each slot column
 
     @property
@@ -40,5 +43,11 @@ def slot_edges(edge_rider: NDArray[np.int64], spare: NDArray[np.int64]) -> SlotE
     copies = slots[rider_of_edge]
     edge = np.repeat(np.arange(edge_rider.size), copies)
     starts = np.cumsum(copies) - copies
-    column = first_slot[rider_of_edge[edge]] + np.arange(edge.size) - starts[edge]
-    return SlotEdges(edge, column.astype(np.int64), np.repeat(riders, slots).astype(np.int64))
+    rank = np.arange(edge.size) - starts[edge]
+    column = first_slot[rider_of_edge[edge]] + rank
+    return SlotEdges(
+        edge,
+        column.astype(np.int64),
+        rank.astype(np.int64),
+        np.repeat(riders, slots).astype(np.int64),
+    )

@@ -11,7 +11,6 @@ that load applied. The simulator uses the same rule to realise an assignment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -20,7 +19,6 @@ from numpy.typing import ArrayLike, NDArray
 from dispatch_contract import PAIR_FEATURE_NAMES
 
 __all__ = [
-    "JoiningLoad",
     "joining_extra_load",
     "stacked_extra_load",
     "with_extra_load",
@@ -73,43 +71,6 @@ def joining_extra_load(
     query = pair_riders * count + rank[pair_orders]
     before = np.searchsorted(keys, query) - np.searchsorted(keys, pair_riders * count)
     return before.astype(np.int64)
-
-
-@dataclass(frozen=True, eq=False)
-class JoiningLoad:
-    """`joining_extra_load` of fixed pairs and creation times, for one assignment after
-    another: the pairs are sorted once by (rider, creation rank), after which each
-    assignment costs one pass (no search). The assignment must give every assigned order one
-    of these pairs' riders, as an assignment over them does."""
-
-    pair_orders: NDArray[np.int64]
-    pair_riders: NDArray[np.int64]
-    by_rider: NDArray[np.int64]  # the pairs in (rider, creation rank) order
-    group_start: NDArray[np.int64]  # per sorted pair: where its rider's pairs start
-
-    @classmethod
-    def of(
-        cls, created_at: ArrayLike, pair_orders: NDArray[np.int64], pair_riders: NDArray[np.int64]
-    ) -> JoiningLoad:
-        created = np.asarray(created_at).reshape(-1)
-        count = created.shape[0]
-        rank = np.empty(count, dtype=np.int64)
-        rank[np.lexsort((np.arange(count), created))] = np.arange(count)
-        by_rider = np.argsort(pair_riders * count + rank[pair_orders])  # distinct keys
-        riders = pair_riders[by_rider]
-        starts = np.flatnonzero(np.r_[True, riders[1:] != riders[:-1]]) if riders.size else riders
-        group_start = np.repeat(starts, np.diff(np.r_[starts, riders.size]))
-        return cls(pair_orders, pair_riders, by_rider, group_start.astype(np.int64))
-
-    def __call__(self, assigned: ArrayLike) -> NDArray[np.int64]:
-        """Per pair: the orders created before its order that ``assigned`` gives its rider."""
-        riders = np.asarray(assigned, dtype=np.int64).reshape(-1)
-        order = self.by_rider
-        taken = (riders[self.pair_orders[order]] == self.pair_riders[order]).astype(np.int64)
-        before = np.cumsum(taken) - taken  # taken pairs strictly before, in (rider, rank) order
-        out = np.empty(order.size, dtype=np.int64)
-        out[order] = before - before[self.group_start]
-        return out
 
 
 def with_extra_load(features: NDArray[np.float32], extra: ArrayLike) -> NDArray[np.float32]:

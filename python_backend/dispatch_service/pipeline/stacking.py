@@ -1,31 +1,32 @@
-"""Stack-aware resolution: re-score the orders a rider receives together, then re-solve.
+"""Stack-aware resolution: the solve prices a rider's second and later new orders with the
+load they ride with, and the answer reports every pair at its real load.
 
-The resolver scores each pair as if it were the rider's only new order. Where the model is
-reachable (this layer: `DispatchPipeline`, `FusedDispatch`, the offline evaluation), the
-assignment is refined until it agrees with its own scores:
+The model scores each pair as if it were the rider's only new order. A rider who takes
+several new orders in one window carries them one after another (`domain.stacking`): the
+k-th rides with k - 1 more orders than the rider carries now, so its ETA is longer and its
+on-time chance lower (issue 12: 0.78 predicted vs 0.59 realised). Where the model is
+reachable (this layer: `DispatchPipeline`, `FusedDispatch`, the offline evaluation):
 
-1. resolve with the model's scores;
-2. for every assigned order whose rider got an earlier new order in this window
-   (`domain.stacking.stacked_extra_load`), re-load its pair features with that extra load
-   and re-score it with the model;
-3. resolve again with those pairs' objectives replaced; repeat until every assigned pair's
-   objectives were scored with the load it really rides with, at most ``MAX_ROUNDS`` solves.
-   A re-scored pair keeps its stacked figures after its order moves elsewhere (so the
-   assignment settles instead of oscillating), which can also show in its Top-K entry.
+1. every pair whose rider has more than one slot (``c_r = min(spare_r, deg_r)``,
+   `domain.slots`) is scored again with 1 .. c_r - 1 extra orders: one model call for the
+   whole window;
+2. one exact solve over the rider slots (`AssignmentGraph.solve_ranked`): rider r's slot of
+   rank k carries what the order scores as r's (k+1)-th new order, never more than at a
+   lower rank (so a rider's slots fill in rank order). Most orders first, then the largest
+   total of these stack-aware scores;
+3. the figures are the model's at the load each pair rides with: an assigned order with its
+   rider's other new orders created before it (creation order, as the simulator realises
+   it: `stacked_extra_load`), any other pair with the load it would ride with if its order
+   took that rider now (`joining_extra_load`; 0 where the rider is full). Every such load is
+   below the rider's slot count, so step 1 scored it: no second call.
 
-A window whose first assignment stacks nothing costs one solve, as before. If the rounds run
-out before the assignment settles, the assignment of the last solve is kept and its stacked
-pairs' outputs (assigned score, their Top-K entries) are replaced by the stack-aware ones, so
-the reported figures of an assigned pair always reflect the rider's other new orders.
+The solve may rank a rider's orders in whichever order prices them best, while the rider
+carries them in creation order: its total can flatter an assignment, the reported figures
+never do. A window where no rider has two slots (one order, or a spare capacity of one
+everywhere) makes no model call and answers as the plain `resolve`, byte for byte.
 
-Cost: the rounds give the same answer as one full `resolve` per round, for less. The
-window's tensors are checked once (`ResolverWindow`) and its solver graph built once, and
-only when a solve needs it (`AssignmentGraph`: only the costs change; a first assignment the
-uncontested shortcut settles needs none); a round re-scores only the stale pairs (one
-model call), updates their scores and solves for the assignment alone; the Top-K lists are
-ranked once, from the objectives of the last solve. What remains is the exact solve itself:
-a window that does not settle runs ``MAX_ROUNDS`` of them (LAPJVsp, whose cost grows with
-rows x columns: several ms each on a 1,000 x 5,000 window; ``python -m perf.resolver_time``).
+This replaced re-score-and-re-solve rounds (up to four solves and four model calls, often
+ending unsettled) with one call and one solve; ``python -m perf.resolver_time`` measures it.
 
 The `dispatch` ensemble cannot do this: its `topk_resolver` step has no model to re-score
 with, so there the stacked orders keep their stand-alone scores (see the report of issue 12).
@@ -34,48 +35,34 @@ with, so there the stacked orders keep their stand-alone scores (see the report 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from dispatch_service.domain.resolver import (
-    Resolution,
-    ResolverSettings,
-    ResolverWindow,
-    score_pairs,
-)
-from dispatch_service.domain.stacking import JoiningLoad, with_extra_load
+from dispatch_contract import OBJECTIVES
+from dispatch_service.domain.resolver import Resolution, ResolverSettings, ResolverWindow
+from dispatch_service.domain.stacking import joining_extra_load, with_extra_load
 
 __all__ = [
-    "MAX_ROUNDS",
     "Rescorer",
     "StackedResolution",
     "resolve_stack_aware",
 ]
 
-MAX_ROUNDS: Final = 4
 # (pair rows, their feature rows with the extra load) -> [n, 3] objectives.
 Rescorer = Callable[[NDArray[np.int64], NDArray[np.float32]], NDArray[np.float32]]
 
 
 @dataclass(frozen=True, eq=False)
 class StackedResolution:
-    """The final resolution, the objectives it used, and how it got there."""
+    """The resolution, the objectives it reports, and how much the model scored again."""
 
     resolution: Resolution
-    objectives: NDArray[np.float32]  # [P, 3]: the model's, stacked pairs re-scored
+    objectives: NDArray[np.float32]  # [P, 3]: each valid pair at the load it rides with now
     assigned_objectives: NDArray[np.float32]  # [B, 3]: of each order's assigned pair; 0 if none
-    rounds: int
-    converged: bool
-
-
-def _assigned_rows(assigned: NDArray[np.int64], candidates: NDArray[np.int64]) -> NDArray[np.int64]:
-    """The pair row (b * N + j) of every assigned order, in order."""
-    orders = np.flatnonzero(assigned >= 0)
-    columns: NDArray[np.int64] = np.argmax(candidates[orders] == assigned[orders, None], axis=1)
-    return orders * candidates.shape[1] + columns
+    rescored: int  # pair rows scored again with extra load (0: nothing could stack)
 
 
 def resolve_stack_aware(
@@ -89,103 +76,62 @@ def resolve_stack_aware(
     weights: ArrayLike,
     rescore: Rescorer,
     settings: ResolverSettings | None = None,
-    max_rounds: int = MAX_ROUNDS,
 ) -> StackedResolution:
-    """`resolve` made consistent with the stacking its own assignment creates (module doc)."""
-    # Checked once; each round then changes only the objectives and scores of the pairs it
-    # re-scores, and solves for the assignment alone over a graph built once. The Top-K
-    # lists are ranked once, at the end, from the objectives of the last solve.
+    """`resolve` with stacked orders priced and reported at their real load (module doc)."""
     window = ResolverWindow.checked(
         candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings
     )
-    candidates = window.candidates
     base = np.asarray(objectives, dtype=np.float32)
-    checked = window.objectives(base)  # [B, N, 3] float64, as `current` holds them
-    scores = window.scores(checked)
-
-    current = base.copy()
-    width = candidates.shape[1]
-    flat = candidates.reshape(-1)
+    checked = window.objectives(base)  # [B, N, 3] float64, missing candidates zeroed
+    width = window.candidates.shape[1]
+    flat = window.candidates.reshape(-1)
     valid = np.flatnonzero(flat >= 0)
-    pair_orders, pair_riders = valid // width, flat[valid]
-    joining_load = JoiningLoad.of(created_at, pair_orders, pair_riders)
-    # The extra load each valid pair's objectives in `current` were scored with.
-    scored_extra = np.zeros(valid.size, dtype=np.int64)
-    spare = window.spare[pair_riders]
-    position = np.full(flat.size, -1, dtype=np.int64)
-    position[valid] = np.arange(valid.size)
-    assigned = window.assign(scores)
-    solved = checked  # the objectives of the last solve
-    rounds, converged = 1, False
-    while True:
-        # Every pair is scored with the load it would ride with if its order took that
-        # rider now, not only the assigned ones: the next solve then sees what joining
-        # each busy rider costs. Pairs that are not assigned only ever grow their extra
-        # load (no rider it cannot fit), so the solves cannot cycle through the same
-        # states; the assigned pairs always get their true load (`stacked_extra_load`,
-        # which is what `joining_extra_load` gives an assigned pair; never over its spare).
-        joining = joining_load(assigned)
-        joining = np.where(joining < spare, joining, 0)
-        extra = np.maximum(scored_extra, joining)
-        taken = position[_assigned_rows(assigned, candidates)]
-        extra[taken] = joining[taken]
-        stale = np.flatnonzero(scored_extra != extra)
-        if not stale.size:
-            converged = True
-            break
-        last = rounds >= max_rounds  # this round's re-scoring gets no solve: patched below
-        if last:
-            solved = checked.copy()
-        scored_extra[stale] = extra[stale]
-        rows, load = valid[stale], extra[stale]
-        stacked = load > 0
-        current[rows[~stacked]] = base[rows[~stacked]]
-        if stacked.any():
-            current[rows[stacked]] = rescore(
-                rows[stacked], with_extra_load(features[rows[stacked]], load[stacked])
-            )
-        window.update(checked, scores, rows, current[rows])
-        if last:
-            break
-        # Straight to the full solve: the first solve's uncontested shortcut (`assign`) gives
-        # the same answer when it applies, which it did not once in the evaluation's windows.
-        assigned = window.graph.solve(scores)
-        rounds += 1
-    resolution = window.resolution(solved, assigned)
-    rows = _assigned_rows(assigned, candidates)
-    if not converged:
-        resolution = _patched(resolution, current, rows, window)
-    assigned_objectives = np.zeros((assigned.size, 3), dtype=np.float32)
-    assigned_objectives[rows // width] = current[rows]
-    return StackedResolution(resolution, current, assigned_objectives, rounds, converged)
+    pair_riders = flat[valid]
+    degree = np.bincount(pair_riders, minlength=window.spare.size)
+    slots = np.minimum(window.spare, degree)[pair_riders]
+    depth = int(slots.max(initial=1))
+    current = base.copy()
+    if depth <= 1:  # nobody can take two new orders: nothing stacks
+        resolution = window.resolution(checked)
+        return StackedResolution(
+            resolution, current, _assigned(window.candidates, resolution, current), 0
+        )
+
+    # Step 1: each valid pair at every rank its rider offers, one model call.
+    extra = np.maximum(slots - 1, 0)
+    pair = np.repeat(np.arange(valid.size), extra)
+    load = np.arange(pair.size) - np.repeat(np.cumsum(extra) - extra, extra) + 1
+    rows = valid[pair]
+    fresh = np.asarray(rescore(rows, with_extra_load(features[rows], load)), dtype=np.float32)
+    by_rank = np.repeat(checked.reshape(-1, 1, len(OBJECTIVES)), depth, axis=1)
+    by_rank[rows, load] = window.pair_objectives(rows, fresh)
+    rank_scores = window.scores(by_rank.reshape(*window.candidates.shape, depth, -1))
+    # Step 2: a later slot never scores above an earlier one, then one exact solve.
+    ranked = np.minimum.accumulate(rank_scores.reshape(flat.size, depth), axis=1)
+    assigned = window.assign(ranked)
+
+    # Step 3: every valid pair at the load it rides with under this assignment.
+    pair_orders = valid // width
+    joining = joining_extra_load(created_at, assigned, pair_orders, pair_riders)
+    taken = np.bincount(assigned[assigned >= 0], minlength=window.spare.size)
+    room = (assigned[pair_orders] == pair_riders) | (taken < window.spare)[pair_riders]
+    joining = np.where(room, joining, 0)
+    final = checked.copy()
+    final.reshape(-1, len(OBJECTIVES))[valid] = by_rank[valid, joining]
+    current[valid] = final.reshape(-1, len(OBJECTIVES))[valid]
+    resolution = window.resolution(final, assigned)
+    return StackedResolution(
+        resolution, current, _assigned(window.candidates, resolution, current), rows.size
+    )
 
 
-def _patched(
-    resolution: Resolution,
-    current: NDArray[np.float32],
-    rows: NDArray[np.int64],
-    window: ResolverWindow,
-) -> Resolution:
-    """The last assignment with its assigned pairs' (``rows``) reported figures taken from
-    ``current`` (stack-aware for that assignment; the last solve used an earlier stacking)."""
-    if rows.size == 0:
-        return resolution
-    orders = rows // window.candidates.shape[1]
-    riders = resolution.assigned_rider_index[orders]
-    scores = score_pairs(current[rows], window.weights, window.settings).astype(np.float32)
-    assigned_score = resolution.assigned_score.copy()
-    assigned_score[orders] = scores
-    # Where the assigned rider is in its order's Top-K list, that entry too.
-    hit, slot = np.nonzero(resolution.topk_rider_index[orders] == riders[:, None])
-    at = (orders[hit], slot)
-    topk = {}
-    for name, values in (
-        ("topk_score", scores[hit]),
-        ("topk_eta_minutes", current[rows[hit], 0]),
-        ("topk_ontime_probability", current[rows[hit], 1]),
-        ("topk_cost", current[rows[hit], 2]),
-    ):
-        array = getattr(resolution, name).copy()
-        array[at] = values
-        topk[name] = array
-    return replace(resolution, assigned_score=assigned_score, **topk)
+def _assigned(
+    candidates: NDArray[np.int64], resolution: Resolution, current: NDArray[np.float32]
+) -> NDArray[np.float32]:
+    """[B, 3]: the objectives in ``current`` of each order's assigned pair; 0 if none."""
+    assigned = resolution.assigned_rider_index.astype(np.int64)
+    out = np.zeros((assigned.size, len(OBJECTIVES)), dtype=np.float32)
+    orders = np.flatnonzero(assigned >= 0)
+    columns = np.argmax(candidates[orders] == assigned[orders, None], axis=1)
+    out[orders] = current[orders * candidates.shape[1] + columns]
+    return out

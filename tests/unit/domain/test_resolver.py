@@ -6,7 +6,7 @@ import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -684,7 +684,8 @@ def test_cached_rider_hashes_equal_fnv1a() -> None:
 def test_assignment_graph_is_optimal_with_and_without_dummies(coarse: bool) -> None:
     """The graph leaves the dummies out when every order with a usable candidate can be
     served; either way each solve is the lexicographic optimum, and the window's `assign`
-    (the uncontested shortcut first) equals `solve`."""
+    (the uncontested shortcut first) equals `solve`. Scores by slot rank too
+    (`solve_ranked`): the optimum over every ranking of each rider's orders."""
     from dispatch_service.domain.resolver import AssignmentGraph, ResolverWindow
 
     rng = np.random.default_rng(30 + coarse)
@@ -708,7 +709,7 @@ def test_assignment_graph_is_optimal_with_and_without_dummies(coarse: bool) -> N
         for _ in range(3):  # the same graph, solved for other scores
             score = rng.integers(0, 4, index.shape) / 4.0 if coarse else rng.random(index.shape)
             assigned = graph.solve(score)
-            np.testing.assert_array_equal(window.assign(score), assigned)
+            np.testing.assert_array_equal(window.assign(score.reshape(-1, 1)), assigned)
             assert (np.bincount(assigned[assigned >= 0], minlength=spare.size) <= spare).all()
             total = 0.0
             for b, rider in enumerate(assigned.tolist()):
@@ -717,10 +718,54 @@ def test_assignment_graph_is_optimal_with_and_without_dummies(coarse: bool) -> N
             best_count, best_total = brute_force(index, score, spare)
             assert int((assigned >= 0).sum()) == best_count
             assert total == pytest.approx(best_total, abs=1e-9)
+            # By rank: each row non-increasing; rank k of a pair past the last column reads it.
+            drops = (
+                rng.integers(0, 3, (index.size, 3)) / 8.0
+                if coarse
+                else rng.random((index.size, 3)) / 3
+            )
+            ranked = np.clip(score.reshape(-1, 1) - np.cumsum(drops, axis=1) + drops[:, :1], 0, 1)
+            assigned = graph.solve_ranked(ranked)
+            np.testing.assert_array_equal(window.assign(ranked), assigned)
+            assert (np.bincount(assigned[assigned >= 0], minlength=spare.size) <= spare).all()
+            best_count, best_total = brute_force_ranked(index, ranked, spare)
+            assert int((assigned >= 0).sum()) == best_count
+            assert ranked_value(index, ranked, assigned) == pytest.approx(best_total, abs=1e-9)
     assert min(paths.values()) > 30  # both layouts really ran
 
 
-def test_resolver_window_update_rescores_and_checks_like_resolve() -> None:
+def ranked_value(
+    index: NDArray[np.int64], ranked: NDArray[np.float64], assigned: Sequence[int]
+) -> float:
+    """An assignment's total of rank scores, each rider's orders ranked at their best."""
+    width, total = index.shape[1], 0.0
+    for rider in set(assigned) - {-1}:
+        mine = [b for b, r in enumerate(assigned) if r == rider]
+        rows = [b * width + index[b].tolist().index(rider) for b in mine]
+        total += max(
+            sum(float(ranked[row, min(k, ranked.shape[1] - 1)]) for k, row in enumerate(order))
+            for order in itertools.permutations(rows)
+        )
+    return total
+
+
+def brute_force_ranked(
+    index: NDArray[np.int64], ranked: NDArray[np.float64], spare: NDArray[np.int64]
+) -> tuple[int, float]:
+    """Most orders, then the best `ranked_value`, over every capacity-respecting choice."""
+    options = [[-1, *[int(r) for r in index[b] if r >= 0]] for b in range(index.shape[0])]
+    best = (0, 0.0)
+    for choice in itertools.product(*options):
+        taken = [r for r in choice if r >= 0]
+        if (np.bincount(taken, minlength=spare.size) > spare).any():
+            continue
+        key = (len(taken), ranked_value(index, ranked, list(choice)))
+        if key[0] > best[0] or (key[0] == best[0] and key[1] > best[1]):
+            best = key
+    return best
+
+
+def test_resolver_window_pair_objectives_are_checked_like_resolve() -> None:
     from dispatch_service.domain.resolver import ResolverWindow
 
     rng = np.random.default_rng(31)
@@ -737,10 +782,11 @@ def test_resolver_window_update_rescores_and_checks_like_resolve() -> None:
     rows = np.flatnonzero(np.asarray(args["candidate_rider_index"]).reshape(-1) >= 0)[::3]
     changed = np.asarray(args["objectives"]).copy()
     changed[rows] = changed[rows] * np.float32(1.5)
-    window.update(objectives, scores, rows, changed[rows])
+    objectives.reshape(-1, 3)[rows] = window.pair_objectives(rows, changed[rows])
     fresh = window.objectives(changed)
     np.testing.assert_array_equal(objectives, fresh)
-    np.testing.assert_array_equal(scores, window.scores(fresh))
+    np.testing.assert_array_equal(window.scores(objectives), window.scores(fresh))
+    assert not np.array_equal(scores, window.scores(fresh))
     # Given the optimal assignment, the answer is resolve's.
     expected = resolve(**{**args, "objectives": changed}).as_tensors()
     optimal = expected["ASSIGNED_RIDER_INDEX"].astype(np.int64)
@@ -754,5 +800,5 @@ def test_resolver_window_update_rescores_and_checks_like_resolve() -> None:
     with pytest.raises(DispatchInputError) as direct:
         resolve(**{**args, "objectives": bad})
     with pytest.raises(DispatchInputError) as updated:
-        window.update(objectives, scores, rows, bad[rows])
+        window.pair_objectives(rows, bad[rows])
     assert str(updated.value) == str(direct.value)

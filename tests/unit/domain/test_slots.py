@@ -20,6 +20,8 @@ def test_each_edge_reaches_every_slot_of_its_rider_and_no_more_than_its_degree()
         (2, 1), (2, 2), (2, 3),
         (3, 1), (3, 2), (3, 3),
     ]  # fmt: skip
+    # r0's one slot is its first; r2's three slots rank 0, 1, 2 on every edge to it.
+    assert slots.rank.tolist() == [0, 1, 2, 0, 0, 1, 2, 0, 1, 2]
 
 
 def test_slots_are_capped_by_spare_and_a_full_rider_gets_none() -> None:
@@ -28,6 +30,7 @@ def test_slots_are_capped_by_spare_and_a_full_rider_gets_none() -> None:
     assert slots.slot_rider.tolist() == [0]
     assert slots.edge.tolist() == [0, 2]
     assert slots.column.tolist() == [0, 0]
+    assert slots.rank.tolist() == [0, 0]
 
 
 def test_no_edges_no_slots() -> None:

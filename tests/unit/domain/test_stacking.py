@@ -9,7 +9,6 @@ import numpy as np
 
 from dispatch_service.domain.features import EncoderSettings, encode_pairs, select_candidates
 from dispatch_service.domain.stacking import (
-    JoiningLoad,
     joining_extra_load,
     stacked_extra_load,
     with_extra_load,
@@ -52,26 +51,3 @@ def test_joining_extra_load_by_brute_force() -> None:
         moved = assigned.copy()
         moved[b] = r
         assert extra == stacked_extra_load(created, moved)[b]
-
-
-def test_joining_load_equals_joining_extra_load_for_one_assignment_after_another() -> None:
-    rng = np.random.default_rng(8)
-    for _ in range(50):
-        orders, riders, width = int(rng.integers(1, 40)), int(rng.integers(1, 12)), 4
-        created = rng.integers(0, 6, orders)
-        candidates = np.full((orders, width), -1, dtype=np.int64)
-        for b in range(orders):
-            listed = rng.permutation(riders)[: int(rng.integers(0, min(width, riders) + 1))]
-            candidates[b, : listed.size] = listed
-        flat = candidates.reshape(-1)
-        valid = np.flatnonzero(flat >= 0)
-        pair_orders, pair_riders = valid // width, flat[valid]
-        joining = JoiningLoad.of(created, pair_orders, pair_riders)
-        for _ in range(3):  # assignments over the pairs: each order one of its riders, or none
-            assigned = np.full(orders, -1, dtype=np.int64)
-            for b in range(orders):
-                listed = candidates[b][candidates[b] >= 0]
-                if listed.size and rng.random() < 0.8:
-                    assigned[b] = rng.choice(listed)
-            expected = joining_extra_load(created, assigned, pair_orders, pair_riders)
-            np.testing.assert_array_equal(joining(assigned), expected)

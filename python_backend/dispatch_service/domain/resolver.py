@@ -474,8 +474,8 @@ class AssignmentGraph:
         """`solve` where a pair's score depends on how many new orders its rider already
         took: ``score[b * N + j, k]`` (in [0, 1]) is candidate j of order b as its rider's
         (k+1)-th new order; ranks past the last column read the last. Exact: the slot of
-        rank k carries that score, so the optimum holds over every way of ranking each
-        rider's orders (whichever ranking the rider's orders really ride in)."""
+        rank k carries that score, so this is the optimum over every assignment with each
+        rider's orders ranked at their best."""
         assigned = np.full(self.candidates.shape[0], -1, dtype=np.int64)
         if self.edge_pair.size == 0:
             return assigned
@@ -656,8 +656,8 @@ class ResolverWindow:
 
         When every order's best usable rank-0 score is strictly its best and no two orders
         share that rider, giving each its best is the one optimum (it serves every order that
-        can be served, each at the most it can score, and nothing stacks): that shortcut
-        skips building the graph, which most small windows never need."""
+        can be served, each at the most it can score, and nothing stacks): then the graph is
+        never built."""
         best = ranked[:, 0].reshape(self.candidates.shape)
         quick = _uncontested(self.candidates, best, np.minimum(self.spare, 1))
         if quick is None:

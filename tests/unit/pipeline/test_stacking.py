@@ -31,6 +31,11 @@ def truth(
 
 def case(seed: int, riders: int) -> tuple[DispatchWindow, dict[str, object]]:
     window = simulator.generate_window(np.random.default_rng(seed), 48, riders)
+    return window, stack_args(window)
+
+
+def stack_args(window: DispatchWindow) -> dict[str, object]:
+    """`resolve_stack_aware`'s arguments for ``window``, scored and re-scored by the truth."""
     encoded = encode_window(window)
     candidates = encoded.candidate_rider_index
     width = candidates.shape[1]
@@ -54,7 +59,7 @@ def case(seed: int, riders: int) -> tuple[DispatchWindow, dict[str, object]]:
         "weights": WEIGHTS,
         "rescore": rescore,
     }
-    return window, args
+    return args
 
 
 def test_assigned_figures_are_the_truth_for_the_stacked_load() -> None:
@@ -245,30 +250,16 @@ def test_the_assignment_is_the_exact_optimum_over_slot_ranks(seed: int) -> None:
     window = simulator.generate_window(rng, 24, 8 + seed)
     room = rng.integers(1, 4, window.rider_load.size)
     window = replace(window, rider_capacity=(window.rider_load + room).astype(np.int32))
-    encoded = encode_window(window)
-    candidates = encoded.candidate_rider_index.astype(np.int64)
-    width, flat = candidates.shape[1], candidates.reshape(-1)
-    valid = np.flatnonzero(flat >= 0)
-    objectives = np.zeros((flat.size, 3), dtype=np.float32)
-    objectives[valid] = truth(window, valid, width, None)
+    args = stack_args(window)
+    truth_rescore = args["rescore"]
     calls = []
 
     def rescore(rows: NDArray[np.int64], features: NDArray[np.float32]) -> NDArray[np.float32]:
         calls.append(rows.size)
-        extra = features[:, LOAD].astype(np.int64) - window.rider_load[flat[rows]]
-        return truth(window, rows, width, extra)
+        return truth_rescore(rows, features)  # type: ignore[operator,no-any-return]
 
-    result = resolve_stack_aware(
-        objectives,
-        encoded.pair_features,
-        candidates,
-        window.created_at,
-        window.rider_ids,
-        window.rider_load,
-        window.rider_capacity,
-        WEIGHTS,
-        rescore,
-    )
+    result = resolve_stack_aware(**{**args, "rescore": rescore})  # type: ignore[arg-type]
+    candidates = np.asarray(args["candidate_rider_index"]).astype(np.int64)
     assigned = result.resolution.assigned_rider_index.astype(np.int64)
     ranked = ranked_truth(window, candidates)
     spare = np.maximum(window.rider_capacity - window.rider_load, 0).astype(np.int64)

@@ -43,7 +43,7 @@ from perf.floor import measure_floor
 from perf.geocoding_bench import served_scenarios
 from perf.levels import PA_ENTRIES, load_level, pa_level
 from perf.locust_run import run_locust
-from perf.overload import run_overload
+from perf.overload import MIXED_RUN, OVERLOAD_RUN, REFERENCE_RUN, run_overload
 from perf.pa import PerfAnalyzer
 from perf.report import render_report
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, MODELS, BenchResults, Series, entry_key
@@ -92,8 +92,9 @@ class Plan:
     locust_seconds: int
     locust_users: int
     budget_s: float  # after this, remaining levels are skipped (and listed)
-    # dispatch_fused at concurrency 512 (all standard, then 10 % of the callers level 1, the
-    # rest level 3) and the no-work floor of the contract (perf.floor), each level this long
+    # dispatch_fused at concurrency 64 (the reference), then 512 (all standard, then 10 % of
+    # the callers level 1, the rest level 3) and the no-work floor of the contract
+    # (perf.floor), each level this long
     overload_seconds: float = 0.0
     floor_seconds: float = 0.0
     # medium windows (64 x 200) with addresses through dispatch_fused (perf.geocoding_bench
@@ -232,12 +233,26 @@ class Bench:
                 )
 
     def overload_levels(self, triton: TritonSession) -> None:
-        """Concurrency 512 on dispatch_fused, then the same with mixed priorities; each as
-        one note (JSON) in the report: accepted/refused per level, latencies, next request."""
-        for share, label in ((None, "overload"), (0.1, "mixed-priority overload")):
-            self.say(f"{label}: dispatch_fused, concurrency 512, {self.plan.overload_seconds:g} s")
+        """dispatch_fused under perf.overload's closed loop: 64 callers (the reference), 512
+        at the default level, 512 with mixed priorities; each as one note (JSON) in the report:
+        accepted/refused per level, latencies, next request, and the probes' own figures."""
+        runs = (
+            (REFERENCE_RUN, 64, None, (2,)),
+            (OVERLOAD_RUN, 512, None, (2,)),
+            (MIXED_RUN, 512, 0.1, (1, 3)),
+        )
+        for label, concurrency, share, probes in runs:
+            self.say(
+                f"{label}: dispatch_fused, concurrency {concurrency}, "
+                f"{self.plan.overload_seconds:g} s, probes at levels {list(probes)}"
+            )
             result = run_overload(
-                triton.endpoints.grpc, FUSED_MODEL_NAME, 512, self.plan.overload_seconds, share
+                triton.endpoints.grpc,
+                FUSED_MODEL_NAME,
+                concurrency,
+                self.plan.overload_seconds,
+                share,
+                probe_levels=probes,
             )
             self.results.overload[label] = result.summary()
 

@@ -9,8 +9,18 @@ tenants (bulk); each caller keeps its level. The targets of issue 11 read: accep
 against the same entry point's p99 at concurrency 64, refusal p99 (a refusal must be
 immediate), zero refusals at level 1, and the next request after the burst served.
 
+The generator's own figures are those of one saturated client: its asyncio loop handles
+thousands of answers a second on the two cores the server also needs, and an answer may wait
+there long after the server sent it. So a run can also start probes: one process per level,
+outside the generator, that sends one window every `PROBE_INTERVAL_S` while the burst runs
+and times each answer. A probe is what one well-behaved caller sees while others overload the
+server, and the honest reading of "a refusal is immediate". Each refusal also keeps its reason:
+a full queue ("Exceeds maximum queue size", immediate by design) or an expired deadline
+("Request timeout expired", which by definition waits out the deadline).
+
 `python -m perf.overload --url 127.0.0.1:8001 --model dispatch_fused --concurrency 512
---seconds 5 [--priority-share 0.1]` prints the figures as JSON (loopback only).
+--seconds 5 [--priority-share 0.1] [--probe-levels 1,3]` prints the figures as JSON
+(loopback only).
 """
 
 from __future__ import annotations
@@ -18,11 +28,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -34,10 +45,30 @@ from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched
 from perf.loadgen import require_loopback
 from perf.windows import SIZES, simulated_windows
 
-__all__ = ["MAX_CONCURRENCY", "Outcome", "OverloadResult", "main", "run_overload"]
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MIXED_RUN",
+    "OVERLOAD_RUN",
+    "PROBE_INTERVAL_S",
+    "REFERENCE_RUN",
+    "Outcome",
+    "OverloadResult",
+    "level_summary",
+    "main",
+    "refusal_reason",
+    "run_overload",
+]
 
 # Issue 10 asks for 3,000 concurrent callers; the bound keeps the load finite.
 MAX_CONCURRENCY = 4096
+# The bench's three runs of this generator (perf.bench, perf.targets): the same callers at
+# concurrency 64, the reference every overload figure is read against (same client on both
+# sides); 512 callers at the default level; 512 callers, 10 % level 1 and the rest level 3.
+REFERENCE_RUN: Final = "concurrency 64"
+OVERLOAD_RUN: Final = "overload"
+MIXED_RUN: Final = "mixed-priority overload"
+PROBE_INTERVAL_S: Final = 0.02  # a probe's pause between its answer and its next window
+_PROBE_START_S: Final = 30.0  # the most a probe process may take to start (import, connect)
 
 
 @dataclass(frozen=True)
@@ -46,6 +77,40 @@ class Outcome:
     accepted: bool
     latency_ms: float
     status: str = ""
+    reason: str = ""  # a refusal's: "queue full", "deadline" or "other"
+
+
+def refusal_reason(message: str) -> str:
+    """Why Triton refused: its queue policy's two messages, or anything else."""
+    text = message.lower()
+    if "exceeds maximum queue size" in text:
+        return "queue full"
+    if "timeout expired" in text:
+        return "deadline"
+    return "other"
+
+
+def level_summary(outcomes: Sequence[Outcome], seconds: float) -> dict[str, Any]:
+    """Counts and latencies of one level's outcomes (accepted, refused, and refused because
+    the queue was full: the refusals that must be immediate)."""
+    accepted = [o.latency_ms for o in outcomes if o.accepted]
+    refused = [o for o in outcomes if not o.accepted]
+    full = [o.latency_ms for o in refused if o.reason == "queue full"]
+    reasons: dict[str, int] = {}
+    for outcome in refused:
+        reasons[outcome.reason or "other"] = reasons.get(outcome.reason or "other", 0) + 1
+    return {
+        "accepted": len(accepted),
+        "refused": len(refused),
+        "accepted_per_s": len(accepted) / seconds,
+        "accepted_p50_ms": _percentile(accepted, 50),
+        "accepted_p99_ms": _percentile(accepted, 99),
+        "refusal_p50_ms": _percentile([o.latency_ms for o in refused], 50),
+        "refusal_p99_ms": _percentile([o.latency_ms for o in refused], 99),
+        "queue_full_refusal_p99_ms": _percentile(full, 99),
+        "refusal_reasons": dict(sorted(reasons.items())),
+        "refusal_statuses": sorted({o.status for o in refused}),
+    }
 
 
 @dataclass
@@ -55,6 +120,8 @@ class OverloadResult:
     seconds: float
     outcomes: list[Outcome] = field(default_factory=list)
     next_request_served: bool = False
+    # level -> the outcomes of that level's probe (a caller outside the generator)
+    probes: dict[int, list[Outcome]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -65,18 +132,9 @@ class OverloadResult:
         }
         for level in sorted({o.level for o in self.outcomes}):
             mine = [o for o in self.outcomes if o.level == level]
-            accepted = [o.latency_ms for o in mine if o.accepted]
-            refused = [o.latency_ms for o in mine if not o.accepted]
-            out[f"level_{level}"] = {
-                "accepted": len(accepted),
-                "refused": len(refused),
-                "accepted_per_s": len(accepted) / self.seconds,
-                "accepted_p50_ms": _percentile(accepted, 50),
-                "accepted_p99_ms": _percentile(accepted, 99),
-                "refusal_p50_ms": _percentile(refused, 50),
-                "refusal_p99_ms": _percentile(refused, 99),
-                "refusal_statuses": sorted({o.status for o in mine if not o.accepted}),
-            }
+            out[f"level_{level}"] = level_summary(mine, self.seconds)
+        for level, outcomes in sorted(self.probes.items()):
+            out[f"probe_level_{level}"] = level_summary(outcomes, self.seconds)
         return out
 
 
@@ -100,15 +158,80 @@ def run_overload(
     seconds: float,
     priority_share: float | None = None,
     seed: int = 11,
+    probe_levels: Sequence[int] = (),
 ) -> OverloadResult:
     """`priority_share` None: every request at the default level (2, sent as 0); else that
-    share of the callers sends at level 1 and the rest at level 3."""
+    share of the callers sends at level 1 and the rest at level 3. `probe_levels`: one probe
+    process per level, timing its own windows while the burst runs (`OverloadResult.probes`)."""
     require_loopback(f"http://{url}")  # the loopback rule of every load generator
     if not 1 <= concurrency <= MAX_CONCURRENCY or not 0 < seconds <= 60:
         raise ValueError(
             f"concurrency must be 1..{MAX_CONCURRENCY} and seconds 0..60 (bounded load only)"
         )
-    return asyncio.run(_overload(url, model, concurrency, seconds, priority_share, seed))
+    if any(level not in (1, 2, 3) for level in probe_levels):
+        raise ValueError(f"probe levels must be 1, 2 or 3, got {list(probe_levels)}")
+    context = multiprocessing.get_context("spawn")  # no fork of a process with gRPC threads
+    go, stop, answers = context.Event(), context.Event(), context.Queue()
+    probes = [
+        context.Process(
+            target=_probe,
+            args=(url, model, level, min(0.5, seconds / 4), go, stop, answers),
+            daemon=True,
+        )
+        for level in probe_levels
+    ]
+    for process in probes:
+        process.start()
+    try:
+        for _ in probes:
+            answers.get(timeout=_PROBE_START_S)  # each probe is connected and ready
+        go.set()
+        result = asyncio.run(_overload(url, model, concurrency, seconds, priority_share, seed))
+        stop.set()
+        for _ in probes:
+            level, outcomes = answers.get(timeout=_PROBE_START_S + 60)
+            result.probes[level] = outcomes
+    finally:
+        go.set()
+        stop.set()
+        for process in probes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+    return result
+
+
+def _probe(
+    url: str,
+    model: str,
+    level: int,
+    warm_in: float,
+    go: Any,
+    stop: Any,
+    answers: Any,
+) -> None:
+    """One caller outside the generator: a window, its answer, a pause, until `stop`."""
+    client = grpcclient.InferenceServerClient(url)
+    inputs = _inputs(simulated_windows(SIZES["small"], ())[0])
+    outputs = [grpcclient.InferRequestedOutput(spec.name) for spec in DISPATCH_ENSEMBLE_OUTPUTS]
+    answers.put("ready")
+    outcomes: list[Outcome] = []
+    try:
+        go.wait(_PROBE_START_S)
+        stop.wait(warm_in)  # the burst fills the queues first
+        while not stop.is_set():
+            started = time.monotonic()
+            status = reason = ""
+            try:
+                client.infer(model, inputs, outputs=outputs, priority=level, client_timeout=60)
+            except InferenceServerException as exc:
+                status, reason = str(exc.status()), refusal_reason(str(exc))
+            latency = (time.monotonic() - started) * 1000.0
+            outcomes.append(Outcome(level, not status, latency, status, reason))
+            stop.wait(PROBE_INTERVAL_S)
+    finally:
+        client.close()
+        answers.put((level, outcomes))
 
 
 async def _overload(
@@ -139,15 +262,15 @@ async def _overload(
         level = levels[index]
         while time.monotonic() < stop_at:
             started = time.monotonic()
-            status = ""
+            status = reason = ""
             try:
                 await client.infer(
                     model, window, outputs=outputs, priority=level, client_timeout=60
                 )
             except InferenceServerException as exc:
-                status = str(exc.status())
+                status, reason = str(exc.status()), refusal_reason(str(exc))
             latency = (time.monotonic() - started) * 1000.0
-            result.outcomes.append(Outcome(level or 2, not status, latency, status))
+            result.outcomes.append(Outcome(level or 2, not status, latency, status, reason))
 
     try:
         await asyncio.gather(*(caller(i) for i in range(concurrency)))
@@ -168,8 +291,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--priority-share", type=float, default=None)
+    parser.add_argument(
+        "--probe-levels", default="", help="comma-separated levels, one probe process each"
+    )
     args = parser.parse_args(argv)
-    result = run_overload(args.url, args.model, args.concurrency, args.seconds, args.priority_share)
+    probe_levels = [int(level) for level in args.probe_levels.split(",") if level.strip()]
+    result = run_overload(
+        args.url,
+        args.model,
+        args.concurrency,
+        args.seconds,
+        args.priority_share,
+        probe_levels=probe_levels,
+    )
     print(json.dumps(result.summary(), indent=2))
     return 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from perf.overload import MIXED_RUN, OVERLOAD_RUN, REFERENCE_RUN
 from perf.results import ENSEMBLE_MODEL, FUSED_MODEL, MODELS, BenchResults, entry_key
 from perf.stats import LevelStats
 
@@ -249,10 +250,16 @@ def model_targets(results: BenchResults, model: str) -> list[Target]:
     ]
 
 
-def _overload_level(results: BenchResults, label: str, level: int) -> dict[str, Any]:
+def _overload_level(results: BenchResults, label: str, key: str) -> dict[str, Any]:
+    """One level's figures of one overload run: `key` "level_2" (the generator's callers)
+    or "probe_level_2" (the probe outside it)."""
     summary = results.overload.get(label, {})
-    figures = summary.get(f"level_{level}")
+    figures = summary.get(key)
     return dict(figures) if isinstance(figures, dict) else {}
+
+
+def _slowest(*values: Any) -> float | None:
+    return max((float(v) for v in values if v is not None), default=None)
 
 
 def scheduler_targets(results: BenchResults) -> list[Target]:
@@ -267,13 +274,29 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
     floor_tput = floor64.get("throughput_per_s") if isinstance(floor64, dict) else None
     fused_tput = fused64.throughput_per_s if fused64 else None
     fast_tput = fast64.throughput_per_s if fast64 else None
-    fused_p99 = fused64.p99_ms if fused64 else None
-    standard = _overload_level(results, "overload", 2)
-    urgent = _overload_level(results, "mixed-priority overload", 1)
-    bulk = _overload_level(results, "mixed-priority overload", 3)
-    refusal_p99 = max(
-        (v for v in (standard.get("refusal_p99_ms"), bulk.get("refusal_p99_ms")) if v is not None),
-        default=None,
+    # Each overload ratio reads both sides from the same client: perf.overload's generator at
+    # 512 callers against the same generator at 64 (REFERENCE_RUN); the probes likewise.
+    reference = _overload_level(results, REFERENCE_RUN, "level_2")
+    reference_probe = _overload_level(results, REFERENCE_RUN, "probe_level_2")
+    standard = _overload_level(results, OVERLOAD_RUN, "level_2")
+    standard_probe = _overload_level(results, OVERLOAD_RUN, "probe_level_2")
+    urgent = _overload_level(results, MIXED_RUN, "level_1")
+    urgent_probe = _overload_level(results, MIXED_RUN, "probe_level_1")
+    bulk = _overload_level(results, MIXED_RUN, "level_3")
+    bulk_probe = _overload_level(results, MIXED_RUN, "probe_level_3")
+    reference_p99 = reference.get("accepted_p99_ms")
+    reference_probe_p99 = reference_probe.get("accepted_p99_ms")
+    # A refusal for a full queue is immediate by design; one for an expired deadline waits
+    # the deadline out. The figure is the probes' (a caller outside the saturated generator).
+    refusal_p99 = _slowest(
+        standard_probe.get("queue_full_refusal_p99_ms"),
+        bulk_probe.get("queue_full_refusal_p99_ms"),
+    )
+    generator_refusal_p99 = _slowest(
+        standard.get("queue_full_refusal_p99_ms"), bulk.get("queue_full_refusal_p99_ms")
+    )
+    urgent_refused = (
+        urgent["refused"] + urgent_probe.get("refused", 0) if "refused" in urgent else None
     )
     served_after = [
         bool(results.overload[label].get("next_request_served")) for label in results.overload
@@ -327,11 +350,13 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
         Target(
             "overload c=512: accepted p99 / p99 at c=64",
             FUSED_MODEL,
-            _div(standard.get("accepted_p99_ms"), fused_p99),
+            _div(standard.get("accepted_p99_ms"), reference_p99),
             3.0,
             True,
             "x",
-            _overload_detail(standard),
+            _overload_detail(standard)
+            + _reference_detail(reference_p99)
+            + _probe_ratio(standard_probe, reference_probe_p99),
         ),
         Target(
             "overload c=512: refusal p99",
@@ -340,7 +365,9 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
             10.0,
             True,
             " ms",
-            "the slower of the all-standard and the mixed run's bulk refusals",
+            "full-queue refusals as a probe outside the generator saw them (the slower of the "
+            "all-standard run and the mixed run's bulk); the generator's own: "
+            + (f"{generator_refusal_p99:.1f} ms" if generator_refusal_p99 is not None else "n/a"),
         ),
         Target(
             "overload: next request after each burst served",
@@ -354,22 +381,34 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
         Target(
             "mixed overload (10 % level-1 callers): level-1 refusals",
             FUSED_MODEL,
-            urgent.get("refused"),
+            urgent_refused,
             0.0,
             True,
             "",
-            _overload_detail(urgent),
+            _overload_detail(urgent) + "; its probe: " + _overload_detail(urgent_probe),
         ),
         Target(
             "mixed overload: level-1 p99 / p99 at c=64",
             FUSED_MODEL,
-            _div(urgent.get("accepted_p99_ms"), fused_p99),
+            _div(urgent.get("accepted_p99_ms"), reference_p99),
             2.0,
             True,
             "x",
-            "bulk (level 3): " + _overload_detail(bulk),
+            _reference_detail(reference_p99).lstrip("; ")
+            + _probe_ratio(urgent_probe, reference_probe_p99)
+            + "; bulk (level 3): "
+            + _overload_detail(bulk),
         ),
     ]
+
+
+def _reference_detail(p99: Any) -> str:
+    return f"; the same generator at c=64: p99 {p99:.1f} ms" if p99 is not None else ""
+
+
+def _probe_ratio(probe: dict[str, Any], reference_p99: Any) -> str:
+    ratio = _div(probe.get("accepted_p99_ms"), reference_p99)
+    return f"; a probe outside the generator: {ratio:.2f}x" if ratio is not None else ""
 
 
 def _overload_detail(level: dict[str, Any]) -> str:

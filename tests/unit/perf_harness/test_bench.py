@@ -657,15 +657,17 @@ def test_targets() -> None:
     assert targets["large, gRPC, c=1: p99"].goal == "<= 100 ms"
 
 
-def _overload_level(accepted: int, refused: int, p99: float, refusal_p99: float | None) -> Any:
+def _overload_level(accepted: int, refused: int, p99: float, full_refusal_p99: float | None) -> Any:
     return {
         "accepted": accepted,
         "refused": refused,
         "accepted_per_s": accepted / 30,
         "accepted_p50_ms": p99 / 2,
         "accepted_p99_ms": p99,
-        "refusal_p50_ms": refusal_p99,
-        "refusal_p99_ms": refusal_p99,
+        "refusal_p50_ms": full_refusal_p99,
+        "refusal_p99_ms": full_refusal_p99,
+        "queue_full_refusal_p99_ms": full_refusal_p99,
+        "refusal_reasons": {"queue full": refused} if refused else {},
         "refusal_statuses": ["StatusCode.UNAVAILABLE"] if refused else [],
     }
 
@@ -674,14 +676,22 @@ def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
     results = _results()
     results.floor = {"c64": _row(64, 6000.0, 10.0, 12.0).to_dict()}
     results.overload = {
+        "concurrency 64": {
+            "next_request_served": True,
+            "level_2": _overload_level(3000, 0, 250.0, None),
+            "probe_level_2": _overload_level(60, 0, 100.0, None),
+        },
         "overload": {
             "next_request_served": True,
-            "level_2": _overload_level(900, 5000, 450.0, 4.0),
+            "level_2": _overload_level(900, 5000, 600.0, 150.0),
+            "probe_level_2": _overload_level(10, 80, 250.0, 4.0),
         },
         "mixed-priority overload": {
             "next_request_served": False,
-            "level_1": _overload_level(90, 0, 300.0, None),
-            "level_3": _overload_level(800, 4000, 500.0, 12.0),
+            "level_1": _overload_level(90, 0, 400.0, None),
+            "level_3": _overload_level(800, 4000, 500.0, 200.0),
+            "probe_level_1": _overload_level(30, 1, 150.0, 3.0),
+            "probe_level_3": _overload_level(10, 90, 300.0, 12.0),
         },
     }
     by_name = {(t.name, t.model): t for t in scheduler_targets(results)}
@@ -697,14 +707,20 @@ def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
     )
     assert by_name["small, gRPC, c=1: p50", fused].met is False  # 1.5 ms > 1.2 ms
     assert by_name["small, gRPC, c=1: p99", fused].met is True  # 2.5 ms <= 3 ms
+    # Against the same generator at c=64, not perf_analyzer's p99 (200 ms): same client.
     accepted = by_name["overload c=512: accepted p99 / p99 at c=64", fused]
-    assert accepted.measured == pytest.approx(450 / 200) and accepted.met is True
+    assert accepted.measured == pytest.approx(600 / 250) and accepted.met is True
+    assert "probe outside the generator: 2.50x" in accepted.detail
+    # The probes' full-queue refusals (the bulk probe's 12 ms), the generator's beside them.
     refusal = by_name["overload c=512: refusal p99", fused]
-    assert refusal.measured == pytest.approx(12.0) and refusal.met is False  # the bulk's
+    assert refusal.measured == pytest.approx(12.0) and refusal.met is False
+    assert "generator's own: 200.0 ms" in refusal.detail
     assert by_name["overload: next request after each burst served", fused].met is False
-    assert by_name["mixed overload (10 % level-1 callers): level-1 refusals", fused].met is True
+    level_1 = by_name["mixed overload (10 % level-1 callers): level-1 refusals", fused]
+    assert level_1.measured == 1 and level_1.met is False  # the probe's one refusal counts
     urgent = by_name["mixed overload: level-1 p99 / p99 at c=64", fused]
-    assert urgent.measured == pytest.approx(300 / 200) and urgent.met is True
+    assert urgent.measured == pytest.approx(400 / 250) and urgent.met is True
+    assert "probe outside the generator: 1.50x" in urgent.detail
     assert all(t.met is None for t in scheduler_targets(BenchResults("s", "quick")))
 
 

@@ -306,8 +306,8 @@ def feature_inputs(window: Tensors) -> Tensors:
         "PAIR_FEATURES": pairs.pair_features,
         "CANDIDATE_RIDER_INDEX": pairs.candidate_rider_index,
     }
-    for spec in FEATURE_ENTRY_INPUTS:
-        if spec.name not in tensors and not spec.optional:
+    for spec in FEATURE_ENTRY_INPUTS:  # the window's own (ORDER_FIELDS: stack-aware)
+        if spec.name not in tensors and spec.name in window:
             tensors[spec.name] = window[spec.name]
     return window_inputs(tensors, FEATURE_ENTRY_MODEL_NAME)
 

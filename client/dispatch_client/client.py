@@ -275,7 +275,9 @@ class DispatchClient(Closing):
         rows in CANDIDATE_RIDER_INDEX order), CANDIDATE_RIDER_INDEX [B, N], ORDER_TEXT [B, 1]
         (the user ids, for canary routing; ORDER_USER_IDS [B] is taken in its place),
         RIDER_IDS [R], RIDER_FIELDS [R, 6] (`RIDER_FIELD_COLUMNS`; the resolver reads load
-        and capacity) and optionally OBJECTIVE_WEIGHTS and MODEL_VERSION_TAG. `order_ids`
+        and capacity) and optionally OBJECTIVE_WEIGHTS, MODEL_VERSION_TAG and ORDER_FIELDS
+        [B, 7] (`ORDER_FIELD_COLUMNS`: with it the resolution is stack-aware, as `dispatch`'s;
+        the resolver reads created_at). `order_ids`
         ([B]) label the results; they are not sent. `request_id` as in `dispatch`. Numeric
         tensors are cast to the contract's dtypes. Raises ValueError for an unknown or
         missing tensor or inconsistent shapes (before any network traffic), and the

@@ -65,6 +65,7 @@ __all__ = [
     "ROUTER_OUTPUTS",
     "ROUTING_INPUTS",
     "ROUTING_OUTPUTS",
+    "STACKING_INPUTS",
     "TOPK_OBJECTIVES",
     "TOPK_OBJECTIVE_COLUMNS",
     "TRITON_TO_NUMPY",
@@ -454,12 +455,22 @@ RESOLVER_OUTPUTS: Final[tuple[TensorSpec, ...]] = (
     _V1_OUTPUTS["ASSIGNED_RIDER_INDEX"],
     _V1_OUTPUTS["ASSIGNED_SCORE"],
 )
+# What the stack-aware resolution (issue 12) needs besides: each pair's features (scored
+# again with the rider's extra load), the version that scored each order (it scores them
+# again) and the orders' creation times (a rider carries its new orders in that order).
+# Optional: a request without them is resolved with its stand-alone objectives.
+STACKING_INPUTS: Final[tuple[TensorSpec, ...]] = (
+    replace(PAIR_FEATURES, optional=True),
+    replace(ORDER_MODEL_VERSION, optional=True),
+    replace(ORDER_FIELDS, optional=True),  # created_at column
+)
 RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     PAIR_OBJECTIVES,
     CANDIDATE_RIDER_INDEX,
     _WINDOW_SPECS["RIDER_IDS"],  # the tie-break hashes the ids
     RIDER_FIELDS,  # load and capacity columns
     _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
+    *STACKING_INPUTS,
 )
 # `dispatch` and `dispatch_fused`: 8 tensors in, 7 out.
 WIRE_DISPATCH_INPUTS: Final = (*WIRE_WINDOW_INPUTS, *ROUTING_INPUTS)
@@ -597,5 +608,11 @@ FEATURE_ENTRY_INPUTS: Final[tuple[TensorSpec, ...]] = (
     RIDER_FIELDS,
     _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
     *ROUTING_INPUTS,
+    replace(
+        ORDER_FIELDS,
+        optional=True,
+        doc="optional, ORDER_FIELD_COLUMNS: with it the resolution is stack-aware, as in "
+        "`dispatch` (the resolver reads created_at); without it, stand-alone objectives",
+    ),
 )
 FEATURE_ENTRY_OUTPUTS: Final = (*RESOLVER_OUTPUTS, *ROUTING_OUTPUTS)

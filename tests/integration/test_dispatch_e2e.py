@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from dispatch_contract import CoordSystem
 from dispatch_service.domain import geo
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.pipeline.stacking import StackingSettings
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import (
     OUTPUT_NAMES,
@@ -134,6 +136,37 @@ def test_the_fused_entry_point_answers_exactly_like_the_ensemble(
             np.testing.assert_array_equal(fused[name], ensemble[name], err_msg=name)
     expected_version = 2 if seed % 2 else 1
     assert (ensemble["ORDER_MODEL_VERSION"] == expected_version).all()
+
+
+@pytest.mark.parametrize("tag", [b"stable", b"canary"])
+def test_stacked_orders_are_priced_alike_by_both_entry_points(
+    tag: bytes,
+    http_client: httpclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """A scarce window (riders take several new orders): the ensemble's resolver re-scores
+    the stacked pairs through BLS with the version that scored each order, dispatch_fused in
+    process, and both give the in-process library's stack-aware answer for that version,
+    which is not the answer with stand-alone objectives."""
+    window = sim_window(seed=12, orders=48, riders=12)
+    window["MODEL_VERSION_TAG"] = np.array([tag], dtype=object)
+    ensemble = infer_http(http_client, window, output_names=ROUTED_OUTPUT_NAMES)
+    fused = infer_grpc(
+        grpc_client, window, model=FUSED_MODEL_NAME, output_names=ROUTED_OUTPUT_NAMES
+    )
+    for name in ROUTED_OUTPUT_NAMES:
+        np.testing.assert_array_equal(fused[name], ensemble[name], err_msg=name)
+    version = 2 if tag == b"canary" else 1
+    assert (ensemble["ORDER_MODEL_VERSION"] == version).all()
+    library = DispatchPipeline.from_repository(model_version=version)
+    stand_alone = replace(
+        library, resolver=replace(library.resolver, stacking=StackingSettings(False))
+    )
+    local = library.run(window)
+    for name in OUTPUT_NAMES:
+        np.testing.assert_allclose(ensemble[name], local[name], rtol=1e-5, err_msg=name)
+    plain = stand_alone.run(window)
+    assert not np.array_equal(plain["TOPK_OBJECTIVES"], ensemble["TOPK_OBJECTIVES"])
 
 
 def test_objective_weights_override_per_request(

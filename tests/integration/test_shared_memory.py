@@ -41,6 +41,8 @@ from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.domain.window import window_from_wire
 from dispatch_service.ops.server import TritonServer
+from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.pipeline.stacking import StackingSettings
 from triton_helpers import grpc_inputs, sim_window
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -327,7 +329,7 @@ def encoded(window: Arrays) -> Arrays:
         "CANDIDATE_RIDER_INDEX": pairs.candidate_rider_index,
         **{name: window[name] for name in ("ORDER_TEXT", "RIDER_IDS", "RIDER_FIELDS")},
     }
-    for optional in ("OBJECTIVE_WEIGHTS", "MODEL_VERSION_TAG"):
+    for optional in ("OBJECTIVE_WEIGHTS", "MODEL_VERSION_TAG", "ORDER_FIELDS"):
         if optional in window:
             tensors[optional] = window[optional]
     return tensors
@@ -349,6 +351,25 @@ def test_features_computed_locally_give_exactly_the_answer_of_dispatch(
     via_window = infer_raw(grpc_client, window, "dispatch")
     via_features = infer_raw(grpc_client, encoded(window), FEATURE_ENTRY_MODEL_NAME)
     assert_same(via_features, via_window)
+
+
+def test_features_without_creation_times_are_resolved_stand_alone(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    """Without ORDER_FIELDS the resolver cannot order a rider's new orders: the answer is the
+    library's with topk_resolver's stack_aware off (the window stacks: dispatch differs)."""
+    window = sim_window(seed=12, orders=48, riders=12)
+    features = {n: a for n, a in encoded(window).items() if n != "ORDER_FIELDS"}
+    served = infer_raw(grpc_client, features, FEATURE_ENTRY_MODEL_NAME)
+    library = DispatchPipeline.from_repository()
+    stand_alone = dataclasses.replace(
+        library, resolver=dataclasses.replace(library.resolver, stacking=StackingSettings(False))
+    )
+    local = stand_alone.run(window)
+    for name, value in local.items():  # the resolver's outputs (the routing ones are not)
+        np.testing.assert_allclose(served[name][0], value, rtol=1e-5, err_msg=name)
+    stacked = infer_raw(grpc_client, window, "dispatch")
+    assert not np.array_equal(stacked["TOPK_OBJECTIVES"], served["TOPK_OBJECTIVES"])
 
 
 def test_feature_entry_through_the_client_and_shared_memory(

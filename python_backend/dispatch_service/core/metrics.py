@@ -170,10 +170,12 @@ def capacity_conflicts(
 ) -> int:
     """Orders that had a feasible rider but were not given one as good as their top-1.
 
-    Without capacity limits every order would get its top-1 rider (that is the best
-    assignment by both count and score), so each such order lost to capacity, whether it
-    got a worse rider or none. Compared by score, so a tie between the top-1 and the
-    assigned rider is no conflict.
+    Without capacity limits and with stand-alone scores every order would get its top-1
+    rider (that is the best assignment by both count and score), so each such order lost to
+    capacity, whether it got a worse rider or none. With the stack-aware resolution
+    (topk_resolver's ``stack_aware``) an order may also cede its top-1 rider because riding
+    with that rider's other new orders would cost them more; those count here too. Compared
+    by score, so a tie between the top-1 and the assigned rider is no conflict.
     """
     index = np.asarray(topk_rider_index)
     score = np.asarray(topk_score)

@@ -59,6 +59,7 @@ __all__ = [
     "check_rider_counts",
     "check_times",
     "decode_text",
+    "order_created_at_from_wire",
     "order_text_from_wire",
     "parse_coord_system",
     "parse_objective_weights",
@@ -765,6 +766,7 @@ _RIDER_COUNTS_AT: Final = np.asarray(
     [RIDER_FIELD_COLUMNS.index("load"), RIDER_FIELD_COLUMNS.index("capacity")], dtype=np.intp
 )
 _RIDER_COUNTS_LIMITS: Final = np.full(2, _INT32_LIMIT)
+_CREATED_AT: Final = np.asarray([ORDER_FIELD_COLUMNS.index("created_at")], dtype=np.intp)
 
 
 def _unpack(
@@ -877,6 +879,16 @@ def rider_counts_from_wire(
     )
     load, capacity = _RIDER_COUNTS_AT.tolist()
     return matrix[:, load].astype(np.int32), matrix[:, capacity].astype(np.int32)
+
+
+def order_created_at_from_wire(inputs: Mapping[str, Any]) -> NDArray[np.int64]:
+    """The created_at column of ORDER_FIELDS as INT64 (the stack-aware resolver's order of
+    a rider's new orders)."""
+    matrix = _matrix(inputs, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS)
+    _whole_columns(
+        ORDER_FIELDS.name, matrix, _CREATED_AT, ORDER_FIELD_COLUMNS, np.full(1, _INT64_LIMIT)
+    )
+    return matrix[:, int(_CREATED_AT[0])].astype(np.int64)
 
 
 def window_to_wire(window: DispatchWindow) -> dict[str, NDArray[Any]]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from dispatch_contract import STACKING_INPUTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -60,9 +61,13 @@ def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, N
     encoded = pipeline.encoder.run(window)
     scored = pipeline.model.run(encoded)
     available: Mapping[str, NDArray[Any]] = {**window, **encoded, **scored}
+    # Without the stacking inputs: a stack-aware warm-up would make BLS calls of a
+    # dispatch_model that may still be loading; the resolution itself is the same code.
+    stacking = {spec.name for spec in STACKING_INPUTS}
+    resolver = [n for n in pipeline.resolver.input_names if n in available and n not in stacking]
     return {
         "feature_encoder": {n: available[n] for n in pipeline.encoder.input_names if n in window},
-        "topk_resolver": {n: available[n] for n in pipeline.resolver.input_names if n in available},
+        "topk_resolver": {n: available[n] for n in resolver},
         # dispatch_fused takes the window as feature_encoder does (its optional tag left out).
         "dispatch_fused": {n: available[n] for n in pipeline.encoder.input_names if n in window},
     }

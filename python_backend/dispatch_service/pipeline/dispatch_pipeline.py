@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from dispatch_contract import CANDIDATE_RIDER_INDEX, ORDER_MODEL_VERSION
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     MetricsSink,
@@ -35,6 +36,7 @@ from dispatch_service.pipeline.steps import (
     Step,
     TopKResolverStep,
 )
+from dispatch_service.routing.engine import SyncScorer
 
 __all__ = [
     "DispatchPipeline",
@@ -43,18 +45,15 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class _StackAwareResolver:
-    """The resolver step with stack-aware re-scoring by the pipeline's model."""
+class _Resolver:
+    """The resolver step with the pipeline's model to re-score stacked orders with."""
 
     resolver: TopKResolverStep
-    model: DispatchModelStep
+    score: SyncScorer
     input_names: ClassVar[tuple[str, ...]] = TopKResolverStep.input_names
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        def rescore(rows: NDArray[np.int64], features: NDArray[np.float32]) -> NDArray[np.float32]:
-            return self.model.scorer.infer(features)
-
-        return self.resolver.run_stack_aware(inputs, rescore).resolution.as_wire_tensors()
+        return self.resolver.run(inputs, score=self.score)
 
 
 def repository_steps(repository: Path) -> tuple[FeatureEncoderStep, TopKResolverStep]:
@@ -75,10 +74,8 @@ class DispatchPipeline:
     model: DispatchModelStep
     resolver: TopKResolverStep
     metrics: MetricsSink = field(default_factory=NullMetrics, compare=False)
-    # Re-score stacked orders with the model and re-solve (pipeline.stacking). Off by
-    # default: the `dispatch` ensemble this pipeline mirrors has no model in its resolver
-    # step, and tests compare the two answers.
-    stack_aware: bool = False
+    # The one version scored here; ORDER_MODEL_VERSION of every order, as the router says.
+    model_version: int = 1
 
     @classmethod
     def from_repository(
@@ -86,7 +83,6 @@ class DispatchPipeline:
         repository: Path = MODEL_REPOSITORY,
         model_version: int = 1,
         metrics: MetricsSink | None = None,
-        stack_aware: bool = False,
     ) -> DispatchPipeline:
         encoder, resolver = repository_steps(repository)
         return cls(
@@ -97,22 +93,23 @@ class DispatchPipeline:
             ),
             resolver=resolver,
             metrics=metrics if metrics is not None else NullMetrics(),
-            stack_aware=stack_aware,
+            model_version=model_version,
         )
 
     def run(self, tensors: Mapping[str, NDArray[Any] | None]) -> Arrays:
         encoded = self._observed(self.encoder, tensors, encoder_observations)
         scored = self._observed(self.model, encoded, None)
-        # With stack_aware, stacked orders are re-scored with this model and the window
-        # re-solved (pipeline.stacking); the step records the resolver's metrics as before.
-        resolver: Step = (
-            _StackAwareResolver(self.resolver, self.model) if self.stack_aware else self.resolver
-        )
+        orders = encoded[CANDIDATE_RIDER_INDEX.name].shape[0]
+        versions = np.full(orders, self.model_version, dtype=np.int32)
         return self._observed(
-            resolver,
-            {**tensors, **encoded, **scored},
+            _Resolver(self.resolver, self._score),
+            {**tensors, **encoded, **scored, ORDER_MODEL_VERSION.name: versions},
             resolver_observations,
         )
+
+    def _score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
+        """This pipeline's one model (the resolver re-scores stacked pairs with it)."""
+        return self.model.scorer.infer(features)
 
     def _observed(
         self,

@@ -51,7 +51,6 @@ from dispatch_service.core.signing import SigningError, TrustedKeys
 from dispatch_service.domain.window import DispatchWindow, user_ids_from_wire
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
-from dispatch_service.pipeline.stacking import Rescorer
 from dispatch_service.pipeline.steps import Arrays, FeatureEncoderStep, TopKResolverStep
 from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score_now
 from dispatch_service.routing.policy import ServedVersions, route_window
@@ -116,9 +115,6 @@ class FusedDispatch:
     draw: Callable[[], float] = random.random  # uniform [0, 1): the shadow sample
     # Loads another version's session on first use (None: only the sessions given).
     loader: VersionLoader | None = None
-    # Re-score stacked orders with their version and re-solve (pipeline.stacking). Off by
-    # default so that `dispatch_fused` answers exactly as the `dispatch` ensemble.
-    stack_aware: bool = False
 
     @classmethod
     def from_repository(
@@ -186,23 +182,6 @@ class FusedDispatch:
             raise ModelCallError(f"version {version} unavailable: {self.unavailable[version]}")
         return scorer.infer(features)
 
-    def _rescorer(self, routed: RoutedScores, width: int) -> Rescorer:
-        """Stacked pairs re-scored by the version that scored their order; orders on the
-        rule-based fallback (version 0) or whose version fails keep their objectives."""
-
-        def rescore(rows: NDArray[np.int64], features: NDArray[np.float32]) -> NDArray[np.float32]:
-            out = routed.objectives[rows].copy()
-            versions = routed.model_version[rows // width]
-            for version in np.unique(versions[versions > 0]).tolist():
-                mask = versions == version
-                try:
-                    out[mask] = self.score(int(version), features[mask])
-                except ModelCallError:
-                    continue
-            return out
-
-        return rescore
-
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> FusedResult:
         """One window's tensors (`dispatch`'s inputs) -> `dispatch`'s outputs."""
         started = time.perf_counter()
@@ -223,14 +202,7 @@ class FusedDispatch:
             served=served,
         )
         scored_at = time.perf_counter()
-        resolver_inputs = {**inputs, **encoded, PAIR_OBJECTIVES.name: routed.objectives}
-        if self.stack_aware:
-            width = encoded[CANDIDATE_RIDER_INDEX.name].shape[1]
-            resolved = self.resolver.run_stack_aware(
-                resolver_inputs, self._rescorer(routed, width), window
-            ).resolution.as_wire_tensors()
-        else:
-            resolved = self.resolver.run(resolver_inputs, window)
+        resolved = self.resolver.run(_resolver_inputs(inputs, encoded, routed), window, self.score)
         done = time.perf_counter()
         return FusedResult(
             outputs={
@@ -332,7 +304,7 @@ class FusedDispatch:
         )
         scored_at = time.perf_counter()
         resolved = self.resolver.run(
-            {**inputs, **item.encoded, PAIR_OBJECTIVES.name: routed.objectives}, item.window
+            _resolver_inputs(inputs, item.encoded, routed), item.window, self.score
         )
         done = time.perf_counter()
         return FusedResult(
@@ -347,3 +319,16 @@ class FusedDispatch:
             encode_ms=item.encode_ms,
             resolve_ms=(done - scored_at) * 1000.0,
         )
+
+
+def _resolver_inputs(
+    inputs: Mapping[str, NDArray[Any] | None], encoded: Arrays, routed: RoutedScores
+) -> dict[str, NDArray[Any] | None]:
+    """What `topk_resolver` gets in the ensemble: the window, the encoder's pairs and the
+    router's objectives and versions (stack-aware re-scoring reads the last two)."""
+    return {
+        **inputs,
+        **encoded,
+        PAIR_OBJECTIVES.name: routed.objectives,
+        ORDER_MODEL_VERSION.name: routed.model_version,
+    }

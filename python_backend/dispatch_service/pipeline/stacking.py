@@ -28,8 +28,11 @@ everywhere) makes no model call and answers as the plain `resolve`, byte for byt
 This replaced re-score-and-re-solve rounds (up to four solves and four model calls, often
 ending unsettled) with one call and one solve; ``python -m perf.resolver_time`` measures it.
 
-The `dispatch` ensemble cannot do this: its `topk_resolver` step has no model to re-score
-with, so there the stacked orders keep their stand-alone scores (see the report of issue 12).
+Every entry point resolves this way when `topk_resolver`'s config says ``stack_aware``
+(`StackingSettings`, on by default): `dispatch_fused` and `DispatchPipeline` re-score in
+process, the `dispatch` ensemble's `topk_resolver` step through BLS calls of the
+`dispatch_model` version that scored each order (`routed_rescorer` for both), so the two entry
+points still answer alike and the offline evaluation's figures are those of the served path.
 """
 
 from __future__ import annotations
@@ -44,15 +47,57 @@ from numpy.typing import ArrayLike, NDArray
 from dispatch_contract import OBJECTIVES
 from dispatch_service.domain.resolver import Resolution, ResolverSettings, ResolverWindow
 from dispatch_service.domain.stacking import joining_extra_load, with_extra_load
+from dispatch_service.routing.engine import ModelCallError, SyncScorer
 
 __all__ = [
     "Rescorer",
     "StackedResolution",
+    "StackingSettings",
     "resolve_stack_aware",
+    "routed_rescorer",
 ]
 
 # (pair rows, their feature rows with the extra load) -> [n, 3] objectives.
 Rescorer = Callable[[NDArray[np.int64], NDArray[np.float32]], NDArray[np.float32]]
+
+
+@dataclass(frozen=True)
+class StackingSettings:
+    """`topk_resolver`'s ``stack_aware`` parameter, read by every entry point's resolver.
+
+    Off: each pair keeps its stand-alone objectives (faster; a rider's later new orders look
+    as good as its first). On: this module's resolution wherever a model can re-score.
+    """
+
+    stack_aware: bool = True
+
+
+def routed_rescorer(
+    objectives: NDArray[np.float32],
+    order_versions: NDArray[np.integer[Any]],
+    width: int,
+    score: SyncScorer,
+) -> Rescorer:
+    """Pair rows re-scored by the version that scored their order (one call per version).
+
+    Orders on the rule-based fallback (version 0) and orders whose version's call fails
+    (`ModelCallError`) keep ``objectives``: the resolution still prices their stacking with
+    what it has. ``width``: candidates per order (pair row // width = its order).
+    """
+    versions_of = np.asarray(order_versions).reshape(-1)
+
+    def rescore(rows: NDArray[np.int64], features: NDArray[np.float32]) -> NDArray[np.float32]:
+        out = np.array(objectives[rows], dtype=np.float32)
+        versions = versions_of[rows // width]
+        for version in np.unique(versions[versions > 0]).tolist():
+            mask = versions == version
+            try:
+                out[mask] = score(int(version), features[mask])
+            except ModelCallError:
+                continue
+        return out
+
+    return rescore
 
 
 @dataclass(frozen=True, eq=False)

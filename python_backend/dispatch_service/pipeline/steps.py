@@ -20,6 +20,8 @@ from dispatch_contract import (
     ENCODER_INPUTS,
     ENCODER_OUTPUTS,
     MODEL_INPUTS,
+    ORDER_FIELDS,
+    ORDER_MODEL_VERSION,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
     RESOLVER_INPUTS,
@@ -32,10 +34,10 @@ from dispatch_service.domain.resolver import ResolverSettings, resolve
 from dispatch_service.domain.window import (
     DispatchWindow,
     WindowLimits,
+    order_created_at_from_wire,
     parse_objective_weights,
     rider_counts_from_wire,
     window_from_wire,
-    window_tensors_from_wire,
 )
 from dispatch_service.geocoding.chain import GeocoderSettings
 from dispatch_service.geocoding.locations import WindowGeocoder
@@ -45,7 +47,14 @@ from dispatch_service.pipeline.onnx_runner import (
     OrtSettings,
     version_scorer,
 )
-from dispatch_service.pipeline.stacking import Rescorer, StackedResolution, resolve_stack_aware
+from dispatch_service.pipeline.stacking import (
+    Rescorer,
+    StackedResolution,
+    StackingSettings,
+    resolve_stack_aware,
+    routed_rescorer,
+)
+from dispatch_service.routing.engine import SyncScorer
 
 __all__ = [
     "Arrays",
@@ -124,12 +133,16 @@ class FeatureEncoderStep:
 @dataclass(frozen=True)
 class TopKResolverStep:
     settings: ResolverSettings = field(default_factory=ResolverSettings)
+    stacking: StackingSettings = field(default_factory=StackingSettings)
     input_names: ClassVar[tuple[str, ...]] = tuple(spec.name for spec in RESOLVER_INPUTS)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> TopKResolverStep:
-        reject_unknown(parameters, ResolverSettings)
-        return cls(settings=load_settings(ResolverSettings, parameters))
+        reject_unknown(parameters, ResolverSettings, StackingSettings)
+        return cls(
+            settings=load_settings(ResolverSettings, parameters),
+            stacking=load_settings(StackingSettings, parameters),
+        )
 
     def run_stack_aware(
         self,
@@ -138,14 +151,15 @@ class TopKResolverStep:
         window: DispatchWindow | None = None,
     ) -> StackedResolution:
         """`run` with stacked orders re-scored by ``rescore`` (`pipeline.stacking`); needs
-        the encoder's PAIR_FEATURES and the window's v2 tensors (ORDER_FIELDS: created_at).
+        the encoder's PAIR_FEATURES and, without ``window``, ORDER_FIELDS (created_at).
         ``window``: as in `run`."""
         objectives = _required(inputs, PAIR_OBJECTIVES.name)
         candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
         rider_ids = _required(inputs, "RIDER_IDS")
         if window is None:
             load, capacity = rider_counts_from_wire(inputs)
-            created_at = window_tensors_from_wire(inputs)["ORDER_CREATED_AT"]
+            created_at = order_created_at_from_wire(inputs)
+            _same_orders(ORDER_FIELDS.name, created_at, candidates)
         else:
             load, capacity = window.rider_load, window.rider_capacity
             created_at = window.created_at
@@ -163,15 +177,40 @@ class TopKResolverStep:
         )
 
     def run(
-        self, inputs: Mapping[str, NDArray[Any] | None], window: DispatchWindow | None = None
+        self,
+        inputs: Mapping[str, NDArray[Any] | None],
+        window: DispatchWindow | None = None,
+        score: SyncScorer | None = None,
     ) -> Arrays:
         """One window's objectives and riders -> the v2 answer (`RESOLVER_OUTPUTS`).
 
         ``window``: the window the encoder validated from these same ``inputs``
         (`FeatureEncoderStep.encode`, dispatch_fused); its rider load and capacity are the
-        INT32 columns `rider_counts_from_wire` would unpack and check again."""
+        INT32 columns `rider_counts_from_wire` would unpack and check again.
+
+        ``score`` (version, features) -> objectives: the model the orders were scored with.
+        With it, ``stack_aware`` on, the request's PAIR_FEATURES and the orders' creation
+        times (ORDER_FIELDS, or ``window``), the resolution is stack-aware: each order's
+        pairs re-scored by its ORDER_MODEL_VERSION (required then). Without them, every
+        pair keeps its stand-alone objectives.
+        """
         objectives = _required(inputs, PAIR_OBJECTIVES.name)
         candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
+        if (
+            score is not None
+            and self.stacking.stack_aware
+            and inputs.get(PAIR_FEATURES.name) is not None
+            and (window is not None or inputs.get(ORDER_FIELDS.name) is not None)
+        ):
+            versions = _required(inputs, ORDER_MODEL_VERSION.name)
+            if not np.issubdtype(versions.dtype, np.integer):
+                raise DispatchInputError(
+                    ORDER_MODEL_VERSION.name, f"must be INT32, got {versions.dtype}", "dtype"
+                )
+            _same_orders(ORDER_MODEL_VERSION.name, versions, candidates)
+            rescore = routed_rescorer(objectives, versions, candidates.shape[1], score)
+            stacked = self.run_stack_aware(inputs, rescore, window)
+            return stacked.resolution.as_wire_tensors()
         rider_ids = _required(inputs, "RIDER_IDS")
         if window is None:
             load, capacity = rider_counts_from_wire(inputs)
@@ -229,6 +268,17 @@ class DispatchModelStep:
         scores = self.scorer.infer(np.concatenate(batch, axis=0))
         bounds = np.cumsum([len(part) for part in batch])[:-1]
         return list(np.split(scores, bounds))
+
+
+def _same_orders(name: str, per_order: NDArray[Any], candidates: NDArray[Any]) -> None:
+    """A per-order tensor must have one row per order of CANDIDATE_RIDER_INDEX."""
+    if per_order.ndim < 1 or per_order.shape[0] != candidates.shape[0]:
+        raise DispatchInputError(
+            name,
+            f"must have one row per order ({candidates.shape[0]}, as "
+            f"{CANDIDATE_RIDER_INDEX.name}), got shape {list(per_order.shape)}",
+            "shape",
+        )
 
 
 def _required(inputs: Mapping[str, NDArray[Any] | None], name: str) -> NDArray[Any]:

@@ -38,7 +38,7 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.domain.window import user_ids_from_wire
-from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score
+from dispatch_service.routing.engine import RoutedScores, route_and_score
 from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
 from dispatch_service.routing.policy import ServedVersions, route_window
 from dispatch_service.routing.settings import (
@@ -48,7 +48,13 @@ from dispatch_service.routing.settings import (
     settings_record,
 )
 from dispatch_service.routing.shadow import shadow_sampled
-from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
+from dispatch_service.serving.triton_adapter import (
+    TritonResponder,
+    log_event,
+    scored_objectives,
+    scoring_request,
+    triton_metrics,
+)
 
 __all__ = [
     "ROUTER_MODEL_NAME",
@@ -129,20 +135,8 @@ class DispatchRouterAdapter(TritonResponder):
 
     async def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
         """One BLS call of `version`; an error response raises ModelCallError."""
-        call = self.pb.InferenceRequest(
-            model_name=self.target_model,
-            model_version=int(version),
-            inputs=[self.pb.Tensor(PAIR_FEATURES.name, features)],
-            requested_output_names=[PAIR_OBJECTIVES.name],
-        )
-        response = await call.async_exec()
-        if response.has_error():
-            raise ModelCallError(response.error().message())
-        tensor = self.pb.get_output_tensor_by_name(response, PAIR_OBJECTIVES.name)
-        if tensor is None:
-            raise ModelCallError(f"the answer lacks {PAIR_OBJECTIVES.name}")
-        scores: NDArray[Any] = tensor.as_numpy()
-        return scores
+        call = scoring_request(self.pb, self.target_model, version, features)
+        return scored_objectives(self.pb, await call.async_exec())
 
     # ---- reporting ------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_contract import PAIR_OBJECTIVES, spec_by_name, wire_shape
+from dispatch_contract import PAIR_FEATURES, PAIR_OBJECTIVES, spec_by_name, wire_shape
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     STEP_OBSERVERS,
@@ -41,20 +41,26 @@ from dispatch_service.core.metrics import (
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.steps import (
+    Arrays,
     DispatchModelStep,
     FeatureEncoderStep,
     Step,
     TopKResolverStep,
 )
+from dispatch_service.routing.engine import ModelCallError
+from dispatch_service.routing.settings import SCORING_MODEL_NAME
 from dispatch_service.serving.trust import model_trust
 
 __all__ = [
     "TritonBatchedModelAdapter",
+    "TritonResolverAdapter",
     "TritonResponder",
     "TritonStepAdapter",
     "adapter_for",
     "log_event",
     "metrics_error_logger",
+    "scored_objectives",
+    "scoring_request",
     "triton_metrics",
     "unbatched",
     "with_instance_device",
@@ -211,7 +217,7 @@ class TritonStepAdapter(TritonResponder):
             return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         started = time.perf_counter()
         try:
-            outputs = self.step.run(self.arrays(request, self.step.input_names))
+            outputs = self.run_step(self.arrays(request, self.step.input_names))
         except DispatchInputError as exc:
             return self.reject(request, exc)
         except Exception as exc:  # any failure answers this request only
@@ -220,6 +226,73 @@ class TritonStepAdapter(TritonResponder):
             elapsed_ms = (time.perf_counter() - started) * 1000.0
             self.record(self.observer(outputs, elapsed_ms))
         return self.response(outputs)
+
+    def run_step(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
+        return self.step.run(inputs)
+
+
+class TritonResolverAdapter(TritonStepAdapter):
+    """topk_resolver: the step, re-scoring stacked orders through BLS calls of the version of
+    the scoring model that scored each order (`TopKResolverStep.run` with a ``score``)."""
+
+    step: TopKResolverStep
+
+    def __init__(
+        self,
+        pb_utils: Any,
+        model_name: str,
+        step: TopKResolverStep,
+        *,
+        target_model: str = SCORING_MODEL_NAME,
+        version: str = "",
+        instance: str = "",
+        metrics: MetricsSink | None = None,
+        observer: StepObserver | None = None,
+    ) -> None:
+        super().__init__(
+            pb_utils,
+            model_name,
+            step,
+            version=version,
+            instance=instance,
+            metrics=metrics,
+            observer=observer,
+        )
+        self.step = step
+        self.target_model = target_model
+
+    def run_step(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
+        return self.step.run(inputs, score=self.score)
+
+    def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
+        """One BLS call (awaited here: this step has nothing else to do meanwhile); any
+        failure raises ModelCallError, and those pairs keep their objectives."""
+        try:
+            response = scoring_request(self.pb, self.target_model, version, features).exec()
+        except Exception as exc:
+            raise ModelCallError(f"{type(exc).__name__}: {exc}") from exc
+        return scored_objectives(self.pb, response)
+
+
+def scoring_request(pb_utils: Any, model: str, version: int, features: NDArray[Any]) -> Any:
+    """A BLS request of one version of the scoring model: PAIR_FEATURES in, objectives out."""
+    return pb_utils.InferenceRequest(
+        model_name=model,
+        model_version=int(version),
+        inputs=[pb_utils.Tensor(PAIR_FEATURES.name, features)],
+        requested_output_names=[PAIR_OBJECTIVES.name],
+    )
+
+
+def scored_objectives(pb_utils: Any, response: Any) -> NDArray[Any]:
+    """A BLS answer's PAIR_OBJECTIVES; an error answer raises ModelCallError."""
+    if response.has_error():
+        raise ModelCallError(response.error().message())
+    tensor = pb_utils.get_output_tensor_by_name(response, PAIR_OBJECTIVES.name)
+    if tensor is None:
+        raise ModelCallError(f"the answer lacks {PAIR_OBJECTIVES.name}")
+    scores: NDArray[Any] = tensor.as_numpy()
+    return scores
 
 
 class TritonBatchedModelAdapter(TritonStepAdapter):
@@ -319,7 +392,16 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
 
         definitions = (*definitions, *GEOCODING_METRICS)
     elif model == "topk_resolver":
-        step = TopKResolverStep.from_parameters(parameters)
+        adapter = TritonResolverAdapter(
+            pb_utils,
+            name,
+            TopKResolverStep.from_parameters(parameters),
+            metrics=triton_metrics(pb_utils, name, version, definitions),
+            observer=observer,
+            **labels,
+        )
+        adapter.loaded()
+        return adapter
     elif model == "dispatch_model":
         path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
         adapter = TritonBatchedModelAdapter(

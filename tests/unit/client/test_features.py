@@ -69,13 +69,21 @@ def test_sends_contract_dtypes_to_the_feature_entry_point() -> None:
     ((model, sent),) = transport.calls
     assert model == FEATURE_ENTRY_MODEL_NAME == "dispatch_features"
     specs = {spec.name: spec for spec in FEATURE_ENTRY_INPUTS}
-    assert set(sent) == set(specs) - {"OBJECTIVE_WEIGHTS", "MODEL_VERSION_TAG"}
+    assert set(sent) == set(specs) - {"OBJECTIVE_WEIGHTS", "MODEL_VERSION_TAG", "ORDER_FIELDS"}
     for name, array in sent.items():
         expected = object if specs[name].triton_dtype == "BYTES" else specs[name].numpy_dtype
         assert array.dtype == expected, name
     assert sent["RIDER_FIELDS"].shape == (1, 4, 6)
     assert [o.order_id for o in result.orders] == ["o1", "o2"]
     assert result.assignments() == {"o1": "r0", "o2": "r3"}
+
+
+def test_creation_times_are_sent_when_given() -> None:
+    transport = Recorder()
+    fields = [[31.2, 121.4, 31.21, 121.41, 1_764_399_700, 30, 0]] * 2  # ORDER_FIELD_COLUMNS
+    DispatchClient(transport).dispatch_features(["a", "b"], {**features(), "ORDER_FIELDS": fields})
+    sent = transport.calls[0][1]["ORDER_FIELDS"]
+    assert sent.dtype == np.float64 and sent.shape == (1, 2, 7)
 
 
 def test_weights_are_sent_when_given() -> None:

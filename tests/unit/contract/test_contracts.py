@@ -151,8 +151,7 @@ def test_feature_encoder_declares_the_window_and_encoder_outputs() -> None:
 def test_topk_resolver_declares_its_inputs_and_the_dispatch_outputs() -> None:
     config = load_config(REPO / "topk_resolver" / "config.pbtxt")
     assert [row[0] for row in io_of(config.input)] == list(TopKResolverStep.input_names)
-    expected = [contracts.spec_by_name(n) for n in TopKResolverStep.input_names]
-    assert io_of(config.input) == spec_rows(tuple(expected))
+    assert io_of(config.input) == spec_rows(contracts.RESOLVER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.RESOLVER_OUTPUTS)
     TopKResolverStep.from_parameters(params(config))
 
@@ -321,7 +320,10 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
     assert candidates == contracts.CANDIDATE_RIDER_INDEX
     window = {spec.name: spec for spec in contracts.WIRE_DISPATCH_INPUTS}
     for spec in rest:  # everything else is a tensor `dispatch` takes, declared the same
-        assert spec == window[spec.name], spec.name
+        declared = window[spec.name]
+        assert (spec.triton_dtype, spec.dims) == (declared.triton_dtype, declared.dims)
+        # only the orders' creation times (ORDER_FIELDS) are optional here
+        assert spec.optional == (declared.optional or spec.name == "ORDER_FIELDS"), spec.name
     dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
     entry = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
     # `dispatch`'s answer without what only the encoder knows (how the points were found)

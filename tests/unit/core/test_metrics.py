@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,6 +36,7 @@ from dispatch_service.core.metrics import (
 from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.pipeline.stacking import StackingSettings
 from pb_stand_in import FakeMetricFamily
 
 # ---- the metric names the dashboard and deploy checks expect ----------------------------
@@ -126,11 +128,16 @@ def test_capacity_conflicts_of_a_real_window_with_scarce_riders() -> None:
     unassigned = int((had_top1 & (out["ASSIGNED_RIDER_INDEX"] < 0)).sum())
     assert unassigned > 0  # 30 orders, 6 riders: not everyone can be served
     assert _conflicts(out) >= unassigned
-    # with room for every order on every rider, each order gets its top-1: no conflicts
+    # with room for every order on every rider and stand-alone scores, each order gets its
+    # top-1: no conflicts (stack-aware, an order may still cede its top-1 rider to others:
+    # a rider's later new orders ride with more load, which the solve prices)
     fields = np.array(window["RIDER_FIELDS"], copy=True)
     fields[:, 2], fields[:, 3] = 0, 30  # RIDER_FIELD_COLUMNS: load, capacity
     roomy = {**window, "RIDER_FIELDS": fields}
-    assert _conflicts(pipeline.run(roomy)) == 0
+    stand_alone = replace(
+        pipeline, resolver=replace(pipeline.resolver, stacking=StackingSettings(False))
+    )
+    assert _conflicts(stand_alone.run(roomy)) == 0
 
 
 def test_encoder_and_resolver_observations() -> None:

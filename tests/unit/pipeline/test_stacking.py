@@ -15,7 +15,12 @@ from dispatch_service.domain.features import encode_window
 from dispatch_service.domain.resolver import resolve, score_pairs
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline import simulator
-from dispatch_service.pipeline.stacking import resolve_stack_aware
+from dispatch_service.pipeline.stacking import (
+    StackingSettings,
+    resolve_stack_aware,
+    routed_rescorer,
+)
+from dispatch_service.routing.engine import ModelCallError
 
 WEIGHTS = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
 LOAD = PAIR_FEATURE_NAMES.index("rider_load")
@@ -138,15 +143,19 @@ def test_a_window_without_stacking_is_one_plain_solve() -> None:
 
 
 def test_pipeline_wiring_runs_the_stack_aware_resolution() -> None:
-    """Wiring: DispatchPipeline(stack_aware=True) answers what resolve_stack_aware does
-    with the pipeline's own model, and differs from the plain pipeline on a stacked window."""
+    """Wiring: DispatchPipeline (topk_resolver's stack_aware, on in the repository) answers
+    what resolve_stack_aware does with the pipeline's own model, and differs from the
+    pipeline with stack_aware off on a stacked window."""
+    from dataclasses import replace
+
     from dispatch_service.domain.window import window_to_wire
     from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
     window = simulator.generate_window(np.random.default_rng(2), 48, 40)
     tensors = window_to_wire(window)
-    plain = DispatchPipeline.from_repository()
-    aware = DispatchPipeline.from_repository(stack_aware=True)
+    aware = DispatchPipeline.from_repository()
+    assert aware.resolver.stacking.stack_aware
+    plain = replace(aware, resolver=replace(aware.resolver, stacking=StackingSettings(False)))
     encoded = aware.encoder.run(tensors)
     scores = aware.model.scorer.infer(encoded["PAIR_FEATURES"])
     direct = resolve_stack_aware(
@@ -165,6 +174,30 @@ def test_pipeline_wiring_runs_the_stack_aware_resolution() -> None:
     for name, value in direct.items():
         np.testing.assert_array_equal(got[name], value)
     assert not np.array_equal(plain.run(tensors)["ASSIGNED_SCORE"], got["ASSIGNED_SCORE"])
+
+
+def test_routed_rescorer_asks_each_order_s_version_once_and_keeps_what_it_cannot_score() -> None:
+    """Orders of version 0 (rule-based fallback) and of a version whose call fails keep the
+    objectives they came with; every other pair gets its own version's answer."""
+    width = 2
+    objectives = np.arange(24, dtype=np.float32).reshape(8, 3)  # 4 orders x 2 candidates
+    versions = np.array([1, 0, 2, 3], dtype=np.int32)
+    calls: list[tuple[int, int]] = []
+
+    def score(version: int, features: NDArray[np.float32]) -> NDArray[np.float32]:
+        calls.append((version, len(features)))
+        if version == 3:
+            raise ModelCallError("version 3 is not served")
+        return np.full((len(features), 3), -float(version), dtype=np.float32) - features[:, :1]
+
+    rows = np.array([0, 1, 2, 4, 6, 7], dtype=np.int64)
+    features = np.arange(6, dtype=np.float32).reshape(6, 1) * 10.0
+    out = routed_rescorer(objectives, versions, width, score)(rows, features)
+    assert sorted(calls) == [(1, 2), (2, 1), (3, 2)]
+    np.testing.assert_array_equal(out[:2], [[-1.0] * 3, [-11.0] * 3])  # order 0, version 1
+    np.testing.assert_array_equal(out[2], objectives[2])  # order 1: the rule-based fallback
+    np.testing.assert_array_equal(out[3], [-32.0] * 3)  # order 2, version 2
+    np.testing.assert_array_equal(out[4:], objectives[[6, 7]])  # order 3: its call failed
 
 
 def ranked_truth(

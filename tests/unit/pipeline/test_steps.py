@@ -15,6 +15,7 @@ from dispatch_contract import (
     ENCODER_INPUTS,
     NUM_PAIR_FEATURES,
     OBJECTIVES,
+    RESOLVER_INPUTS,
     RESOLVER_OUTPUTS,
 )
 from dispatch_service.core.errors import DispatchInputError
@@ -23,11 +24,16 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain import geo
 from dispatch_service.domain.features import EncoderSettings
-from dispatch_service.domain.window import window_from_wire, window_to_wire
+from dispatch_service.domain.window import (
+    parse_objective_weights,
+    window_from_wire,
+    window_to_wire,
+)
 from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
 from dispatch_service.offline import gazetteer_build
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.onnx_runner import OrtSettings
+from dispatch_service.pipeline.stacking import StackingSettings, resolve_stack_aware
 from dispatch_service.pipeline.steps import (
     DispatchModelStep,
     FeatureEncoderStep,
@@ -176,10 +182,11 @@ def test_encode_gives_run_outputs_and_the_window_the_resolver_may_reuse(seed: in
         np.testing.assert_array_equal(reused[name], value, err_msg=name)
 
 
-def test_resolver_input_names_end_with_the_optional_weights() -> None:
+def test_resolver_input_names_end_with_the_optional_ones() -> None:
     names = TopKResolverStep.input_names
     assert names[:2] == ("PAIR_OBJECTIVES", "CANDIDATE_RIDER_INDEX")
-    assert names[-1] == "OBJECTIVE_WEIGHTS"
+    stacking = ("PAIR_FEATURES", "ORDER_MODEL_VERSION", "ORDER_FIELDS")
+    assert names[-4:] == ("OBJECTIVE_WEIGHTS", *stacking)
     assert set(names) >= {"RIDER_IDS", "RIDER_FIELDS"}
 
 
@@ -214,7 +221,7 @@ def test_resolver_default_top_k_is_five() -> None:
     assert TopKResolverStep.from_parameters({}).settings.top_k == 5
 
 
-@pytest.mark.parametrize("name", TopKResolverStep.input_names[:-1])
+@pytest.mark.parametrize("name", [spec.name for spec in RESOLVER_INPUTS if not spec.optional])
 def test_resolver_reports_a_missing_input_by_name(name: str) -> None:
     inputs = resolver_inputs()
     inputs[name] = None
@@ -384,3 +391,77 @@ def test_provider_keys_are_read_from_their_key_files(tmp_path: Path) -> None:
         geocoder_settings({**parameters, "geocoder_primary_key": "also"})
     with pytest.raises(KeyFileError, match="cannot read"):
         FeatureEncoderStep.from_parameters({"geocoder_primary_key_file": str(tmp_path / "none")})
+
+
+# ---- TopKResolverStep: the stack-aware resolution ----------------------------------------
+
+
+def stacking_inputs(orders: int = 24, riders: int = 10, seed: int = 3) -> Tensors:
+    """A scarce window (riders with room for several new orders) as the ensemble's resolver
+    step receives it: window, encoder's pairs, model objectives, router's versions."""
+    window = window_tensors(orders, riders, seed)
+    encoded = FeatureEncoderStep().run(window)
+    scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
+    versions = np.ones(orders, dtype=np.int32)
+    return {**window, **encoded, **scored, "ORDER_MODEL_VERSION": versions}
+
+
+def model_score(version: int, pair_features: NDArray[np.float32]) -> NDArray[np.float32]:
+    return DispatchModelStep(COMMITTED_MODEL).scorer.infer(pair_features)
+
+
+def test_stack_aware_resolver_wiring_matches_resolve_stack_aware() -> None:
+    """Wiring only (the resolution itself is tested against a MILP in test_stacking): with
+    a scorer the step answers what `resolve_stack_aware` answers on the same tensors."""
+    inputs = stacking_inputs()
+    served = TopKResolverStep().run(inputs, score=model_score)
+    fields = np.asarray(inputs["RIDER_FIELDS"])
+    direct = resolve_stack_aware(
+        objectives=np.asarray(inputs["PAIR_OBJECTIVES"]),
+        features=np.asarray(inputs["PAIR_FEATURES"]),
+        candidate_rider_index=np.asarray(inputs["CANDIDATE_RIDER_INDEX"]),
+        created_at=np.asarray(inputs["ORDER_FIELDS"])[:, 4].astype(np.int64),
+        rider_ids=np.asarray(inputs["RIDER_IDS"]),
+        rider_load=fields[:, 2].astype(np.int32),
+        rider_capacity=fields[:, 3].astype(np.int32),
+        weights=parse_objective_weights(None),
+        rescore=lambda rows, f: model_score(1, f),
+    )
+    assert direct.rescored > 0  # the window does stack
+    for name, value in direct.resolution.as_wire_tensors().items():
+        np.testing.assert_array_equal(served[name], value, err_msg=name)
+    plain = TopKResolverStep().run(inputs)
+    assert not all(np.array_equal(plain[n], served[n]) for n in served)
+
+
+def test_stack_aware_needs_a_scorer_the_features_and_the_setting() -> None:
+    inputs = stacking_inputs()
+    plain = TopKResolverStep().run(inputs)
+    off = TopKResolverStep(stacking=StackingSettings(stack_aware=False))
+    assert TopKResolverStep.from_parameters({"stack_aware": "false"}) == off
+    without_features = {**inputs, "PAIR_FEATURES": None}
+    without_creation_times = {**inputs, "ORDER_FIELDS": None}  # dispatch_features may
+    for answer in (
+        off.run(inputs, score=model_score),
+        TopKResolverStep().run(without_features, score=model_score),
+        TopKResolverStep().run(without_creation_times, score=model_score),
+    ):
+        for name, value in plain.items():
+            np.testing.assert_array_equal(answer[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "rule"),
+    [
+        ("ORDER_MODEL_VERSION", None, "is required but missing"),
+        ("ORDER_MODEL_VERSION", np.ones(3, dtype=np.int32), "must have one row per order"),
+        ("ORDER_MODEL_VERSION", np.ones(24, dtype=np.float32), "must be INT32"),
+        ("ORDER_FIELDS", np.zeros((3, 7)), "must have one row per order"),
+    ],
+)
+def test_stack_aware_inputs_are_checked_by_name(name: str, value: Any, rule: str) -> None:
+    inputs = {**stacking_inputs(), name: value}
+    with pytest.raises(DispatchInputError) as info:
+        TopKResolverStep().run(inputs, score=model_score)
+    assert info.value.tensor == name
+    assert rule in str(info.value)

@@ -25,6 +25,7 @@ from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window import window_to_tensors, window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
+from dispatch_service.routing.engine import ModelCallError
 from dispatch_service.serving.triton_adapter import (
     TritonBatchedModelAdapter,
     TritonStepAdapter,
@@ -35,6 +36,8 @@ from pb_stand_in import (
     FakeMetricFamily,
     FakePbUtils,
     FakeRequest,
+    FakeResponse,
+    FakeTensor,
     FakeTritonError,
 )
 
@@ -560,8 +563,8 @@ def test_the_resolver_records_capacity_conflicts(tmp_path: Path) -> None:
     window = dict(window_to_wire(generate_window(np.random.default_rng(5), 30, 6)))
     encoded = FeatureEncoderStep().run(window)
     scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
-    inputs = {**window, **encoded, **scored}
-    request = FakeRequest(
+    inputs = {**window, "CANDIDATE_RIDER_INDEX": encoded["CANDIDATE_RIDER_INDEX"], **scored}
+    request = FakeRequest(  # without PAIR_FEATURES: the stand-alone objectives, no BLS call
         batched({name: inputs[name] for name in adapter.step.input_names if name in inputs})
     )
     (response,) = adapter.execute([request])
@@ -584,6 +587,92 @@ def test_the_resolver_records_capacity_conflicts(tmp_path: Path) -> None:
         "dispatch_capacity_conflicts_total",
         "dispatch_validation_rejections_total",
     }
+
+
+class ScoringPbUtils(FakePbUtils):
+    """pb_utils whose BLS `dispatch_model` scores with the committed model; `refused`
+    versions answer an error, as Triton does for a version it does not serve."""
+
+    def __init__(self, refused: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int, int]] = []
+        model, calls = DispatchModelStep(COMMITTED_MODEL), self.calls
+
+        class InferenceRequest:
+            def __init__(
+                self,
+                model_name: str,
+                inputs: list[FakeTensor],
+                requested_output_names: list[str],
+                model_version: int = -1,
+            ) -> None:
+                self.model, self.version = model_name, model_version
+                self.features = {t.name(): t.as_numpy() for t in inputs}["PAIR_FEATURES"]
+                assert requested_output_names == ["PAIR_OBJECTIVES"]
+
+            def exec(self) -> FakeResponse:
+                calls.append((self.model, self.version, len(self.features)))
+                if self.version in refused:
+                    return FakeResponse(error=FakeTritonError("unknown model version"))
+                scores = model.scorer.infer(self.features)
+                return FakeResponse([FakeTensor("PAIR_OBJECTIVES", scores)])
+
+        self.InferenceRequest = InferenceRequest
+
+    @staticmethod
+    def get_output_tensor_by_name(response: FakeResponse, name: str) -> FakeTensor | None:
+        return FakeTensor(name, response.outputs()[name])
+
+
+def stacked_resolver_request() -> tuple[dict[str, Any], FakeRequest]:
+    """A scarce window as the ensemble hands it to topk_resolver (versions 1 and 2)."""
+    window = dict(window_to_wire(generate_window(np.random.default_rng(3), 24, 10)))
+    encoded = FeatureEncoderStep().run(window)
+    scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
+    versions = np.where(np.arange(24) % 2 == 0, 1, 2).astype(np.int32)
+    inputs = {**window, **encoded, **scored, "ORDER_MODEL_VERSION": versions}
+    names = TopKResolverStep.input_names
+    return inputs, FakeRequest(batched({n: inputs[n] for n in names if n in inputs}))
+
+
+@pytest.mark.parametrize("refused", [(), (2,)])
+def test_the_resolver_re_scores_stacked_orders_through_bls(
+    tmp_path: Path, refused: tuple[int, ...]
+) -> None:
+    """One BLS call of dispatch_model per version the window's orders were scored with; the
+    answer is the step's with that model, and a refused version's pairs keep what they had."""
+    pb = ScoringPbUtils(refused)
+    adapter = adapter_for(pb, triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
+    inputs, request = stacked_resolver_request()
+    (response,) = adapter.execute([request])
+    adapter.finalize()
+    assert sorted({(model, version) for model, version, _ in pb.calls}) == [
+        ("dispatch_model", 1),
+        ("dispatch_model", 2),
+    ]
+    assert len(pb.calls) == 2
+
+    def expected_score(version: int, features: NDArray[np.float32]) -> NDArray[np.float32]:
+        if version in refused:
+            raise ModelCallError("refused")
+        return DispatchModelStep(COMMITTED_MODEL).scorer.infer(features)
+
+    expected = TopKResolverStep().run(inputs, score=expected_score)
+    for name, value in response.outputs().items():
+        np.testing.assert_array_equal(value[0], expected[name], err_msg=name)
+
+
+def test_the_resolver_with_stack_aware_off_makes_no_bls_call(tmp_path: Path) -> None:
+    pb = ScoringPbUtils()
+    args = triton_args("topk_resolver", {"stack_aware": "false"}, tmp_path)
+    adapter = adapter_for(pb, args, "topk_resolver")
+    inputs, request = stacked_resolver_request()
+    (response,) = adapter.execute([request])
+    adapter.finalize()
+    assert pb.calls == []
+    expected = TopKResolverStep().run(inputs)
+    for name, value in response.outputs().items():
+        np.testing.assert_array_equal(value[0], expected[name], err_msg=name)
 
 
 def test_the_batched_model_counts_rejections_by_rule(tmp_path: Path, contract_model: Path) -> None:

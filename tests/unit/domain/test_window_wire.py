@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 from dispatch_contract import CoordSystem, pack_order_text, pack_window
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.window import (
+    order_created_at_from_wire,
     rider_counts_from_wire,
     user_ids_from_wire,
     window_from_tensors,
@@ -142,6 +143,19 @@ def test_rider_counts_are_the_load_and_capacity_columns() -> None:
     load, capacity = rider_counts_from_wire(tensors)
     assert load.dtype == capacity.dtype == np.int32
     assert (load.tolist(), capacity.tolist()) == ([0, 1, 2, 3], [4, 4, 5, 5])
+
+
+def test_order_creation_times_are_the_created_at_column() -> None:
+    tensors = wire(orders=3)
+    tensors["ORDER_FIELDS"][:, 4] = [1_764_399_700, 1_764_399_820, 2.0**62]
+    created_at = order_created_at_from_wire(tensors)
+    assert created_at.dtype == np.int64
+    assert created_at.tolist() == [1_764_399_700, 1_764_399_820, 2**62]
+    tensors["ORDER_FIELDS"][1, 4] = 0.5
+    with pytest.raises(DispatchInputError, match=r"ORDER_FIELDS\[created_at\].*\(row 1\)"):
+        order_created_at_from_wire(tensors)
+    with pytest.raises(DispatchInputError, match="ORDER_FIELDS: must have shape"):
+        order_created_at_from_wire({"ORDER_FIELDS": np.zeros((3, 6))})
 
 
 # ---- ORDER_TEXT: user ids and, optionally, addresses (issue 13) ----------------------------

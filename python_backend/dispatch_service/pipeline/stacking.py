@@ -70,6 +70,15 @@ class StackingSettings:
     """
 
     stack_aware: bool = True
+    # The ensemble's resolver re-scores through BLS calls: each waits at most this long in
+    # dispatch_model's queue, then those pairs keep their stand-alone objectives.
+    rescore_timeout_ms: int = 2000
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rescore_timeout_ms <= 60_000:
+            raise ValueError(
+                f"rescore_timeout_ms must be in (0, 60000], got {self.rescore_timeout_ms!r}"
+            )
 
 
 def routed_rescorer(

@@ -266,21 +266,39 @@ class TritonResolverAdapter(TritonStepAdapter):
 
     def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
         """One BLS call (awaited here: this step has nothing else to do meanwhile); any
-        failure raises ModelCallError, and those pairs keep their objectives."""
+        failure is logged and raises ModelCallError, and those pairs keep their objectives."""
+        timeout_us = self.step.stacking.rescore_timeout_ms * 1000
+        call = scoring_request(self.pb, self.target_model, version, features, timeout_us)
         try:
-            response = scoring_request(self.pb, self.target_model, version, features).exec()
+            return scored_objectives(self.pb, call.exec())
         except Exception as exc:
+            log_event(  # the resolution goes on, so say why its figures are stand-alone
+                self.pb,
+                "warn",
+                event="rescore_failed",
+                model=self.model_name,
+                target=self.target_model,
+                target_version=int(version),
+                pairs=len(features),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            if isinstance(exc, ModelCallError):
+                raise
             raise ModelCallError(f"{type(exc).__name__}: {exc}") from exc
-        return scored_objectives(self.pb, response)
 
 
-def scoring_request(pb_utils: Any, model: str, version: int, features: NDArray[Any]) -> Any:
-    """A BLS request of one version of the scoring model: PAIR_FEATURES in, objectives out."""
+def scoring_request(
+    pb_utils: Any, model: str, version: int, features: NDArray[Any], timeout_us: int = 0
+) -> Any:
+    """A BLS request of one version of the scoring model: PAIR_FEATURES in, objectives out;
+    ``timeout_us`` > 0: refused once it has waited that long in the model's queue."""
+    options = {"timeout": timeout_us} if timeout_us > 0 else {}
     return pb_utils.InferenceRequest(
         model_name=model,
         model_version=int(version),
         inputs=[pb_utils.Tensor(PAIR_FEATURES.name, features)],
         requested_output_names=[PAIR_OBJECTIVES.name],
+        **options,
     )
 
 

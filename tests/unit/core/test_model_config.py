@@ -17,7 +17,13 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 def test_config_parameters_reads_the_shipped_configs() -> None:
     resolver = config_parameters(MODEL_REPOSITORY / "topk_resolver" / "config.pbtxt")
     assert resolver["top_k"] == "5"
-    assert set(resolver) == {"stack_aware", "top_k", "eta_scale_minutes", "cost_scale_cny"}
+    assert set(resolver) == {
+        "stack_aware",
+        "rescore_timeout_ms",
+        "top_k",
+        "eta_scale_minutes",
+        "cost_scale_cny",
+    }
     model = config_parameters(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt")
     assert model["graph_optimization_level"] == "all"
 

@@ -450,6 +450,12 @@ def test_stack_aware_needs_a_scorer_the_features_and_the_setting() -> None:
             np.testing.assert_array_equal(answer[name], value, err_msg=name)
 
 
+@pytest.mark.parametrize("timeout", ["0", "60001", "soon"])
+def test_a_bad_rescore_timeout_fails_the_load(timeout: str) -> None:
+    with pytest.raises(ValueError, match="rescore_timeout_ms"):
+        TopKResolverStep.from_parameters({"rescore_timeout_ms": timeout})
+
+
 @pytest.mark.parametrize(
     ("name", "value", "rule"),
     [

@@ -605,10 +605,12 @@ class ScoringPbUtils(FakePbUtils):
                 inputs: list[FakeTensor],
                 requested_output_names: list[str],
                 model_version: int = -1,
+                timeout: int = 0,
             ) -> None:
                 self.model, self.version = model_name, model_version
                 self.features = {t.name(): t.as_numpy() for t in inputs}["PAIR_FEATURES"]
                 assert requested_output_names == ["PAIR_OBJECTIVES"]
+                assert timeout == 2_000_000  # rescore_timeout_ms, in microseconds
 
             def exec(self) -> FakeResponse:
                 calls.append((self.model, self.version, len(self.features)))
@@ -660,6 +662,10 @@ def test_the_resolver_re_scores_stacked_orders_through_bls(
     expected = TopKResolverStep().run(inputs, score=expected_score)
     for name, value in response.outputs().items():
         np.testing.assert_array_equal(value[0], expected[name], err_msg=name)
+    failed = [line for line in json_lines(pb, "warn") if line["event"] == "rescore_failed"]
+    assert [(line["target_version"], line["error"]) for line in failed] == [
+        (version, "ModelCallError: unknown model version") for version in refused
+    ]
 
 
 def test_the_resolver_with_stack_aware_off_makes_no_bls_call(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ from dispatch_service.pipeline.stacking import (
     resolve_stack_aware,
     routed_rescorer,
 )
-from dispatch_service.routing.engine import SyncScorer
+from dispatch_service.routing.engine import SyncScorer, check_pair_features
 
 __all__ = [
     "Arrays",
@@ -208,6 +208,7 @@ class TopKResolverStep:
                     ORDER_MODEL_VERSION.name, f"must be INT32, got {versions.dtype}", "dtype"
                 )
             _same_orders(ORDER_MODEL_VERSION.name, versions, candidates)
+            check_pair_features(_required(inputs, PAIR_FEATURES.name), candidates)
             rescore = routed_rescorer(objectives, versions, candidates.shape[1], score)
             stacked = self.run_stack_aware(inputs, rescore, window)
             return stacked.resolution.as_wire_tensors()

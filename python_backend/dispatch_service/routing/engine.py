@@ -49,6 +49,7 @@ __all__ = [
     "RoutedScores",
     "Scorer",
     "SyncScorer",
+    "check_pair_features",
     "route_and_score",
     "route_and_score_now",
 ]
@@ -149,7 +150,11 @@ def _call_now(scorer: SyncScorer, job: _Job, clock: Callable[[], float]) -> Outc
     return scores, ModelCall(job.version, job.role, job.orders, clock() - started)
 
 
-def _check_shapes(features: ArrayLike, candidates: ArrayLike) -> tuple[F32, NDArray[np.int64]]:
+def check_pair_features(
+    features: ArrayLike, candidates: ArrayLike
+) -> tuple[F32, NDArray[np.int64]]:
+    """PAIR_FEATURES as FP32 [B*N, F], finite, one row per CANDIDATE_RIDER_INDEX position
+    (the rule for every step that scores them); returns both arrays, the index as int64."""
     index = np.asarray(candidates)
     if index.dtype.kind not in "iu" or index.ndim != 2:
         raise DispatchInputError(
@@ -256,7 +261,7 @@ def _routing(
     """The routing itself, free of how calls are made: yields the calls it needs (first the
     primary and shadow calls together, then the stable retry if any), receives their
     outcomes in the same order, and returns the routed scores."""
-    x, index = _check_shapes(features, candidates)
+    x, index = check_pair_features(features, candidates)
     num_orders, width = index.shape
     chosen = np.asarray(versions, dtype=np.int32).reshape(-1)
     if chosen.shape != (num_orders,):

@@ -463,6 +463,8 @@ def test_a_bad_rescore_timeout_fails_the_load(timeout: str) -> None:
         ("ORDER_MODEL_VERSION", np.ones(3, dtype=np.int32), "must have one row per order"),
         ("ORDER_MODEL_VERSION", np.ones(24, dtype=np.float32), "must be INT32"),
         ("ORDER_FIELDS", np.zeros((3, 7)), "must have one row per order"),
+        ("PAIR_FEATURES", np.zeros((5, 28), dtype=np.float32), "must have B*N"),
+        ("PAIR_FEATURES", np.zeros((384, 27), dtype=np.float32), "must be an FP32 [P, 28]"),
     ],
 )
 def test_stack_aware_inputs_are_checked_by_name(name: str, value: Any, rule: str) -> None:

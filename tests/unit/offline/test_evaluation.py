@@ -139,3 +139,26 @@ def test_committed_model_beats_nearest_rider_over_all_orders() -> None:
     default = summary["regimes"]["default"]["policies"]
     assert default["model_v1"]["mean_delivery"] < default["nearest_rider"]["mean_delivery"]
     assert default["model_v1"]["late_rate"] < default["nearest_rider"]["late_rate"]
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_model_policy_wiring_is_the_served_decision(seed: int) -> None:
+    """Wiring, not correctness: the evaluation's model policy assigns as the served library
+    does (DispatchPipeline with the repository's configs, stack-aware by default), on
+    windows scarce enough to stack, and reports the served figures of each assigned pair."""
+    from dispatch_service.domain.window import window_to_wire
+    from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+
+    window = simulator.generate_window(np.random.default_rng(seed), 48, 14)
+    decision = evaluation.model_policy(MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx")(
+        window
+    )
+    served = DispatchPipeline.from_repository().run(window_to_wire(window))
+    np.testing.assert_array_equal(decision.assigned, served["ASSIGNED_RIDER_INDEX"])
+    assert decision.predicted is not None
+    topk, objectives = served["TOPK_RIDER_INDEX"], served["TOPK_OBJECTIVES"]
+    for order in np.flatnonzero(decision.assigned >= 0):
+        listed = np.flatnonzero(topk[order] == decision.assigned[order])
+        if listed.size:  # the assigned rider may rank below the Top-K list
+            eta, ontime, cost = objectives[order, listed[0], 1:]
+            np.testing.assert_allclose(decision.predicted[order], [eta, ontime, cost], rtol=1e-6)

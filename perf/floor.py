@@ -54,6 +54,7 @@ class TritonPythonModel:
                 "TOPK_OBJECTIVES": ((1, orders, K, 4), np.float32),
                 "ASSIGNED_RIDER_INDEX": ((1, orders), np.int32),
                 "ASSIGNED_SCORE": ((1, orders), np.float32),
+                "ASSIGNED_OBJECTIVES": ((1, orders, 3), np.float32),
                 "ORDER_MODEL_VERSION": ((1, orders), np.int32),
                 "ORDER_FALLBACK_LEVEL": ((1, orders), np.int32),
             }

@@ -29,11 +29,13 @@ from dispatch_client.transport import (
     Transport,
 )
 from dispatch_contract import (
+    ASSIGNED_OBJECTIVES,
     DISPATCH_ENSEMBLE_OUTPUTS,
     FEATURE_ENTRY_INPUTS,
     FEATURE_ENTRY_MODEL_NAME,
     FEATURE_ENTRY_OUTPUTS,
     NUM_PAIR_FEATURES,
+    OBJECTIVES,
     ORDER_TEXT,
     ROUTING_INPUTS,
     TOPK_OBJECTIVE_COLUMNS,
@@ -100,6 +102,11 @@ class OrderResult:
     top_k: tuple[Candidate, ...]
     assigned_rider_id: str | None
     assigned_score: float | None
+    # The assigned pair's figures (ASSIGNED_OBJECTIVES): its rider may rank below the Top-K
+    # list; None when unassigned or when the answer lacks them.
+    assigned_eta_minutes: float | None = None
+    assigned_ontime_probability: float | None = None
+    assigned_cost: float | None = None
     # dispatch_model version that scored the order (0: rule-based) and the fallback level
     # (0 chosen version, 1 stable retry, 2 rule-based, 3 chosen version on CPU instances: no
     # healthy GPU); None when the answer lacks them.
@@ -115,6 +122,9 @@ class OrderResult:
             "order_id": self.order_id,
             "assigned_rider_id": self.assigned_rider_id,
             "assigned_score": self.assigned_score,
+            "assigned_eta_minutes": self.assigned_eta_minutes,
+            "assigned_ontime_probability": self.assigned_ontime_probability,
+            "assigned_cost": self.assigned_cost,
             "top_k": [c._asdict() for c in self.top_k],
         }
         if self.model_version is not None:
@@ -408,6 +418,15 @@ def parse_dispatch_outputs(
             f"malformed response: a rider index is not below the window's {len(riders)} riders"
         )
 
+    assigned_objectives = outputs.get(ASSIGNED_OBJECTIVES.name)
+    if assigned_objectives is not None:
+        assigned_objectives = np.asarray(assigned_objectives)
+        if assigned_objectives.shape != (count, len(OBJECTIVES)):
+            raise DispatchServerError(
+                f"malformed response: {ASSIGNED_OBJECTIVES.name} has shape "
+                f"{assigned_objectives.shape}, expected ({count}, {len(OBJECTIVES)})"
+            )
+
     versions = _routing_output(outputs, "ORDER_MODEL_VERSION", count)
     levels = _routing_output(outputs, "ORDER_FALLBACK_LEVEL", count)
     sources = _location_sources(outputs, count)
@@ -425,12 +444,18 @@ def parse_dispatch_outputs(
             if int(index[row, slot]) >= 0
         )
         chosen = int(assigned_index[row])
+        figures: list[float | None] = [None] * len(OBJECTIVES)
+        if chosen >= 0 and assigned_objectives is not None:
+            figures = [_short_float(value) for value in assigned_objectives[row]]
         results.append(
             OrderResult(
                 order_id=order_id,
                 top_k=top_k,
                 assigned_rider_id=_text(riders[chosen]) if chosen >= 0 else None,
                 assigned_score=_short_float(assigned_score[row]) if chosen >= 0 else None,
+                assigned_eta_minutes=figures[0],
+                assigned_ontime_probability=figures[1],
+                assigned_cost=figures[2],
                 model_version=None if versions is None else int(versions[row]),
                 fallback_level=None if levels is None else int(levels[row]),
                 pickup_source=None if sources is None else sources[row][0],

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
+    "ASSIGNED_OBJECTIVES",
     "CANDIDATE_RIDER_INDEX",
     "CONTRACT_VERSION",
     "DEFAULT_OBJECTIVE_WEIGHTS",
@@ -448,12 +449,22 @@ TOPK_OBJECTIVES = TensorSpec(
     (B, K, len(TOPK_OBJECTIVE_COLUMNS)),
     doc="per Top-K slot, TOPK_OBJECTIVE_COLUMNS; 0 pads",
 )
+# The assigned pair's figures: the assignment looks past the Top-K list (every candidate),
+# so the assigned rider is not always one of the listed ones.
+ASSIGNED_OBJECTIVES = TensorSpec(
+    "ASSIGNED_OBJECTIVES",
+    "FP32",
+    (B, len(OBJECTIVES)),
+    doc="ETA minutes, on-time probability, cost CNY of the assigned pair (OBJECTIVES, at the "
+    "load it rides with); 0 = unassigned",
+)
 _V1_OUTPUTS = {spec.name: spec for spec in DISPATCH_OUTPUTS}
 RESOLVER_OUTPUTS: Final[tuple[TensorSpec, ...]] = (
     _V1_OUTPUTS["TOPK_RIDER_INDEX"],
     TOPK_OBJECTIVES,
     _V1_OUTPUTS["ASSIGNED_RIDER_INDEX"],
     _V1_OUTPUTS["ASSIGNED_SCORE"],
+    ASSIGNED_OBJECTIVES,
 )
 # What the stack-aware resolution (issue 12) needs besides: each pair's features (scored
 # again with the rider's extra load), the version that scored each order (it scores them
@@ -472,7 +483,7 @@ RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
     *STACKING_INPUTS,
 )
-# `dispatch` and `dispatch_fused`: 8 tensors in, 7 out.
+# `dispatch` and `dispatch_fused`: 8 tensors in, 8 out.
 WIRE_DISPATCH_INPUTS: Final = (*WIRE_WINDOW_INPUTS, *ROUTING_INPUTS)
 WIRE_DISPATCH_OUTPUTS: Final = (*RESOLVER_OUTPUTS, *ROUTING_OUTPUTS, ORDER_LOCATION_SOURCE)
 MAX_WIRE_TENSORS: Final = 8
@@ -582,6 +593,7 @@ def spec_by_name(name: str) -> TensorSpec:
         RIDER_FIELDS,
         WINDOW_FIELDS,
         TOPK_OBJECTIVES,
+        ASSIGNED_OBJECTIVES,
     ):
         if spec.name == name:
             return spec

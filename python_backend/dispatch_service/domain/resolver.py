@@ -80,6 +80,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching, min_weight_full_bipartite_matching
 
 from dispatch_contract import (
+    ASSIGNED_OBJECTIVES,
     CANDIDATE_RIDER_INDEX,
     DISPATCH_OUTPUTS,
     OBJECTIVES,
@@ -145,6 +146,8 @@ class Resolution:
     assigned_rider_ids: NDArray[np.object_]
     assigned_rider_index: NDArray[np.int32]
     assigned_score: NDArray[np.float32]
+    # [B, 3] OBJECTIVES of the assigned pair (0 = unassigned): its rider may be off the list
+    assigned_objectives: NDArray[np.float32]
 
     def as_tensors(self) -> dict[str, NDArray[Any]]:
         """The outputs keyed by contract name, in the contract's dtypes."""
@@ -168,6 +171,7 @@ class Resolution:
             ).astype(np.float32),
             "ASSIGNED_RIDER_INDEX": self.assigned_rider_index,
             "ASSIGNED_SCORE": self.assigned_score,
+            ASSIGNED_OBJECTIVES.name: self.assigned_objectives,
         }
 
 
@@ -712,6 +716,9 @@ class ResolverWindow:
             assigned_index = assigned
             hit = (index == assigned[:, None]) & valid
             assigned_score = np.where(hit, score, 0.0).sum(axis=1)
+        # The assigned pair's objectives (missing candidates carry zeros, -1 never matches).
+        at_assigned = (index == assigned_index[:, None]) & valid
+        assigned_obj = np.where(at_assigned[..., None], obj, 0.0).sum(axis=1)
         top = order[:, :k]
         top_index = ranked_index[:, :k]
         top_score = ranked_score[:, :k]
@@ -727,6 +734,7 @@ class ResolverWindow:
             assigned_rider_ids=id_table[assigned_index],
             assigned_rider_index=assigned_index.astype(np.int32),
             assigned_score=assigned_score.astype(np.float32),
+            assigned_objectives=assigned_obj.astype(np.float32),
         )
 
 

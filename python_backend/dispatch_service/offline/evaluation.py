@@ -138,7 +138,7 @@ def _scored_policy(encoder: EncoderSettings, resolver: ResolverSettings, score: 
         valid = np.flatnonzero(flat >= 0)
         return Decision(
             assigned=result.resolution.assigned_rider_index.astype(np.int64),
-            predicted=result.assigned_objectives,
+            predicted=result.resolution.assigned_objectives,
             pair_orders=valid // candidates.shape[1],
             pair_riders=flat[valid].astype(np.int64),
             pair_predicted=objectives[valid],

@@ -115,7 +115,6 @@ class StackedResolution:
 
     resolution: Resolution
     objectives: NDArray[np.float32]  # [P, 3]: each valid pair at the load it rides with now
-    assigned_objectives: NDArray[np.float32]  # [B, 3]: of each order's assigned pair; 0 if none
     rescored: int  # pair rows scored again with extra load (0: nothing could stack)
 
 
@@ -146,10 +145,7 @@ def resolve_stack_aware(
     depth = int(slots.max(initial=1))
     current = base.copy()
     if depth <= 1:  # nobody can take two new orders: nothing stacks
-        resolution = window.resolution(checked)
-        return StackedResolution(
-            resolution, current, _assigned(window.candidates, resolution, current), 0
-        )
+        return StackedResolution(window.resolution(checked), current, 0)
 
     # Step 1: each valid pair at every rank its rider offers, one model call.
     extra = np.maximum(slots - 1, 0)
@@ -173,19 +169,4 @@ def resolve_stack_aware(
     final = checked.copy()
     final.reshape(-1, len(OBJECTIVES))[valid] = by_rank[valid, joining]
     current[valid] = final.reshape(-1, len(OBJECTIVES))[valid]
-    resolution = window.resolution(final, assigned)
-    return StackedResolution(
-        resolution, current, _assigned(window.candidates, resolution, current), rows.size
-    )
-
-
-def _assigned(
-    candidates: NDArray[np.int64], resolution: Resolution, current: NDArray[np.float32]
-) -> NDArray[np.float32]:
-    """[B, 3]: the objectives in ``current`` of each order's assigned pair; 0 if none."""
-    assigned = resolution.assigned_rider_index.astype(np.int64)
-    out = np.zeros((assigned.size, len(OBJECTIVES)), dtype=np.float32)
-    orders = np.flatnonzero(assigned >= 0)
-    columns = np.argmax(candidates[orders] == assigned[orders, None], axis=1)
-    out[orders] = current[orders * candidates.shape[1] + columns]
-    return out
+    return StackedResolution(window.resolution(final, assigned), current, rows.size)

@@ -87,6 +87,8 @@ def answer() -> dict[str, Array]:
         "TOPK_OBJECTIVES": objectives,
         "ASSIGNED_RIDER_INDEX": np.array([0, 2, -1], np.int32),
         "ASSIGNED_SCORE": np.array([0.8, 0.7, 0.0], np.float32),
+        # OBJECTIVES of the assigned pairs: ra for o0, rc for o1, none for o2
+        "ASSIGNED_OBJECTIVES": np.array([[14, 0.9, 7], [20, 0.8, 8.25], [0, 0, 0]], np.float32),
     }
 
 
@@ -134,12 +136,18 @@ def test_results_skip_padding_and_mark_unassigned_orders() -> None:
                 ),
                 assigned_rider_id="ra",
                 assigned_score=0.8,
+                assigned_eta_minutes=14.0,
+                assigned_ontime_probability=0.9,
+                assigned_cost=7.0,
             ),
             OrderResult(
                 order_id="o1",
                 top_k=(Candidate("rc", 0.7, 20.0, 0.8, 8.25),),
                 assigned_rider_id="rc",
                 assigned_score=0.7,
+                assigned_eta_minutes=20.0,
+                assigned_ontime_probability=0.8,
+                assigned_cost=8.25,
             ),
             OrderResult(order_id="o2", top_k=(), assigned_rider_id=None, assigned_score=None),
         )
@@ -162,6 +170,9 @@ def test_to_json_dict_is_plain_json() -> None:
         "order_id": "o0",
         "assigned_rider_id": "ra",
         "assigned_score": 0.8,
+        "assigned_eta_minutes": 14.0,
+        "assigned_ontime_probability": 0.9,
+        "assigned_cost": 7.0,
         "top_k": [
             {
                 "rider_id": "rb",
@@ -190,8 +201,27 @@ def test_to_json_dict_is_plain_json() -> None:
         "order_id": "o2",
         "assigned_rider_id": None,
         "assigned_score": None,
+        "assigned_eta_minutes": None,
+        "assigned_ontime_probability": None,
+        "assigned_cost": None,
         "top_k": [],
     }
+
+
+def test_the_assigned_pair_s_figures_come_even_when_its_rider_is_off_the_list() -> None:
+    out = answer()
+    out["TOPK_RIDER_INDEX"][0] = [1, 2, -1]  # ra, assigned to o0, ranks below the list
+    result = parse_dispatch_outputs(np.array([b"a", b"b", b"c"], dtype=object), out, RIDERS)
+    first = result.orders[0]
+    assert "ra" not in [c.rider_id for c in first.top_k]
+    assert (first.assigned_rider_id, first.assigned_eta_minutes, first.assigned_cost) == (
+        "ra",
+        14.0,
+        7.0,
+    )
+    del out["ASSIGNED_OBJECTIVES"]  # an answer without them (an older server): None
+    older = parse_dispatch_outputs(np.array([b"a", b"b", b"c"], dtype=object), out, RIDERS)
+    assert older.orders[0].assigned_eta_minutes is None
 
 
 def test_model_name_is_configurable_and_none_tensors_are_dropped() -> None:
@@ -230,6 +260,11 @@ def test_unknown_tensor_and_missing_order_ids_fail_before_sending() -> None:
             "ASSIGNED_SCORE",
             np.zeros((1, 2), np.float32),
             "malformed response: ASSIGNED_SCORE has shape (2,), expected (3,)",
+        ),
+        (
+            "ASSIGNED_OBJECTIVES",
+            np.zeros((1, 3, 4), np.float32),
+            "malformed response: ASSIGNED_OBJECTIVES has shape (3, 4), expected (3, 3)",
         ),
         (
             "TOPK_RIDER_INDEX",

@@ -150,6 +150,7 @@ def test_output_region_is_sized_from_orders_k_and_64_byte_ids() -> None:
             ("TOPK_OBJECTIVES", 2 * 3 * 4 * 4),
             ("ASSIGNED_RIDER_INDEX", 2 * 4),
             ("ASSIGNED_SCORE", 2 * 4),
+            ("ASSIGNED_OBJECTIVES", 2 * 3 * 4),
             ("ORDER_MODEL_VERSION", 2 * 4),  # the routing outputs of `dispatch`
             ("ORDER_FALLBACK_LEVEL", 2 * 4),
             ("ORDER_LOCATION_SOURCE", 2 * 2 * 4),  # the encoder's: how points were found
@@ -188,6 +189,7 @@ def test_output_bound_follows_the_request() -> None:
     assert sizes["TOPK_RIDER_INDEX"] == 3 * 4 * 4
     assert sizes["TOPK_OBJECTIVES"] == 3 * 4 * 4 * 4
     assert sizes["ASSIGNED_SCORE"] == 3 * 4
+    assert sizes["ASSIGNED_OBJECTIVES"] == 3 * 3 * 4
     features = {
         "CANDIDATE_RIDER_INDEX": np.zeros((1, 3, 2), np.int32),
         "RIDER_IDS": tensors["RIDER_IDS"],
@@ -490,6 +492,7 @@ class ShmServer:
             "TOPK_OBJECTIVES": objectives,
             "ASSIGNED_RIDER_INDEX": np.array([0] + [-1] * (n - 1), np.int32),
             "ASSIGNED_SCORE": np.array([0.5] + [0.0] * (n - 1), np.float32),
+            "ASSIGNED_OBJECTIVES": np.array([[20, 0.9, 7]] + [[0, 0, 0]] * (n - 1), np.float32),
             "ORDER_MODEL_VERSION": np.ones(n, np.int32),
             "ORDER_FALLBACK_LEVEL": np.zeros(n, np.int32),
             "ORDER_LOCATION_SOURCE": np.zeros((n, 2), np.int32),

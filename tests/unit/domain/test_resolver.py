@@ -350,6 +350,27 @@ def test_capacity_is_never_exceeded() -> None:
         check_assignment(resolve(**args, settings=ResolverSettings(top_k=3)), args)
 
 
+def test_assigned_objectives_are_the_assigned_pair_s_even_off_the_list() -> None:
+    """Each assigned order reports its own pair's objectives, read back by hand from the
+    inputs; with top_k 1 in scarce windows many assigned riders are off the list."""
+    rng = np.random.default_rng(8)
+    off_list = 0
+    for _ in range(60):
+        args = random_window(rng, int(rng.integers(2, 30)), 5, 8)
+        result = resolve(**args, settings=ResolverSettings(top_k=1))
+        candidates = np.asarray(args["candidate_rider_index"])
+        objectives = np.asarray(args["objectives"]).reshape(*candidates.shape, 3)
+        for order, rider in enumerate(result.assigned_rider_index.tolist()):
+            got = result.assigned_objectives[order]
+            if rider < 0:
+                assert got.tolist() == [0.0, 0.0, 0.0]
+                continue
+            (column,) = np.flatnonzero(candidates[order] == rider)
+            assert got.tolist() == objectives[order, column].tolist()
+            off_list += int(result.topk_rider_index[order, 0] != rider)
+    assert off_list > 0
+
+
 def test_full_riders_and_zero_capacity_get_nothing() -> None:
     args = one_order([(10.0, 0.9, 5.0), (20.0, 0.8, 6.0), (30.0, 0.7, 7.0)])
     args["rider_load"] = np.array([2, 0, 0], np.int32)

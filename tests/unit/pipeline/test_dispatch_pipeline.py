@@ -58,7 +58,11 @@ def set_parameter(config: Path, key: str, value: str) -> None:
 
 def assert_contract_outputs(outputs: dict[str, NDArray[Any]], orders: int, k: int) -> None:
     assert set(outputs) == {spec.name for spec in RESOLVER_OUTPUTS}
-    shapes = {"TOPK_RIDER_INDEX": (orders, k), "TOPK_OBJECTIVES": (orders, k, 4)}
+    shapes = {
+        "TOPK_RIDER_INDEX": (orders, k),
+        "TOPK_OBJECTIVES": (orders, k, 4),
+        "ASSIGNED_OBJECTIVES": (orders, 3),
+    }
     for spec in RESOLVER_OUTPUTS:
         value = outputs[spec.name]
         assert value.dtype == spec.numpy_dtype, spec.name

@@ -79,10 +79,12 @@ def test_assigned_figures_are_the_truth_for_the_stacked_load() -> None:
         eta, ontime, cost = simulator.expected_outcome(
             window, rows, assigned[rows], extra_load=extra
         )
-        np.testing.assert_allclose(result.assigned_objectives[rows, 0], eta, rtol=1e-5)
-        np.testing.assert_allclose(result.assigned_objectives[rows, 1], ontime, atol=1e-6)
-        np.testing.assert_allclose(result.assigned_objectives[rows, 2], cost, rtol=1e-5)
-        own = score_pairs(result.assigned_objectives[rows], WEIGHTS).astype(np.float32)
+        np.testing.assert_allclose(result.resolution.assigned_objectives[rows, 0], eta, rtol=1e-5)
+        np.testing.assert_allclose(
+            result.resolution.assigned_objectives[rows, 1], ontime, atol=1e-6
+        )
+        np.testing.assert_allclose(result.resolution.assigned_objectives[rows, 2], cost, rtol=1e-5)
+        own = score_pairs(result.resolution.assigned_objectives[rows], WEIGHTS).astype(np.float32)
         np.testing.assert_allclose(result.resolution.assigned_score[rows], own, rtol=1e-6)
     assert stacked_total > 20  # the case really stacks orders
 

@@ -206,7 +206,11 @@ def test_resolver_applies_top_k() -> None:
     assert (settings.top_k, settings.eta_scale_minutes, settings.cost_scale_cny) == (3, 20.0, 10.0)
     outputs = step.run(resolver_inputs())
     for spec in RESOLVER_OUTPUTS:
-        expected = {"TOPK_RIDER_INDEX": (3, 3), "TOPK_OBJECTIVES": (3, 3, 4)}.get(spec.name, (3,))
+        expected = {
+            "TOPK_RIDER_INDEX": (3, 3),
+            "TOPK_OBJECTIVES": (3, 3, 4),
+            "ASSIGNED_OBJECTIVES": (3, 3),
+        }.get(spec.name, (3,))
         assert outputs[spec.name].shape == expected, spec.name
         assert outputs[spec.name].dtype == spec.numpy_dtype, spec.name
 

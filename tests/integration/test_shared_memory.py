@@ -422,6 +422,7 @@ def without_sources(result: DispatchResult) -> DispatchResult:
     [
         ("PAIR_FEATURES", lambda a: a[:-1]),  # not B x N rows
         ("CANDIDATE_RIDER_INDEX", lambda a: a + 100),  # rows past RIDER_IDS
+        ("ORDER_FIELDS", lambda a: a[:-1]),  # not one row per order (the resolver reads it)
     ],
 )
 def test_feature_entry_rejects_bad_features_and_keeps_serving(

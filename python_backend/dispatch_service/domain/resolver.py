@@ -711,13 +711,12 @@ class ResolverWindow:
             # does); the answer's Top-K list is the first k of the same ranking.
             position = _assign_slots(full_index, ranked_score, self.spare)
             assigned_index = _at_position(full_index, position, -1)
-            assigned_score = _at_position(ranked_score, position, 0.0)
         else:
             assigned_index = assigned
-            hit = (index == assigned[:, None]) & valid
-            assigned_score = np.where(hit, score, 0.0).sum(axis=1)
-        # The assigned pair's objectives (missing candidates carry zeros, -1 never matches).
+        # The assigned pair's score and objectives: its one cell of the order's row (a missing
+        # candidate never matches; an unassigned order, -1, matches none and reads 0).
         at_assigned = (index == assigned_index[:, None]) & valid
+        assigned_score = np.where(at_assigned, score, 0.0).sum(axis=1)
         assigned_obj = np.where(at_assigned[..., None], obj, 0.0).sum(axis=1)
         top = order[:, :k]
         top_index = ranked_index[:, :k]

@@ -37,17 +37,19 @@ def slot_edges(edge_rider: NDArray[np.int64], spare: NDArray[np.int64]) -> SlotE
     """Expand edges whose riders are ``edge_rider`` (rider rows) to every slot of their
     rider; ``spare`` [R] is each rider's spare capacity. An edge to a rider with no slot
     gets no copy. Copies of one edge come out in ascending column order."""
-    riders, rider_of_edge, degree = np.unique(edge_rider, return_inverse=True, return_counts=True)
-    slots = np.minimum(spare[riders], degree)
+    # Counted over every rider row (a rider no edge names offers no slot): a pass over the
+    # edges instead of sorting them, with the same ascending numbering.
+    degree = np.bincount(edge_rider, minlength=spare.size)
+    slots = np.minimum(spare, degree)
     first_slot = np.cumsum(slots) - slots
-    copies = slots[rider_of_edge]
+    copies = slots[edge_rider]
     edge = np.repeat(np.arange(edge_rider.size), copies)
     starts = np.cumsum(copies) - copies
     rank = np.arange(edge.size) - starts[edge]
-    column = first_slot[rider_of_edge[edge]] + rank
+    column = first_slot[edge_rider[edge]] + rank
     return SlotEdges(
         edge,
         column.astype(np.int64),
         rank.astype(np.int64),
-        np.repeat(riders, slots).astype(np.int64),
+        np.repeat(np.arange(spare.size), slots).astype(np.int64),
     )

@@ -46,6 +46,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_contract import OBJECTIVES
 from dispatch_service.domain.resolver import Resolution, ResolverSettings, ResolverWindow
+from dispatch_service.domain.slots import slot_edges
 from dispatch_service.domain.stacking import joining_extra_load, with_extra_load
 from dispatch_service.routing.engine import ModelCallError, SyncScorer
 
@@ -140,18 +141,18 @@ def resolve_stack_aware(
     flat = window.candidates.reshape(-1)
     valid = np.flatnonzero(flat >= 0)
     pair_riders = flat[valid]
-    degree = np.bincount(pair_riders, minlength=window.spare.size)
-    slots = np.minimum(window.spare, degree)[pair_riders]
-    depth = int(slots.max(initial=1))
+    # Each valid pair at every slot of its rider (`domain.slots`: c_r = min(spare_r, deg_r)).
+    slots = slot_edges(pair_riders, window.spare)
+    depth = int(slots.rank.max(initial=0)) + 1
     current = base.copy()
     if depth <= 1:  # nobody can take two new orders: nothing stacks
         return StackedResolution(window.resolution(checked), current, 0)
 
-    # Step 1: each valid pair at every rank its rider offers, one model call.
-    extra = np.maximum(slots - 1, 0)
-    pair = np.repeat(np.arange(valid.size), extra)
-    load = np.arange(pair.size) - np.repeat(np.cumsum(extra) - extra, extra) + 1
-    rows = valid[pair]
+    # Step 1: each valid pair at every rank past its rider's first (rank k: k extra orders),
+    # one model call.
+    later = slots.rank > 0
+    load = slots.rank[later]
+    rows = valid[slots.edge[later]]
     fresh = np.asarray(rescore(rows, with_extra_load(features[rows], load)), dtype=np.float32)
     by_rank = np.repeat(checked.reshape(-1, 1, len(OBJECTIVES)), depth, axis=1)
     by_rank[rows, load] = window.pair_objectives(rows, fresh)

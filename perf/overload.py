@@ -201,6 +201,15 @@ def run_overload(
     return result
 
 
+def _outcome(level: int, started: float, error: InferenceServerException | None) -> Outcome:
+    """A request sent at ``started`` (time.monotonic) and answered now: accepted, or refused
+    with its status and reason."""
+    latency = (time.monotonic() - started) * 1000.0
+    if error is None:
+        return Outcome(level, True, latency)
+    return Outcome(level, False, latency, str(error.status()), refusal_reason(str(error)))
+
+
 def _probe(
     url: str,
     model: str,
@@ -220,14 +229,12 @@ def _probe(
         go.wait(_PROBE_START_S)
         stop.wait(warm_in)  # the burst fills the queues first
         while not stop.is_set():
-            started = time.monotonic()
-            status = reason = ""
+            started, error = time.monotonic(), None
             try:
                 client.infer(model, inputs, outputs=outputs, priority=level, client_timeout=60)
             except InferenceServerException as exc:
-                status, reason = str(exc.status()), refusal_reason(str(exc))
-            latency = (time.monotonic() - started) * 1000.0
-            outcomes.append(Outcome(level, not status, latency, status, reason))
+                error = exc
+            outcomes.append(_outcome(level, started, error))
             stop.wait(PROBE_INTERVAL_S)
     finally:
         client.close()
@@ -261,16 +268,14 @@ async def _overload(
         window = windows[index % len(windows)]
         level = levels[index]
         while time.monotonic() < stop_at:
-            started = time.monotonic()
-            status = reason = ""
+            started, error = time.monotonic(), None
             try:
                 await client.infer(
                     model, window, outputs=outputs, priority=level, client_timeout=60
                 )
             except InferenceServerException as exc:
-                status, reason = str(exc.status()), refusal_reason(str(exc))
-            latency = (time.monotonic() - started) * 1000.0
-            result.outcomes.append(Outcome(level or 2, not status, latency, status, reason))
+                error = exc
+            result.outcomes.append(_outcome(level or 2, started, error))
 
     try:
         await asyncio.gather(*(caller(i) for i in range(concurrency)))

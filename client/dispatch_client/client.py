@@ -418,17 +418,11 @@ def parse_dispatch_outputs(
             f"malformed response: a rider index is not below the window's {len(riders)} riders"
         )
 
-    assigned_objectives = outputs.get(ASSIGNED_OBJECTIVES.name)
-    if assigned_objectives is not None:
-        assigned_objectives = np.asarray(assigned_objectives)
-        if assigned_objectives.shape != (count, len(OBJECTIVES)):
-            raise DispatchServerError(
-                f"malformed response: {ASSIGNED_OBJECTIVES.name} has shape "
-                f"{assigned_objectives.shape}, expected ({count}, {len(OBJECTIVES)})"
-            )
-
-    versions = _routing_output(outputs, "ORDER_MODEL_VERSION", count)
-    levels = _routing_output(outputs, "ORDER_FALLBACK_LEVEL", count)
+    assigned_objectives = _optional_output(
+        outputs, ASSIGNED_OBJECTIVES.name, (count, len(OBJECTIVES))
+    )
+    versions = _optional_output(outputs, "ORDER_MODEL_VERSION", (count,))
+    levels = _optional_output(outputs, "ORDER_FALLBACK_LEVEL", (count,))
     sources = _location_sources(outputs, count)
     results = []
     for row, order_id in enumerate(ids):
@@ -480,15 +474,17 @@ def _location_sources(outputs: Mapping[str, ArrayLike], count: int) -> list[tupl
     return [(names[int(p)], names[int(d)]) for p, d in array.tolist()]
 
 
-def _routing_output(outputs: Mapping[str, ArrayLike], name: str, count: int) -> NDArray[Any] | None:
-    """An optional per-order routing output ([B] ints), None when the answer lacks it."""
+def _optional_output(
+    outputs: Mapping[str, ArrayLike], name: str, shape: tuple[int, ...]
+) -> NDArray[Any] | None:
+    """An output an older server may not send, of this ``shape``; None when it is absent."""
     value = outputs.get(name)
     if value is None:
         return None
     array = np.asarray(value)
-    if array.shape != (count,):
+    if array.shape != shape:
         raise DispatchServerError(
-            f"malformed response: {name} has shape {array.shape}, expected ({count},)"
+            f"malformed response: {name} has shape {array.shape}, expected {shape}"
         )
     return array
 

@@ -31,6 +31,22 @@ def test_paired_bootstrap_brackets_the_mean() -> None:
     assert mean == pytest.approx(diff.mean())
 
 
+def test_calibration_intervals_resample_whole_windows_by_hand() -> None:
+    """Two windows of ten pairs at p = 0.9: window A all on time (ECE 0.1, ETA 1 min long),
+    B nine of ten (ECE 0, 1 min short). A resample is AA, AB, BA or BB, so the 95 % interval
+    runs from BB to AA: ECE [0, 0.1], bias [-1, +1] (AB, halfway, is inside)."""
+    p = [np.full(10, 0.9), np.full(10, 0.9)]
+    y = [np.ones(10), np.r_[np.ones(9), 0.0]]
+    errors = [np.ones(10), -np.ones(10)]
+    intervals = evaluation.calibration_intervals(p, y, errors)
+    np.testing.assert_allclose(intervals["ontime_ece_ci"], [0.0, 0.1], atol=1e-12)
+    np.testing.assert_allclose(intervals["eta_bias_ci"], [-1.0, 1.0], atol=1e-12)
+    # One window: every resample is that window, so the interval is its own figure.
+    alone = evaluation.calibration_intervals(p[:1], y[:1], errors[:1])
+    np.testing.assert_allclose(alone["ontime_ece_ci"], [0.1, 0.1], atol=1e-12)
+    np.testing.assert_allclose(alone["eta_bias_ci"], [1.0, 1.0], atol=1e-12)
+
+
 def test_rule_objectives_by_hand() -> None:
     row = np.zeros((1, len(PAIR_FEATURE_NAMES)), dtype=np.float32)
     names = {name: i for i, name in enumerate(PAIR_FEATURE_NAMES)}
@@ -118,6 +134,8 @@ def test_evaluate_counts_every_order_and_is_deterministic() -> None:
             assert 0.0 <= metrics["late_rate"] <= 1.0
         calibration = regime["policies"]["model_v1"]["calibration"]
         assert calibration["dispatched"]["pairs"] <= regime["orders"]
+        low, high = calibration["dispatched"]["eta_bias_ci"]
+        assert low <= calibration["dispatched"]["eta_bias"] <= high
     report = evaluation.render_report(first, ["model_v1"])
     assert "| model_v1 |" in report and "Issue 12 targets" in report
 

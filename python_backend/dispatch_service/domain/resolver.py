@@ -43,17 +43,20 @@ Assignment
       unless a matching serves every order that has a usable candidate (Hopcroft-Karp,
       cheap): then no maximum-cardinality matching leaves one of them out, so those edges
       are left out and every full matching is a maximum-cardinality assignment;
-    * one "unused" row per slot, linked at cost 1 to its own slot and to the unassigned
-      column of every order that lists the slot's rider. It makes the graph square: on a
-      non-square graph LAPJVsp skips its cheap initial assignment and runs a shortest-path
-      search per order, each scanning every column (1,000 x 5,000 stack-aware: 11 -> 4 ms).
+    * for a big window scored by slot rank (`pipeline.stacking`), one "unused" row per
+      slot, linked at cost 1 to its own slot and to the unassigned column of every order
+      that lists the slot's rider (the unassigned columns are then always there). It makes
+      the graph square: on a non-square graph LAPJVsp skips its cheap initial assignment
+      and runs a shortest-path search per order, each scanning every column (1,000 x 5,000
+      stack-aware: 10.9 -> 3.4 ms per solve). Small windows, and plain scores, whose ties
+      across a rider's slots slow that initial assignment down, stay rectangular.
 
     Why this is optimal: the orders' part of a full matching is a feasible assignment (each
-    slot column is matched once), and every feasible assignment completes to a full
-    matching: an unused slot takes its own row, a used slot's row takes the unassigned
-    column of the order that took it. Every full matching pays 1 per slot row, a constant.
-    Assignments and full matchings thus correspond up to permuting a rider's identical
-    slots, and a full matching always exists. One that assigns m of the B' orders with
+    slot column is matched at most once), and every feasible assignment completes to a full
+    matching (in the square graph, an unused slot takes its own row and a used slot's row
+    the unassigned column of the order that took it); slot rows, if any, pay a constant 1
+    each. Assignments and full matchings thus correspond up to permuting a rider's
+    identical slots, and a full matching always exists. One that assigns m of the B' orders with
     score sum S costs ``const + B'*D - m*(D - 2) - S``. Since ``0 <= S <= m <= B' <= B``
     and ``D - 2 > B``, one more assigned order always lowers the cost by more than any
     difference in S can raise it, so the minimum-cost matching has the most assigned
@@ -75,7 +78,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Final
 
 import numpy as np
@@ -118,6 +120,11 @@ _HASH_CACHE_SIZE: Final = 1 << 15
 _hash_cache: dict[bytes, int] = {}
 
 _ETA, _ONTIME, _COST = range(len(OBJECTIVES))
+# From this many order rows x slot columns on, a solve by slot rank uses the square graph
+# (module docstring). Measured stack-aware, rectangular vs square: 128 x 400 windows (56k)
+# 2.7 vs 2.9 ms, 256 x 800 (223k) 6.5 vs 5.1 ms, 1,000 x 5,000 (4.5M) 26.8 vs 21.3 ms. With
+# plain scores a rider's slots tie, and the square graph was slower at every size.
+_SQUARE_FROM: Final = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -424,8 +431,14 @@ class AssignmentGraph:
     matrix: csr_matrix
 
     @classmethod
-    def build(cls, candidates: NDArray[np.int64], spare: NDArray[np.int64]) -> AssignmentGraph:
-        """The graph of validated candidates [B, N] (-1 pads anywhere) and spare [R]."""
+    def build(
+        cls, candidates: NDArray[np.int64], spare: NDArray[np.int64], square: bool | None = False
+    ) -> AssignmentGraph:
+        """The graph of validated candidates [B, N] (-1 pads anywhere) and spare [R].
+
+        ``square``: add the slots' "unused" rows (module docstring); None: from
+        `_SQUARE_FROM` order rows x slot columns on, for scores that differ by slot rank.
+        """
         num_orders, width = candidates.shape
         # Each order's edges by rider, so that its slot columns come out ascending: sort
         # every short row (riders are distinct within one; -1 pads sort first, dropped).
@@ -439,6 +452,8 @@ class AssignmentGraph:
         rows = np.flatnonzero(per_order)
         edge_row = (np.cumsum(per_order > 0) - 1)[order_of[slots.edge]]  # ascending
         num_rows, num_slots, num_edges = rows.size, slots.num_slots, edge_pair.size
+        if square is None:
+            square = num_rows * num_slots >= _SQUARE_FROM
         # The edges come sorted by (row, column), so the CSR arrays are written directly:
         # exactly the canonical matrix a COO build would sort itself into, for a fraction of
         # the cost. int32 like scipy's own build: columns and entries stay far below 2**31
@@ -452,40 +467,40 @@ class AssignmentGraph:
         unassigned = bool(
             num_rows and (maximum_bipartite_matching(served, perm_type="column") < 0).any()
         )
-        # Order row i: its slot edges, then (maybe) its unassigned column S + i; slot row j:
-        # slot column j, then the unassigned columns of its edges' orders, ascending.
+        edge_at = np.arange(num_edges)
+        if not (unassigned or square):
+            return cls(
+                candidates, spare, rows, edge_pair, edge_at, slots.rank, slots.slot_rider,
+                unassigned, served,
+            )  # fmt: skip
+        # Order row i: its slot edges, then (maybe) its unassigned column S + i. Square: then
+        # slot row j: slot column j, then the unassigned columns of its edges' orders (the
+        # edges grouped by slot with rows ascending: scipy's counting pass).
+        mirror = served.tocsc() if square else None
+        per_slot = np.zeros(0, dtype=np.int64) if mirror is None else np.diff(mirror.indptr)
         extra = int(unassigned)
-        by_slot = served.tocsc()  # the edges grouped by slot, rows ascending (a counting pass)
-        per_slot = np.diff(by_slot.indptr)
         counts = np.concatenate((per_order[rows] + extra, per_slot + 1))
         indptr = np.zeros(counts.size + 1, dtype=np.int32)
         np.cumsum(counts, out=indptr[1:])
         indices = np.empty(int(indptr[-1]), dtype=np.int32)
         data = np.ones(indices.size)
-        edge_at = np.arange(num_edges) + extra * edge_row
+        edge_at += extra * edge_row
         indices[edge_at] = slots.column
         if unassigned:
             unassigned_at = indptr[1 : num_rows + 1] - 1
             indices[unassigned_at] = num_slots + np.arange(num_rows)
             data[unassigned_at] = 2.0 * num_orders + 3.0
-        slot_at = indptr[num_rows : num_rows + num_slots]
-        indices[slot_at] = np.arange(num_slots)
-        slot_of = np.repeat(np.arange(num_slots), per_slot)
-        mirror_at = int(indptr[num_rows]) + np.arange(num_edges) + slot_of + 1
-        indices[mirror_at] = num_slots + by_slot.indices
-        size = num_rows + num_slots
-        matrix = csr_matrix((data, indices, indptr), shape=(size, size))
+        if mirror is not None:
+            slot_at = indptr[num_rows:-1]
+            indices[slot_at] = np.arange(num_slots)
+            slot_of = np.repeat(np.arange(num_slots), per_slot)
+            mirror_at = int(indptr[num_rows]) + np.arange(num_edges) + slot_of + 1
+            indices[mirror_at] = num_slots + mirror.indices
+        shape = (indptr.size - 1, num_slots + (num_rows if unassigned or square else 0))
         return cls(
-            candidates,
-            spare,
-            rows,
-            edge_pair,
-            edge_at,
-            slots.rank,
-            slots.slot_rider,
-            unassigned,
-            matrix,
-        )
+            candidates, spare, rows, edge_pair, edge_at, slots.rank, slots.slot_rider,
+            unassigned, csr_matrix((data, indices, indptr), shape=shape),
+        )  # fmt: skip
 
     def solve(self, score: NDArray[np.float64]) -> NDArray[np.int64]:
         """Rider row per order (-1 = unassigned) for scores [B, N] in [0, 1]: most orders,
@@ -668,11 +683,6 @@ class ResolverWindow:
         _check_pairs(new, rows)
         return new
 
-    @cached_property
-    def graph(self) -> AssignmentGraph:
-        """The exact solve's graph of these candidates and riders, built on first use."""
-        return AssignmentGraph.build(self.candidates, self.spare)
-
     def assign(self, ranked: NDArray[np.float64]) -> NDArray[np.int64]:
         """Rider row per order (-1 = none) for scores [B * N, K] by slot rank
         (`AssignmentGraph.solve_ranked`; each row non-increasing, K = 1: plain scores).
@@ -684,7 +694,10 @@ class ResolverWindow:
         best = ranked[:, 0].reshape(self.candidates.shape)
         quick = _uncontested(self.candidates, best, np.minimum(self.spare, 1))
         if quick is None:
-            return self.graph.solve_ranked(ranked)
+            # Plain scores tie across a rider's slots: the square graph never pays there.
+            square = None if ranked.shape[1] > 1 else False
+            graph = AssignmentGraph.build(self.candidates, self.spare, square=square)
+            return graph.solve_ranked(ranked)
         return _at_position(self.candidates, quick, -1)
 
     def resolution(

@@ -17,7 +17,13 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
-from dispatch_service.domain.resolver import ResolverSettings, assign, resolve, score_pairs
+from dispatch_service.domain.resolver import (
+    AssignmentGraph,
+    ResolverSettings,
+    assign,
+    resolve,
+    score_pairs,
+)
 
 WEIGHTS = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
 
@@ -129,3 +135,31 @@ def test_assign_matches_milp(regime: str) -> None:
             if r >= 0
         )
         assert got == pytest.approx(total, abs=1e-6)
+
+
+@pytest.mark.parametrize("scarce", [False, True])
+def test_city_sized_square_graph_matches_milp(scarce: bool) -> None:
+    """Windows big enough that a solve by size (``square=None``, what a stack-aware solve
+    asks for) builds the square graph (the slots' "unused" rows); with and without orders
+    that must stay unassigned."""
+    rng = np.random.default_rng(7 + scarce)
+    num_orders, num_riders, width = 600, 1800, 16
+    index = np.stack([rng.permutation(num_riders)[:width] for _ in range(num_orders)])
+    index[rng.random(index.shape) < 0.1] = -1
+    spare = rng.integers(0, 4, num_riders)
+    if scarce:  # about nine slots for every ten orders
+        spare = (rng.random(num_riders) < 0.9 * num_orders / num_riders).astype(np.int64)
+    scores = np.where(index >= 0, rng.random(index.shape), 0.0)
+    graph = AssignmentGraph.build(index.astype(np.int64), spare.astype(np.int64), square=None)
+    assert graph.matrix.shape[0] > graph.rows.size  # square: the slot rows are there
+    assert graph.may_leave_unassigned == scarce
+    assigned = graph.solve(scores)
+    count, total = milp_optimum(index, scores, spare)
+    assert int((assigned >= 0).sum()) == count
+    assert (np.bincount(assigned[assigned >= 0], minlength=spare.size) <= spare).all()
+    got = sum(
+        float(scores[b, index[b].tolist().index(r)])
+        for b, r in enumerate(assigned.tolist())
+        if r >= 0
+    )
+    assert got == pytest.approx(total, abs=1e-6)

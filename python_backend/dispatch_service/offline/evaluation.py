@@ -258,8 +258,11 @@ def _ece_bins(
     p = np.clip(np.asarray(predicted, dtype=np.float64), 0.0, 1.0)
     y = np.asarray(outcome, dtype=np.float64)
     which = np.minimum((p * bins).astype(np.int64), bins - 1)
-    count = np.bincount(which, minlength=bins).astype(np.float64)
-    return count, np.bincount(which, p, bins), np.bincount(which, y, bins)
+
+    def per_bin(weights: NDArray[np.float64] | None) -> NDArray[np.float64]:
+        return np.bincount(which, weights, bins).astype(np.float64)
+
+    return per_bin(None), per_bin(p), per_bin(y)
 
 
 def expected_calibration_error(

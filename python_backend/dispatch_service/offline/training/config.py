@@ -58,7 +58,7 @@ class TrainConfig:
     """Everything that determines the trained weights (wall time aside)."""
 
     seed: int = 7
-    windows: int = 1500
+    windows: int = 6000
     holdout_windows: int = 120
     orders_range: tuple[int, int] = (8, 64)
     riders_range: tuple[int, int] = (40, 300)

@@ -412,10 +412,11 @@ def ids_as_bytes(name: str, ids: ArrayLike, rows: NDArray[np.int64] | None = Non
 
 @dataclass(frozen=True, eq=False)
 class AssignmentGraph:
-    """The exact solve's square sparse graph (module docstring) for fixed candidate lists and
-    spare capacity. Only its costs depend on the scores, given per pair or per pair and slot
-    rank. Rows: the orders with a candidate, then one "unused" row per slot; columns: the
-    slots, then one "unassigned" column per order row.
+    """The exact solve's sparse graph (module docstring) for fixed candidate lists and spare
+    capacity. Only its costs depend on the scores, given per pair or per pair and slot rank.
+    Rows: the orders with a candidate (then, square, one "unused" row per slot); columns: the
+    slots, then (when some order may stay unassigned, or square) one "unassigned" column per
+    order row.
     """
 
     candidates: NDArray[np.int64]  # [B, N] rider rows, -1 = none

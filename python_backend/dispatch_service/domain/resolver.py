@@ -43,13 +43,15 @@ Assignment
       unless a matching serves every order that has a usable candidate (Hopcroft-Karp,
       cheap): then no maximum-cardinality matching leaves one of them out, so those edges
       are left out and every full matching is a maximum-cardinality assignment;
-    * for a big window scored by slot rank (`pipeline.stacking`), one "unused" row per
-      slot, linked at cost 1 to its own slot and to the unassigned column of every order
-      that lists the slot's rider (the unassigned columns are then always there). It makes
-      the graph square: on a non-square graph LAPJVsp skips its cheap initial assignment
-      and runs a shortest-path search per order, each scanning every column (1,000 x 5,000
-      stack-aware: 10.9 -> 3.4 ms per solve). Small windows, and plain scores, whose ties
-      across a rider's slots slow that initial assignment down, stay rectangular.
+    * for a big window scored by slot rank (`pipeline.stacking`) with ample riders, one
+      "unused" row per slot, linked at cost 1 to its own slot and to the unassigned column
+      of every order that lists the slot's rider (the unassigned columns are then always
+      there). It makes the graph square: on a non-square graph LAPJVsp skips its cheap
+      initial assignment and runs a shortest-path search per order, each scanning every
+      column (1,000 x 5,000 stack-aware: 10.9 -> 3.4 ms per solve). That initial assignment
+      thrashes where riders are tight or some order must stay unassigned (up to 1,000 times
+      slower), and ties across a rider's slots (plain scores) slow it down, so those graphs,
+      and small ones, stay rectangular (`_SQUARE_FROM`).
 
     Why this is optimal: the orders' part of a full matching is a feasible assignment (each
     slot column is matched at most once), and every feasible assignment completes to a full
@@ -120,11 +122,16 @@ _HASH_CACHE_SIZE: Final = 1 << 15
 _hash_cache: dict[bytes, int] = {}
 
 _ETA, _ONTIME, _COST = range(len(OBJECTIVES))
-# From this many order rows x slot columns on, a solve by slot rank uses the square graph
-# (module docstring). Measured stack-aware, rectangular vs square: 128 x 400 windows (56k)
-# 2.7 vs 2.9 ms, 256 x 800 (223k) 6.5 vs 5.1 ms, 1,000 x 5,000 (4.5M) 26.8 vs 21.3 ms. With
-# plain scores a rider's slots tie, and the square graph was slower at every size.
+# A solve by slot rank uses the square graph (module docstring) from this many order rows x
+# slot columns on, when every order can be served and there are at least _SQUARE_SLACK slots
+# per order. Measured stack-aware, rectangular vs square (ms): 256 x 800 windows 6.5 vs 5.1,
+# 1,000 x 2,000 (2.2 slots per order) 24-25 vs 20-21, 1,000 x 5,000 26.8 vs 21.3. Where riders
+# are tight the square graph's initial assignment thrashes: 1,000 x 1,200 (1.4 slots per
+# order) 30-36 vs 98-469, 1,000 x 1,000 37-40 vs 173-501, and with unassigned edges (cost
+# 2B + 3) 1,000 x 400 took 0.08 vs 57 s. With plain scores a rider's slots tie, and the square
+# graph was slower at every size.
 _SQUARE_FROM: Final = 1 << 17
+_SQUARE_SLACK: Final = 2
 
 
 @dataclass(frozen=True)
@@ -437,8 +444,8 @@ class AssignmentGraph:
     ) -> AssignmentGraph:
         """The graph of validated candidates [B, N] (-1 pads anywhere) and spare [R].
 
-        ``square``: add the slots' "unused" rows (module docstring); None: from
-        `_SQUARE_FROM` order rows x slot columns on, for scores that differ by slot rank.
+        ``square``: add the slots' "unused" rows (module docstring); None: where it pays
+        for scores that differ by slot rank (`_SQUARE_FROM`).
         """
         num_orders, width = candidates.shape
         # Each order's edges by rider, so that its slot columns come out ascending: sort
@@ -453,8 +460,6 @@ class AssignmentGraph:
         rows = np.flatnonzero(per_order)
         edge_row = (np.cumsum(per_order > 0) - 1)[order_of[slots.edge]]  # ascending
         num_rows, num_slots, num_edges = rows.size, slots.num_slots, edge_pair.size
-        if square is None:
-            square = num_rows * num_slots >= _SQUARE_FROM
         # The edges come sorted by (row, column), so the CSR arrays are written directly:
         # exactly the canonical matrix a COO build would sort itself into, for a fraction of
         # the cost. int32 like scipy's own build: columns and entries stay far below 2**31
@@ -468,6 +473,12 @@ class AssignmentGraph:
         unassigned = bool(
             num_rows and (maximum_bipartite_matching(served, perm_type="column") < 0).any()
         )
+        if square is None:
+            square = (
+                not unassigned
+                and num_slots >= _SQUARE_SLACK * num_rows
+                and num_rows * num_slots >= _SQUARE_FROM
+            )
         edge_at = np.arange(num_edges)
         if not (unassigned or square):
             return cls(

@@ -137,22 +137,20 @@ def test_assign_matches_milp(regime: str) -> None:
         assert got == pytest.approx(total, abs=1e-6)
 
 
-@pytest.mark.parametrize("scarce", [False, True])
-def test_city_sized_square_graph_matches_milp(scarce: bool) -> None:
-    """Windows big enough that a solve by size (``square=None``, what a stack-aware solve
-    asks for) builds the square graph (the slots' "unused" rows); with and without orders
-    that must stay unassigned."""
-    rng = np.random.default_rng(7 + scarce)
-    num_orders, num_riders, width = 600, 1800, 16
-    index = np.stack([rng.permutation(num_riders)[:width] for _ in range(num_orders)])
+@pytest.mark.parametrize(("riders", "spare_at_most", "square"), [(1800, 3, True), (700, 1, False)])
+def test_city_sized_graphs_match_milp(riders: int, spare_at_most: int, square: bool) -> None:
+    """A solve by slot rank on a big window (``square=None``) builds the square graph (the
+    slots' "unused" rows) where riders are ample, and the rectangular one where they are
+    scarce (some orders must stay unassigned); both are the MILP's optimum."""
+    rng = np.random.default_rng(riders)
+    num_orders, width = 600, 16
+    index = np.stack([rng.permutation(riders)[:width] for _ in range(num_orders)])
     index[rng.random(index.shape) < 0.1] = -1
-    spare = rng.integers(0, 4, num_riders)
-    if scarce:  # about nine slots for every ten orders
-        spare = (rng.random(num_riders) < 0.9 * num_orders / num_riders).astype(np.int64)
+    spare = rng.integers(0, spare_at_most + 1, riders)
     scores = np.where(index >= 0, rng.random(index.shape), 0.0)
     graph = AssignmentGraph.build(index.astype(np.int64), spare.astype(np.int64), square=None)
-    assert graph.matrix.shape[0] > graph.rows.size  # square: the slot rows are there
-    assert graph.may_leave_unassigned == scarce
+    assert (graph.matrix.shape[0] > graph.rows.size) == square  # the slot rows
+    assert graph.may_leave_unassigned != square
     assigned = graph.solve(scores)
     count, total = milp_optimum(index, scores, spare)
     assert int((assigned >= 0).sum()) == count

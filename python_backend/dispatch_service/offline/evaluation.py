@@ -343,9 +343,12 @@ class _Calibration:
         return cls([], [], [], [], [], [], [], [])
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        def block(p: Any, y: Any, eta: Any, minutes: Any) -> dict[str, Any]:
+        def errors(eta: list[NDArray[Any]], minutes: list[NDArray[Any]]) -> list[NDArray[Any]]:
+            return [e - m for e, m in zip(eta, minutes, strict=True)]  # per window
+
+        def block(p: Any, y: Any, per_window_errors: Any) -> dict[str, Any]:
             pp, yy = np.concatenate(p), np.concatenate(y)
-            err = np.concatenate(eta) - np.concatenate(minutes)
+            err = np.concatenate(per_window_errors)
             return {
                 "pairs": float(pp.size),
                 "ontime_ece": expected_calibration_error(pp, yy),
@@ -355,14 +358,12 @@ class _Calibration:
                 "eta_bias": float(err.mean()),
             }
 
-        errors = [
-            eta - minutes for eta, minutes in zip(self.sent_eta, self.sent_minutes, strict=True)
-        ]
+        sent = errors(self.sent_eta, self.sent_minutes)
         return {
-            "all_pairs": block(self.all_p, self.all_y, self.all_eta, self.all_minutes),
+            "all_pairs": block(self.all_p, self.all_y, errors(self.all_eta, self.all_minutes)),
             "dispatched": {
-                **block(self.sent_p, self.sent_y, self.sent_eta, self.sent_minutes),
-                **calibration_intervals(self.sent_p, self.sent_y, errors),
+                **block(self.sent_p, self.sent_y, sent),
+                **calibration_intervals(self.sent_p, self.sent_y, sent),
             },
         }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -32,6 +33,7 @@ from dispatch_service.core.metrics import (
     metrics_of,
     rejection_observation,
     resolver_observations,
+    sample_histograms,
 )
 from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -325,7 +327,8 @@ class SlowCounting(InMemoryMetrics):
 
 def test_background_metrics_record_off_the_caller_and_add_up_counters() -> None:
     inner = SlowCounting()
-    sink = BackgroundMetrics(inner, interval_s=3600.0)  # never on its own during the test
+    # never on its own during the test; every histogram value kept
+    sink = BackgroundMetrics(inner, interval_s=3600.0, histogram_samples=50)
     rejection = rejection_observation(DispatchInputError("RIDER_IDS", "is required", "missing"))
     for _ in range(50):
         sink.record([rejection, Observation(ENCODER_LATENCY, 1.5)])
@@ -335,6 +338,42 @@ def test_background_metrics_record_off_the_caller_and_add_up_counters() -> None:
     assert inner.counter(VALIDATION_REJECTIONS, tensor="RIDER_IDS", rule="missing") == 50
     assert inner.observed(ENCODER_LATENCY) == [1.5] * 50
     assert inner.calls == [51]  # one counter update for 50 increments, every histogram value
+
+
+def test_background_metrics_keep_a_bounded_sample_of_each_histogram() -> None:
+    inner = SlowCounting()
+    sink = BackgroundMetrics(inner, interval_s=3600.0, histogram_samples=5, seed=7)
+    for i in range(50):
+        sink.record([Observation(CAPACITY_CONFLICTS, 1.0), Observation(ENCODER_LATENCY, float(i))])
+    for value in (1.0, 2.0, 3.0):
+        sink.record([Observation(RESOLVER_LATENCY, value)])
+    sink.close()
+    assert inner.counter(CAPACITY_CONFLICTS) == 50  # counters count every window
+    kept = inner.observed(ENCODER_LATENCY)
+    assert len(kept) == len(set(kept)) == 5 and set(kept) <= {float(i) for i in range(50)}
+    assert kept == sorted(kept)  # in the order they came
+    assert inner.observed(RESOLVER_LATENCY) == [1.0, 2.0, 3.0]  # under the bound: all
+    assert inner.calls == [1 + 5 + 3]
+
+
+def test_histogram_samples_are_uniform_and_per_series() -> None:
+    labelled = MetricSpec("t_ms", MetricKind.HISTOGRAM, "t", ("role",), (1.0,))
+    batch = [Observation(labelled, float(i), (("role", "a"),)) for i in range(20)]
+    batch += [Observation(labelled, 100.0 + i, (("role", "b"),)) for i in range(3)]
+    batch.append(Observation(CAPACITY_CONFLICTS, 4.0))
+    rng = random.Random(0)
+    picked = np.zeros(20)
+    draws = 4000
+    for _ in range(draws):
+        kept = sample_histograms(batch, 5, rng)
+        a = [obs.value for obs in kept if obs.labels == (("role", "a"),)]
+        assert len(a) == 5
+        assert [obs.value for obs in kept if obs.labels == (("role", "b"),)] == [100, 101, 102]
+        assert kept[-1] == batch[-1]
+        picked[np.asarray(a, dtype=np.int64)] += 1
+    # every value of the crowded series is kept with probability 5/20
+    assert np.allclose(picked / draws, 0.25, atol=0.04)
+    assert sample_histograms(batch, 20, rng) == batch
 
 
 def test_background_metrics_reach_the_sink_within_the_interval() -> None:
@@ -350,9 +389,11 @@ def test_background_metrics_reach_the_sink_within_the_interval() -> None:
         sink.close()
 
 
-def test_background_metrics_need_a_positive_interval() -> None:
+def test_background_metrics_need_a_positive_interval_and_sample() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         BackgroundMetrics(NullMetrics(), interval_s=0)
+    with pytest.raises(ValueError, match="histogram_samples"):
+        BackgroundMetrics(NullMetrics(), histogram_samples=0)
 
 
 def test_coalescing_keeps_series_apart_and_every_histogram_value() -> None:

@@ -134,17 +134,17 @@ class FakeRequest:
         self,
         inputs: Mapping[str, NDArray[Any] | None],
         request_id: str = "",
-        cancelled: bool = False,
     ) -> None:
         self.tensors = {name: value for name, value in inputs.items() if value is not None}
         self._id = request_id
-        self._cancelled = cancelled
 
     def request_id(self) -> str:
         return self._id
 
     def is_cancelled(self) -> bool:
-        return self._cancelled
+        # Each call is a round trip from the stub to the server; Triton's scheduler already
+        # drops a cancelled request before execute, so the adapters must not ask.
+        raise AssertionError("an adapter polled is_cancelled")
 
     def inputs(self) -> list[FakeTensor]:
         return [FakeTensor(name, array) for name, array in self.tensors.items()]

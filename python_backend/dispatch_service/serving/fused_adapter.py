@@ -85,11 +85,6 @@ class FusedDispatchAdapter(TritonResponder):
         members: list[int] = []
         windows: list[dict[str, Any]] = []
         for i, request in enumerate(requests):
-            if request.is_cancelled():
-                responses[i] = self.error(
-                    request, "request cancelled", self.pb.TritonError.CANCELLED
-                )
-                continue
             try:
                 windows.append(self.arrays(request, self.input_names))
             except DispatchInputError as exc:

@@ -102,8 +102,6 @@ class DispatchRouterAdapter(TritonResponder):
         return value
 
     async def _respond(self, request: Any) -> Any:
-        if request.is_cancelled():
-            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         try:
             inputs = self.arrays(request, _INPUT_NAMES)
             user_ids = user_ids_from_wire(inputs)

@@ -74,7 +74,13 @@ def log_event(pb_utils: Any, level: str, **fields: Any) -> None:
 
 
 class TritonResponder:
-    """What every adapter shares: error responses, rejection logs, metrics, load/unload logs."""
+    """What every adapter shares: error responses, rejection logs, metrics, load/unload logs.
+
+    No adapter asks `request.is_cancelled()`: Triton's dynamic batcher drops a cancelled
+    request before `execute` (and an ensemble stops between steps), while each ask is a round
+    trip from the stub to the server; dispatch_fused served 7-8 % more small windows a second
+    at concurrency 64 without it.
+    """
 
     def __init__(
         self,
@@ -213,8 +219,6 @@ class TritonStepAdapter(TritonResponder):
         return [self._respond(request) for request in requests]
 
     def _respond(self, request: Any) -> Any:
-        if request.is_cancelled():
-            return self.error(request, "request cancelled", self.pb.TritonError.CANCELLED)
         started = time.perf_counter()
         try:
             outputs = self.run_step(self.arrays(request, self.step.input_names))
@@ -340,11 +344,6 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
         members: list[int] = []
         (input_name,) = self.step.input_names
         for i, request in enumerate(requests):
-            if request.is_cancelled():
-                responses[i] = self.error(
-                    request, "request cancelled", self.pb.TritonError.CANCELLED
-                )
-                continue
             tensor = self.pb.get_input_tensor_by_name(request, input_name)
             try:
                 if tensor is None:

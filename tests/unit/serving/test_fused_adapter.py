@@ -99,12 +99,6 @@ def test_a_request_of_two_windows_is_refused_naming_the_shape(pb: FakePbUtils) -
     assert not good.has_error()
 
 
-def test_a_cancelled_request_is_answered_cancelled(pb: FakePbUtils) -> None:
-    adapter = fused_adapter_for(pb, args())
-    (response,) = execute(adapter, FakeRequest(batched(window(1)), cancelled=True))
-    assert response.error().code() == "CANCELLED"
-
-
 def test_records_the_encoder_router_and_resolver_metrics_per_answer(pb: FakePbUtils) -> None:
     adapter = fused_adapter_for(pb, args())
     assert set(pb.MetricFamily.created) == {spec.name for spec in FUSED_METRICS}

@@ -68,9 +68,9 @@ class EchoStep:
         return {"Y": x * 2, "N": np.array([x.size], dtype=np.int64)}
 
 
-def echo_request(value: int, request_id: str = "", cancelled: bool = False) -> FakeRequest:
+def echo_request(value: int, request_id: str = "") -> FakeRequest:
     # one "window" per request: the batch dimension of 1 every window-level model gets
-    return FakeRequest({"X": np.array([[value, value + 1]])}, request_id, cancelled)
+    return FakeRequest({"X": np.array([[value, value + 1]])}, request_id)
 
 
 def json_lines(pb: FakePbUtils, level: str) -> list[dict[str, Any]]:
@@ -187,17 +187,14 @@ def test_an_unexpected_exception_is_internal_and_names_the_model() -> None:
     assert json_lines(pb, "warn") == []
 
 
-def test_a_cancelled_request_is_not_run() -> None:
+def test_each_request_is_run_once_in_order() -> None:
     pb = FakePbUtils()
     step = EchoStep()
     responses = TritonStepAdapter(pb, "echo", step).execute(
-        [echo_request(1), echo_request(2, cancelled=True), echo_request(3)]
+        [echo_request(1), echo_request(2), echo_request(3)]
     )
-    assert responses[1].error().code() == FakeTritonError.CANCELLED
-    assert "cancelled" in responses[1].error().message()
-    assert responses[0].outputs()["Y"][0].tolist() == [2, 4]
-    assert responses[2].outputs()["Y"][0].tolist() == [6, 8]
-    assert step.calls == 2
+    assert [r.outputs()["Y"][0].tolist() for r in responses] == [[2, 4], [4, 6], [6, 8]]
+    assert step.calls == 3
 
 
 def test_a_rejection_logs_one_json_line_without_payload() -> None:
@@ -387,16 +384,14 @@ def test_batched_adapter_rejects_bad_requests_and_scores_the_others(
     assert all(set(entry) == LOG_FIELDS for entry in logged)
 
 
-def test_batched_adapter_cancelled_and_empty_requests(contract_model: Path) -> None:
+def test_batched_adapter_answers_empty_requests(contract_model: Path) -> None:
     adapter = TritonBatchedModelAdapter(
         FakePbUtils(), "dispatch_model", DispatchModelStep(contract_model)
     )
-    cancelled = FakeRequest({"PAIR_FEATURES": pairs(3, 0)}, "c", cancelled=True)
     empty = np.zeros((0, NUM_PAIR_FEATURES), dtype=np.float32)
-    responses = adapter.execute([cancelled, model_request(empty), model_request(pairs(2, 1))])
-    assert responses[0].error().code() == FakeTritonError.CANCELLED
-    assert responses[1].outputs()["PAIR_OBJECTIVES"].shape == (0, len(OBJECTIVES))
-    assert responses[2].outputs()["PAIR_OBJECTIVES"].shape == (2, len(OBJECTIVES))
+    responses = adapter.execute([model_request(empty), model_request(pairs(2, 1))])
+    assert responses[0].outputs()["PAIR_OBJECTIVES"].shape == (0, len(OBJECTIVES))
+    assert responses[1].outputs()["PAIR_OBJECTIVES"].shape == (2, len(OBJECTIVES))
 
 
 def test_batched_adapter_with_only_bad_requests_does_not_score(
@@ -409,9 +404,9 @@ def test_batched_adapter_with_only_bad_requests_does_not_score(
 
     monkeypatch.setattr(step, "run_batch", no_scoring)
     responses = TritonBatchedModelAdapter(FakePbUtils(), "dispatch_model", step).execute(
-        [model_request(None), FakeRequest({"PAIR_FEATURES": pairs(1, 0)}, cancelled=True)]
+        [model_request(None), model_request(pairs(1, 0).astype(np.float64))]
     )
-    assert [r.error().code() for r in responses] == ["INVALID_ARG", "CANCELLED"]
+    assert [r.error().code() for r in responses] == ["INVALID_ARG", "INVALID_ARG"]
 
 
 def test_a_failing_batch_is_internal_for_its_members_only(

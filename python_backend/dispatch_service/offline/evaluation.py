@@ -42,7 +42,7 @@ from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.domain.resolver import ResolverSettings
-from dispatch_service.domain.window import DispatchWindow
+from dispatch_service.domain.window import DispatchWindow, check_objective_weights
 from dispatch_service.offline import baseline, simulator
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.stacking import resolve_stack_aware
@@ -75,6 +75,7 @@ EVAL_STREAM: Final = 0xE7A1
 BASELINE: Final = "rule_eta"  # the policy every interval is taken against
 ORACLE_CANDIDATES: Final = 32
 _WEIGHTS: Final = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
+Weights = tuple[float, float, float]  # OBJECTIVE_WEIGHTS: latency, on-time, cost
 _BOOTSTRAP: Final = 2000
 _METRICS: Final = ("assigned_rate", "mean_delivery", "p90_delivery", "late_rate", "mean_cost")
 
@@ -104,6 +105,9 @@ class EvaluationConfig:
     # 0.02. At 96 the truth scores 0.008.
     windows: int = 96
     regimes: tuple[str, ...] = tuple(simulator.REGIMES)
+    # OBJECTIVE_WEIGHTS the scored policies resolve with (`default_policies`): the default,
+    # or what a caller would send, to judge the policies under another objective.
+    weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS
 
 
 # ---------------------------------------------------------------------------- policies
@@ -120,8 +124,11 @@ def distance_matching_policy(window: DispatchWindow) -> Decision:
 Scorer = Callable[[NDArray[np.float32]], NDArray[np.float32]]
 
 
-def _scored_policy(encoder: EncoderSettings, resolver: ResolverSettings, score: Scorer) -> Policy:
+def _scored_policy(
+    encoder: EncoderSettings, resolver: ResolverSettings, score: Scorer, weights: Weights | None
+) -> Policy:
     """Encode, score every candidate pair, resolve stack-aware with the same scorer."""
+    w = _weights(weights)
 
     def decide(window: DispatchWindow) -> Decision:
         encoded = encode_window(window, encoder)
@@ -135,7 +142,7 @@ def _scored_policy(encoder: EncoderSettings, resolver: ResolverSettings, score: 
             window.rider_ids,
             window.rider_load,
             window.rider_capacity,
-            _WEIGHTS,
+            w,
             lambda rows, features: score(features),
             resolver,
         )
@@ -157,27 +164,42 @@ def _served_settings(repository: Path) -> tuple[EncoderSettings, ResolverSetting
     return encoder.encoder, resolver.settings
 
 
-def model_policy(model_path: str | Path, repository: Path = MODEL_REPOSITORY) -> Policy:
+def _weights(weights: Weights | None) -> NDArray[np.float64]:
+    """The OBJECTIVE_WEIGHTS a caller would send (checked by the same rule); None: default."""
+    if weights is None:
+        return _WEIGHTS
+    return check_objective_weights(np.asarray(weights, dtype=np.float64))
+
+
+def model_policy(
+    model_path: str | Path,
+    repository: Path = MODEL_REPOSITORY,
+    weights: Weights | None = None,
+) -> Policy:
     """The served decision: the repository's encoder and resolver settings, the model in
-    ONNX Runtime with the served session options, stack-aware re-scoring."""
+    ONNX Runtime with the served session options, stack-aware re-scoring; ``weights`` as a
+    request's OBJECTIVE_WEIGHTS (None: the default)."""
     encoder, resolver = _served_settings(repository)
     step = DispatchModelStep.from_parameters(
         model_path, config_parameters(repository / "dispatch_model" / "config.pbtxt")
     )
-    return _scored_policy(encoder, resolver, step.scorer.infer)
+    return _scored_policy(encoder, resolver, step.scorer.infer, weights)
 
 
-def rule_eta_policy(repository: Path = MODEL_REPOSITORY) -> Policy:
+def rule_eta_policy(repository: Path = MODEL_REPOSITORY, weights: Weights | None = None) -> Policy:
     """The rule ETA (`baseline.rule_objectives`) through the served encoder and resolver."""
     encoder, resolver = _served_settings(repository)
-    return _scored_policy(encoder, resolver, baseline.rule_objectives)
+    return _scored_policy(encoder, resolver, baseline.rule_objectives, weights)
 
 
 def oracle_policy(
-    repository: Path = MODEL_REPOSITORY, city: simulator.CityConfig = simulator.DEFAULT_CITY
+    repository: Path = MODEL_REPOSITORY,
+    city: simulator.CityConfig = simulator.DEFAULT_CITY,
+    weights: Weights | None = None,
 ) -> Policy:
     """Ground-truth expectations (stacking included) over 32 candidates, exact resolver."""
     _, resolver = _served_settings(repository)
+    w = _weights(weights)
     encoder = EncoderSettings(candidates_per_order=ORACLE_CANDIDATES)
 
     def decide(window: DispatchWindow) -> Decision:
@@ -209,7 +231,7 @@ def oracle_policy(
             window.rider_ids,
             window.rider_load,
             window.rider_capacity,
-            _WEIGHTS,
+            w,
             rescore,
             resolver,
         )
@@ -222,15 +244,18 @@ _LOAD_COLUMN: Final = PAIR_FEATURE_NAMES.index("rider_load")
 
 
 def default_policies(
-    models: Mapping[str, Path], repository: Path = MODEL_REPOSITORY
+    models: Mapping[str, Path],
+    repository: Path = MODEL_REPOSITORY,
+    weights: Weights | None = None,
 ) -> dict[str, Policy]:
-    """The baselines, the given models (name -> model.onnx) and the oracle, in report order."""
+    """The baselines, the given models (name -> model.onnx) and the oracle, in report order;
+    the scored ones all resolve with ``weights`` (None: the default)."""
     return {
         "nearest_rider": nearest_rider_policy,
         "distance_matching": distance_matching_policy,
-        BASELINE: rule_eta_policy(repository),
-        **{name: model_policy(path, repository) for name, path in models.items()},
-        "oracle": oracle_policy(repository),
+        BASELINE: rule_eta_policy(repository, weights),
+        **{name: model_policy(path, repository, weights) for name, path in models.items()},
+        "oracle": oracle_policy(repository, weights=weights),
     }
 
 
@@ -438,6 +463,7 @@ def evaluate(
             },
             "unassigned_penalty_minutes": simulator.UNASSIGNED_PENALTY_MINUTES,
             "baseline": BASELINE,
+            "objective_weights": list(config.weights),
         },
         "regimes": regimes,
     }
@@ -605,6 +631,13 @@ def render_report(summary: dict[str, Any], models: Sequence[str]) -> str:
         f"against `{BASELINE}` (negative = better). Policies: see "
         "`dispatch_service/offline/evaluation.py`.",
     ]
+    weights = tuple(setup.get("objective_weights", DEFAULT_OBJECTIVE_WEIGHTS))
+    if weights != tuple(DEFAULT_OBJECTIVE_WEIGHTS):
+        lines += [
+            "",
+            f"The scored policies resolve with OBJECTIVE_WEIGHTS {list(weights)} (latency, "
+            f"on-time, cost), not the default {list(DEFAULT_OBJECTIVE_WEIGHTS)}.",
+        ]
     for regime, data in summary["regimes"].items():
         shape = setup["regimes"][regime]
         lines += [
@@ -677,6 +710,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--regimes", default=",".join(simulator.REGIMES))
     parser.add_argument("--versions", default="1,2", help="dispatch_model versions to judge")
+    parser.add_argument(
+        "--weights",
+        default=",".join(str(w) for w in DEFAULT_OBJECTIVE_WEIGHTS),
+        help="OBJECTIVE_WEIGHTS (latency,on-time,cost) the scored policies resolve with",
+    )
     parser.add_argument("--repository", default=str(MODEL_REPOSITORY))
     parser.add_argument("--out-dir", default=str(REPO_ROOT / "evaluation" / "reports"))
     args = parser.parse_args(argv)
@@ -686,10 +724,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for v in args.versions.split(",")
         if v
     }
+    weights = tuple(float(w) for w in args.weights.split(","))
+    if len(weights) != 3:
+        parser.error(f"--weights takes 3 numbers (latency,on-time,cost), got {args.weights!r}")
     config = EvaluationConfig(
-        seed=args.seed, windows=args.windows, regimes=tuple(args.regimes.split(","))
+        seed=args.seed,
+        windows=args.windows,
+        regimes=tuple(args.regimes.split(",")),
+        weights=(weights[0], weights[1], weights[2]),
     )
-    summary = evaluate(default_policies(models, repository), config)
+    summary = evaluate(default_policies(models, repository, config.weights), config)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

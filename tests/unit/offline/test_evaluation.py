@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from dispatch_contract import PAIR_FEATURE_NAMES
+from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain import geo
 from dispatch_service.domain.features import feasible_mask
@@ -159,20 +161,41 @@ def test_committed_model_beats_nearest_rider_over_all_orders() -> None:
     assert default["model_v1"]["late_rate"] < default["nearest_rider"]["late_rate"]
 
 
-@pytest.mark.parametrize("seed", [3, 4, 5])
-def test_model_policy_wiring_is_the_served_decision(seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "weights"), [(3, None), (4, None), (5, None), (3, (1.0, 0.0, 0.0))]
+)
+def test_model_policy_wiring_is_the_served_decision(
+    seed: int, weights: evaluation.Weights | None
+) -> None:
     """Wiring, not correctness: the evaluation's model policy assigns as the served library
     does (DispatchPipeline with the repository's configs, stack-aware by default), on
-    windows scarce enough to stack, and reports the served figures of each assigned pair."""
+    windows scarce enough to stack, and reports the served figures of each assigned pair;
+    with other weights, as a request that sends them as OBJECTIVE_WEIGHTS."""
     from dispatch_service.domain.window import window_to_wire
     from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
     window = simulator.generate_window(np.random.default_rng(seed), 48, 14)
-    decision = evaluation.model_policy(MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx")(
-        window
-    )
-    served = DispatchPipeline.from_repository().run(window_to_wire(window))
+    decision = evaluation.model_policy(
+        MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx", weights=weights
+    )(window)
+    wire = window_to_wire(window)
+    if weights is not None:
+        wire["OBJECTIVE_WEIGHTS"] = np.asarray(weights, dtype=np.float32)
+    served = DispatchPipeline.from_repository().run(wire)
     np.testing.assert_array_equal(decision.assigned, served["ASSIGNED_RIDER_INDEX"])
     assert decision.predicted is not None
     # Every assigned order's figures, its rider on the Top-K list or not (0 = unassigned).
     np.testing.assert_allclose(decision.predicted, served["ASSIGNED_OBJECTIVES"], rtol=1e-6)
+
+
+def test_weights_are_checked_as_a_request_s_and_recorded(tmp_path: Path) -> None:
+    with pytest.raises(DispatchInputError, match="OBJECTIVE_WEIGHTS"):
+        evaluation.rule_eta_policy(weights=(-1.0, 0.0, 0.0))
+    with pytest.raises(SystemExit):
+        evaluation.main(["--weights", "1,2", "--out-dir", str(tmp_path)])
+    out = tmp_path / "latency_only"
+    argv = ["--weights", "1,0,0", "--windows", "1", "--regimes", "night", "--versions", "1"]
+    assert evaluation.main([*argv, "--out-dir", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["setup"]["objective_weights"] == [1.0, 0.0, 0.0]
+    assert "OBJECTIVE_WEIGHTS [1.0, 0.0, 0.0]" in (out / "report.md").read_text()

@@ -103,6 +103,28 @@ def test_every_queue_is_bounded_with_deadlines_and_bulk_is_shed_first(model: str
     assert timeouts == sorted(timeouts, reverse=True) and timeouts[2] < timeouts[1]
 
 
+@pytest.mark.parametrize(
+    "path",
+    sorted(REPO.glob("*/config.pbtxt")) + sorted(REPO.glob("*/configs/*.pbtxt")),
+    ids=lambda path: str(path.relative_to(REPO)),
+)
+def test_a_model_with_queue_policies_has_two_instances_or_more(path: Path) -> None:
+    """Triton 2.51 with priority levels or a queue policy (either alone) left a request
+    waiting ~0.5 s in an idle single instance's queue (1.5 % of sequential requests; none
+    with plain dynamic batching): docs/operations.md, "Known issue". A second instance takes
+    the next request meanwhile."""
+    config = load_config(path)
+    batching = config.dynamic_batching
+    policies = (
+        batching.priority_levels > 0
+        or batching.HasField("default_queue_policy")
+        or len(batching.priority_queue_policy) > 0
+    )
+    if policies:
+        counts = [group.count for group in config.instance_group]
+        assert counts and min(counts) >= 2, f"{path}: instance counts {counts}"
+
+
 def test_the_wire_column_layouts_are_documented_and_packed_in_order() -> None:
     assert contracts.ORDER_FIELDS.dims == (-1, len(contracts.ORDER_FIELD_COLUMNS))
     assert contracts.RIDER_FIELDS.dims == (-1, len(contracts.RIDER_FIELD_COLUMNS))

@@ -724,7 +724,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for v in args.versions.split(",")
         if v
     }
-    weights = tuple(float(w) for w in args.weights.split(","))
+    try:
+        weights = tuple(float(w) for w in args.weights.split(","))
+    except ValueError:
+        weights = ()
     if len(weights) != 3:
         parser.error(f"--weights takes 3 numbers (latency,on-time,cost), got {args.weights!r}")
     config = EvaluationConfig(

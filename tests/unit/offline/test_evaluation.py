@@ -191,8 +191,9 @@ def test_model_policy_wiring_is_the_served_decision(
 def test_weights_are_checked_as_a_request_s_and_recorded(tmp_path: Path) -> None:
     with pytest.raises(DispatchInputError, match="OBJECTIVE_WEIGHTS"):
         evaluation.rule_eta_policy(weights=(-1.0, 0.0, 0.0))
-    with pytest.raises(SystemExit):
-        evaluation.main(["--weights", "1,2", "--out-dir", str(tmp_path)])
+    for bad in ("1,2", "1,x,0"):
+        with pytest.raises(SystemExit):
+            evaluation.main(["--weights", bad, "--out-dir", str(tmp_path)])
     out = tmp_path / "latency_only"
     argv = ["--weights", "1,0,0", "--windows", "1", "--regimes", "night", "--versions", "1"]
     assert evaluation.main([*argv, "--out-dir", str(out)]) == 0

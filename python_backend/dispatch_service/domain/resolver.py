@@ -508,7 +508,8 @@ class AssignmentGraph:
             slot_of = np.repeat(np.arange(num_slots), per_slot)
             mirror_at = int(indptr[num_rows]) + np.arange(num_edges) + slot_of + 1
             indices[mirror_at] = num_slots + mirror.indices
-        shape = (indptr.size - 1, num_slots + (num_rows if unassigned or square else 0))
+        # Here the graph has its unassigned columns (unassigned or square): one per order row.
+        shape = (indptr.size - 1, num_slots + num_rows)
         return cls(
             candidates, spare, rows, edge_pair, edge_at, slots.rank, slots.slot_rider,
             unassigned, csr_matrix((data, indices, indptr), shape=shape),

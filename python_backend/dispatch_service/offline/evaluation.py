@@ -74,7 +74,6 @@ __all__ = [
 EVAL_STREAM: Final = 0xE7A1
 BASELINE: Final = "rule_eta"  # the policy every interval is taken against
 ORACLE_CANDIDATES: Final = 32
-_WEIGHTS: Final = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
 Weights = tuple[float, float, float]  # OBJECTIVE_WEIGHTS: latency, on-time, cost
 _BOOTSTRAP: Final = 2000
 _METRICS: Final = ("assigned_rate", "mean_delivery", "p90_delivery", "late_rate", "mean_cost")
@@ -125,7 +124,7 @@ Scorer = Callable[[NDArray[np.float32]], NDArray[np.float32]]
 
 
 def _scored_policy(
-    encoder: EncoderSettings, resolver: ResolverSettings, score: Scorer, weights: Weights | None
+    encoder: EncoderSettings, resolver: ResolverSettings, score: Scorer, weights: Weights
 ) -> Policy:
     """Encode, score every candidate pair, resolve stack-aware with the same scorer."""
     w = _weights(weights)
@@ -164,21 +163,19 @@ def _served_settings(repository: Path) -> tuple[EncoderSettings, ResolverSetting
     return encoder.encoder, resolver.settings
 
 
-def _weights(weights: Weights | None) -> NDArray[np.float64]:
-    """The OBJECTIVE_WEIGHTS a caller would send (checked by the same rule); None: default."""
-    if weights is None:
-        return _WEIGHTS
+def _weights(weights: Weights) -> NDArray[np.float64]:
+    """The OBJECTIVE_WEIGHTS a caller would send, checked by the same rule."""
     return check_objective_weights(np.asarray(weights, dtype=np.float64))
 
 
 def model_policy(
     model_path: str | Path,
     repository: Path = MODEL_REPOSITORY,
-    weights: Weights | None = None,
+    weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS,
 ) -> Policy:
     """The served decision: the repository's encoder and resolver settings, the model in
     ONNX Runtime with the served session options, stack-aware re-scoring; ``weights`` as a
-    request's OBJECTIVE_WEIGHTS (None: the default)."""
+    request's OBJECTIVE_WEIGHTS."""
     encoder, resolver = _served_settings(repository)
     step = DispatchModelStep.from_parameters(
         model_path, config_parameters(repository / "dispatch_model" / "config.pbtxt")
@@ -186,7 +183,9 @@ def model_policy(
     return _scored_policy(encoder, resolver, step.scorer.infer, weights)
 
 
-def rule_eta_policy(repository: Path = MODEL_REPOSITORY, weights: Weights | None = None) -> Policy:
+def rule_eta_policy(
+    repository: Path = MODEL_REPOSITORY, weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS
+) -> Policy:
     """The rule ETA (`baseline.rule_objectives`) through the served encoder and resolver."""
     encoder, resolver = _served_settings(repository)
     return _scored_policy(encoder, resolver, baseline.rule_objectives, weights)
@@ -195,7 +194,7 @@ def rule_eta_policy(repository: Path = MODEL_REPOSITORY, weights: Weights | None
 def oracle_policy(
     repository: Path = MODEL_REPOSITORY,
     city: simulator.CityConfig = simulator.DEFAULT_CITY,
-    weights: Weights | None = None,
+    weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS,
 ) -> Policy:
     """Ground-truth expectations (stacking included) over 32 candidates, exact resolver."""
     _, resolver = _served_settings(repository)
@@ -246,10 +245,10 @@ _LOAD_COLUMN: Final = PAIR_FEATURE_NAMES.index("rider_load")
 def default_policies(
     models: Mapping[str, Path],
     repository: Path = MODEL_REPOSITORY,
-    weights: Weights | None = None,
+    weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS,
 ) -> dict[str, Policy]:
     """The baselines, the given models (name -> model.onnx) and the oracle, in report order;
-    the scored ones all resolve with ``weights`` (None: the default)."""
+    the scored ones all resolve with ``weights``."""
     return {
         "nearest_rider": nearest_rider_policy,
         "distance_matching": distance_matching_policy,

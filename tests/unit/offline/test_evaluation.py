@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from dispatch_contract import PAIR_FEATURE_NAMES
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain import geo
@@ -162,11 +162,15 @@ def test_committed_model_beats_nearest_rider_over_all_orders() -> None:
 
 
 @pytest.mark.parametrize(
-    ("seed", "weights"), [(3, None), (4, None), (5, None), (3, (1.0, 0.0, 0.0))]
+    ("seed", "weights"),
+    [
+        (3, DEFAULT_OBJECTIVE_WEIGHTS),
+        (4, DEFAULT_OBJECTIVE_WEIGHTS),
+        (5, DEFAULT_OBJECTIVE_WEIGHTS),
+        (3, (1.0, 0.0, 0.0)),
+    ],
 )
-def test_model_policy_wiring_is_the_served_decision(
-    seed: int, weights: evaluation.Weights | None
-) -> None:
+def test_model_policy_wiring_is_the_served_decision(seed: int, weights: evaluation.Weights) -> None:
     """Wiring, not correctness: the evaluation's model policy assigns as the served library
     does (DispatchPipeline with the repository's configs, stack-aware by default), on
     windows scarce enough to stack, and reports the served figures of each assigned pair;
@@ -179,7 +183,7 @@ def test_model_policy_wiring_is_the_served_decision(
         MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx", weights=weights
     )(window)
     wire = window_to_wire(window)
-    if weights is not None:
+    if weights != DEFAULT_OBJECTIVE_WEIGHTS:  # the default: a request that sends none
         wire["OBJECTIVE_WEIGHTS"] = np.asarray(weights, dtype=np.float32)
     served = DispatchPipeline.from_repository().run(wire)
     np.testing.assert_array_equal(decision.assigned, served["ASSIGNED_RIDER_INDEX"])

@@ -18,8 +18,15 @@ server, and the honest reading of "a refusal is immediate". Each refusal also ke
 a full queue ("Exceeds maximum queue size", immediate by design) or an expired deadline
 ("Request timeout expired", which by definition waits out the deadline).
 
+By default a refused caller sends again at once: the harshest client, whose refusals become a
+storm of new requests. `--backoff` makes every caller behave like `DispatchClient` with its
+default `RetryPolicy`: a refused window is sent again after a jittered backoff, at most
+`attempts` times and while the generator's one `RetryThrottle` (one client, as all callers
+share one channel) allows, then the caller moves on to its next window at once. Every send is one
+outcome either way, so accepted and refused figures mean the same in both modes.
+
 `python -m perf.overload --url 127.0.0.1:8001 --model dispatch_fused --concurrency 512
---seconds 5 [--priority-share 0.1] [--probe-levels 1,3]` prints the figures as JSON
+--seconds 5 [--priority-share 0.1] [--probe-levels 1,3] [--backoff]` prints the figures as JSON
 (loopback only).
 """
 
@@ -41,6 +48,8 @@ import tritonclient.grpc.aio as grpcaio
 from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from dispatch_client.retry import DEFAULT_RETRY, RetryPolicy, RetryThrottle
+from dispatch_client.transport import grpc_error
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched
 from perf.loadgen import require_loopback
 from perf.windows import SIZES, simulated_windows
@@ -122,6 +131,7 @@ class OverloadResult:
     next_request_served: bool = False
     # level -> the outcomes of that level's probe (a caller outside the generator)
     probes: dict[int, list[Outcome]] = field(default_factory=dict)
+    backoff: RetryPolicy | None = None  # how a refused caller sends again (None: at once)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -129,6 +139,7 @@ class OverloadResult:
             "concurrency": self.concurrency,
             "seconds": self.seconds,
             "next_request_served": self.next_request_served,
+            "backoff": _policy_summary(self.backoff),
         }
         for level in sorted({o.level for o in self.outcomes}):
             mine = [o for o in self.outcomes if o.level == level]
@@ -136,6 +147,17 @@ class OverloadResult:
         for level, outcomes in sorted(self.probes.items()):
             out[f"probe_level_{level}"] = level_summary(outcomes, self.seconds)
         return out
+
+
+def _policy_summary(policy: RetryPolicy | None) -> dict[str, float] | None:
+    if policy is None:
+        return None
+    return {
+        "attempts": policy.attempts,
+        "initial_backoff_ms": policy.initial_backoff_ms,
+        "max_backoff_ms": policy.max_backoff_ms,
+        "budget_ms": policy.budget_ms,
+    }
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -159,10 +181,13 @@ def run_overload(
     priority_share: float | None = None,
     seed: int = 11,
     probe_levels: Sequence[int] = (),
+    backoff: RetryPolicy | None = None,
 ) -> OverloadResult:
     """`priority_share` None: every request at the default level (2, sent as 0); else that
     share of the callers sends at level 1 and the rest at level 3. `probe_levels`: one probe
-    process per level, timing its own windows while the burst runs (`OverloadResult.probes`)."""
+    process per level, timing its own windows while the burst runs (`OverloadResult.probes`).
+    `backoff`: the callers send a refused window again as `DispatchClient` with this policy
+    would; None: at once, a new window."""
     require_loopback(f"http://{url}")  # the loopback rule of every load generator
     if not 1 <= concurrency <= MAX_CONCURRENCY or not 0 < seconds <= 60:
         raise ValueError(
@@ -186,7 +211,9 @@ def run_overload(
         for _ in probes:
             answers.get(timeout=_PROBE_START_S)  # each probe is connected and ready
         go.set()
-        result = asyncio.run(_overload(url, model, concurrency, seconds, priority_share, seed))
+        result = asyncio.run(
+            _overload(url, model, concurrency, seconds, priority_share, seed, backoff)
+        )
         stop.set()
         for _ in probes:
             level, outcomes = answers.get(timeout=_PROBE_START_S + 60)
@@ -248,11 +275,13 @@ async def _overload(
     seconds: float,
     priority_share: float | None,
     seed: int,
+    backoff: RetryPolicy | None,
 ) -> OverloadResult:
     windows = [_inputs(w) for w in simulated_windows(SIZES["small"], ())]
     outputs = [grpcclient.InferRequestedOutput(spec.name) for spec in DISPATCH_ENSEMBLE_OUTPUTS]
-    result = OverloadResult(model, concurrency, seconds)
+    result = OverloadResult(model, concurrency, seconds, backoff=backoff)
     draw = random.Random(seed)
+    throttle = RetryThrottle()
     client = grpcaio.InferenceServerClient(url)
     stop_at = time.monotonic() + seconds
 
@@ -267,8 +296,10 @@ async def _overload(
     async def caller(index: int) -> None:
         window = windows[index % len(windows)]
         level = levels[index]
+        first, sends = time.monotonic(), 0
         while time.monotonic() < stop_at:
             started, error = time.monotonic(), None
+            sends += 1
             try:
                 await client.infer(
                     model, window, outputs=outputs, priority=level, client_timeout=60
@@ -276,6 +307,17 @@ async def _overload(
             except InferenceServerException as exc:
                 error = exc
             result.outcomes.append(_outcome(level or 2, started, error))
+            wait_ms = None
+            if backoff is not None and error is None:
+                throttle.succeeded()
+            elif backoff is not None and error is not None:
+                elapsed_ms = (time.monotonic() - first) * 1000.0
+                refusal = grpc_error(error, url, 60)
+                wait_ms = backoff.next_wait_ms(refusal, sends, elapsed_ms, throttle)
+            if wait_ms is None:  # answered, or given up: the caller's next window, at once
+                first, sends = time.monotonic(), 0
+            else:
+                await asyncio.sleep(wait_ms / 1000.0)
 
     try:
         await asyncio.gather(*(caller(i) for i in range(concurrency)))
@@ -299,6 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--probe-levels", default="", help="comma-separated levels, one probe process each"
     )
+    parser.add_argument(
+        "--backoff",
+        action="store_true",
+        help="callers send a refused window again as DispatchClient's default RetryPolicy does",
+    )
     args = parser.parse_args(argv)
     probe_levels = [int(level) for level in args.probe_levels.split(",") if level.strip()]
     result = run_overload(
@@ -308,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seconds,
         args.priority_share,
         probe_levels=probe_levels,
+        backoff=DEFAULT_RETRY if args.backoff else None,
     )
     print(json.dumps(result.summary(), indent=2))
     return 0

@@ -23,6 +23,7 @@ from dispatch_client.errors import (
     WindowJSONError,
 )
 from dispatch_client.priority import PriorityMap
+from dispatch_client.retry import NO_RETRY, RetryPolicy
 from dispatch_client.transport import (
     GrpcTransport,
     HttpTransport,
@@ -37,6 +38,7 @@ from dispatch_client.window_json import (
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "NO_RETRY",
     "Candidate",
     "DispatchClient",
     "DispatchConnectionError",
@@ -48,6 +50,7 @@ __all__ = [
     "OrderResult",
     "PriorityMap",
     "ProtocolName",
+    "RetryPolicy",
     "Transport",
     "WindowJSONError",
     "make_transport",

@@ -1,7 +1,9 @@
 """`dispatch-client`: send a window JSON file to the server and print the result JSON.
 
     dispatch-client [--url URL] [--protocol http|grpc|grpc-shm] [--model NAME] [--timeout S]
-                    [--weights L,O,C] [--version-tag TAG] [--request-id ID] [FILE|-]
+                    [--weights L,O,C] [--version-tag TAG] [--request-id ID]
+                    [--deadline-ms MS] [--priority LEVEL] [--priority-map FILE]
+                    [--retries N] [FILE|-]
 
 ``--url`` takes ``host:port``, ``http://host:port`` (the same) or ``https://host:port``
 (TLS; the server's certificate is checked against the system's CA roots). ``grpc-shm`` is
@@ -17,7 +19,10 @@ Options for the deadline and priority inputs join `OPTIONAL_INPUT_OPTIONS` once 
 contract has them.
 
 Each request carries a request id (Triton's request ``id``): ``--request-id`` or a fresh
-one. The server's rejection log lines carry it, and an error line ends with it.
+one. The server's rejection log lines carry it, and an error line ends with it. A refusal
+without work (queue full, deadline expired, no connection) is sent again under the same id
+after a jittered backoff, ``--retries`` times (`dispatch_client.retry`); the error line then
+says how many times it was sent.
 
 The result goes to stdout; every failure is one line ``error: ...`` on stderr, so scripts
 can log it as is. Exit codes, one rule whoever finds the fault:
@@ -36,7 +41,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from dispatch_client.client import DEFAULT_MODEL_NAME, DispatchClient
@@ -44,6 +49,7 @@ from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchError, DispatchServerError, WindowJSONError, one_line
 from dispatch_client.keys import KeyFileError
 from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
+from dispatch_client.retry import DEFAULT_RETRY
 from dispatch_client.shm import ShmCapacity
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
@@ -206,6 +212,14 @@ def _parser() -> argparse.ArgumentParser:
         help='tenant-to-level JSON, e.g. {"default": 2, "tenants": {"premium-co": 1}}',
     )
     parser.add_argument(
+        "--retries",
+        type=int,
+        default=DEFAULT_RETRY.attempts - 1,
+        metavar="N",
+        help="times a refusal without work (queue full, deadline expired, no connection) is "
+        f"sent again after a jittered backoff, 0..9 (default: {DEFAULT_RETRY.attempts - 1})",
+    )
+    parser.add_argument(
         "file",
         nargs="?",
         default="-",
@@ -258,6 +272,9 @@ def main(
         if args.priority_map is not None and str(exc).startswith("priority map"):
             option = "--priority-map"
         return _fail(f"{option}: {exc}", EXIT_INPUT)
+    if not 0 <= args.retries <= 9:
+        return _fail(f"--retries: must be within 0..9, got {args.retries}", EXIT_INPUT)
+    retry = replace(DEFAULT_RETRY, attempts=args.retries + 1)
 
     source = "<stdin>" if args.file == "-" else args.file
     given = {o.key: o.flag for o in OPTIONAL_INPUT_OPTIONS if getattr(args, o.key) is not None}
@@ -295,10 +312,12 @@ def main(
             deadline_ms=deadline_ms,
             priority=priority,
             priorities=priorities,
+            retry=retry,
         ) as client:
             result = client.dispatch(window, request_id=args.request_id)
     except DispatchError as exc:
-        return _fail(exc.message, exit_code_for(exc), exc.request_id)
+        tries = f" (sent {exc.attempts} times)" if exc.attempts > 1 else ""
+        return _fail(exc.message + tries, exit_code_for(exc), exc.request_id)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except Exception as exc:  # the one-line promise holds even for our own bugs

@@ -20,6 +20,7 @@ from numpy.typing import ArrayLike, NDArray
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
 from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
+from dispatch_client.retry import DEFAULT_RETRY, RetryPolicy, RetryThrottle
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
     DEFAULT_HTTP_URL,
@@ -174,18 +175,24 @@ class DispatchClient(Closing):
         deadline_ms: float | None = None,
         priority: int | None = None,
         priorities: PriorityMap | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         """`deadline_ms`: the longest a window may wait in the server's queue before it is
         refused (UNAVAILABLE), (0, 60000] ms; None keeps the model's default timeout.
         `priority`: 1 (priority/premium), 2 (standard) or 3 (bulk) for every window;
         `priorities`: a tenant-to-level map choosing each window's level from its orders
         (used when `priority` is None). Neither: the model's default level (2).
+        `retry`: how a refusal without work (UNAVAILABLE, no connection) is sent again, with
+        jittered backoff (`RetryPolicy`; `NO_RETRY` raises the first refusal); the client's
+        `RetryThrottle` stops retries while most of its sends are refused.
         Raises ValueError for a bad deadline or an unknown level."""
         self.transport = transport
         self.model_name = model_name
         self.deadline_ms = check_deadline_ms(deadline_ms)
         self.priority = None if priority is None else check_priority(priority)
         self.priorities = priorities
+        self.retry = retry
+        self.retry_throttle = RetryThrottle()
 
     @classmethod
     def http(
@@ -197,6 +204,7 @@ class DispatchClient(Closing):
         deadline_ms: float | None = None,
         priority: int | None = None,
         priorities: PriorityMap | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> DispatchClient:
         return cls(
             HttpTransport(url, timeout_s=timeout_s),
@@ -204,6 +212,7 @@ class DispatchClient(Closing):
             deadline_ms=deadline_ms,
             priority=priority,
             priorities=priorities,
+            retry=retry,
         )
 
     @classmethod
@@ -216,6 +225,7 @@ class DispatchClient(Closing):
         deadline_ms: float | None = None,
         priority: int | None = None,
         priorities: PriorityMap | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> DispatchClient:
         return cls(
             GrpcTransport(url, timeout_s=timeout_s),
@@ -223,6 +233,7 @@ class DispatchClient(Closing):
             deadline_ms=deadline_ms,
             priority=priority,
             priorities=priorities,
+            retry=retry,
         )
 
     def dispatch(
@@ -347,13 +358,18 @@ class DispatchClient(Closing):
         output_names: tuple[str, ...] = OUTPUT_NAMES,
     ) -> DispatchResult:
         """One window (batch dimension 1) under one id, with the caller's priority and
-        deadline (`options`); the id rides on the error or the result. The answer's rider
-        indices become the window's rider ids."""
+        deadline (`options`), sent again under the same id by `self.retry` when refused
+        without work; the id rides on the error or the result. The answer's rider indices
+        become the window's rider ids."""
         rid = new_request_id() if request_id is None else request_id
         ids = inputs["ORDER_IDS"] if order_ids is None else order_ids
+        wire = batched(inputs)
         try:
-            outputs = self.transport.infer(
-                model_name, batched(inputs), output_names, request_id=rid, **(options or {})
+            outputs = self.retry.call(
+                lambda: self.transport.infer(
+                    model_name, wire, output_names, request_id=rid, **(options or {})
+                ),
+                throttle=self.retry_throttle,
             )
             result = parse_dispatch_outputs(ids, unbatched_outputs(outputs), inputs["RIDER_IDS"])
         except DispatchError as exc:

@@ -43,12 +43,14 @@ class DispatchError(Exception):
     """Base of the errors raised while talking to the server.
 
     `request_id` is the id the request was sent with (Triton's request ``id``; the server's
-    rejection log lines carry it), set by `DispatchClient` when it knows it.
+    rejection log lines carry it), set by `DispatchClient` when it knows it. `attempts` is how
+    many times it was sent (`RetryPolicy`); the error is the last attempt's.
     """
 
     def __init__(self, message: str, request_id: str | None = None) -> None:
         self.message = one_line(message)
         self.request_id = request_id
+        self.attempts = 1
         super().__init__(self.message)
 
 
@@ -77,4 +79,14 @@ class DispatchServerError(DispatchError):
 
 
 class DispatchConnectionError(DispatchError):
-    """The server could not be reached or did not answer in time; retrying may help."""
+    """The server could not be reached or did not answer in time; retrying may help.
+
+    `timed_out`: the request went out but no answer came in time, so the server may still be
+    working on it (`RetryPolicy` does not send it again); False when no connection was made.
+    """
+
+    def __init__(
+        self, message: str, request_id: str | None = None, *, timed_out: bool = False
+    ) -> None:
+        self.timed_out = timed_out
+        super().__init__(message, request_id)

@@ -115,7 +115,9 @@ def grpc_error(
     status = str(exc.status())
     text = str(exc.message() or exc)
     if status == "StatusCode.DEADLINE_EXCEEDED":
-        return DispatchConnectionError(f"no answer from {url} over gRPC within {timeout_s:g} s")
+        return DispatchConnectionError(
+            f"no answer from {url} over gRPC within {timeout_s:g} s", timed_out=True
+        )
     if status == "StatusCode.UNAVAILABLE" and "failed to connect" in text.lower():
         return DispatchConnectionError(f"cannot reach {url} over gRPC: {text}")
     return _server_error(exc)
@@ -183,7 +185,9 @@ class HttpTransport:
         except InferenceServerException as exc:
             raise _server_error(exc) from exc
         except TimeoutError as exc:
-            raise DispatchConnectionError(f"no answer from {self.url} over HTTP in time") from exc
+            raise DispatchConnectionError(
+                f"no answer from {self.url} over HTTP in time", timed_out=True
+            ) from exc
         except OSError as exc:
             reason = exc.strerror or str(exc) or type(exc).__name__
             raise DispatchConnectionError(f"cannot reach {self.url} over HTTP: {reason}") from exc

@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_client import DispatchClient
 from dispatch_client.errors import DispatchServerError
+from dispatch_client.retry import DEFAULT_RETRY, UNAVAILABLE_STATUSES
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import OUTPUT_NAMES, grpc_inputs, infer_grpc, sim_window
@@ -85,11 +86,18 @@ def test_an_expired_deadline_is_refused_as_unavailable(
             assert "timeout" in str(exc.message()).lower()
             refused += 1
     assert refused >= 1
-    with DispatchClient.grpc(triton.grpc_url, model_name=model, deadline_ms=0.001) as client:
-        try:
-            client.dispatch(_logical(window))
-        except DispatchServerError as exc:
-            assert exc.status == "StatusCode.UNAVAILABLE"
+    # The client knows these refusals for what they are (no work done) and sends them again,
+    # over both protocols, before it gives up with the last one.
+    for client in (
+        DispatchClient.grpc(triton.grpc_url, model_name=model, deadline_ms=0.001),
+        DispatchClient.http(triton.http_url, model_name=model, deadline_ms=0.001),
+    ):
+        with client:
+            try:
+                client.dispatch(_logical(window))
+            except DispatchServerError as exc:
+                assert exc.status in UNAVAILABLE_STATUSES, exc
+                assert exc.attempts == DEFAULT_RETRY.attempts
     with DispatchClient.grpc(triton.grpc_url, model_name=model, deadline_ms=5000) as client:
         assert len(client.dispatch(_logical(window)).orders) == 4
 

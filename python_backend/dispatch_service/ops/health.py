@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from dispatch_client.client import DispatchClient
 from dispatch_client.errors import DispatchConnectionError, DispatchError, DispatchServerError
+from dispatch_client.retry import NO_RETRY, UNAVAILABLE_STATUSES
 from dispatch_client.transport import GrpcTransport
 from dispatch_service.ops.model_control import ModelControlError, repository_index
 from dispatch_service.ops.verified_load import LoadPlan
@@ -40,7 +41,7 @@ PROBE_ORDERS = 2
 PROBE_RIDERS = 4
 # Probes go at the highest priority level: under overload they wait behind no bulk window.
 PROBE_PRIORITY = 1
-_BUSY_STATUSES = frozenset({"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "503"})
+_BUSY_STATUSES = UNAVAILABLE_STATUSES | {"StatusCode.DEADLINE_EXCEEDED"}
 
 
 @cache
@@ -77,7 +78,12 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
     busy = False
     transport = GrpcTransport(grpc_url, timeout_s=timeout_s)
     try:
-        with DispatchClient(transport, model_name=model, priority=PROBE_PRIORITY) as c:
+        # One send per probe: the verdict is what the server answers now, and the supervisor
+        # already probes again on its own schedule.
+        client = DispatchClient(
+            transport, model_name=model, priority=PROBE_PRIORITY, retry=NO_RETRY
+        )
+        with client as c:
             result = c.dispatch(window)
         degraded = sorted({o.fallback_level for o in result.orders if o.fallback_level})
         if len(result.orders) != len(window["ORDER_IDS"]):

@@ -14,6 +14,7 @@ import pytest
 from dispatch_client.cli import EXIT_INPUT, EXIT_OK, EXIT_SERVER, main
 from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+from dispatch_client.retry import DEFAULT_RETRY
 from dispatch_client.transport import Transport
 
 Array = np.ndarray[Any, Any]
@@ -300,7 +301,7 @@ def test_the_server_refusing_the_input_exits_2_like_the_client_refusing_it(
     status: str | None, code: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server = FakeServer(error=DispatchServerError("ORDER_PICKUP: latitude must be ...", status))
-    argv = ["--request-id", "r-1", str(EXAMPLE)]
+    argv = ["--request-id", "r-1", "--retries", "0", str(EXAMPLE)]
     assert main(argv, transport_factory=server) == code
     assert one_error_line(capsys.readouterr().err) == (
         "ORDER_PICKUP: latitude must be ... (request id r-1)"
@@ -312,11 +313,12 @@ def test_the_server_refusing_the_input_exits_2_like_the_client_refusing_it(
     [
         (
             DispatchServerError("model 'dispatch' is not\nready", "StatusCode.UNAVAILABLE"),
-            "model 'dispatch' is not ready (request id r-9)",
+            "model 'dispatch' is not ready (sent 3 times) (request id r-9)",
         ),
         (
             DispatchConnectionError("cannot reach localhost:8000 over HTTP: Connection refused"),
-            "cannot reach localhost:8000 over HTTP: Connection refused (request id r-9)",
+            "cannot reach localhost:8000 over HTTP: Connection refused (sent 3 times) "
+            "(request id r-9)",
         ),
         (RuntimeError("boom\nsecond line"), "unexpected RuntimeError: boom second line"),
     ],
@@ -352,3 +354,28 @@ def test_help_goes_to_stdout_and_exits_0(capsys: pytest.CaptureFixture[str]) -> 
         "Exit codes: 0 success; 2 invalid input",
     ):
         assert default in text, default
+
+
+def test_a_refusal_without_work_is_sent_again_as_often_as_retries_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    refusal = DispatchServerError("Exceeds maximum queue size", "StatusCode.UNAVAILABLE")
+    for retries, sends in (("0", 1), ("1", 2), (None, DEFAULT_RETRY.attempts)):
+        server = FakeServer(error=refusal)
+        option = [] if retries is None else ["--retries", retries]
+        assert main([*option, "--request-id", "r-2", str(EXAMPLE)], transport_factory=server) == 1
+        assert server.request_ids == ["r-2"] * sends  # one request, sent again under its id
+        tries = f" (sent {sends} times)" if sends > 1 else ""
+        assert one_error_line(capsys.readouterr().err) == (
+            f"Exceeds maximum queue size{tries} (request id r-2)"
+        )
+
+
+@pytest.mark.parametrize("value", ["-1", "10"])
+def test_retries_out_of_range_is_a_usage_error(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = FakeServer()
+    assert main(["--retries", value, str(EXAMPLE)], transport_factory=server) == EXIT_INPUT
+    assert one_error_line(capsys.readouterr().err) == f"--retries: must be within 0..9, got {value}"
+    assert server.request_ids == []

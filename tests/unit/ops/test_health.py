@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import pytest
 
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
+from dispatch_client.retry import NO_RETRY, RetryPolicy
 from dispatch_service.core.signing import Outcome, Verification
 from dispatch_service.ops import health
 from dispatch_service.ops.verified_load import LoadPlan
@@ -50,13 +51,22 @@ def test_refused_signatures_come_with_the_command_that_fixes_them(
 
 
 class _Client:
-    """Stands in for DispatchClient: records its priority, raises what the test chose."""
+    """Stands in for DispatchClient: records its priority and retry policy, raises what the
+    test chose."""
 
     priorities: ClassVar[list[int | None]] = []
+    retries: ClassVar[list[RetryPolicy | None]] = []
     error: ClassVar[Exception] = RuntimeError("unset")
 
-    def __init__(self, transport: Any, model_name: str, priority: int | None = None) -> None:
+    def __init__(
+        self,
+        transport: Any,
+        model_name: str,
+        priority: int | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         _Client.priorities.append(priority)
+        _Client.retries.append(retry)
 
     def __enter__(self) -> _Client:
         return self
@@ -83,7 +93,8 @@ def test_probes_go_first_in_line_and_say_when_they_failed_for_want_of_capacity(
     monkeypatch: pytest.MonkeyPatch, error: Exception, busy: bool
 ) -> None:
     monkeypatch.setattr(health, "DispatchClient", _Client)
-    _Client.priorities, _Client.error = [], error
+    _Client.priorities, _Client.retries, _Client.error = [], [], error
     result = health.probe("127.0.0.1:1", "dispatch_fused", timeout_s=0.5)
     assert not result.ok and result.busy is busy
     assert _Client.priorities == [health.PROBE_PRIORITY] == [1]
+    assert _Client.retries == [NO_RETRY]  # a probe's verdict is one send

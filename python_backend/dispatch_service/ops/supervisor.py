@@ -93,6 +93,7 @@ class SupervisedServer(Protocol):
 
 __all__ = [
     "RECOVERY_GRACE_S",
+    "RELOAD_RETRY_WAITS_S",
     "DeadPolicy",
     "SupervisedServer",
     "Supervisor",
@@ -109,6 +110,10 @@ logger = logging.getLogger(__name__)
 
 DeadPolicy = Literal["exit", "restart"]
 RECOVERY_GRACE_S = 30.0
+# A dead stub's reload that fails (a stub too slow to start on a busy machine, the repository
+# API briefly refusing) is tried again after these waits; after the last, the deep check's
+# verdict decides (dead after `dead_after_s`, past RECOVERY_GRACE_S), as before.
+RELOAD_RETRY_WAITS_S = (1.0, 3.0)
 # What `dispatch-admin deploy` / `rollback` change live, in the order a restart loads them
 # back: the scoring versions, then the router, then dispatch_fused (which routes the same).
 LIVE_MODELS = (SCORING_MODEL_NAME, ROUTER_MODEL_NAME, FUSED_MODEL_NAME)
@@ -446,28 +451,44 @@ class Supervisor:
             self.state.restarts[model] += 1
         self._event("stub_died", model=model, pids=pids)
         url, key = self.server.http_url, self.server.admin_key
-        try:
-            # Triton keeps a dead stub's instance when asked to load an unchanged model
-            # ("successfully loaded" in milliseconds, requests still fail); renaming the
-            # instance groups is no better on 2.51. Two ways that work:
-            # - the model is loaded with a new reload mark: Triton builds every instance anew
-            #   while the old ones answer, and the model (and any ensemble running it) stays
-            #   loaded. Unload + load made `dispatch` unknown for ~4 s when a feature_encoder
-            #   or topk_resolver stub died (45 % of requests failed; now 0.1-0.4 %), and
-            #   `dispatch_fused` unknown for ~3 s when one of its stubs died (23 %);
-            # - the scoring model, which only the router and dispatch_fused call, and which
-            #   they answer for with their fallback while it is away, is unloaded, then
-            #   loaded with its own config (versions included): ready again in ~2.2 s,
-            #   against 3-5 s with a mark.
-            config = model_config(url, model)
-            if model == SCORING_MODEL_NAME:
-                unload_model(url, model, admin_key=key)
-                load_model(url, model, config, admin_key=key)
+        # Triton keeps a dead stub's instance when asked to load an unchanged model
+        # ("successfully loaded" in milliseconds, requests still fail); renaming the
+        # instance groups is no better on 2.51. Two ways that work:
+        # - the model is loaded with a new reload mark: Triton builds every instance anew
+        #   while the old ones answer, and the model (and any ensemble running it) stays
+        #   loaded. Unload + load made `dispatch` unknown for ~4 s when a feature_encoder
+        #   or topk_resolver stub died (45 % of requests failed; now 0.1-0.4 %), and
+        #   `dispatch_fused` unknown for ~3 s when one of its stubs died (23 %);
+        # - the scoring model, which only the router and dispatch_fused call, and which
+        #   they answer for with their fallback while it is away, is unloaded, then
+        #   loaded with its own config (versions included): ready again in ~2.2 s,
+        #   against 3-5 s with a mark.
+        config: dict[str, Any] | None = None
+        unloaded = False
+        for attempt, retry_in_s in enumerate((*RELOAD_RETRY_WAITS_S, None), start=1):
+            try:
+                if config is None:  # read once: an unloaded model has no config to read
+                    config = model_config(url, model)
+                if model == SCORING_MODEL_NAME:
+                    if not unloaded:
+                        unload_model(url, model, admin_key=key)
+                        unloaded = True
+                    load_model(url, model, config, admin_key=key)
+                else:
+                    load_model(url, model, with_reload_mark(config), admin_key=key)
+            except ModelControlError as exc:
+                self._event(
+                    "model_reload_failed",
+                    model=model,
+                    error=str(exc),
+                    attempt=attempt,
+                    retry_in_s=retry_in_s,
+                )
+                if retry_in_s is None or self._stop.wait(retry_in_s):
+                    break
             else:
-                load_model(url, model, with_reload_mark(config), admin_key=key)
-            self._event("model_reloaded", model=model)
-        except ModelControlError as exc:
-            self._event("model_reload_failed", model=model, error=str(exc))
+                self._event("model_reloaded", model=model, attempt=attempt)
+                break
         self._stubs = self._current_stubs()
         with self._lock:
             self.state.recovering[model] = time.monotonic()

@@ -13,6 +13,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -352,6 +353,7 @@ class _Repository:
         self.files = files
         self.live = {m: dict(c) for m, c in files.items()}
         self.loads: list[tuple[str, str | None]] = []
+        self.refuse_loads = 0  # the next this many loads fail (HTTP 400), as Triton's would
         repo = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -367,6 +369,11 @@ class _Repository:
                 model, action = self.path.split("/")[4:6]
                 if action == "unload":
                     repo.loads.append((f"unload {model}", self.headers.get("admin-key")))
+                elif repo.refuse_loads > 0:
+                    repo.refuse_loads -= 1
+                    repo.loads.append((f"refused {model}", self.headers.get("admin-key")))
+                    self._send(400, {"error": f"load failed for model '{model}': stub timeout"})
+                    return
                 else:
                     repo.live[model] = json.loads(body["parameters"]["config"])
                     repo.loads.append((model, self.headers.get("admin-key")))
@@ -486,5 +493,53 @@ def test_a_dead_stub_is_replaced_without_unloading_its_model_but_the_scorings(
         ]
         assert repo.live["dispatch_model"] == files["dispatch_model"]
         assert watcher.ready() and watcher.state.restarts["feature_encoder"] == 2
+    finally:
+        repo.close()
+
+
+@pytest.mark.parametrize("model", ["feature_encoder", "dispatch_model"])
+def test_a_failed_reload_is_tried_again_until_it_succeeds_or_the_waits_run_out(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """A dead stub's reload can fail once (a stub too slow to start on a busy machine); the
+    model must not stay broken until the deep check declares the whole server dead."""
+    files: dict[str, dict[str, object]] = {
+        "feature_encoder": {"parameters": {"max_orders": {"string_value": "1024"}}},
+        "dispatch_model": {"version_policy": {"specific": {"versions": [1, 2]}}},
+    }
+    repo = _Repository(files)
+    server = CountingServer()
+    server.http_url = repo.url  # type: ignore[misc]
+    events: list[dict[str, Any]] = []
+    watcher = Supervisor(
+        server,
+        SupervisorSettings(health_port=0),
+        report=lambda line: events.append(json.loads(line)),
+    )
+    monkeypatch.setattr("dispatch_service.ops.supervisor.RELOAD_RETRY_WAITS_S", (0.01, 0.01))
+    monkeypatch.setattr(
+        "dispatch_service.ops.supervisor.deep_check", lambda *a: ok_probes("dispatch")
+    )
+    unload = [(f"unload {model}", "k")] if model == "dispatch_model" else []
+    try:
+        repo.refuse_loads = 2
+        watcher._recover(model, [41])
+        # unloaded once (the scoring model), refused twice, loaded on the third attempt
+        assert repo.loads == [*unload, *[(f"refused {model}", "k")] * 2, (model, "k")]
+        reloads = [e for e in events if e["event"].startswith("model_reload")]
+        assert [(e["event"], e["attempt"]) for e in reloads] == [
+            ("model_reload_failed", 1),
+            ("model_reload_failed", 2),
+            ("model_reloaded", 3),
+        ]
+        assert reloads[0]["retry_in_s"] == 0.01 and "stub timeout" in reloads[0]["error"]
+        assert watcher.ready()
+
+        repo.loads, events[:] = [], []
+        repo.refuse_loads = 5  # more failures than attempts: three tries, then the verdict
+        watcher._recover(model, [42])
+        assert repo.loads == [*unload, *[(f"refused {model}", "k")] * 3]
+        last = [e for e in events if e["event"] == "model_reload_failed"][-1]
+        assert last["attempt"] == 3 and last["retry_in_s"] is None
     finally:
         repo.close()

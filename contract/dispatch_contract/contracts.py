@@ -172,7 +172,7 @@ OBJECTIVES: Final = ("eta_minutes", "ontime_probability", "cost_cny")
 DEFAULT_OBJECTIVE_WEIGHTS: Final = (0.45, 0.35, 0.20)  # latency, on-time, cost
 
 # ---- pair feature layout (float32 [P, F]); shipped with each model version ------------
-FEATURE_LAYOUT_VERSION: Final = "v1"
+FEATURE_LAYOUT_VERSION: Final = "v2"  # v2: zones are geohash-7 cells (v1: geohash-5)
 PAIR_FEATURE_NAMES: Final[tuple[str, ...]] = (
     "pickup_distance_km",  # rider -> pickup, haversine
     "trip_distance_km",  # pickup -> drop-off, haversine
@@ -180,7 +180,7 @@ PAIR_FEATURE_NAMES: Final[tuple[str, ...]] = (
     "approach_bearing_cos",
     "trip_bearing_sin",  # bearing pickup -> drop-off
     "trip_bearing_cos",
-    "rider_zone_east_km",  # centre of the rider's geohash-5 zone, km east of city centre
+    "rider_zone_east_km",  # centre of the rider's geohash-7 zone, km east of city centre
     "rider_zone_north_km",
     "pickup_zone_east_km",
     "pickup_zone_north_km",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -269,6 +270,11 @@ def test_feature_layout_shipped_with_the_model_matches(version: int) -> None:
     layout = json.loads((folder / "feature_layout.json").read_text())
     assert layout["version"] == contracts.FEATURE_LAYOUT_VERSION
     assert tuple(layout["features"]) == contracts.PAIR_FEATURE_NAMES
+    # Trained on the features the served encoder computes (zone precision, candidates, local
+    # time): a version trained under other settings would score features it never saw.
+    config = load_config(REPO / "feature_encoder" / "config.pbtxt")
+    encoder = FeatureEncoderStep.from_parameters(params(config)).encoder
+    assert layout["encoder_settings"] == dataclasses.asdict(encoder)
 
 
 def test_parameters_from_model_config_reads_string_values() -> None:

@@ -145,7 +145,7 @@ def test_layout_matches_contract() -> None:
 
 
 def test_settings_are_validated() -> None:
-    assert EncoderSettings() == EncoderSettings(16, 480, 5)
+    assert EncoderSettings() == EncoderSettings(16, 480, 7)
     EncoderSettings(candidates_per_order=MAX_CANDIDATES)
     for bad in (
         {"candidates_per_order": 0},
@@ -279,7 +279,8 @@ def _hand_window(**overrides: Any) -> DispatchWindow:
 
 def _zone(lat: float, lon: float) -> tuple[float, float]:
     """Zone position through the string path (encode, decode), independent of the encoder."""
-    c_lat, c_lon = geo.geohash_decode_centre(geo.geohash_encode([lat], [lon], 5))
+    precision = EncoderSettings().zone_precision
+    c_lat, c_lon = geo.geohash_decode_centre(geo.geohash_encode([lat], [lon], precision))
     east, north = geo.en_offset_km(c_lat, c_lon)
     return float(east[0]), float(north[0])
 
@@ -307,9 +308,10 @@ def test_features_of_a_hand_made_window() -> None:
         east, north = _zone(lat, lon)
         assert row[f"{prefix}_zone_east_km"] == pytest.approx(east, abs=1e-4)
         assert row[f"{prefix}_zone_north_km"] == pytest.approx(north, abs=1e-4)
-    # Zones are geohash-5 cells (~4.9 km x 4.9 km): centres are within a cell of the city centre.
-    assert abs(row["pickup_zone_east_km"]) < 5.0
-    assert abs(row["pickup_zone_north_km"]) < 5.0
+    # Zones are geohash-7 cells (~150 m): the pickup at the city centre has its zone centre
+    # within a cell of it.
+    assert abs(row["pickup_zone_east_km"]) < 0.16
+    assert abs(row["pickup_zone_north_km"]) < 0.16
     # Noon local time on a Saturday.
     assert row["hour_sin"] == pytest.approx(0.0, abs=1e-6)
     assert row["hour_cos"] == pytest.approx(-1.0)
@@ -435,8 +437,9 @@ def test_pair_geometry_is_bitwise_the_geo_functions(seed: int) -> None:
         r_lat, r_lon = window.rider_position[rider, 0], window.rider_position[rider, 1]
         p_lat, p_lon = window.pickup[order, 0], window.pickup[order, 1]
         d_lat, d_lon = window.dropoff[order, 0], window.dropoff[order, 1]
-        zone = geo.en_offset_km(*geo.geohash_cell_centre(r_lat, r_lon, 5))
-        dropoff_zone = geo.en_offset_km(*geo.geohash_cell_centre(d_lat, d_lon, 5))
+        precision = EncoderSettings().zone_precision
+        zone = geo.en_offset_km(*geo.geohash_cell_centre(r_lat, r_lon, precision))
+        dropoff_zone = geo.en_offset_km(*geo.geohash_cell_centre(d_lat, d_lon, precision))
         expected = {
             "pickup_distance_km": geo.haversine_km(r_lat, r_lon, p_lat, p_lon),
             "approach_bearing_sin": np.sin(geo.bearing_rad(r_lat, r_lon, p_lat, p_lon)),

@@ -82,13 +82,13 @@ def test_encoder_reads_every_window_input() -> None:
 
 def test_encoder_defaults_are_the_documented_values() -> None:
     """Without parameters: the contract's limits (1024 orders, 8192 riders, 64-byte ids),
-    16 candidates per order, Shanghai local time (UTC+8), geohash-5 zones."""
+    16 candidates per order, Shanghai local time (UTC+8), geohash-7 zones."""
     step = FeatureEncoderStep.from_parameters({})
     limits, encoder = step.limits, step.encoder
     assert (limits.max_orders, limits.max_riders, limits.max_id_bytes) == (1024, 8192, 64)
     assert encoder.candidates_per_order == 16
     assert encoder.utc_offset_minutes == 480
-    assert encoder.zone_precision == 5
+    assert encoder.zone_precision == 7
     outputs = step.run(window_tensors(orders=2, riders=40))
     assert outputs["CANDIDATE_RIDER_INDEX"].shape == (2, 16)
 
@@ -103,7 +103,7 @@ def test_encoder_applies_known_parameters() -> None:
         {"candidates_per_order": "4", "max_orders": "3", "utc_offset_minutes": "0"}
     )
     assert (step.encoder.candidates_per_order, step.encoder.utc_offset_minutes) == (4, 0)
-    assert step.encoder.zone_precision == 5  # not given: the default stays
+    assert step.encoder.zone_precision == 7  # not given: the default stays
     assert (step.limits.max_orders, step.limits.max_riders) == (3, 8192)
 
     outputs = step.run(window_tensors(orders=3, riders=12))

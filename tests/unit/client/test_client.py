@@ -25,12 +25,19 @@ Array = np.ndarray[Any, Any]
 
 
 class FakeTransport:
-    """Answers every call with canned outputs (or raises), remembering what it was sent."""
+    """Answers every call with canned outputs (or raises `error` every time, or `errors` one
+    per call until they run out), remembering what it was sent."""
 
-    def __init__(self, outputs: dict[str, Array] | None = None, error: Exception | None = None):
+    def __init__(
+        self,
+        outputs: dict[str, Array] | None = None,
+        error: Exception | None = None,
+        errors: Sequence[Exception] = (),
+    ):
         self.outputs = outputs or {}
         self.request_ids: list[str] = []
         self.error = error
+        self.errors = list(errors)
         self.calls: list[tuple[str, dict[str, Array], tuple[str, ...]]] = []
         self.closed = False
 
@@ -46,6 +53,8 @@ class FakeTransport:
         self.calls.append((model_name, inputs, tuple(output_names)))
         if self.error is not None:
             raise self.error
+        if self.errors:
+            raise self.errors.pop(0)
         return {name: self.outputs[name] for name in output_names if name in self.outputs}
 
     def close(self) -> None:

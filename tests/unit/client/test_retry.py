@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pytest
 
 from dispatch_client import DispatchClient
@@ -23,36 +21,9 @@ from dispatch_client.retry import (
     RetryThrottle,
     is_retryable,
 )
-from tests.unit.client.test_client import outputs, window
-
-Array = np.ndarray[Any, Any]
+from tests.unit.client.test_client import FakeTransport, outputs, window
 
 QUEUE_FULL = DispatchServerError("Exceeds maximum queue size", "StatusCode.UNAVAILABLE")
-
-
-class FlakyTransport:
-    """Raises the given errors in turn, then answers; records the request id of each send."""
-
-    def __init__(self, errors: Sequence[Exception]) -> None:
-        self.errors = list(errors)
-        self.request_ids: list[str] = []
-
-    def infer(
-        self,
-        model_name: str,
-        inputs: dict[str, Array],
-        output_names: Sequence[str],
-        *,
-        request_id: str = "",
-    ) -> dict[str, Array]:
-        self.request_ids.append(request_id)
-        if self.errors:
-            raise self.errors.pop(0)
-        answer = outputs()
-        return {name: answer[name] for name in output_names if name in answer}
-
-    def close(self) -> None:
-        pass
 
 
 class Clock:
@@ -203,7 +174,7 @@ def test_the_throttle_stops_retries_while_most_sends_are_refused_and_recovers() 
 
 
 def test_a_client_refused_every_time_stops_retrying() -> None:
-    transport = FlakyTransport([QUEUE_FULL] * 20)
+    transport = FakeTransport(outputs(), errors=[QUEUE_FULL] * 20)
     policy = RetryPolicy(attempts=3, initial_backoff_ms=0, max_backoff_ms=0)
     sends = []
     with DispatchClient(transport, retry=policy) as client:
@@ -217,7 +188,7 @@ def test_a_client_refused_every_time_stops_retrying() -> None:
 
 
 def test_answers_give_a_throttled_client_its_retries_back() -> None:
-    transport = FlakyTransport([QUEUE_FULL] * 5)
+    transport = FakeTransport(outputs(), errors=[QUEUE_FULL] * 5)
     policy = RetryPolicy(attempts=2, initial_backoff_ms=0, max_backoff_ms=0)
     client = DispatchClient(transport, retry=policy)
     for _ in range(3):  # 2 + 2 + 1 sends, all refused: 10 -> 5 tokens
@@ -266,7 +237,7 @@ def test_a_bad_throttle_is_refused_naming_its_field(settings: dict[str, Any], fi
 
 
 def test_the_client_resends_a_refused_window_under_the_same_request_id() -> None:
-    transport = FlakyTransport([QUEUE_FULL, QUEUE_FULL])
+    transport = FakeTransport(outputs(), errors=[QUEUE_FULL, QUEUE_FULL])
     policy = RetryPolicy(attempts=3, initial_backoff_ms=1, max_backoff_ms=2)
     with DispatchClient(transport, retry=policy) as client:
         result = client.dispatch(window(), request_id="req-7")
@@ -276,7 +247,7 @@ def test_the_client_resends_a_refused_window_under_the_same_request_id() -> None
 
 
 def test_the_client_raises_the_last_refusal_with_its_id_and_attempts() -> None:
-    transport = FlakyTransport([QUEUE_FULL] * 5)
+    transport = FakeTransport(outputs(), errors=[QUEUE_FULL] * 5)
     policy = RetryPolicy(attempts=2, initial_backoff_ms=1, max_backoff_ms=1)
     with pytest.raises(DispatchError) as info, DispatchClient(transport, retry=policy) as client:
         client.dispatch(window(), request_id="req-8")
@@ -286,9 +257,9 @@ def test_the_client_raises_the_last_refusal_with_its_id_and_attempts() -> None:
 
 
 def test_the_client_retries_by_default_and_not_with_no_retry() -> None:
-    assert DispatchClient(FlakyTransport([])).retry is DEFAULT_RETRY
+    assert DispatchClient(FakeTransport(outputs())).retry is DEFAULT_RETRY
     assert DEFAULT_RETRY.attempts > 1
-    transport = FlakyTransport([QUEUE_FULL])
+    transport = FakeTransport(outputs(), errors=[QUEUE_FULL])
     with pytest.raises(DispatchServerError), DispatchClient(transport, retry=NO_RETRY) as client:
         client.dispatch(window())
     assert len(transport.request_ids) == 1

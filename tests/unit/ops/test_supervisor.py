@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -458,6 +458,30 @@ def test_the_restart_policy_gives_up_after_max_restarts_in_its_window() -> None:
     assert watcher._dead("dispatch: FAILED", silent=6.0) and not watcher.dead.is_set()
 
 
+def _stub_repository_files() -> dict[str, dict[str, object]]:
+    return {
+        "feature_encoder": {"parameters": {"max_orders": {"string_value": "1024"}}},
+        "dispatch_model": {"version_policy": {"specific": {"versions": [1, 2]}}},
+    }
+
+
+def _recovering_watcher(
+    monkeypatch: pytest.MonkeyPatch,
+    files: dict[str, dict[str, object]],
+    report: Callable[[str], None],
+) -> tuple[_Repository, Supervisor]:
+    """A supervisor over a fake repository of ``files`` whose deep checks all pass: what a
+    stub's recovery (`Supervisor._recover`) talks to."""
+    repo = _Repository(files)
+    server = CountingServer()
+    server.http_url = repo.url  # type: ignore[misc]
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=report)
+    monkeypatch.setattr(
+        "dispatch_service.ops.supervisor.deep_check", lambda *a: ok_probes("dispatch")
+    )
+    return repo, watcher
+
+
 def test_a_dead_stub_is_replaced_without_unloading_its_model_but_the_scorings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -466,17 +490,8 @@ def test_a_dead_stub_is_replaced_without_unloading_its_model_but_the_scorings(
     new reload mark, which builds fresh instances while the model stays loaded. The scoring
     model, which the router answers for with its fallback, is unloaded, then loaded with its
     own config (faster)."""
-    files: dict[str, dict[str, object]] = {
-        "feature_encoder": {"parameters": {"max_orders": {"string_value": "1024"}}},
-        "dispatch_model": {"version_policy": {"specific": {"versions": [1, 2]}}},
-    }
-    repo = _Repository(files)
-    server = CountingServer()
-    server.http_url = repo.url  # type: ignore[misc]
-    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=lambda line: None)
-    monkeypatch.setattr(
-        "dispatch_service.ops.supervisor.deep_check", lambda *a: ok_probes("dispatch")
-    )
+    files = _stub_repository_files()
+    repo, watcher = _recovering_watcher(monkeypatch, files, lambda line: None)
     try:
         watcher._recover("feature_encoder", [41])
         marked = repo.live["feature_encoder"]["parameters"]
@@ -503,22 +518,10 @@ def test_a_failed_reload_is_tried_again_until_it_succeeds_or_the_waits_run_out(
 ) -> None:
     """A dead stub's reload can fail once (a stub too slow to start on a busy machine); the
     model must not stay broken until the deep check declares the whole server dead."""
-    files: dict[str, dict[str, object]] = {
-        "feature_encoder": {"parameters": {"max_orders": {"string_value": "1024"}}},
-        "dispatch_model": {"version_policy": {"specific": {"versions": [1, 2]}}},
-    }
-    repo = _Repository(files)
-    server = CountingServer()
-    server.http_url = repo.url  # type: ignore[misc]
     events: list[dict[str, Any]] = []
-    watcher = Supervisor(
-        server,
-        SupervisorSettings(health_port=0),
-        report=lambda line: events.append(json.loads(line)),
-    )
     monkeypatch.setattr("dispatch_service.ops.supervisor.RELOAD_RETRY_WAITS_S", (0.01, 0.01))
-    monkeypatch.setattr(
-        "dispatch_service.ops.supervisor.deep_check", lambda *a: ok_probes("dispatch")
+    repo, watcher = _recovering_watcher(
+        monkeypatch, _stub_repository_files(), lambda line: events.append(json.loads(line))
     )
     unload = [(f"unload {model}", "k")] if model == "dispatch_model" else []
     try:

@@ -1,15 +1,15 @@
 """When and how long a client waits before sending a refused window again.
 
-Under overload the server refuses the excess at once (UNAVAILABLE: queue full or the
-window's deadline expired). A caller that re-sends at once turns every refusal into another
-request, and on a shared host the storm of refusals takes the CPU the accepted windows need:
-measured on two cores, 512 closed-loop callers without backoff made about 3,300 refusals a
-second. `RetryPolicy` is the usual answer: a bounded number of attempts, capped exponential
-backoff with full jitter (each wait drawn uniformly from zero to the cap, so callers refused
-together do not come back together), an overall budget so a retried window is never
-answered later than the caller can use it, and a throttle per client (`RetryThrottle`, the
-rule of gRPC's retry throttling) that stops retrying while most sends are refused, so that
-under sustained overload retries do not multiply the load they were meant to ride out.
+A refusal without work (UNAVAILABLE: queue full, the window's deadline expired, a model
+reloading) is often over a moment later. `RetryPolicy` sends such a window again: a bounded
+number of attempts, capped exponential backoff with full jitter (each wait drawn uniformly
+from zero to the cap, so callers refused together do not come back together), and an overall
+budget so a retried window is never answered later than the caller can use it. A throttle per
+client (`RetryThrottle`, the rule of gRPC's retry throttling) stops retrying while most sends
+are refused: retries ride out a reload or a short burst, but under sustained overload they
+would only multiply the load. Measured with 512 callers on two cores (`perf.overload
+--backoff`, perf/tuning_log.json): no fewer refusals and no better latency than callers that
+re-send at once, and without the throttle less throughput; the policy adds no capacity.
 
 Only failures where the server did no work are retried: a refusal with UNAVAILABLE (HTTP
 503) and a connection that could not be made. A request that timed out may still be
@@ -65,7 +65,9 @@ class RetryThrottle:
         if not (math.isfinite(max_tokens) and max_tokens > 0):
             raise ValueError(f"retry throttle max_tokens must be > 0, got {max_tokens!r}")
         if not (math.isfinite(token_ratio) and 0 < token_ratio <= max_tokens):
-            raise ValueError(f"retry throttle token_ratio must be > 0, got {token_ratio!r}")
+            raise ValueError(
+                f"retry throttle token_ratio must be within (0, max_tokens], got {token_ratio!r}"
+            )
         self.max_tokens = max_tokens
         self.token_ratio = token_ratio
         self._tokens = max_tokens

@@ -49,7 +49,7 @@ from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchError, DispatchServerError, WindowJSONError, one_line
 from dispatch_client.keys import KeyFileError
 from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
-from dispatch_client.retry import DEFAULT_RETRY
+from dispatch_client.retry import DEFAULT_RETRY, MAX_ATTEMPTS
 from dispatch_client.shm import ShmCapacity
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
@@ -217,7 +217,8 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_RETRY.attempts - 1,
         metavar="N",
         help="times a refusal without work (queue full, deadline expired, no connection) is "
-        f"sent again after a jittered backoff, 0..9 (default: {DEFAULT_RETRY.attempts - 1})",
+        f"sent again after a jittered backoff, 0..{MAX_ATTEMPTS - 1} "
+        f"(default: {DEFAULT_RETRY.attempts - 1})",
     )
     parser.add_argument(
         "file",
@@ -272,8 +273,10 @@ def main(
         if args.priority_map is not None and str(exc).startswith("priority map"):
             option = "--priority-map"
         return _fail(f"{option}: {exc}", EXIT_INPUT)
-    if not 0 <= args.retries <= 9:
-        return _fail(f"--retries: must be within 0..9, got {args.retries}", EXIT_INPUT)
+    if not 0 <= args.retries < MAX_ATTEMPTS:  # RetryPolicy's own bound, counted in retries
+        return _fail(
+            f"--retries: must be within 0..{MAX_ATTEMPTS - 1}, got {args.retries}", EXIT_INPUT
+        )
     retry = replace(DEFAULT_RETRY, attempts=args.retries + 1)
 
     source = "<stdin>" if args.file == "-" else args.file

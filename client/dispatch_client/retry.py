@@ -31,6 +31,7 @@ from dispatch_client.errors import DispatchConnectionError, DispatchError, Dispa
 
 __all__ = [
     "DEFAULT_RETRY",
+    "MAX_ATTEMPTS",
     "NO_RETRY",
     "UNAVAILABLE_STATUSES",
     "RetryPolicy",
@@ -41,6 +42,8 @@ __all__ = [
 UNAVAILABLE_STATUSES: Final = frozenset({"503", "StatusCode.UNAVAILABLE"})
 """The statuses of a refusal without work: a full queue, an expired deadline, a model not
 ready (TRITONSERVER_ERROR_UNAVAILABLE)."""
+
+MAX_ATTEMPTS: Final = 10  # sends of one window at most, whatever a policy asks
 
 T = TypeVar("T")
 
@@ -105,8 +108,10 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
             raise ValueError(f"retry attempts must be an integer, got {self.attempts!r}")
-        if not 1 <= self.attempts <= 10:
-            raise ValueError(f"retry attempts must be within 1..10, got {self.attempts}")
+        if not 1 <= self.attempts <= MAX_ATTEMPTS:
+            raise ValueError(
+                f"retry attempts must be within 1..{MAX_ATTEMPTS}, got {self.attempts}"
+            )
         for name in ("initial_backoff_ms", "max_backoff_ms", "budget_ms"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):

@@ -48,7 +48,13 @@ from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, FUSED_MODEL, BenchResults
 from perf.stats import LevelStats, LimitStats, level_stats, request_budget
 from perf.targets import compute_ratios, compute_targets, scheduler_targets, summary
 from perf.tuning import append_log, metric_key, noise_percent, tuning_entry
-from perf.variants import ConfigOverride, config_digest, parse_override, patched_repository
+from perf.variants import (
+    TUNING_LOG,
+    ConfigOverride,
+    config_digest,
+    parse_override,
+    patched_repository,
+)
 from perf.windows import SIZES, WindowSize, neutral_inputs, optional_inputs, simulated_windows
 from perf.workload import Workload, check_answer
 
@@ -495,6 +501,18 @@ def test_patched_repository_changes_only_the_copy(tmp_path: Path) -> None:
 def test_noise_percent_is_the_largest_relative_difference() -> None:
     assert noise_percent({"a": 100.0, "b": 10.0}, {"a": 90.0, "b": 12.0}) == pytest.approx(20.0)
     assert noise_percent({"a": 1.0}, {}) == 0.0
+
+
+def test_the_committed_tuning_log_renders_in_the_bench_report() -> None:
+    """`make bench` shows every entry's before -> after: each figure a number, as
+    `tuning_entry` writes them (a hand-added note among them once broke the report)."""
+    results = _results()
+    results.tuning_log = json.loads(TUNING_LOG.read_text())
+    text = render_report(results, {})
+    for entry in results.tuning_log:
+        assert entry["change"] in text
+        assert all(isinstance(v, int | float) for v in entry["before"].values()), entry["change"]
+        assert all(isinstance(v, int | float) for v in entry["after"].values()), entry["change"]
 
 
 def test_tuning_log_entries_append(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 import pytest
+from client_helpers import FakeTransport, outputs, window
 
 from dispatch_client import DispatchClient
 from dispatch_client.errors import (
@@ -21,7 +22,6 @@ from dispatch_client.retry import (
     RetryThrottle,
     is_retryable,
 )
-from tests.unit.client.test_client import FakeTransport, outputs, window
 
 QUEUE_FULL = DispatchServerError("Exceeds maximum queue size", "StatusCode.UNAVAILABLE")
 

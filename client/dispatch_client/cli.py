@@ -58,6 +58,7 @@ from dispatch_client.transport import (
     Transport,
 )
 from dispatch_client.window_json import window_document, window_from_dict
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
 
 __all__ = [
     "EXIT_INPUT",
@@ -127,8 +128,8 @@ OPTIONAL_INPUT_OPTIONS: tuple[InputOption, ...] = (
         "--weights",
         "objective_weights",
         "L,O,C",
-        "objective weights latency,on-time,cost, e.g. 0.5,0.3,0.2 (default: the document's "
-        "objective_weights, else the server's 0.45,0.35,0.20)",
+        "objective weights latency,on-time,cost, e.g. 0.45,0.35,0.2 (default: the document's "
+        f"objective_weights, else the server's {','.join(map(str, DEFAULT_OBJECTIVE_WEIGHTS))})",
         _numbers,
     ),
     InputOption(

@@ -126,7 +126,8 @@ def test_scores_are_strictly_monotone_in_each_objective() -> None:
     base = np.column_stack(
         [rng.uniform(0, 120, 300), rng.uniform(0, 1, 300), rng.uniform(0, 60, 300)]
     )
-    score = score_pairs(base, WEIGHTS)
+    weights = np.asarray([0.45, 0.35, 0.20])  # every term weighted (the default has no on-time)
+    score = score_pairs(base, weights)
     assert ((score >= 0) & (score <= 1)).all()
     for column, sign in ((0, -1.0), (1, +1.0), (2, -1.0)):
         better = base.copy()
@@ -134,7 +135,7 @@ def test_scores_are_strictly_monotone_in_each_objective() -> None:
         better[:, column] += sign * step
         # Beyond 1 the on-time utility saturates; below 0 ETA and cost are invalid.
         keep = better[:, 1] <= 1.0 if column == 1 else better[:, column] >= 0.0
-        assert (score_pairs(better, WEIGHTS)[keep] > score[keep]).all()
+        assert (score_pairs(better, weights)[keep] > score[keep]).all()
 
 
 def test_score_of_a_pair_ignores_the_rest_of_the_window() -> None:

@@ -17,6 +17,10 @@ Log-space regression predicts a median; a smearing factor fitted on the training
 it back into a mean. Feature standardisation and all of that post-processing are part of the
 exported graph, so the server feeds raw features and reads minutes, probability and CNY.
 
+Every version's graph also derives ``ROAD_FEATURES`` from the zone coordinates and the
+city's river and crossings (`road`): whether the approach and the trip cross the river, and
+the detour of the best crossing.
+
 ``--log-features`` (version 2) makes better use of the same 28 input columns: the graph
 appends ``log(1 + max(a . x, 0))`` of a few linear combinations of them (distances, total
 distance, slack, overdue minutes, promise, order age; ``LOG_FEATURES``). Travel time is a
@@ -26,8 +30,9 @@ input stays PAIR_FEATURES [batch, 28]: the router feeds every version the same t
 
 The package splits along the concerns of a run: ``config`` (what determines the weights),
 ``data`` (simulated, encoded, labelled pairs), ``mlp`` (the network and its trainer),
-``export`` (ONNX graph and its check against numpy), ``metrics`` (held-out errors),
-``card`` (model card and layout files), ``run`` (one run end to end) and ``cli``.
+``road`` (the map's columns), ``export`` (ONNX graph and its check against numpy),
+``metrics`` (held-out errors), ``card`` (model card and layout files), ``run`` (one run end
+to end) and ``cli``.
 """
 
 from dispatch_service.offline.training.card import append_policy_evaluation, render_card

@@ -106,6 +106,14 @@ def render_card(card: dict[str, Any]) -> str:
             if arch.get("derived_features")
             else []
         ),
+        *(
+            [
+                "- inputs computed inside the graph from the zone centres and the city's "
+                f"river and crossings: {', '.join(arch['road_features'])}",
+            ]
+            if arch.get("road_features")
+            else []
+        ),
         "- heads: log ETA (squared error, smearing-corrected), on-time logit (cross-entropy),",
         "  log cost (squared error, smearing-corrected); standardisation inside the graph",
         f"- ONNX opset {card['onnx']['opset']}, IR {card['onnx']['ir_version']}, "

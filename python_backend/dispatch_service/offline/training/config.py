@@ -68,4 +68,5 @@ class TrainConfig:
     learning_rate: float = 3e-3
     final_learning_rate: float = 1e-4
     log_features: bool = False  # append LOG_FEATURES inside the graph (version 2)
+    road_features: bool = True  # append ROAD_FEATURES inside the graph (`road`)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)

@@ -29,6 +29,7 @@ from dispatch_service.offline.training.export import (
 )
 from dispatch_service.offline.training.metrics import holdout_metrics, paired_differences
 from dispatch_service.offline.training.mlp import MLP, fit
+from dispatch_service.offline.training.road import ROAD_FEATURES
 
 __all__ = [
     "TrainResult",
@@ -121,6 +122,7 @@ def train_and_export(
             "final_learning_rate": config.final_learning_rate,
             "final_train_loss": report.final_loss,
             "derived_features": [name for name, _ in LOG_FEATURES] if config.log_features else [],
+            "road_features": list(ROAD_FEATURES) if config.road_features else [],
         },
         "onnx": {
             "opset": OPSET,

@@ -14,7 +14,7 @@ from pathlib import Path
 from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.ops.server import Ports
 
-__all__ = ["EXAMPLE", "Launcher", "free_port"]
+__all__ = ["EXAMPLE", "Launcher", "free_port", "process_ended"]
 
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
 
@@ -23,6 +23,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def process_ended(pid: int, timeout_s: float) -> bool:
+    """Whether process ``pid`` has ended within ``timeout_s`` (looked at least once)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":  # ended, not yet reaped by whoever adopted it
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 class Launcher:
@@ -68,6 +83,20 @@ class Launcher:
                 if line.startswith(marker):
                     return True
         return False
+
+    def children(self, name: str) -> list[int]:
+        """Pids of this launcher's child processes whose command name is ``name``."""
+        found = []
+        for stat_file in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat_file.read_text()
+            except OSError:  # gone meanwhile
+                continue
+            comm = text[text.index("(") + 1 : text.rindex(")")]
+            ppid = int(text[text.rindex(")") + 2 :].split()[1])
+            if ppid == self.process.pid and comm == name:
+                found.append(int(stat_file.parent.name))
+        return found
 
     def stop(self) -> int:
         if self.process.poll() is None:

@@ -1,9 +1,12 @@
 """The launcher as an operator runs it (`python -m dispatch_service.ops.server`, what
 `make serve` runs): keys created and printed, a second launcher on the same ports refused
-without harming the first, readiness that names a missing entry point (issues 10 and 15)."""
+without harming the first, readiness that names a missing entry point (issues 10 and 15),
+and a launcher that is killed or hung up on takes its Triton with it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
 import threading
 import time
@@ -11,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import EXAMPLE, Launcher
+from launcher_helpers import EXAMPLE, Launcher, process_ended
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError
+from dispatch_service.ops.host import ports_in_use
 from dispatch_service.ops.server import Ports
 
 
@@ -103,3 +107,33 @@ def test_a_missing_required_entry_point_is_named_and_the_start_fails(tmp_path: P
     assert "ready:" not in out
     assert "no_such_entry_point" in err and "not in the model repository" in err
     assert "dispatch:" not in err.split("not serving", 1)[1]  # only the missing one is named
+
+
+@pytest.mark.parametrize(
+    ("signum", "exit_code"),
+    [
+        # kill -9, the OOM killer: no handler runs; Triton (its own process group) used to
+        # keep serving with the ports and shared memory held.
+        (signal.SIGKILL, -signal.SIGKILL),
+        # A closed terminal: by default it ended the launcher at once, with the same result.
+        (signal.SIGHUP, 0),
+    ],
+    ids=["killed", "hung_up"],
+)
+def test_a_launcher_that_ends_takes_its_triton_with_it(
+    tmp_path: Path, signum: int, exit_code: int
+) -> None:
+    launcher = Launcher(Ports.free(), tmp_path / "server.log", tmp_path / "keys")
+    triton = 0
+    try:
+        assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
+        (triton,) = launcher.children("tritonserver")
+        launcher.process.send_signal(signum)
+        assert launcher.process.wait(timeout=90) == exit_code
+        assert process_ended(triton, 90), "tritonserver outlived its launcher"
+        ports = launcher.ports
+        assert ports_in_use("127.0.0.1", (ports.http, ports.grpc, ports.metrics)) == []
+    finally:
+        launcher.stop()
+        if triton and not process_ended(triton, 0):  # never leave one behind when this fails
+            os.killpg(triton, signal.SIGKILL)  # its own group: its stubs too

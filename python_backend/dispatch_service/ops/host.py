@@ -10,10 +10,15 @@
 - Leftovers of a crash: regions under a dead launcher's prefix, and Python-backend stubs
   re-parented after their server died (their command line names the region), are removed
   at start.
+- Children that outlive the launcher: Triton runs in a process group of its own (so a stop
+  reaches its stubs), which also shields it from the launcher's death. A SIGKILLed launcher
+  (the OOM killer, `kill -9`) left it serving, ports and shared memory held, until someone
+  found it; `die_with_parent` makes the kernel stop it instead.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import ipaddress
 import os
@@ -21,7 +26,8 @@ import re
 import secrets
 import signal
 import socket
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -33,6 +39,7 @@ __all__ = [
     "Leftovers",
     "clean_leftovers",
     "describe_ports",
+    "die_with_parent",
     "find_leftovers",
     "is_loopback",
     "new_shm_prefix",
@@ -109,6 +116,35 @@ def _alive(pid: int) -> bool:
 class Leftovers:
     regions: tuple[Path, ...]
     stubs: tuple[int, ...]  # pids
+
+
+_PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `subprocess.Popen` ``preexec_fn``: the child is sent ``signum`` when the thread that
+    started it ends, the launcher's death included (Linux ``PR_SET_PDEATHSIG``, kept across
+    exec). None where the kernel has no such call. A parent already gone before the call took
+    effect is caught too: the child then signals itself.
+
+    The kernel watches the starting thread, not the process: start children from a thread
+    that lives as long as they should (the launcher's main thread, or the supervisor's
+    watcher, which ends only when the server is being stopped anyway).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved now, not after fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os.kill(os.getpid(), signum)
+
+    return arm
 
 
 def find_leftovers(shm_dir: Path = Path("/dev/shm"), proc: Path = Path("/proc")) -> Leftovers:

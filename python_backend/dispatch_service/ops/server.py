@@ -41,6 +41,7 @@ from dispatch_service.ops.host import (
     EXPOSURE_RISKS,
     clean_leftovers,
     describe_ports,
+    die_with_parent,
     find_leftovers,
     is_loopback,
     new_shm_prefix,
@@ -203,7 +204,9 @@ class ChildService:
     """A child process in its own process group, its output in a log file.
 
     Readiness is an HTTP URL answering 200; stopping signals the whole group (SIGTERM, then
-    SIGKILL), so helper processes such as Triton's backend stubs go with it.
+    SIGKILL), so helper processes such as Triton's backend stubs go with it. Its own group
+    shields the child from signals sent to ours, so it is told to stop when its parent dies
+    (`host.die_with_parent`): a killed launcher never leaves a Triton behind.
     """
 
     def __init__(self, log_path: Path, name: str) -> None:
@@ -229,6 +232,7 @@ class ChildService:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
 
     @staticmethod
@@ -763,15 +767,16 @@ def event_printer(out: TextIO) -> Callable[[str], None]:
 
 
 def run_until_stopped(server: TritonServer, supervisor: Supervisor, out: TextIO) -> int:
-    """Block until SIGTERM/SIGINT (drain, exit 0), a dead server (exit 3) or Triton exiting
-    on its own (its code, or 1)."""
+    """Block until SIGTERM/SIGINT/SIGHUP (drain, exit 0), a dead server (exit 3) or Triton
+    exiting on its own (its code, or 1). SIGHUP is a closed terminal: by default it ended the
+    launcher at once, with its Triton left serving in a process group of its own."""
     stop = threading.Event()
 
     def _stop(signum: int, frame: object) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _stop)
     while not stop.wait(0.25):
         if supervisor.dead.is_set():
             supervisor.stop()

@@ -9,9 +9,10 @@ must encode within a few tens of milliseconds on a CPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,9 +36,11 @@ __all__ = [
     "EncoderThreads",
     "IntArray",
     "encode_pairs",
+    "encode_pairs_batch",
     "encode_window",
     "feasible_mask",
     "select_candidates",
+    "window_candidates",
 ]
 
 IntArray = NDArray[np.int64]
@@ -328,23 +331,64 @@ def encode_pairs(
     geohash zone over all their points together), so a small window costs a few dozen
     numpy calls and a big one a few passes over B * N values.
     """
-    num_orders = window.num_orders
-    if candidates.ndim != 2 or candidates.shape[0] != num_orders:
-        raise ValueError(f"candidates must have shape [{num_orders}, N], got {candidates.shape}")
-    per_order = candidates.shape[1]
-    flat = candidates.reshape(-1).astype(np.int64)
-    if flat.size and int(flat.max()) >= window.num_riders:
-        raise ValueError("candidates refer to a rider row that does not exist")
-    valid = np.flatnonzero(flat >= 0)
-    if valid.size == 0:
-        return np.zeros((flat.size, NUM_PAIR_FEATURES), dtype=np.float32)
-    o = valid // per_order
-    r = flat[valid]
-    pairs = valid.size
+    return encode_pairs_batch([(window, candidates)], settings)[0]
+
+
+def encode_pairs_batch(
+    windows: Sequence[tuple[DispatchWindow, NDArray[np.int32]]], settings: EncoderSettings
+) -> list[NDArray[np.float32]]:
+    """`encode_pairs` of several windows (each with its candidates) in one pass.
+
+    Why: a small window's features cost a few dozen numpy calls whatever its size, so the
+    windows of one Triton `execute` share them (issue 11: pair features built for the
+    batch's concatenation). Each window's rows are exactly those it gets alone: every
+    column is computed row by row, and the values of a window (local hour, weekday) are
+    computed per window as for one window and then gathered. Raises ValueError, naming
+    the window, for candidates that do not fit their window.
+    """
+    pair_orders: list[IntArray] = []  # per window: each valid pair's order, batch-wide
+    pair_riders: list[IntArray] = []  # its rider row, in its window
+    valids: list[IntArray] = []
+    sizes: list[int] = []
+    order_base = 0
+    for number, (window, candidates) in enumerate(windows):
+        num_orders = window.num_orders
+        if candidates.ndim != 2 or candidates.shape[0] != num_orders:
+            raise ValueError(
+                f"window {number}: candidates must have shape [{num_orders}, N], "
+                f"got {candidates.shape}"
+            )
+        flat = candidates.reshape(-1).astype(np.int64)
+        if flat.size and int(flat.max()) >= window.num_riders:
+            raise ValueError(
+                f"window {number}: candidates refer to a rider row that does not exist"
+            )
+        valid = np.flatnonzero(flat >= 0)
+        valids.append(valid)
+        sizes.append(flat.size)
+        pair_orders.append(valid // max(candidates.shape[1], 1) + order_base)
+        pair_riders.append(flat[valid])
+        order_base += num_orders
+    if order_base == 0 or not any(v.size for v in valids):
+        return [np.zeros((size, NUM_PAIR_FEATURES), dtype=np.float32) for size in sizes]
+
+    def joined(parts: list[NDArray[Any]]) -> NDArray[Any]:
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    members = [window for window, _ in windows]
+    chosen = list(zip(members, pair_riders, strict=True))  # each window with its pairs' riders
+    o = joined(pair_orders)
+    pairs = o.size
+    num_orders = order_base
+    pickup = joined([w.pickup for w in members])
+    dropoff = joined([w.dropoff for w in members])
+    rider_position = joined([w.rider_position[r] for w, r in chosen])
+    load = joined([w.rider_load[r] for w, r in chosen]).astype(np.float64)
+    capacity = joined([w.rider_capacity[r] for w, r in chosen]).astype(np.float64)
+    vehicle = joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)[:, None] == _VEHICLES
 
     # Legs rider -> pickup (one per pair) then pickup -> dropoff (one per order).
-    pickup, dropoff = window.pickup, window.dropoff
-    start = np.concatenate((window.rider_position[r], pickup))
+    start = np.concatenate((rider_position, pickup))
     end = np.concatenate((pickup[o], dropoff))
     km, bearing = geo.haversine_bearing(start[:, 0], start[:, 1], end[:, 0], end[:, 1])
     bearing_sin, bearing_cos = np.sin(bearing), np.cos(bearing)
@@ -352,14 +396,20 @@ def encode_pairs(
     centre = geo.cell_centre_latlon(np.concatenate((start, dropoff)), settings.zone_precision)
     east, north = geo.en_offset_km(centre[:, 0], centre[:, 1])
 
-    hour, weekend = _local_time(window.dispatch_time, settings.utc_offset_minutes)
-    hour_angle = 2.0 * np.pi * hour / 24.0
-    age = np.maximum((window.dispatch_time - window.created_at.astype(np.float64)) / 60.0, 0.0)
-    promised = window.promised_minutes.astype(np.float64)
-    flags = (window.constraints.astype(np.int64)[:, None] & _ORDER_FLAGS) != 0
-    load = window.rider_load[r].astype(np.float64)
-    capacity = window.rider_capacity[r].astype(np.float64)
-    vehicle = window.rider_vehicle[r].astype(np.int64)[:, None] == _VEHICLES
+    # Per window: its local hour and weekday, as one window computes them; per order: its
+    # window's row of them and its decision time.
+    window_values = np.empty((len(members), len(_WINDOW_COLUMNS)), dtype=np.float64)
+    for row, window in enumerate(members):
+        hour, weekend = _local_time(window.dispatch_time, settings.utc_offset_minutes)
+        hour_angle = 2.0 * np.pi * hour / 24.0
+        window_values[row] = (float(np.sin(hour_angle)), float(np.cos(hour_angle)), weekend)
+    order_window = np.repeat(np.arange(len(members)), [w.num_orders for w in members])
+    dispatch_time = np.array([w.dispatch_time for w in members], dtype=np.float64)[order_window]
+    created_at = joined([w.created_at for w in members]).astype(np.float64)
+    age = np.maximum((dispatch_time - created_at) / 60.0, 0.0)
+    promised = joined([w.promised_minutes for w in members]).astype(np.float64)
+    constraints = joined([w.constraints for w in members]).astype(np.int64)
+    flags = (constraints[:, None] & _ORDER_FLAGS) != 0
 
     trip, pickup_zone, dropoff_zone = (
         slice(pairs, None),
@@ -394,35 +444,45 @@ def encode_pairs(
             vehicle,
         )
     )
-    if pairs == flat.size:
-        out = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
-        block = out
-    else:
-        out = np.zeros((flat.size, NUM_PAIR_FEATURES), dtype=np.float32)
-        block = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
+    block = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
     block[:, _PAIR_AT] = per_pair_table
     block[:, _ORDER_AT] = per_order_table[o]
-    block[:, _WINDOW_AT] = (float(np.sin(hour_angle)), float(np.cos(hour_angle)), float(weekend))
-    if block is not out:
-        out[valid] = block
+    block[:, _WINDOW_AT] = window_values[order_window[o]]
+
+    out: list[NDArray[np.float32]] = []
+    first = 0
+    for valid, size in zip(valids, sizes, strict=True):
+        rows = block[first : first + valid.size]
+        first += valid.size
+        if valid.size == size:
+            out.append(rows)
+        else:
+            full = np.zeros((size, NUM_PAIR_FEATURES), dtype=np.float32)
+            full[valid] = rows
+            out.append(full)
     return out
+
+
+def window_candidates(
+    window: DispatchWindow, settings: EncoderSettings, threads: int = 1
+) -> NDArray[np.int32]:
+    """[B, N] rider rows per order: the N nearest feasible riders, amended where riders are
+    scarce so that the lists still hold an assignment serving as many orders as the exact
+    optimum (`coverage.cover_maximum_assignment`)."""
+    return cover_maximum_assignment(
+        select_candidates(window, settings.candidates_per_order, threads),
+        lambda: feasible_mask(window),
+        spare_slots(window.rider_load, window.rider_capacity),
+    )
 
 
 def encode_window(
     window: DispatchWindow, settings: EncoderSettings | None = None, threads: int = 1
 ) -> EncodedWindow:
-    """Select candidates and encode their pairs: the whole feature_encoder step.
-
-    The lists are the N nearest feasible riders, amended where riders are scarce so that
-    they still hold an assignment serving as many orders as the exact optimum
-    (`coverage.cover_maximum_assignment`).
-    """
+    """Select candidates (`window_candidates`) and encode their pairs: the whole
+    feature_encoder step."""
     settings = settings or EncoderSettings()
-    candidates = cover_maximum_assignment(
-        select_candidates(window, settings.candidates_per_order, threads),
-        lambda: feasible_mask(window),
-        spare_slots(window.rider_load, window.rider_capacity),
-    )
+    candidates = window_candidates(window, settings, threads)
     return EncodedWindow(
         pair_features=encode_pairs(window, candidates, settings),
         candidate_rider_index=candidates,

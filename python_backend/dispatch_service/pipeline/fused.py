@@ -88,7 +88,6 @@ class _Prepared:
     routing: RouterSettings
     versions: NDArray[np.int32]
     served: ServedVersions
-    started: float
     encode_ms: float
     # version -> (the pair rows routed to it, their scores from the batch's session call)
     scored: dict[int, tuple[NDArray[np.float32], NDArray[np.float32]]] = field(default_factory=dict)
@@ -222,9 +221,10 @@ class FusedDispatch:
     def run_batch(
         self, batch: Sequence[Mapping[str, NDArray[Any] | None]]
     ) -> list[FusedResult | Exception]:
-        """Several windows (one Triton `execute`) at once: each window is encoded, routed and
-        resolved on its own, but the pairs all windows route to one version are scored in
-        one ONNX Runtime call per version for the whole batch.
+        """Several windows (one Triton `execute`) at once: each window is validated, given its
+        candidates, routed and resolved on its own, but the pair features of all windows are
+        built in one pass (`FeatureEncoderStep.encode_batch`) and the pairs all windows route
+        to one version are scored in one ONNX Runtime call per version for the whole batch.
 
         Returns per window, in order, its result or the exception it alone raised
         (DispatchInputError for bad input): one bad window never fails the others. Each
@@ -232,10 +232,17 @@ class FusedDispatch:
         on its own, and a call routing makes that the batch did not score (a shadow, a stable
         retry) is scored for that window alone.
         """
+        started = time.perf_counter()
+        encoded = self.encoder.encode_batch(batch)
+        # The pair features were built for the whole batch: each window is charged its share.
+        encode_ms = (time.perf_counter() - started) * 1000.0 / max(len(batch), 1)
         prepared: list[_Prepared | Exception] = []
-        for inputs in batch:
+        for inputs, outcome in zip(batch, encoded, strict=True):
+            if isinstance(outcome, Exception):
+                prepared.append(outcome)
+                continue
             try:
-                prepared.append(self._prepare(inputs))
+                prepared.append(self._prepare(inputs, *outcome, encode_ms))
             except Exception as exc:  # this window's own error
                 prepared.append(exc)
         self._score_together([item for item in prepared if isinstance(item, _Prepared)])
@@ -250,16 +257,19 @@ class FusedDispatch:
                 results.append(exc)
         return results
 
-    def _prepare(self, inputs: Mapping[str, NDArray[Any] | None]) -> _Prepared:
-        started = time.perf_counter()
-        window, encoded = self.encoder.encode(inputs)
-        encode_ms = (time.perf_counter() - started) * 1000.0
+    def _prepare(
+        self,
+        inputs: Mapping[str, NDArray[Any] | None],
+        window: DispatchWindow,
+        encoded: Arrays,
+        encode_ms: float,
+    ) -> _Prepared:
         served = ServedVersions(self.servable)
         routing, versions = route_window(
             user_ids_from_wire(inputs), inputs.get(MODEL_VERSION_TAG.name),
             self.settings.routing, served,
         )  # fmt: skip
-        return _Prepared(encoded, window, routing, versions, served, started, encode_ms)
+        return _Prepared(encoded, window, routing, versions, served, encode_ms)
 
     def _score_together(self, windows: Sequence[_Prepared]) -> None:
         """One session call per version over the rows every window routes to it."""

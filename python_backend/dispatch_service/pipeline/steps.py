@@ -29,7 +29,13 @@ from dispatch_contract import (
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import TrustedKeys
-from dispatch_service.domain.features import EncoderSettings, EncoderThreads, encode_window
+from dispatch_service.domain.features import (
+    EncoderSettings,
+    EncoderThreads,
+    encode_pairs,
+    encode_pairs_batch,
+    window_candidates,
+)
 from dispatch_service.domain.resolver import ResolverSettings, resolve
 from dispatch_service.domain.window import (
     DispatchWindow,
@@ -117,12 +123,49 @@ class FeatureEncoderStep:
     def encode(self, inputs: Mapping[str, NDArray[Any] | None]) -> tuple[DispatchWindow, Arrays]:
         """`run`, with the validated (and located) window it encoded: dispatch_fused hands it
         to the resolver instead of unpacking and checking the same tensors again."""
+        window, candidates, sources = self._select(inputs)
+        features = encode_pairs(window, candidates, self.encoder)
+        return window, self._tensors(features, candidates, sources)
+
+    def encode_batch(
+        self, batch: Sequence[Mapping[str, NDArray[Any] | None]]
+    ) -> list[tuple[DispatchWindow, Arrays] | Exception]:
+        """`encode` of several windows (one Triton `execute` of dispatch_fused): each window
+        is validated, located and given its candidates on its own, then the pair features of
+        all of them are built in one pass (`encode_pairs_batch`), each window's rows as it
+        gets them alone. A window that fails gets its exception (DispatchInputError for bad
+        input) in its place; the others their window and tensors."""
+        selected: list[tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]] | Exception] = []
+        for inputs in batch:
+            try:
+                selected.append(self._select(inputs))
+            except Exception as exc:  # this window's own error
+                selected.append(exc)
+        good = [item for item in selected if not isinstance(item, Exception)]
+        features = iter(encode_pairs_batch([(w, c) for w, c, _ in good], self.encoder))
+        return [
+            item
+            if isinstance(item, Exception)
+            else (item[0], self._tensors(next(features), item[1], item[2]))
+            for item in selected
+        ]
+
+    def _select(
+        self, inputs: Mapping[str, NDArray[Any] | None]
+    ) -> tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]]:
+        """The validated, located window, its candidates and where each point came from."""
         window, sources = self.geocoder.locate(window_from_wire(inputs, self.limits))
-        encoded = encode_window(window, self.encoder, self.threads.selection_threads)
-        features, candidates, located = ENCODER_OUTPUTS
-        return window, {
-            features.name: encoded.pair_features,
-            candidates.name: encoded.candidate_rider_index,
+        candidates = window_candidates(window, self.encoder, self.threads.selection_threads)
+        return window, candidates, sources
+
+    @staticmethod
+    def _tensors(
+        features: NDArray[np.float32], candidates: NDArray[np.int32], sources: NDArray[Any]
+    ) -> Arrays:
+        pair_features, candidate_index, located = ENCODER_OUTPUTS
+        return {
+            pair_features.name: features,
+            candidate_index.name: candidates,
             located.name: sources,
         }
 

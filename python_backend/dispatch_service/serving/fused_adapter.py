@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from dispatch_contract import DISPATCH_ENSEMBLE_INPUTS
-from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     CANDIDATES_PER_ORDER,
     CAPACITY_CONFLICTS,
@@ -79,32 +78,12 @@ class FusedDispatchAdapter(TritonResponder):
         self.dispatch.encoder.close()
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
-        """The windows of one execute run as one batch (`FusedDispatch.run_batch`: one ONNX
-        Runtime call per routed version); each request still gets its own answer or error."""
-        responses: list[Any] = [None] * len(requests)
-        members: list[int] = []
-        windows: list[dict[str, Any]] = []
-        for i, request in enumerate(requests):
-            try:
-                windows.append(self.arrays(request, self.input_names))
-            except DispatchInputError as exc:
-                responses[i] = self.reject(request, exc)
-                continue
-            members.append(i)
-        try:
-            outcomes: list[FusedResult | Exception] = self.dispatch.run_batch(windows)
-        except Exception as exc:  # a failure of the batch itself: each member's own error
-            outcomes = [exc] * len(members)
-        for i, outcome in zip(members, outcomes, strict=True):
-            responses[i] = self._respond(requests[i], outcome)
-        return responses
+        """The windows of one execute run as one batch (`FusedDispatch.run_batch`: pair
+        features built and scored once per routed version); each request still gets its own
+        answer or error."""
+        return self.answer_batch(requests, self.input_names, self.dispatch.run_batch, self._answer)
 
-    def _respond(self, request: Any, outcome: FusedResult | Exception) -> Any:
-        if isinstance(outcome, DispatchInputError):
-            return self.reject(request, outcome)
-        if isinstance(outcome, Exception):  # answers this request only
-            return self.internal_error(request, outcome)
-        result = outcome
+    def _answer(self, request: Any, result: FusedResult) -> Any:
         self.record(fused_observations(result) + self.dispatch.encoder.geocoder.observations())
         log_failed_calls(
             self.pb, self.model_name, request, result.routed, self.dispatch.settings.scoring_model

@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -39,6 +39,7 @@ from dispatch_service.core.metrics import (
     rejection_observation,
 )
 from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.steps import (
     Arrays,
@@ -71,6 +72,9 @@ def log_event(pb_utils: Any, level: str, **fields: Any) -> None:
     """One JSON log line through Triton's logger (never with request payload)."""
     line = json.dumps(fields, sort_keys=True, default=str)
     getattr(pb_utils.Logger, f"log_{level}")(line)
+
+
+T = TypeVar("T")
 
 
 class TritonResponder:
@@ -175,6 +179,43 @@ class TritonResponder:
         self.record([rejection_observation(exc)])
         return self.error(request, str(exc), self.pb.TritonError.INVALID_ARG)
 
+    def answer_batch(
+        self,
+        requests: Sequence[Any],
+        names: Sequence[str],
+        run_batch: Callable[[list[dict[str, NDArray[Any] | None]]], Sequence[T | Exception]],
+        answer: Callable[[Any, T], Any],
+    ) -> list[Any]:
+        """One `execute`'s requests run as one batch, each answered on its own: a request
+        whose inputs cannot be read is rejected alone, the others go to ``run_batch`` together
+        (one outcome per window, in order), and each outcome is answered: DispatchInputError
+        as INVALID_ARG, another exception as an internal error, a result by ``answer``.
+        A failure of the batch itself is each member's own internal error."""
+        responses: list[Any] = [None] * len(requests)
+        members: list[int] = []
+        windows: list[dict[str, NDArray[Any] | None]] = []
+        for i, request in enumerate(requests):
+            try:
+                windows.append(self.arrays(request, names))
+            except DispatchInputError as exc:
+                responses[i] = self.reject(request, exc)
+                continue
+            members.append(i)
+        outcomes: Sequence[T | Exception]
+        try:
+            outcomes = run_batch(windows) if windows else []
+        except Exception as exc:
+            outcomes = [exc] * len(members)
+        for i, outcome in zip(members, outcomes, strict=True):
+            request = requests[i]
+            if isinstance(outcome, DispatchInputError):
+                responses[i] = self.reject(request, outcome)
+            elif isinstance(outcome, Exception):
+                responses[i] = self.internal_error(request, outcome)
+            else:
+                responses[i] = answer(request, outcome)
+        return responses
+
     def internal_error(self, request: Any, exc: Exception) -> Any:
         log_event(
             self.pb,
@@ -183,7 +224,8 @@ class TritonResponder:
             model=self.model_name,
             request_id=request.request_id(),
             error=f"{type(exc).__name__}: {exc}",
-            trace=traceback.format_exc(limit=5),
+            # The exception's own traceback: a batch answers its failures after the fact.
+            trace="".join(traceback.format_exception(exc, limit=5)),
         )
         return self.error(
             request,
@@ -233,6 +275,27 @@ class TritonStepAdapter(TritonResponder):
 
     def run_step(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
         return self.step.run(inputs)
+
+
+class TritonEncoderAdapter(TritonStepAdapter):
+    """feature_encoder: the windows of one `execute` are encoded as a batch
+    (`FeatureEncoderStep.encode_batch`: their pair features built in one pass); each request
+    still gets its own answer or error. Each window's latency is its share of the batch."""
+
+    step: FeatureEncoderStep
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        started = time.perf_counter()
+        count = max(len(requests), 1)
+
+        def answer(request: Any, encoded: tuple[DispatchWindow, Arrays]) -> Any:
+            outputs = encoded[1]
+            if self.observer is not None:
+                elapsed_ms = (time.perf_counter() - started) * 1000.0 / count
+                self.record(self.observer(outputs, elapsed_ms))
+            return self.response(outputs)
+
+        return self.answer_batch(requests, self.step.input_names, self.step.encode_batch, answer)
 
 
 class TritonResolverAdapter(TritonStepAdapter):
@@ -402,12 +465,21 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
     definitions = metrics_of(model)
     if model == "feature_encoder":
         encoder = FeatureEncoderStep.from_parameters(parameters)
-        step: Step = encoder
 
         def observer(outputs: Mapping[str, NDArray[Any]], elapsed_ms: float) -> list[Observation]:
             return encoder_observations(outputs, elapsed_ms) + encoder.geocoder.observations()
 
         definitions = (*definitions, *GEOCODING_METRICS)
+        adapter = TritonEncoderAdapter(
+            pb_utils,
+            name,
+            encoder,
+            metrics=triton_metrics(pb_utils, name, version, definitions),
+            observer=observer,
+            **labels,
+        )
+        adapter.loaded()
+        return adapter
     elif model == "topk_resolver":
         adapter = TritonResolverAdapter(
             pb_utils,
@@ -432,18 +504,7 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
         )
         adapter.loaded()
         return adapter
-    else:
-        raise ValueError(f"no adapter for model {model!r}")
-    adapter = TritonStepAdapter(
-        pb_utils,
-        name,
-        step,
-        metrics=triton_metrics(pb_utils, name, version, definitions),
-        observer=observer,
-        **labels,
-    )
-    adapter.loaded()
-    return adapter
+    raise ValueError(f"no adapter for model {model!r}")
 
 
 def triton_metrics(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -507,3 +508,44 @@ def test_scarce_windows_serve_as_many_orders_as_the_exact_optimum(regime: str) -
         short_without_coverage += _served(window, nearest, seed) < optimum
     # The windows are scarce enough that the plain nearest lists do lose orders.
     assert short_without_coverage > 0
+
+
+def test_a_windows_rows_do_not_depend_on_the_windows_batched_with_it() -> None:
+    # encode_pairs_batch builds several windows' features in one pass (dispatch_fused and
+    # feature_encoder per Triton execute): each window's rows must be exactly those it gets
+    # alone, whatever its batch-mates: sizes, padded candidates, hard constraints, another
+    # decision time (hour, weekday) and a window with no candidate at all.
+    settings = EncoderSettings()
+    rng = np.random.default_rng(7)
+    windows = [
+        generate_regime_window(rng, dataclasses.replace(REGIMES[name], **size))
+        for name, size in (
+            ("default", {"num_orders": 1, "num_riders": 20}),
+            ("scarcity", {"num_orders": 30, "num_riders": 6}),
+            ("hard_constraints", {"num_orders": 12, "num_riders": 40}),
+            ("night", {"num_orders": 5, "num_riders": 3}),
+            ("default", {"num_orders": 64, "num_riders": 200}),
+        )
+    ]
+    nobody = make_window(
+        pickup=[[31.2, 121.4]], rider_position=[[31.21, 121.41]], rider_capacity=[0]
+    )
+    windows.insert(2, nobody)
+    items = [(w, features.window_candidates(w, settings)) for w in windows]
+    assert (items[2][1] < 0).all() and any((c < 0).any() for _, c in items[3:])
+    alone = [features.encode_pairs(w, c, settings) for w, c in items]
+    for order in (list(range(len(items))), list(reversed(range(len(items)))), [4, 0]):
+        together = features.encode_pairs_batch([items[i] for i in order], settings)
+        for i, got in zip(order, together, strict=True):
+            assert got.dtype == np.float32 and got.shape == alone[i].shape
+            assert got.tobytes() == alone[i].tobytes(), f"window {i} in batch {order}"
+    assert features.encode_pairs_batch([], settings) == []
+
+
+def test_a_batch_names_the_window_whose_candidates_do_not_fit() -> None:
+    window = _hand_window()
+    good = (window, np.array([[0, 1]], dtype=np.int32))
+    with pytest.raises(ValueError, match="window 1: candidates refer to a rider row"):
+        features.encode_pairs_batch(
+            [good, (window, np.array([[5]], dtype=np.int32))], EncoderSettings()
+        )

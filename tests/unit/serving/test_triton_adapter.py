@@ -28,6 +28,7 @@ from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderSte
 from dispatch_service.routing.engine import ModelCallError
 from dispatch_service.serving.triton_adapter import (
     TritonBatchedModelAdapter,
+    TritonEncoderAdapter,
     TritonStepAdapter,
     adapter_for,
 )
@@ -453,10 +454,41 @@ def test_adapter_for_the_encoder(tmp_path: Path) -> None:
         triton_args("feature_encoder", {"candidates_per_order": "3"}, tmp_path),
         "feature_encoder",
     )
-    assert type(adapter) is TritonStepAdapter
+    assert type(adapter) is TritonEncoderAdapter
     assert adapter.model_name == "feature_encoder"
     assert isinstance(adapter.step, FeatureEncoderStep)
     assert adapter.step.encoder.candidates_per_order == 3
+
+
+def test_the_encoder_answers_a_batch_byte_for_byte_like_each_window_alone() -> None:
+    # One execute of several windows (their pair features built in one pass), one of them
+    # bad and one without the batch dimension: each good one gets exactly what the step
+    # gives it alone, each bad one its own error.
+    step = FeatureEncoderStep()
+    pickup = np.array(logical_window(3)["ORDER_PICKUP"], copy=True)
+    pickup[1, 0] = 95.0
+    unbatched = window_request(4, "d")
+    unbatched.tensors = {name: value[0] for name, value in unbatched.tensors.items()}
+    requests = [
+        window_request(1, "a"),
+        window_request(2, "b"),
+        window_request(3, "c", ORDER_PICKUP=pickup),
+        unbatched,
+        window_request(5, "e"),
+    ]
+    responses = TritonEncoderAdapter(FakePbUtils(), "feature_encoder", step).execute(requests)
+    assert len(responses) == len(requests)
+    for i in (0, 1, 4):
+        alone = step.run({k: v[0] for k, v in requests[i].tensors.items()})
+        got = responses[i].outputs()
+        assert got.keys() == alone.keys()
+        for name, value in alone.items():
+            assert got[name][0].dtype == value.dtype and got[name][0].shape == value.shape
+            assert got[name][0].tobytes() == value.tobytes(), name
+    for i, tensor in ((2, "ORDER_FIELDS[pickup_lat, pickup_lon]"), (3, "ORDER_IDS")):
+        error = responses[i].error()
+        assert error.code() == FakeTritonError.INVALID_ARG
+        assert error.message().startswith(tensor), error.message()
 
 
 def test_adapter_for_the_resolver(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.ops.server import Ports
 
-__all__ = ["EXAMPLE", "Launcher", "free_port", "process_ended"]
+__all__ = ["EXAMPLE", "Launcher", "free_port"]
 
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
 
@@ -23,21 +23,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def process_ended(pid: int, timeout_s: float) -> bool:
-    """Whether process ``pid`` has ended within ``timeout_s`` (looked at least once)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state == "Z":  # ended, not yet reaped by whoever adopted it
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
 
 
 class Launcher:

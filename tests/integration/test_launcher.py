@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import EXAMPLE, Launcher, process_ended
+from launcher_helpers import EXAMPLE, Launcher
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError
-from dispatch_service.ops.host import ports_in_use
+from dispatch_service.ops.host import ports_in_use, process_ended
 from dispatch_service.ops.server import Ports
 
 

@@ -27,6 +27,7 @@ import secrets
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ __all__ = [
     "new_shm_prefix",
     "ports_in_use",
     "prefix_owner",
+    "process_ended",
 ]
 
 SHM_PREFIX_ROOT: Final = "dispatchsrv_"
@@ -102,14 +104,27 @@ def prefix_owner(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def process_ended(pid: int, timeout_s: float = 0.0, proc: Path = Path("/proc")) -> bool:
+    """Whether process ``pid`` has ended, waiting up to ``timeout_s`` (looked at least once).
+
+    A zombie has ended too: its parent died or has not reaped it yet, and it holds nothing
+    (a killed launcher stays one until whoever adopted it reaps it).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):  # gone (or vanished while read)
+            return True
+        if state == "Z":
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive, and not ours to judge
-    return True
+    return not process_ended(pid)
 
 
 @dataclass(frozen=True)

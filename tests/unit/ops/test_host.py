@@ -3,13 +3,11 @@ parent (dispatch_service.ops.host)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from dispatch_service.ops.host import (
     new_shm_prefix,
     ports_in_use,
     prefix_owner,
+    process_ended,
 )
 
 
@@ -99,57 +98,21 @@ def test_cleaning_removes_regions_and_tolerates_vanished_ones(tmp_path: Path) ->
     assert lines == [f"removed stale shared-memory region {region}"]
 
 
-def _gone(pid: int, timeout_s: float) -> bool:
-    """Whether process ``pid`` has ended within ``timeout_s`` (looked at least once)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state == "Z":  # ended, not yet reaped by whoever adopted it
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
-@pytest.mark.skipif(die_with_parent() is None, reason="PR_SET_PDEATHSIG is Linux only")
-def test_a_child_armed_to_die_with_its_parent_ends_when_the_parent_is_killed() -> None:
-    # The parent starts a long sleep armed with die_with_parent (in its own session, as the
-    # launcher starts Triton), prints its pid, then waits; SIGKILL gives it no chance to
-    # clean up, so only the kernel can end the sleep.
-    parent_code = (
-        "import subprocess, sys, time\n"
-        "from dispatch_service.ops.host import die_with_parent\n"
-        "child = subprocess.Popen(['sleep', '60'], start_new_session=True,"
-        " preexec_fn=die_with_parent())\n"
-        "print(child.pid, flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    parent = subprocess.Popen(
-        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
-        os.kill(child, 0)  # running
-        parent.kill()
-        parent.wait(timeout=10)
-        assert _gone(child, 10), "the child outlived its killed parent"
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-        if parent.stdout is not None:
-            parent.stdout.close()
-
-
-def test_an_unarmed_child_outlives_its_killed_parent() -> None:
-    # The control: without die_with_parent the same child is left running (what a SIGKILLed
-    # launcher did to its Triton).
+@pytest.mark.parametrize("armed", [True, False], ids=["armed", "unarmed"])
+def test_only_a_child_armed_to_die_with_its_parent_ends_when_the_parent_is_killed(
+    armed: bool,
+) -> None:
+    # The parent starts a long sleep in its own session (as the launcher starts Triton),
+    # armed with die_with_parent or not, prints its pid, then waits. SIGKILL gives it no
+    # chance to clean up, so only the kernel can end the sleep; unarmed, the sleep is left
+    # running (what a SIGKILLed launcher did to its Triton).
+    if armed and die_with_parent() is None:
+        pytest.skip("PR_SET_PDEATHSIG is Linux only")
+    arm = ", preexec_fn=die_with_parent()" if armed else ""
     parent_code = (
         "import subprocess, time\n"
-        "child = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        "from dispatch_service.ops.host import die_with_parent\n"
+        f"child = subprocess.Popen(['sleep', '60'], start_new_session=True{arm})\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n"
     )
@@ -160,14 +123,26 @@ def test_an_unarmed_child_outlives_its_killed_parent() -> None:
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
+        assert not process_ended(child)
         parent.kill()
         parent.wait(timeout=10)
-        assert not _gone(child, 1.0)
+        assert process_ended(child, 10.0 if armed else 1.0) is armed
     finally:
-        if child:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+        if child and not process_ended(child):
+            os.kill(child, signal.SIGKILL)
         if parent.poll() is None:
             parent.kill()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_a_zombie_or_a_missing_process_has_ended(tmp_path: Path) -> None:
+    for pid, state in ((10, "S"), (11, "Z"), (12, "R")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (some (odd) name) {state} 1 2 3\n")
+    assert [process_ended(pid, proc=tmp_path) for pid in (10, 11, 12, 13)] == [
+        False,
+        True,
+        False,
+        True,
+    ]

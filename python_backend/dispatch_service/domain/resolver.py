@@ -78,7 +78,7 @@ Assignment
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -109,6 +109,7 @@ __all__ = [
     "fnv1a_64",
     "ids_as_bytes",
     "resolve",
+    "resolve_many",
     "score_pairs",
 ]
 
@@ -281,12 +282,14 @@ def score_pairs(
 def _score(
     obj: NDArray[np.float64], w: NDArray[np.float64], settings: ResolverSettings
 ) -> NDArray[np.float64]:
-    """`score_pairs` on inputs already checked (resolve validates them once)."""
+    """`score_pairs` on inputs already checked (resolve validates them once). ``w``: [3],
+    or one row per order ([B, 1, 3] for objectives [B, N, 3]: `resolve_many`); the same
+    arithmetic either way, element by element."""
     latency = 1.0 / (1.0 + obj[..., _ETA] / settings.eta_scale_minutes)
     ontime = np.clip(obj[..., _ONTIME], 0.0, 1.0)
     cost = 1.0 / (1.0 + obj[..., _COST] / settings.cost_scale_cny)
-    total = w[0] * latency + w[1] * ontime + w[2] * cost
-    result: NDArray[np.float64] = total / float(w.sum())
+    total = w[..., 0] * latency + w[..., 1] * ontime + w[..., 2] * cost
+    result: NDArray[np.float64] = total / w.sum(axis=-1)
     return result
 
 
@@ -657,7 +660,7 @@ class ResolverWindow:
     rider_ids: NDArray[Any]  # [R]
     candidates: NDArray[np.int64]  # [B, N] rider rows, -1 = none
     spare: NDArray[np.int64]  # [R]
-    weights: NDArray[np.float64]  # [3]
+    weights: NDArray[np.float64]  # [3]; [B, 1, 3] (one row per order) in `resolve_many`
     settings: ResolverSettings
 
     @classmethod
@@ -718,6 +721,15 @@ class ResolverWindow:
     ) -> Resolution:
         """Top-K lists from checked objectives [B, N, 3] and the assignment: the optimal one
         for these objectives, or ``assigned`` (rider row per order, -1 = none) when given."""
+        resolution = self._resolution(objectives, assigned, solve=True)
+        assert resolution is not None  # with solve, always
+        return resolution
+
+    def _resolution(
+        self, objectives: NDArray[np.float64], assigned: NDArray[np.int64] | None, solve: bool
+    ) -> Resolution | None:
+        """`resolution`; without ``solve``, None where the assignment needs the full solve
+        (some order's best rider is tied or contested: `_uncontested`)."""
         settings = self.settings
         index = self.candidates
         num_riders = int(self.rider_ids.shape[0])
@@ -754,7 +766,12 @@ class ResolverWindow:
         if assigned is None:
             # The assignment sees every candidate (ranked, so ties resolve as the ranking
             # does); the answer's Top-K list is the first k of the same ranking.
-            position = _assign_slots(full_index, ranked_score, self.spare)
+            quick = _uncontested(full_index, ranked_score, self.spare)
+            if quick is None and not solve:
+                return None
+            position = (
+                quick if quick is not None else _solve_slots(full_index, ranked_score, self.spare)
+            )
             assigned_index = _at_position(full_index, position, -1)
         else:
             assigned_index = assigned
@@ -796,3 +813,65 @@ def resolve(
         candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings
     )
     return window.resolution(window.objectives(objectives))
+
+
+def resolve_many(items: Sequence[tuple[ResolverWindow, NDArray[np.float64]]]) -> list[Resolution]:
+    """`ResolverWindow.resolution` of several windows, each with its checked objectives
+    [B, N, 3], byte for byte, in one pass where that is exact.
+
+    Why: a small window's Top-K and assignment cost a few dozen numpy calls whatever its
+    size, so the windows of one Triton `execute` share them. Windows of one candidate width
+    and settings are stacked as one window whose riders are each window's own, in blocks
+    (every order lists only its window's riders, each with its window's weights): ranking,
+    scores and the Top-K lists are row by row. The assignment is shared only when every
+    order's best rider is its unique best and uncontested (`_uncontested`), which then holds
+    in each window alone, with the same riders; otherwise, and for a width of its own, each
+    window is resolved alone.
+    """
+    out: list[Resolution | None] = [None] * len(items)
+    groups: dict[tuple[int, ResolverSettings], list[int]] = {}
+    for i, (window, _) in enumerate(items):
+        groups.setdefault((window.candidates.shape[1], window.settings), []).append(i)
+    for members in groups.values():
+        joined = _resolve_stacked([items[i] for i in members]) if len(members) > 1 else None
+        for n, i in enumerate(members):
+            window, objectives = items[i]
+            out[i] = joined[n] if joined is not None else window.resolution(objectives)
+    return [resolution for resolution in out if resolution is not None]
+
+
+def _resolve_stacked(
+    items: Sequence[tuple[ResolverWindow, NDArray[np.float64]]],
+) -> list[Resolution] | None:
+    """`resolve_many` of windows of one width and settings as one stacked window; None when
+    the assignment needs a full solve somewhere."""
+    windows = [window for window, _ in items]
+    orders = [window.candidates.shape[0] for window in windows]
+    riders = [window.rider_ids.shape[0] for window in windows]
+    first_rider = np.cumsum([0, *riders[:-1]])
+    shift = np.repeat(first_rider, orders)[:, None]
+    candidates = np.concatenate([window.candidates for window in windows])
+    stacked = ResolverWindow(
+        rider_ids=np.concatenate([window.rider_ids for window in windows]),
+        candidates=np.where(candidates >= 0, candidates + shift, -1),
+        spare=np.concatenate([window.spare for window in windows]),
+        weights=np.repeat(np.stack([window.weights for window in windows]), orders, axis=0)[
+            :, None, :
+        ],
+        settings=windows[0].settings,
+    )
+    joined = stacked._resolution(np.concatenate([obj for _, obj in items]), None, solve=False)
+    if joined is None:
+        return None
+    bounds = np.cumsum(orders)[:-1]
+    parts = {
+        name: np.split(getattr(joined, name), bounds) for name in Resolution.__dataclass_fields__
+    }
+    local = ("topk_rider_index", "assigned_rider_index")  # rider rows: back to each window's
+    resolutions = []
+    for n, first in enumerate(first_rider.tolist()):
+        fields: dict[str, Any] = {name: part[n] for name, part in parts.items()}
+        for name in local:
+            fields[name] = np.where(fields[name] >= 0, fields[name] - first, -1).astype(np.int32)
+        resolutions.append(Resolution(**fields))
+    return resolutions

@@ -202,19 +202,8 @@ class FusedDispatch:
         )
         scored_at = time.perf_counter()
         resolved = self.resolver.run(_resolver_inputs(inputs, encoded, routed), window, self.score)
-        done = time.perf_counter()
-        return FusedResult(
-            outputs={
-                **resolved,
-                ORDER_MODEL_VERSION.name: routed.model_version,
-                ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
-                ORDER_LOCATION_SOURCE.name: encoded[ORDER_LOCATION_SOURCE.name],
-            },
-            encoded=encoded,
-            routed=routed,
-            encode_ms=(encoded_at - started) * 1000.0,
-            resolve_ms=(done - scored_at) * 1000.0,
-        )
+        resolve_ms = (time.perf_counter() - scored_at) * 1000.0
+        return _result(encoded, routed, resolved, (encoded_at - started) * 1000.0, resolve_ms)
 
     # ---- several windows of one execute ------------------------------------------------------
 
@@ -225,6 +214,9 @@ class FusedDispatch:
         candidates, routed and resolved on its own, but the pair features of all windows are
         built in one pass (`FeatureEncoderStep.encode_batch`) and the pairs all windows route
         to one version are scored in one ONNX Runtime call per version for the whole batch.
+
+        The windows where nothing stacks are resolved together too
+        (`TopKResolverStep.run_batch`).
 
         Returns per window, in order, its result or the exception it alone raised
         (DispatchInputError for bad input): one bad window never fails the others. Each
@@ -246,15 +238,39 @@ class FusedDispatch:
             except Exception as exc:  # this window's own error
                 prepared.append(exc)
         self._score_together([item for item in prepared if isinstance(item, _Prepared)])
-        results: list[FusedResult | Exception] = []
-        for inputs, item in zip(batch, prepared, strict=True):
-            if isinstance(item, Exception):
-                results.append(item)
-                continue
+        routed: list[tuple[_Prepared, RoutedScores] | Exception] = []
+        for prep in prepared:
             try:
-                results.append(self._finish(inputs, item))
-            except Exception as exc:
-                results.append(exc)
+                routed.append(prep if isinstance(prep, Exception) else (prep, self._route(prep)))
+            except Exception as exc:  # this window's own error
+                routed.append(exc)
+        good = [
+            (inputs, entry) for inputs, entry in zip(batch, routed, strict=True)
+            if not isinstance(entry, Exception)
+        ]  # fmt: skip
+        started = time.perf_counter()
+        resolved = iter(
+            self.resolver.run_batch(
+                [
+                    (_resolver_inputs(inputs, ready.encoded, scores), ready.window, self.score)
+                    for inputs, (ready, scores) in good
+                ]
+            )
+        )
+        # The windows where nothing stacks were resolved together: each is charged its share.
+        resolve_ms = (time.perf_counter() - started) * 1000.0 / max(len(good), 1)
+        results: list[FusedResult | Exception] = []
+        for entry in routed:
+            if isinstance(entry, Exception):
+                results.append(entry)
+                continue
+            ready, scores = entry
+            answer = next(resolved)
+            results.append(
+                answer
+                if isinstance(answer, Exception)
+                else _result(ready.encoded, scores, answer, ready.encode_ms, resolve_ms)
+            )
         return results
 
     def _prepare(
@@ -292,7 +308,9 @@ class FusedDispatch:
             for (item, rows), part in zip(members, np.split(scores, bounds), strict=True):
                 item.scored[version] = (rows, part)
 
-    def _finish(self, inputs: Mapping[str, NDArray[Any] | None], item: _Prepared) -> FusedResult:
+    def _route(self, item: _Prepared) -> RoutedScores:
+        """A prepared window's routing, its calls answered from the batch's session calls."""
+
         def score(version: int, features: NDArray[np.float32]) -> NDArray[Any]:
             hit = item.scored.get(version)
             if hit is not None:
@@ -303,7 +321,7 @@ class FusedDispatch:
                     return scores
             return self.score(version, features)
 
-        routed = route_and_score_now(
+        return route_and_score_now(
             item.encoded[PAIR_FEATURES.name],
             item.encoded[CANDIDATE_RIDER_INDEX.name],
             item.versions,
@@ -312,23 +330,25 @@ class FusedDispatch:
             shadow=shadow_sampled(self.draw(), item.routing),
             served=item.served,
         )
-        scored_at = time.perf_counter()
-        resolved = self.resolver.run(
-            _resolver_inputs(inputs, item.encoded, routed), item.window, self.score
-        )
-        done = time.perf_counter()
-        return FusedResult(
-            outputs={
-                **resolved,
-                ORDER_MODEL_VERSION.name: routed.model_version,
-                ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
-                ORDER_LOCATION_SOURCE.name: item.encoded[ORDER_LOCATION_SOURCE.name],
-            },
-            encoded=item.encoded,
-            routed=routed,
-            encode_ms=item.encode_ms,
-            resolve_ms=(done - scored_at) * 1000.0,
-        )
+
+
+def _result(
+    encoded: Arrays, routed: RoutedScores, resolved: Arrays, encode_ms: float, resolve_ms: float
+) -> FusedResult:
+    """`dispatch`'s outputs of one window: the resolver's answer, each order's version and
+    fallback level, and where its points came from."""
+    return FusedResult(
+        outputs={
+            **resolved,
+            ORDER_MODEL_VERSION.name: routed.model_version,
+            ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
+            ORDER_LOCATION_SOURCE.name: encoded[ORDER_LOCATION_SOURCE.name],
+        },
+        encoded=encoded,
+        routed=routed,
+        encode_ms=encode_ms,
+        resolve_ms=resolve_ms,
+    )
 
 
 def _resolver_inputs(

@@ -54,8 +54,10 @@ __all__ = [
     "Rescorer",
     "StackedResolution",
     "StackingSettings",
+    "Unstacked",
     "resolve_stack_aware",
     "routed_rescorer",
+    "stage_stack_aware",
 ]
 
 # (pair rows, their feature rows with the extra load) -> [n, 3] objectives.
@@ -119,6 +121,21 @@ class StackedResolution:
     rescored: int  # pair rows scored again with extra load (0: nothing could stack)
 
 
+@dataclass(frozen=True, eq=False)
+class Unstacked:
+    """A window where nothing stacks (no rider can take two new orders): its plain resolution
+    is left to the caller, which may resolve several such windows at once (`resolve_many`)."""
+
+    window: ResolverWindow
+    checked: NDArray[np.float64]  # [B, N, 3], as `ResolverWindow.objectives` checks them
+    objectives: NDArray[np.float32]  # [P, 3]: what the stacked resolution reports
+
+    def resolved(self, resolution: Resolution | None = None) -> StackedResolution:
+        """Its stacked resolution: ``resolution`` (from `resolve_many`), or its own."""
+        own = resolution if resolution is not None else self.window.resolution(self.checked)
+        return StackedResolution(own, self.objectives, 0)
+
+
 def resolve_stack_aware(
     objectives: NDArray[np.float32],
     features: NDArray[np.float32],
@@ -132,6 +149,26 @@ def resolve_stack_aware(
     settings: ResolverSettings | None = None,
 ) -> StackedResolution:
     """`resolve` with stacked orders priced and reported at their real load (module doc)."""
+    staged = stage_stack_aware(
+        objectives, features, candidate_rider_index, created_at,
+        rider_ids, rider_load, rider_capacity, weights, rescore, settings,
+    )  # fmt: skip
+    return staged.resolved() if isinstance(staged, Unstacked) else staged
+
+
+def stage_stack_aware(
+    objectives: NDArray[np.float32],
+    features: NDArray[np.float32],
+    candidate_rider_index: NDArray[np.integer[Any]],
+    created_at: ArrayLike,
+    rider_ids: ArrayLike,
+    rider_load: ArrayLike,
+    rider_capacity: ArrayLike,
+    weights: ArrayLike,
+    rescore: Rescorer,
+    settings: ResolverSettings | None = None,
+) -> StackedResolution | Unstacked:
+    """`resolve_stack_aware`, with a window where nothing stacks left `Unstacked`."""
     window = ResolverWindow.checked(
         candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings
     )
@@ -146,7 +183,7 @@ def resolve_stack_aware(
     depth = int(slots.rank.max(initial=0)) + 1
     current = base.copy()
     if depth <= 1:  # nobody can take two new orders: nothing stacks
-        return StackedResolution(window.resolution(checked), current, 0)
+        return Unstacked(window, checked, current)
 
     # Step 1: each valid pair at every rank past its rider's first (rank k: k extra orders),
     # one model call.

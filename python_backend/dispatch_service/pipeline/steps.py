@@ -36,7 +36,12 @@ from dispatch_service.domain.features import (
     encode_pairs_batch,
     window_candidates,
 )
-from dispatch_service.domain.resolver import ResolverSettings, resolve
+from dispatch_service.domain.resolver import (
+    Resolution,
+    ResolverSettings,
+    ResolverWindow,
+    resolve_many,
+)
 from dispatch_service.domain.window import (
     DispatchWindow,
     WindowLimits,
@@ -57,8 +62,9 @@ from dispatch_service.pipeline.stacking import (
     Rescorer,
     StackedResolution,
     StackingSettings,
-    resolve_stack_aware,
+    Unstacked,
     routed_rescorer,
+    stage_stack_aware,
 )
 from dispatch_service.routing.engine import SyncScorer, check_pair_features
 
@@ -196,6 +202,15 @@ class TopKResolverStep:
         """`run` with stacked orders re-scored by ``rescore`` (`pipeline.stacking`); needs
         the encoder's PAIR_FEATURES and, without ``window``, ORDER_FIELDS (created_at).
         ``window``: as in `run`."""
+        staged = self._stage_stack_aware(inputs, rescore, window)
+        return staged.resolved() if isinstance(staged, Unstacked) else staged
+
+    def _stage_stack_aware(
+        self,
+        inputs: Mapping[str, NDArray[Any] | None],
+        rescore: Rescorer,
+        window: DispatchWindow | None,
+    ) -> StackedResolution | Unstacked:
         objectives = _required(inputs, PAIR_OBJECTIVES.name)
         candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
         rider_ids = _required(inputs, "RIDER_IDS")
@@ -206,7 +221,7 @@ class TopKResolverStep:
         else:
             load, capacity = window.rider_load, window.rider_capacity
             created_at = window.created_at
-        return resolve_stack_aware(
+        return stage_stack_aware(
             objectives=objectives,
             features=_required(inputs, PAIR_FEATURES.name),
             candidate_rider_index=candidates,
@@ -237,6 +252,45 @@ class TopKResolverStep:
         pairs re-scored by its ORDER_MODEL_VERSION (required then). Without them, every
         pair keeps its stand-alone objectives.
         """
+        staged = self._stage(inputs, window, score)
+        resolution = staged.resolved().resolution if isinstance(staged, Unstacked) else staged
+        return resolution.as_wire_tensors()
+
+    def run_batch(
+        self,
+        batch: Sequence[
+            tuple[Mapping[str, NDArray[Any] | None], DispatchWindow | None, SyncScorer | None]
+        ],
+    ) -> list[Arrays | Exception]:
+        """`run` of several windows (inputs, window, score each; one Triton `execute` of
+        dispatch_fused): each is checked, and resolved stack-aware where its riders can
+        stack, on its own; the windows where nothing stacks are resolved together
+        (`resolve_many`), each answer byte for byte its own. A window that fails gets its
+        exception (DispatchInputError for bad input) in its place."""
+        staged: list[Resolution | Unstacked | Exception] = []
+        for inputs, window, score in batch:
+            try:
+                staged.append(self._stage(inputs, window, score))
+            except Exception as exc:  # this window's own error
+                staged.append(exc)
+        plain = [item for item in staged if isinstance(item, Unstacked)]
+        together = iter(resolve_many([(item.window, item.checked) for item in plain]))
+        return [
+            item
+            if isinstance(item, Exception)
+            else (next(together) if isinstance(item, Unstacked) else item).as_wire_tensors()
+            for item in staged
+        ]
+
+    def _stage(
+        self,
+        inputs: Mapping[str, NDArray[Any] | None],
+        window: DispatchWindow | None,
+        score: SyncScorer | None,
+    ) -> Resolution | Unstacked:
+        """`run` up to the plain resolution: a window where riders stack is resolved
+        stack-aware here; one where nothing stacks (or without re-scoring) is left
+        `Unstacked`."""
         objectives = _required(inputs, PAIR_OBJECTIVES.name)
         candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
         if (
@@ -253,23 +307,22 @@ class TopKResolverStep:
             _same_orders(ORDER_MODEL_VERSION.name, versions, candidates)
             check_pair_features(_required(inputs, PAIR_FEATURES.name), candidates)
             rescore = routed_rescorer(objectives, versions, candidates.shape[1], score)
-            stacked = self.run_stack_aware(inputs, rescore, window)
-            return stacked.resolution.as_wire_tensors()
+            staged = self._stage_stack_aware(inputs, rescore, window)
+            return staged.resolution if isinstance(staged, StackedResolution) else staged
         rider_ids = _required(inputs, "RIDER_IDS")
         if window is None:
             load, capacity = rider_counts_from_wire(inputs)
         else:
             load, capacity = window.rider_load, window.rider_capacity
-        resolution = resolve(
-            objectives=objectives,
-            candidate_rider_index=candidates,
-            rider_ids=rider_ids,
-            rider_load=load,
-            rider_capacity=capacity,
-            weights=parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
-            settings=self.settings,
+        checked = ResolverWindow.checked(
+            candidates,
+            rider_ids,
+            load,
+            capacity,
+            parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
+            self.settings,
         )
-        return resolution.as_wire_tensors()
+        return Unstacked(checked, checked.objectives(objectives), np.asarray(objectives))
 
 
 class DispatchModelStep:

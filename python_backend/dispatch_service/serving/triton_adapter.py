@@ -39,7 +39,6 @@ from dispatch_service.core.metrics import (
     rejection_observation,
 )
 from dispatch_service.core.settings import parameters_from_model_config
-from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.steps import (
     Arrays,
@@ -276,26 +275,38 @@ class TritonStepAdapter(TritonResponder):
     def run_step(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
         return self.step.run(inputs)
 
-
-class TritonEncoderAdapter(TritonStepAdapter):
-    """feature_encoder: the windows of one `execute` are encoded as a batch
-    (`FeatureEncoderStep.encode_batch`: their pair features built in one pass); each request
-    still gets its own answer or error. Each window's latency is its share of the batch."""
-
-    step: FeatureEncoderStep
-
-    def execute(self, requests: Sequence[Any]) -> list[Any]:
+    def execute_batch(
+        self,
+        requests: Sequence[Any],
+        run_batch: Callable[[list[dict[str, NDArray[Any] | None]]], Sequence[Arrays | Exception]],
+    ) -> list[Any]:
+        """`execute` for a step that runs one execute's windows as a batch (`answer_batch`);
+        each answered window's latency is its share of the batch."""
         started = time.perf_counter()
         count = max(len(requests), 1)
 
-        def answer(request: Any, encoded: tuple[DispatchWindow, Arrays]) -> Any:
-            outputs = encoded[1]
+        def answer(request: Any, outputs: Arrays) -> Any:
             if self.observer is not None:
                 elapsed_ms = (time.perf_counter() - started) * 1000.0 / count
                 self.record(self.observer(outputs, elapsed_ms))
             return self.response(outputs)
 
-        return self.answer_batch(requests, self.step.input_names, self.step.encode_batch, answer)
+        return self.answer_batch(requests, self.step.input_names, run_batch, answer)
+
+
+class TritonEncoderAdapter(TritonStepAdapter):
+    """feature_encoder: the windows of one `execute` are encoded as a batch
+    (`FeatureEncoderStep.encode_batch`: their pair features built in one pass); each request
+    still gets its own answer or error."""
+
+    step: FeatureEncoderStep
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        def encode(windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
+            encoded = self.step.encode_batch(windows)
+            return [item if isinstance(item, Exception) else item[1] for item in encoded]
+
+        return self.execute_batch(requests, encode)
 
 
 class TritonResolverAdapter(TritonStepAdapter):
@@ -330,6 +341,15 @@ class TritonResolverAdapter(TritonStepAdapter):
 
     def run_step(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
         return self.step.run(inputs, score=self.score)
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        """The windows of one `execute` as a batch (`TopKResolverStep.run_batch`: those where
+        nothing stacks resolved together); each request still gets its own answer or error."""
+
+        def resolve(windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
+            return self.step.run_batch([(inputs, None, self.score) for inputs in windows])
+
+        return self.execute_batch(requests, resolve)
 
     def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
         """One BLS call (awaited here: this step has nothing else to do meanwhile); any

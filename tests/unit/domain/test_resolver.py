@@ -18,9 +18,12 @@ from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.resolver import (
     Resolution,
     ResolverSettings,
+    ResolverWindow,
+    _resolve_stacked,
     assign,
     fnv1a_64,
     resolve,
+    resolve_many,
     score_pairs,
 )
 
@@ -828,3 +831,71 @@ def test_resolver_window_pair_objectives_are_checked_like_resolve() -> None:
     with pytest.raises(DispatchInputError) as updated:
         window.pair_objectives(rows, bad[rows])
     assert str(updated.value) == str(direct.value)
+
+
+# ---- resolve_many: several windows at once ----------------------------------------------
+
+
+def _random_window(
+    rng: np.random.Generator, orders: int, riders: int, width: int, tied: bool = False
+) -> tuple[ResolverWindow, NDArray[np.float64]]:
+    candidates = np.full((orders, width), -1, dtype=np.int64)
+    for b in range(orders):
+        listed = int(rng.integers(0, min(width, riders) + 1))
+        candidates[b, :listed] = rng.choice(riders, size=listed, replace=False)
+    ids = np.array([f"rider-{rng.integers(0, 1000)}-{r}" for r in range(riders)], dtype=object)
+    capacity = rng.integers(0, 4, riders)
+    window = ResolverWindow.checked(
+        candidates, ids, rng.integers(0, 3, riders), capacity, rng.random(3) + 0.01
+    )
+    objectives = np.column_stack(
+        (
+            rng.uniform(5.0, 60.0, orders * width),
+            rng.random(orders * width),
+            rng.uniform(3.0, 30.0, orders * width),
+        )
+    ).astype(np.float32)
+    if tied:  # every pair alike: every order's best rider is tied
+        objectives[:] = objectives[0]
+    return window, window.objectives(objectives)
+
+
+def _same_resolution(got: Resolution, alone: Resolution) -> None:
+    for name in Resolution.__dataclass_fields__:
+        a, b = getattr(got, name), getattr(alone, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if a.dtype == object:
+            assert a.tolist() == b.tolist(), name
+        else:
+            assert a.tobytes() == b.tobytes(), name
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_many_windows_resolved_at_once_answer_byte_for_byte_like_each_alone(seed: int) -> None:
+    # Windows of two widths, each with its own weights, riders and capacities, some with
+    # every pair tied (so the shared assignment cannot be used and each is solved alone).
+    rng = np.random.default_rng(seed)
+    items = [
+        _random_window(
+            rng,
+            int(rng.integers(1, 5)),
+            int(rng.integers(1, 30)),
+            int(rng.choice([3, 16])),
+            tied=bool(rng.random() < 0.15),
+        )
+        for _ in range(int(rng.integers(1, 9)))
+    ]
+    together = resolve_many(items)
+    assert len(together) == len(items)
+    for (window, objectives), got in zip(items, together, strict=True):
+        _same_resolution(got, window.resolution(objectives))
+
+
+def test_uncontested_windows_share_one_pass_and_a_tie_falls_back_to_each_alone() -> None:
+    rng = np.random.default_rng(3)
+    plain = [_random_window(rng, 1, 20, 16) for _ in range(6)]
+    assert _resolve_stacked(plain) is not None  # the shared path is the one taken
+    tied = [*plain, _random_window(rng, 2, 20, 16, tied=True)]
+    assert _resolve_stacked(tied) is None
+    for (window, objectives), got in zip(tied, resolve_many(tied), strict=True):
+        _same_resolution(got, window.resolution(objectives))

@@ -695,6 +695,45 @@ def test_the_resolver_re_scores_stacked_orders_through_bls(
     ]
 
 
+def test_the_resolver_answers_a_batch_byte_for_byte_like_each_window_alone(
+    tmp_path: Path,
+) -> None:
+    # One execute: small windows where nothing stacks (resolved together), a scarce window
+    # whose stacked orders are re-scored through BLS, and a bad one: each good window gets
+    # exactly what the step gives it alone, the bad one its own error.
+    pb = ScoringPbUtils()
+    adapter = adapter_for(pb, triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
+    names = TopKResolverStep.input_names
+
+    def small(seed: int) -> dict[str, Any]:
+        window = dict(window_to_wire(generate_window(np.random.default_rng(seed), 1, 20)))
+        encoded = FeatureEncoderStep().run(window)
+        scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
+        return {**window, **encoded, **scored, "ORDER_MODEL_VERSION": np.ones(1, np.int32)}
+
+    stacked, _ = stacked_resolver_request()
+    bad = small(13)
+    bad["ORDER_MODEL_VERSION"] = np.ones(2, np.int32)  # one row per order, not two
+    windows = [small(11), stacked, bad, small(12), small(14)]
+    requests = [FakeRequest(batched({n: w[n] for n in names if n in w})) for w in windows]
+    responses = adapter.execute(requests)
+    adapter.finalize()
+
+    def expected_score(version: int, features: NDArray[np.float32]) -> NDArray[np.float32]:
+        return DispatchModelStep(COMMITTED_MODEL).scorer.infer(features)
+
+    for i in (0, 1, 3, 4):
+        alone = TopKResolverStep().run(windows[i], score=expected_score)
+        got = responses[i].outputs()
+        assert got.keys() == alone.keys()
+        for name, value in alone.items():
+            assert got[name][0].dtype == value.dtype, name
+            assert got[name][0].tobytes() == value.tobytes(), name
+    error = responses[2].error()
+    assert error.code() == FakeTritonError.INVALID_ARG
+    assert error.message().startswith("ORDER_MODEL_VERSION: must have one row per order")
+
+
 def test_the_resolver_with_stack_aware_off_makes_no_bls_call(tmp_path: Path) -> None:
     pb = ScoringPbUtils()
     args = triton_args("topk_resolver", {"stack_aware": "false"}, tmp_path)

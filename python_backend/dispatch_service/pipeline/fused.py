@@ -224,6 +224,11 @@ class FusedDispatch:
         on its own, and a call routing makes that the batch did not score (a shadow, a stable
         retry) is scored for that window alone.
         """
+        if len(batch) == 1:  # nothing to share: `run` itself, without the batch's bookkeeping
+            try:
+                return [self.run(batch[0])]
+            except Exception as exc:  # this window's own error
+                return [exc]
         started = time.perf_counter()
         encoded = self.encoder.encode_batch(batch)
         # The pair features were built for the whole batch: each window is charged its share.

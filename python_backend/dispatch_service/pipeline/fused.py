@@ -211,12 +211,11 @@ class FusedDispatch:
         self, batch: Sequence[Mapping[str, NDArray[Any] | None]]
     ) -> list[FusedResult | Exception]:
         """Several windows (one Triton `execute`) at once: each window is validated, given its
-        candidates, routed and resolved on its own, but the pair features of all windows are
-        built in one pass (`FeatureEncoderStep.encode_batch`) and the pairs all windows route
-        to one version are scored in one ONNX Runtime call per version for the whole batch.
-
-        The windows where nothing stacks are resolved together too
-        (`TopKResolverStep.run_batch`).
+        candidates and routed on its own, but the pair features of all windows are built in
+        one pass (`FeatureEncoderStep.encode_batch`), the pairs all windows route to one
+        version are scored in one ONNX Runtime call per version, and the windows where nothing
+        stacks are ranked and assigned together (`TopKResolverStep.run_batch`); a window whose
+        riders can stack is resolved on its own.
 
         Returns per window, in order, its result or the exception it alone raised
         (DispatchInputError for bad input): one bad window never fails the others. Each

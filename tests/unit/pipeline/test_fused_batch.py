@@ -119,13 +119,17 @@ def test_a_bad_window_gets_its_own_error_and_the_others_their_answers(
     bad["RIDER_FIELDS"] = np.array(bad["RIDER_FIELDS"], copy=True)
     bad["RIDER_FIELDS"][0, 3] = 1.5  # capacity must be whole
     tag = dict(MIXED[0], MODEL_VERSION_TAG=np.array([b"blue"], dtype=object))
-    batch = [MIXED[0], bad, MIXED[1], tag, MIXED[4]]
+    # Found at resolution, where the windows where nothing stacks are resolved together.
+    weights = dict(MIXED[5], OBJECTIVE_WEIGHTS=np.array([-1.0, 0.5, 0.5], dtype=np.float32))
+    batch = [MIXED[0], bad, MIXED[1], tag, MIXED[4], weights, MIXED[5]]
     results = fused.run_batch(batch)
     assert isinstance(results[1], DispatchInputError)
     assert results[1].tensor == "RIDER_FIELDS[capacity]"
     assert isinstance(results[3], DispatchInputError)
     assert results[3].tensor == "MODEL_VERSION_TAG"
-    for i in (0, 2, 4):
+    assert isinstance(results[5], DispatchInputError)
+    assert results[5].tensor == "OBJECTIVE_WEIGHTS"
+    for i in (0, 2, 4, 6):
         result = results[i]
         assert isinstance(result, FusedResult)
         assert_identical(result, fused.run(batch[i]))

@@ -130,10 +130,9 @@ class Unstacked:
     checked: NDArray[np.float64]  # [B, N, 3], as `ResolverWindow.objectives` checks them
     objectives: NDArray[np.float32]  # [P, 3]: what the stacked resolution reports
 
-    def resolved(self, resolution: Resolution | None = None) -> StackedResolution:
-        """Its stacked resolution: ``resolution`` (from `resolve_many`), or its own."""
-        own = resolution if resolution is not None else self.window.resolution(self.checked)
-        return StackedResolution(own, self.objectives, 0)
+    def resolved(self) -> StackedResolution:
+        """Its resolution alone, as `resolve_stack_aware` reports it."""
+        return StackedResolution(self.window.resolution(self.checked), self.objectives, 0)
 
 
 def resolve_stack_aware(

@@ -253,7 +253,9 @@ class TopKResolverStep:
         pair keeps its stand-alone objectives.
         """
         staged = self._stage(inputs, window, score)
-        resolution = staged.resolved().resolution if isinstance(staged, Unstacked) else staged
+        resolution = (
+            staged.window.resolution(staged.checked) if isinstance(staged, Unstacked) else staged
+        )
         return resolution.as_wire_tensors()
 
     def run_batch(

@@ -186,7 +186,7 @@ class TritonResponder:
         answer: Callable[[Any, T], Any],
     ) -> list[Any]:
         """One `execute`'s requests run as one batch, each answered on its own: a request
-        whose inputs cannot be read is rejected alone, the others go to ``run_batch`` together
+        whose inputs cannot be read is refused alone, the others go to ``run_batch`` together
         (one outcome per window, in order), and each outcome is answered: DispatchInputError
         as INVALID_ARG, another exception as an internal error, a result by ``answer``.
         A failure of the batch itself is each member's own internal error."""
@@ -198,6 +198,9 @@ class TritonResponder:
                 windows.append(self.arrays(request, names))
             except DispatchInputError as exc:
                 responses[i] = self.reject(request, exc)
+                continue
+            except Exception as exc:  # any other failure to read it answers this request only
+                responses[i] = self.internal_error(request, exc)
                 continue
             members.append(i)
         outcomes: Sequence[T | Exception]
@@ -234,7 +237,8 @@ class TritonResponder:
 
 
 class TritonStepAdapter(TritonResponder):
-    """Runs a `Step` once per request."""
+    """Runs a `Step` for the windows of one `execute` (`run_batch`: each on its own here; a
+    step that shares work across windows overrides it), each request answered on its own."""
 
     def __init__(
         self,
@@ -257,31 +261,8 @@ class TritonStepAdapter(TritonResponder):
             self.step.close()  # its geocoder's event-loop thread
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
-        return [self._respond(request) for request in requests]
-
-    def _respond(self, request: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            outputs = self.run_step(self.arrays(request, self.step.input_names))
-        except DispatchInputError as exc:
-            return self.reject(request, exc)
-        except Exception as exc:  # any failure answers this request only
-            return self.internal_error(request, exc)
-        if self.observer is not None:
-            elapsed_ms = (time.perf_counter() - started) * 1000.0
-            self.record(self.observer(outputs, elapsed_ms))
-        return self.response(outputs)
-
-    def run_step(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        return self.step.run(inputs)
-
-    def execute_batch(
-        self,
-        requests: Sequence[Any],
-        run_batch: Callable[[list[dict[str, NDArray[Any] | None]]], Sequence[Arrays | Exception]],
-    ) -> list[Any]:
-        """`execute` for a step that runs one execute's windows as a batch (`answer_batch`);
-        each answered window's latency is its share of the batch."""
+        """`run_batch` over the requests' windows (`answer_batch`); each answered window's
+        latency is its share of the execute."""
         started = time.perf_counter()
         count = max(len(requests), 1)
 
@@ -291,7 +272,17 @@ class TritonStepAdapter(TritonResponder):
                 self.record(self.observer(outputs, elapsed_ms))
             return self.response(outputs)
 
-        return self.answer_batch(requests, self.step.input_names, run_batch, answer)
+        return self.answer_batch(requests, self.step.input_names, self.run_batch, answer)
+
+    def run_batch(self, windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
+        """The step run on each window alone; a window that fails gets its exception."""
+        outcomes: list[Arrays | Exception] = []
+        for inputs in windows:
+            try:
+                outcomes.append(self.step.run(inputs))
+            except Exception as exc:  # any failure answers this request only
+                outcomes.append(exc)
+        return outcomes
 
 
 class TritonEncoderAdapter(TritonStepAdapter):
@@ -301,12 +292,9 @@ class TritonEncoderAdapter(TritonStepAdapter):
 
     step: FeatureEncoderStep
 
-    def execute(self, requests: Sequence[Any]) -> list[Any]:
-        def encode(windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
-            encoded = self.step.encode_batch(windows)
-            return [item if isinstance(item, Exception) else item[1] for item in encoded]
-
-        return self.execute_batch(requests, encode)
+    def run_batch(self, windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
+        encoded = self.step.encode_batch(windows)
+        return [item if isinstance(item, Exception) else item[1] for item in encoded]
 
 
 class TritonResolverAdapter(TritonStepAdapter):
@@ -339,17 +327,9 @@ class TritonResolverAdapter(TritonStepAdapter):
         self.step = step
         self.target_model = target_model
 
-    def run_step(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        return self.step.run(inputs, score=self.score)
-
-    def execute(self, requests: Sequence[Any]) -> list[Any]:
-        """The windows of one `execute` as a batch (`TopKResolverStep.run_batch`: those where
-        nothing stacks resolved together); each request still gets its own answer or error."""
-
-        def resolve(windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
-            return self.step.run_batch([(inputs, None, self.score) for inputs in windows])
-
-        return self.execute_batch(requests, resolve)
+    def run_batch(self, windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
+        """`TopKResolverStep.run_batch`: the windows where nothing stacks resolved together."""
+        return self.step.run_batch([(inputs, None, self.score) for inputs in windows])
 
     def score(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
         """One BLS call (awaited here: this step has nothing else to do meanwhile); any

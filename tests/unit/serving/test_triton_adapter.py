@@ -188,6 +188,26 @@ def test_an_unexpected_exception_is_internal_and_names_the_model() -> None:
     assert json_lines(pb, "warn") == []
 
 
+def test_a_request_whose_inputs_cannot_be_read_fails_alone() -> None:
+    # Not a rule the window broke: reading the request itself failed. That request gets an
+    # internal error (its own traceback logged); the others of the execute are answered.
+    class Unreadable(FakeRequest):
+        def inputs(self) -> list[Any]:
+            raise RuntimeError("tensor handle gone")
+
+    pb = FakePbUtils()
+    responses = TritonStepAdapter(pb, "echo", EchoStep()).execute(
+        [echo_request(1), Unreadable({}, "lost"), echo_request(2)]
+    )
+    assert responses[0].outputs()["Y"][0].tolist() == [2, 4]
+    assert responses[2].outputs()["Y"][0].tolist() == [4, 6]
+    error = responses[1].error()
+    assert error.code() == FakeTritonError.INTERNAL
+    assert error.message() == "echo: internal error (RuntimeError: tensor handle gone)"
+    (logged,) = json_lines(pb, "error")
+    assert logged["request_id"] == "lost" and "tensor handle gone" in logged["trace"]
+
+
 def test_each_request_is_run_once_in_order() -> None:
     pb = FakePbUtils()
     step = EchoStep()

@@ -77,6 +77,7 @@ __all__ = [
     "options_from_args",
     "resolve_keys",
     "run_until_stopped",
+    "stop_on_signals",
 ]
 
 EXIT_DEAD = 3  # the deep check failed for dead_after_s: let the process manager restart us
@@ -740,6 +741,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         server.stop()
         print(f"error: health endpoint on port {health_port}: {exc}", file=sys.stderr)
         return 1
+    # Before "ready:": a signal sent as soon as it is read must drain, not kill the launcher
+    # with its default action.
+    stop = stop_on_signals()
     print(
         f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
         f"metrics {server.metrics_url}  health {supervisor.health_url}/readyz\n"
@@ -748,7 +752,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         file=out,
     )
     try:
-        return run_until_stopped(server, supervisor, out)
+        return run_until_stopped(server, supervisor, out, stop)
     finally:
         monitor.stop()
         server.stop()  # whatever ended the loop: never leave a Triton behind
@@ -766,10 +770,10 @@ def event_printer(out: TextIO) -> Callable[[str], None]:
     return report
 
 
-def run_until_stopped(server: TritonServer, supervisor: Supervisor, out: TextIO) -> int:
-    """Block until SIGTERM/SIGINT/SIGHUP (drain, exit 0), a dead server (exit 3) or Triton
-    exiting on its own (its code, or 1). SIGHUP is a closed terminal: by default it ended the
-    launcher at once, with its Triton left serving in a process group of its own."""
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM, SIGINT or SIGHUP sets. SIGHUP is a closed terminal: by default
+    it ended the launcher at once, with its Triton left serving in a process group of its
+    own."""
     stop = threading.Event()
 
     def _stop(signum: int, frame: object) -> None:
@@ -777,6 +781,14 @@ def run_until_stopped(server: TritonServer, supervisor: Supervisor, out: TextIO)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _stop)
+    return stop
+
+
+def run_until_stopped(
+    server: TritonServer, supervisor: Supervisor, out: TextIO, stop: threading.Event
+) -> int:
+    """Block until ``stop`` is set (drain, exit 0), a dead server (exit 3) or Triton exiting
+    on its own (its code, or 1)."""
     while not stop.wait(0.25):
         if supervisor.dead.is_set():
             supervisor.stop()

@@ -12,9 +12,11 @@ import contextlib
 import io
 import json
 import os
+import signal
 import socket
 import stat
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -487,3 +489,75 @@ def test_events_into_a_closed_pipe_do_not_stop_the_launcher() -> None:
     with contextlib.suppress(BrokenPipeError):  # the line still buffered fails once more
         broken.close()
     report('{"event": "drain_finished"}')  # a closed file: swallowed too
+
+
+class SignalOnReady(io.StringIO):
+    """The launcher's output, read by a caller that sends SIGHUP as soon as "ready:" appears.
+    Records the handlers in place at that moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handlers_at_ready: dict[str, object] | None = None
+
+    def write(self, text: str) -> int:
+        if "ready:" in text and self.handlers_at_ready is None:
+            self.handlers_at_ready = {s.name: signal.getsignal(s) for s in STOP_SIGNALS}
+            # With SIGHUP unhandled, its default action would end the test process: a later
+            # signal then still stops the launcher, and the assertion below says what was wrong.
+            unhandled = self.handlers_at_ready["SIGHUP"] == signal.SIG_DFL
+            threading.Timer(
+                1.0 if unhandled else 0.0, os.kill, (os.getpid(), signal.SIGHUP)
+            ).start()
+        return super().write(text)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def test_a_signal_sent_on_ready_drains_the_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI sent SIGHUP the moment it read "ready:", before the handlers were installed: the
+    launcher died of the default action with exit -1 instead of draining."""
+    monkeypatch.setenv("FAKE_TRITON_REPORT", str(tmp_path / "report.json"))
+    tritonserver = write_script(
+        tmp_path / "install" / "bin" / "tritonserver", f"#!{sys.executable}\n{FAKE_READY_SERVER}"
+    )
+    (tmp_path / "install" / "lib").mkdir()
+    (tmp_path / "install" / "backends" / "python").mkdir(parents=True)
+    ports = Ports.free()
+    out = SignalOnReady()
+    saved = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    try:
+        code = main(
+            [
+                "--tritonserver",
+                str(tritonserver),
+                "--log",
+                str(tmp_path / "server.log"),
+                "--http-port",
+                str(ports.http),
+                "--grpc-port",
+                str(ports.grpc),
+                "--metrics-port",
+                str(ports.metrics),
+                "--health-port",
+                str(Ports.free().http),
+                "--key-dir",
+                str(tmp_path / "keys"),
+                "--drain-timeout",
+                "1",
+                "--require",
+                "",  # the fake answers readiness only, not a window
+            ],
+            out,
+        )
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    assert out.handlers_at_ready is not None, out.getvalue()
+    assert not [
+        name for name, h in out.handlers_at_ready.items() if h == saved[signal.Signals[name]]
+    ]
+    assert code == 0, out.getvalue()
+    assert "tritonserver stopped" in out.getvalue()

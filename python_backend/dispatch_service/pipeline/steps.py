@@ -49,6 +49,7 @@ from dispatch_service.domain.window import (
     parse_objective_weights,
     rider_counts_from_wire,
     window_from_wire,
+    windows_from_wire,
 )
 from dispatch_service.geocoding.chain import GeocoderSettings
 from dispatch_service.geocoding.locations import WindowGeocoder
@@ -142,9 +143,9 @@ class FeatureEncoderStep:
         gets them alone. A window that fails gets its exception (DispatchInputError for bad
         input) in its place; the others their window and tensors."""
         selected: list[tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]] | Exception] = []
-        for inputs in batch:
+        for window in windows_from_wire(batch, self.limits):
             try:
-                selected.append(self._select(inputs))
+                selected.append(window if isinstance(window, Exception) else self._chosen(window))
             except Exception as exc:  # this window's own error
                 selected.append(exc)
         good = [item for item in selected if not isinstance(item, Exception)]
@@ -160,7 +161,13 @@ class FeatureEncoderStep:
         self, inputs: Mapping[str, NDArray[Any] | None]
     ) -> tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]]:
         """The validated, located window, its candidates and where each point came from."""
-        window, sources = self.geocoder.locate(window_from_wire(inputs, self.limits))
+        return self._chosen(window_from_wire(inputs, self.limits))
+
+    def _chosen(
+        self, window: DispatchWindow
+    ) -> tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]]:
+        """`_select` of a window already validated."""
+        window, sources = self.geocoder.locate(window)
         candidates = window_candidates(window, self.encoder, self.threads.selection_threads)
         return window, candidates, sources
 

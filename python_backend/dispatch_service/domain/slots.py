@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["SlotEdges", "slot_edges"]
+__all__ = ["SlotEdges", "slot_counts", "slot_edges"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,14 +33,17 @@ class SlotEdges:
         return int(self.slot_rider.size)
 
 
+def slot_counts(edge_rider: NDArray[np.int64], spare: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``c_r = min(spare_r, deg_r)`` [R], the slot columns each rider offers; the degree is
+    counted over every rider row (a rider no edge names offers none) in one pass."""
+    return np.minimum(spare, np.bincount(edge_rider, minlength=spare.size))
+
+
 def slot_edges(edge_rider: NDArray[np.int64], spare: NDArray[np.int64]) -> SlotEdges:
     """Expand edges whose riders are ``edge_rider`` (rider rows) to every slot of their
     rider; ``spare`` [R] is each rider's spare capacity. An edge to a rider with no slot
     gets no copy. Copies of one edge come out in ascending column order."""
-    # Counted over every rider row (a rider no edge names offers no slot): a pass over the
-    # edges instead of sorting them, with the same ascending numbering.
-    degree = np.bincount(edge_rider, minlength=spare.size)
-    slots = np.minimum(spare, degree)
+    slots = slot_counts(edge_rider, spare)
     first_slot = np.cumsum(slots) - slots
     copies = slots[edge_rider]
     edge = np.repeat(np.arange(edge_rider.size), copies)

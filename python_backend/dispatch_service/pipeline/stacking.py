@@ -46,7 +46,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_contract import OBJECTIVES
 from dispatch_service.domain.resolver import Resolution, ResolverSettings, ResolverWindow
-from dispatch_service.domain.slots import slot_edges
+from dispatch_service.domain.slots import slot_counts, slot_edges
 from dispatch_service.domain.stacking import joining_extra_load, with_extra_load
 from dispatch_service.routing.engine import ModelCallError, SyncScorer
 
@@ -177,12 +177,12 @@ def stage_stack_aware(
     flat = window.candidates.reshape(-1)
     valid = np.flatnonzero(flat >= 0)
     pair_riders = flat[valid]
+    current = base.copy()
+    if int(slot_counts(pair_riders, window.spare).max(initial=0)) <= 1:
+        return Unstacked(window, checked, current)  # nobody can take two new orders
     # Each valid pair at every slot of its rider (`domain.slots`: c_r = min(spare_r, deg_r)).
     slots = slot_edges(pair_riders, window.spare)
-    depth = int(slots.rank.max(initial=0)) + 1
-    current = base.copy()
-    if depth <= 1:  # nobody can take two new orders: nothing stacks
-        return Unstacked(window, checked, current)
+    depth = int(slots.rank.max()) + 1
 
     # Step 1: each valid pair at every rank past its rider's first (rank k: k extra orders),
     # one model call.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dispatch_service.domain.slots import slot_edges
+from dispatch_service.domain.slots import slot_counts, slot_edges
 
 
 def test_each_edge_reaches_every_slot_of_its_rider_and_no_more_than_its_degree() -> None:
@@ -36,3 +36,17 @@ def test_slots_are_capped_by_spare_and_a_full_rider_gets_none() -> None:
 def test_no_edges_no_slots() -> None:
     slots = slot_edges(np.array([], dtype=np.int64), np.array([2, 2]))
     assert slots.num_slots == 0 and slots.edge.size == 0 and slots.column.size == 0
+
+
+def test_slot_counts_are_the_columns_each_rider_gets() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        riders = int(rng.integers(1, 8))
+        edge_rider = rng.integers(0, riders, size=int(rng.integers(0, 20))).astype(np.int64)
+        spare = rng.integers(0, 4, size=riders).astype(np.int64)
+        counts = slot_counts(edge_rider, spare)
+        slots = slot_edges(edge_rider, spare)
+        # by hand: min(spare, how many edges name the rider)
+        expected = [min(int(spare[r]), int((edge_rider == r).sum())) for r in range(riders)]
+        assert counts.tolist() == expected
+        assert counts.tolist() == np.bincount(slots.slot_rider, minlength=riders).tolist()

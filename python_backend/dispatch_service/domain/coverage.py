@@ -29,10 +29,17 @@ from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from dispatch_service.domain.slots import slot_edges
 
-__all__ = ["cover_maximum_assignment"]
+__all__ = ["cover_maximum_assignment", "fits_spare"]
 
 # rider rows order b may take, in the order they are tried
 Neighbours = Callable[[int], NDArray[np.int64]]
+
+
+def fits_spare(proposed: NDArray[np.int64], spare: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """[R]: per rider, do the orders proposing to it (rider rows ``proposed``) fit its spare
+    slots. When they fit for every rider with each listed order proposing to its first
+    candidate, `cover_maximum_assignment` keeps the lists: the first round serves them all."""
+    return np.asarray(np.bincount(proposed, minlength=spare.size) <= spare)
 
 
 def _greedy(candidates: NDArray[np.int32], spare: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -52,7 +59,7 @@ def _greedy(candidates: NDArray[np.int32], spare: NDArray[np.int64]) -> NDArray[
         proposed = proposed[proposed >= 0]
         if pending.size == 0:
             break
-        if np.all(np.bincount(proposed, minlength=left.size) <= left):
+        if fits_spare(proposed, left).all():
             rider_of[pending] = proposed  # no rider over-asked: every proposal is accepted
             break
         by_rider = np.argsort(proposed, kind="stable")  # keeps proposers in row order

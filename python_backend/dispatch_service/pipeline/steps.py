@@ -35,6 +35,7 @@ from dispatch_service.domain.features import (
     encode_pairs,
     encode_pairs_batch,
     window_candidates,
+    windows_candidates,
 )
 from dispatch_service.domain.resolver import (
     Resolution,
@@ -137,17 +138,38 @@ class FeatureEncoderStep:
     def encode_batch(
         self, batch: Sequence[Mapping[str, NDArray[Any] | None]]
     ) -> list[tuple[DispatchWindow, Arrays] | Exception]:
-        """`encode` of several windows (one Triton `execute` of dispatch_fused): each window
-        is validated, located and given its candidates on its own, then the pair features of
-        all of them are built in one pass (`encode_pairs_batch`), each window's rows as it
-        gets them alone. A window that fails gets its exception (DispatchInputError for bad
-        input) in its place; the others their window and tensors."""
-        selected: list[tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]] | Exception] = []
+        """`encode` of several windows (one Triton `execute` of dispatch_fused), each
+        window's result as it gets it alone: the windows are validated
+        (`windows_from_wire`), given their candidates (`windows_candidates`) and their pair
+        features (`encode_pairs_batch`) together, and located one by one. A window that
+        fails gets its exception (DispatchInputError for bad input) in its place; the
+        others their window and tensors."""
+        located: list[tuple[DispatchWindow, NDArray[Any]] | Exception] = []
         for window in windows_from_wire(batch, self.limits):
             try:
-                selected.append(window if isinstance(window, Exception) else self._chosen(window))
+                located.append(
+                    window if isinstance(window, Exception) else self.geocoder.locate(window)
+                )
             except Exception as exc:  # this window's own error
-                selected.append(exc)
+                located.append(exc)
+        ready = [item for item in located if not isinstance(item, Exception)]
+        chosen: list[NDArray[np.int32] | Exception]
+        try:
+            chosen = [
+                *windows_candidates(
+                    [w for w, _ in ready], self.encoder, self.threads.selection_threads
+                )
+            ]
+        except Exception:  # whichever window failed, it fails alone, the others are answered
+            chosen = [self._candidates_alone(w) for w, _ in ready]
+        candidates = iter(chosen)
+        selected: list[tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]] | Exception] = []
+        for item in located:
+            if isinstance(item, Exception):
+                selected.append(item)
+                continue
+            got = next(candidates)
+            selected.append(got if isinstance(got, Exception) else (item[0], got, item[1]))
         good = [item for item in selected if not isinstance(item, Exception)]
         features = iter(encode_pairs_batch([(w, c) for w, c, _ in good], self.encoder))
         return [
@@ -157,17 +179,17 @@ class FeatureEncoderStep:
             for item in selected
         ]
 
+    def _candidates_alone(self, window: DispatchWindow) -> NDArray[np.int32] | Exception:
+        try:
+            return window_candidates(window, self.encoder, self.threads.selection_threads)
+        except Exception as exc:  # this window's own error
+            return exc
+
     def _select(
         self, inputs: Mapping[str, NDArray[Any] | None]
     ) -> tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]]:
         """The validated, located window, its candidates and where each point came from."""
-        return self._chosen(window_from_wire(inputs, self.limits))
-
-    def _chosen(
-        self, window: DispatchWindow
-    ) -> tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]]:
-        """`_select` of a window already validated."""
-        window, sources = self.geocoder.locate(window)
+        window, sources = self.geocoder.locate(window_from_wire(inputs, self.limits))
         candidates = window_candidates(window, self.encoder, self.threads.selection_threads)
         return window, candidates, sources
 

@@ -549,3 +549,89 @@ def test_a_batch_names_the_window_whose_candidates_do_not_fit() -> None:
         features.encode_pairs_batch(
             [good, (window, np.array([[5]], dtype=np.int32))], EncoderSettings()
         )
+
+
+def _usual(window: DispatchWindow) -> DispatchWindow:
+    """The window without hard constraints: the kind `windows_candidates` ranks together."""
+    return dataclasses.replace(window, constraints=np.zeros_like(window.constraints))
+
+
+def _crowded_window() -> DispatchWindow:
+    """Four orders on one spot, six riders of one slot each: with two candidates per order
+    every list names the two nearest, so the lists alone serve two orders of four."""
+    here = [31.2, 121.4]
+    return make_window(
+        pickup=[here] * 4,
+        rider_position=[[31.2 + 0.001 * (i + 1), 121.4] for i in range(6)],
+        rider_capacity=[1] * 6,
+    )
+
+
+def test_batched_candidates_are_each_windows_own() -> None:
+    # dispatch_fused and feature_encoder select the candidates of an execute's windows
+    # together: each window must get exactly what it gets alone, whatever its batch-mates.
+    settings = EncoderSettings(candidates_per_order=2)
+    rng = np.random.default_rng(11)
+    windows = [
+        generate_regime_window(rng, dataclasses.replace(REGIMES[name], **size))
+        for name, size in (
+            ("scarcity", {"num_orders": 30, "num_riders": 6}),
+            ("hard_constraints", {"num_orders": 12, "num_riders": 40}),
+            ("default", {"num_orders": 64, "num_riders": 200}),  # pre-selects
+        )
+    ]
+    for seed in range(8):  # small usual windows, some with co-located riders (exact ties)
+        spots = 3 if seed % 2 else None
+        shape = (int(rng.integers(1, 6)), int(rng.integers(1, 10)))
+        windows.append(_usual(random_window(np.random.default_rng(seed), *shape, spots)))
+    windows.append(_usual(generate_regime_window(rng, REGIMES["scarcity"])))
+    windows.append(_crowded_window())
+    windows.append(
+        make_window(pickup=[[31.2, 121.4]], rider_position=[[31.21, 121.41]], rider_capacity=[0])
+    )
+    alone = [features.window_candidates(w, settings) for w in windows]
+    # the crowded window's lists were amended, the nobody window's are all padding
+    assert not np.array_equal(alone[-2], features.select_candidates(windows[-2], 2))
+    assert (alone[-1] < 0).all()
+    count = len(windows)
+    for order in (list(range(count)), list(reversed(range(count))), [count - 2, 4, 0]):
+        together = features.windows_candidates([windows[i] for i in order], settings)
+        for i, got in zip(order, together, strict=True):
+            assert got.dtype == np.int32 and got.shape == alone[i].shape
+            assert got.tobytes() == alone[i].tobytes(), f"window {i} in batch {order}"
+    assert features.windows_candidates([], settings) == []
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_batched_small_windows_rank_as_the_definition(seed: int) -> None:
+    # Riders with slots to spare (nothing for the coverage to amend): one pass over many
+    # small windows gives each the brute-force ranking, exact ties by the lower row.
+    rng = np.random.default_rng(seed)
+    windows = []
+    for _ in range(12):
+        window = random_window(rng, int(rng.integers(1, 4)), int(rng.integers(1, 24)), 4)
+        windows.append(
+            dataclasses.replace(
+                _usual(window),
+                rider_load=np.zeros(window.num_riders, np.int32),
+                rider_capacity=np.full(window.num_riders, 5, np.int32),
+            )
+        )
+    settings = EncoderSettings()
+    for window, got in zip(windows, features.windows_candidates(windows, settings), strict=True):
+        expected = brute_force_candidates(window, settings.candidates_per_order)
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_batched_crowded_windows_serve_as_many_orders_as_the_exact_optimum() -> None:
+    # scipy's maximum-cardinality assignment over every feasible pair is the reference.
+    rng = np.random.default_rng(5)
+    windows = [_crowded_window()] + [
+        _usual(generate_regime_window(rng, REGIMES["scarcity"])) for _ in range(4)
+    ]
+    settings = EncoderSettings(candidates_per_order=2)
+    for seed, (window, got) in enumerate(
+        zip(windows, features.windows_candidates(windows, settings), strict=True)
+    ):
+        optimum = int(np.count_nonzero(distance_matching_assignment(window) >= 0))
+        assert _served(window, got, seed) == optimum

@@ -22,6 +22,7 @@ from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain import features as features_module
 from dispatch_service.domain import geo
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.domain.window import (
@@ -32,6 +33,7 @@ from dispatch_service.domain.window import (
 from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
 from dispatch_service.offline import gazetteer_build
 from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline import steps
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from dispatch_service.pipeline.stacking import StackingSettings, resolve_stack_aware
 from dispatch_service.pipeline.steps import (
@@ -477,3 +479,35 @@ def test_stack_aware_inputs_are_checked_by_name(name: str, value: Any, rule: str
         TopKResolverStep().run(inputs, score=model_score)
     assert info.value.tensor == name
     assert rule in str(info.value)
+
+
+def test_a_window_whose_candidates_fail_fails_alone_in_a_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Candidates are selected for the whole batch at once; if that raises, each window is
+    selected alone, so only the window that fails gets the error."""
+    batch = [
+        window_to_wire(generate_window(np.random.default_rng(seed), 2, riders))
+        for seed, riders in enumerate((6, 7, 8))
+    ]
+    step = FeatureEncoderStep()
+    expected = [step.run(tensors) for tensors in batch]
+    real = features_module.window_candidates
+
+    def together(*args: Any) -> Any:
+        raise RuntimeError("a bug in one window")
+
+    def alone(window: Any, *args: Any) -> Any:
+        if window.num_riders == 7:
+            raise RuntimeError("a bug in one window")
+        return real(window, *args)
+
+    monkeypatch.setattr(steps, "windows_candidates", together)
+    monkeypatch.setattr(steps, "window_candidates", alone)
+    got = step.encode_batch(batch)
+    assert isinstance(got[1], RuntimeError)
+    for at in (0, 2):
+        outcome = got[at]
+        assert not isinstance(outcome, Exception)
+        for name, value in expected[at].items():
+            np.testing.assert_array_equal(outcome[1][name], value, err_msg=name)

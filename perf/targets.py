@@ -302,7 +302,9 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
         bool(results.overload[label].get("next_request_served")) for label in results.overload
     ]
     floor_detail = (
-        f"no-work floor of the contract: {floor_tput:,.0f} windows/s" if floor_tput else ""
+        f"no-work floor of the contract: {floor_tput:,.0f} windows/s"
+        if floor_tput
+        else (f"no-work floor of the contract: {floor64}" if floor64 else "")  # why it failed
     )
     return [
         Target(

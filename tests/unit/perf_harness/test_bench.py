@@ -837,3 +837,12 @@ def test_a_killed_perf_analyzers_regions_are_removed_and_nothing_else(tmp_path: 
         "dispatch_client_7_0_in",
         "triton_python_backend_shm_region_1",
     ]
+
+
+def test_a_floor_that_failed_says_why_beside_the_target() -> None:
+    # The 2026-12-02 report showed no floor at all: perf_analyzer had timed out at c=64.
+    results = _results()
+    results.floor = {"c64": "failed: timed out after 120 s"}
+    by_name = {(t.name, t.model): t for t in scheduler_targets(results)}
+    detail = by_name["small, gRPC, c=64: throughput / FastAPI", "dispatch_fused"].detail
+    assert detail == "no-work floor of the contract: failed: timed out after 120 s"

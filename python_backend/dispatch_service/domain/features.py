@@ -172,7 +172,8 @@ def _ranked_exactly(
         position[pair_rider, 0], position[pair_rider, 1],
         pickup[pair_order, 0], pickup[pair_order, 1],
     )  # fmt: skip
-    ranked = row[pair_rider][np.lexsort((row[pair_rider], dist, pair_order))]
+    pair_row = row[pair_rider]
+    ranked = pair_row[np.lexsort((pair_row, dist, pair_order))]
     out: list[IntArray] = []
     first = 0
     for b, m, take in zip(orders.tolist(), width.tolist(), takes, strict=True):
@@ -525,7 +526,7 @@ def windows_candidates(
     load, capacity = joined("rider_load"), joined("rider_capacity")
     may = feasible(0, joined("rider_equipment"), joined("rider_vehicle"), load, capacity)
     spare = spare_slots(load, capacity)
-    out: list[NDArray[np.int32] | None] = [None] * len(windows)
+    out: dict[int, NDArray[np.int32]] = {}
     usual: list[tuple[int, IntArray, int]] = []
     for at, (window, end) in enumerate(zip(windows, ends, strict=True)):
         riders = np.flatnonzero(may[end - window.num_riders : end])
@@ -535,7 +536,7 @@ def windows_candidates(
         else:
             usual.append((at, riders, take))
     if not usual:
-        return [candidates for candidates in out if candidates is not None]
+        return [out[at] for at in range(len(windows))]
     ranked = _ranked_exactly(
         [windows[at].pickup for at, _, _ in usual],
         [windows[at].rider_position[riders] for at, riders, _ in usual],
@@ -553,7 +554,7 @@ def windows_candidates(
         listed = np.full((window.num_orders, min(n, window.num_riders)), -1, dtype=np.int32)
         listed[:, :take] = rows
         out[at] = _covered(window, listed) if at in amend else listed
-    return [candidates for candidates in out if candidates is not None]
+    return [out[at] for at in range(len(windows))]
 
 
 def _covered(window: DispatchWindow, candidates: NDArray[np.int32]) -> NDArray[np.int32]:

@@ -45,6 +45,7 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
+from dispatch_service.core.errors import each_alone
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
@@ -242,12 +243,7 @@ class FusedDispatch:
             except Exception as exc:  # this window's own error
                 prepared.append(exc)
         self._score_together([item for item in prepared if isinstance(item, _Prepared)])
-        routed: list[tuple[_Prepared, RoutedScores] | Exception] = []
-        for prep in prepared:
-            try:
-                routed.append(prep if isinstance(prep, Exception) else (prep, self._route(prep)))
-            except Exception as exc:  # this window's own error
-                routed.append(exc)
+        routed = each_alone(prepared, lambda prep: (prep, self._route(prep)))
         good = [
             (inputs, entry) for inputs, entry in zip(batch, routed, strict=True)
             if not isinstance(entry, Exception)

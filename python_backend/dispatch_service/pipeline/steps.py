@@ -26,7 +26,7 @@ from dispatch_contract import (
     PAIR_OBJECTIVES,
     RESOLVER_INPUTS,
 )
-from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.errors import DispatchInputError, each_alone
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import TrustedKeys
 from dispatch_service.domain.features import (
@@ -144,24 +144,14 @@ class FeatureEncoderStep:
         features (`encode_pairs_batch`) together, and located one by one. A window that
         fails gets its exception (DispatchInputError for bad input) in its place; the
         others their window and tensors."""
-        located: list[tuple[DispatchWindow, NDArray[Any]] | Exception] = []
-        for window in windows_from_wire(batch, self.limits):
-            try:
-                located.append(
-                    window if isinstance(window, Exception) else self.geocoder.locate(window)
-                )
-            except Exception as exc:  # this window's own error
-                located.append(exc)
-        ready = [item for item in located if not isinstance(item, Exception)]
+        located = each_alone(windows_from_wire(batch, self.limits), self.geocoder.locate)
+        ready = [item[0] for item in located if not isinstance(item, Exception)]
+        threads = self.threads.selection_threads
         chosen: list[NDArray[np.int32] | Exception]
         try:
-            chosen = [
-                *windows_candidates(
-                    [w for w, _ in ready], self.encoder, self.threads.selection_threads
-                )
-            ]
+            chosen = [*windows_candidates(ready, self.encoder, threads)]
         except Exception:  # whichever window failed, it fails alone, the others are answered
-            chosen = [self._candidates_alone(w) for w, _ in ready]
+            chosen = each_alone(ready, lambda w: window_candidates(w, self.encoder, threads))
         candidates = iter(chosen)
         selected: list[tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]] | Exception] = []
         for item in located:
@@ -178,12 +168,6 @@ class FeatureEncoderStep:
             else (item[0], self._tensors(next(features), item[1], item[2]))
             for item in selected
         ]
-
-    def _candidates_alone(self, window: DispatchWindow) -> NDArray[np.int32] | Exception:
-        try:
-            return window_candidates(window, self.encoder, self.threads.selection_threads)
-        except Exception as exc:  # this window's own error
-            return exc
 
     def _select(
         self, inputs: Mapping[str, NDArray[Any] | None]
@@ -298,12 +282,7 @@ class TopKResolverStep:
         stack, on its own; the windows where nothing stacks are resolved together
         (`resolve_many`), each answer byte for byte its own. A window that fails gets its
         exception (DispatchInputError for bad input) in its place."""
-        staged: list[Resolution | Unstacked | Exception] = []
-        for inputs, window, score in batch:
-            try:
-                staged.append(self._stage(inputs, window, score))
-            except Exception as exc:  # this window's own error
-                staged.append(exc)
+        staged = each_alone(batch, lambda item: self._stage(*item))
         plain = [item for item in staged if isinstance(item, Unstacked)]
         together = iter(resolve_many([(item.window, item.checked) for item in plain]))
         return [

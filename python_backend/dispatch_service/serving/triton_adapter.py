@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import PAIR_FEATURES, PAIR_OBJECTIVES, spec_by_name, wire_shape
-from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.errors import DispatchInputError, each_alone
 from dispatch_service.core.metrics import (
     STEP_OBSERVERS,
     BackgroundMetrics,
@@ -276,13 +276,7 @@ class TritonStepAdapter(TritonResponder):
 
     def run_batch(self, windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
         """The step run on each window alone; a window that fails gets its exception."""
-        outcomes: list[Arrays | Exception] = []
-        for inputs in windows:
-            try:
-                outcomes.append(self.step.run(inputs))
-            except Exception as exc:  # any failure answers this request only
-                outcomes.append(exc)
-        return outcomes
+        return each_alone(windows, self.step.run)
 
 
 class TritonEncoderAdapter(TritonStepAdapter):

@@ -148,6 +148,11 @@ def _exact_nearest(
     return rows[line, order], dist[line, order]
 
 
+def _joined(parts: Sequence[NDArray[Any]]) -> NDArray[Any]:
+    """The windows' arrays of a batch end to end (one window's own array, not a copy)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 def _ranked_exactly(
     pickups: Sequence[NDArray[np.float64]],
     riders: Sequence[NDArray[np.float64]],
@@ -165,9 +170,7 @@ def _ranked_exactly(
     rider_start = np.repeat(np.repeat(np.cumsum(width) - width, orders), per_order)
     pair_start = np.repeat(np.cumsum(per_order) - per_order, per_order)
     pair_rider = rider_start + (np.arange(pair_order.size) - pair_start)
-    pickup = np.concatenate(pickups) if len(pickups) > 1 else pickups[0]
-    position = np.concatenate(riders) if len(riders) > 1 else riders[0]
-    row = np.concatenate(rows) if len(rows) > 1 else rows[0]
+    pickup, position, row = _joined(pickups), _joined(riders), _joined(rows)
     dist = geo.haversine_km(
         position[pair_rider, 0], position[pair_rider, 1],
         pickup[pair_order, 0], pickup[pair_order, 1],
@@ -407,20 +410,19 @@ def encode_pairs_batch(
     if order_base == 0 or not any(v.size for v in valids):
         return [np.zeros((size, NUM_PAIR_FEATURES), dtype=np.float32) for size in sizes]
 
-    def joined(parts: list[NDArray[Any]]) -> NDArray[Any]:
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
     members = [window for window, _ in windows]
     chosen = list(zip(members, pair_riders, strict=True))  # each window with its pairs' riders
-    o = joined(pair_orders)
+    o = _joined(pair_orders)
     pairs = o.size
     num_orders = order_base
-    pickup = joined([w.pickup for w in members])
-    dropoff = joined([w.dropoff for w in members])
-    rider_position = joined([w.rider_position[r] for w, r in chosen])
-    load = joined([w.rider_load[r] for w, r in chosen]).astype(np.float64)
-    capacity = joined([w.rider_capacity[r] for w, r in chosen]).astype(np.float64)
-    vehicle = joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)[:, None] == _VEHICLES
+    pickup = _joined([w.pickup for w in members])
+    dropoff = _joined([w.dropoff for w in members])
+    rider_position = _joined([w.rider_position[r] for w, r in chosen])
+    load = _joined([w.rider_load[r] for w, r in chosen]).astype(np.float64)
+    capacity = _joined([w.rider_capacity[r] for w, r in chosen]).astype(np.float64)
+    vehicle = (
+        _joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)[:, None] == _VEHICLES
+    )
 
     # Legs rider -> pickup (one per pair) then pickup -> dropoff (one per order).
     start = np.concatenate((rider_position, pickup))
@@ -440,10 +442,10 @@ def encode_pairs_batch(
         window_values[row] = (float(np.sin(hour_angle)), float(np.cos(hour_angle)), weekend)
     order_window = np.repeat(np.arange(len(members)), [w.num_orders for w in members])
     dispatch_time = np.array([w.dispatch_time for w in members], dtype=np.float64)[order_window]
-    created_at = joined([w.created_at for w in members]).astype(np.float64)
+    created_at = _joined([w.created_at for w in members]).astype(np.float64)
     age = np.maximum((dispatch_time - created_at) / 60.0, 0.0)
-    promised = joined([w.promised_minutes for w in members]).astype(np.float64)
-    constraints = joined([w.constraints for w in members]).astype(np.int64)
+    promised = _joined([w.promised_minutes for w in members]).astype(np.float64)
+    constraints = _joined([w.constraints for w in members]).astype(np.int64)
     flags = (constraints[:, None] & _ORDER_FLAGS) != 0
 
     trip, pickup_zone, dropoff_zone = (
@@ -519,17 +521,16 @@ def windows_candidates(
         return []
     n = settings.candidates_per_order
     ends = np.cumsum([w.num_riders for w in windows]).tolist()
-
-    def joined(name: str) -> NDArray[Any]:
-        return np.concatenate([getattr(w, name) for w in windows])
-
-    load, capacity = joined("rider_load"), joined("rider_capacity")
-    may = feasible(0, joined("rider_equipment"), joined("rider_vehicle"), load, capacity)
+    starts = [end - w.num_riders for w, end in zip(windows, ends, strict=True)]
+    load = _joined([w.rider_load for w in windows])
+    capacity = _joined([w.rider_capacity for w in windows])
+    equipment = _joined([w.rider_equipment for w in windows])
+    may = feasible(0, equipment, _joined([w.rider_vehicle for w in windows]), load, capacity)
     spare = spare_slots(load, capacity)
     out: dict[int, NDArray[np.int32]] = {}
     usual: list[tuple[int, IntArray, int]] = []
-    for at, (window, end) in enumerate(zip(windows, ends, strict=True)):
-        riders = np.flatnonzero(may[end - window.num_riders : end])
+    for at, window in enumerate(windows):
+        riders = np.flatnonzero(may[starts[at] : ends[at]])
         take = min(n, window.num_riders, riders.size)
         if (window.constraints & HARD_CONSTRAINTS).any() or _preselects(take, riders.size):
             out[at] = window_candidates(window, settings, threads)
@@ -545,8 +546,9 @@ def windows_candidates(
     )
     # Each order's nearest rider, as a row of all windows' riders: a window where one is
     # asked for more than its spare slots goes through `cover_maximum_assignment`.
-    starts = [ends[at] - windows[at].num_riders for at, _, _ in usual]
-    first = [rows[:, 0] + start for start, rows in zip(starts, ranked, strict=True) if rows.size]
+    first = [
+        rows[:, 0] + starts[at] for (at, _, _), rows in zip(usual, ranked, strict=True) if rows.size
+    ]
     fits = fits_spare(np.concatenate(first), spare) if first else np.ones(spare.size, bool)
     amend = set(np.searchsorted(ends, np.flatnonzero(~fits), side="right").tolist())
     for (at, _, take), rows in zip(usual, ranked, strict=True):

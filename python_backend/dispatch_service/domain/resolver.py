@@ -828,7 +828,7 @@ def resolve_many(items: Sequence[tuple[ResolverWindow, NDArray[np.float64]]]) ->
     in each window alone, with the same riders; otherwise, and for a width of its own, each
     window is resolved alone.
     """
-    out: list[Resolution | None] = [None] * len(items)
+    out: dict[int, Resolution] = {}
     groups: dict[tuple[int, ResolverSettings], list[int]] = {}
     for i, (window, _) in enumerate(items):
         groups.setdefault((window.candidates.shape[1], window.settings), []).append(i)
@@ -837,7 +837,7 @@ def resolve_many(items: Sequence[tuple[ResolverWindow, NDArray[np.float64]]]) ->
         for n, i in enumerate(members):
             window, objectives = items[i]
             out[i] = joined[n] if joined is not None else window.resolution(objectives)
-    return [resolution for resolution in out if resolution is not None]
+    return [out[i] for i in range(len(items))]
 
 
 def _resolve_stacked(

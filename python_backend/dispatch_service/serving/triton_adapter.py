@@ -472,8 +472,6 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
             observer=observer,
             **labels,
         )
-        adapter.loaded()
-        return adapter
     elif model == "topk_resolver":
         adapter = TritonResolverAdapter(
             pb_utils,
@@ -483,8 +481,6 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
             observer=observer,
             **labels,
         )
-        adapter.loaded()
-        return adapter
     elif model == "dispatch_model":
         path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"
         adapter = TritonBatchedModelAdapter(
@@ -493,12 +489,13 @@ def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAd
             DispatchModelStep.from_parameters(
                 path, with_instance_device(parameters, args), trusted=model_trust()
             ),
-            metrics=triton_metrics(pb_utils, name, version, metrics_of(model)),
+            metrics=triton_metrics(pb_utils, name, version, definitions),
             **labels,
         )
-        adapter.loaded()
-        return adapter
-    raise ValueError(f"no adapter for model {model!r}")
+    else:
+        raise ValueError(f"no adapter for model {model!r}")
+    adapter.loaded()
+    return adapter
 
 
 def triton_metrics(

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from dispatch_service.core.paths import REPO_ROOT
+from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.server import Ports
 
 __all__ = ["EXAMPLE", "Launcher", "free_port"]
@@ -72,15 +73,10 @@ class Launcher:
     def children(self, name: str) -> list[int]:
         """Pids of this launcher's child processes whose command name is ``name``."""
         found = []
-        for stat_file in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                text = stat_file.read_text()
-            except OSError:  # gone meanwhile
-                continue
-            comm = text[text.index("(") + 1 : text.rindex(")")]
-            ppid = int(text[text.rindex(")") + 2 :].split()[1])
-            if ppid == self.process.pid and comm == name:
-                found.append(int(stat_file.parent.name))
+        for pid_dir in Path("/proc").glob("[0-9]*"):
+            stat = proc_stat(pid_dir)
+            if stat is not None and stat.parent == self.process.pid and stat.name == name:
+                found.append(int(pid_dir.name))
         return found
 
     def stop(self) -> int:

@@ -38,6 +38,7 @@ __all__ = [
     "SHM_PREFIX_ROOT",
     "STUB_NAME",
     "Leftovers",
+    "ProcStat",
     "clean_leftovers",
     "describe_ports",
     "die_with_parent",
@@ -46,6 +47,7 @@ __all__ = [
     "new_shm_prefix",
     "ports_in_use",
     "prefix_owner",
+    "proc_stat",
     "process_ended",
 ]
 
@@ -104,6 +106,28 @@ def prefix_owner(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+@dataclass(frozen=True)
+class ProcStat:
+    """What this package reads of ``/proc/<pid>/stat``."""
+
+    name: str  # the command name (comm)
+    state: str  # "R", "S", ... "Z" for a zombie
+    parent: int  # ppid
+
+
+def proc_stat(pid_dir: Path) -> ProcStat | None:
+    """``pid_dir``'s ``stat`` (``/proc/<pid>``), or None when the process is gone. The line is
+    ``pid (comm) state ppid ...``; comm may hold spaces and parentheses, so it ends at the
+    last ")"."""
+    try:
+        text = (pid_dir / "stat").read_text()
+        head, tail = text.rsplit(")", 1)
+        state, parent = tail.split()[:2]
+        return ProcStat(head.split("(", 1)[1], state, int(parent))
+    except (OSError, ValueError, IndexError):  # gone, or vanished while read
+        return None
+
+
 def process_ended(pid: int, timeout_s: float = 0.0, proc: Path = Path("/proc")) -> bool:
     """Whether process ``pid`` has ended, waiting up to ``timeout_s`` (looked at least once).
 
@@ -112,11 +136,8 @@ def process_ended(pid: int, timeout_s: float = 0.0, proc: Path = Path("/proc")) 
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            state = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):  # gone (or vanished while read)
-            return True
-        if state == "Z":
+        stat = proc_stat(proc / str(pid))
+        if stat is None or stat.state == "Z":
             return True
         if time.monotonic() >= deadline:
             return False

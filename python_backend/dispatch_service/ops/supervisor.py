@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from dispatch_service.ops.health import Probe, deep_check
-from dispatch_service.ops.host import STUB_NAME
+from dispatch_service.ops.host import STUB_NAME, proc_stat
 from dispatch_service.ops.model_control import (
     ModelControlError,
     load_model,
@@ -155,14 +155,12 @@ def stub_versions(parent_pid: int, proc: Path = Path("/proc")) -> dict[int, Stub
     for entry in proc.glob("[0-9]*"):
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_text()
         except OSError:
             continue
         if len(argv) < 2 or not argv[0].endswith(STUB_NAME.encode()):
             continue
-        # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces.
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) < 2 or fields[0] == "Z" or int(fields[1]) != parent_pid:
+        stat = proc_stat(entry)
+        if stat is None or stat.state == "Z" or stat.parent != parent_pid:
             continue
         model_py = Path(argv[1].decode(errors="replace"))
         found[int(entry.name)] = (model_py.parent.parent.name, model_py.parent.name)

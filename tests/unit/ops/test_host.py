@@ -14,6 +14,7 @@ import pytest
 
 from dispatch_service.ops.host import (
     Leftovers,
+    ProcStat,
     clean_leftovers,
     die_with_parent,
     find_leftovers,
@@ -21,6 +22,7 @@ from dispatch_service.ops.host import (
     new_shm_prefix,
     ports_in_use,
     prefix_owner,
+    proc_stat,
     process_ended,
 )
 
@@ -146,3 +148,12 @@ def test_a_zombie_or_a_missing_process_has_ended(tmp_path: Path) -> None:
         False,
         True,
     ]
+
+
+def test_proc_stat_reads_name_state_and_parent(tmp_path: Path) -> None:
+    (tmp_path / "10").mkdir()
+    (tmp_path / "10" / "stat").write_text("10 (a) b (c) S 77 10 10 0\n")  # comm "a) b (c"
+    assert proc_stat(tmp_path / "10") == ProcStat("a) b (c", "S", 77)
+    assert proc_stat(tmp_path / "11") is None  # gone
+    mine = proc_stat(Path(f"/proc/{os.getpid()}"))
+    assert mine is not None and mine.parent == os.getppid() and mine.state in "RS"

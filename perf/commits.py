@@ -128,7 +128,6 @@ def measure(
                             request_count=max(60 if size == "large" else 400, 25 * concurrency),
                             csv_path=out / f"{commit}_{model}_{size}_c{concurrency}.csv",
                             model=model,
-                            mode="count_windows",
                         )
                         outcome = pa.run(job, 120)
                         key = f"{commit} {model} {size} c={concurrency}"

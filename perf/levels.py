@@ -93,7 +93,6 @@ def pa_job(
         model=point.model,
         shared_memory="system" if shm else "none",
         output_shm_size=workload.output_shm_size if shm else None,
-        mode="count_windows",
     )
 
 

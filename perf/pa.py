@@ -82,9 +82,10 @@ __all__ = [
 Tensors = dict[str, NDArray[Any]]
 Protocol = Literal["grpc", "http"]
 SharedMemory = Literal["none", "system", "cuda"]  # cuda: perf/gpu_check.py
-# "request_count": one measurement of exactly `request_count` requests, no stability check.
-# "count_windows": windows of at least a third of them (whole seconds), until 3 in a row
-# agree within a factor of 2, at most 6 windows; what the benchmark uses (module notes).
+# "count_windows" (the default): windows of at least a third of `request_count` requests
+# (whole seconds), until 3 in a row agree within a factor of 2, at most 6 windows.
+# "request_count": one measurement of exactly `request_count` requests, no stability check;
+# its CSV throughput is N over whole seconds (module notes), so it needs `profile_export`.
 Mode = Literal["request_count", "count_windows"]
 WINDOWS = 3
 
@@ -171,11 +172,16 @@ class PaJob:
     output_shm_size: int | None = None
     # Per-request timestamps; the level's figures are computed from them (see PerfAnalyzer.run).
     profile_export: Path | None = None
-    mode: Mode = "request_count"
+    mode: Mode = "count_windows"
 
     def __post_init__(self) -> None:
         if self.shared_memory != "none" and self.protocol != "grpc":
             raise ValueError("the benchmark uses shared memory over gRPC only")
+        if self.mode == "request_count" and self.profile_export is None:
+            raise ValueError(
+                "mode request_count needs profile_export: its CSV divides the requests by the"
+                " whole seconds they took (a third of a second reads as one)"
+            )
         if self.concurrency < 1 or self.request_count < self.concurrency:
             raise ValueError("need concurrency >= 1 and request_count >= concurrency")
 

@@ -176,6 +176,7 @@ def test_pa_job_arguments() -> None:
         shared_memory="system",
         output_shm_size=8192,
         profile_export=Path("export.json"),
+        mode="request_count",
     )
     args = job.arguments()
     assert args[args.index("-i") + 1] == "grpc"
@@ -188,16 +189,14 @@ def test_pa_job_arguments() -> None:
     assert "--shared-memory" not in plain and "--profile-export-file" not in plain
 
 
-def test_pa_job_count_windows_mode() -> None:
-    job = PaJob(
-        "127.0.0.1:8000", "http", Path("in.json"), 64, 300, Path("o.csv"), mode="count_windows"
-    )
+def test_pa_job_measures_in_count_windows_by_default() -> None:
+    job = PaJob("127.0.0.1:8000", "http", Path("in.json"), 64, 300, Path("o.csv"))
     args = job.arguments()
     assert "--request-count" not in args
     assert args[args.index("--measurement-mode") + 1] == "count_windows"
     assert args[args.index("--measurement-request-count") + 1] == "100"
     assert args[args.index("--max-trials") + 1] == "6"
-    small = PaJob("h:1", "http", Path("i"), 64, 64, Path("o"), mode="count_windows").arguments()
+    small = PaJob("h:1", "http", Path("i"), 64, 64, Path("o")).arguments()
     assert small[small.index("--measurement-request-count") + 1] == "64"  # >= concurrency
 
 
@@ -206,6 +205,9 @@ def test_pa_job_rejects_bad_combinations() -> None:
         PaJob("h:1", "http", Path("i"), 1, 10, Path("o"), shared_memory="system")
     with pytest.raises(ValueError, match="request_count"):
         PaJob("h:1", "grpc", Path("i"), 8, 4, Path("o"))
+    # --request-count's CSV reads 50 requests in 0.4 s as 50/s: only the export is exact.
+    with pytest.raises(ValueError, match="profile_export"):
+        PaJob("h:1", "grpc", Path("i"), 1, 50, Path("o"), mode="request_count")
 
 
 def test_parse_csv_converts_microseconds() -> None:

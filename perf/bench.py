@@ -41,6 +41,7 @@ from perf.bodies import (
 )
 from perf.floor import measure_floor
 from perf.geocoding_bench import served_scenarios
+from perf.idle_cost import cpu_per_window
 from perf.levels import PA_ENTRIES, load_level, pa_level
 from perf.locust_run import run_locust
 from perf.overload import MIXED_RUN, OVERLOAD_RUN, REFERENCE_RUN, run_overload
@@ -73,6 +74,8 @@ __all__ = [
 
 REPORTS = REPO_ROOT / "perf" / "reports"
 TRITON_BUDGET_SHARE = 0.78
+# perf.idle_cost's gaps: hot, and about what a stub waits between requests at c=1.
+IDLE_GAPS_MS = (0.0, 2.0)
 Levels = dict[str, tuple[int, ...]]
 
 
@@ -263,6 +266,11 @@ class Bench:
     def floor_phase(self) -> None:
         self.say("no-work floor of the contract (dispatch_floor)")
         self.results.floor = measure_floor(self.plan.floor_seconds, self.out / "floor")
+        # The work's side of the c=1 floor: one window's CPU hot and after an idle wait.
+        self.say("one window in process after an idle gap (perf.idle_cost)")
+        self.results.floor["idle_cost"] = cpu_per_window(
+            "small", IDLE_GAPS_MS, self.plan.floor_seconds, self.repository
+        )
 
     def fastapi_phase(self) -> None:
         self.deadline = self.started + self.plan.budget_s

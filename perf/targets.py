@@ -262,6 +262,15 @@ def _slowest(*values: Any) -> float | None:
     return max((float(v) for v in values if v is not None), default=None)
 
 
+def _idle_detail(idle: dict[str, Any]) -> str:
+    """perf.idle_cost's figures: one window's CPU in process, hot and after each idle gap."""
+    runs = ", ".join(
+        f"{run['cpu_us_per_window']:,.0f} us after {run['gap_ms']:g} ms idle"
+        for run in idle.get("runs", [])
+    )
+    return f"one window in process (perf.idle_cost), CPU: {runs}" if runs else ""
+
+
 def scheduler_targets(results: BenchResults) -> list[Target]:
     """Issue 11's targets: batching, latency at c=1 and behaviour under overload."""
     grpc_fused, grpc_ensemble = entry_key("grpc", FUSED_MODEL), entry_key("grpc", ENSEMBLE_MODEL)
@@ -306,6 +315,16 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
         if floor_tput
         else (f"no-work floor of the contract: {floor64}" if floor64 else "")  # why it failed
     )
+    floor1 = results.floor.get("c1")
+    idle = results.floor.get("idle_cost")
+    c1_detail = "; ".join(
+        part
+        for part in (
+            f"no-work floor p50: {floor1['p50_ms']:.2f} ms" if isinstance(floor1, dict) else "",
+            _idle_detail(idle) if isinstance(idle, dict) else "",
+        )
+        if part
+    )
     return [
         Target(
             "small, gRPC, c=64: throughput / FastAPI",
@@ -340,6 +359,7 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
             1.2,
             True,
             " ms",
+            c1_detail,
         ),
         Target(
             "small, gRPC, c=1: p99",

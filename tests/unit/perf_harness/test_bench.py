@@ -694,7 +694,16 @@ def _overload_level(accepted: int, refused: int, p99: float, full_refusal_p99: f
 
 def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
     results = _results()
-    results.floor = {"c64": _row(64, 6000.0, 10.0, 12.0).to_dict()}
+    results.floor = {
+        "c1": _row(1, 1500.0, 0.62, 0.9).to_dict(),
+        "c64": _row(64, 6000.0, 10.0, 12.0).to_dict(),
+        "idle_cost": {
+            "runs": [
+                {"gap_ms": 0.0, "windows": 900, "cpu_us_per_window": 850.0},
+                {"gap_ms": 2.0, "windows": 500, "cpu_us_per_window": 1510.0},
+            ]
+        },
+    }
     results.overload = {
         "concurrency 64": {
             "next_request_served": True,
@@ -719,6 +728,11 @@ def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
     vs_fastapi = by_name["small, gRPC, c=64: throughput / FastAPI", fused]
     assert vs_fastapi.measured == pytest.approx(1200 / 250) and vs_fastapi.met is True
     assert "6,000 windows/s" in vs_fastapi.detail  # the no-work floor beside it
+    # Beside c=1: the floor's p50 and one window's CPU hot and after an idle wait.
+    assert by_name["small, gRPC, c=1: p50", fused].detail == (
+        "no-work floor p50: 0.62 ms; one window in process (perf.idle_cost), CPU: "
+        "850 us after 0 ms idle, 1,510 us after 2 ms idle"
+    )
     assert by_name["small, gRPC, c=64: throughput / in-process limit", fused].measured == (
         pytest.approx(1200 / 1500)
     )

@@ -4,8 +4,9 @@ At concurrency 1 every request reaches a stub that has been waiting. On the 2-co
 bench on, the same code then needs far more CPU than in a hot loop: after a 2 ms wait
 `dispatch_fused`'s single-window path took 1.5-1.9 ms of CPU instead of 0.86-0.95 ms, also
 with the process pinned to one core (so it is not a migration between cores), and inside the
-live stub 1.7 ms. The waiting core runs other work meanwhile and the window starts with cold
-caches. Compare a host's figures here with its c=1 p50 before blaming the pipeline or Triton.
+live stub 1.7 ms. Most likely the idle core runs other work meanwhile (the VM's host) and the
+window starts with cold caches. Compare a host's figures here with its c=1 p50 before blaming
+the pipeline or Triton.
 
 `python -m perf.idle_cost [--size small] [--gaps-ms 0,0.5,2] [--seconds 3]` runs
 `FusedDispatch.run` (what a batch of one runs in `dispatch_fused`) on the simulated windows

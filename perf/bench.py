@@ -351,7 +351,7 @@ class Bench:
                 rate = row.throughput_per_s
                 if ENTRY_POINTS[entry].transport == "grpc" and concurrency == 1 and steps:
                     self.results.breakdowns()[model][name] = steps
-            if failure:  # with a row: a note on how it was measured
+            if failure:
                 series.failures.append(failure)
         self.results.series.append(series)
 

@@ -49,7 +49,7 @@ def pa_level(
     timeout_s: float,
     breakdown: dict[str, dict[str, float]] | None = None,
 ) -> tuple[LevelStats | None, str, str]:
-    """(row or None, failure text or a note on the row, command) for one level.
+    """(row and "", or None and why it failed; command) for one level.
 
     `entry` is one of PA_ENTRIES (its model and transport). `breakdown`, when given, receives
     the server-side time per ensemble step, or the single model's own split.
@@ -59,8 +59,7 @@ def pa_level(
     if breakdown is not None:
         breakdown.update(outcome.server)
     if outcome.ok:
-        note = f"c={concurrency}: {outcome.note}" if outcome.note else ""
-        return outcome.rows[0], note, outcome.command
+        return outcome.rows[0], "", outcome.command
     last = [line for line in outcome.log_tail.splitlines() if line.strip()][-1:] or ["no output"]
     return (
         None,

@@ -6,7 +6,7 @@
   answers (system shared memory needs it for BYTES and variable-shape outputs).
 - `PaJob` / `PerfAnalyzer.run`: one concurrency level, bounded in requests and by a
   wall-clock timeout; `parse_csv` reads the `-f` report, `parse_request_count` the number
-  of measured requests from the output, `parse_profile_export` per-request timestamps.
+  of measured requests from the output.
 
 Facts about this 2.51 build that shape the benchmark (checked on the target machine):
 - `-i http --input-tensor-format json` puts only the first element of each input tensor in
@@ -53,12 +53,11 @@ from dispatch_contract import (
     FEATURE_ENTRY_INPUTS,
     spec_by_name,
 )
-from perf.stats import LevelStats, level_stats
+from perf.stats import LevelStats
 
 __all__ = [
     "SHM_DIR",
     "WINDOWS",
-    "Mode",
     "PaJob",
     "PaOutcome",
     "PerfAnalyzer",
@@ -68,7 +67,6 @@ __all__ = [
     "input_data_document",
     "output_shm_size",
     "parse_csv",
-    "parse_profile_export",
     "parse_request_count",
     "parse_server_breakdown",
     "read_input_data",
@@ -82,11 +80,9 @@ __all__ = [
 Tensors = dict[str, NDArray[Any]]
 Protocol = Literal["grpc", "http"]
 SharedMemory = Literal["none", "system", "cuda"]  # cuda: perf/gpu_check.py
-# "count_windows" (the default): windows of at least a third of `request_count` requests
-# (whole seconds), until 3 in a row agree within a factor of 2, at most 6 windows.
-# "request_count": one measurement of exactly `request_count` requests, no stability check;
-# its CSV throughput is N over whole seconds (module notes), so it needs `profile_export`.
-Mode = Literal["request_count", "count_windows"]
+# Every level runs in perf_analyzer's `count_windows` mode: windows of at least a third of
+# the job's `request_count` requests (whole seconds), until 3 in a row agree within a factor
+# of 2, at most 6 windows (`--request-count` rates N over whole seconds: module notes).
 WINDOWS = 3
 
 # ---- --input-data files ---------------------------------------------------------------------
@@ -170,18 +166,10 @@ class PaJob:
     model: str = "dispatch"
     shared_memory: SharedMemory = "none"
     output_shm_size: int | None = None
-    # Per-request timestamps; the level's figures are computed from them (see PerfAnalyzer.run).
-    profile_export: Path | None = None
-    mode: Mode = "count_windows"
 
     def __post_init__(self) -> None:
         if self.shared_memory != "none" and self.protocol != "grpc":
             raise ValueError("the benchmark uses shared memory over gRPC only")
-        if self.mode == "request_count" and self.profile_export is None:
-            raise ValueError(
-                "mode request_count needs profile_export: its CSV divides the requests by the"
-                " whole seconds they took (a third of a second reads as one)"
-            )
         if self.concurrency < 1 or self.request_count < self.concurrency:
             raise ValueError("need concurrency >= 1 and request_count >= concurrency")
 
@@ -200,28 +188,21 @@ class PaJob:
             "-f",
             str(self.csv_path),
         ]
-        if self.mode == "request_count":
-            # One measurement of exactly this many requests: bounded in count, no open-ended
-            # stability search.
-            args += ["--request-count", str(self.request_count)]
-        else:
-            per_window = max(self.concurrency, math.ceil(self.request_count / WINDOWS))
-            args += [
-                "--measurement-mode",
-                "count_windows",
-                "--measurement-request-count",
-                str(per_window),
-                "--stability-percentage",
-                "100",
-                "--max-trials",
-                str(WINDOWS + 3),
-            ]
+        per_window = max(self.concurrency, math.ceil(self.request_count / WINDOWS))
+        args += [
+            "--measurement-mode",
+            "count_windows",
+            "--measurement-request-count",
+            str(per_window),
+            "--stability-percentage",
+            "100",
+            "--max-trials",
+            str(WINDOWS + 3),
+        ]
         if self.shared_memory != "none":
             args += ["--shared-memory", self.shared_memory]
             if self.output_shm_size is not None:
                 args += ["--output-shared-memory-size", str(self.output_shm_size)]
-        if self.profile_export is not None:
-            args += ["--profile-export-file", str(self.profile_export)]
         return args
 
 
@@ -231,7 +212,6 @@ class PaOutcome:
     returncode: int
     rows: list[LevelStats]
     log_tail: str
-    note: str = ""  # something the report should say about these figures
     server: dict[str, dict[str, float]] = field(default_factory=dict)  # parse_server_breakdown
 
     @property
@@ -268,8 +248,6 @@ class PerfAnalyzer:
     def run(self, job: PaJob, timeout_s: float) -> PaOutcome:
         command = [str(self.binary), *job.arguments()]
         text = " ".join(command)
-        if job.profile_export is not None:
-            job.profile_export.unlink(missing_ok=True)  # perf_analyzer refuses an existing file
         before = shm_entries() if job.shared_memory == "system" else frozenset()
         try:
             done = subprocess.run(
@@ -289,17 +267,7 @@ class PerfAnalyzer:
             return PaOutcome(text, 124, [], f"{tail}\n{out[-1500:]}")
         job.csv_path.with_suffix(".log").write_text(f"{text}\n\n{done.stdout}\n{done.stderr}")
         rows: list[LevelStats] = []
-        note = ""
-        export = job.profile_export
-        if done.returncode == 0 and export is not None and export.exists():
-            # In --request-count mode only the per-request timestamps are exact (see the
-            # module notes). The export also holds every request's tensors: not kept.
-            try:
-                rows = [parse_profile_export(export.read_text(), job.concurrency)]
-                export.unlink()
-            except (ValueError, KeyError, TypeError) as exc:  # e.g. a cut-off file
-                note = f"profile export unreadable ({type(exc).__name__}); figures from the CSV"
-        if done.returncode == 0 and not rows and job.csv_path.exists():
+        if done.returncode == 0 and job.csv_path.exists():
             measured = parse_request_count(done.stdout) or job.request_count
             rows = [
                 LevelStats(**{**row.to_dict(), "requests": measured})
@@ -307,7 +275,7 @@ class PerfAnalyzer:
             ]
         tail = (done.stdout[-1500:] + "\n" + done.stderr[-1500:]).strip()
         return PaOutcome(
-            text, done.returncode, rows, tail, note, parse_server_breakdown(done.stdout, job.model)
+            text, done.returncode, rows, tail, parse_server_breakdown(done.stdout, job.model)
         )
 
 
@@ -398,19 +366,3 @@ def parse_csv(text: str) -> list[LevelStats]:
             )
         )
     return rows
-
-
-def parse_profile_export(text: str, concurrency: int) -> LevelStats:
-    """One level's figures from `--profile-export-file` (timestamps in nanoseconds).
-
-    Latency: response minus send time of each request; throughput: requests divided by
-    the span from the first send to the last response.
-    """
-    experiments = json.loads(text)["experiments"]
-    requests = [r for e in experiments for r in e["requests"] if r.get("response_timestamps")]
-    if not requests:
-        raise ValueError("the profile export holds no answered request")
-    sent = [int(r["timestamp"]) for r in requests]
-    done = [int(r["response_timestamps"][-1]) for r in requests]
-    latencies = [(end - start) / 1e9 for start, end in zip(sent, done, strict=True)]
-    return level_stats(concurrency, latencies, (max(done) - min(sent)) / 1e9)

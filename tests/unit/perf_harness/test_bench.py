@@ -35,7 +35,6 @@ from perf.pa import (
     PaJob,
     output_shm_size,
     parse_csv,
-    parse_profile_export,
     parse_request_count,
     parse_server_breakdown,
     read_input_data,
@@ -175,21 +174,19 @@ def test_pa_job_arguments() -> None:
         csv_path=Path("out.csv"),
         shared_memory="system",
         output_shm_size=8192,
-        profile_export=Path("export.json"),
-        mode="request_count",
     )
     args = job.arguments()
     assert args[args.index("-i") + 1] == "grpc"
     assert args[args.index("--concurrency-range") + 1] == "16:16"
-    assert args[args.index("--request-count") + 1] == "400"
+    assert args[args.index("--measurement-request-count") + 1] == "134"  # 400 / 3 windows
     assert args[args.index("--shared-memory") + 1] == "system"
     assert args[args.index("--output-shared-memory-size") + 1] == "8192"
-    assert args[args.index("--profile-export-file") + 1] == "export.json"
     plain = PaJob("127.0.0.1:8000", "http", Path("in.json"), 1, 10, Path("o.csv")).arguments()
-    assert "--shared-memory" not in plain and "--profile-export-file" not in plain
+    assert "--shared-memory" not in plain
 
 
-def test_pa_job_measures_in_count_windows_by_default() -> None:
+def test_pa_job_always_measures_in_count_windows() -> None:
+    # --request-count's CSV reads 50 requests in 0.4 s as 50/s (perf.pa notes): never used.
     job = PaJob("127.0.0.1:8000", "http", Path("in.json"), 64, 300, Path("o.csv"))
     args = job.arguments()
     assert "--request-count" not in args
@@ -205,9 +202,6 @@ def test_pa_job_rejects_bad_combinations() -> None:
         PaJob("h:1", "http", Path("i"), 1, 10, Path("o"), shared_memory="system")
     with pytest.raises(ValueError, match="request_count"):
         PaJob("h:1", "grpc", Path("i"), 8, 4, Path("o"))
-    # --request-count's CSV reads 50 requests in 0.4 s as 50/s: only the export is exact.
-    with pytest.raises(ValueError, match="profile_export"):
-        PaJob("h:1", "grpc", Path("i"), 1, 50, Path("o"), mode="request_count")
 
 
 def test_parse_csv_converts_microseconds() -> None:
@@ -297,24 +291,6 @@ def test_parse_server_breakdown_reads_a_single_model_under_its_name() -> None:
         )
     }
     assert parse_server_breakdown(PA_OUTPUT_SINGLE) == {}  # no name given
-
-
-def test_parse_profile_export_uses_request_timestamps() -> None:
-    start = 1_000_000_000_000
-    requests = [
-        {"timestamp": start + i * 10_000_000, "response_timestamps": [start + i * 10_000_000 + d]}
-        for i, d in enumerate([2_000_000, 4_000_000, 6_000_000, 8_000_000])
-    ]
-    requests.append({"timestamp": start, "response_timestamps": []})  # never answered
-    text = json.dumps({"experiments": [{"experiment": {"value": 2}, "requests": requests}]})
-    row = parse_profile_export(text, concurrency=2)
-    assert row.requests == 4
-    assert row.concurrency == 2
-    assert row.p50_ms == pytest.approx(5.0)
-    # first send at 0 ms, last answer at 30 + 8 = 38 ms
-    assert row.throughput_per_s == pytest.approx(4 / 0.038)
-    with pytest.raises(ValueError, match="no answered"):
-        parse_profile_export(json.dumps({"experiments": []}), 1)
 
 
 # ---- statistics ------------------------------------------------------------------------------

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Final, TypeVar
+from typing import Final
 
 __all__ = [
     "RULE_CODES",
     "DispatchInputError",
-    "each_alone",
 ]
-
-T = TypeVar("T")
-U = TypeVar("U")
 
 # Stable, low-cardinality keys of the broken rule: the `rule` label of
 # dispatch_validation_rejections_total and the `code` of a rejection's log line.
@@ -46,19 +41,3 @@ class DispatchInputError(ValueError):
         self.rule = rule
         self.code = code
         super().__init__(f"{tensor}: {rule}")
-
-
-def each_alone(items: Iterable[T | Exception], work: Callable[[T], U]) -> list[U | Exception]:
-    """``work`` on each window of a batch (one Triton `execute`), each on its own: an item
-    that is already an exception (an earlier step's failure) stays as it is, and whatever
-    ``work`` raises becomes that window's outcome, never the batch's."""
-    out: list[U | Exception] = []
-    for item in items:
-        if isinstance(item, Exception):
-            out.append(item)
-            continue
-        try:
-            out.append(work(item))
-        except Exception as exc:  # this window's own error
-            out.append(exc)
-    return out

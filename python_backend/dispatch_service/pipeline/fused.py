@@ -45,7 +45,7 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
-from dispatch_service.core.errors import each_alone
+from dispatch_service.core.batches import each_alone, split_rows
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
@@ -304,8 +304,8 @@ class FusedDispatch:
                 scores = scorer.infer(joined)
             except Exception:  # each window's own call then reports the failure
                 continue
-            bounds = np.cumsum([len(part) for part in parts])[:-1]
-            for (item, rows), part in zip(members, np.split(scores, bounds), strict=True):
+            sizes = [len(part) for part in parts]
+            for (item, rows), part in zip(members, split_rows(scores, sizes), strict=True):
                 item.scored[version] = (rows, part)
 
     def _route(self, item: _Prepared) -> RoutedScores:

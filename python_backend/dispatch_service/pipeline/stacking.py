@@ -37,7 +37,7 @@ points still answer alike and the offline evaluation's figures are those of the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +55,10 @@ __all__ = [
     "StackedResolution",
     "StackingSettings",
     "Unstacked",
+    "can_stack",
     "resolve_stack_aware",
     "routed_rescorer",
+    "stage_checked",
     "stage_stack_aware",
 ]
 
@@ -135,6 +137,26 @@ class Unstacked:
         return StackedResolution(self.window.resolution(self.checked), self.objectives, 0)
 
 
+def can_stack(windows: Sequence[ResolverWindow]) -> list[bool]:
+    """Whether some rider of each window can take two of its new orders (`domain.slots`: a
+    slot count ``c_r = min(spare_r, deg_r)`` of 2 or more). Where none can, the stack-aware
+    resolution is the plain one. Several windows in one pass, as one window whose riders
+    are each window's own, in blocks."""
+    if not windows:
+        return []
+    riders = [window.spare.size for window in windows]
+    first_rider = np.cumsum([0, *riders[:-1]])
+    picked = [
+        window.candidates[window.candidates >= 0] + first
+        for window, first in zip(windows, first_rider.tolist(), strict=True)
+    ]
+    spare = np.concatenate([window.spare for window in windows])
+    slots = slot_counts(np.concatenate(picked).astype(np.int64), spare)
+    owner = np.repeat(np.arange(len(windows)), riders)
+    stacking = np.bincount(owner[slots >= 2], minlength=len(windows))
+    return [bool(count) for count in stacking.tolist()]
+
+
 def resolve_stack_aware(
     objectives: NDArray[np.float32],
     features: NDArray[np.float32],
@@ -173,12 +195,26 @@ def stage_stack_aware(
     )
     base = np.asarray(objectives, dtype=np.float32)
     checked = window.objectives(base)  # [B, N, 3] float64, missing candidates zeroed
+    return stage_checked(window, checked, base, features, created_at, rescore)
+
+
+def stage_checked(
+    window: ResolverWindow,
+    checked: NDArray[np.float64],
+    objectives: NDArray[np.float32],
+    features: NDArray[np.float32],
+    created_at: ArrayLike,
+    rescore: Rescorer,
+) -> StackedResolution | Unstacked:
+    """`stage_stack_aware` of a window already checked (`ResolverWindow.checked`, its
+    ``objectives`` [B*N, 3] as `ResolverWindow.objectives` returned them in ``checked``)."""
+    base = objectives
     width = window.candidates.shape[1]
     flat = window.candidates.reshape(-1)
     valid = np.flatnonzero(flat >= 0)
     pair_riders = flat[valid]
     current = base.copy()
-    if int(slot_counts(pair_riders, window.spare).max(initial=0)) <= 1:
+    if not can_stack([window])[0]:
         return Unstacked(window, checked, current)  # nobody can take two new orders
     # Each valid pair at every slot of its rider (`domain.slots`: c_r = min(spare_r, deg_r)).
     slots = slot_edges(pair_riders, window.spare)

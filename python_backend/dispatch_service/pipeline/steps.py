@@ -26,7 +26,8 @@ from dispatch_contract import (
     PAIR_OBJECTIVES,
     RESOLVER_INPUTS,
 )
-from dispatch_service.core.errors import DispatchInputError, each_alone
+from dispatch_service.core.batches import each_alone, split_rows
+from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import TrustedKeys
 from dispatch_service.domain.features import (
@@ -41,6 +42,8 @@ from dispatch_service.domain.resolver import (
     Resolution,
     ResolverSettings,
     ResolverWindow,
+    WindowTensors,
+    checked_together,
     resolve_many,
 )
 from dispatch_service.domain.window import (
@@ -65,7 +68,9 @@ from dispatch_service.pipeline.stacking import (
     StackedResolution,
     StackingSettings,
     Unstacked,
+    can_stack,
     routed_rescorer,
+    stage_checked,
     stage_stack_aware,
 )
 from dispatch_service.routing.engine import SyncScorer, check_pair_features
@@ -282,7 +287,9 @@ class TopKResolverStep:
         stack, on its own; the windows where nothing stacks are resolved together
         (`resolve_many`), each answer byte for byte its own. A window that fails gets its
         exception (DispatchInputError for bad input) in its place."""
-        staged = each_alone(batch, lambda item: self._stage(*item))
+        staged = self._stage_together(batch)
+        if staged is None:
+            staged = each_alone(batch, lambda item: self._stage(*item))
         plain = [item for item in staged if isinstance(item, Unstacked)]
         together = iter(resolve_many([(item.window, item.checked) for item in plain]))
         return [
@@ -291,6 +298,100 @@ class TopKResolverStep:
             else (next(together) if isinstance(item, Unstacked) else item).as_wire_tensors()
             for item in staged
         ]
+
+    def _stage_together(
+        self,
+        batch: Sequence[
+            tuple[Mapping[str, NDArray[Any] | None], DispatchWindow | None, SyncScorer | None]
+        ],
+    ) -> list[Resolution | Unstacked | Exception] | None:
+        """`_stage` of dispatch_fused's windows (validated, re-scoring on), their checks made
+        together (`checked_together`, `check_pair_features` over the concatenation); a
+        window where riders can stack is then staged alone. None where that does not apply
+        or some window breaks a rule: each is staged alone then, naming its own error."""
+        if len(batch) < 2 or not self.stacking.stack_aware:
+            return None
+        names = (PAIR_OBJECTIVES.name, CANDIDATE_RIDER_INDEX.name, PAIR_FEATURES.name)
+        tensors: list[WindowTensors] = []
+        features: list[NDArray[Any]] = []
+        parsed: dict[tuple[str, tuple[int, ...], bytes] | None, NDArray[np.float64]] = {}
+        try:
+            for inputs, window, score in batch:
+                objectives, candidates, pairs = (inputs.get(name) for name in names)
+                versions = inputs.get(ORDER_MODEL_VERSION.name)
+                ids = inputs.get("RIDER_IDS")
+                if (
+                    window is None
+                    or score is None
+                    or objectives is None
+                    or candidates is None
+                    or pairs is None
+                    or versions is None
+                    or ids is None
+                    or not np.issubdtype(versions.dtype, np.integer)
+                    or candidates.ndim != 2
+                    or versions.ndim < 1
+                    or versions.shape[0] != candidates.shape[0]
+                    or pairs.dtype != np.float32
+                    or pairs.ndim != 2
+                    or pairs.shape[0] != candidates.size
+                ):
+                    return None
+                raw = inputs.get("OBJECTIVE_WEIGHTS")
+                if raw is not None:
+                    raw = np.asarray(raw)
+                key = None if raw is None else (raw.dtype.str, raw.shape, raw.tobytes())
+                if key not in parsed:  # windows of one caller share their weights
+                    parsed[key] = parse_objective_weights(raw)
+                load, capacity = window.rider_load, window.rider_capacity
+                tensors.append((candidates, ids, load, capacity, parsed[key], objectives))
+                features.append(pairs)
+            by_width: dict[int, list[int]] = {}
+            for number, parts in enumerate(tensors):
+                by_width.setdefault(parts[0].shape[1], []).append(number)
+            found: dict[int, tuple[ResolverWindow, NDArray[np.float64]]] = {}
+            for members in by_width.values():
+                check_pair_features(
+                    np.concatenate([features[i] for i in members]),
+                    np.concatenate([tensors[i][0] for i in members]),
+                )
+                together = checked_together([tensors[i] for i in members], self.settings)
+                if together is None:
+                    return None
+                found.update(zip(members, together, strict=True))
+            checked = [found[number] for number in range(len(batch))]
+            stacking = can_stack([resolver_window for resolver_window, _ in checked])
+        except Exception:  # a rule broken, a shape that does not concatenate: each alone names it
+            return None
+        out: list[Resolution | Unstacked | Exception] = []
+        for (inputs, window, score), (resolver_window, objectives), stacks in zip(
+            batch, checked, stacking, strict=True
+        ):
+            base = np.asarray(inputs[PAIR_OBJECTIVES.name], dtype=np.float32)
+            if not stacks:
+                out.append(Unstacked(resolver_window, objectives, base.copy()))
+                continue
+            assert window is not None and score is not None  # as checked above
+            try:
+                rescore = routed_rescorer(
+                    _required(inputs, PAIR_OBJECTIVES.name),
+                    _required(inputs, ORDER_MODEL_VERSION.name),
+                    resolver_window.candidates.shape[1],
+                    score,
+                )
+                staged = stage_checked(
+                    resolver_window,
+                    objectives,
+                    base,
+                    _required(inputs, PAIR_FEATURES.name),
+                    window.created_at,
+                    rescore,
+                )
+            except Exception as exc:  # this window's own error
+                out.append(exc)
+                continue
+            out.append(staged.resolution if isinstance(staged, StackedResolution) else staged)
+        return out
 
     def _stage(
         self,
@@ -373,8 +474,7 @@ class DispatchModelStep:
         if len(batch) == 1:
             return [self.scorer.infer(batch[0])]
         scores = self.scorer.infer(np.concatenate(batch, axis=0))
-        bounds = np.cumsum([len(part) for part in batch])[:-1]
-        return list(np.split(scores, bounds))
+        return split_rows(scores, [len(part) for part in batch])
 
 
 def _same_orders(name: str, per_order: NDArray[Any], candidates: NDArray[Any]) -> None:

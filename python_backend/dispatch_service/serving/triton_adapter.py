@@ -24,7 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import PAIR_FEATURES, PAIR_OBJECTIVES, spec_by_name, wire_shape
-from dispatch_service.core.errors import DispatchInputError, each_alone
+from dispatch_service.core.batches import each_alone
+from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     STEP_OBSERVERS,
     BackgroundMetrics,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dispatch_service.core.errors import RULE_CODES, DispatchInputError, each_alone
+from dispatch_service.core.errors import RULE_CODES, DispatchInputError
 from dispatch_service.domain.resolver import resolve
 from dispatch_service.domain.window import window_from_tensors, window_to_tensors
 from dispatch_service.offline.simulator import generate_window
@@ -104,17 +104,3 @@ def test_codes_of_real_resolver_failures() -> None:
         with pytest.raises(DispatchInputError) as caught:
             resolve(**{**args, **change})
         assert caught.value.code == code, str(caught.value)
-
-
-def test_each_window_of_a_batch_fails_alone() -> None:
-    earlier = DispatchInputError("ORDER_IDS", "ids must be unique", "unique")
-
-    def halve(n: int) -> int:
-        if n % 2:
-            raise ValueError(f"{n} is odd")
-        return n // 2
-
-    got = each_alone([4, earlier, 3, 8], halve)
-    assert got[0] == 2 and got[3] == 4
-    assert got[1] is earlier  # an earlier step's failure is kept, work never sees it
-    assert isinstance(got[2], ValueError) and str(got[2]) == "3 is odd"

@@ -19,8 +19,10 @@ from dispatch_service.domain.resolver import (
     Resolution,
     ResolverSettings,
     ResolverWindow,
+    WindowTensors,
     _resolve_stacked,
     assign,
+    checked_together,
     fnv1a_64,
     resolve,
     resolve_many,
@@ -899,3 +901,89 @@ def test_uncontested_windows_share_one_pass_and_a_tie_falls_back_to_each_alone()
     assert _resolve_stacked(tied) is None
     for (window, objectives), got in zip(tied, resolve_many(tied), strict=True):
         _same_resolution(got, window.resolution(objectives))
+
+
+# ---- checked_together: several windows' checks at once ----------------------------------
+
+
+def _window_tensors(rng: np.random.Generator, width: int, riders: int = 0) -> WindowTensors:
+    riders = riders or int(rng.integers(width, 30))
+    args = random_window(rng, int(rng.integers(1, 5)), width, riders)
+    weights = (rng.random(3) + 0.01).astype(np.float64)
+    return (
+        args["candidate_rider_index"],
+        args["rider_ids"],
+        args["rider_load"],
+        args["rider_capacity"],
+        weights,
+        args["objectives"],
+    )
+
+
+def _checked_alone(parts: WindowTensors) -> tuple[ResolverWindow, NDArray[np.float64]]:
+    candidates, ids, load, capacity, weights, objectives = parts
+    window = ResolverWindow.checked(candidates, ids, load, capacity, weights)
+    return window, window.objectives(objectives)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_windows_checked_together_are_each_exactly_as_checked_alone(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    windows = [_window_tensors(rng, 6) for _ in range(int(rng.integers(1, 7)))]
+    together = checked_together(windows, ResolverSettings())
+    assert together is not None and len(together) == len(windows)
+    for parts, (window, objectives) in zip(windows, together, strict=True):
+        alone, alone_objectives = _checked_alone(parts)
+        for name in ("rider_ids", "candidates", "spare", "weights"):
+            got, want = getattr(window, name), getattr(alone, name)
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            assert got.tolist() == want.tolist(), name
+        assert objectives.dtype == alone_objectives.dtype
+        assert objectives.tobytes() == alone_objectives.tobytes()
+        assert window.settings == alone.settings
+
+
+def _broken(case: str, parts: WindowTensors) -> WindowTensors:
+    candidates, ids, load, capacity, weights, objectives = (np.array(p, copy=True) for p in parts)
+    if case == "rider_of_another_window":  # in range of the batch, not of its own window
+        candidates[0, 0] = ids.shape[0]
+        objectives[0] = (10.0, 0.5, 5.0)  # a pair that was missing carried NaN
+    elif case == "repeated_candidate":
+        candidates[0, 1] = candidates[0, 0] = 0
+    elif case == "negative_load":
+        load[0] = -1
+    elif case == "negative_eta":
+        objectives[:, 0] = -1.0  # on every pair; the missing ones are ignored
+    elif case == "bad_weights":
+        weights[:] = (-1.0, 1.0, 1.0)
+    elif case == "float_capacity":
+        capacity = capacity.astype(np.float32)
+    return candidates, ids, load, capacity, weights, objectives
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "rider_of_another_window",
+        "repeated_candidate",
+        "negative_load",
+        "negative_eta",
+        "bad_weights",
+        "float_capacity",
+    ],
+)
+def test_a_window_that_breaks_a_rule_sends_every_window_to_be_checked_alone(case: str) -> None:
+    rng = np.random.default_rng(7)
+    # The others have more riders than the first: a row past its own stays in the batch's.
+    windows = [_window_tensors(rng, 6, riders) for riders in (6, 20, 20)]
+    bad = _broken(case, windows[0])
+    with pytest.raises(DispatchInputError):
+        _checked_alone(bad)  # the rule a window alone breaks
+    assert checked_together([bad, *windows[1:]], ResolverSettings()) is None
+
+
+def test_windows_of_different_widths_are_not_checked_together() -> None:
+    rng = np.random.default_rng(2)
+    windows = [_window_tensors(rng, 6), _window_tensors(rng, 4)]
+    assert checked_together(windows, ResolverSettings()) is None
+    assert checked_together([], ResolverSettings()) == []

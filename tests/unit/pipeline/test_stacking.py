@@ -12,11 +12,12 @@ from numpy.typing import NDArray
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
 from dispatch_service.domain.features import encode_window
-from dispatch_service.domain.resolver import resolve, score_pairs
+from dispatch_service.domain.resolver import ResolverWindow, resolve, score_pairs
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline import simulator
 from dispatch_service.pipeline.stacking import (
     StackingSettings,
+    can_stack,
     resolve_stack_aware,
     routed_rescorer,
 )
@@ -319,3 +320,29 @@ def test_a_bad_rescored_objective_is_refused_like_a_bad_input() -> None:
     with pytest.raises(DispatchInputError) as caught:
         resolve_stack_aware(**args)  # type: ignore[arg-type]
     assert caught.value.tensor == "PAIR_OBJECTIVES"
+
+
+def test_can_stack_says_whether_some_rider_can_take_two_new_orders() -> None:
+    """Checked rider by rider, by hand: spare capacity >= 2 and listed by >= 2 orders."""
+    rng = np.random.default_rng(11)
+    windows = []
+    for _ in range(40):
+        orders, riders, width = (int(n) for n in rng.integers(1, 5, 3))
+        candidates = np.full((orders, width), -1, dtype=np.int64)
+        for b in range(orders):
+            listed = int(rng.integers(0, min(width, riders) + 1))
+            candidates[b, :listed] = rng.choice(riders, size=listed, replace=False)
+        ids = np.array([f"r{r}".encode() for r in range(riders)], dtype=object)
+        load = rng.integers(0, 3, riders)
+        window = ResolverWindow.checked(
+            candidates, ids, load, load + rng.integers(0, 4, riders), DEFAULT_OBJECTIVE_WEIGHTS
+        )
+        windows.append(window)
+    expected = [
+        any(w.spare[r] >= 2 and int((w.candidates == r).sum()) >= 2 for r in range(w.spare.size))
+        for w in windows
+    ]
+    assert 0 < sum(expected) < len(windows)  # both kinds are drawn
+    assert can_stack(windows) == expected
+    assert [can_stack([w])[0] for w in windows] == expected
+    assert can_stack([]) == []

@@ -35,7 +35,7 @@ from dispatch_service.offline import gazetteer_build
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline import steps
 from dispatch_service.pipeline.onnx_runner import OrtSettings
-from dispatch_service.pipeline.stacking import StackingSettings, resolve_stack_aware
+from dispatch_service.pipeline.stacking import StackingSettings, Unstacked, resolve_stack_aware
 from dispatch_service.pipeline.steps import (
     DispatchModelStep,
     FeatureEncoderStep,
@@ -511,3 +511,78 @@ def test_a_window_whose_candidates_fail_fails_alone_in_a_batch(
         assert not isinstance(outcome, Exception)
         for name, value in expected[at].items():
             np.testing.assert_array_equal(outcome[1][name], value, err_msg=name)
+
+
+def fused_resolver_batch(
+    shapes: list[tuple[int, int]],
+) -> list[tuple[Tensors, Any, Any]]:
+    """Resolver items as dispatch_fused hands them over: the window the encoder validated,
+    its tensors with the encoder's pairs and the model's objectives, and the scorer."""
+    items = []
+    for seed, (orders, riders) in enumerate(shapes):
+        tensors = window_tensors(orders, riders, seed)
+        window, encoded = FeatureEncoderStep().encode(tensors)
+        scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
+        versions = np.ones(orders, dtype=np.int32)
+        inputs = {**tensors, **encoded, **scored, "ORDER_MODEL_VERSION": versions}
+        items.append((inputs, window, model_score))
+    return items
+
+
+def test_a_batch_is_checked_together_and_only_stacking_windows_are_staged_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One-order windows never stack; 24 orders over 10 riders do; 3 riders give a narrower
+    # candidate list (another width).
+    shapes = [(1, 20), (24, 10), (1, 20), (2, 3), (1, 15)]
+    items = fused_resolver_batch(shapes)
+    step = TopKResolverStep()
+    alone = [step.run(*item) for item in items]
+    stacking_alone = [
+        orders
+        for (orders, _), item in zip(shapes, items, strict=True)
+        if not isinstance(step._stage(*item), Unstacked)
+    ]
+    staged_alone: list[int] = []
+    real = TopKResolverStep._stage
+
+    def counting(self: TopKResolverStep, inputs: Any, *rest: Any) -> Any:
+        staged_alone.append(int(np.asarray(inputs["CANDIDATE_RIDER_INDEX"]).shape[0]))
+        return real(self, inputs, *rest)
+
+    stacked: list[int] = []
+    real_checked = steps.stage_checked
+
+    def stacking(window: Any, *rest: Any) -> Any:
+        stacked.append(int(window.candidates.shape[0]))
+        return real_checked(window, *rest)
+
+    monkeypatch.setattr(TopKResolverStep, "_stage", counting)
+    monkeypatch.setattr(steps, "stage_checked", stacking)
+    got = step.run_batch(items)
+    assert staged_alone == []  # the stacking window reuses the batch's checks too
+    # Only the windows that stack when staged alone are resolved stack-aware on their own.
+    assert stacked == stacking_alone and 24 in stacked
+    for outcome, expected in zip(got, alone, strict=True):
+        assert not isinstance(outcome, Exception), outcome
+        assert outcome.keys() == expected.keys()
+        for name, value in expected.items():
+            assert outcome[name].dtype == value.dtype and outcome[name].shape == value.shape
+            assert outcome[name].tobytes() == value.tobytes(), name
+
+
+def test_a_window_with_a_bad_objective_fails_alone_and_the_others_are_answered() -> None:
+    items = fused_resolver_batch([(1, 20), (2, 12), (1, 20)])
+    inputs, window, score = items[1]
+    objectives = np.array(inputs["PAIR_OBJECTIVES"], copy=True)
+    objectives[:, 0] = -1.0  # a model that answers a negative ETA
+    items[1] = ({**inputs, "PAIR_OBJECTIVES": objectives}, window, score)
+    step = TopKResolverStep()
+    got = step.run_batch(items)
+    assert isinstance(got[1], DispatchInputError)
+    assert got[1].tensor == "PAIR_OBJECTIVES" and got[1].code == "range"
+    for at in (0, 2):
+        outcome, expected = got[at], step.run(*items[at])
+        assert not isinstance(outcome, Exception), outcome
+        for name, value in expected.items():
+            assert outcome[name].tobytes() == value.tobytes(), name

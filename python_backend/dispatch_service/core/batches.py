@@ -1,0 +1,51 @@
+"""The windows of one Triton `execute`: each one's outcome on its own, and its rows back.
+
+A batched step works on the concatenation of its windows; these two helpers keep what is
+per window per window: `each_alone` turns a window's exception into that window's outcome,
+and `split_rows` cuts a concatenated result back into each window's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from numpy.typing import NDArray
+
+__all__ = ["each_alone", "split_rows"]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def each_alone(items: Iterable[T | Exception], work: Callable[[T], U]) -> list[U | Exception]:
+    """``work`` on each window of a batch (one Triton `execute`), each on its own: an item
+    that is already an exception (an earlier step's failure) stays as it is, and whatever
+    ``work`` raises becomes that window's outcome, never the batch's."""
+    out: list[U | Exception] = []
+    for item in items:
+        if isinstance(item, Exception):
+            out.append(item)
+            continue
+        try:
+            out.append(work(item))
+        except Exception as exc:  # this window's own error
+            out.append(exc)
+    return out
+
+
+def split_rows(array: NDArray[Any], counts: Sequence[int]) -> list[NDArray[Any]]:
+    """``array`` cut along its first axis into consecutive parts of ``counts`` rows (views).
+
+    What `np.split` at the running totals returns, without its per-part `swapaxes` calls,
+    which cost more than the work on a batch of small windows. The counts must add up to
+    the array's length."""
+    total = sum(counts)
+    if total != len(array):
+        raise ValueError(f"counts add up to {total} rows, the array has {len(array)}")
+    parts: list[NDArray[Any]] = []
+    start = 0
+    for count in counts:
+        parts.append(array[start : start + count])
+        start += count
+    return parts

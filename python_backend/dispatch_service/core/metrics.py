@@ -149,9 +149,12 @@ class Observation:
     labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        names = tuple(name for name, _ in self.labels)
-        if names != self.metric.labels:
-            raise ValueError(f"{self.metric.name} takes labels {self.metric.labels}, got {names}")
+        if self.labels or self.metric.labels:  # (most observations carry none)
+            names = tuple(name for name, _ in self.labels)
+            if names != self.metric.labels:
+                raise ValueError(
+                    f"{self.metric.name} takes labels {self.metric.labels}, got {names}"
+                )
         if self.metric.kind is MetricKind.COUNTER and self.value < 0:
             raise ValueError(f"{self.metric.name}: a counter only goes up, got {self.value}")
 

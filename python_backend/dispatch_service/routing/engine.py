@@ -250,6 +250,13 @@ def _served_calls(
     ]
 
 
+def _version_groups(chosen: NDArray[np.int32]) -> list[tuple[int, NDArray[np.bool_]]]:
+    """Each version routing chose, ascending, with the orders it was chosen for."""
+    if chosen.size and bool((chosen == chosen[0]).all()):  # the usual window: one version
+        return [(int(chosen[0]), np.ones(chosen.size, dtype=np.bool_))]
+    return [(int(v), chosen == v) for v in np.unique(chosen).tolist()]
+
+
 def _routing(
     features: ArrayLike,
     candidates: ArrayLike,
@@ -281,7 +288,7 @@ def _routing(
     objectives = np.zeros((num_orders, width, len(OBJECTIVES)), dtype=np.float32)
     model_version = np.full(num_orders, RULE_BASED_VERSION, dtype=np.int32)
     level = np.full(num_orders, int(FallbackLevel.RULE_BASED), dtype=np.int32)
-    groups = [(int(v), chosen == v) for v in np.unique(chosen).tolist()]
+    groups = _version_groups(chosen)
 
     primary_jobs = [_Job(v, "primary", rows_of(m), int(m.sum())) for v, m in groups]
     shadow_groups = [
@@ -301,20 +308,21 @@ def _routing(
         objectives[mask] = scores.reshape(-1, width, len(OBJECTIVES))
         model_version[mask] = v
         level[mask] = int(FallbackLevel.CHOSEN)
-
-    retry = failed & (chosen != settings.stable_version)
-    if retry.any():
-        job = _Job(settings.stable_version, "retry", rows_of(retry), int(retry.sum()))
-        ((scores, call),) = yield from _served_calls([job], served)
-        calls.append(call)
-        if scores is not None:
-            objectives[retry] = scores.reshape(-1, width, len(OBJECTIVES))
-            model_version[retry] = settings.stable_version
-            level[retry] = int(FallbackLevel.STABLE_RETRY)
-
-    rule = level == int(FallbackLevel.RULE_BASED)
-    if rule.any():
-        objectives[rule] = rule_based_objectives(rows_of(rule)).reshape(-1, width, len(OBJECTIVES))
+    # Every order is in one group: where every primary call answered, nothing falls back.
+    if any(scores is None for scores, _ in primary_out):
+        retry = failed & (chosen != settings.stable_version)
+        if retry.any():
+            job = _Job(settings.stable_version, "retry", rows_of(retry), int(retry.sum()))
+            ((scores, call),) = yield from _served_calls([job], served)
+            calls.append(call)
+            if scores is not None:
+                objectives[retry] = scores.reshape(-1, width, len(OBJECTIVES))
+                model_version[retry] = settings.stable_version
+                level[retry] = int(FallbackLevel.STABLE_RETRY)
+        rule = level == int(FallbackLevel.RULE_BASED)
+        if rule.any():
+            rule_rows = rows_of(rule)
+            objectives[rule] = rule_based_objectives(rule_rows).reshape(-1, width, len(OBJECTIVES))
 
     comparisons: list[ShadowComparison] = []
     for (v, mask, s), (scores, _) in zip(shadow_groups, shadow_out, strict=True):

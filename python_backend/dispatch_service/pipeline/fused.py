@@ -90,8 +90,11 @@ class _Prepared:
     versions: NDArray[np.int32]
     served: ServedVersions
     encode_ms: float
-    # version -> (the pair rows routed to it, their scores from the batch's session call)
-    scored: dict[int, tuple[NDArray[np.float32], NDArray[np.float32]]] = field(default_factory=dict)
+    # version -> (the pair rows routed to it, their scores from the batch's session call,
+    # this window's share of that call's seconds: its rows over the call's)
+    scored: dict[int, tuple[NDArray[np.float32], NDArray[np.float32], float]] = field(
+        default_factory=dict
+    )
 
     def rows_for(self, version: int) -> NDArray[np.float32]:
         """The pair rows of the orders routed to `version`, as routing asks for them."""
@@ -300,24 +303,30 @@ class FusedDispatch:
                 continue
             parts = [rows for _, rows in members]
             joined = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            started = time.perf_counter()
             try:
                 scores = scorer.infer(joined)
             except Exception:  # each window's own call then reports the failure
                 continue
+            per_row = (time.perf_counter() - started) / max(len(joined), 1)
             sizes = [len(part) for part in parts]
             for (item, rows), part in zip(members, split_rows(scores, sizes), strict=True):
-                item.scored[version] = (rows, part)
+                item.scored[version] = (rows, part, per_row * len(rows))
 
     def _route(self, item: _Prepared) -> RoutedScores:
-        """A prepared window's routing, its calls answered from the batch's session calls."""
+        """A prepared window's routing, its calls answered from the batch's session calls;
+        each such call is timed as the window's share of the session call (its rows over
+        the call's), so the scoring latency means session time in a batch as alone."""
+        clock = _ChargedClock()
 
         def score(version: int, features: NDArray[np.float32]) -> NDArray[Any]:
             hit = item.scored.get(version)
             if hit is not None:
-                rows, scores = hit
+                rows, scores, seconds = hit
                 if rows is features or (
                     rows.shape == features.shape and np.array_equal(rows, features)
                 ):
+                    clock.charged += seconds
                     return scores
             return self.score(version, features)
 
@@ -328,8 +337,20 @@ class FusedDispatch:
             item.routing,
             score,
             shadow=shadow_sampled(self.draw(), item.routing),
+            clock=clock,
             served=item.served,
         )
+
+
+class _ChargedClock:
+    """`time.perf_counter` plus the session time charged to the window so far: a call the
+    batch answered takes its lookup plus the window's share of the batch's session call."""
+
+    def __init__(self) -> None:
+        self.charged = 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() + self.charged
 
 
 def _result(

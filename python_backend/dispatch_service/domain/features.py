@@ -513,26 +513,30 @@ def windows_candidates(
     windows: Sequence[DispatchWindow], settings: EncoderSettings, threads: int = 1
 ) -> list[NDArray[np.int32]]:
     """`window_candidates` of each window, each the same as alone. For the windows of the
-    usual small kind (no order with a hard constraint, and so few feasible riders that all
-    are ranked exactly) the feasibility, the ranking (`_ranked_exactly`) and the first
-    round of `cover_maximum_assignment` run once over all of them: a small window paid
-    ~80 us alone, mostly numpy calls on a few elements."""
+    usual small kind (every order with the same hard constraints, e.g. a one-order window,
+    and so few feasible riders that all are ranked exactly) the feasibility, the ranking
+    (`_ranked_exactly`) and the first round of `cover_maximum_assignment` run once over all
+    of them: a small window paid ~80 us alone, mostly numpy calls on a few elements."""
     if not windows:
         return []
     n = settings.candidates_per_order
-    ends = np.cumsum([w.num_riders for w in windows]).tolist()
-    starts = [end - w.num_riders for w, end in zip(windows, ends, strict=True)]
+    counts = [w.num_riders for w in windows]
+    ends = np.cumsum(counts).tolist()
+    starts = [end - count for count, end in zip(counts, ends, strict=True)]
+    shared = [_shared_hard_bits(window) for window in windows]
+    # Each rider is judged for its window's orders (a window without shared ones goes alone).
+    bits = np.repeat([0 if b is None else b for b in shared], counts)
     load = _joined([w.rider_load for w in windows])
     capacity = _joined([w.rider_capacity for w in windows])
     equipment = _joined([w.rider_equipment for w in windows])
-    may = feasible(0, equipment, _joined([w.rider_vehicle for w in windows]), load, capacity)
+    may = feasible(bits, equipment, _joined([w.rider_vehicle for w in windows]), load, capacity)
     spare = spare_slots(load, capacity)
     out: dict[int, NDArray[np.int32]] = {}
     usual: list[tuple[int, IntArray, int]] = []
     for at, window in enumerate(windows):
         riders = np.flatnonzero(may[starts[at] : ends[at]])
         take = min(n, window.num_riders, riders.size)
-        if (window.constraints & HARD_CONSTRAINTS).any() or _preselects(take, riders.size):
+        if shared[at] is None or _preselects(take, riders.size):
             out[at] = window_candidates(window, settings, threads)
         else:
             usual.append((at, riders, take))
@@ -557,6 +561,16 @@ def windows_candidates(
         listed[:, :take] = rows
         out[at] = _covered(window, listed) if at in amend else listed
     return [out[at] for at in range(len(windows))]
+
+
+def _shared_hard_bits(window: DispatchWindow) -> int | None:
+    """The hard constraints every order of the window carries (`select_candidates` then
+    ranks them all as one group); None when they differ or there is no order."""
+    hard = window.constraints.astype(np.int64) & HARD_CONSTRAINTS
+    if hard.size == 0:
+        return None
+    first = int(hard[0])
+    return first if hard.size == 1 or bool((hard == first).all()) else None
 
 
 def _covered(window: DispatchWindow, candidates: NDArray[np.int32]) -> NDArray[np.int32]:

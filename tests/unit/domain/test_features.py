@@ -623,6 +623,69 @@ def test_batched_small_windows_rank_as_the_definition(seed: int) -> None:
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_batched_windows_whose_orders_share_hard_constraints_rank_as_the_definition(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A window whose orders all carry the same hard constraints (e.g. one order needing a
+    # car) is ranked with the batch; one whose orders differ goes alone. Soft bits
+    # (fragile, priority) never narrow the riders. Each gets the brute-force ranking.
+    rng = np.random.default_rng(seed)
+    windows = []
+    for k in range(12):
+        window = random_window(rng, int(rng.integers(1, 4)), int(rng.integers(1, 24)), 4)
+        bits = int(rng.choice([THERMAL, LARGE, THERMAL | LARGE, FRAGILE, PRIORITY | THERMAL]))
+        orders = window.num_orders
+        mixed = rng.choice([0, THERMAL, LARGE], orders).astype(np.int32)
+        windows.append(
+            dataclasses.replace(
+                window,
+                constraints=mixed if k % 4 == 0 else np.full(orders, bits, np.int32),
+                rider_equipment=rng.integers(0, 2, window.num_riders).astype(np.int32),
+                rider_load=np.zeros(window.num_riders, np.int32),
+                rider_capacity=np.full(window.num_riders, 5, np.int32),
+            )
+        )
+    settings = EncoderSettings()
+    alone: list[int] = []
+    real = features.window_candidates
+
+    def counting(window: DispatchWindow, *args: Any) -> NDArray[np.int32]:
+        alone.append(window.num_orders)
+        return real(window, *args)
+
+    monkeypatch.setattr(features, "window_candidates", counting)
+    together = features.windows_candidates(windows, settings)
+    hard = [set((w.constraints & (THERMAL | LARGE)).tolist()) for w in windows]
+    assert len(alone) == sum(len(bits) > 1 for bits in hard)  # (no window pre-selects)
+    for window, got in zip(windows, together, strict=True):
+        expected = brute_force_candidates(window, settings.candidates_per_order)
+        np.testing.assert_array_equal(got, expected)
+        assert got.dtype == np.int32
+
+
+def test_batched_scarce_windows_with_shared_constraints_are_each_windows_own() -> None:
+    # Riders of one slot each, orders that all need a thermal box: the lists may need the
+    # coverage's amendment, exactly as alone.
+    rng = np.random.default_rng(4)
+    settings = EncoderSettings(candidates_per_order=2)
+    windows = []
+    for _ in range(6):
+        window = generate_regime_window(rng, REGIMES["scarcity"])
+        windows.append(
+            dataclasses.replace(
+                window,
+                constraints=np.full(window.num_orders, THERMAL, np.int32),
+                rider_equipment=rng.integers(0, 2, window.num_riders).astype(np.int32),
+            )
+        )
+    windows.append(dataclasses.replace(_crowded_window(), constraints=np.full(4, LARGE, np.int32)))
+    alone = [features.window_candidates(w, settings) for w in windows]
+    for got, want in zip(features.windows_candidates(windows, settings), alone, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes()
+
+
 def test_batched_crowded_windows_serve_as_many_orders_as_the_exact_optimum() -> None:
     # scipy's maximum-cardinality assignment over every feasible pair is the reference.
     rng = np.random.default_rng(5)

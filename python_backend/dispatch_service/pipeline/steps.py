@@ -86,6 +86,11 @@ __all__ = [
 
 Arrays = dict[str, NDArray[Any]]
 
+# One window for the resolver: its tensors, the window the encoder validated (or None) and
+# the scorer that re-scores stacked pairs (or None).
+ResolverItem = tuple[Mapping[str, NDArray[Any] | None], DispatchWindow | None, SyncScorer | None]
+Staged = Resolution | Unstacked
+
 
 class Step(Protocol):
     """One request's tensors in, its output tensors out; raises DispatchInputError."""
@@ -276,12 +281,7 @@ class TopKResolverStep:
         )
         return resolution.as_wire_tensors()
 
-    def run_batch(
-        self,
-        batch: Sequence[
-            tuple[Mapping[str, NDArray[Any] | None], DispatchWindow | None, SyncScorer | None]
-        ],
-    ) -> list[Arrays | Exception]:
+    def run_batch(self, batch: Sequence[ResolverItem]) -> list[Arrays | Exception]:
         """`run` of several windows (inputs, window, score each; one Triton `execute` of
         dispatch_fused): each is checked, and resolved stack-aware where its riders can
         stack, on its own; the windows where nothing stacks are resolved together
@@ -299,99 +299,60 @@ class TopKResolverStep:
             for item in staged
         ]
 
-    def _stage_together(
-        self,
-        batch: Sequence[
-            tuple[Mapping[str, NDArray[Any] | None], DispatchWindow | None, SyncScorer | None]
-        ],
-    ) -> list[Resolution | Unstacked | Exception] | None:
+    def _stage_together(self, batch: Sequence[ResolverItem]) -> list[Staged | Exception] | None:
         """`_stage` of dispatch_fused's windows (validated, re-scoring on), their checks made
-        together (`checked_together`, `check_pair_features` over the concatenation); a
-        window where riders can stack is then staged alone. None where that does not apply
-        or some window breaks a rule: each is staged alone then, naming its own error."""
+        together (`_checked_together`); a window where riders can stack is then staged on
+        its own from those checks. None where that does not apply or some window breaks a
+        rule: each is staged alone then, naming its own error."""
         if len(batch) < 2 or not self.stacking.stack_aware:
             return None
-        names = (PAIR_OBJECTIVES.name, CANDIDATE_RIDER_INDEX.name, PAIR_FEATURES.name)
-        tensors: list[WindowTensors] = []
-        features: list[NDArray[Any]] = []
-        parsed: dict[tuple[str, tuple[int, ...], bytes] | None, NDArray[np.float64]] = {}
         try:
-            for inputs, window, score in batch:
-                objectives, candidates, pairs = (inputs.get(name) for name in names)
-                versions = inputs.get(ORDER_MODEL_VERSION.name)
-                ids = inputs.get("RIDER_IDS")
-                if (
-                    window is None
-                    or score is None
-                    or objectives is None
-                    or candidates is None
-                    or pairs is None
-                    or versions is None
-                    or ids is None
-                    or not np.issubdtype(versions.dtype, np.integer)
-                    or candidates.ndim != 2
-                    or versions.ndim < 1
-                    or versions.shape[0] != candidates.shape[0]
-                    or pairs.dtype != np.float32
-                    or pairs.ndim != 2
-                    or pairs.shape[0] != candidates.size
-                ):
-                    return None
-                raw = inputs.get("OBJECTIVE_WEIGHTS")
-                if raw is not None:
-                    raw = np.asarray(raw)
-                key = None if raw is None else (raw.dtype.str, raw.shape, raw.tobytes())
-                if key not in parsed:  # windows of one caller share their weights
-                    parsed[key] = parse_objective_weights(raw)
-                load, capacity = window.rider_load, window.rider_capacity
-                tensors.append((candidates, ids, load, capacity, parsed[key], objectives))
-                features.append(pairs)
-            by_width: dict[int, list[int]] = {}
-            for number, parts in enumerate(tensors):
-                by_width.setdefault(parts[0].shape[1], []).append(number)
-            found: dict[int, tuple[ResolverWindow, NDArray[np.float64]]] = {}
-            for members in by_width.values():
-                check_pair_features(
-                    np.concatenate([features[i] for i in members]),
-                    np.concatenate([tensors[i][0] for i in members]),
-                )
-                together = checked_together([tensors[i] for i in members], self.settings)
-                if together is None:
-                    return None
-                found.update(zip(members, together, strict=True))
-            checked = [found[number] for number in range(len(batch))]
+            checked = self._checked_together(batch)
+            if checked is None:
+                return None
             stacking = can_stack([resolver_window for resolver_window, _ in checked])
         except Exception:  # a rule broken, a shape that does not concatenate: each alone names it
             return None
-        out: list[Resolution | Unstacked | Exception] = []
-        for (inputs, window, score), (resolver_window, objectives), stacks in zip(
+        out: list[Staged | Exception] = []
+        for item, (resolver_window, objectives), stacks in zip(
             batch, checked, stacking, strict=True
         ):
-            base = np.asarray(inputs[PAIR_OBJECTIVES.name], dtype=np.float32)
-            if not stacks:
-                out.append(Unstacked(resolver_window, objectives, base.copy()))
-                continue
-            assert window is not None and score is not None  # as checked above
             try:
-                rescore = routed_rescorer(
-                    _required(inputs, PAIR_OBJECTIVES.name),
-                    _required(inputs, ORDER_MODEL_VERSION.name),
-                    resolver_window.candidates.shape[1],
-                    score,
-                )
-                staged = stage_checked(
-                    resolver_window,
-                    objectives,
-                    base,
-                    _required(inputs, PAIR_FEATURES.name),
-                    window.created_at,
-                    rescore,
-                )
+                out.append(_staged_checked(item, resolver_window, objectives, stacks))
             except Exception as exc:  # this window's own error
                 out.append(exc)
-                continue
-            out.append(staged.resolution if isinstance(staged, StackedResolution) else staged)
         return out
+
+    def _checked_together(
+        self, batch: Sequence[ResolverItem]
+    ) -> list[tuple[ResolverWindow, NDArray[np.float64]]] | None:
+        """Each window's resolver window and checked objectives, as `_stage` checks them
+        (`checked_together` and `check_pair_features` over the concatenation of the windows
+        of each candidate width); None when a window is not dispatch_fused's or breaks a
+        rule (raises on shapes that do not concatenate)."""
+        tensors: list[WindowTensors] = []
+        features: list[NDArray[Any]] = []
+        parsed: dict[tuple[str, tuple[int, ...], bytes] | None, NDArray[np.float64]] = {}
+        for item in batch:
+            parts = _fused_window_tensors(item, parsed)
+            if parts is None:
+                return None
+            tensors.append(parts[0])
+            features.append(parts[1])
+        by_width: dict[int, list[int]] = {}
+        for number, (candidates, *_) in enumerate(tensors):
+            by_width.setdefault(candidates.shape[1], []).append(number)
+        found: dict[int, tuple[ResolverWindow, NDArray[np.float64]]] = {}
+        for members in by_width.values():
+            check_pair_features(
+                np.concatenate([features[i] for i in members]),
+                np.concatenate([tensors[i][0] for i in members]),
+            )
+            together = checked_together([tensors[i] for i in members], self.settings)
+            if together is None:
+                return None
+            found.update(zip(members, together, strict=True))
+        return [found[number] for number in range(len(batch))]
 
     def _stage(
         self,
@@ -475,6 +436,75 @@ class DispatchModelStep:
             return [self.scorer.infer(batch[0])]
         scores = self.scorer.infer(np.concatenate(batch, axis=0))
         return split_rows(scores, [len(part) for part in batch])
+
+
+def _fused_window_tensors(
+    item: ResolverItem,
+    parsed: dict[tuple[str, tuple[int, ...], bytes] | None, NDArray[np.float64]],
+) -> tuple[WindowTensors, NDArray[Any]] | None:
+    """A dispatch_fused window's `checked_together` tensors and its pair features, when
+    each is present and of the shape `_stage` asks for; else None. ``parsed``: the batch's
+    objective weights so far (windows of one caller share theirs; raises on bad ones)."""
+    inputs, window, score = item
+    objectives = inputs.get(PAIR_OBJECTIVES.name)
+    candidates = inputs.get(CANDIDATE_RIDER_INDEX.name)
+    pairs = inputs.get(PAIR_FEATURES.name)
+    versions = inputs.get(ORDER_MODEL_VERSION.name)
+    ids = inputs.get("RIDER_IDS")
+    if (
+        window is None
+        or score is None
+        or objectives is None
+        or candidates is None
+        or pairs is None
+        or versions is None
+        or ids is None
+        or not np.issubdtype(versions.dtype, np.integer)
+        or candidates.ndim != 2
+        or versions.ndim < 1
+        or versions.shape[0] != candidates.shape[0]
+        or pairs.dtype != np.float32
+        or pairs.ndim != 2
+        or pairs.shape[0] != candidates.size
+    ):
+        return None
+    raw = inputs.get("OBJECTIVE_WEIGHTS")
+    weights = None if raw is None else np.asarray(raw)
+    key = None if weights is None else (weights.dtype.str, weights.shape, weights.tobytes())
+    if key not in parsed:
+        parsed[key] = parse_objective_weights(weights)
+    load, capacity = window.rider_load, window.rider_capacity
+    return (candidates, ids, load, capacity, parsed[key], objectives), pairs
+
+
+def _staged_checked(
+    item: ResolverItem,
+    resolver_window: ResolverWindow,
+    objectives: NDArray[np.float64],
+    stacks: bool,
+) -> Staged:
+    """`_stage` of a window already checked (`_checked_together`)."""
+    inputs, window, score = item
+    base = np.asarray(_required(inputs, PAIR_OBJECTIVES.name), dtype=np.float32)
+    if not stacks:
+        return Unstacked(resolver_window, objectives, base.copy())
+    if window is None or score is None:  # `_fused_window_tensors` let none through
+        raise ValueError("a window staged from the batch's checks needs its window and scorer")
+    rescore = routed_rescorer(
+        _required(inputs, PAIR_OBJECTIVES.name),
+        _required(inputs, ORDER_MODEL_VERSION.name),
+        resolver_window.candidates.shape[1],
+        score,
+    )
+    staged = stage_checked(
+        resolver_window,
+        objectives,
+        base,
+        _required(inputs, PAIR_FEATURES.name),
+        window.created_at,
+        rescore,
+    )
+    return staged.resolution if isinstance(staged, StackedResolution) else staged
 
 
 def _same_orders(name: str, per_order: NDArray[Any], candidates: NDArray[Any]) -> None:

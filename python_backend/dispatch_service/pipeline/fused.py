@@ -5,8 +5,8 @@ Why it exists: every Python-backend model is its own process, and a request thro
 through BLS, topk_resolver). On a small window those hops cost several times the work
 itself (see perf/reports). `dispatch_fused` runs the same steps, configured from the same
 config.pbtxt files, with the same per-order canary routing, shadow scoring and fallback chain
-(`routing.route_and_score_now`: the router's routing, with the versions scored in process
-and no event loop), in one model instance: the same answer as `dispatch` for the
+(`routing.route_and_score_many_now`: the router's routing of a batch, with the versions
+scored in process and no event loop), in one model instance: the same answer as `dispatch` for the
 same window and settings, at the cost of one hop.
 
 What it gives up: the scored versions are ONNX Runtime sessions inside this model, read from
@@ -45,7 +45,6 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
-from dispatch_service.core.batches import each_alone, split_rows
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
@@ -53,7 +52,13 @@ from dispatch_service.domain.window import DispatchWindow, user_ids_from_wire
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
 from dispatch_service.pipeline.steps import Arrays, FeatureEncoderStep, TopKResolverStep
-from dispatch_service.routing.engine import ModelCallError, RoutedScores, route_and_score_now
+from dispatch_service.routing.engine import (
+    ModelCallError,
+    RoutedScores,
+    RouteItem,
+    route_and_score_many_now,
+    route_and_score_now,
+)
 from dispatch_service.routing.policy import ServedVersions, route_window
 from dispatch_service.routing.settings import FusedSettings, RouterSettings
 from dispatch_service.routing.shadow import shadow_sampled
@@ -80,9 +85,9 @@ class FusedResult:
 VersionLoader = Callable[[int], OnnxScorer]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Prepared:
-    """One window of a batch after encoding and routing, before scoring."""
+    """One window of a batch after encoding, with its routing decision, before scoring."""
 
     encoded: Arrays
     window: DispatchWindow  # validated by the encoder; the resolver reads its rider counts
@@ -90,21 +95,6 @@ class _Prepared:
     versions: NDArray[np.int32]
     served: ServedVersions
     encode_ms: float
-    # version -> (the pair rows routed to it, their scores from the batch's session call,
-    # this window's share of that call's seconds: its rows over the call's)
-    scored: dict[int, tuple[NDArray[np.float32], NDArray[np.float32], float]] = field(
-        default_factory=dict
-    )
-
-    def rows_for(self, version: int) -> NDArray[np.float32]:
-        """The pair rows of the orders routed to `version`, as routing asks for them."""
-        features: NDArray[np.float32] = self.encoded[PAIR_FEATURES.name]
-        chosen = self.versions == version
-        if chosen.all():
-            return features
-        width = self.encoded[CANDIDATE_RIDER_INDEX.name].shape[1]
-        per_order = features.reshape(len(chosen), width, -1)
-        return np.ascontiguousarray(per_order[chosen].reshape(-1, features.shape[1]))
 
 
 @dataclass
@@ -214,18 +204,17 @@ class FusedDispatch:
     def run_batch(
         self, batch: Sequence[Mapping[str, NDArray[Any] | None]]
     ) -> list[FusedResult | Exception]:
-        """Several windows (one Triton `execute`) at once: each window is validated, given its
-        candidates and routed on its own, but the pair features of all windows are built in
-        one pass (`FeatureEncoderStep.encode_batch`), the pairs all windows route to one
-        version are scored in one ONNX Runtime call per version, and the windows where nothing
-        stacks are ranked and assigned together (`TopKResolverStep.run_batch`); a window whose
-        riders can stack is resolved on its own.
+        """Several windows (one Triton `execute`) at once: the windows are validated, given
+        their candidates and their pair features together (`FeatureEncoderStep.encode_batch`),
+        each is routed by its own plan with the calls of one version made as one ONNX Runtime
+        call over all the windows' rows (`route_and_score_many_now`), and the windows are
+        checked and, where nothing stacks, ranked and assigned together
+        (`TopKResolverStep.run_batch`); a window whose riders can stack is resolved on its own.
 
         Returns per window, in order, its result or the exception it alone raised
         (DispatchInputError for bad input): one bad window never fails the others. Each
         answer is `run`'s for that window, byte for byte: ONNX Runtime scores every pair row
-        on its own, and a call routing makes that the batch did not score (a shadow, a stable
-        retry) is scored for that window alone.
+        on its own, and a joined call that fails is made again for each window alone.
         """
         if len(batch) == 1:  # nothing to share: `run` itself, without the batch's bookkeeping
             try:
@@ -245,8 +234,7 @@ class FusedDispatch:
                 prepared.append(self._prepare(inputs, *outcome, encode_ms))
             except Exception as exc:  # this window's own error
                 prepared.append(exc)
-        self._score_together([item for item in prepared if isinstance(item, _Prepared)])
-        routed = each_alone(prepared, lambda prep: (prep, self._route(prep)))
+        routed = self._route_together(prepared)
         good = [
             (inputs, entry) for inputs, entry in zip(batch, routed, strict=True)
             if not isinstance(entry, Exception)
@@ -290,67 +278,32 @@ class FusedDispatch:
         )  # fmt: skip
         return _Prepared(encoded, window, routing, versions, served, encode_ms)
 
-    def _score_together(self, windows: Sequence[_Prepared]) -> None:
-        """One session call per version over the rows every window routes to it."""
-        wanted: dict[int, list[tuple[_Prepared, NDArray[np.float32]]]] = {}
-        for item in windows:
-            for version in np.unique(item.versions).tolist():
-                if item.served(int(version)):  # else its call fails alone, as in `run`
-                    wanted.setdefault(int(version), []).append((item, item.rows_for(version)))
-        for version, members in wanted.items():
-            scorer = self.scorer(version)
-            if scorer is None:
+    def _route_together(
+        self, prepared: Sequence[_Prepared | Exception]
+    ) -> list[tuple[_Prepared, RoutedScores] | Exception]:
+        """The prepared windows' routing, the calls of one version made as one session call
+        over all their rows (`route_and_score_many_now`); each window's outcome in order."""
+        ready = [item for item in prepared if isinstance(item, _Prepared)]
+        items = [
+            RouteItem(
+                item.encoded[PAIR_FEATURES.name],
+                item.encoded[CANDIDATE_RIDER_INDEX.name],
+                item.versions,
+                item.routing,
+                shadow=shadow_sampled(self.draw(), item.routing),
+                served=item.served,
+            )
+            for item in ready
+        ]
+        routed = iter(route_and_score_many_now(items, self.score))
+        out: list[tuple[_Prepared, RoutedScores] | Exception] = []
+        for item in prepared:
+            if isinstance(item, Exception):
+                out.append(item)
                 continue
-            parts = [rows for _, rows in members]
-            joined = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-            started = time.perf_counter()
-            try:
-                scores = scorer.infer(joined)
-            except Exception:  # each window's own call then reports the failure
-                continue
-            per_row = (time.perf_counter() - started) / max(len(joined), 1)
-            sizes = [len(part) for part in parts]
-            for (item, rows), part in zip(members, split_rows(scores, sizes), strict=True):
-                item.scored[version] = (rows, part, per_row * len(rows))
-
-    def _route(self, item: _Prepared) -> RoutedScores:
-        """A prepared window's routing, its calls answered from the batch's session calls;
-        each such call is timed as the window's share of the session call (its rows over
-        the call's), so the scoring latency means session time in a batch as alone."""
-        clock = _ChargedClock()
-
-        def score(version: int, features: NDArray[np.float32]) -> NDArray[Any]:
-            hit = item.scored.get(version)
-            if hit is not None:
-                rows, scores, seconds = hit
-                if rows is features or (
-                    rows.shape == features.shape and np.array_equal(rows, features)
-                ):
-                    clock.charged += seconds
-                    return scores
-            return self.score(version, features)
-
-        return route_and_score_now(
-            item.encoded[PAIR_FEATURES.name],
-            item.encoded[CANDIDATE_RIDER_INDEX.name],
-            item.versions,
-            item.routing,
-            score,
-            shadow=shadow_sampled(self.draw(), item.routing),
-            clock=clock,
-            served=item.served,
-        )
-
-
-class _ChargedClock:
-    """`time.perf_counter` plus the session time charged to the window so far: a call the
-    batch answered takes its lookup plus the window's share of the batch's session call."""
-
-    def __init__(self) -> None:
-        self.charged = 0.0
-
-    def __call__(self) -> float:
-        return time.perf_counter() + self.charged
+            outcome = next(routed)
+            out.append(outcome if isinstance(outcome, Exception) else (item, outcome))
+        return out
 
 
 def _result(

@@ -3,9 +3,12 @@
 Both entry points answer through one plan (`_routing`): it groups a window's orders by the
 version routing chose for them (`policy`), asks for the primary and shadow calls (`shadow`),
 one stable retry for the orders whose version failed, and the rule-based dispatcher
-(`fallback`) for the rest. The plan does not make calls itself: `route_and_score` drives it
-with async calls (the router's BLS, bounded by ``bls_timeout_ms``), `route_and_score_now`
-with calls in this process (dispatch_fused's ONNX Runtime sessions). The Triton bridges are
+(`fallback`) for the rest. The plan does not make calls itself: `route_and_score_many`
+drives the plans of a batch's windows with async calls (the router's BLS, bounded by
+``bls_timeout_ms``), `route_and_score_many_now` with calls in this process (dispatch_fused's
+ONNX Runtime sessions); in both, the calls of one version that the windows ask for in a
+round are made as one call over all their rows (`_routing_many`). `route_and_score` and
+`route_and_score_now` are the same for one window. The Triton bridges are
 `serving.router_adapter` and `serving.fused_adapter`.
 
 Both drivers take the same `served` answer (`policy.ServedVersions`): a version that is not
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -30,6 +33,7 @@ from dispatch_contract import (
     OBJECTIVES,
     PAIR_FEATURES,
 )
+from dispatch_service.core.batches import split_rows
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.window import USER_IDS_FIELD
 from dispatch_service.routing.fallback import (
@@ -43,14 +47,18 @@ from dispatch_service.routing.shadow import ShadowComparison, compare_shadow, sh
 
 __all__ = [
     "NOT_SERVED",
+    "TIMED_OUT",
     "ModelCall",
     "ModelCallError",
     "Outcome",
+    "RouteItem",
     "RoutedScores",
     "Scorer",
     "SyncScorer",
     "check_pair_features",
     "route_and_score",
+    "route_and_score_many",
+    "route_and_score_many_now",
     "route_and_score_now",
 ]
 
@@ -58,6 +66,7 @@ F32 = NDArray[np.float32]
 I32 = NDArray[np.int32]
 
 NOT_SERVED: Final = "not served"  # ModelCall.error of a version that was not called
+TIMED_OUT: Final = "timeout"  # ModelCall.error of a call that ran past bls_timeout_ms
 
 
 def _all_served(version: int) -> bool:
@@ -134,7 +143,7 @@ async def _call(scorer: Scorer, job: _Job, timeout_s: float, clock: Callable[[],
         answer = await asyncio.wait_for(scorer(job.version, job.features), timeout_s)
         scores = _checked(answer, job.features.shape[0])
     except TimeoutError:
-        return _failed(job, clock() - started, "timeout")
+        return _failed(job, clock() - started, TIMED_OUT)
     except Exception as exc:  # any failure of a version is a fallback, not a failed request
         return _failed(job, clock() - started, f"{type(exc).__name__}: {exc}")
     return scores, ModelCall(job.version, job.role, job.orders, clock() - started)
@@ -200,16 +209,8 @@ async def route_and_score(
     ``settings.bls_timeout_ms``; primary and shadow calls run concurrently, then one stable
     retry for the orders whose version failed, then the rule-based dispatcher for the rest.
     """
-    timeout_s = settings.bls_timeout_ms / 1000.0
-    plan = _routing(features, candidates, versions, settings, shadow, served)
-    try:  # the plan may finish without a call (no version served)
-        jobs = next(plan)
-        while True:
-            outcomes = await asyncio.gather(*(_call(scorer, job, timeout_s, clock) for job in jobs))
-            jobs = plan.send(list(outcomes))
-    except StopIteration as done:
-        routed: RoutedScores = done.value
-        return routed
+    item = RouteItem(features, candidates, versions, settings, shadow, served)
+    return _alone(await route_and_score_many([item], scorer, clock))
 
 
 def route_and_score_now(
@@ -227,14 +228,147 @@ def route_and_score_now(
     The same routing, fallback chain and shadow comparison, without an event loop
     (dispatch_fused, whose versions are ONNX Runtime sessions in its own process).
     """
-    plan = _routing(features, candidates, versions, settings, shadow, served)
+    item = RouteItem(features, candidates, versions, settings, shadow, served)
+    return _alone(route_and_score_many_now([item], scorer, clock))
+
+
+def _alone(routed: list[RoutedScores | Exception]) -> RoutedScores:
+    """The one window's routed scores, or the exception it raised."""
+    (outcome,) = routed
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+@dataclass(frozen=True, eq=False)
+class RouteItem:
+    """One window to route in a batch (`route_and_score_many`): `route_and_score`'s
+    arguments for it."""
+
+    features: ArrayLike
+    candidates: ArrayLike
+    versions: ArrayLike
+    settings: RouterSettings
+    shadow: bool = False
+    served: IsServed = _all_served
+
+
+async def route_and_score_many(
+    items: Sequence[RouteItem],
+    scorer: Scorer,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[RoutedScores | Exception]:
+    """`route_and_score` of each window of a batch (one Triton `execute`), each its own
+    answer or the exception it alone raised, with the calls of one version made as one
+    call over all the windows' rows (`_routing_many`). Each call is bounded by the first
+    window's ``bls_timeout_ms``."""
+    if not items:
+        return []
+    timeout_s = items[0].settings.bls_timeout_ms / 1000.0
+    plan = _routing_many(items)
+    try:  # the plan may finish without a call (no version served)
+        jobs = next(plan)
+        while True:
+            outcomes = await asyncio.gather(*(_call(scorer, job, timeout_s, clock) for job in jobs))
+            jobs = plan.send(list(outcomes))
+    except StopIteration as done:
+        routed: list[RoutedScores | Exception] = done.value
+        return routed
+
+
+def route_and_score_many_now(
+    items: Sequence[RouteItem],
+    scorer: SyncScorer,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[RoutedScores | Exception]:
+    """`route_and_score_many` with versions scored in this process (dispatch_fused)."""
+    plan = _routing_many(items)
     try:  # the plan may finish without a call (no version served)
         jobs = next(plan)
         while True:
             jobs = plan.send([_call_now(scorer, job, clock) for job in jobs])
     except StopIteration as done:
-        routed: RoutedScores = done.value
+        routed: list[RoutedScores | Exception] = done.value
         return routed
+
+
+def _routing_many(
+    items: Sequence[RouteItem],
+) -> Generator[list[_Job], list[Outcome], list[RoutedScores | Exception]]:
+    """Each window's own plan (`_routing`), run side by side: each round, the calls all
+    windows ask for are made as one call per version over their rows (the model scores
+    every row on its own), and each window gets its rows' answer, timed as its rows' share
+    of the call. A joined call that fails (an error, a timeout, one window's rows answered
+    NaN) is made again for each window alone, so each window ends as it would alone."""
+    if len(items) == 1:  # nothing to join: the window's own plan, as it is
+        (item,) = items
+        try:
+            routed = yield from _routing(
+                item.features, item.candidates, item.versions, item.settings, item.shadow,
+                item.served,
+            )  # fmt: skip
+        except Exception as exc:  # this window's own error (e.g. DispatchInputError)
+            return [exc]
+        return [routed]
+    results: dict[int, RoutedScores | Exception] = {}
+    plans: dict[int, Generator[list[_Job], list[Outcome], RoutedScores]] = {}
+    waiting: dict[int, list[_Job]] = {}
+
+    def advance(number: int, outcomes: list[Outcome] | None) -> None:
+        plan = plans[number]
+        try:
+            waiting[number] = next(plan) if outcomes is None else plan.send(outcomes)
+        except StopIteration as done:
+            results[number] = done.value
+        except Exception as exc:  # this window's own error (e.g. DispatchInputError)
+            results[number] = exc
+
+    for number, item in enumerate(items):
+        plans[number] = _routing(
+            item.features, item.candidates, item.versions, item.settings, item.shadow, item.served
+        )
+        advance(number, None)
+    while waiting:
+        asked, waiting = waiting, {}
+        refs: dict[int, list[tuple[int, int]]] = {}  # version -> (window, its job) in order
+        for number, jobs in asked.items():
+            for at, job in enumerate(jobs):
+                refs.setdefault(job.version, []).append((number, at))
+        groups = [[asked[n][k] for n, k in members] for members in refs.values()]
+        joined = [_joined_job(version, jobs) for version, jobs in zip(refs, groups, strict=True)]
+        outcomes = yield joined
+        answers: dict[tuple[int, int], Outcome] = {}
+        alone: list[tuple[int, int]] = []
+        for members, jobs, job, (scores, call) in zip(
+            refs.values(), groups, joined, outcomes, strict=True
+        ):
+            if len(jobs) == 1:  # a call of one window's job: its own outcome
+                answers[members[0]] = (scores, call)
+            elif scores is None and call.error == TIMED_OUT:  # no window's rows to blame
+                for ref, part in zip(members, jobs, strict=True):
+                    answers[ref] = _failed(part, call.seconds, TIMED_OUT)
+            elif scores is None:
+                alone.extend(members)
+            else:
+                per_row = call.seconds / max(job.features.shape[0], 1)
+                parts = split_rows(scores, [part.features.shape[0] for part in jobs])
+                for ref, part, rows in zip(members, jobs, parts, strict=True):
+                    seconds = per_row * part.features.shape[0]
+                    answers[ref] = (rows, ModelCall(part.version, part.role, part.orders, seconds))
+        if alone:
+            again = yield [asked[n][k] for n, k in alone]
+            answers.update(zip(alone, again, strict=True))
+        for number, jobs in asked.items():
+            advance(number, [answers[(number, at)] for at in range(len(jobs))])
+    return [results[number] for number in range(len(items))]
+
+
+def _joined_job(version: int, jobs: list[_Job]) -> _Job:
+    """One call of ``version`` over the rows of ``jobs``, in order."""
+    if len(jobs) == 1:
+        return jobs[0]
+    features = np.concatenate([job.features for job in jobs])
+    return _Job(version, "joined", features, sum(job.orders for job in jobs))
 
 
 def _served_calls(

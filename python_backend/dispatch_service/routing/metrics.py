@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_service.core.metrics import LATENCY_BUCKETS_MS, MetricKind, MetricSpec, Observation
-from dispatch_service.routing.engine import NOT_SERVED, RoutedScores
+from dispatch_service.routing.engine import NOT_SERVED, TIMED_OUT, RoutedScores
 from dispatch_service.routing.fallback import FallbackLevel
 
 __all__ = [
@@ -159,7 +159,7 @@ FUSED_ROUTING_METRICS: Final = (FUSED_SCORING_LATENCY, *_SHARED)  # dispatch_fus
 def _reason(error: str) -> str:
     if error == NOT_SERVED:
         return "not_served"
-    return "timeout" if error == "timeout" else "error"
+    return "timeout" if error == TIMED_OUT else "error"
 
 
 def routed_observations(

@@ -3,7 +3,8 @@
 The routing decisions, fallback chain and shadow comparison are `routing`'s; this module only
 reads the request tensors, calls a `dispatch_model` version through BLS
 (``pb_utils.InferenceRequest(model_name="dispatch_model", model_version=N)``, awaited with
-``async_exec`` so that primary and shadow calls overlap), records the metrics and answers.
+``async_exec`` so that the calls of different versions overlap; one call per version for all
+the windows of an `execute`, `routing.route_and_score_many`), records the metrics and answers.
 ``pb_utils`` is passed in because it only exists inside the backend stub.
 
 Settings are parsed once per load from config.pbtxt ``parameters`` (`RouterSettings`); a
@@ -14,7 +15,6 @@ answer never depends on anything but the settings and the request: no state betw
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -38,7 +38,7 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.domain.window import user_ids_from_wire
-from dispatch_service.routing.engine import RoutedScores, route_and_score
+from dispatch_service.routing.engine import RoutedScores, RouteItem, route_and_score_many
 from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
 from dispatch_service.routing.policy import ServedVersions, route_window
 from dispatch_service.routing.settings import (
@@ -90,9 +90,31 @@ class DispatchRouterAdapter(TritonResponder):
     # ---- Triton entry points ---------------------------------------------------------------
 
     async def execute(self, requests: Sequence[Any]) -> list[Any]:
-        return list(await asyncio.gather(*(self._respond(request) for request in requests)))
+        """The windows of one execute routed together: each by its own plan, the calls of
+        one version made as one BLS call over all their rows (`route_and_score_many`); each
+        request answered on its own."""
+        read = self.read_batch(requests, _INPUT_NAMES)
+        try:
+            outcomes = await self.route_batch(read.windows)
+        except Exception as exc:
+            outcomes = [exc] * len(read.windows)
+        return self.answer_outcomes(requests, read, outcomes, self._answer)
 
-    # ---- one request ----------------------------------------------------------------------
+    async def route_batch(
+        self, windows: Sequence[dict[str, NDArray[Any] | None]]
+    ) -> list[RoutedScores | Exception]:
+        """Each window's routed scores, or the exception it alone raised."""
+        items: list[RouteItem | Exception] = []
+        for inputs in windows:
+            try:
+                items.append(self._item(inputs))
+            except Exception as exc:  # this window's own error
+                items.append(exc)
+        ready = [item for item in items if isinstance(item, RouteItem)]
+        routed = iter(await route_and_score_many(ready, self.score))
+        return [item if isinstance(item, Exception) else next(routed) for item in items]
+
+    # ---- one window -----------------------------------------------------------------------
 
     @staticmethod
     def _required(inputs: dict[str, NDArray[Any] | None], name: str) -> NDArray[Any]:
@@ -101,27 +123,22 @@ class DispatchRouterAdapter(TritonResponder):
             raise DispatchInputError(name, "is required but missing", "missing")
         return value
 
-    async def _respond(self, request: Any) -> Any:
-        try:
-            inputs = self.arrays(request, _INPUT_NAMES)
-            user_ids = user_ids_from_wire(inputs)
-            served = ServedVersions(self.settings.serves)
-            settings, versions = route_window(
-                user_ids, inputs[MODEL_VERSION_TAG.name], self.settings, served
-            )
-            routed = await route_and_score(
-                self._required(inputs, PAIR_FEATURES.name),
-                self._required(inputs, CANDIDATE_RIDER_INDEX.name),
-                versions,
-                settings,
-                self.score,
-                shadow=shadow_sampled(self.draw(), settings),
-                served=served,
-            )
-        except DispatchInputError as exc:
-            return self.reject(request, exc)
-        except Exception as exc:  # answers this request only
-            return self.internal_error(request, exc)
+    def _item(self, inputs: dict[str, NDArray[Any] | None]) -> RouteItem:
+        """The window's routing decision (versions per order, shadow drawn)."""
+        served = ServedVersions(self.settings.serves)
+        settings, versions = route_window(
+            user_ids_from_wire(inputs), inputs[MODEL_VERSION_TAG.name], self.settings, served
+        )
+        return RouteItem(
+            self._required(inputs, PAIR_FEATURES.name),
+            self._required(inputs, CANDIDATE_RIDER_INDEX.name),
+            versions,
+            settings,
+            shadow=shadow_sampled(self.draw(), settings),
+            served=served,
+        )
+
+    def _answer(self, request: Any, routed: RoutedScores) -> Any:
         self._report(request, routed)
         return self.response(
             {

@@ -17,6 +17,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -53,6 +54,7 @@ from dispatch_service.routing.settings import SCORING_MODEL_NAME
 from dispatch_service.serving.trust import model_trust
 
 __all__ = [
+    "ReadBatch",
     "TritonBatchedModelAdapter",
     "TritonResolverAdapter",
     "TritonResponder",
@@ -75,6 +77,17 @@ def log_event(pb_utils: Any, level: str, **fields: Any) -> None:
 
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)
+class ReadBatch:
+    """The requests of one `execute`, read: ``responses`` holds the answer of each request
+    whose inputs could not be read (None for the others), ``windows`` the inputs of the
+    others, in order, and ``members`` their positions among the requests."""
+
+    responses: list[Any]
+    members: list[int]
+    windows: list[dict[str, NDArray[Any] | None]]
 
 
 class TritonResponder:
@@ -191,25 +204,39 @@ class TritonResponder:
         (one outcome per window, in order), and each outcome is answered: DispatchInputError
         as INVALID_ARG, another exception as an internal error, a result by ``answer``.
         A failure of the batch itself is each member's own internal error."""
-        responses: list[Any] = [None] * len(requests)
-        members: list[int] = []
-        windows: list[dict[str, NDArray[Any] | None]] = []
+        read = self.read_batch(requests, names)
+        try:
+            outcomes = run_batch(read.windows) if read.windows else []
+        except Exception as exc:
+            outcomes = [exc] * len(read.windows)
+        return self.answer_outcomes(requests, read, outcomes, answer)
+
+    def read_batch(self, requests: Sequence[Any], names: Sequence[str]) -> ReadBatch:
+        """`answer_batch`'s first half: each request's named inputs (`arrays`), or its
+        answer already where they cannot be read."""
+        read = ReadBatch([None] * len(requests), [], [])
         for i, request in enumerate(requests):
             try:
-                windows.append(self.arrays(request, names))
+                read.windows.append(self.arrays(request, names))
             except DispatchInputError as exc:
-                responses[i] = self.reject(request, exc)
+                read.responses[i] = self.reject(request, exc)
                 continue
             except Exception as exc:  # any other failure to read it answers this request only
-                responses[i] = self.internal_error(request, exc)
+                read.responses[i] = self.internal_error(request, exc)
                 continue
-            members.append(i)
-        outcomes: Sequence[T | Exception]
-        try:
-            outcomes = run_batch(windows) if windows else []
-        except Exception as exc:
-            outcomes = [exc] * len(members)
-        for i, outcome in zip(members, outcomes, strict=True):
+            read.members.append(i)
+        return read
+
+    def answer_outcomes(
+        self,
+        requests: Sequence[Any],
+        read: ReadBatch,
+        outcomes: Sequence[T | Exception],
+        answer: Callable[[Any, T], Any],
+    ) -> list[Any]:
+        """`answer_batch`'s second half: each read window's outcome answered, in order."""
+        responses = list(read.responses)
+        for i, outcome in zip(read.members, outcomes, strict=True):
             request = requests[i]
             if isinstance(outcome, DispatchInputError):
                 responses[i] = self.reject(request, outcome)

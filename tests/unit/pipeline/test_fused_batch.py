@@ -18,7 +18,6 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain import geo
 from dispatch_service.domain.window import window_to_wire
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.pipeline import fused as fused_module
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.pipeline.onnx_runner import OnnxScorer
 from dispatch_service.routing.engine import RouterSettings
@@ -135,37 +134,3 @@ def test_a_bad_window_gets_its_own_error_and_the_others_their_answers(
         assert isinstance(result, FusedResult)
         assert_identical(result, fused.run(batch[i]))
     assert fused.run_batch([]) == []
-
-
-def test_a_call_the_batch_answered_is_timed_as_the_window_s_share_of_the_session_call(
-    fused: FusedDispatch, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """dispatch_fused_scoring_latency_ms means session time in a batch as alone: each
-    window's call takes its rows' share of the batch's one session call."""
-    now = [0.0]
-
-    class OneSecond(OnnxScorer):  # every session call takes one second of a fake clock
-        def __init__(self, inner: OnnxScorer) -> None:
-            self.__dict__.update(inner.__dict__)
-
-        def infer(self, pair_features: NDArray[np.float32]) -> NDArray[np.float32]:
-            now[0] += 1.0
-            return super().infer(pair_features)
-
-    monkeypatch.setattr(fused_module.time, "perf_counter", lambda: now[0])
-    dispatch = dataclasses.replace(
-        fused, scorers={v: OneSecond(s) for v, s in fused.scorers.items()}
-    )
-    # One-order windows (nothing stacks, so no re-scoring call) of different widths.
-    batch = [window(seed, 1, riders, CoordSystem.WGS84, None) for seed, riders in
-             enumerate((20, 20, 5, 8))]  # fmt: skip
-    results = dispatch.run_batch(batch)
-    rows = [r.encoded["PAIR_FEATURES"].shape[0] for r in results if isinstance(r, FusedResult)]
-    assert len(rows) == len(batch) and len(set(rows)) > 1
-    shares = []
-    for result, count in zip(results, rows, strict=True):
-        assert isinstance(result, FusedResult)
-        (call,) = result.routed.calls
-        assert call.seconds == pytest.approx(count / sum(rows))
-        shares.append(call.seconds)
-    assert now[0] == 1.0 and sum(shares) == pytest.approx(1.0)  # one session call in all

@@ -19,7 +19,14 @@ from dispatch_service.domain.features import encode_window, feasible_mask
 from dispatch_service.domain.resolver import resolve
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.routing.engine import RoutedScores, route_and_score, route_and_score_now
+from dispatch_service.routing.engine import (
+    RoutedScores,
+    RouteItem,
+    route_and_score,
+    route_and_score_many,
+    route_and_score_many_now,
+    route_and_score_now,
+)
 from dispatch_service.routing.fallback import FallbackLevel, rule_based_objectives
 from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
@@ -551,3 +558,143 @@ def test_in_process_routing_answers_as_the_async_one(
         (c.version, c.role, c.orders, c.error) for c in expected.calls
     ]
     assert got.shadows == expected.shadows
+
+
+# ---- several windows at once: route_and_score_many ------------------------------------------
+
+
+def _batch_items(
+    seed: int, count: int, shadow: bool, nan_window: int | None = None
+) -> tuple[list[RouteItem], list[int]]:
+    """Windows of different sizes, canary at 50 %; ``nan_window``'s rows make version 2
+    answer NaN (`RowPoison`). Returns the items and each window's pair rows."""
+    rng = np.random.default_rng(seed)
+    items, rows = [], []
+    for number in range(count):
+        orders = int(rng.integers(1, 9))
+        encoded = encode_window(_window(seed * 100 + number, orders, int(rng.integers(3, 40))))
+        features = encoded.pair_features.copy()
+        if number == nan_window:
+            features[:, 0] = RowPoison.MARK
+        settings = RouterSettings(canary_version=2, canary_percent=50, shadow_percent=100)
+        versions = choose_versions(users(orders, f"w{seed}-{number}"), settings)
+        items.append(
+            RouteItem(features, encoded.candidate_rider_index, versions, settings, shadow=shadow)
+        )
+        rows.append(features.shape[0])
+    return items, rows
+
+
+class RowPoison(FakeVersions):
+    """Version 2 answers NaN for rows marked in feature 0 (one window's data), as a model
+    can for rows it cannot score; every other row as FakeVersions."""
+
+    MARK = -12345.0
+
+    def now(self, version: int, features: NDArray[np.float32]) -> NDArray[Any]:
+        self.calls.append((version, features.shape[0]))
+        if version in self.failing:
+            raise RuntimeError(f"version {version} is not loaded")
+        out = self.answer(version, features)
+        if version == 2:
+            out[features[:, 0] == self.MARK] = np.nan
+        return out
+
+
+def _same_routing(got: RoutedScores, alone: RoutedScores) -> None:
+    for name in ("objectives", "model_version", "fallback_level", "chosen_version"):
+        a, b = getattr(got, name), getattr(alone, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+    strip = [(c.version, c.role, c.orders, c.error) for c in alone.calls]
+    assert [(c.version, c.role, c.orders, c.error) for c in got.calls] == strip
+    assert [(s.primary_version, s.shadow_version, s.orders) for s in got.shadows] == [
+        (s.primary_version, s.shadow_version, s.orders) for s in alone.shadows
+    ]
+
+
+@pytest.mark.parametrize(
+    ("failing", "nan_window", "shadow"),
+    [(set(), None, False), (set(), None, True), ({2}, None, True), (set(), 1, False)],
+    ids=["plain", "shadow", "canary-fails", "one-window-nan"],
+)
+def test_windows_routed_together_answer_as_each_alone(
+    failing: set[int], nan_window: int | None, shadow: bool
+) -> None:
+    items, _ = _batch_items(3, 5, shadow, nan_window)
+    together_scorer = RowPoison(failing=failing)
+    together = route_and_score_many_now(items, together_scorer.now)
+    alone_scorer = RowPoison(failing=failing)
+    for item, got in zip(items, together, strict=True):
+        assert isinstance(got, RoutedScores), got
+        alone = route_and_score_now(
+            item.features, item.candidates, item.versions, item.settings,
+            alone_scorer.now, shadow=item.shadow,
+        )  # fmt: skip
+        _same_routing(got, alone)
+    if nan_window is not None:  # only the poisoned window fell back from its canary orders
+        levels = [int(r.fallback_level.max()) for r in together if isinstance(r, RoutedScores)]
+        assert levels[nan_window] == FallbackLevel.STABLE_RETRY
+        assert all(
+            level == FallbackLevel.CHOSEN for n, level in enumerate(levels) if n != nan_window
+        )
+
+
+def test_one_call_per_version_per_round_for_the_whole_batch() -> None:
+    items, rows = _batch_items(5, 6, shadow=True)
+    scorer = RowPoison()
+    route_and_score_many_now(items, scorer.now)
+    # Round one: every window's primary and shadow calls, joined by version: 1 and 2 once.
+    assert sorted(version for version, _ in scorer.calls) == [1, 2]
+    # With shadows at 100 % every row is scored by both versions.
+    assert sum(count for _, count in scorer.calls) == 2 * sum(rows)
+
+
+def test_a_joined_call_is_timed_as_each_window_s_share_of_it() -> None:
+    now = [0.0]
+    scorer = RowPoison()
+
+    def one_second(version: int, features: NDArray[np.float32]) -> NDArray[Any]:
+        now[0] += 1.0  # every call takes one second of the fake clock
+        return scorer.now(version, features)
+
+    items, rows = _batch_items(7, 4, shadow=False)
+    items = [
+        RouteItem(i.features, i.candidates, np.ones_like(i.versions), i.settings) for i in items
+    ]  # every order on version 1: one call in all
+    routed = route_and_score_many_now(items, one_second, clock=lambda: now[0])
+    seconds = []
+    for got, count in zip(routed, rows, strict=True):
+        assert isinstance(got, RoutedScores)
+        (call,) = got.calls
+        assert call.seconds == pytest.approx(count / sum(rows))
+        seconds.append(call.seconds)
+    assert now[0] == 1.0 and sum(seconds) == pytest.approx(1.0)
+
+
+def test_a_bad_window_fails_alone_in_a_batch() -> None:
+    items, _ = _batch_items(9, 3, shadow=False)
+    bad = RouteItem(items[1].features[:-1], items[1].candidates, items[1].versions, CANARY)
+    routed = route_and_score_many_now([items[0], bad, items[2]], RowPoison().now)
+    assert isinstance(routed[1], DispatchInputError)
+    assert routed[1].tensor == "PAIR_FEATURES"
+    assert all(isinstance(routed[n], RoutedScores) for n in (0, 2))
+    assert route_and_score_many_now([], RowPoison().now) == []
+
+
+def test_a_joined_call_that_times_out_fails_each_window_without_a_second_try() -> None:
+    items, _ = _batch_items(11, 3, shadow=False)
+    items = [
+        RouteItem(i.features, i.candidates, np.full_like(i.versions, 2), RouterSettings(
+            canary_version=2, canary_percent=100, bls_timeout_ms=20
+        )) for i in items
+    ]  # fmt: skip
+    scorer = FakeVersions(slow={2})
+    routed = asyncio.run(route_and_score_many(items, scorer))
+    assert [version for version, _ in scorer.calls] == [2, 1]  # one joined call, one retry
+    for got in routed:
+        assert isinstance(got, RoutedScores)
+        assert [(c.version, c.role, c.error) for c in got.calls] == [
+            (2, "primary", "timeout"),
+            (1, "retry", None),
+        ]
+        assert np.all(got.fallback_level == FallbackLevel.STABLE_RETRY)

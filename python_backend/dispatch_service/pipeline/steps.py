@@ -300,7 +300,8 @@ class TopKResolverStep:
         ]
 
     def _stage_together(self, batch: Sequence[ResolverItem]) -> list[Staged | Exception] | None:
-        """`_stage` of dispatch_fused's windows (validated, re-scoring on), their checks made
+        """`_stage` of the windows of one execute where re-scoring is on (dispatch_fused's
+        validated windows, or the ensemble's with their ORDER_FIELDS), their checks made
         together (`_checked_together`); a window where riders can stack is then staged on
         its own from those checks. None where that does not apply or some window breaks a
         rule: each is staged alone then, naming its own error."""
@@ -310,35 +311,38 @@ class TopKResolverStep:
             checked = self._checked_together(batch)
             if checked is None:
                 return None
-            stacking = can_stack([resolver_window for resolver_window, _ in checked])
+            stacking = can_stack([resolver_window for resolver_window, _, _ in checked])
         except Exception:  # a rule broken, a shape that does not concatenate: each alone names it
             return None
         out: list[Staged | Exception] = []
-        for item, (resolver_window, objectives), stacks in zip(
+        for item, (resolver_window, objectives, created_at), stacks in zip(
             batch, checked, stacking, strict=True
         ):
             try:
-                out.append(_staged_checked(item, resolver_window, objectives, stacks))
+                out.append(_staged_checked(item, resolver_window, objectives, created_at, stacks))
             except Exception as exc:  # this window's own error
                 out.append(exc)
         return out
 
     def _checked_together(
         self, batch: Sequence[ResolverItem]
-    ) -> list[tuple[ResolverWindow, NDArray[np.float64]]] | None:
-        """Each window's resolver window and checked objectives, as `_stage` checks them
-        (`checked_together` and `check_pair_features` over the concatenation of the windows
-        of each candidate width); None when a window is not dispatch_fused's or breaks a
-        rule (raises on shapes that do not concatenate)."""
+    ) -> list[tuple[ResolverWindow, NDArray[np.float64], NDArray[np.int64]]] | None:
+        """Each window's resolver window, checked objectives and orders' creation times, as
+        `_stage` checks them (`checked_together` and `check_pair_features` over the
+        concatenation of the windows of each candidate width); None when a window cannot be
+        re-scored or breaks a rule (raises on a rule `_window_tensors` checks, and on shapes
+        that do not concatenate)."""
         tensors: list[WindowTensors] = []
         features: list[NDArray[Any]] = []
+        created: list[NDArray[np.int64]] = []
         parsed: dict[tuple[str, tuple[int, ...], bytes] | None, NDArray[np.float64]] = {}
         for item in batch:
-            parts = _fused_window_tensors(item, parsed)
+            parts = _window_tensors(item, parsed)
             if parts is None:
                 return None
             tensors.append(parts[0])
             features.append(parts[1])
+            created.append(parts[2])
         by_width: dict[int, list[int]] = {}
         for number, (candidates, *_) in enumerate(tensors):
             by_width.setdefault(candidates.shape[1], []).append(number)
@@ -352,7 +356,7 @@ class TopKResolverStep:
             if together is None:
                 return None
             found.update(zip(members, together, strict=True))
-        return [found[number] for number in range(len(batch))]
+        return [(*found[number], created[number]) for number in range(len(batch))]
 
     def _stage(
         self,
@@ -438,13 +442,16 @@ class DispatchModelStep:
         return split_rows(scores, [len(part) for part in batch])
 
 
-def _fused_window_tensors(
+def _window_tensors(
     item: ResolverItem,
     parsed: dict[tuple[str, tuple[int, ...], bytes] | None, NDArray[np.float64]],
-) -> tuple[WindowTensors, NDArray[Any]] | None:
-    """A dispatch_fused window's `checked_together` tensors and its pair features, when
-    each is present and of the shape `_stage` asks for; else None. ``parsed``: the batch's
-    objective weights so far (windows of one caller share theirs; raises on bad ones)."""
+) -> tuple[WindowTensors, NDArray[Any], NDArray[np.int64]] | None:
+    """A window's `checked_together` tensors, its pair features and its orders' creation
+    times, when it is re-scored (`_stage`'s stack-aware case) and each tensor is present and
+    of the shape `_stage` asks for; else None. The rider counts and creation times come from
+    the window the encoder validated, or are read from the wire as `_stage` reads them
+    (raising as it does). ``parsed``: the batch's objective weights so far (windows of one
+    caller share theirs; raises on bad ones)."""
     inputs, window, score = item
     objectives = inputs.get(PAIR_OBJECTIVES.name)
     candidates = inputs.get(CANDIDATE_RIDER_INDEX.name)
@@ -452,8 +459,8 @@ def _fused_window_tensors(
     versions = inputs.get(ORDER_MODEL_VERSION.name)
     ids = inputs.get("RIDER_IDS")
     if (
-        window is None
-        or score is None
+        score is None
+        or (window is None and inputs.get(ORDER_FIELDS.name) is None)
         or objectives is None
         or candidates is None
         or pairs is None
@@ -473,23 +480,29 @@ def _fused_window_tensors(
     key = None if weights is None else (weights.dtype.str, weights.shape, weights.tobytes())
     if key not in parsed:
         parsed[key] = parse_objective_weights(weights)
-    load, capacity = window.rider_load, window.rider_capacity
-    return (candidates, ids, load, capacity, parsed[key], objectives), pairs
+    if window is not None:
+        load, capacity, created_at = window.rider_load, window.rider_capacity, window.created_at
+    else:
+        load, capacity = rider_counts_from_wire(inputs)
+        created_at = order_created_at_from_wire(inputs)
+        _same_orders(ORDER_FIELDS.name, created_at, candidates)
+    return (candidates, ids, load, capacity, parsed[key], objectives), pairs, created_at
 
 
 def _staged_checked(
     item: ResolverItem,
     resolver_window: ResolverWindow,
     objectives: NDArray[np.float64],
+    created_at: NDArray[np.int64],
     stacks: bool,
 ) -> Staged:
     """`_stage` of a window already checked (`_checked_together`)."""
-    inputs, window, score = item
+    inputs, _, score = item
     base = np.asarray(_required(inputs, PAIR_OBJECTIVES.name), dtype=np.float32)
     if not stacks:
         return Unstacked(resolver_window, objectives, base.copy())
-    if window is None or score is None:  # `_fused_window_tensors` let none through
-        raise ValueError("a window staged from the batch's checks needs its window and scorer")
+    if score is None:  # `_window_tensors` let none through
+        raise ValueError("a window staged from the batch's checks needs its scorer")
     rescore = routed_rescorer(
         _required(inputs, PAIR_OBJECTIVES.name),
         _required(inputs, ORDER_MODEL_VERSION.name),
@@ -501,7 +514,7 @@ def _staged_checked(
         objectives,
         base,
         _required(inputs, PAIR_FEATURES.name),
-        window.created_at,
+        created_at,
         rescore,
     )
     return staged.resolution if isinstance(staged, StackedResolution) else staged

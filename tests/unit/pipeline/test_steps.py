@@ -513,11 +513,13 @@ def test_a_window_whose_candidates_fail_fails_alone_in_a_batch(
             np.testing.assert_array_equal(outcome[1][name], value, err_msg=name)
 
 
-def fused_resolver_batch(
-    shapes: list[tuple[int, int]],
+def resolver_batch(
+    shapes: list[tuple[int, int]], fused: bool = True
 ) -> list[tuple[Tensors, Any, Any]]:
-    """Resolver items as dispatch_fused hands them over: the window the encoder validated,
-    its tensors with the encoder's pairs and the model's objectives, and the scorer."""
+    """Resolver items as dispatch_fused hands them over (the window the encoder validated,
+    its tensors with the encoder's pairs and the model's objectives, and the scorer), or
+    as the ensemble's topk_resolver gets them (no window: the rider counts and creation
+    times are read from RIDER_FIELDS and ORDER_FIELDS)."""
     items = []
     for seed, (orders, riders) in enumerate(shapes):
         tensors = window_tensors(orders, riders, seed)
@@ -525,17 +527,18 @@ def fused_resolver_batch(
         scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
         versions = np.ones(orders, dtype=np.int32)
         inputs = {**tensors, **encoded, **scored, "ORDER_MODEL_VERSION": versions}
-        items.append((inputs, window, model_score))
+        items.append((inputs, window if fused else None, model_score))
     return items
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["dispatch_fused", "ensemble"])
 def test_a_batch_is_checked_together_and_only_stacking_windows_are_staged_alone(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fused: bool
 ) -> None:
     # One-order windows never stack; 24 orders over 10 riders do; 3 riders give a narrower
     # candidate list (another width).
     shapes = [(1, 20), (24, 10), (1, 20), (2, 3), (1, 15)]
-    items = fused_resolver_batch(shapes)
+    items = resolver_batch(shapes, fused)
     step = TopKResolverStep()
     alone = [step.run(*item) for item in items]
     stacking_alone = [
@@ -571,8 +574,11 @@ def test_a_batch_is_checked_together_and_only_stacking_windows_are_staged_alone(
             assert outcome[name].tobytes() == value.tobytes(), name
 
 
-def test_a_window_with_a_bad_objective_fails_alone_and_the_others_are_answered() -> None:
-    items = fused_resolver_batch([(1, 20), (2, 12), (1, 20)])
+@pytest.mark.parametrize("fused", [True, False], ids=["dispatch_fused", "ensemble"])
+def test_a_window_with_a_bad_objective_fails_alone_and_the_others_are_answered(
+    fused: bool,
+) -> None:
+    items = resolver_batch([(1, 20), (2, 12), (1, 20)], fused)
     inputs, window, score = items[1]
     objectives = np.array(inputs["PAIR_OBJECTIVES"], copy=True)
     objectives[:, 0] = -1.0  # a model that answers a negative ETA
@@ -581,6 +587,23 @@ def test_a_window_with_a_bad_objective_fails_alone_and_the_others_are_answered()
     got = step.run_batch(items)
     assert isinstance(got[1], DispatchInputError)
     assert got[1].tensor == "PAIR_OBJECTIVES" and got[1].code == "range"
+    for at in (0, 2):
+        outcome, expected = got[at], step.run(*items[at])
+        assert not isinstance(outcome, Exception), outcome
+        for name, value in expected.items():
+            assert outcome[name].tobytes() == value.tobytes(), name
+
+
+def test_an_ensemble_window_with_bad_rider_fields_fails_alone_in_a_batch() -> None:
+    items = resolver_batch([(1, 20), (2, 12), (1, 20)], fused=False)
+    inputs, window, score = items[1]
+    fields = np.array(inputs["RIDER_FIELDS"], copy=True)
+    fields[0, 3] = 1.5  # capacity must be whole
+    items[1] = ({**inputs, "RIDER_FIELDS": fields}, window, score)
+    step = TopKResolverStep()
+    got = step.run_batch(items)
+    assert isinstance(got[1], DispatchInputError)
+    assert got[1].tensor == "RIDER_FIELDS[capacity]"
     for at in (0, 2):
         outcome, expected = got[at], step.run(*items[at])
         assert not isinstance(outcome, Exception), outcome

@@ -1,8 +1,9 @@
 """The windows of one Triton `execute`: each one's outcome on its own, and its rows back.
 
-A batched step works on the concatenation of its windows; these two helpers keep what is
-per window per window: `each_alone` turns a window's exception into that window's outcome,
-and `split_rows` cuts a concatenated result back into each window's rows.
+A batched step works on the concatenation of its windows; these helpers keep what is per
+window per window: `each_alone` turns a window's exception into that window's outcome,
+`together` runs a batch step on the windows an earlier step did not fail, and `split_rows`
+cuts a concatenated result back into each window's rows.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, TypeVar
 
 from numpy.typing import NDArray
 
-__all__ = ["each_alone", "split_rows"]
+__all__ = ["each_alone", "split_rows", "together"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -32,6 +33,15 @@ def each_alone(items: Iterable[T | Exception], work: Callable[[T], U]) -> list[U
         except Exception as exc:  # this window's own error
             out.append(exc)
     return out
+
+
+def together(
+    items: Sequence[T | Exception], work: Callable[[list[T]], Sequence[U | Exception]]
+) -> list[U | Exception]:
+    """``work`` on the items that are not exceptions (an earlier step's failures), as one
+    batch that answers one outcome per item in order; each failure keeps its place."""
+    done = iter(work([item for item in items if not isinstance(item, Exception)]))
+    return [item if isinstance(item, Exception) else next(done) for item in items]
 
 
 def split_rows(array: NDArray[Any], counts: Sequence[int]) -> list[NDArray[Any]]:

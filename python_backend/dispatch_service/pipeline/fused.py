@@ -45,6 +45,7 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
+from dispatch_service.core.batches import together
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
@@ -283,27 +284,26 @@ class FusedDispatch:
     ) -> list[tuple[_Prepared, RoutedScores] | Exception]:
         """The prepared windows' routing, the calls of one version made as one session call
         over all their rows (`route_and_score_many_now`); each window's outcome in order."""
-        ready = [item for item in prepared if isinstance(item, _Prepared)]
-        items = [
-            RouteItem(
-                item.encoded[PAIR_FEATURES.name],
-                item.encoded[CANDIDATE_RIDER_INDEX.name],
-                item.versions,
-                item.routing,
-                shadow=shadow_sampled(self.draw(), item.routing),
-                served=item.served,
-            )
-            for item in ready
-        ]
-        routed = iter(route_and_score_many_now(items, self.score))
-        out: list[tuple[_Prepared, RoutedScores] | Exception] = []
-        for item in prepared:
-            if isinstance(item, Exception):
-                out.append(item)
-                continue
-            outcome = next(routed)
-            out.append(outcome if isinstance(outcome, Exception) else (item, outcome))
-        return out
+
+        def route(ready: list[_Prepared]) -> list[tuple[_Prepared, RoutedScores] | Exception]:
+            items = [
+                RouteItem(
+                    item.encoded[PAIR_FEATURES.name],
+                    item.encoded[CANDIDATE_RIDER_INDEX.name],
+                    item.versions,
+                    item.routing,
+                    shadow=shadow_sampled(self.draw(), item.routing),
+                    served=item.served,
+                )
+                for item in ready
+            ]
+            routed = route_and_score_many_now(items, self.score)
+            return [
+                outcome if isinstance(outcome, Exception) else (item, outcome)
+                for item, outcome in zip(ready, routed, strict=True)
+            ]
+
+        return together(prepared, route)
 
 
 def _result(

@@ -298,8 +298,10 @@ def _routing_many(
     """Each window's own plan (`_routing`), run side by side: each round, the calls all
     windows ask for are made as one call per version over their rows (the model scores
     every row on its own), and each window gets its rows' answer, timed as its rows' share
-    of the call. A joined call that fails (an error, a timeout, one window's rows answered
-    NaN) is made again for each window alone, so each window ends as it would alone."""
+    of the call. A joined call that fails (an error, or one window's rows answered NaN) is
+    made again for each window alone, so each window ends as it would alone; one that timed
+    out fails every member at once (no window's rows are to blame, and a second try would
+    double the wait)."""
     if len(items) == 1:  # nothing to join: the window's own plan, as it is
         (item,) = items
         try:

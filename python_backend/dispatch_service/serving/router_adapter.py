@@ -31,6 +31,7 @@ from dispatch_contract import (
     PAIR_OBJECTIVES,
     ROUTER_INPUTS,
 )
+from dispatch_service.core.batches import together
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     VALIDATION_REJECTIONS,
@@ -110,9 +111,9 @@ class DispatchRouterAdapter(TritonResponder):
                 items.append(self._item(inputs))
             except Exception as exc:  # this window's own error
                 items.append(exc)
-        ready = [item for item in items if isinstance(item, RouteItem)]
-        routed = iter(await route_and_score_many(ready, self.score))
-        return [item if isinstance(item, Exception) else next(routed) for item in items]
+        ready = [item for item in items if not isinstance(item, Exception)]
+        routed = await route_and_score_many(ready, self.score)
+        return together(items, lambda _: routed)  # each failed window keeps its place
 
     # ---- one window -----------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dispatch_service.core.batches import each_alone, split_rows
+from dispatch_service.core.batches import each_alone, split_rows, together
 from dispatch_service.core.errors import DispatchInputError
 
 
@@ -39,3 +39,18 @@ def test_rows_come_back_as_numpy_splits_them(counts: list[int]) -> None:
 def test_counts_that_do_not_cover_the_rows_are_refused() -> None:
     with pytest.raises(ValueError, match="add up to 2 rows, the array has 3"):
         split_rows(np.zeros(3), [1, 1])
+
+
+def test_a_batch_step_runs_on_the_windows_an_earlier_step_did_not_fail() -> None:
+    earlier = DispatchInputError("ORDER_IDS", "ids must be unique", "unique")
+    seen: list[list[int]] = []
+
+    def doubled(batch: list[int]) -> list[int | Exception]:
+        seen.append(batch)
+        return [n * 2 if n != 3 else ValueError("3") for n in batch]
+
+    got = together([1, earlier, 3, 4], doubled)
+    assert seen == [[1, 3, 4]]  # one call, the failures left out
+    assert got[0] == 2 and got[1] is earlier and got[3] == 8
+    assert isinstance(got[2], ValueError)
+    assert together([earlier], doubled) == [earlier]

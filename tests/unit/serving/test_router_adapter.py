@@ -341,3 +341,28 @@ def test_every_router_series_carries_the_process_id() -> None:
         assert labels["pid"] == str(os.getpid()), labels["__name__"]
     names = {labels["__name__"] for labels in RecordingPb.created}
     assert {"dispatch_router_model_calls_total", "dispatch_router_orders_total"} <= names
+
+
+def test_the_windows_of_one_execute_share_one_bls_call_per_version() -> None:
+    settings = RouterSettings(canary_version=2, canary_percent=50)
+    windows = [window_inputs(seed, orders) for seed, orders in ((1, 3), (2, 12), (3, 1), (4, 7))]
+    bad = window_inputs(9, 4)
+    bad["PAIR_FEATURES"] = bad["PAIR_FEATURES"][:-1]  # one row short: this request alone fails
+    alone = []
+    for inputs in windows:  # each window in an execute of its own
+        single = FakePb(served(1, 2))
+        (response,) = run(
+            DispatchRouterAdapter(single, "dispatch_router", settings), FakeRequest(inputs)
+        )
+        alone.append(outputs(response))
+    pb = FakePb(served(1, 2))
+    adapter = DispatchRouterAdapter(pb, "dispatch_router", settings)
+    requests = [FakeRequest(dict(inputs)) for inputs in windows[:2]]
+    requests += [FakeRequest(bad), *(FakeRequest(dict(inputs)) for inputs in windows[2:])]
+    responses = run(adapter, *requests)
+    assert sorted(pb.bls) == [("dispatch_model", 1), ("dispatch_model", 2)]  # one call each
+    assert responses[2].has_error() and "PAIR_FEATURES" in responses[2].error().message()
+    got = [outputs(r) for n, r in enumerate(responses) if n != 2]
+    for answer, expected in zip(got, alone, strict=True):
+        for name, value in expected.items():
+            assert answer[name].dtype == value.dtype and answer[name].tobytes() == value.tobytes()

@@ -2,7 +2,8 @@
 same, output for output, for every tag, in every repository state the control plane makes.
 
 Randomized windows (sizes, users, weights) and tags (none, stable, canary, each version, an
-unknown version) go through both entry points in three states, reached with the operator's
+unknown version) go through both entry points in three states (and, with the canary, all at
+once as well, so that the windows of one execute share their calls), reached with the operator's
 own tools: one version (``rollback --unload-canary``), stable + canary with shadow traffic
 (versions loaded, then `apply_router_settings` as ``deploy`` does), and after a plain
 ``rollback`` that keeps the old canary loaded. Its own server: it changes the server's state.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -94,6 +96,27 @@ def assert_parity(server: TritonServer, seed: int) -> dict[tuple[str | None, int
     return seen
 
 
+def assert_concurrent_answers_alike(server: TritonServer, seed: int) -> None:
+    """Windows sent all at once (so that an execute holds several: their calls of one version
+    joined into one) get, from each entry point, the answers they get one at a time."""
+    rng = np.random.default_rng(seed)
+    requests = [random_request(rng, TAGS[n % len(TAGS)]) for n in range(18)]
+
+    def one(job: tuple[str, Arrays]) -> Arrays:
+        model, tensors = job
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            return infer_grpc(client, tensors, model, ROUTED_OUTPUT_NAMES)
+
+    for model in ("dispatch", "dispatch_fused"):
+        jobs = [(model, tensors) for tensors in requests]
+        alone = [one(job) for job in jobs]
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            together = list(pool.map(one, jobs))
+        for n, (got, expected) in enumerate(zip(together, alone, strict=True)):
+            for name in ROUTED_OUTPUT_NAMES:
+                np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{model} {n}")
+
+
 def routes(seen: dict[tuple[str | None, int, int], int], tag: str | None) -> set[tuple[int, int]]:
     return {(version, level) for (t, version, level) in seen if t == tag}
 
@@ -131,6 +154,7 @@ def test_both_entry_points_answer_alike_in_every_repository_state(server: Triton
     assert routes(seen, "canary") == routes(seen, "2") == {(2, 0)}
     assert routes(seen, "stable") == routes(seen, "1") == {(1, 0)}
     assert routes(seen, "7") == {(1, 1)}
+    assert_concurrent_answers_alike(server, seed=4)
 
     # State 3: a plain rollback keeps version 2 loaded: routed nowhere, reachable by its tag.
     code, text = admin_cli("rollback", "--url", url, "--admin-key", ADMIN_KEY)

@@ -74,7 +74,8 @@ def fallback_counts(routed: RoutedScores) -> dict[tuple[int, ...], int]:
 MODEL_CALLS: Final = MetricSpec(
     "dispatch_router_model_calls_total",
     MetricKind.COUNTER,
-    "dispatch_model calls by the router, by version and role (primary, retry, shadow)",
+    "dispatch_model calls routing made for a window, by version and role (primary, retry, "
+    "shadow); the windows of one execute share one call per version",
     labels=("model_version", "role"),
 )
 MODEL_ERRORS: Final = MetricSpec(
@@ -86,7 +87,8 @@ MODEL_ERRORS: Final = MetricSpec(
 MODEL_LATENCY: Final = MetricSpec(
     "dispatch_router_model_latency_ms",
     MetricKind.HISTOGRAM,
-    "time of one dispatch_model call by dispatch_router (BLS round trip to another process), ms",
+    "time of a window's dispatch_model call by dispatch_router (BLS round trip to another "
+    "process; a call shared by an execute's windows: the window's rows' share), ms",
     labels=("model_version", "role"),
     buckets=LATENCY_BUCKETS_MS,
 )
@@ -94,7 +96,8 @@ MODEL_LATENCY: Final = MetricSpec(
 FUSED_SCORING_LATENCY: Final = MetricSpec(
     "dispatch_fused_scoring_latency_ms",
     MetricKind.HISTOGRAM,
-    "time of one dispatch_model version's ONNX Runtime call inside dispatch_fused, ms",
+    "time of a window's dispatch_model version call inside dispatch_fused (ONNX Runtime; a "
+    "call shared by an execute's windows: the window's rows' share), ms",
     labels=("model_version", "role"),
     buckets=LATENCY_BUCKETS_MS,
 )

@@ -835,8 +835,9 @@ def checked_together(
 
     Why: the checks cost a dozen numpy calls per window whatever its size; for the windows
     of one `execute` they are the same calls on the concatenated arrays. The rules are
-    this module's (`_candidates`, `_counts`, `_check_pairs`); the only extra test is each
-    order's rider rows against its own window's riders.
+    this module's (`_rider_ids`, `_counts`, `_candidates`, `_check_pairs`, `_weights`, the
+    last once per distinct weights); the only extra test is each order's rider rows against
+    its own window's riders.
     """
     if not windows:
         return []

@@ -142,6 +142,10 @@ def can_stack(windows: Sequence[ResolverWindow]) -> list[bool]:
     slot count ``c_r = min(spare_r, deg_r)`` of 2 or more). Where none can, the stack-aware
     resolution is the plain one. Several windows in one pass, as one window whose riders
     are each window's own, in blocks."""
+    if len(windows) == 1:  # one window (dispatch_fused's `run`): no blocks to shift
+        (window,) = windows
+        listed = window.candidates[window.candidates >= 0].astype(np.int64)
+        return [bool((slot_counts(listed, window.spare) >= 2).any())]
     if not windows:
         return []
     riders = [window.spare.size for window in windows]

@@ -205,14 +205,14 @@ def stage_stack_aware(
 def stage_checked(
     window: ResolverWindow,
     checked: NDArray[np.float64],
-    objectives: NDArray[np.float32],
+    base: NDArray[np.float32],
     features: NDArray[np.float32],
     created_at: ArrayLike,
     rescore: Rescorer,
 ) -> StackedResolution | Unstacked:
-    """`stage_stack_aware` of a window already checked (`ResolverWindow.checked`, its
-    ``objectives`` [B*N, 3] as `ResolverWindow.objectives` returned them in ``checked``)."""
-    base = objectives
+    """`stage_stack_aware` of a window already checked (`ResolverWindow.checked`): ``base``
+    its PAIR_OBJECTIVES [B*N, 3] as FP32, ``checked`` them as `ResolverWindow.objectives`
+    returned them."""
     width = window.candidates.shape[1]
     flat = window.candidates.reshape(-1)
     valid = np.flatnonzero(flat >= 0)

@@ -237,13 +237,8 @@ class TopKResolverStep:
         objectives = _required(inputs, PAIR_OBJECTIVES.name)
         candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
         rider_ids = _required(inputs, "RIDER_IDS")
-        if window is None:
-            load, capacity = rider_counts_from_wire(inputs)
-            created_at = order_created_at_from_wire(inputs)
-            _same_orders(ORDER_FIELDS.name, created_at, candidates)
-        else:
-            load, capacity = window.rider_load, window.rider_capacity
-            created_at = window.created_at
+        load, capacity = _rider_counts(inputs, window)
+        created_at = _created_at(inputs, window, candidates)
         return stage_stack_aware(
             objectives=objectives,
             features=_required(inputs, PAIR_FEATURES.name),
@@ -299,13 +294,24 @@ class TopKResolverStep:
             for item in staged
         ]
 
+    def _rescores(
+        self, inputs: Mapping[str, NDArray[Any] | None], window: DispatchWindow | None
+    ) -> bool:
+        """Whether a window with a scorer is resolved stack-aware: the setting is on and its
+        PAIR_FEATURES and the orders' creation times (the window, or ORDER_FIELDS) came."""
+        return (
+            self.stacking.stack_aware
+            and inputs.get(PAIR_FEATURES.name) is not None
+            and (window is not None or inputs.get(ORDER_FIELDS.name) is not None)
+        )
+
     def _stage_together(self, batch: Sequence[ResolverItem]) -> list[Staged | Exception] | None:
         """`_stage` of the windows of one execute where re-scoring is on (dispatch_fused's
         validated windows, or the ensemble's with their ORDER_FIELDS), their checks made
         together (`_checked_together`); a window where riders can stack is then staged on
         its own from those checks. None where that does not apply or some window breaks a
         rule: each is staged alone then, naming its own error."""
-        if len(batch) < 2 or not self.stacking.stack_aware:
+        if len(batch) < 2:
             return None
         try:
             checked = self._checked_together(batch)
@@ -337,6 +343,9 @@ class TopKResolverStep:
         created: list[NDArray[np.int64]] = []
         parsed: dict[tuple[str, tuple[int, ...], bytes] | None, NDArray[np.float64]] = {}
         for item in batch:
+            inputs, window, score = item
+            if score is None or not self._rescores(inputs, window):
+                return None
             parts = _window_tensors(item, parsed)
             if parts is None:
                 return None
@@ -369,12 +378,7 @@ class TopKResolverStep:
         `Unstacked`."""
         objectives = _required(inputs, PAIR_OBJECTIVES.name)
         candidates = _required(inputs, CANDIDATE_RIDER_INDEX.name)
-        if (
-            score is not None
-            and self.stacking.stack_aware
-            and inputs.get(PAIR_FEATURES.name) is not None
-            and (window is not None or inputs.get(ORDER_FIELDS.name) is not None)
-        ):
+        if score is not None and self._rescores(inputs, window):
             versions = _required(inputs, ORDER_MODEL_VERSION.name)
             if not np.issubdtype(versions.dtype, np.integer):
                 raise DispatchInputError(
@@ -386,10 +390,7 @@ class TopKResolverStep:
             staged = self._stage_stack_aware(inputs, rescore, window)
             return staged.resolution if isinstance(staged, StackedResolution) else staged
         rider_ids = _required(inputs, "RIDER_IDS")
-        if window is None:
-            load, capacity = rider_counts_from_wire(inputs)
-        else:
-            load, capacity = window.rider_load, window.rider_capacity
+        load, capacity = _rider_counts(inputs, window)
         checked = ResolverWindow.checked(
             candidates,
             rider_ids,
@@ -446,22 +447,19 @@ def _window_tensors(
     item: ResolverItem,
     parsed: dict[tuple[str, tuple[int, ...], bytes] | None, NDArray[np.float64]],
 ) -> tuple[WindowTensors, NDArray[Any], NDArray[np.int64]] | None:
-    """A window's `checked_together` tensors, its pair features and its orders' creation
-    times, when it is re-scored (`_stage`'s stack-aware case) and each tensor is present and
-    of the shape `_stage` asks for; else None. The rider counts and creation times come from
-    the window the encoder validated, or are read from the wire as `_stage` reads them
-    (raising as it does). ``parsed``: the batch's objective weights so far (windows of one
-    caller share theirs; raises on bad ones)."""
-    inputs, window, score = item
+    """A re-scored window's (`TopKResolverStep._rescores`) `checked_together` tensors, its
+    pair features and its orders' creation times, when each tensor is present and of the
+    shape `_stage` asks for; else None. The rider counts and creation times are read as
+    `_stage` reads them (raising as it does). ``parsed``: the batch's objective weights so
+    far (windows of one caller share theirs; raises on bad ones)."""
+    inputs, window, _ = item
     objectives = inputs.get(PAIR_OBJECTIVES.name)
     candidates = inputs.get(CANDIDATE_RIDER_INDEX.name)
     pairs = inputs.get(PAIR_FEATURES.name)
     versions = inputs.get(ORDER_MODEL_VERSION.name)
     ids = inputs.get("RIDER_IDS")
     if (
-        score is None
-        or (window is None and inputs.get(ORDER_FIELDS.name) is None)
-        or objectives is None
+        objectives is None
         or candidates is None
         or pairs is None
         or versions is None
@@ -480,13 +478,32 @@ def _window_tensors(
     key = None if weights is None else (weights.dtype.str, weights.shape, weights.tobytes())
     if key not in parsed:
         parsed[key] = parse_objective_weights(weights)
-    if window is not None:
-        load, capacity, created_at = window.rider_load, window.rider_capacity, window.created_at
-    else:
-        load, capacity = rider_counts_from_wire(inputs)
-        created_at = order_created_at_from_wire(inputs)
-        _same_orders(ORDER_FIELDS.name, created_at, candidates)
+    load, capacity = _rider_counts(inputs, window)
+    created_at = _created_at(inputs, window, candidates)
     return (candidates, ids, load, capacity, parsed[key], objectives), pairs, created_at
+
+
+def _rider_counts(
+    inputs: Mapping[str, NDArray[Any] | None], window: DispatchWindow | None
+) -> tuple[NDArray[Any], NDArray[Any]]:
+    """The riders' load and capacity: the validated window's, else read from RIDER_FIELDS."""
+    if window is not None:
+        return window.rider_load, window.rider_capacity
+    return rider_counts_from_wire(inputs)
+
+
+def _created_at(
+    inputs: Mapping[str, NDArray[Any] | None],
+    window: DispatchWindow | None,
+    candidates: NDArray[Any],
+) -> NDArray[np.int64]:
+    """The orders' creation times: the validated window's, else read from ORDER_FIELDS (one
+    row per order of CANDIDATE_RIDER_INDEX)."""
+    if window is not None:
+        return window.created_at
+    created_at = order_created_at_from_wire(inputs)
+    _same_orders(ORDER_FIELDS.name, created_at, candidates)
+    return created_at
 
 
 def _staged_checked(
@@ -498,13 +515,14 @@ def _staged_checked(
 ) -> Staged:
     """`_stage` of a window already checked (`_checked_together`)."""
     inputs, _, score = item
-    base = np.asarray(_required(inputs, PAIR_OBJECTIVES.name), dtype=np.float32)
+    sent = _required(inputs, PAIR_OBJECTIVES.name)
+    base = np.asarray(sent, dtype=np.float32)
     if not stacks:
         return Unstacked(resolver_window, objectives, base.copy())
-    if score is None:  # `_window_tensors` let none through
+    if score is None:  # `_checked_together` let none through
         raise ValueError("a window staged from the batch's checks needs its scorer")
     rescore = routed_rescorer(
-        _required(inputs, PAIR_OBJECTIVES.name),
+        sent,
         _required(inputs, ORDER_MODEL_VERSION.name),
         resolver_window.candidates.shape[1],
         score,

@@ -44,7 +44,7 @@ from perf.geocoding_bench import served_scenarios
 from perf.idle_cost import cpu_per_window
 from perf.levels import PA_ENTRIES, load_level, pa_level
 from perf.locust_run import run_locust
-from perf.overload import MIXED_RUN, OVERLOAD_RUN, REFERENCE_RUN, run_overload
+from perf.overload import run_bench_runs
 from perf.pa import PerfAnalyzer
 from perf.report import render_report
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, MODELS, BenchResults, Series, entry_key
@@ -236,28 +236,13 @@ class Bench:
                 )
 
     def overload_levels(self, triton: TritonSession) -> None:
-        """dispatch_fused under perf.overload's closed loop: 64 callers (the reference), 512
-        at the default level, 512 with mixed priorities; each as one note (JSON) in the report:
-        accepted/refused per level, latencies, next request, and the probes' own figures."""
-        runs = (
-            (REFERENCE_RUN, 64, None, (2,)),
-            (OVERLOAD_RUN, 512, None, (2,)),
-            (MIXED_RUN, 512, 0.1, (1, 3)),
+        """dispatch_fused under perf.overload's closed loop (`BENCH_RUNS`): 64 callers (the
+        reference), 512 at the default level, 512 with mixed priorities; each as one note
+        (JSON) in the report: accepted/refused per level, latencies, next request, and the
+        probes' own figures."""
+        self.results.overload = run_bench_runs(
+            triton.endpoints.grpc, FUSED_MODEL_NAME, self.plan.overload_seconds, self.say
         )
-        for label, concurrency, share, probes in runs:
-            self.say(
-                f"{label}: dispatch_fused, concurrency {concurrency}, "
-                f"{self.plan.overload_seconds:g} s, probes at levels {list(probes)}"
-            )
-            result = run_overload(
-                triton.endpoints.grpc,
-                FUSED_MODEL_NAME,
-                concurrency,
-                self.plan.overload_seconds,
-                share,
-                probe_levels=probes,
-            )
-            self.results.overload[label] = result.summary()
 
     def geocoding_phase(self) -> None:
         self.say(f"addresses: {self.plan.geocoding_windows} medium windows per scenario")
@@ -265,7 +250,10 @@ class Bench:
 
     def floor_phase(self) -> None:
         self.say("no-work floor of the contract (dispatch_floor)")
-        self.results.floor = measure_floor(self.plan.floor_seconds, self.out / "floor")
+        # and the same overload runs as dispatch_fused's: what the host allows no work at all
+        self.results.floor = measure_floor(
+            self.plan.floor_seconds, self.out / "floor", self.plan.overload_seconds, self.say
+        )
         # The work's side of the c=1 floor: one window's CPU hot and after an idle wait.
         self.say("one window in process after an idle gap (perf.idle_cost)")
         self.results.floor["idle_cost"] = cpu_per_window(

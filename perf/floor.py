@@ -6,8 +6,14 @@ reads every input of every request and answers zeros of the right shapes. Measur
 perf_analyzer over gRPC on the same small windows as the bench, it is the ceiling any entry
 point of this contract can reach on this host: the rest of the gap is the pipeline's work.
 
-`python -m perf.floor [--seconds 3]` prints c=1 and c=64 figures (JSON); a repository copy
-with the floor model added is made in a temporary folder and removed afterwards.
+With `--overload-seconds S` (as `make bench` runs it) the floor also takes the bench's three
+overload runs (`perf.overload.BENCH_RUNS`: 64 callers, 512, 512 with mixed priorities), so the
+report shows what this host allows a model that does nothing: on 2 cores shared with the
+load generator, the refusal storm of 512 closed-loop callers takes the CPU whatever the model
+does (docs/operations.md).
+
+`python -m perf.floor [--seconds 3] [--overload-seconds 0]` prints the figures (JSON); a
+repository copy with the floor model added is made in a temporary folder and removed afterwards.
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ import argparse
 import json
 import re
 import shutil
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from perf.overload import run_bench_runs
 from perf.pa import PaJob
 from perf.sessions import TritonSession
 from perf.stats import request_budget
@@ -81,16 +89,26 @@ def floor_repository(target: Path, source: Path = MODEL_REPOSITORY) -> Path:
     return target
 
 
-def measure_floor(seconds: float, work: Path) -> dict[str, Any]:
-    """p50 at concurrency 1 and windows/s at concurrency 64, small windows, gRPC."""
+def measure_floor(
+    seconds: float, work: Path, overload_seconds: float = 0.0, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """p50 at concurrency 1 and windows/s at concurrency 64, small windows, gRPC; with
+    `overload_seconds` > 0 also the bench's overload runs (under "overload", label -> summary)."""
     # The throwaway repository goes to a temporary folder, not the report: its model.py
     # would otherwise sit among the project's modules (and their public-surface test).
     work.mkdir(parents=True, exist_ok=True)  # the inputs and the server log stay in the report
     with tempfile.TemporaryDirectory(prefix="dispatch-floor-") as scratch:
-        return _measure(seconds, work, floor_repository(Path(scratch) / "repo"))
+        repository = floor_repository(Path(scratch) / "repo")
+        return _measure(seconds, work, repository, overload_seconds, say)
 
 
-def _measure(seconds: float, work: Path, repository: Path) -> dict[str, Any]:
+def _measure(
+    seconds: float,
+    work: Path,
+    repository: Path,
+    overload_seconds: float,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
     pipeline = DispatchPipeline.from_repository(repository)
     workload = prepare_workload(SIZES["small"], pipeline, work, optional_inputs(repository))
     figures: dict[str, Any] = {"model": FLOOR_MODEL, "size": "small (1 x 20)", "protocol": "grpc"}
@@ -116,16 +134,28 @@ def _measure(seconds: float, work: Path, repository: Path) -> dict[str, Any]:
             row = outcome.rows[0]
             rate = row.throughput_per_s
             figures[f"c{concurrency}"] = row.to_dict()
+        if overload_seconds > 0:
+            figures["overload"] = run_bench_runs(
+                session.endpoints.grpc, FLOOR_MODEL, overload_seconds, say
+            )
     return figures
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per level")
+    parser.add_argument(
+        "--overload-seconds", type=float, default=0.0, help="per overload run; 0: none"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dispatch-floor-") as tmp:
-        print(json.dumps(measure_floor(args.seconds, Path(tmp)), indent=2))
+        figures = measure_floor(args.seconds, Path(tmp), args.overload_seconds, _to_stderr)
+        print(json.dumps(figures, indent=2))
     return 0
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

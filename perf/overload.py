@@ -38,7 +38,7 @@ import json
 import multiprocessing
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -55,6 +55,7 @@ from perf.loadgen import require_loopback
 from perf.windows import SIZES, simulated_windows
 
 __all__ = [
+    "BENCH_RUNS",
     "MAX_CONCURRENCY",
     "MIXED_RUN",
     "OVERLOAD_RUN",
@@ -65,6 +66,7 @@ __all__ = [
     "level_summary",
     "main",
     "refusal_reason",
+    "run_bench_runs",
     "run_overload",
 ]
 
@@ -76,6 +78,12 @@ MAX_CONCURRENCY = 4096
 REFERENCE_RUN: Final = "concurrency 64"
 OVERLOAD_RUN: Final = "overload"
 MIXED_RUN: Final = "mixed-priority overload"
+# Each run: (label, callers, share of level-1 callers or None for all standard, probe levels).
+BENCH_RUNS: Final = (
+    (REFERENCE_RUN, 64, None, (2,)),
+    (OVERLOAD_RUN, 512, None, (2,)),
+    (MIXED_RUN, 512, 0.1, (1, 3)),
+)
 PROBE_INTERVAL_S: Final = 0.02  # a probe's pause between its answer and its next window
 _PROBE_START_S: Final = 30.0  # the most a probe process may take to start (import, connect)
 
@@ -226,6 +234,22 @@ def run_overload(
             if process.is_alive():
                 process.kill()
     return result
+
+
+def run_bench_runs(
+    url: str, model: str, seconds: float, say: Callable[[str], None] = print
+) -> dict[str, dict[str, Any]]:
+    """The bench's three runs (`BENCH_RUNS`) against `model`, `seconds` each: label ->
+    `OverloadResult.summary()`. `say` is told each run before it starts."""
+    summaries: dict[str, dict[str, Any]] = {}
+    for label, concurrency, share, probes in BENCH_RUNS:
+        say(
+            f"{label}: {model}, concurrency {concurrency}, {seconds:g} s, "
+            f"probes at levels {list(probes)}"
+        )
+        result = run_overload(url, model, concurrency, seconds, share, probe_levels=probes)
+        summaries[label] = result.summary()
+    return summaries
 
 
 def _outcome(level: int, started: float, error: InferenceServerException | None) -> Outcome:

@@ -14,6 +14,7 @@ from perf.stats import LevelStats
 
 __all__ = [
     "TARGET_CONCURRENCY",
+    "OverloadFigures",
     "Ratio",
     "Target",
     "compute_ratios",
@@ -250,12 +251,82 @@ def model_targets(results: BenchResults, model: str) -> list[Target]:
     ]
 
 
-def _overload_level(results: BenchResults, label: str, key: str) -> dict[str, Any]:
+def _overload_level(overload: dict[str, Any], label: str, key: str) -> dict[str, Any]:
     """One level's figures of one overload run: `key` "level_2" (the generator's callers)
     or "probe_level_2" (the probe outside it)."""
-    summary = results.overload.get(label, {})
-    figures = summary.get(key)
+    summary = overload.get(label, {})
+    figures = summary.get(key) if isinstance(summary, dict) else None
     return dict(figures) if isinstance(figures, dict) else {}
+
+
+@dataclass(frozen=True)
+class OverloadFigures:
+    """What the overload targets read from one model's three runs (`perf.overload.BENCH_RUNS`).
+
+    Each ratio reads both sides from the same client: the generator at 512 callers against
+    the same generator at 64 (REFERENCE_RUN); the probes likewise.
+    """
+
+    reference_p99: float | None
+    reference_probe_p99: float | None
+    standard: dict[str, Any]
+    standard_probe: dict[str, Any]
+    urgent: dict[str, Any]
+    urgent_probe: dict[str, Any]
+    bulk: dict[str, Any]
+    # a full-queue refusal as a probe outside the generator saw it (the slower of the
+    # all-standard run and the mixed run's bulk), and as the generator did
+    refusal_p99: float | None
+    generator_refusal_p99: float | None
+    urgent_refused: float | None
+    served_after: list[bool]
+
+    @classmethod
+    def of(cls, overload: dict[str, Any]) -> OverloadFigures:
+        level = _overload_level
+        reference = level(overload, REFERENCE_RUN, "level_2")
+        standard = level(overload, OVERLOAD_RUN, "level_2")
+        standard_probe = level(overload, OVERLOAD_RUN, "probe_level_2")
+        urgent = level(overload, MIXED_RUN, "level_1")
+        urgent_probe = level(overload, MIXED_RUN, "probe_level_1")
+        bulk = level(overload, MIXED_RUN, "level_3")
+        bulk_probe = level(overload, MIXED_RUN, "probe_level_3")
+        # A refusal for a full queue is immediate by design; one for an expired deadline
+        # waits the deadline out.
+        return cls(
+            reference_p99=reference.get("accepted_p99_ms"),
+            reference_probe_p99=level(overload, REFERENCE_RUN, "probe_level_2").get(
+                "accepted_p99_ms"
+            ),
+            standard=standard,
+            standard_probe=standard_probe,
+            urgent=urgent,
+            urgent_probe=urgent_probe,
+            bulk=bulk,
+            refusal_p99=_slowest(
+                standard_probe.get("queue_full_refusal_p99_ms"),
+                bulk_probe.get("queue_full_refusal_p99_ms"),
+            ),
+            generator_refusal_p99=_slowest(
+                standard.get("queue_full_refusal_p99_ms"), bulk.get("queue_full_refusal_p99_ms")
+            ),
+            urgent_refused=(
+                urgent["refused"] + urgent_probe.get("refused", 0) if "refused" in urgent else None
+            ),
+            served_after=[
+                bool(run.get("next_request_served"))
+                for run in overload.values()
+                if isinstance(run, dict)
+            ],
+        )
+
+    @property
+    def accepted_ratio(self) -> float | None:
+        return _div(self.standard.get("accepted_p99_ms"), self.reference_p99)
+
+    @property
+    def urgent_ratio(self) -> float | None:
+        return _div(self.urgent.get("accepted_p99_ms"), self.reference_p99)
 
 
 def _slowest(*values: Any) -> float | None:
@@ -283,33 +354,10 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
     floor_tput = floor64.get("throughput_per_s") if isinstance(floor64, dict) else None
     fused_tput = fused64.throughput_per_s if fused64 else None
     fast_tput = fast64.throughput_per_s if fast64 else None
-    # Each overload ratio reads both sides from the same client: perf.overload's generator at
-    # 512 callers against the same generator at 64 (REFERENCE_RUN); the probes likewise.
-    reference = _overload_level(results, REFERENCE_RUN, "level_2")
-    reference_probe = _overload_level(results, REFERENCE_RUN, "probe_level_2")
-    standard = _overload_level(results, OVERLOAD_RUN, "level_2")
-    standard_probe = _overload_level(results, OVERLOAD_RUN, "probe_level_2")
-    urgent = _overload_level(results, MIXED_RUN, "level_1")
-    urgent_probe = _overload_level(results, MIXED_RUN, "probe_level_1")
-    bulk = _overload_level(results, MIXED_RUN, "level_3")
-    bulk_probe = _overload_level(results, MIXED_RUN, "probe_level_3")
-    reference_p99 = reference.get("accepted_p99_ms")
-    reference_probe_p99 = reference_probe.get("accepted_p99_ms")
-    # A refusal for a full queue is immediate by design; one for an expired deadline waits
-    # the deadline out. The figure is the probes' (a caller outside the saturated generator).
-    refusal_p99 = _slowest(
-        standard_probe.get("queue_full_refusal_p99_ms"),
-        bulk_probe.get("queue_full_refusal_p99_ms"),
-    )
-    generator_refusal_p99 = _slowest(
-        standard.get("queue_full_refusal_p99_ms"), bulk.get("queue_full_refusal_p99_ms")
-    )
-    urgent_refused = (
-        urgent["refused"] + urgent_probe.get("refused", 0) if "refused" in urgent else None
-    )
-    served_after = [
-        bool(results.overload[label].get("next_request_served")) for label in results.overload
-    ]
+    fig = OverloadFigures.of(results.overload)
+    # The no-work floor under the same runs: what this host allows a model that does nothing.
+    floor_overload = results.floor.get("overload")
+    bare = OverloadFigures.of(floor_overload if isinstance(floor_overload, dict) else {})
     floor_detail = (
         f"no-work floor of the contract: {floor_tput:,.0f} windows/s"
         if floor_tput
@@ -372,29 +420,35 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
         Target(
             "overload c=512: accepted p99 / p99 at c=64",
             FUSED_MODEL,
-            _div(standard.get("accepted_p99_ms"), reference_p99),
+            fig.accepted_ratio,
             3.0,
             True,
             "x",
-            _overload_detail(standard)
-            + _reference_detail(reference_p99)
-            + _probe_ratio(standard_probe, reference_probe_p99),
+            _overload_detail(fig.standard)
+            + _reference_detail(fig.reference_p99)
+            + _probe_ratio(fig.standard_probe, fig.reference_probe_p99)
+            + _floor_figure(bare.accepted_ratio, "x"),
         ),
         Target(
             "overload c=512: refusal p99",
             FUSED_MODEL,
-            refusal_p99,
+            fig.refusal_p99,
             10.0,
             True,
             " ms",
             "full-queue refusals as a probe outside the generator saw them (the slower of the "
             "all-standard run and the mixed run's bulk); the generator's own: "
-            + (f"{generator_refusal_p99:.1f} ms" if generator_refusal_p99 is not None else "n/a"),
+            + (
+                f"{fig.generator_refusal_p99:.1f} ms"
+                if fig.generator_refusal_p99 is not None
+                else "n/a"
+            )
+            + _floor_figure(bare.refusal_p99, " ms"),
         ),
         Target(
             "overload: next request after each burst served",
             FUSED_MODEL,
-            float(all(served_after)) if served_after else None,
+            float(all(fig.served_after)) if fig.served_after else None,
             1.0,
             False,
             "",
@@ -403,25 +457,37 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
         Target(
             "mixed overload (10 % level-1 callers): level-1 refusals",
             FUSED_MODEL,
-            urgent_refused,
+            fig.urgent_refused,
             0.0,
             True,
             "",
-            _overload_detail(urgent) + "; its probe: " + _overload_detail(urgent_probe),
+            _overload_detail(fig.urgent)
+            + "; its probe: "
+            + _overload_detail(fig.urgent_probe)
+            + _floor_figure(bare.urgent_refused, ""),
         ),
         Target(
             "mixed overload: level-1 p99 / p99 at c=64",
             FUSED_MODEL,
-            _div(urgent.get("accepted_p99_ms"), reference_p99),
+            fig.urgent_ratio,
             2.0,
             True,
             "x",
-            _reference_detail(reference_p99).lstrip("; ")
-            + _probe_ratio(urgent_probe, reference_probe_p99)
+            _reference_detail(fig.reference_p99).lstrip("; ")
+            + _probe_ratio(fig.urgent_probe, fig.reference_probe_p99)
             + "; bulk (level 3): "
-            + _overload_detail(bulk),
+            + _overload_detail(fig.bulk)
+            + _floor_figure(bare.urgent_ratio, "x"),
         ),
     ]
+
+
+def _floor_figure(value: float | None, unit: str) -> str:
+    """The same figure for the no-work floor under the same runs, where it was measured."""
+    if value is None:
+        return ""
+    shown = f"{value:,.0f}" if unit == "" else f"{value:.2f}{unit}"
+    return f"; the no-work floor under the same load: {shown}"
 
 
 def _reference_detail(p99: Any) -> str:

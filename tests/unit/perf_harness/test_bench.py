@@ -734,6 +734,46 @@ def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
     assert all(t.met is None for t in scheduler_targets(BenchResults("s", "quick")))
 
 
+def test_overload_targets_show_the_no_work_floor_under_the_same_runs() -> None:
+    # The floor's own overload runs (perf.floor --overload-seconds): what the host allows a
+    # model that does nothing, beside each overload target; the verdict stays the model's.
+    results = _results()
+    runs = {
+        "concurrency 64": {
+            "next_request_served": True,
+            "level_2": _overload_level(9000, 0, 20.0, None),
+            "probe_level_2": _overload_level(60, 0, 10.0, None),
+        },
+        "overload": {
+            "next_request_served": True,
+            "level_2": _overload_level(900, 5000, 580.0, 150.0),
+            "probe_level_2": _overload_level(10, 80, 250.0, 30.0),
+        },
+        "mixed-priority overload": {
+            "next_request_served": True,
+            "level_1": _overload_level(90, 2, 300.0, 5.0),
+            "level_3": _overload_level(800, 4000, 500.0, 200.0),
+            "probe_level_1": _overload_level(30, 0, 60.0, None),
+            "probe_level_3": _overload_level(10, 90, 300.0, 52.5),
+        },
+    }
+    results.overload = {label: dict(run) for label, run in runs.items()}
+    results.floor = {"overload": runs}
+    by_name = {t.name: t for t in scheduler_targets(results)}
+    accepted = by_name["overload c=512: accepted p99 / p99 at c=64"]
+    assert accepted.measured == pytest.approx(29.0)  # 580 / 20
+    assert accepted.detail.endswith("the no-work floor under the same load: 29.00x")
+    refusal = by_name["overload c=512: refusal p99"]
+    assert refusal.detail.endswith("the no-work floor under the same load: 52.50 ms")
+    level_1 = by_name["mixed overload (10 % level-1 callers): level-1 refusals"]
+    assert level_1.detail.endswith("the no-work floor under the same load: 2")
+    urgent = by_name["mixed overload: level-1 p99 / p99 at c=64"]
+    assert urgent.detail.endswith("the no-work floor under the same load: 15.00x")  # 300 / 20
+    # Without the floor's runs nothing is added.
+    results.floor = {}
+    assert all("no-work floor under" not in t.detail for t in scheduler_targets(results))
+
+
 def test_targets_of_one_model_do_not_use_the_other_models_series() -> None:
     results = _results()
     results.series = [s for s in results.series if not s.entry.startswith("fused_")]

@@ -364,11 +364,19 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
         else (f"no-work floor of the contract: {floor64}" if floor64 else "")  # why it failed
     )
     floor1 = results.floor.get("c1")
+    floor1_p50 = floor1.get("p50_ms") if isinstance(floor1, dict) else None
+    alone_p50 = limit.single.p50_ms if limit else None
     idle = results.floor.get("idle_cost")
+    # Serving a window costs at least the floor's serving plus the window's own work, which
+    # runs no faster in the stub than in a hot loop in process: their sum bounds c=1 below.
     c1_detail = "; ".join(
         part
         for part in (
-            f"no-work floor p50: {floor1['p50_ms']:.2f} ms" if isinstance(floor1, dict) else "",
+            f"no-work floor p50: {floor1_p50:.2f} ms" if floor1_p50 is not None else "",
+            f"in-process p50 (1 thread, no serving): {alone_p50:.2f} ms" if alone_p50 else "",
+            f"their sum, a lower bound: {floor1_p50 + alone_p50:.2f} ms"
+            if floor1_p50 is not None and alone_p50
+            else "",
             _idle_detail(idle) if isinstance(idle, dict) else "",
         )
         if part

@@ -704,9 +704,11 @@ def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
     vs_fastapi = by_name["small, gRPC, c=64: throughput / FastAPI", fused]
     assert vs_fastapi.measured == pytest.approx(1200 / 250) and vs_fastapi.met is True
     assert "6,000 windows/s" in vs_fastapi.detail  # the no-work floor beside it
-    # Beside c=1: the floor's p50 and one window's CPU hot and after an idle wait.
+    # Beside c=1: the floor's p50, the in-process p50 (the limit's 1 thread: 1.2 ms), their
+    # sum (0.62 + 1.2, a lower bound) and one window's CPU hot and after an idle wait.
     assert by_name["small, gRPC, c=1: p50", fused].detail == (
-        "no-work floor p50: 0.62 ms; one window in process (perf.idle_cost), CPU: "
+        "no-work floor p50: 0.62 ms; in-process p50 (1 thread, no serving): 1.20 ms; "
+        "their sum, a lower bound: 1.82 ms; one window in process (perf.idle_cost), CPU: "
         "850 us after 0 ms idle, 1,510 us after 2 ms idle"
     )
     assert by_name["small, gRPC, c=64: throughput / in-process limit", fused].measured == (

@@ -84,7 +84,7 @@ profile: setup ## ONNX Runtime per-operator profile of dispatch_model
 # writes perf/reports/bench-<stamp>/ (report.md, summary.json, plots). Under 10 minutes on
 # 2 cores; `make bench-quick` is a 1-2 minute smoke run.
 .PHONY: bench bench-quick
-bench: setup ## every entry point vs limits and FastAPI (under 10 minutes)
+bench: setup ## every entry point vs limits and FastAPI (about 10-11 minutes)
 	$(PY) -m perf.bench
 
 bench-quick: setup ## the bench pipeline in 1-2 minutes

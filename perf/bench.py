@@ -13,7 +13,7 @@ One run, on this machine, with the same simulator windows everywhere:
 Writes perf/reports/bench-<stamp>/: report.md, summary.json, one PNG per window size, the
 perf_analyzer input files and CSVs, and the server logs. Bounded: every level is a fixed
 request count with a time cap, and levels still waiting when the run's time budget is
-spent are skipped and listed (full run: under 10 minutes on 2 cores; --quick: 1-2).
+spent are skipped and listed (full run: about 10-11 minutes on 2 cores; --quick: 1-2).
 """
 
 from __future__ import annotations

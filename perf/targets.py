@@ -285,6 +285,7 @@ class OverloadFigures:
     def of(cls, overload: dict[str, Any]) -> OverloadFigures:
         level = _overload_level
         reference = level(overload, REFERENCE_RUN, "level_2")
+        reference_probe = level(overload, REFERENCE_RUN, "probe_level_2")
         standard = level(overload, OVERLOAD_RUN, "level_2")
         standard_probe = level(overload, OVERLOAD_RUN, "probe_level_2")
         urgent = level(overload, MIXED_RUN, "level_1")
@@ -295,9 +296,7 @@ class OverloadFigures:
         # waits the deadline out.
         return cls(
             reference_p99=reference.get("accepted_p99_ms"),
-            reference_probe_p99=level(overload, REFERENCE_RUN, "probe_level_2").get(
-                "accepted_p99_ms"
-            ),
+            reference_probe_p99=reference_probe.get("accepted_p99_ms"),
             standard=standard,
             standard_probe=standard_probe,
             urgent=urgent,

@@ -81,8 +81,8 @@ profile: setup ## ONNX Runtime per-operator profile of dispatch_model
 # Every entry point (HTTP JSON, HTTP binary, gRPC, gRPC + system shm) of both Triton models
 # (the dispatch ensemble and dispatch_fused) over a concurrency sweep and small/medium/large
 # windows, against the in-process limit and a FastAPI baseline;
-# writes perf/reports/bench-<stamp>/ (report.md, summary.json, plots). Under 10 minutes on
-# 2 cores; `make bench-quick` is a 1-2 minute smoke run.
+# writes perf/reports/bench-<stamp>/ (report.md, summary.json, plots). About 10-11 minutes
+# on 2 cores; `make bench-quick` is a 1-2 minute smoke run.
 .PHONY: bench bench-quick
 bench: setup ## every entry point vs limits and FastAPI (about 10-11 minutes)
 	$(PY) -m perf.bench

@@ -274,8 +274,9 @@ class OverloadFigures:
     urgent: dict[str, Any]
     urgent_probe: dict[str, Any]
     bulk: dict[str, Any]
-    # a full-queue refusal as a probe outside the generator saw it (the slower of the
-    # all-standard run and the mixed run's bulk), and as the generator did
+    # a full-queue refusal (immediate by design; one for an expired deadline waits the
+    # deadline out) as a probe outside the generator saw it (the slower of the all-standard
+    # run and the mixed run's bulk), and as the generator did
     refusal_p99: float | None
     generator_refusal_p99: float | None
     urgent_refused: float | None
@@ -292,8 +293,6 @@ class OverloadFigures:
         urgent_probe = level(overload, MIXED_RUN, "probe_level_1")
         bulk = level(overload, MIXED_RUN, "level_3")
         bulk_probe = level(overload, MIXED_RUN, "probe_level_3")
-        # A refusal for a full queue is immediate by design; one for an expired deadline
-        # waits the deadline out.
         return cls(
             reference_p99=reference.get("accepted_p99_ms"),
             reference_probe_p99=reference_probe.get("accepted_p99_ms"),

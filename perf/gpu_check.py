@@ -75,6 +75,7 @@ from dispatch_service.core.model_config import (
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import load_settings
+from dispatch_service.domain.cities import CitySettings
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.domain.window import window_from_wire, window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -301,7 +302,9 @@ def feature_inputs(window: Tensors) -> Tensors:
     `feature_encoder/config.pbtxt`, so `dispatch_features` answers as `dispatch` does.
     """
     parameters = config_parameters(MODEL_REPOSITORY / "feature_encoder" / CONFIG_NAME)
-    pairs = encode_window(window_from_wire(window), load_settings(EncoderSettings, parameters))
+    located = window_from_wire(window)
+    city = load_settings(CitySettings, parameters).registry().locate(located)
+    pairs = encode_window(located, city, load_settings(EncoderSettings, parameters))
     tensors: Tensors = {
         "PAIR_FEATURES": pairs.pair_features,
         "CANDIDATE_RIDER_INDEX": pairs.candidate_rider_index,

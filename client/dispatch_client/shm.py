@@ -5,8 +5,8 @@ the server already knows and asks Triton to write the answer into a second regio
 gRPC message then holds only names, shapes and offsets. Two region kinds share one code
 path behind `RegionBackend`:
 
-- `SystemShmBackend`: POSIX shared memory (`/dev/shm`) through
-  `tritonclient.utils.shared_memory`; works wherever client and server share a host.
+- `SystemShmBackend`: POSIX shared memory (`/dev/shm`), each region private to the caller's
+  uid (`dispatch_client.shm_region`); works wherever client and server share a host.
 - `CudaShmBackend`: CUDA IPC memory on a GPU through `tritonclient.utils.cuda_shared_memory`
   (imported only when this backend is built; it needs an NVIDIA GPU and `cuda-python` 12.x,
   whose `cuda.cudart` module that tritonclient 2.51 imports is gone from cuda-python 13).

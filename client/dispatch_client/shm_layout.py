@@ -9,11 +9,10 @@ Requests carry the v2 contract's leading batch dimension of 1; it changes no siz
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
+import secrets
 import struct
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Self
@@ -57,14 +56,13 @@ ShmKind = Literal["system", "cuda"]
 
 ALIGNMENT: Final = 64  # every tensor starts on a cache line (and a safe GPU alignment)
 BYTES_PREFIX: Final = 4  # Triton's BYTES wire form: uint32 little-endian length per element
-REGION_PREFIX: Final = "dispatch_client"  # /dev/shm/dispatch_client_<pid>_<n>_{in,out}
+# /dev/shm/dispatch_client_<pid>_<32 random hex digits>_{in,out}
+REGION_PREFIX: Final = "dispatch_client"
 
 _SPECS: Final[dict[str, TensorSpec]] = {
     spec.name: spec
     for spec in (*DISPATCH_ENSEMBLE_INPUTS, *FEATURE_ENTRY_INPUTS, *DISPATCH_ENSEMBLE_OUTPUTS)
 }
-_COUNTER = itertools.count()
-_COUNTER_LOCK = threading.Lock()
 
 
 # ---- errors -------------------------------------------------------------------------------
@@ -105,10 +103,9 @@ class ShmRegionTooSmallError(ShmError):
 
 
 def region_name(role: str) -> str:
-    """A name no other process or pool uses: prefix, pid, a per-process counter, role."""
-    with _COUNTER_LOCK:
-        number = next(_COUNTER)
-    return f"{REGION_PREFIX}_{os.getpid()}_{number}_{role}"
+    """A name nobody can predict: prefix, pid (whose regions they are), 128 random bits,
+    role. Another local user cannot create a region under it before the client does."""
+    return f"{REGION_PREFIX}_{os.getpid()}_{secrets.token_hex(16)}_{role}"
 
 
 def _aligned(offset: int) -> int:

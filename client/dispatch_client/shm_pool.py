@@ -19,7 +19,6 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
-from tritonclient.utils import shared_memory as system_shm
 
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchServerError
@@ -31,6 +30,7 @@ from dispatch_client.shm_layout import (
     Slot,
     region_name,
 )
+from dispatch_client.shm_region import PrivateRegion, create_private_region
 from dispatch_client.transport import DEFAULT_TIMEOUT_S
 
 __all__ = [
@@ -80,7 +80,8 @@ class RegionBackend(Protocol):
 
 
 class SystemShmBackend:
-    """POSIX shared memory (`/dev/shm/<name>`) via `tritonclient.utils.shared_memory`."""
+    """POSIX shared memory (`/dev/shm/<name>`), private to this process's uid
+    (`dispatch_client.shm_region`: created exclusively, mode 0600, owner checked)."""
 
     kind: ShmKind = "system"
 
@@ -92,17 +93,19 @@ class SystemShmBackend:
         return {"headers": self.headers} if self.headers else {}
 
     def create(self, name: str, byte_size: int) -> Region:
-        handle = system_shm.create_shared_memory_region(name, f"/{name}", byte_size)
+        handle = create_private_region(name, byte_size)
         try:
             # A writable uint8 view of the mapping: requests are copied in and answers out
             # with one memcpy each, no intermediate buffers.
-            view = system_shm.get_contents_as_numpy(handle, np.uint8, [byte_size])
+            view = np.frombuffer(handle.mapping, dtype=np.uint8, count=byte_size)
         except BaseException:
-            system_shm.destroy_shared_memory_region(handle)
+            handle.destroy()
             raise
         return Region(name=name, byte_size=byte_size, handle=handle, view=view)
 
     def register(self, client: Any, region: Region) -> None:
+        handle: PrivateRegion = region.handle
+        handle.verify()  # the server opens the region by name: it must still be ours
         client.register_system_shared_memory(
             region.name, f"/{region.name}", region.byte_size, **self._auth()
         )
@@ -123,7 +126,8 @@ class SystemShmBackend:
 
     def destroy(self, region: Region) -> None:
         region.view = None  # drop our reference to the mapping before it is unmapped
-        system_shm.destroy_shared_memory_region(region.handle)
+        handle: PrivateRegion = region.handle
+        handle.destroy()
 
 
 class CudaShmBackend:

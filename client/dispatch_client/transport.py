@@ -10,7 +10,7 @@ shared memory registered with the server.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -200,9 +200,18 @@ class HttpTransport:
 class GrpcTransport:
     """Triton's gRPC endpoint (default port 8001)."""
 
-    def __init__(self, url: str = DEFAULT_GRPC_URL, *, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        url: str = DEFAULT_GRPC_URL,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        parameters: Mapping[str, bool | int | str] | None = None,
+    ):
+        """``parameters``: request parameters sent with every request (Triton forwards them
+        to each step of an ensemble), e.g. the launcher's probe mark (`ops.health`)."""
         self.url, self.tls = split_url(url)
         self.timeout_s = timeout_s
+        self.parameters = dict(parameters or {})
         secure = {"ssl": True} if self.tls else {}  # TLS with the system's CA roots
         self._client: Any = grpcclient.InferenceServerClient(url=self.url, **secure)
 
@@ -231,6 +240,7 @@ class GrpcTransport:
                 outputs=wanted,
                 client_timeout=self.timeout_s,
                 request_id=request_id,
+                **({"parameters": self.parameters} if self.parameters else {}),
                 **request_options(priority, timeout_us),
             )
         except InferenceServerException as exc:

@@ -70,6 +70,7 @@ __all__ = [
     "TOPK_OBJECTIVES",
     "TOPK_OBJECTIVE_COLUMNS",
     "TRITON_TO_NUMPY",
+    "WINDOW_CITY",
     "WINDOW_FIELDS",
     "WINDOW_FIELD_COLUMNS",
     "WINDOW_INPUTS",
@@ -169,15 +170,15 @@ class Vehicle(IntEnum):
 
 # Objective columns of PAIR_OBJECTIVES, in order.
 OBJECTIVES: Final = ("eta_minutes", "ontime_probability", "cost_cny")
-# Latency, on-time, cost. No on-time term by default: chosen on `make evaluate`'s held-out
-# regimes (docs/model-lifecycle.md). The on-time probability stops rewarding an order once it
-# is likely late anyway, so with (0.45, 0.35, 0.20) scarce windows gave those orders the far
-# riders: slower on mean delivery than the rule ETA, even for the oracle. Callers who put
-# promises first send their own OBJECTIVE_WEIGHTS.
+# Latency, on-time, cost. The objective the default serves: the fewest late orders without a
+# slower mean delivery than the rule ETA in any city and regime; `make evaluate` judges
+# candidate weights by it (docs/model-lifecycle.md). An on-time term makes scarce windows
+# slower, so it is 0; callers who put promises first send their own OBJECTIVE_WEIGHTS.
 DEFAULT_OBJECTIVE_WEIGHTS: Final = (0.80, 0.0, 0.20)
 
 # ---- pair feature layout (float32 [P, F]); shipped with each model version ------------
-FEATURE_LAYOUT_VERSION: Final = "v2"  # v2: zones are geohash-7 cells (v1: geohash-5)
+# v3: positions relative to the window's own city, and the city map's road columns.
+FEATURE_LAYOUT_VERSION: Final = "v3"
 PAIR_FEATURE_NAMES: Final[tuple[str, ...]] = (
     "pickup_distance_km",  # rider -> pickup, haversine
     "trip_distance_km",  # pickup -> drop-off, haversine
@@ -185,7 +186,7 @@ PAIR_FEATURE_NAMES: Final[tuple[str, ...]] = (
     "approach_bearing_cos",
     "trip_bearing_sin",  # bearing pickup -> drop-off
     "trip_bearing_cos",
-    "rider_zone_east_km",  # centre of the rider's geohash-7 zone, km east of city centre
+    "rider_zone_east_km",  # centre of the rider's geohash-7 zone, km east of its city's centre
     "rider_zone_north_km",
     "pickup_zone_east_km",
     "pickup_zone_north_km",
@@ -207,6 +208,14 @@ PAIR_FEATURE_NAMES: Final[tuple[str, ...]] = (
     "vehicle_ebike",
     "vehicle_motorbike",
     "vehicle_car",
+    # From the window's city map (the registry): barriers crossed, the km their best
+    # crossings add, and the free-flow minutes on the road for the rider's vehicle.
+    "approach_barrier_crossings",  # rider -> pickup
+    "trip_barrier_crossings",  # pickup -> drop-off
+    "approach_detour_km",
+    "trip_detour_km",
+    "approach_route_minutes",
+    "trip_route_minutes",
 )
 NUM_PAIR_FEATURES: Final = len(PAIR_FEATURE_NAMES)
 
@@ -267,7 +276,7 @@ WINDOW_INPUTS: Final[tuple[TensorSpec, ...]] = (
         "FP32",
         (3,),
         optional=True,
-        doc="weights of latency, on-time, cost; >= 0, sum > 0; default 0.45/0.35/0.20",
+        doc="weights of latency, on-time, cost; >= 0, sum > 0; default 0.8/0/0.2",
     ),
 )
 
@@ -288,7 +297,22 @@ ORDER_LOCATION_SOURCE = TensorSpec(
     "1 geocoding cache, 2 geocoder, 3 gazetteer rule match",
 )
 
-ENCODER_OUTPUTS: Final = (PAIR_FEATURES, CANDIDATE_RIDER_INDEX, ORDER_LOCATION_SOURCE)
+# The city the encoder found serving the window (issue 31): dispatch_router routes the
+# window with that city's settings. A request that carries none (dispatch_features, whose
+# client encodes the window) is routed with the global settings.
+WINDOW_CITY = TensorSpec(
+    "WINDOW_CITY",
+    "BYTES",
+    (1,),
+    doc="the id of the registered city serving the window (its routing and metrics label)",
+)
+
+ENCODER_OUTPUTS: Final = (
+    PAIR_FEATURES,
+    CANDIDATE_RIDER_INDEX,
+    ORDER_LOCATION_SOURCE,
+    WINDOW_CITY,
+)
 MODEL_INPUTS: Final = (PAIR_FEATURES,)
 MODEL_OUTPUTS: Final = (PAIR_OBJECTIVES,)
 
@@ -361,6 +385,7 @@ ROUTER_INPUTS: Final = (
     CANDIDATE_RIDER_INDEX,
     ORDER_TEXT,
     MODEL_VERSION_TAG,
+    replace(WINDOW_CITY, optional=True),  # absent: the global routing settings
 )
 ROUTER_OUTPUTS: Final = (PAIR_OBJECTIVES, *ROUTING_OUTPUTS)
 
@@ -487,6 +512,9 @@ RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     RIDER_FIELDS,  # load and capacity columns
     _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
     *STACKING_INPUTS,
+    # Exact ties between orders are broken by their ids, not their rows (issue 31: the answer
+    # must not depend on how the caller lists the window). Optional: without it, by row.
+    replace(_WINDOW_SPECS["ORDER_IDS"], optional=True),
 )
 # `dispatch` and `dispatch_fused`: 8 tensors in, 8 out.
 WIRE_DISPATCH_INPUTS: Final = (*WIRE_WINDOW_INPUTS, *ROUTING_INPUTS)

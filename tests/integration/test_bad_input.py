@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from dispatch_contract import DISPATCH_ENSEMBLE_INPUTS, MAX_ORDERS, MAX_RIDERS
+from dispatch_contract import DISPATCH_ENSEMBLE_INPUTS, MAX_ORDERS, MAX_RIDERS, NUM_PAIR_FEATURES
 from dispatch_service.domain.window import MAX_RIDER_LOAD, window_to_tensors
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
@@ -327,7 +327,7 @@ def test_two_windows_in_one_request_are_refused_naming_the_shape(
 def test_intermediate_model_rejects_malformed_features_directly(
     http_client: httpclient.InferenceServerClient,
 ) -> None:
-    features = np.full((4, 28), np.nan, dtype=np.float32)
+    features = np.full((4, NUM_PAIR_FEATURES), np.nan, dtype=np.float32)
     tensor = httpclient.InferInput("PAIR_FEATURES", list(features.shape), "FP32")
     tensor.set_data_from_numpy(features)
     with pytest.raises(InferenceServerException) as info:

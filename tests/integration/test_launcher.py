@@ -71,9 +71,10 @@ def test_a_second_launcher_on_the_same_ports_leaves_the_first_serving(
 
     log_before = log.read_bytes()
     # The first server's regions only: /dev/shm is shared with every other server on the host.
+    # Its stubs' regions are no longer named there (each stub removes its region's name as it
+    # starts: docs/security.md); whatever is still named must stay, and its traffic flow.
     ours = f"dispatchsrv_{launcher.process.pid}_*"
     regions_before = {p.name for p in Path("/dev/shm").glob(ours)}
-    assert regions_before, "the first server holds no region"
     thread = threading.Thread(target=traffic)
     thread.start()
     try:

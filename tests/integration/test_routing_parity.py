@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from dispatch_service.domain.window import window_to_wire
+from dispatch_service.offline.simulator import city_worlds, generate_window
 from dispatch_service.ops import admin
 from dispatch_service.ops.model_control import (
     load_model,
@@ -96,6 +98,33 @@ def assert_parity(server: TritonServer, seed: int) -> dict[tuple[str | None, int
     return seen
 
 
+def assert_city_parity(server: TritonServer, seed: int) -> dict[tuple[str, str | None], set[Any]]:
+    """`assert_parity` over windows of several cities (each its own world); returns
+    (city, tag) -> the (version, level) pairs seen."""
+    rng = np.random.default_rng(seed)
+    worlds = city_worlds()
+    seen: dict[tuple[str, str | None], set[Any]] = {}
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        for city in ("beijing", "chengdu", "shanghai"):
+            for tag in (None, "canary", "stable"):
+                tensors = random_request(rng, tag)
+                window = generate_window(rng, 8, 40, config=worlds[city])
+                tensors.update(window_to_wire(window))  # the tag and weights: random_request
+                ensemble = infer_grpc(client, tensors, "dispatch", ROUTED_OUTPUT_NAMES)
+                fused = infer_grpc(client, tensors, "dispatch_fused", ROUTED_OUTPUT_NAMES)
+                for name in ROUTED_OUTPUT_NAMES:
+                    np.testing.assert_array_equal(
+                        fused[name], ensemble[name], err_msg=f"{name}, {city}, tag {tag}"
+                    )
+                pairs = zip(
+                    ensemble["ORDER_MODEL_VERSION"].tolist(),
+                    ensemble["ORDER_FALLBACK_LEVEL"].tolist(),
+                    strict=True,
+                )
+                seen.setdefault((city, tag), set()).update(pairs)
+    return seen
+
+
 def assert_concurrent_answers_alike(server: TritonServer, seed: int) -> None:
     """Windows sent all at once (so that an execute holds several: their calls of one version
     joined into one) get, from each entry point, the answers they get one at a time."""
@@ -166,3 +195,14 @@ def test_both_entry_points_answer_alike_in_every_repository_state(server: Triton
         assert routes(seen, tag) == {(1, 0)}, tag
     assert routes(seen, "2") == {(2, 0)}
     assert routes(seen, "7") == {(1, 1)}
+
+    # State 4: per-city routes (issue 31): each window routed with its city's settings.
+    per_city = read_router_settings(url).with_route("beijing", canary_version=2, canary_percent=100)
+    apply_router_settings(url, per_city, admin_key=ADMIN_KEY)
+    assert_status_agrees(server, (1, 2))
+    by_city = assert_city_parity(server, seed=5)
+    assert by_city[("beijing", None)] == by_city[("beijing", "canary")] == {(2, 0)}
+    assert by_city[("beijing", "stable")] == {(1, 0)}
+    for city in ("chengdu", "shanghai"):  # no route of their own: no canary
+        for tag in (None, "canary", "stable"):
+            assert by_city[(city, tag)] == {(1, 0)}, (city, tag)

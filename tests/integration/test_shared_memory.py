@@ -7,6 +7,7 @@ ours and /dev/shm holds no file of ours.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,14 +36,18 @@ from dispatch_contract import (
     FEATURE_ENTRY_OUTPUTS,
     batched,
 )
+from dispatch_service.core.backend_shm import stub_region_name
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings
+from dispatch_service.domain.cities import CitySettings
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.domain.window import window_from_wire
+from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.pipeline.stacking import StackingSettings
+from other_user import as_other_user, needs_root, try_open
 from triton_helpers import grpc_inputs, sim_window
 
 Arrays = dict[str, np.ndarray[Any, Any]]
@@ -323,7 +328,9 @@ def test_cli_grpc_shm_answers_like_grpc(
 def encoded(window: Arrays) -> Arrays:
     """What a co-located feature service sends: the server's own encoder, run locally."""
     parameters = config_parameters(MODEL_REPOSITORY / "feature_encoder" / "config.pbtxt")
-    pairs = encode_window(window_from_wire(window), load_settings(EncoderSettings, parameters))
+    located = window_from_wire(window)
+    city = load_settings(CitySettings, parameters).registry().locate(located)
+    pairs = encode_window(located, city, load_settings(EncoderSettings, parameters))
     tensors = {
         "PAIR_FEATURES": pairs.pair_features,
         "CANDIDATE_RIDER_INDEX": pairs.candidate_rider_index,
@@ -441,3 +448,61 @@ def test_feature_entry_rejects_bad_features_and_keeps_serving(
         infer_raw(grpc_client, good, FEATURE_ENTRY_MODEL_NAME),
         infer_raw(grpc_client, window, "dispatch"),
     )
+
+
+# ---- another local user ---------------------------------------------------------------------
+
+
+def stub_regions(server: TritonServer) -> dict[int, str]:
+    """pid -> the region each Python-backend stub of ``server`` was started with."""
+    assert server.process is not None
+    regions = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        stat = proc_stat(entry)
+        if stat is None or stat.parent != server.process.pid:
+            continue
+        with contextlib.suppress(OSError):
+            name = stub_region_name((entry / "cmdline").read_bytes())
+            if name is not None:
+                regions[int(entry.name)] = name
+    return regions
+
+
+@needs_root
+def test_another_user_can_neither_read_nor_take_the_transports_regions(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    window = sim_window(seed=31, orders=2, riders=8)
+    with transport(triton, ShmCapacity(max_orders=2, max_riders=8), pool_size=1) as shm:
+        paths = [SHM / name for name in sorted(shm.pool.region_names())]
+        for path in paths:
+            status = path.stat()
+            assert (status.st_uid, status.st_mode & 0o777) == (os.geteuid(), 0o600), path
+        seen = as_other_user(
+            lambda: [[try_open(p, os.O_RDONLY), try_open(p, os.O_RDWR | os.O_CREAT)] for p in paths]
+        )
+        assert seen == [["EACCES", "EACCES"]] * len(paths)
+        assert_same(
+            shm.infer("dispatch", batched(window), NAMES),
+            infer_raw(grpc_client, window, "dispatch"),
+        )
+
+
+@needs_root
+def test_the_backends_regions_can_be_neither_opened_nor_registered(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    regions = stub_regions(triton)
+    assert len(regions) >= 5, regions  # one stub per Python model instance
+    paths = [SHM / name for name in regions.values()]
+    assert not any(path.exists() for path in paths)  # sealed: no name left to open
+    named = sorted(SHM.glob(f"{triton.shm_prefix}*"))
+    assert all(path.stat().st_mode & 0o077 == 0 for path in named), named
+    seen = as_other_user(lambda: [try_open(p, os.O_RDONLY) for p in [*paths, *named]])
+    assert set(seen) <= {"ENOENT", "EACCES"}, seen
+    # Even with the shared-memory key, Triton cannot be told to map the backend's arena.
+    headers = grpc_headers(SHM_KEY_HEADER, os.environ[SHM_KEY_ENV])
+    for name in list(regions.values())[:2]:
+        with pytest.raises(InferenceServerException, match="Unable to open shared memory"):
+            grpc_client.register_system_shared_memory("stolen", f"/{name}", 1024, headers=headers)
+    assert grpc_client.is_server_ready()

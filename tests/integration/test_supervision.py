@@ -30,6 +30,7 @@ from launcher_helpers import EXAMPLE, Launcher, free_port
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError
+from dispatch_service.core.backend_shm import stub_region_name
 from dispatch_service.ops.host import STUB_NAME
 from dispatch_service.ops.router_control import (
     apply_router_settings,
@@ -223,6 +224,10 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(
     now = stub_models(triton_pid(launcher))
     fresh = [pid for pid, name in now.items() if name == model and pid not in stubs]
     assert victim not in now and len(fresh) == count
+    # Each new stub removed its region's name as it started (docs/security.md).
+    for pid in fresh:
+        name = stub_region_name(Path(f"/proc/{pid}/cmdline").read_bytes())
+        assert name is not None and not (Path("/dev/shm") / name).exists()
 
 
 def test_sigterm_under_load_drains_in_flight_requests(served: tuple[Launcher, str]) -> None:
@@ -244,8 +249,14 @@ def test_sigterm_under_load_drains_in_flight_requests(served: tuple[Launcher, st
 
 def test_a_stopped_server_is_declared_dead_within_10_s(tmp_path: Path) -> None:
     health = free_port()
-    launcher = Launcher(
-        Ports.free(), tmp_path / "server.log", tmp_path / "keys", "--health-port", str(health)
+    launcher = Launcher(  # `exit`: the embedded build's default is `restart` (ops.restart)
+        Ports.free(),
+        tmp_path / "server.log",
+        tmp_path / "keys",
+        "--health-port",
+        str(health),
+        "--on-dead",
+        "exit",
     )
     try:
         assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)

@@ -29,6 +29,7 @@ class FakeTritonError:
     INVALID_ARG: ClassVar[str] = "INVALID_ARG"
     INTERNAL: ClassVar[str] = "INTERNAL"
     CANCELLED: ClassVar[str] = "CANCELLED"
+    UNAVAILABLE: ClassVar[str] = "UNAVAILABLE"
 
     def __init__(self, message: str, code: str = "UNKNOWN") -> None:
         self._message = message
@@ -134,17 +135,19 @@ class FakeRequest:
         self,
         inputs: Mapping[str, NDArray[Any] | None],
         request_id: str = "",
+        cancelled: bool = False,
     ) -> None:
         self.tensors = {name: value for name, value in inputs.items() if value is not None}
         self._id = request_id
+        self._cancelled = cancelled
+        self.cancel_asks = 0  # each ask is a round trip from the stub to the server
 
     def request_id(self) -> str:
         return self._id
 
     def is_cancelled(self) -> bool:
-        # Each call is a round trip from the stub to the server; Triton's scheduler already
-        # drops a cancelled request before execute, so the adapters must not ask.
-        raise AssertionError("an adapter polled is_cancelled")
+        self.cancel_asks += 1
+        return self._cancelled
 
     def inputs(self) -> list[FakeTensor]:
         return [FakeTensor(name, array) for name, array in self.tensors.items()]

@@ -21,6 +21,7 @@ RULE_CODES: Final = (
     "unique",  # a repeated id or candidate
     "id_length",  # an empty or too long id
     "unknown_value",  # not one of the defined values (datum, constraint bits, vehicle)
+    "city",  # no registered city serves the window's points, or they lie in two
     "invalid",  # any other rule
 )
 

@@ -15,18 +15,27 @@ many orders as any assignment could; which riders it picks is still the model's 
 
 Most windows never get past `_greedy`: a few vectorised proposal rounds serve every order
 where riders are not scarce, and then nothing else runs.
+
+Which maximum assignment the search finds, and so which orders get which new candidate,
+depends on the order it meets orders and riders in. It meets them in the order of their
+ids (`ids.id_order`), so the lists are the same however the caller lists the window
+(issue 31). `_greedy` takes them as they come, but it only decides whether the lists are
+kept as they are, and that outcome does not depend on the order (see
+`cover_maximum_assignment`).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
+from dispatch_service.domain.ids import id_order
 from dispatch_service.domain.slots import slot_edges
 
 __all__ = ["cover_maximum_assignment", "fits_spare"]
@@ -156,12 +165,20 @@ def cover_maximum_assignment(
     candidates: NDArray[np.int32],
     feasible: Callable[[], NDArray[np.bool_]],
     spare: NDArray[np.int64],
+    order_ids: NDArray[Any] | None = None,
+    rider_ids: NDArray[Any] | None = None,
 ) -> NDArray[np.int32]:
     """``candidates`` ([B, N], nearest first, -1 pads), amended so that they hold a
     maximum assignment of the whole feasible graph.
 
     ``feasible`` builds the [B, R] feasibility mask; it is called only in the rare window
-    whose candidate graph falls short. Returns ``candidates`` itself when nothing changes.
+    whose candidate graph falls short. ``order_ids`` [B] and ``rider_ids`` [R] (bytes): the
+    search meets orders and riders in their order (module docstring); None: in row order.
+    Returns ``candidates`` itself when nothing changes.
+
+    Whether anything changes does not depend on the order: when the greedy rounds serve
+    every listed order (or fill every slot), so does every maximum assignment of the lists,
+    and the lists are kept whichever rounds ran.
     """
     if candidates.shape[0] == 0 or candidates.shape[1] == 0:
         return candidates
@@ -170,6 +187,28 @@ def cover_maximum_assignment(
     served = int(np.count_nonzero(first >= 0))
     if served == int(np.count_nonzero(listed)) or served == int(spare.sum()):
         return candidates  # every listed order, or every slot there is, already served
+    num_orders, num_riders = candidates.shape[0], spare.size
+    orders = np.arange(num_orders) if order_ids is None else id_order(order_ids.tolist())
+    riders = np.arange(num_riders) if rider_ids is None else id_order(rider_ids.tolist())
+    label = np.full(num_riders + 1, -1, dtype=np.int64)  # -1 pads read the last entry
+    label[riders] = np.arange(num_riders)
+    in_id_order = label[candidates[orders]].astype(np.int32)
+    amended = _amended(in_id_order, lambda: feasible()[np.ix_(orders, riders)], spare[riders])
+    if amended is in_id_order:
+        return candidates
+    out = np.empty_like(candidates)
+    out[orders] = np.where(amended >= 0, riders[np.maximum(amended, 0)], -1)
+    return out
+
+
+def _amended(
+    candidates: NDArray[np.int32],
+    feasible: Callable[[], NDArray[np.bool_]],
+    spare: NDArray[np.int64],
+) -> NDArray[np.int32]:
+    """`cover_maximum_assignment` past the greedy rounds, on a window whose orders and riders
+    are numbered in the order the search should meet them; ``candidates`` when unchanged."""
+    listed = candidates[:, 0] >= 0
     best = _maximum_over_lists(candidates, spare)
     short = np.flatnonzero(listed & (best < 0)).tolist()
     if not short or int(np.count_nonzero(best >= 0)) == int(spare.sum()):

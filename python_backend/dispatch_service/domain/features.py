@@ -9,7 +9,7 @@ must encode within a few tens of milliseconds on a CPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
@@ -25,9 +25,11 @@ from dispatch_contract import (
     OrderConstraint,
     Vehicle,
 )
-from dispatch_service.domain import geo
+from dispatch_service.domain import geo, roads
+from dispatch_service.domain.cities import City
 from dispatch_service.domain.coverage import cover_maximum_assignment, fits_spare
 from dispatch_service.domain.feasibility import feasible, spare_slots
+from dispatch_service.domain.ids import id_rank
 from dispatch_service.domain.window import DispatchWindow
 
 __all__ = [
@@ -39,12 +41,16 @@ __all__ = [
     "encode_pairs_batch",
     "encode_window",
     "feasible_mask",
+    "local_time",
     "select_candidates",
     "window_candidates",
     "windows_candidates",
 ]
 
 IntArray = NDArray[np.int64]
+# A group's riders' id ranks (`ids.id_rank`), computed on first call: only exact distance
+# ties need them.
+RiderKeys = Callable[[], IntArray]
 
 # Candidates fetched by the cheap pre-selection beyond the N needed; the exact ordering
 # then has room to reorder near-ties before the guard below has to fall back.
@@ -62,7 +68,6 @@ class EncoderSettings:
     """Knobs that change the features; part of a model version, so frozen."""
 
     candidates_per_order: int = 16
-    utc_offset_minutes: int = 480  # Asia/Shanghai: hour-of-day is the city's local hour
     # geohash-7 cells (~150 m): fine enough to tell which side of a river or a ring road a
     # point is on (geohash-5, ~4.9 km, left a third of the best policy's gain out of reach).
     zone_precision: int = 7
@@ -70,8 +75,6 @@ class EncoderSettings:
     def __post_init__(self) -> None:
         if not 1 <= self.candidates_per_order <= MAX_CANDIDATES:
             raise ValueError(f"candidates_per_order must be within 1..{MAX_CANDIDATES}")
-        if not -18 * 60 <= self.utc_offset_minutes <= 18 * 60:
-            raise ValueError("utc_offset_minutes must be within +-18 hours")
         if not 1 <= self.zone_precision <= geo.MAX_GEOHASH_PRECISION:
             raise ValueError(f"zone_precision must be within 1..{geo.MAX_GEOHASH_PRECISION}")
 
@@ -135,16 +138,24 @@ def _exact_nearest(
     riders: NDArray[np.float64],
     rows: IntArray,
     take: int,
+    keys: RiderKeys,
 ) -> tuple[IntArray, NDArray[np.float64]]:
-    """Order ``rows`` (per order, [b, m]) by (haversine, rider row); keep ``take``.
+    """Order ``rows`` (per order, [b, m]) by (haversine, rider id); keep ``take``.
 
-    Returns the chosen rider rows and their distances, both [b, take].
+    ``keys()``: the id rank of each rider of ``riders``, asked for only when two of the
+    first ``take + 1`` distances of an order are equal (co-located riders): the ids, not
+    the rows, decide who is listed first (issue 31). Returns the chosen rider rows and
+    their distances, both [b, take].
     """
     dist = geo.haversine_km(
         riders[rows, 0], riders[rows, 1], pickup[:, 0:1], pickup[:, 1:2]
     ).reshape(rows.shape)
-    order = np.lexsort((rows, dist), axis=-1)[:, :take]
     line = np.arange(rows.shape[0])[:, None]
+    order = np.argsort(dist, axis=-1, kind="stable")
+    head = dist[line, order[:, : take + 1]]
+    if np.count_nonzero(head[:, 1:] == head[:, :-1]):
+        order = np.lexsort((keys()[rows], dist), axis=-1)
+    order = order[:, :take]
     return rows[line, order], dist[line, order]
 
 
@@ -158,11 +169,13 @@ def _ranked_exactly(
     riders: Sequence[NDArray[np.float64]],
     rows: Sequence[IntArray],
     takes: Sequence[int],
+    keys: Sequence[RiderKeys],
 ) -> list[IntArray]:
     """Per group (orders ``pickups`` [b, 2] that may take riders at ``riders`` [m, 2], rows
-    ``rows`` [m]): [b, take] of those rows, every rider ranked by (haversine, row) and the
-    nearest ``take`` kept. All groups in one pass: one distance computation over every pair
-    and one sort, so each group's result is the same alone or with others."""
+    ``rows`` [m], their id ranks ``keys``): [b, take] of those rows, every rider ranked by
+    (haversine, rider id) and the nearest ``take`` kept. All groups in one pass: one
+    distance computation over every pair and one sort, so each group's result is the same
+    alone or with others; a group's ids are read only where two of its distances tie."""
     orders = np.array([len(p) for p in pickups], dtype=np.int64)
     width = np.array([len(r) for r in rows], dtype=np.int64)
     per_order = np.repeat(width, orders)  # each order is paired with every rider of its group
@@ -176,7 +189,21 @@ def _ranked_exactly(
         pickup[pair_order, 0], pickup[pair_order, 1],
     )  # fmt: skip
     pair_row = row[pair_rider]
-    ranked = pair_row[np.lexsort((pair_row, dist, pair_order))]
+    order = np.lexsort((dist, pair_order))  # stable: exact ties still in row order here
+    sorted_dist = dist[order]
+    equal = sorted_dist[1:] == sorted_dist[:-1]  # then checked within one order (rare)
+    if np.count_nonzero(equal) and (tied := equal & (np.diff(pair_order[order]) == 0)).any():
+        # co-located riders: the ids of their groups decide (issue 31)
+        group_of_order = np.repeat(np.arange(orders.size), orders)
+        tied_groups = set(group_of_order[pair_order[order][1:][tied]].tolist())
+        rider_key = _joined(
+            [
+                keys[group]() if group in tied_groups else np.arange(m, dtype=np.int64)
+                for group, m in enumerate(width.tolist())
+            ]
+        )
+        order = np.lexsort((rider_key[pair_rider], dist, pair_order))
+    ranked = pair_row[order]
     out: list[IntArray] = []
     first = 0
     for b, m, take in zip(orders.tolist(), width.tolist(), takes, strict=True):
@@ -196,17 +223,19 @@ def _nearest_among(
     riders: NDArray[np.float64],
     riders_xyz: NDArray[np.float64],
     take: int,
+    keys: RiderKeys,
     threads: int = 1,
 ) -> IntArray:
     """Indices into ``riders`` of the ``take`` nearest per pickup, nearest first.
 
     A dot product of unit vectors (one BLAS call) ranks riders by great-circle distance;
     argpartition keeps the best ``take + margin``; those are ranked exactly by haversine
-    with the rider row as tie-break. An order is exact when its ``take``-th distance is
-    strictly below a lower bound on every rider left out; the few orders where that
-    cannot be shown (near-ties at the cut, co-located riders) are ranked exactly over
-    all riders. Callers rank few riders exactly instead (`_preselects`). Blocks of orders
-    are independent: with ``threads`` > 1 they run on that many threads (same result).
+    with the rider id as tie-break (``keys``: `_exact_nearest`). An order is exact when its
+    ``take``-th distance is strictly below a lower bound on every rider left out; the few
+    orders where that cannot be shown (near-ties at the cut, co-located riders) are ranked
+    exactly over all riders. Callers rank few riders exactly instead (`_preselects`).
+    Blocks of orders are independent: with ``threads`` > 1 they run on that many threads
+    (same result).
     """
     num_orders, num_riders = pickup.shape[0], riders.shape[0]
     everyone = np.broadcast_to(np.arange(num_riders, dtype=np.int64), (num_orders, num_riders))
@@ -223,7 +252,7 @@ def _nearest_among(
         best = part[:, :keep]
         # part[:, keep] holds the largest dot product (nearest rider) left out.
         cut_dot = -np.take_along_axis(neg_dot, part[:, keep : keep + 1], axis=1)[:, 0]
-        rows, dist = _exact_nearest(pickup[start:stop], riders, best, take)
+        rows, dist = _exact_nearest(pickup[start:stop], riders, best, take, keys)
         chosen[start:stop] = rows
         chord_sq = np.maximum(2.0 - 2.0 * (cut_dot + _DOT_TOLERANCE), 0.0)
         bound_km = 2.0 * geo.EARTH_RADIUS_KM * np.arcsin(np.minimum(np.sqrt(chord_sq) * 0.5, 1.0))
@@ -246,7 +275,9 @@ def _nearest_among(
     redo = np.flatnonzero(unproven)
     for start in range(0, redo.size, block):
         orders = redo[start : start + block]
-        chosen[orders] = _exact_nearest(pickup[orders], riders, everyone[: orders.size], take)[0]
+        chosen[orders] = _exact_nearest(
+            pickup[orders], riders, everyone[: orders.size], take, keys
+        )[0]
     return chosen
 
 
@@ -254,8 +285,9 @@ def select_candidates(window: DispatchWindow, n: int, threads: int = 1) -> NDArr
     """[B, min(n, R)] rider rows: per order the n nearest feasible riders to the pickup.
 
     Nearest first by haversine distance rider -> pickup, ties broken by the lower rider
-    row; -1 pads when fewer riders are feasible. Deterministic for a given window, whatever
-    ``threads`` (how many threads large windows are ranked on).
+    id (bytes), never by the row: the lists are the same however the caller orders the
+    riders (issue 31). -1 pads when fewer riders are feasible. Deterministic for a given
+    window, whatever ``threads`` (how many threads large windows are ranked on).
     """
     if n < 1:
         raise ValueError("n must be >= 1")
@@ -279,9 +311,10 @@ def select_candidates(window: DispatchWindow, n: int, threads: int = 1) -> NDArr
             continue
         take = min(n_eff, riders.size)
         pickup = window.pickup[orders]
+        keys = _rider_keys(window, riders)
         if not _preselects(take, riders.size):  # few riders: rank them all exactly
             (out[orders, :take],) = _ranked_exactly(
-                [pickup], [window.rider_position[riders]], [riders], [take]
+                [pickup], [window.rider_position[riders]], [riders], [take], [keys]
             )
             continue
         if pickup_xyz is None or rider_xyz is None:
@@ -293,18 +326,32 @@ def select_candidates(window: DispatchWindow, n: int, threads: int = 1) -> NDArr
             window.rider_position[riders],
             rider_xyz[riders],
             take,
+            keys,
             threads,
         )
         out[orders, :take] = riders[local]
     return out
 
 
+def _rider_keys(window: DispatchWindow, riders: IntArray) -> RiderKeys:
+    """The id ranks of the window's riders at rows ``riders``, computed once when asked (a
+    closure, not `functools.cache`: that costs a small window more than the ranking)."""
+    found: list[IntArray] = []
+
+    def keys() -> IntArray:
+        if not found:
+            found.append(id_rank(window.rider_ids[riders].tolist()))
+        return found[0]
+
+    return keys
+
+
 # ----------------------------------------------------------------------------- features
 
 
-def _local_time(dispatch_time: int, utc_offset_minutes: int) -> tuple[float, bool]:
-    """(fractional local hour, is weekend) of a unix time."""
-    local = dispatch_time + utc_offset_minutes * 60
+def local_time(dispatch_time: int, city: City) -> tuple[float, bool]:
+    """(fractional local hour, is weekend) of a unix time in the city's time zone."""
+    local = dispatch_time + city.utc_offset_s(dispatch_time)
     seconds_of_day = local % _SECONDS_PER_DAY
     weekday = (local // _SECONDS_PER_DAY + _EPOCH_WEEKDAY) % 7
     return seconds_of_day / 3600.0, weekday >= 5
@@ -324,6 +371,10 @@ _PAIR_COLUMNS: Final = (
     "vehicle_ebike",
     "vehicle_motorbike",
     "vehicle_car",
+    "approach_barrier_crossings",
+    "approach_detour_km",
+    "approach_route_minutes",
+    "trip_route_minutes",
 )
 _ORDER_COLUMNS: Final = (
     "trip_distance_km",
@@ -340,6 +391,8 @@ _ORDER_COLUMNS: Final = (
     "large_item",
     "fragile",
     "priority",
+    "trip_barrier_crossings",
+    "trip_detour_km",
 )
 _WINDOW_COLUMNS: Final = ("hour_sin", "hour_cos", "is_weekend")
 if sorted(_PAIR_COLUMNS + _ORDER_COLUMNS + _WINDOW_COLUMNS) != sorted(PAIR_FEATURE_NAMES):
@@ -360,7 +413,10 @@ _VEHICLES: Final = np.array([Vehicle.EBIKE, Vehicle.MOTORBIKE, Vehicle.CAR], dty
 
 
 def encode_pairs(
-    window: DispatchWindow, candidates: NDArray[np.int32], settings: EncoderSettings
+    window: DispatchWindow,
+    candidates: NDArray[np.int32],
+    settings: EncoderSettings,
+    city: City,
 ) -> NDArray[np.float32]:
     """float32 [B * N, F]: row b * N + j describes order b with candidate j.
 
@@ -369,11 +425,13 @@ def encode_pairs(
     geohash zone over all their points together), so a small window costs a few dozen
     numpy calls and a big one a few passes over B * N values.
     """
-    return encode_pairs_batch([(window, candidates)], settings)[0]
+    return encode_pairs_batch([(window, candidates)], settings, [city])[0]
 
 
 def encode_pairs_batch(
-    windows: Sequence[tuple[DispatchWindow, NDArray[np.int32]]], settings: EncoderSettings
+    windows: Sequence[tuple[DispatchWindow, NDArray[np.int32]]],
+    settings: EncoderSettings,
+    cities: Sequence[City],
 ) -> list[NDArray[np.float32]]:
     """`encode_pairs` of several windows (each with its candidates) in one pass.
 
@@ -381,9 +439,12 @@ def encode_pairs_batch(
     windows of one Triton `execute` share them (issue 11: pair features built for the
     batch's concatenation). Each window's rows are exactly those it gets alone: every
     column is computed row by row, and the values of a window (local hour, weekday) are
-    computed per window as for one window and then gathered. Raises ValueError, naming
-    the window, for candidates that do not fit their window.
+    computed per window as for one window and then gathered. ``cities``: each window's
+    city (its clock, its plane's origin and its map). Raises ValueError, naming the
+    window, for candidates that do not fit their window.
     """
+    if len(cities) != len(windows):
+        raise ValueError(f"{len(windows)} windows need as many cities, got {len(cities)}")
     pair_orders: list[IntArray] = []  # per window: each valid pair's order, batch-wide
     pair_riders: list[IntArray] = []  # its rider row, in its window
     valids: list[IntArray] = []
@@ -420,27 +481,35 @@ def encode_pairs_batch(
     rider_position = _joined([w.rider_position[r] for w, r in chosen])
     load = _joined([w.rider_load[r] for w, r in chosen]).astype(np.float64)
     capacity = _joined([w.rider_capacity[r] for w, r in chosen]).astype(np.float64)
-    vehicle = (
-        _joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)[:, None] == _VEHICLES
-    )
+    vehicle_code = _joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)
+    vehicle = vehicle_code[:, None] == _VEHICLES
+    order_window = np.repeat(np.arange(len(members)), [w.num_orders for w in members])
 
     # Legs rider -> pickup (one per pair) then pickup -> dropoff (one per order).
     start = np.concatenate((rider_position, pickup))
     end = np.concatenate((pickup[o], dropoff))
     km, bearing = geo.haversine_bearing(start[:, 0], start[:, 1], end[:, 0], end[:, 1])
     bearing_sin, bearing_cos = np.sin(bearing), np.cos(bearing)
-    # Zones of the rider (per pair), the pickup and the dropoff (per order).
+    # Zones of the rider (per pair), the pickup and the dropoff (per order), from their
+    # window's city centre.
     centre = geo.cell_centre_latlon(np.concatenate((start, dropoff)), settings.zone_precision)
-    east, north = geo.en_offset_km(centre[:, 0], centre[:, 1])
+    origins = np.array([city.centre for city in cities], dtype=np.float64)
+    point_window = np.concatenate((order_window[o], order_window, order_window))
+    point_origin = origins[point_window]
+    east, north = geo.en_offset_km(
+        centre[:, 0], centre[:, 1], (point_origin[:, 0], point_origin[:, 1])
+    )
+    road_pair, road_order = _road_tables(
+        cities, order_window, o, pickup, dropoff, rider_position, vehicle_code
+    )
 
     # Per window: its local hour and weekday, as one window computes them; per order: its
     # window's row of them and its decision time.
     window_values = np.empty((len(members), len(_WINDOW_COLUMNS)), dtype=np.float64)
-    for row, window in enumerate(members):
-        hour, weekend = _local_time(window.dispatch_time, settings.utc_offset_minutes)
+    for row, (window, city) in enumerate(zip(members, cities, strict=True)):
+        hour, weekend = local_time(window.dispatch_time, city)
         hour_angle = 2.0 * np.pi * hour / 24.0
         window_values[row] = (float(np.sin(hour_angle)), float(np.cos(hour_angle)), weekend)
-    order_window = np.repeat(np.arange(len(members)), [w.num_orders for w in members])
     dispatch_time = np.array([w.dispatch_time for w in members], dtype=np.float64)[order_window]
     created_at = _joined([w.created_at for w in members]).astype(np.float64)
     age = np.maximum((dispatch_time - created_at) / 60.0, 0.0)
@@ -466,6 +535,7 @@ def encode_pairs_batch(
             promised,
             promised - age,
             flags,
+            road_order,
         )
     )
     per_pair_table = np.column_stack(
@@ -479,6 +549,7 @@ def encode_pairs_batch(
             capacity,
             load / np.maximum(capacity, 1.0),
             vehicle,
+            road_pair,
         )
     )
     block = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
@@ -498,6 +569,54 @@ def encode_pairs_batch(
             full[valid] = rows
             out.append(full)
     return out
+
+
+def _road_tables(
+    cities: Sequence[City],
+    order_window: IntArray,
+    pair_order: IntArray,
+    pickup: NDArray[np.float64],
+    dropoff: NDArray[np.float64],
+    rider_position: NDArray[np.float64],
+    vehicle: IntArray,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The map's columns: per pair [P, 4] (approach crossings, detour km, route minutes,
+    trip route minutes for the pair's vehicle), per order [B, 2] (trip crossings, detour
+    km). Each window's legs are read on its own city's map, in that city's plane."""
+    pair_table = np.empty((pair_order.size, 4), dtype=np.float64)
+    order_table = np.empty((order_window.size, 2), dtype=np.float64)
+    pair_window = order_window[pair_order]
+    for city in {id(city): city for city in cities}.values():
+        mine = np.flatnonzero([member is city for member in cities])
+        orders: slice | IntArray = slice(None)
+        pairs: slice | IntArray = slice(None)
+        local_order = pair_order
+        if mine.size < len(cities):  # the batch's windows lie in several cities
+            orders = np.flatnonzero(np.isin(order_window, mine))
+            pairs = np.flatnonzero(np.isin(pair_window, mine))
+            local_order = np.searchsorted(orders, pair_order[pairs])
+        # One plane conversion and one map pass for the window's points and legs: each
+        # pair's approach (rider -> pickup), then each order's trip (pickup -> drop-off).
+        pickups = pickup[orders]
+        plane = city.plane(np.concatenate((rider_position[pairs], pickups, dropoff[orders])))
+        riders_en, pickup_en, dropoff_en = np.split(
+            plane, [local_order.size, local_order.size + pickups.shape[0]]
+        )
+        legs = roads.leg_roads(
+            city,
+            np.concatenate((riders_en, pickup_en)),
+            np.concatenate((pickup_en[local_order], dropoff_en)),
+        )
+        approach, trip = slice(None, local_order.size), slice(local_order.size, None)
+        crossings, road_km = legs.crossings, legs.road_km(city)
+        vehicles = vehicle[pairs]
+        order_table[orders, 0] = crossings[trip]
+        order_table[orders, 1] = legs.detour_km[trip]
+        pair_table[pairs, 0] = crossings[approach]
+        pair_table[pairs, 1] = legs.detour_km[approach]
+        pair_table[pairs, 2] = roads.route_minutes(city, road_km[approach], vehicles)
+        pair_table[pairs, 3] = roads.route_minutes(city, road_km[trip][local_order], vehicles)
+    return pair_table, order_table
 
 
 def window_candidates(
@@ -547,6 +666,7 @@ def windows_candidates(
         [windows[at].rider_position[riders] for at, riders, _ in usual],
         [riders for _, riders, _ in usual],
         [take for _, _, take in usual],
+        [_rider_keys(windows[at], riders) for at, riders, _ in usual],
     )
     # Each order's nearest rider, as a row of all windows' riders: a window where one is
     # asked for more than its spare slots goes through `cover_maximum_assignment`.
@@ -574,22 +694,28 @@ def _shared_hard_bits(window: DispatchWindow) -> int | None:
 
 
 def _covered(window: DispatchWindow, candidates: NDArray[np.int32]) -> NDArray[np.int32]:
-    """`window_candidates`' amendment where riders are scarce (`cover_maximum_assignment`)."""
+    """`window_candidates`' amendment where riders are scarce (`cover_maximum_assignment`),
+    its choices made in the order of the window's ids, not of its rows."""
     return cover_maximum_assignment(
         candidates,
         lambda: feasible_mask(window),
         spare_slots(window.rider_load, window.rider_capacity),
+        window.order_ids,
+        window.rider_ids,
     )
 
 
 def encode_window(
-    window: DispatchWindow, settings: EncoderSettings | None = None, threads: int = 1
+    window: DispatchWindow,
+    city: City,
+    settings: EncoderSettings | None = None,
+    threads: int = 1,
 ) -> EncodedWindow:
-    """Select candidates (`window_candidates`) and encode their pairs: the whole
-    feature_encoder step."""
+    """Select candidates (`window_candidates`) and encode their pairs in ``city``: the
+    whole feature_encoder step after locating the window."""
     settings = settings or EncoderSettings()
     candidates = window_candidates(window, settings, threads)
     return EncodedWindow(
-        pair_features=encode_pairs(window, candidates, settings),
+        pair_features=encode_pairs(window, candidates, settings, city),
         candidate_rider_index=candidates,
     )

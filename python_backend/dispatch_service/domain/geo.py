@@ -20,7 +20,6 @@ from numpy.typing import ArrayLike, NDArray
 from dispatch_contract import CoordSystem
 
 __all__ = [
-    "CITY_CENTRE",
     "EARTH_RADIUS_KM",
     "MAX_GEOHASH_PRECISION",
     "FloatArray",
@@ -41,8 +40,6 @@ FloatArray = NDArray[np.float64]
 
 # Mean Earth radius (IUGG): one degree of latitude is then ~111.195 km.
 EARTH_RADIUS_KM: Final = 6371.0088
-# Shanghai, People's Square: the origin of the zone features.
-CITY_CENTRE: Final[tuple[float, float]] = (31.2304, 121.4737)
 
 # ---------------------------------------------------------------- distances and bearings
 
@@ -94,15 +91,17 @@ def haversine_bearing(
     return np.asarray(km), np.asarray(np.mod(np.arctan2(y, x), 2.0 * np.pi))
 
 
-def en_offset_km(lat: ArrayLike, lon: ArrayLike) -> tuple[FloatArray, FloatArray]:
-    """(east_km, north_km) of points relative to CITY_CENTRE.
+def en_offset_km(
+    lat: ArrayLike, lon: ArrayLike, origin: tuple[ArrayLike, ArrayLike]
+) -> tuple[FloatArray, FloatArray]:
+    """(east_km, north_km) of points relative to ``origin`` [lat, lon] (a city's centre).
 
     Equirectangular at the mean latitude: within a city the error is metres, and the
     result is a smooth, model-friendly position rather than an exact distance.
     """
     lat_arr = _f64(lat)
     lon_arr = _f64(lon)
-    lat0, lon0 = CITY_CENTRE
+    lat0, lon0 = _f64(origin[0]), _f64(origin[1])
     km_per_rad = EARTH_RADIUS_KM
     mean_lat = np.radians((lat_arr + lat0) * 0.5)
     east = km_per_rad * np.radians(lon_arr - lon0) * np.cos(mean_lat)

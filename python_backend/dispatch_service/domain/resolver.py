@@ -15,12 +15,13 @@ Scoring
 Ranking
     Candidates of one order sort by score descending, then ETA ascending, on-time
     descending, cost ascending, then a 64-bit FNV-1a hash of the rider id, then the rider
-    row. The objective tie-breaks make the order Pareto-consistent even when a weight is
+    id. The objective tie-breaks make the order Pareto-consistent even when a weight is
     zero: a pair that dominates another has a score at least as high, and on equal scores
     the first objective where they differ favours it. The id hash spreads exact ties over
-    riders deterministically across processes (Python's ``hash()`` is salted); the row
-    settles a hash collision. The Top-K list is the first ``min(top_k, N)`` valid
-    candidates, padded with index -1, id b'' and zeros.
+    riders deterministically across processes (Python's ``hash()`` is salted); the id itself
+    (`ids.id_rank`) settles a hash collision, so no position ever decides (issue 31). The
+    Top-K list is the first ``min(top_k, N)`` valid candidates, padded with index -1, id
+    b'' and zeros.
 
 Assignment
     The assignment is made over *every* valid candidate of every order (all N columns of
@@ -63,9 +64,13 @@ Assignment
     and ``D - 2 > B``, one more assigned order always lowers the cost by more than any
     difference in S can raise it, so the minimum-cost matching has the most assigned
     orders and, among those, the largest score sum. LAPJVsp is an exact
-    shortest-augmenting-path solver, so the matching it returns is optimal (an exact tie
-    between two optimal assignments may fall either way); it is also deterministic for a
-    given input, and the graph is built in a fixed order.
+    shortest-augmenting-path solver, so the matching it returns is optimal; it is also
+    deterministic for a given graph. Where two optimal assignments tie exactly (equal scores
+    are common: clamped model outputs, co-located riders), which one it returns depends on
+    the order of the graph's rows and columns, so the graph is built with the orders in
+    order-id order and the listed riders in rider-id order (`ids.id_order`), then mapped
+    back to rows: the assignment is a function of the window as a set, not of how the caller
+    listed it (issue 31). Without ORDER_IDS the orders keep their rows.
     Ranking and matching use the float64 scores; the outputs round them to float32.
     The whole window is one solver call: augmenting-path searches only reach their own
     connected component anyway, and splitting into components first (hundreds of them in
@@ -98,6 +103,7 @@ from dispatch_contract import (
 from dispatch_service.core.batches import split_rows
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.feasibility import spare_slots
+from dispatch_service.domain.ids import id_order, id_rank
 from dispatch_service.domain.slots import slot_edges
 from dispatch_service.domain.window import check_objective_weights
 
@@ -108,6 +114,7 @@ __all__ = [
     "ResolverWindow",
     "WindowTensors",
     "assign",
+    "checked_order_ids",
     "checked_together",
     "fnv1a_64",
     "ids_as_bytes",
@@ -399,6 +406,22 @@ def _rider_ids(value: ArrayLike) -> NDArray[Any]:
     return array
 
 
+def checked_order_ids(value: ArrayLike, num_orders: int) -> NDArray[Any]:
+    """ORDER_IDS as the resolver takes them: BYTES [B], one per order of the candidates
+    (the encoder checked their content; here they only break ties)."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "OS":
+        raise DispatchInputError("ORDER_IDS", f"must be BYTES, got {array.dtype}", "dtype")
+    if array.shape != (num_orders,):
+        raise DispatchInputError(
+            "ORDER_IDS",
+            f"must have shape [{num_orders}], one per order of {CANDIDATE_RIDER_INDEX.name}, "
+            f"got {list(array.shape)}",
+            "shape",
+        )
+    return array
+
+
 def ids_as_bytes(name: str, ids: ArrayLike, rows: NDArray[np.int64] | None = None) -> list[bytes]:
     """The ids of tensor `name` (all, or the given rows) as bytes: str is UTF-8 encoded,
     anything else is refused naming the tensor and the row."""
@@ -544,6 +567,11 @@ class AssignmentGraph:
         return assigned
 
 
+def _adjacent_equal(values: NDArray[Any], valid: NDArray[np.bool_]) -> bool:
+    """Whether two neighbours of a row of ``values`` [B, N] are equal, both ``valid``."""
+    return bool(((values[:, 1:] == values[:, :-1]) & valid[:, 1:] & valid[:, :-1]).any())
+
+
 def _uncontested(
     topk_index: NDArray[np.int64],
     topk_score: NDArray[np.float64],
@@ -622,7 +650,8 @@ def assign(
     """Rider row per order (-1 = unassigned): most orders first, then most total score.
 
     Each order takes at most one rider from its own list (row of `topk_rider_index`,
-    -1 pads); rider r takes at most ``max(capacity_r - load_r, 0)`` orders.
+    -1 pads); rider r takes at most ``max(capacity_r - load_r, 0)`` orders. Without ids, an
+    exact tie between optimal assignments falls to the rows; `resolve` breaks it by ids.
     """
     load = np.asarray(rider_load)
     if load.ndim != 1:
@@ -665,6 +694,9 @@ class ResolverWindow:
     spare: NDArray[np.int64]  # [R]
     weights: NDArray[np.float64]  # [3]; [B, 1, 3] (one row per order) in `resolve_many`
     settings: ResolverSettings
+    # [B] the orders' ids (ORDER_IDS): exact ties between orders are broken by them; None:
+    # by row (a caller that sends no ids).
+    order_ids: NDArray[Any] | None = None
 
     @classmethod
     def checked(
@@ -675,6 +707,7 @@ class ResolverWindow:
         rider_capacity: ArrayLike,
         weights: ArrayLike,
         settings: ResolverSettings | None = None,
+        order_ids: ArrayLike | None = None,
     ) -> ResolverWindow:
         """The window's tensors checked as `resolve` checks them (DispatchInputError)."""
         ids = _rider_ids(rider_ids)
@@ -683,7 +716,17 @@ class ResolverWindow:
         capacity = _counts("RIDER_CAPACITY", rider_capacity, num_riders)
         w = _weights(weights)
         index = _candidates(candidate_rider_index, num_riders)
-        return cls(ids, index, np.maximum(capacity - load, 0), w, settings or ResolverSettings())
+        orders = None if order_ids is None else checked_order_ids(order_ids, index.shape[0])
+        return cls(
+            ids, index, np.maximum(capacity - load, 0), w, settings or ResolverSettings(), orders
+        )
+
+    def order_rank(self) -> NDArray[np.int64] | None:
+        """Each order's place in id order (`ids.id_rank`), None without ORDER_IDS: the
+        tie-break between orders wherever one is needed (e.g. equal creation times)."""
+        if self.order_ids is None:
+            return None
+        return id_rank(ids_as_bytes("ORDER_IDS", self.order_ids))
 
     def objectives(self, objectives: ArrayLike) -> NDArray[np.float64]:
         """PAIR_OBJECTIVES [B*N, 3] checked: [B, N, 3] float64, missing candidates zeroed."""
@@ -715,9 +758,49 @@ class ResolverWindow:
         if quick is None:
             # Plain scores tie across a rider's slots: the square graph never pays there.
             square = None if ranked.shape[1] > 1 else False
-            graph = AssignmentGraph.build(self.candidates, self.spare, square=square)
-            return graph.solve_ranked(ranked)
+            return self._solve_in_id_order(self.candidates, ranked, square)
         return _at_position(self.candidates, quick, -1)
+
+    def _solve_in_id_order(
+        self,
+        candidates: NDArray[np.int64],
+        ranked: NDArray[np.float64],
+        square: bool | None,
+        listed: tuple[NDArray[np.int64], list[bytes]] | None = None,
+    ) -> NDArray[np.int64]:
+        """Rider row per order: `AssignmentGraph.solve_ranked` of ``candidates`` [B, N] (rows
+        of this window's riders, in any column order) and their scores ``ranked`` [B * N, K],
+        solved with the orders in order-id order and the listed riders in rider-id order.
+        ``listed``: the rows of the riders ``candidates`` name, ascending, and their ids,
+        when the caller has them already.
+
+        Why: where optimal assignments tie exactly, LAPJVsp's pick depends on the graph's
+        row and column order; built in id order the graph, and so the pick, is the same for
+        every listing of the window (module docstring)."""
+        num_orders, width = candidates.shape
+        num_riders = int(self.spare.size)
+        if listed is None:
+            marked = np.zeros(num_riders + 1, dtype=np.bool_)
+            marked[candidates] = True  # -1 pads mark the last entry
+            used = np.flatnonzero(marked[:num_riders])
+            listed = used, ids_as_bytes("RIDER_IDS", self.rider_ids, used)
+        used, used_ids = listed
+        if used.size == 0:
+            return np.full(num_orders, -1, dtype=np.int64)
+        riders = used[id_order(used_ids)]
+        label = np.full(num_riders + 1, -1, dtype=np.int64)
+        label[riders] = np.arange(riders.size)
+        orders = (
+            np.arange(num_orders)
+            if self.order_ids is None or num_orders == 1
+            else id_order(ids_as_bytes("ORDER_IDS", self.order_ids))
+        )
+        scores = ranked.reshape(num_orders, width, -1)[orders].reshape(num_orders * width, -1)
+        graph = AssignmentGraph.build(label[candidates[orders]], self.spare[riders], square)
+        solved = graph.solve_ranked(scores)
+        out = np.empty(num_orders, dtype=np.int64)
+        out[orders] = np.where(solved >= 0, riders[np.maximum(solved, 0)], -1)
+        return out
 
     def resolution(
         self, objectives: NDArray[np.float64], assigned: NDArray[np.int64] | None = None
@@ -749,21 +832,30 @@ class ResolverWindow:
         id_table[num_riders] = b""
         id_table[used] = used_ids
         rider_hash = np.zeros(num_riders + 1, dtype=np.uint64)
-        rider_hash[used] = _rider_hashes(used_ids)
+        used_hash = _rider_hashes(used_ids)
+        rider_hash[used] = used_hash
         safe_index = np.where(valid, index, num_riders)
 
         obj = objectives
         score = self.scores(obj)
         eta, ontime, cost = obj[..., _ETA], obj[..., _ONTIME], obj[..., _COST]
         # np.lexsort: the last key is the primary one.
-        order = np.lexsort(
-            (safe_index, rider_hash[safe_index], cost, -ontime, eta, -score, ~valid), axis=-1
-        )
+        keys = (rider_hash[safe_index], cost, -ontime, eta, -score, ~valid)
+        order = np.lexsort((safe_index, *keys), axis=-1)
 
         # Missing candidates sort last and carry zero objectives and score, so the Top-K
         # values need no masking: a padded slot already reads 0.
         rows = np.arange(index.shape[0])[:, None]
         ranked_index = safe_index[rows, order]
+        if len(set(used_hash.tolist())) < used.size and _adjacent_equal(
+            rider_hash[ranked_index], ranked_index < num_riders
+        ):
+            # Two riders of one order's list share a hash (FNV-1a is easy to collide on
+            # purpose): their ids, not their rows, decide.
+            id_key = np.zeros(num_riders + 1, dtype=np.int64)
+            id_key[used] = id_rank(used_ids)
+            order = np.lexsort((id_key[safe_index], *keys), axis=-1)
+            ranked_index = safe_index[rows, order]
         ranked_score = score[rows, order]
         full_index = np.where(ranked_index < num_riders, ranked_index, -1)
         if assigned is None:
@@ -772,10 +864,13 @@ class ResolverWindow:
             quick = _uncontested(full_index, ranked_score, self.spare)
             if quick is None and not solve:
                 return None
-            position = (
-                quick if quick is not None else _solve_slots(full_index, ranked_score, self.spare)
+            assigned_index = (
+                _at_position(full_index, quick, -1)
+                if quick is not None
+                else self._solve_in_id_order(
+                    full_index, ranked_score.reshape(-1, 1), False, (used, used_ids)
+                )
             )
-            assigned_index = _at_position(full_index, position, -1)
         else:
             assigned_index = assigned
         # The assigned pair's score and objectives: its one cell of the order's row (a missing
@@ -810,11 +905,14 @@ def resolve(
     rider_capacity: ArrayLike,
     weights: ArrayLike,
     settings: ResolverSettings | None = None,
+    order_ids: ArrayLike | None = None,
 ) -> Resolution:
-    """Top-K riders per order and a capacity-respecting assignment for one window."""
+    """Top-K riders per order and a capacity-respecting assignment for one window;
+    ``order_ids`` (ORDER_IDS) break exact ties between orders (else their rows do)."""
     window = ResolverWindow.checked(
-        candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings
-    )
+        candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings,
+        order_ids,
+    )  # fmt: skip
     return window.resolution(window.objectives(objectives))
 
 

@@ -27,6 +27,7 @@ and ETA bias). Window seeds come from a stream training never uses.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -68,6 +69,9 @@ __all__ = [
     "paired_bootstrap",
     "regime_windows",
     "rule_eta_policy",
+    "training_cities",
+    "weights_choice",
+    "weights_table",
 ]
 
 # Training derives its streams from [seed, 0..3]; evaluation windows use [EVAL_STREAM, ...].
@@ -92,7 +96,9 @@ class Decision:
     pair_predicted: NDArray[np.float32] | None = None
 
 
-Policy = Callable[[DispatchWindow], Decision]
+# A policy decides a window of a simulated city (its world: the map the served encoder
+# reads, and the ground truth only the oracle may read).
+Policy = Callable[[DispatchWindow, simulator.CityConfig], Decision]
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ class EvaluationConfig:
     # 0.02. At 96 the truth scores 0.008.
     windows: int = 96
     regimes: tuple[str, ...] = tuple(simulator.REGIMES)
+    # Registered cities judged, each on every regime; () = every city of the registry.
+    cities: tuple[str, ...] = ()
     # OBJECTIVE_WEIGHTS the scored policies resolve with (`default_policies`): the default,
     # or what a caller would send, to judge the policies under another objective.
     weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS
@@ -112,11 +120,11 @@ class EvaluationConfig:
 # ---------------------------------------------------------------------------- policies
 
 
-def nearest_rider_policy(window: DispatchWindow) -> Decision:
+def nearest_rider_policy(window: DispatchWindow, world: simulator.CityConfig) -> Decision:
     return Decision(baseline.nearest_rider_assignment(window).astype(np.int64))
 
 
-def distance_matching_policy(window: DispatchWindow) -> Decision:
+def distance_matching_policy(window: DispatchWindow, world: simulator.CityConfig) -> Decision:
     return Decision(baseline.distance_matching_assignment(window).astype(np.int64))
 
 
@@ -129,8 +137,8 @@ def _scored_policy(
     """Encode, score every candidate pair, resolve stack-aware with the same scorer."""
     w = _weights(weights)
 
-    def decide(window: DispatchWindow) -> Decision:
-        encoded = encode_window(window, encoder)
+    def decide(window: DispatchWindow, world: simulator.CityConfig) -> Decision:
+        encoded = encode_window(window, world.map, encoder)
         candidates = encoded.candidate_rider_index
         objectives = score(encoded.pair_features)
         result = resolve_stack_aware(
@@ -192,17 +200,15 @@ def rule_eta_policy(
 
 
 def oracle_policy(
-    repository: Path = MODEL_REPOSITORY,
-    city: simulator.CityConfig = simulator.DEFAULT_CITY,
-    weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS,
+    repository: Path = MODEL_REPOSITORY, weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS
 ) -> Policy:
     """Ground-truth expectations (stacking included) over 32 candidates, exact resolver."""
     _, resolver = _served_settings(repository)
     w = _weights(weights)
     encoder = EncoderSettings(candidates_per_order=ORACLE_CANDIDATES)
 
-    def decide(window: DispatchWindow) -> Decision:
-        encoded = encode_window(window, encoder)
+    def decide(window: DispatchWindow, city: simulator.CityConfig) -> Decision:
+        encoded = encode_window(window, city.map, encoder)
         candidates = encoded.candidate_rider_index
         width = candidates.shape[1]
         flat = candidates.reshape(-1)
@@ -261,13 +267,17 @@ def default_policies(
 # ------------------------------------------------------------------------------ windows
 
 
-def regime_windows(config: EvaluationConfig, regime: str) -> list[tuple[DispatchWindow, int]]:
-    """(window, noise seed) pairs of one regime; deterministic from ``config.seed``."""
+def regime_windows(
+    config: EvaluationConfig, regime: str, city: simulator.CityConfig = simulator.DEFAULT_CITY
+) -> list[tuple[DispatchWindow, int]]:
+    """(window, noise seed) pairs of one regime in one city; deterministic from
+    ``config.seed`` and the city's id."""
     index = list(simulator.REGIMES).index(regime)
+    city_key = int.from_bytes(city.map.id.encode()[:8], "little")
     out = []
     for i in range(config.windows):
-        rng = np.random.default_rng([EVAL_STREAM, config.seed, index, i])
-        window = simulator.generate_regime_window(rng, simulator.REGIMES[regime])
+        rng = np.random.default_rng([EVAL_STREAM, config.seed, index, i, city_key])
+        window = simulator.generate_regime_window(rng, simulator.REGIMES[regime], city)
         out.append((window, int(rng.integers(0, 2**63 - 1))))
     return out
 
@@ -398,6 +408,7 @@ def _calibrate(
     decision: Decision,
     outcome: simulator.OrderOutcomes,
     noise_seed: int,
+    world: simulator.CityConfig,
 ) -> None:
     assert decision.predicted is not None
     sent = outcome.assigned
@@ -411,7 +422,7 @@ def _calibrate(
     # Stand-alone pairs against a stand-alone realisation (no stacking), fresh noise.
     rng = np.random.default_rng([EVAL_STREAM, noise_seed % (2**32)])
     minutes, on_time, _ = simulator.sample_outcome(
-        window, decision.pair_orders, decision.pair_riders, rng
+        window, decision.pair_orders, decision.pair_riders, rng, world
     )
     calibration.all_p.append(decision.pair_predicted[:, 1])
     calibration.all_y.append(on_time)
@@ -422,18 +433,31 @@ def _calibrate(
 def evaluate(
     policies: Mapping[str, Policy], config: EvaluationConfig | None = None
 ) -> dict[str, Any]:
-    """Every policy on every regime's windows: the JSON summary the report renders."""
+    """Every policy on every regime's windows in every city: the JSON summary the report
+    renders (per city, per regime)."""
     config = config or EvaluationConfig()
+    worlds = simulator.city_worlds()
+    cities = config.cities or tuple(worlds)
+    return {
+        "setup": _setup(config, cities),
+        "cities": {name: _evaluate_city(policies, config, worlds[name]) for name in cities},
+    }
+
+
+def _evaluate_city(
+    policies: Mapping[str, Policy], config: EvaluationConfig, world: simulator.CityConfig
+) -> dict[str, Any]:
     regimes: dict[str, Any] = {}
     for regime in config.regimes:
-        windows = regime_windows(config, regime)
+        city = simulator.REGIMES[regime].world(world)
+        windows = regime_windows(config, regime, world)
         per_window: dict[str, dict[str, list[float]]] = {}
         calibration: dict[str, _Calibration] = {}
         for window, noise_seed in windows:
             for name, policy in policies.items():
-                decision = policy(window)
+                decision = policy(window, city)
                 outcome = simulator.order_outcomes(
-                    window, decision.assigned, np.random.default_rng(noise_seed)
+                    window, decision.assigned, np.random.default_rng(noise_seed), city
                 )
                 rows = per_window.setdefault(name, {})
                 for key, value in _window_metrics(outcome).items():
@@ -445,26 +469,29 @@ def evaluate(
                         decision,
                         outcome,
                         noise_seed,
+                        city,
                     )
         regimes[regime] = _regime_summary(per_window, calibration, windows)
+    return {"regimes": regimes}
+
+
+def _setup(config: EvaluationConfig, cities: Sequence[str]) -> dict[str, Any]:
     return {
-        "setup": {
-            "seed": config.seed,
-            "windows_per_regime": config.windows,
-            "regimes": {
-                name: {
-                    "orders": simulator.REGIMES[name].num_orders,
-                    "riders": simulator.REGIMES[name].num_riders,
-                    "scarce": simulator.REGIMES[name].scarce,
-                    "hours": simulator.REGIMES[name].hours,
-                }
-                for name in config.regimes
-            },
-            "unassigned_penalty_minutes": simulator.UNASSIGNED_PENALTY_MINUTES,
-            "baseline": BASELINE,
-            "objective_weights": list(config.weights),
+        "seed": config.seed,
+        "cities": list(cities),
+        "windows_per_regime": config.windows,
+        "regimes": {
+            name: {
+                "orders": simulator.REGIMES[name].num_orders,
+                "riders": simulator.REGIMES[name].num_riders,
+                "scarce": simulator.REGIMES[name].scarce,
+                "hours": simulator.REGIMES[name].hours,
+            }
+            for name in config.regimes
         },
-        "regimes": regimes,
+        "unassigned_penalty_minutes": simulator.UNASSIGNED_PENALTY_MINUTES,
+        "baseline": BASELINE,
+        "objective_weights": list(config.weights),
     }
 
 
@@ -530,7 +557,7 @@ def regime_table(regime: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def calibration_table(summary: dict[str, Any]) -> str:
+def calibration_table(regimes: Mapping[str, Any]) -> str:
     """On-time ECE and ETA error of every model policy, per regime, both pair sets."""
     lines = [
         "| regime | policy | pairs | on-time ECE (all / dispatched [95% CI]) | "
@@ -538,7 +565,7 @@ def calibration_table(summary: dict[str, Any]) -> str:
         "ETA bias min (all / dispatched [95% CI]) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for regime, data in summary["regimes"].items():
+    for regime, data in regimes.items():
         for name, m in data["policies"].items():
             cal = m.get("calibration")
             if not cal:
@@ -558,78 +585,111 @@ def calibration_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def targets(summary: dict[str, Any], model: str) -> list[tuple[str, bool, str]]:
-    """Issue 12's targets for one model policy: (target, met, figures)."""
-    regimes = summary["regimes"]
+# Share of the oracle's mean-delivery gain over rule_eta a model must capture in default
+# and peak: in the cities it was trained on, and in a city it never saw.
+TRAINED_GAIN: Final = 0.85
+HELD_OUT_GAIN: Final = 0.70
+
+
+def training_cities(model_path: Path) -> tuple[str, ...]:
+    """The cities a model was trained on, from the card beside it (() when it has none)."""
+    card = model_path.parent / "model_card.json"
+    if not card.is_file():
+        return ()
+    cities = json.loads(card.read_text()).get("data", {}).get("cities", [])
+    return tuple(str(city) for city in cities)
+
+
+def targets(
+    summary: dict[str, Any], model: str, trained: Sequence[str]
+) -> list[tuple[str, bool, str]]:
+    """The targets for one model policy over every city: (target, met, figures).
+    ``trained``: the cities the model was trained on; the others count as held out."""
+    cities = summary["cities"]
+    every = [(c, r, d) for c, data in cities.items() for r, d in data["regimes"].items()]
     out: list[tuple[str, bool, str]] = []
     above = {
-        r: d["policies"][model]["windows_above_optimum_unassigned"] for r, d in regimes.items()
+        f"{c}/{r}": d["policies"][model]["windows_above_optimum_unassigned"] for c, r, d in every
     }
     out.append(
         (
             "unassigned <= the exact optimum's (distance matching) in every window",
             all(v == 0 for v in above.values()),
-            ", ".join(f"{r}: {v} windows above" for r, v in above.items()),
+            ", ".join(f"{key}: {v}" for key, v in above.items() if v) or "0 windows above",
         )
     )
-    beats = {}
-    for r, d in regimes.items():
+    misses = []
+    for c, r, d in every:
         versus = d["policies"][model]["vs_" + BASELINE]
-        beats[r] = versus["mean_delivery"][2] < 0 and versus["late_rate"][2] < 0
+        if not (versus["mean_delivery"][2] < 0 and versus["late_rate"][2] < 0):
+            misses.append(f"{c}/{r}")
     out.append(
         (
-            f"beats {BASELINE} on mean delivery and late rate, 95 % CI excludes 0, every regime",
-            all(beats.values()),
-            ", ".join(f"{r}: {'yes' if v else 'no'}" for r, v in beats.items()),
+            f"beats {BASELINE} on mean delivery and late rate, 95 % CI excludes 0, every city "
+            "and regime",
+            not misses,
+            "not in " + ", ".join(misses) if misses else f"all {len(every)}",
         )
     )
-    captured = {
-        r: regimes[r]["policies"][model]["oracle_gain_captured"]
-        for r in ("default", "peak")
-        if r in regimes
+    for held_out, bound in ((False, TRAINED_GAIN), (True, HELD_OUT_GAIN)):
+        group = [c for c in cities if (c not in trained) == held_out]
+        if not group:
+            continue
+        captured = {
+            f"{c}/{r}": cities[c]["regimes"][r]["policies"][model]["oracle_gain_captured"]
+            for c in group
+            for r in ("default", "peak")
+            if r in cities[c]["regimes"]
+        }
+        label = "held-out" if held_out else "trained"
+        out.append(
+            (
+                f"{label} cities: captures >= {100 * bound:.0f} % of the oracle's gain over "
+                f"{BASELINE} (default, peak)",
+                all(v >= bound for v in captured.values()),
+                ", ".join(f"{key}: {100 * v:.0f} %" for key, v in captured.items()),
+            )
+        )
+    cal = {
+        f"{c}/{r}": d["policies"][model]["calibration"]["dispatched"]
+        for c, r, d in every
+        if "calibration" in d["policies"][model]
     }
     out.append(
         (
-            "captures >= 85 % of the oracle's gain over rule_eta (default, peak)",
-            all(v >= 0.85 for v in captured.values()),
-            ", ".join(f"{r}: {100 * v:.0f} %" for r, v in captured.items()),
-        )
-    )
-    cal = {r: d["policies"][model]["calibration"]["dispatched"] for r, d in regimes.items()}
-    default = cal.get("default")
-    ok_default = default is not None and default["ontime_ece"] <= 0.02
-    ok_default = ok_default and default is not None and abs(default["eta_bias"]) <= 0.5
-    out.append(
-        (
-            "dispatched pairs, default: on-time ECE <= 0.02 and |ETA bias| <= 0.5 min",
-            ok_default,
-            "-"
-            if default is None
-            else f"ECE {default['ontime_ece']:.3f}, bias {default['eta_bias']:+.2f} min",
-        )
-    )
-    out.append(
-        (
-            "dispatched pairs: on-time ECE <= 0.03 in every regime",
-            all(c["ontime_ece"] <= 0.03 for c in cal.values()),
-            ", ".join(f"{r}: {c['ontime_ece']:.3f}" for r, c in cal.items()),
+            "dispatched pairs: on-time ECE <= 0.03 in every city and regime",
+            all(v["ontime_ece"] <= 0.03 for v in cal.values()),
+            "worst "
+            + ", ".join(
+                f"{key}: {v['ontime_ece']:.3f}"
+                for key, v in sorted(cal.items(), key=lambda kv: -kv[1]["ontime_ece"])[:3]
+            ),
         )
     )
     return out
 
 
-def render_report(summary: dict[str, Any], models: Sequence[str]) -> str:
+def render_report(summary: dict[str, Any], models: Mapping[str, Sequence[str]]) -> str:
+    """The Markdown report; ``models``: each model policy's training cities."""
     setup = summary["setup"]
     lines = [
         "# Dispatch policies in the simulator: every order counted",
         "",
-        f"{setup['windows_per_regime']} held-out windows per regime "
+        f"{setup['windows_per_regime']} held-out windows per regime and city "
         f"(evaluation seed {setup['seed']}), the same windows and noise for every policy; an "
         f"unassigned order counts as delivered {setup['unassigned_penalty_minutes']:.0f} "
         "minutes after its promise, and late. Intervals: paired bootstrap over windows "
         f"against `{BASELINE}` (negative = better). Policies: see "
-        "`dispatch_service/offline/evaluation.py`.",
+        "`dispatch_service/offline/evaluation.py`. The cities are simulated "
+        "(`offline/simulator.py` over the registry's maps), not surveyed.",
     ]
+    for model, trained in models.items():
+        held_out = [c for c in summary["cities"] if c not in trained]
+        lines += [
+            "",
+            f"- {model}: trained on {', '.join(trained) or 'an unknown set of cities'}; "
+            f"held out: {', '.join(held_out) or 'none'}",
+        ]
     weights = tuple(setup.get("objective_weights", DEFAULT_OBJECTIVE_WEIGHTS))
     if weights != tuple(DEFAULT_OBJECTIVE_WEIGHTS):
         lines += [
@@ -637,53 +697,57 @@ def render_report(summary: dict[str, Any], models: Sequence[str]) -> str:
             f"The scored policies resolve with OBJECTIVE_WEIGHTS {list(weights)} (latency, "
             f"on-time, cost), not the default {list(DEFAULT_OBJECTIVE_WEIGHTS)}.",
         ]
-    for regime, data in summary["regimes"].items():
-        shape = setup["regimes"][regime]
-        lines += [
-            "",
-            f"## {regime} ({shape['orders']} orders, {shape['riders']} riders"
-            f"{', scarce: spare capacity ~ orders' if shape['scarce'] else ''}"
-            f"{', hours ' + str(shape['hours']) if shape['hours'] else ''})",
-            "",
-            regime_table(data),
-        ]
-    lines += ["", "## Calibration", "", calibration_table(summary)]
-    for model in models:
-        lines += ["", f"## Issue 12 targets: {model}", "", "| target | met | figures |"]
+    for model, trained in models.items():
+        lines += ["", f"## Targets: {model}", "", "| target | met | figures |"]
         lines += ["| --- | --- | --- |"]
-        for name, met, figures in targets(summary, model):
+        for name, met, figures in targets(summary, model, trained):
             lines.append(f"| {name} | {'met' if met else 'NOT met'} | {figures} |")
+    for city, data in summary["cities"].items():
+        lines += ["", f"## {city}"]
+        for regime, regime_data in data["regimes"].items():
+            shape = setup["regimes"][regime]
+            lines += [
+                "",
+                f"### {city}: {regime} ({shape['orders']} orders, {shape['riders']} riders"
+                f"{', scarce: spare capacity ~ orders' if shape['scarce'] else ''}"
+                f"{', hours ' + str(shape['hours']) if shape['hours'] else ''})",
+                "",
+                regime_table(regime_data),
+            ]
+        lines += ["", f"### {city}: calibration", "", calibration_table(data["regimes"])]
     return "\n".join(lines) + "\n"
 
 
-def card_section(summary: dict[str, Any], model: str) -> dict[str, Any]:
+def card_section(summary: dict[str, Any], model: str, trained: Sequence[str]) -> dict[str, Any]:
     """The model card's policy section: the summary and a ready Markdown rendering (its
     headings one level down, under the card's own section heading)."""
-    lines = render_report(summary, [model]).splitlines()[2:]  # the card has its own title
+    lines = render_report(summary, {model: trained}).splitlines()[2:]  # the card has a title
     markdown = "\n".join("#" + line if line.startswith("#") else line for line in lines)
     return {"summary": summary, "markdown": markdown}
 
 
 def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Mean delivery per regime and policy; late rate likewise (PNG, matplotlib Agg)."""
+    """Mean delivery and late rate per city and regime, every policy (PNG, matplotlib Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    regimes = list(summary["regimes"])
-    names = list(next(iter(summary["regimes"].values()))["policies"])
+    columns = [(c, r) for c, data in summary["cities"].items() for r in data["regimes"]]
+    first_city = next(iter(summary["cities"].values()))
+    names = list(next(iter(first_city["regimes"].values()))["policies"])
     for key, label in (
         ("mean_delivery", "mean delivery minutes (all orders)"),
         ("late_rate", "late rate"),
     ):
-        fig, ax = plt.subplots(figsize=(11, 4.5))
+        fig, ax = plt.subplots(figsize=(max(11, len(columns) * 0.6), 4.5))
         width = 0.8 / len(names)
         for i, name in enumerate(names):
-            values = [summary["regimes"][r]["policies"][name][key] for r in regimes]
-            ax.bar(np.arange(len(regimes)) + i * width, values, width, label=name)
-        ax.set_xticks(np.arange(len(regimes)) + 0.4 - width / 2, regimes, rotation=15)
+            values = [summary["cities"][c]["regimes"][r]["policies"][name][key] for c, r in columns]
+            ax.bar(np.arange(len(columns)) + i * width, values, width, label=name)
+        ticks = [f"{c}/{r}" for c, r in columns]
+        ax.set_xticks(np.arange(len(columns)) + 0.4 - width / 2, ticks, rotation=60, fontsize=7)
         ax.set_ylabel(label)
         ax.legend(fontsize=8, ncol=4)
         fig.tight_layout()
@@ -692,6 +756,93 @@ def write_plots(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+# ------------------------------------------------------------------- the default weights
+
+# What DEFAULT_OBJECTIVE_WEIGHTS serves: the fewest late orders without a slower mean
+# delivery than the rule ETA in any city and regime. Latency comes first (an order a rider
+# reaches late is late for the customer too); the on-time term then buys fewer late orders
+# for as long as it costs no regime its mean. The candidates keep cost at 0.2 and move
+# weight from latency to on-time.
+WEIGHT_CANDIDATES: Final[tuple[Weights, ...]] = (
+    (0.8, 0.0, 0.2),
+    (0.75, 0.05, 0.2),
+    (0.7, 0.1, 0.2),
+)
+
+
+def weights_choice(
+    model_path: Path, config: EvaluationConfig, repository: Path = MODEL_REPOSITORY
+) -> dict[str, Any]:
+    """Each candidate's model policy against the rule ETA (every city and regime of
+    ``config``) and the candidate the stated objective picks."""
+    rows: dict[str, Any] = {}
+    for weights in WEIGHT_CANDIDATES:
+        policies = {
+            "distance_matching": distance_matching_policy,
+            BASELINE: rule_eta_policy(repository, weights),
+            "model": model_policy(model_path, repository, weights),
+        }
+        summary = evaluate(policies, dataclasses.replace(config, weights=weights))
+        cells = [
+            d["policies"] for data in summary["cities"].values() for d in data["regimes"].values()
+        ]
+        slower = [
+            f"{c}/{r}"
+            for c, data in summary["cities"].items()
+            for r, d in data["regimes"].items()
+            if d["policies"]["model"]["mean_delivery"] > d["policies"][BASELINE]["mean_delivery"]
+        ]
+        rows[",".join(str(w) for w in weights)] = {
+            "weights": list(weights),
+            "late_rate": float(np.mean([c["model"]["late_rate"] for c in cells])),
+            "mean_delivery": float(np.mean([c["model"]["mean_delivery"] for c in cells])),
+            "slower_than_rule": slower,
+            "per_regime": {
+                f"{c}/{r}": {
+                    "mean_delivery": d["policies"]["model"]["mean_delivery"],
+                    "late_rate": d["policies"]["model"]["late_rate"],
+                }
+                for c, data in summary["cities"].items()
+                for r, d in data["regimes"].items()
+            },
+        }
+    allowed = [key for key, row in rows.items() if not row["slower_than_rule"]]
+    chosen = min(allowed, key=lambda key: rows[key]["late_rate"]) if allowed else None
+    return {"candidates": rows, "chosen": chosen}
+
+
+def weights_table(choice: dict[str, Any]) -> str:
+    """The candidates side by side, per city and regime, and the objective's choice."""
+    rows = choice["candidates"]
+    keys = list(rows)
+    cells = list(next(iter(rows.values()))["per_regime"])
+    lines = [
+        "| city/regime | " + " | ".join(f"{k}: mean min / late %" for k in keys) + " |",
+        "| --- |" + " --- |" * len(keys),
+    ]
+    for cell in cells:
+        values = [rows[k]["per_regime"][cell] for k in keys]
+        lines.append(
+            f"| {cell} | "
+            + " | ".join(f"{v['mean_delivery']:.2f} / {100 * v['late_rate']:.1f}" for v in values)
+            + " |"
+        )
+    lines.append(
+        "| slower than the rule ETA in | "
+        + " | ".join(", ".join(rows[k]["slower_than_rule"]) or "none" for k in keys)
+        + " |"
+    )
+    default = ",".join(str(w) for w in DEFAULT_OBJECTIVE_WEIGHTS)
+    verdict = "is" if choice["chosen"] == default else "is NOT"
+    lines += [
+        "",
+        f"The objective (fewest late orders, mean delivery no slower than the rule ETA in any "
+        f"city and regime) picks {choice['chosen'] or 'none of them'}; the default {default} "
+        f"{verdict} that choice.",
+    ]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -708,11 +859,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--windows", type=int, default=EvaluationConfig.windows, help="windows per regime (96)"
     )
     parser.add_argument("--regimes", default=",".join(simulator.REGIMES))
+    parser.add_argument("--cities", default="", help="registered city ids (default: every one)")
     parser.add_argument("--versions", default="1,2", help="dispatch_model versions to judge")
     parser.add_argument(
         "--weights",
         default=",".join(str(w) for w in DEFAULT_OBJECTIVE_WEIGHTS),
         help="OBJECTIVE_WEIGHTS (latency,on-time,cost) the scored policies resolve with",
+    )
+    parser.add_argument(
+        "--choose-weights",
+        action="store_true",
+        help="also judge WEIGHT_CANDIDATES with model version 1 and say which the default "
+        "objective picks (about as long again)",
     )
     parser.add_argument("--repository", default=str(MODEL_REPOSITORY))
     parser.add_argument("--out-dir", default=str(REPO_ROOT / "evaluation" / "reports"))
@@ -734,12 +892,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         windows=args.windows,
         regimes=tuple(args.regimes.split(",")),
         weights=(weights[0], weights[1], weights[2]),
+        cities=tuple(c for c in args.cities.split(",") if c),
     )
     summary = evaluate(default_policies(models, repository, config.weights), config)
+    trained = {name: training_cities(path) for name, path in models.items()}
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    report = render_report(summary, trained)
+    if args.choose_weights:
+        first = next(iter(models.values()))
+        choice = weights_choice(first, config, repository)
+        summary["weights_choice"] = choice
+        report += f"\n## The default objective weights (model version {first.parent.name})\n\n"
+        report += weights_table(choice) + "\n"
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    report = render_report(summary, list(models))
     (out_dir / "report.md").write_text(report)
     plots = write_plots(summary, out_dir)
     print(report)

@@ -27,7 +27,7 @@ from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.features import EncoderSettings, encode_window
-from dispatch_service.offline.simulator import generate_window
+from dispatch_service.offline.simulator import DEFAULT_CITY, generate_window
 from dispatch_service.pipeline.onnx_runner import OrtSettings, execution_providers, session_options
 
 __all__ = [
@@ -158,7 +158,7 @@ def profile_model(
     """Profile `windows` scored runs (after `warmup` unprofiled-in-the-table runs)."""
     rng = np.random.default_rng(seed)
     batches = [
-        encode_window(generate_window(rng, orders, riders), encoder).pair_features
+        encode_window(generate_window(rng, orders, riders), DEFAULT_CITY.map, encoder).pair_features
         for _ in range(windows)
     ]
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,17 @@
-"""Ground truth of one Shanghai-sized city: the world the dispatch model learns and is judged in.
+"""Ground truth of the registered cities: the worlds the dispatch model learns and is judged in.
 
 The model never sees this module's parameters, only the pair features the server computes;
-the simulator plays the real city. It is deliberately richer than straight-line distance
+the simulator plays the real cities. It is deliberately richer than straight-line distance
 (what nearest-rider dispatch assumes) and deliberately simple enough to read in one sitting:
 
-- positions are worked in a local east/north km plane around ``geo.CITY_CENTRE``;
-- roads are straight lines times a circuity factor;
-- a river (roughly the Huangpu) runs north-south; a leg whose ends lie on different banks
-  goes through the best of a few crossings (bridges, tunnels, ferries), which costs
-  kilometres and, for two-wheelers, minutes;
+- each city (`city_world`) is its registry entry's map (`domain.cities`: service area,
+  barriers and crossings, free-flow speeds, road circuity; simulated, not surveyed) plus
+  what only the world knows: where orders and riders cluster, how congestion spreads, what
+  a crossing costs in minutes;
+- positions are worked in the city's east/north km plane around its centre;
+- roads are straight lines times the map's circuity; a leg whose ends lie on different
+  sides of a barrier (river, railway, ring road) goes through that barrier's best crossing
+  (`domain.roads`), which costs kilometres and, for two-wheelers, minutes;
 - congestion is a smooth field, heaviest in the centre and around the hot spots, scaled by
   the local hour (rush hours ~8-9 and ~18-19, light at night, milder rush on weekends);
   cars suffer more from it than two-wheelers;
@@ -47,8 +50,11 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import ndtr
 
 from dispatch_contract import OrderConstraint
-from dispatch_service.domain import geo
+from dispatch_service.domain import geo, roads
+from dispatch_service.domain.cities import City, CityRegistry, default_registry
 from dispatch_service.domain.feasibility import THERMAL_EQUIPMENT_BIT, feasible, spare_slots
+from dispatch_service.domain.features import local_time
+from dispatch_service.domain.ids import id_rank
 from dispatch_service.domain.stacking import stacked_extra_load
 from dispatch_service.domain.window import DispatchWindow
 
@@ -58,7 +64,6 @@ __all__ = [
     "REGIMES",
     "THERMAL_EQUIPMENT_BIT",
     "UNASSIGNED_PENALTY_MINUTES",
-    "UTC_OFFSET_S",
     "BoolArray",
     "CityConfig",
     "FloatArray",
@@ -67,19 +72,16 @@ __all__ = [
     "OrderOutcomes",
     "PairTimes",
     "Regime",
+    "city_world",
+    "city_worlds",
     "congestion",
-    "crossings_en",
     "evaluate_assignment",
     "expected_outcome",
     "generate_regime_window",
     "generate_window",
     "hour_level",
-    "is_weekend",
-    "local_hour",
     "order_outcomes",
     "random_dispatch_time",
-    "river_east_km",
-    "river_side",
     "sample_outcome",
     "sequential_extra_load",
     "to_plane",
@@ -91,9 +93,13 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 
-UTC_OFFSET_S: Final = 8 * 3600  # Shanghai local time, UTC+8 (no daylight saving)
-# Unix time of Monday 2024-03-04 00:00 local time (UTC+8); random windows fall in the weeks after.
+# Unix time of Monday 2024-03-04 00:00 at UTC+8 (every shipped city's zone); random windows
+# fall in the weeks after.
 MONDAY_MIDNIGHT_LOCAL: Final = 1_709_481_600
+
+
+def _shanghai() -> City:
+    return default_registry().get("shanghai")
 
 
 # ------------------------------------------------------------------------------ the city
@@ -101,12 +107,14 @@ MONDAY_MIDNIGHT_LOCAL: Final = 1_709_481_600
 
 @dataclass(frozen=True)
 class CityConfig:
-    """Every knob of the simulated city; the defaults are the city the model is trained on.
+    """Every knob of one simulated city; the defaults are Shanghai's world.
 
-    Points are given as (lat, lon) degrees; river and crossings as (north_km, east_km)
-    relative to ``geo.CITY_CENTRE`` because the river is a curve east = f(north).
+    ``map``: the city's registry entry (area, clock, barriers, speeds, circuity). Points are
+    (lat, lon) degrees; ``lat_range`` x ``lon_range`` is where points may fall (inside the
+    service area).
     """
 
+    map: City = field(default_factory=_shanghai)
     lat_range: tuple[float, float] = (30.95, 31.45)
     lon_range: tuple[float, float] = (121.15, 121.80)
     # (lat, lon, weight): malls and restaurant streets where orders and riders cluster.
@@ -157,26 +165,10 @@ class CityConfig:
     capacity_choices: tuple[tuple[int, ...], ...] = ((1, 2, 3), (2, 3), (2, 3, 4))
     capacity_weights: tuple[tuple[float, ...], ...] = ((0.2, 0.5, 0.3), (0.5, 0.5), (0.2, 0.4, 0.4))
 
-    # River: piecewise-linear east_km as a function of north_km, and its crossings.
-    river_north_km: tuple[float, ...] = (
-        -40.0,
-        -20.0,
-        -10.0,
-        -4.0,
-        -1.7,
-        1.0,
-        5.0,
-        10.0,
-        16.6,
-        30.0,
-    )
-    river_east_km: tuple[float, ...] = (-1.0, 0.0, 0.5, 0.8, 2.5, 1.6, 2.8, 3.5, 2.5, 4.0)
-    crossing_north_km: tuple[float, ...] = (-22.0, -12.0, -3.5, 1.0, 6.0, 14.0)
-    # Minutes a crossing costs beyond its distance (ramps, ferry waits; e-bikes use ferries).
+    # Minutes each barrier crossing costs beyond its distance, per Vehicle (ramps, ferry
+    # waits, level crossings; e-bikes use ferries).
     crossing_minutes: tuple[float, float, float] = (5.0, 3.0, 1.0)
 
-    road_circuity: float = 1.3
-    speed_kmh: tuple[float, float, float] = (17.0, 24.0, 30.0)  # free flow, per Vehicle
     congestion_sensitivity: tuple[float, float, float] = (0.35, 0.55, 1.0)
     # Congestion = 1 + zone level * hour level.
     zone_base: float = 0.25
@@ -226,6 +218,103 @@ class CityConfig:
 
 DEFAULT_CITY: Final = CityConfig()
 
+# What only the simulated world knows of each shipped city, beyond its map: where orders
+# and riders cluster and how wide, and how congestion spreads. A registered city without an
+# entry gets Shanghai's knobs around its own centre and inside its own area.
+_WORLDS: Final[dict[str, dict[str, Any]]] = {
+    "shanghai": {},
+    "beijing": {
+        "lat_range": (39.75, 40.06),
+        "lon_range": (116.20, 116.62),
+        "core_lat_range": (39.80, 40.02),
+        "core_lon_range": (116.25, 116.57),
+        "hot_spots": (
+            (39.9150, 116.4040, 1.5),  # Wangfujing
+            (39.9330, 116.4540, 1.3),  # Sanlitun
+            (39.9080, 116.4600, 1.3),  # Guomao
+            (39.9830, 116.3160, 1.2),  # Zhongguancun
+            (39.9990, 116.4800, 0.9),  # Wangjing
+            (39.9160, 116.3600, 0.8),  # Xidan / Financial Street
+            (39.8650, 116.3790, 0.7),  # Beijing South
+            (39.9590, 116.2980, 0.6),  # Wanshou Road
+            (39.8600, 116.4700, 0.5),  # Panjiayuan / Jinsong
+        ),
+        "order_spot_spread_km": 1.4,
+        "rider_spot_spread_km": 2.8,
+        "zone_centre_sigma_km": 9.0,
+        "zone_centre_peak": 1.2,
+        "crossing_minutes": (4.0, 3.0, 2.0),
+    },
+    "shenzhen": {
+        "lat_range": (22.48, 22.70),
+        "lon_range": (113.80, 114.30),
+        "core_lat_range": (22.50, 22.66),
+        "core_lon_range": (113.86, 114.22),
+        "hot_spots": (
+            (22.5431, 114.0579, 1.4),  # Futian CBD
+            (22.5400, 114.1100, 1.2),  # Luohu
+            (22.5170, 113.9300, 1.2),  # Nanshan / Houhai
+            (22.5400, 113.9500, 1.0),  # Science Park
+            (22.5600, 114.0300, 0.8),  # Xiangmihu
+            (22.5800, 113.8900, 0.7),  # Bao'an centre
+            (22.6100, 114.0300, 0.7),  # Longhua
+            (22.5550, 114.1700, 0.5),  # Buji / Shawan
+        ),
+        "order_spot_share": 0.75,
+        "order_spot_spread_km": 1.8,
+        "rider_spot_share": 0.5,
+        "rider_spot_spread_km": 3.0,
+        "zone_centre_sigma_km": 12.0,
+        "zone_centre_peak": 0.8,
+        "crossing_minutes": (4.0, 2.5, 1.5),
+    },
+    "chengdu": {
+        "lat_range": (30.52, 30.80),
+        "lon_range": (103.92, 104.22),
+        "core_lat_range": (30.56, 30.76),
+        "core_lon_range": (103.96, 104.18),
+        "hot_spots": (
+            (30.6586, 104.0648, 1.5),  # Tianfu Square
+            (30.6570, 104.0800, 1.3),  # Chunxi Road
+            (30.6450, 104.0440, 1.0),  # Kuanzhai Alley
+            (30.5730, 104.0660, 1.1),  # Tianfu Software Park
+            (30.6300, 104.0810, 0.9),  # Jiuyanqiao
+            (30.6930, 104.1050, 0.6),  # Jianshe Road
+            (30.6880, 104.0300, 0.6),  # Jinniu
+            (30.6080, 104.0270, 0.5),  # Wuhou / Gaopeng
+        ),
+        "order_spot_spread_km": 1.3,
+        "rider_spot_spread_km": 2.6,
+        "zone_centre_sigma_km": 8.5,
+        "zone_centre_peak": 1.1,
+        "crossing_minutes": (4.5, 3.0, 1.5),
+    },
+}
+
+
+def city_world(city: City) -> CityConfig:
+    """The simulated world of a registered city: its map and its world's knobs."""
+    knobs = dict(_WORLDS.get(city.id, {}))
+    if city.id not in _WORLDS:
+        lo, hi = city.area.min(axis=0), city.area.max(axis=0)
+        pad = (hi - lo) * 0.2  # a box well inside a convex-enough area
+        lat_box = (float(lo[0] + pad[0]), float(hi[0] - pad[0]))
+        lon_box = (float(lo[1] + pad[1]), float(hi[1] - pad[1]))
+        knobs = {
+            "lat_range": lat_box,
+            "lon_range": lon_box,
+            "core_lat_range": lat_box,
+            "core_lon_range": lon_box,
+            "hot_spots": ((city.centre[0], city.centre[1], 1.0),),
+        }
+    return CityConfig(map=city, **knobs)
+
+
+def city_worlds(registry: CityRegistry | None = None) -> dict[str, CityConfig]:
+    """Every registered city's world, by city id."""
+    registry = registry or default_registry()
+    return {city.id: city_world(city) for city in registry.cities}
+
 
 def _v3(values: tuple[float, float, float]) -> FloatArray:
     return np.asarray(values, dtype=np.float64)
@@ -234,42 +323,9 @@ def _v3(values: tuple[float, float, float]) -> FloatArray:
 # ---------------------------------------------------------------------------- geography
 
 
-def to_plane(latlon: ArrayLike) -> FloatArray:
-    """[n, 2] (lat, lon) -> [n, 2] (east_km, north_km) around the city centre."""
-    points = np.asarray(latlon, dtype=np.float64).reshape(-1, 2)
-    east, north = geo.en_offset_km(points[:, 0], points[:, 1])
-    return np.stack([east, north], axis=1)
-
-
-def river_east_km(north_km: ArrayLike, config: CityConfig = DEFAULT_CITY) -> FloatArray:
-    """East coordinate of the river at the given north coordinates."""
-    return np.asarray(
-        np.interp(
-            np.asarray(north_km, dtype=np.float64), config.river_north_km, config.river_east_km
-        )
-    )
-
-
-def river_side(points_en: FloatArray, config: CityConfig = DEFAULT_CITY) -> BoolArray:
-    """True on the east bank (Pudong), False on the west bank (Puxi)."""
-    return np.asarray(points_en[..., 0] > river_east_km(points_en[..., 1], config))
-
-
-def crossings_en(config: CityConfig = DEFAULT_CITY) -> FloatArray:
-    """[C, 2] (east_km, north_km) of the river crossings."""
-    north = np.asarray(config.crossing_north_km, dtype=np.float64)
-    return np.stack([river_east_km(north, config), north], axis=1)
-
-
-def local_hour(unix_s: int, utc_offset_s: int = UTC_OFFSET_S) -> float:
-    """Fractional local hour of day in [0, 24)."""
-    return float(((unix_s + utc_offset_s) % 86_400) / 3600.0)
-
-
-def is_weekend(unix_s: int, utc_offset_s: int = UTC_OFFSET_S) -> bool:
-    # 1970-01-01 was a Thursday: day 0 -> weekday 3 (Monday = 0).
-    weekday = ((unix_s + utc_offset_s) // 86_400 + 3) % 7
-    return bool(weekday >= 5)
+def to_plane(latlon: ArrayLike, config: CityConfig = DEFAULT_CITY) -> FloatArray:
+    """[n, 2] (lat, lon) -> [n, 2] (east_km, north_km) around the city's centre."""
+    return config.map.plane(np.asarray(latlon, dtype=np.float64).reshape(-1, 2))
 
 
 def hour_level(hour: float, weekend: bool, config: CityConfig = DEFAULT_CITY) -> float:
@@ -297,7 +353,7 @@ def zone_level(points_en: FloatArray, config: CityConfig = DEFAULT_CITY) -> Floa
     level = config.zone_base + config.zone_centre_peak * np.exp(
         -0.5 * r2 / config.zone_centre_sigma_km**2
     )
-    spots = to_plane(np.asarray([s[:2] for s in config.hot_spots]))
+    spots = to_plane(np.asarray([s[:2] for s in config.hot_spots]), config)
     d2 = np.sum((points_en[..., None, :] - spots) ** 2, axis=-1)
     level = level + config.zone_spot_peak * np.exp(-0.5 * d2 / config.zone_spot_sigma_km**2).sum(
         axis=-1
@@ -314,11 +370,11 @@ def congestion(
 
 @dataclass(frozen=True)
 class Leg:
-    """One vectorised leg: road km, minutes, and whether it crossed the river."""
+    """One vectorised leg: road km, minutes, and how many barriers it crossed."""
 
     road_km: FloatArray
     minutes: FloatArray
-    crossed: BoolArray
+    crossings: IntArray
 
 
 def travel_leg(
@@ -333,18 +389,12 @@ def travel_leg(
 ) -> Leg:
     """Travel between [P, 2] plane points by [P] vehicles carrying [P] orders.
 
-    Congestion is averaged over three samples of the route (start, middle or crossing, end).
+    Congestion is averaged over three samples of the route (start, middle, end); each
+    barrier crossed adds its detour (`domain.roads`) and ``crossing_minutes``.
     """
-    crossings = crossings_en(config)
-    crossed = river_side(start_en, config) != river_side(end_en, config)
-    direct_km = np.linalg.norm(end_en - start_en, axis=1)
-    via = np.linalg.norm(start_en[:, None, :] - crossings, axis=2) + np.linalg.norm(
-        end_en[:, None, :] - crossings, axis=2
-    )
-    best = np.argmin(via, axis=1)
-    via_km = np.take_along_axis(via, best[:, None], axis=1)[:, 0]
-    middle = np.where(crossed[:, None], crossings[best], 0.5 * (start_en + end_en))
-    km = np.where(crossed, via_km, direct_km) * config.road_circuity
+    legs = roads.leg_roads(config.map, start_en, end_en)
+    middle = 0.5 * (start_en + end_en)
+    km = legs.road_km(config.map)
     level = (
         congestion(start_en, hour, weekend, config)
         + congestion(middle, hour, weekend, config)
@@ -353,13 +403,13 @@ def travel_leg(
     sensitivity = _v3(config.congestion_sensitivity)[vehicle]
     load_arr = np.asarray(load, dtype=np.float64)
     speed = (
-        _v3(config.speed_kmh)[vehicle]
+        config.map.speeds_kmh[vehicle]
         / (1.0 + sensitivity * (level - 1.0))
         / (1.0 + config.load_speed_penalty * load_arr)
         * np.asarray(speed_factor, dtype=np.float64)
     )
-    minutes = km / speed * 60.0 + crossed * _v3(config.crossing_minutes)[vehicle]
-    return Leg(road_km=np.asarray(km), minutes=np.asarray(minutes), crossed=np.asarray(crossed))
+    minutes = km / speed * 60.0 + legs.crossings * _v3(config.crossing_minutes)[vehicle]
+    return Leg(road_km=np.asarray(km), minutes=np.asarray(minutes), crossings=legs.crossings)
 
 
 # ------------------------------------------------------------------------------- outcomes
@@ -395,8 +445,7 @@ def _pair_times(
         if extra_load is None
         else np.broadcast_to(np.asarray(extra_load, dtype=np.int64).reshape(-1), orders.shape)
     )
-    hour = local_hour(window.dispatch_time)
-    weekend = is_weekend(window.dispatch_time)
+    hour, weekend = local_time(window.dispatch_time, config.map)
     vehicle = window.rider_vehicle[riders].astype(np.int64)
     load = window.rider_load[riders].astype(np.int64) + extra
     flags = window.constraints[orders].astype(np.int64)
@@ -411,9 +460,9 @@ def _pair_times(
         window.rider_capacity[riders],
     )
 
-    rider_en = to_plane(window.rider_position[riders])
-    pickup_en = to_plane(window.pickup[orders])
-    dropoff_en = to_plane(window.dropoff[orders])
+    rider_en = to_plane(window.rider_position[riders], config)
+    pickup_en = to_plane(window.pickup[orders], config)
+    dropoff_en = to_plane(window.dropoff[orders], config)
     approach = travel_leg(rider_en, pickup_en, vehicle, load, hour, weekend, config)
     trip = travel_leg(
         pickup_en,
@@ -512,9 +561,10 @@ def sequential_extra_load(window: DispatchWindow, assigned: NDArray[np.integer[A
 
     The rule of ``domain.stacking.stacked_extra_load`` (one rule for the pipeline's
     stack-aware re-scoring and for the simulated outcome): a rider with several new orders
-    carries them one after another in creation order (ties by row).
+    carries them one after another in creation order, ties by order id as the served
+    resolution breaks them (issue 31), not by row.
     """
-    return stacked_extra_load(window.created_at, assigned)
+    return stacked_extra_load(window.created_at, assigned, id_rank(window.order_ids.tolist()))
 
 
 def evaluate_assignment(
@@ -621,6 +671,7 @@ def random_dispatch_time(rng: np.random.Generator, config: CityConfig = DEFAULT_
 
 
 def _clip_to_city(latlon: FloatArray, config: CityConfig) -> FloatArray:
+    """Points clipped into ``lat_range`` x ``lon_range`` (a box inside the service area)."""
     return np.stack(
         [
             np.clip(latlon[:, 0], *config.lat_range),
@@ -630,8 +681,10 @@ def _clip_to_city(latlon: FloatArray, config: CityConfig) -> FloatArray:
     )
 
 
-def _km_to_deg(east_km: FloatArray, north_km: FloatArray) -> tuple[FloatArray, FloatArray]:
-    lat0 = geo.CITY_CENTRE[0]
+def _km_to_deg(
+    east_km: FloatArray, north_km: FloatArray, config: CityConfig
+) -> tuple[FloatArray, FloatArray]:
+    lat0 = config.map.centre[0]
     dlat = np.degrees(north_km / geo.EARTH_RADIUS_KM)
     dlon = np.degrees(east_km / (geo.EARTH_RADIUS_KM * np.cos(np.radians(lat0))))
     return dlat, dlon
@@ -644,7 +697,7 @@ def _clustered_points(
     spots = np.asarray(config.hot_spots, dtype=np.float64)
     weights = spots[:, 2] / spots[:, 2].sum()
     pick = rng.choice(len(spots), size=n, p=weights)
-    dlat, dlon = _km_to_deg(rng.normal(0.0, spread_km, n), rng.normal(0.0, spread_km, n))
+    dlat, dlon = _km_to_deg(rng.normal(0.0, spread_km, n), rng.normal(0.0, spread_km, n), config)
     clustered = np.stack([spots[pick, 0] + dlat, spots[pick, 1] + dlon], axis=1)
     uniform = np.stack(
         [rng.uniform(*config.core_lat_range, n), rng.uniform(*config.core_lon_range, n)], axis=1
@@ -681,7 +734,7 @@ def generate_window(
         config.dropoff_max_km,
     )
     heading = rng.uniform(0.0, 2.0 * np.pi, num_orders)
-    dlat, dlon = _km_to_deg(trip_km * np.sin(heading), trip_km * np.cos(heading))
+    dlat, dlon = _km_to_deg(trip_km * np.sin(heading), trip_km * np.cos(heading), config)
     dropoff = _clip_to_city(pickup + np.stack([dlat, dlon], axis=1), config)
     created_at = now - rng.integers(0, config.max_order_age_s + 1, num_orders)
 
@@ -755,7 +808,12 @@ class Regime:
     num_riders: int = 200
     hours: tuple[float, float] | None = None
     scarce: bool = False
-    city: CityConfig = DEFAULT_CITY
+    # Knobs of the city's world this regime changes (name, value), e.g. longer trips.
+    changes: tuple[tuple[str, Any], ...] = ()
+
+    def world(self, city: CityConfig = DEFAULT_CITY) -> CityConfig:
+        """``city``'s world as this regime changes it."""
+        return dataclasses.replace(city, **dict(self.changes)) if self.changes else city
 
 
 def _regimes() -> dict[str, Regime]:
@@ -766,9 +824,9 @@ def _regimes() -> dict[str, Regime]:
         Regime("night", num_orders=32, num_riders=100, hours=(0.0, 5.0)),
         Regime(
             "long_distance",
-            city=CityConfig(dropoff_gamma_scale_km=3.0, dropoff_max_km=15.0),
+            changes=(("dropoff_gamma_scale_km", 3.0), ("dropoff_max_km", 15.0)),
         ),
-        Regime("hard_constraints", city=CityConfig(thermal_rate=0.5, large_rate=0.2)),
+        Regime("hard_constraints", changes=(("thermal_rate", 0.5), ("large_rate", 0.2))),
         Regime("scarcity", scarce=True),
         Regime("peak_scarcity", num_orders=128, num_riders=300, hours=peak_hours, scarce=True),
     )
@@ -778,9 +836,11 @@ def _regimes() -> dict[str, Regime]:
 REGIMES: Final = _regimes()
 
 
-def generate_regime_window(rng: np.random.Generator, regime: Regime) -> DispatchWindow:
-    """One window of ``regime`` drawn from ``rng`` (same seed, same window)."""
-    config = regime.city
+def generate_regime_window(
+    rng: np.random.Generator, regime: Regime, city: CityConfig = DEFAULT_CITY
+) -> DispatchWindow:
+    """One window of ``regime`` in ``city`` drawn from ``rng`` (same seed, same window)."""
+    config = regime.world(city)
     dispatch_time = None
     if regime.hours is not None:
         day = int(rng.integers(0, 5))  # a weekday of the first week

@@ -4,9 +4,9 @@
     dispatch-admin sign --model M --version N [--key FILE] [--model-repository R]
     dispatch-admin sign-repository [R] [--key FILE]
     dispatch-admin verify [R] --trusted-keys DIR
-    dispatch-admin deploy --model dispatch_model --version N [--canary-percent P]
+    dispatch-admin deploy --model dispatch_model --version N [--canary-percent P] [--city ID]
                           --url HOST:PORT --admin-key K --trusted-keys DIR
-    dispatch-admin rollback --url HOST:PORT --admin-key K [--unload-canary]
+    dispatch-admin rollback --url HOST:PORT --admin-key K [--unload-canary] [--city ID]
     dispatch-admin status --url HOST:PORT --admin-key K
 
 Secrets enter here and nowhere deeper: the signing key comes from ``--key FILE`` or the
@@ -15,7 +15,9 @@ environment variable ``DISPATCH_SIGNING_KEY`` (the PEM text), the admin key from
 ``DISPATCH_ADMIN_KEY_FILE``, the trusted keys directory from ``--trusted-keys``
 or ``DISPATCH_TRUSTED_KEYS``. The library functions take them as arguments.
 
-``deploy`` verifies the version folder's signature (and the stable one's), checks the
+``deploy`` verifies the version folder's signature (and the stable one's, every version it
+will serve, and the served versions of the router and dispatch_fused, which the new routing
+reloads: each refusal names the digest of the file found), checks the
 candidate on the golden windows (`golden`), loads it next to the versions Triton serves now
 (a config override naming the versions), then points the router's canary at it
 (`router_control.apply_router_settings`). A failure at any step changes nothing -- a load
@@ -26,9 +28,12 @@ model-repository API before the golden check, so a missing or wrong admin key fa
 ``rollback`` sets the routing of both entry points back to the stable version only (no
 canary, no shadow) and, with ``--unload-canary``, unloads every other version (the canary,
 or one an earlier rollback left loaded); it prints what the server then routes and serves,
-read back from it. ``status`` prints one JSON document: ``{"model", "serving_versions",
-"router", "dispatch_fused", "routed", "disagreements"}``, and exits 1 when the entry points
-or the routing and the loaded versions disagree.
+read back from it. With ``--city ID`` (a registered city) ``deploy`` and ``rollback`` change
+only that city's route (``RouterSettings.city_routes``; the stable version it is checked
+against is the city's); without it they change every city's. ``status`` prints one JSON
+document: ``{"model", "serving_versions", "router", "dispatch_fused", "routed",
+"routed_by_city", "disagreements"}``, and exits 1 when the entry points or the routing and
+the loaded versions disagree.
 
 Exit codes: 0 done, 1 a check failed or the server refused, 2 usage (bad arguments, a key
 or folder that cannot be read).
@@ -49,7 +54,13 @@ from typing import Any, Final, TextIO, TypeVar
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from dispatch_client.keys import KeyFileError, read_key
+from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.settings import (
+    SettingsError,
+    load_settings,
+    parameters_from_model_config,
+)
 from dispatch_service.core.signing import (
     Manifest,
     Outcome,
@@ -62,6 +73,7 @@ from dispatch_service.core.signing import (
     verify_version,
     write_key_pair,
 )
+from dispatch_service.domain.cities import CitySettings, RegistryError
 from dispatch_service.ops import router_control
 from dispatch_service.ops.golden import GoldenReport, GoldenSettings, check_candidate
 from dispatch_service.ops.model_control import (
@@ -72,8 +84,18 @@ from dispatch_service.ops.model_control import (
     with_versions,
 )
 from dispatch_service.ops.server import ADMIN_KEY_ENV, TRUSTED_KEYS_ENV
-from dispatch_service.ops.verified_load import plan_load, read_config, repository_models
-from dispatch_service.routing.settings import RouterSettings
+from dispatch_service.ops.verified_load import (
+    LoadVerifier,
+    plan_load,
+    read_config,
+    refusal_fields,
+    repository_models,
+)
+from dispatch_service.routing.settings import (
+    FUSED_MODEL_NAME,
+    ROUTER_MODEL_NAME,
+    RouterSettings,
+)
 
 __all__ = [
     "ADMIN_KEY_ENV",
@@ -103,6 +125,7 @@ __all__ = [
     "disagreements",
     "main",
     "plural",
+    "registered_city",
     "rollback",
     "routed_line",
     "sign_repository",
@@ -188,6 +211,7 @@ class DeployRequest:
     golden: GoldenSettings = dataclasses.field(default_factory=GoldenSettings)
     profile: str = "cpu"  # whose config file to start from when the model is not loaded
     timeout_s: float = 300.0  # per server call (a model load included)
+    city: str | None = None  # a registered city id: route the canary there only; None: every
 
 
 @dataclass(frozen=True)
@@ -197,6 +221,34 @@ class DeployResult:
     canary_percent: int
     loaded_versions: tuple[int, ...]
     golden: GoldenReport
+    city: str | None = None
+
+
+def registered_city(
+    http_url: str, city: str | None, timeout_s: float, repository: Path = MODEL_REPOSITORY
+) -> str | None:
+    """``city`` when the city registry the server's feature_encoder serves (its
+    ``city_registry``; the repository's config when the server cannot say) holds it; None
+    stays None (every city). UsageError naming an unknown city."""
+    if city is None:
+        return None
+    try:
+        config = model_config(http_url, "feature_encoder", timeout_s)
+        parameters = parameters_from_model_config(config)
+    except ModelControlError:
+        file = repository / "feature_encoder" / "config.pbtxt"
+        parameters = config_parameters(file) if file.is_file() else {}
+    try:
+        ids = load_settings(CitySettings, parameters).registry().ids
+    except (RegistryError, SettingsError) as exc:
+        raise UsageError(f"--city {city}: the city registry cannot be read here: {exc}") from None
+    if city not in ids:
+        raise UsageError(f"--city {city}: no registered city has that id ({', '.join(ids)})")
+    return city
+
+
+def _in_city(city: str | None) -> str:
+    return f" in {city}" if city else ""
 
 
 def _verified(repository: Path, model: str, version: int, trusted: TrustedKeys) -> Verification:
@@ -205,8 +257,35 @@ def _verified(repository: Path, model: str, version: int, trusted: TrustedKeys) 
         raise LifecycleError(f"{model} version {version}: no folder {folder}")
     verdict = verify_version(folder, trusted)
     if verdict.outcome is not Outcome.VERIFIED:
-        raise LifecycleError(f"{model} version {version} refused: {verdict.reason}")
+        raise LifecycleError(_refusal(repository, verdict))
     return verdict
+
+
+def _refusal(repository: Path, verdict: Verification) -> str:
+    """One line: the refused version, why, and the digest of the files found."""
+    fields = refusal_fields(repository, verdict)
+    found = f"folder sha256 {fields['folder_sha256']}"
+    if "file" in fields:
+        found = f"{fields['file']} sha256 {fields['file_sha256']}; {found}"
+    return f"{verdict.model} version {verdict.version} refused: {verdict.reason} ({found})"
+
+
+def _verify_reloads(request: DeployRequest, wanted: tuple[int, ...]) -> None:
+    """Every folder the deploy makes Triton read, verified from the files as they are now:
+    each version of ``wanted`` (Triton reads a served version again when its folder changed)
+    and the served versions of the router and dispatch_fused, which the new routing reloads
+    (their model.py runs anew)."""
+    for served in wanted:
+        _verified(request.repository, request.model, served, request.trusted)
+    verifier = LoadVerifier(request.repository, request.trusted)
+    for name in (ROUTER_MODEL_NAME, FUSED_MODEL_NAME):
+        try:
+            config = model_config(request.http_url, name, request.timeout_s)
+        except ModelControlError:
+            continue  # not loaded: the routing change does not load it
+        check = verifier.check(name, config)
+        if not check.clean:
+            raise LifecycleError(_refusal(request.repository, check.refused[0]))
 
 
 def _server_call(what: str, call: Callable[[], T]) -> T:
@@ -234,14 +313,23 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
         raise UsageError(f"--canary-percent must lie in [0, 100], got {request.canary_percent}")
     url, key, model, version = request.http_url, request.admin_key, request.model, request.version
     timeout = request.timeout_s
+    city = registered_city(url, request.city, timeout, request.repository)
     report(_verified(request.repository, model, version, request.trusted).line())
     settings = _server_call(
         "reading the router settings",
         lambda: router_control.read_router_settings(url, key, timeout),
     )
-    stable = int(settings.stable_version)
+    stable = int(settings.for_city(city).stable_version)
     if version == stable:
-        raise LifecycleError(f"{model} version {version} is the stable version already")
+        raise LifecycleError(
+            f"{model} version {version} is the stable version{_in_city(city)} already"
+        )
+    try:  # the routing it will apply, checked before anything is loaded
+        routed = settings.with_route(
+            city, canary_version=version, canary_percent=request.canary_percent
+        )
+    except ValueError as exc:
+        raise LifecycleError(f"the new routing breaks a rule: {exc}") from None
     report(_verified(request.repository, model, stable, request.trusted).line())
     # Before the golden check (tens of seconds): the model-repository endpoints answer 403
     # without the right admin key, and the deploy cannot load anything then.
@@ -250,6 +338,8 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
         f"{ADMIN_KEY_ENV} when the server has one)",
         lambda: ready_versions(url, model, key, timeout),
     )
+    wanted = tuple(sorted({*before, stable, version}))
+    _verify_reloads(request, wanted)  # before the golden check: a refusal fails at once
     try:
         golden = check_candidate(request.repository, version, stable, request.golden)
     except Exception as exc:  # an artifact ONNX Runtime cannot run is a failed check
@@ -258,7 +348,7 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
     if not golden.passed:
         raise LifecycleError(f"golden check failed: {'; '.join(golden.problems)}")
 
-    wanted = tuple(sorted({*before, stable, version}))
+    _verify_reloads(request, wanted)  # and again from the files as they are at the load
     config: dict[str, Any] | None = None
     if wanted != before:
         config = _current_config(request)
@@ -267,12 +357,7 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
             lambda: load_model(url, model, with_versions(config or {}, wanted), key, timeout),
         )
         report(f"loaded {model} versions {list(wanted)}")
-    canary = dataclasses.replace(
-        settings,
-        canary_version=version,
-        canary_percent=request.canary_percent,
-        scoring_versions=wanted,
-    )
+    canary = dataclasses.replace(routed, scoring_versions=wanted)
     try:
         router_control.apply_router_settings(url, canary, admin_key=key, timeout_s=timeout)
     except ModelControlError as exc:  # put the versions back as they were
@@ -285,7 +370,7 @@ def deploy(request: DeployRequest, report: Callable[[str], None] = print) -> Dep
                     f"failed too ({restore})"
                 ) from None
         raise LifecycleError(f"router update failed: {exc}") from None
-    return DeployResult(stable, version, request.canary_percent, wanted, golden)
+    return DeployResult(stable, version, request.canary_percent, wanted, golden, city)
 
 
 @dataclass(frozen=True)
@@ -297,6 +382,7 @@ class RollbackResult:
     unloaded: tuple[int, ...]  # versions this rollback unloaded
     loaded: tuple[int, ...]  # versions Triton serves now
     routing: RouterSettings  # the router's settings now
+    city: str | None = None  # the city rolled back; None: every city
 
     def summary(self, model: str) -> str:
         """One line that says what is routed and what is loaded, as the server reports it."""
@@ -306,12 +392,13 @@ class RollbackResult:
             else "there was no canary"
         )
         line = (
-            f"rolled back {model}: every order routed to stable version {self.stable} ({before}); "
-            f"loaded versions {list(self.loaded)}"
+            f"rolled back {model}: every order{_in_city(self.city)} routed to stable version "
+            f"{self.stable} ({before}); loaded versions {list(self.loaded)}"
         )
         if self.unloaded:
             line += f" (unloaded {list(self.unloaded)})"
-        extra = [v for v in self.loaded if v != self.stable]
+        routed = {self.stable, *self.routing.routed_versions()}
+        extra = [v for v in self.loaded if v not in routed]
         if extra:
             line += (
                 f"; {', '.join(map(str, extra))} still loaded and reachable by version tag "
@@ -326,27 +413,40 @@ def rollback(
     model: str = "dispatch_model",
     unload_canary: bool = False,
     timeout_s: float = 300.0,
+    city: str | None = None,
 ) -> RollbackResult:
     """Route everything to the stable version (no canary, no shadow); with ``unload_canary``
     unload every other version (the canary, or one an earlier rollback left loaded).
+
+    ``city`` (a registered city id): only that city's orders go back to its stable version
+    (its route's canary off; shadowing, a global setting, stays), and ``unload_canary``
+    keeps every version another city is still routed to.
 
     Routing changes first (both entry points, `router_control.apply_router_settings`), with
     ``scoring_versions`` naming what stays loaded, then the versions are unloaded: no request
     is routed to a version while it goes away. The result is read back from the server.
     """
+    city = registered_city(http_url, city, timeout_s)
     settings = _server_call(
         "reading the router settings",
         lambda: router_control.read_router_settings(http_url, admin_key, timeout_s),
     )
-    stable, canary = int(settings.stable_version), int(settings.canary_version)
+    in_force = settings.for_city(city)
+    stable, canary = int(in_force.stable_version), int(in_force.canary_version)
     served = _server_call(
         "reading the served versions",
         lambda: ready_versions(http_url, model, admin_key, timeout_s),
     )
-    keep = ((stable,) if stable in served else served) if unload_canary else served
-    stable_only = dataclasses.replace(
-        settings, canary_version=0, canary_percent=0, shadow_percent=0, scoring_versions=keep
-    )
+    try:
+        stable_only = settings.with_route(city, canary_version=0, canary_percent=0)
+    except ValueError as exc:
+        raise LifecycleError(f"the new routing breaks a rule: {exc}") from None
+    if city is None:
+        stable_only = dataclasses.replace(stable_only, shadow_percent=0)
+    routed = stable_only.routed_versions()
+    kept = tuple(v for v in served if v in routed)
+    keep = (kept or served) if unload_canary else served
+    stable_only = dataclasses.replace(stable_only, scoring_versions=keep)
     _server_call(
         "updating the router",
         lambda: router_control.apply_router_settings(http_url, stable_only, admin_key, timeout_s),
@@ -369,7 +469,7 @@ def rollback(
         "reading the router settings back",
         lambda: router_control.read_router_settings(http_url, admin_key, timeout_s),
     )
-    return RollbackResult(stable, canary, unloaded, loaded, now)
+    return RollbackResult(stable, canary, unloaded, loaded, now, city)
 
 
 def _still_served(
@@ -528,18 +628,21 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
         admin_key=_admin_key(args),
         golden=golden,
         timeout_s=args.timeout_s,
+        city=args.city,
     )
     result = deploy(request, lambda line: print(line, file=out, flush=True))
     print(
         f"deployed {args.model} version {result.canary} as canary at "
-        f"{result.canary_percent}% (stable {result.stable})",
+        f"{result.canary_percent}%{_in_city(result.city)} (stable {result.stable})",
         file=out,
     )
     return EXIT_OK
 
 
 def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
-    result = rollback(args.url, _admin_key(args), args.model, args.unload_canary, args.timeout_s)
+    result = rollback(
+        args.url, _admin_key(args), args.model, args.unload_canary, args.timeout_s, args.city
+    )
     print(result.summary(args.model), file=out)
     return EXIT_OK
 
@@ -566,6 +669,9 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         "router": dataclasses.asdict(settings),
         "dispatch_fused": None if fused is None else dataclasses.asdict(fused),
         "routed": routed_line(settings),
+        "routed_by_city": {
+            route.city: routed_line(settings.for_city(route.city)) for route in settings.city_routes
+        },
         "disagreements": disagreements(settings, fused, served),
     }
     print(json.dumps(document, indent=2, sort_keys=True), file=out)
@@ -604,6 +710,10 @@ def disagreements(
         )
     if router.stable_version not in served:
         problems.append(f"the stable version {router.stable_version} is not served")
+    for route in router.city_routes:
+        stable = router.for_city(route.city).stable_version
+        if stable != router.stable_version and stable not in served:
+            problems.append(f"the stable version {stable} of {route.city} is not served")
     return problems
 
 
@@ -690,6 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--timeout-s", type=float, default=300.0, help="seconds per server call"
         )
 
+    city_help = "a registered city id: change only its route (default: every city)"
     deploy_cmd = command("deploy", "verify, check and serve a canary version")
     server_options(deploy_cmd)
     deploy_cmd.add_argument("--version", type=int, required=True, help="the canary version")
@@ -712,6 +823,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=GoldenSettings.max_mean_eta_diff_minutes,
         help="golden check: largest mean |ETA difference|",
     )
+    deploy_cmd.add_argument("--city", help=city_help)
     deploy_cmd.set_defaults(handler=cmd_deploy)
 
     rollback_cmd = command("rollback", "back to the stable version only")
@@ -719,6 +831,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollback_cmd.add_argument(
         "--unload-canary", action="store_true", help="also unload the canary version"
     )
+    rollback_cmd.add_argument("--city", help=city_help)
     rollback_cmd.set_defaults(handler=cmd_rollback)
 
     status = command("status", "served versions and router settings, as one JSON document")

@@ -25,6 +25,7 @@ from dispatch_client.retry import NO_RETRY, UNAVAILABLE_STATUSES
 from dispatch_client.transport import GrpcTransport
 from dispatch_service.ops.model_control import ModelControlError, repository_index
 from dispatch_service.ops.verified_load import LoadPlan
+from dispatch_service.serving.probe import PROBE_PARAMETER
 
 __all__ = [
     "PROBE_ORDERS",
@@ -64,6 +65,13 @@ class Probe:
     # or no answer in time. A server that is shedding load is alive if it still completes
     # other requests; the supervisor checks that (a hung one completes none).
     busy: bool = False
+    # A full answer came, but through this fallback level (the scoring model away or
+    # failing, the rule fallback answering): the entry point serves, degraded. 0: none.
+    fallback_level: int = 0
+
+    @property
+    def degraded(self) -> bool:
+        return not self.ok and self.fallback_level > 0
 
     def line(self) -> str:
         state = "ok" if self.ok else f"FAILED: {self.detail}"
@@ -76,7 +84,9 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
     start = time.monotonic()
     window = probe_window()
     busy = False
-    transport = GrpcTransport(grpc_url, timeout_s=timeout_s)
+    fallback = 0
+    # Marked as a probe: the models leave it out of the project's metrics (`serving.probe`).
+    transport = GrpcTransport(grpc_url, timeout_s=timeout_s, parameters={PROBE_PARAMETER: True})
     try:
         # One send per probe: the verdict is what the server answers now, and the supervisor
         # already probes again on its own schedule.
@@ -90,6 +100,7 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
             ok, detail = False, f"answered {len(result.orders)} orders for {PROBE_ORDERS}"
         elif degraded:  # a fallback answer: the scoring model behind it is failing
             ok, detail = False, f"answered through fallback level {degraded[-1]}"
+            fallback = int(degraded[-1])
         else:
             ok, detail = True, ""
     except DispatchError as exc:
@@ -99,7 +110,7 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
         )
     except Exception as exc:  # a probe never raises: what failed is the verdict
         ok, detail = False, f"{type(exc).__name__}: {exc}"
-    return Probe(model, ok, detail, time.monotonic() - start, busy)
+    return Probe(model, ok, detail, time.monotonic() - start, busy, fallback)
 
 
 def deep_check(grpc_url: str, models: Sequence[str], timeout_s: float = 2.0) -> list[Probe]:

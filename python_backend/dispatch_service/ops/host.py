@@ -10,6 +10,8 @@
 - Leftovers of a crash: regions under a dead launcher's prefix, and Python-backend stubs
   re-parented after their server died (their command line names the region), are removed
   at start.
+- Listeners: every address tritonserver can be told to bind (`exposed_listeners`), one rule
+  for the launcher's own flags and for those passed through with ``--triton-arg``.
 - Children that outlive the launcher: Triton runs in a process group of its own (so a stop
   reaches its stubs), which also shields it from the launcher's death. A SIGKILLed launcher
   (the OOM killer, `kill -9`) left it serving, ports and shared memory held, until someone
@@ -28,20 +30,25 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from dispatch_service.core.backend_shm import STUB_NAME
+
 __all__ = [
+    "ADDRESS_FLAGS",
     "EXPOSURE_RISKS",
     "SHM_PREFIX_ROOT",
     "STUB_NAME",
+    "WILDCARD_LISTENERS",
     "Leftovers",
     "ProcStat",
     "clean_leftovers",
     "describe_ports",
     "die_with_parent",
+    "exposed_listeners",
     "find_leftovers",
     "is_loopback",
     "new_shm_prefix",
@@ -52,7 +59,6 @@ __all__ = [
 ]
 
 SHM_PREFIX_ROOT: Final = "dispatchsrv_"
-STUB_NAME: Final = "triton_python_backend_stub"
 _PREFIX = re.compile(rf"{SHM_PREFIX_ROOT}(\d+)_[0-9a-f]+_")
 
 EXPOSURE_RISKS: Final = (
@@ -72,6 +78,67 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+# The tritonserver flags that set an address a listener binds to.
+ADDRESS_FLAGS: Final = ("--http-address", "--grpc-address", "--metrics-address")
+# Listeners with no address flag of their own: Triton 2.51 binds them to 0.0.0.0 (checked:
+# "Started Sagemaker HTTPService at 0.0.0.0:<port>"). Vertex AI is also on by default when
+# the environment has AIP_MODE=PREDICTION.
+WILDCARD_LISTENERS: Final = ("--allow-sagemaker", "--allow-vertex-ai")
+_VERTEX_ENV: Final = ("AIP_MODE", "PREDICTION")
+_FALSE: Final = frozenset({"false", "0", "off", "no"})
+
+
+def _named_flags(args: Sequence[str]) -> Iterable[tuple[str, str, str]]:
+    """(flag, value, as written) for each argument that may set a flag of ADDRESS_FLAGS or
+    WILDCARD_LISTENERS, read as tritonserver's getopt_long reads it: ``--flag=value`` or
+    ``--flag value`` (the next argument), and any unambiguous abbreviation (``--metrics-addr``
+    sets ``--metrics-address``). Fail-closed: a prefix shared by several flags (which
+    tritonserver refuses as ambiguous) is read as each of them, and a flag and its value
+    written as one argument (``"--http-address 0.0.0.0"``) is read as the flag too."""
+    watched = (*ADDRESS_FLAGS, *WILDCARD_LISTENERS)
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        position += 1
+        if not arg.startswith("--") or arg == "--":
+            continue
+        name, equals, value = arg.partition("=")
+        name, space, rest = name.strip().partition(" ")
+        if not equals and space:  # "--flag value" as one argument
+            value, equals = rest.strip(), "="
+        matches = [flag for flag in watched if len(name) > 2 and flag.startswith(name)]
+        if not matches:
+            continue
+        if not equals:  # the value is the next argument, whatever it looks like
+            value = args[position] if position < len(args) else ""
+            position += 1
+            arg = f"{arg} {value}"
+        for flag in matches:
+            yield flag, value.strip(), arg
+
+
+def exposed_listeners(args: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """What in a tritonserver command line and its environment listens beyond loopback:
+    each address flag whose value is not a loopback address (`is_loopback`; a host name other
+    than localhost counts as exposed), each SageMaker or Vertex AI listener turned on (they
+    bind every interface), and Vertex AI turned on by ``AIP_MODE=PREDICTION`` unless the
+    command turns it off. Empty when everything stays on loopback."""
+    exposed: list[str] = []
+    vertex_set = False
+    for flag, value, written in _named_flags(args):
+        if flag in ADDRESS_FLAGS:
+            if not is_loopback(value.strip("[]")):
+                exposed.append(written)
+            continue
+        vertex_set = vertex_set or flag == "--allow-vertex-ai"
+        if value.lower() not in _FALSE:
+            exposed.append(f"{written} (listens on 0.0.0.0, no address flag)")
+    key, mode = _VERTEX_ENV
+    if not vertex_set and (env or {}).get(key) == mode:
+        exposed.append(f"{key}={mode} in the environment (Vertex AI listens on 0.0.0.0)")
+    return exposed
 
 
 def ports_in_use(host: str, ports: Iterable[int]) -> list[int]:

@@ -12,10 +12,13 @@ import contextlib
 import json
 import logging
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -33,6 +36,7 @@ from dispatch_client.keys import (
     SHM_KEY_HEADER,
     read_key,
 )
+from dispatch_service.core.backend_shm import tighten_regions
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError, TrustedKeys
 from dispatch_service.ops.gpu import monitor as gpu_monitor
@@ -42,8 +46,8 @@ from dispatch_service.ops.host import (
     clean_leftovers,
     describe_ports,
     die_with_parent,
+    exposed_listeners,
     find_leftovers,
-    is_loopback,
     new_shm_prefix,
     ports_in_use,
 )
@@ -56,8 +60,16 @@ from dispatch_service.ops.keys import (
     new_key,
 )
 from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
+from dispatch_service.ops.restart import CrashCounter, default_on_dead, end_process_group
 from dispatch_service.ops.supervisor import Supervisor, SupervisorSettings
-from dispatch_service.ops.verified_load import LoadPlan, plan_load, precompile
+from dispatch_service.ops.verified_load import (
+    LoadPlan,
+    LoadVerifier,
+    load_failures,
+    plan_load,
+    precompile,
+)
+from dispatch_service.serving.drain import DRAIN_FILE_ENV
 
 __all__ = [
     "ADMIN_KEY_ENV",
@@ -269,14 +281,16 @@ class ChildService:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=timeout_s)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=timeout_s)
+        end_process_group(process.pid)  # what a crash or the stop left of its group
 
     def __exit__(
         self,
@@ -291,6 +305,9 @@ class TritonServer(ChildService):
     """A tritonserver child process; a context manager that always stops it."""
 
     shm_dir: ClassVar[Path] = Path("/dev/shm")
+    # The drain gate's file (`serving.drain`), named once per server: a random folder
+    # under the temporary directory, made (mode 0700) only when the gate closes.
+    _drain_path: Path | None = None
 
     def __init__(self, runtime: TritonRuntime, options: ServerOptions, log_path: Path) -> None:
         super().__init__(log_path, "tritonserver")
@@ -311,6 +328,32 @@ class TritonServer(ChildService):
         if self.shm_dir.is_dir():
             for region in self.shm_dir.glob(f"{self.shm_prefix}*"):
                 region.unlink(missing_ok=True)
+        if self._drain_path is not None:  # the next start opens with a new gate
+            shutil.rmtree(self._drain_path.parent, ignore_errors=True)
+            self._drain_path = None
+
+    def drain_file(self) -> Path:
+        """Where the drain gate's file goes (``DISPATCH_DRAIN_FILE`` in the environment)."""
+        if self._drain_path is None:
+            folder = Path(tempfile.gettempdir()) / f"dispatch-drain-{secrets.token_hex(8)}"
+            self._drain_path = folder / "draining"
+        return self._drain_path
+
+    def close_gate(self) -> None:
+        """Make the entry points refuse new windows UNAVAILABLE (`serving.drain`): the first
+        step of a drain. The folder is made here, mode 0700, and must not exist before."""
+        path = self.drain_file()
+        path.parent.mkdir(mode=0o700)
+        path.touch(mode=0o600)
+
+    def tighten_backend_regions(self) -> list[Path]:
+        """Set to 0600 any Python-backend region of this server still named in /dev/shm
+        (each stub of this repository's models removes its own name as it starts:
+        `core.backend_shm`); the regions changed, each logged."""
+        changed = tighten_regions(self.shm_prefix, self.shm_dir)
+        for path in changed:
+            logger.warning("set backend shared-memory region %s to mode 0600", path)
+        return changed
 
     @property
     def admin_key(self) -> str | None:
@@ -362,8 +405,6 @@ class TritonServer(ChildService):
             raise ValueError("load_models needs model_control='explicit'")
         loads = self.load_plan.startup if self.load_plan is not None else opts.load_models
         args += [f"--load-model={name}" for name in loads]
-        if opts.unlocked_groups and not is_loopback(opts.host):
-            raise ValueError("unlocked_groups is for loopback measurements only")
         args += opts.access_keys.triton_args(opts.unlocked_groups)
         if opts.profile == "gpu":
             args.append(f"--pinned-memory-pool-byte-size={opts.pinned_memory_pool_bytes}")
@@ -372,6 +413,8 @@ class TritonServer(ChildService):
                 for device in opts.cuda_memory_pool_devices
             ]
         args += list(opts.extra_args)
+        if opts.unlocked_groups and exposed_listeners(args, self.environment()):
+            raise ValueError("unlocked_groups is for loopback measurements only")
         return args
 
     def environment(self) -> dict[str, str]:
@@ -383,15 +426,22 @@ class TritonServer(ChildService):
         env.pop(TRUSTED_KEYS_ENV, None)
         if self.options.trusted_keys is not None:
             env[TRUSTED_KEYS_ENV] = str(self.options.trusted_keys.resolve())
+        env[DRAIN_FILE_ENV] = str(self.drain_file())
         return env
+
+    def exposed_listeners(self) -> list[str]:
+        """What the command line (``--host`` and every ``--triton-arg``) and environment would
+        have Triton listen on beyond loopback (`host.exposed_listeners`); empty if nothing."""
+        return exposed_listeners(self.command(), self.environment())
 
     def check_host(self) -> list[str]:
         """Refuse what must not start; clean what an earlier crash left. Touches nothing of
         another server: runs before the log is opened or any region is made."""
         opts = self.options
-        if not is_loopback(opts.host) and not opts.expose:
+        exposed = self.exposed_listeners()
+        if exposed and not opts.expose:
             raise ServerError(
-                f"refusing to listen on {opts.host}, which is not a loopback address: "
+                f"refusing to listen beyond loopback ({'; '.join(exposed)}): "
                 f"{EXPOSURE_RISKS}. Pass --expose to do it anyway (the control endpoints stay "
                 "locked behind their keys)."
             )
@@ -408,8 +458,8 @@ class TritonServer(ChildService):
         self.runtime.check()
         notes = self.check_host()
         notes += self.plan_verified_load()
-        self.spawn(self.command(), self.environment(), preamble="".join(f"{n}\n" for n in notes))
-        self.wait_ready(timeout_s)
+        self.spawn_skipping_failed_versions(notes, timeout_s)
+        self.tighten_backend_regions()
         self.load_after_start()
         self.check_entry_points()
         return self
@@ -477,6 +527,68 @@ class TritonServer(ChildService):
         logger.info(summary)
         return [*lines, summary]
 
+    def spawn_skipping_failed_versions(self, notes: list[str], timeout_s: float) -> None:
+        """Start Triton and wait until it is ready. When it exits because a version failed
+        to load (Triton's log says which, and why), start it again without that version, as
+        a version refused by its signature is left out, and log the cause
+        (``model_version_failed``); when another model cannot do without that version (the
+        stable version dispatch_fused reads, a version an ensemble pins) or the model has
+        none left, fail naming the version and its cause."""
+        failed: dict[tuple[str, int], str] = {}
+        while True:
+            preamble = "".join(f"{n}\n" for n in notes)
+            self.spawn(self.command(), self.environment(), preamble=preamble)
+            try:
+                self.wait_ready(timeout_s)
+                return
+            except ServerError as exc:
+                found = load_failures(self.log_text())
+                new = {key: cause for key, cause in found.items() if key not in failed}
+                if not new:
+                    if found:
+                        raise ServerError(f"{_failures_text(found)}\n{exc}") from None
+                    raise
+                self.stop()
+                failed.update(new)
+                lines = self.plan_without(failed)
+                for line in lines:
+                    logger.warning(line)
+                notes = [*notes, *lines]
+
+    def plan_without(self, failed: dict[tuple[str, int], str]) -> list[str]:
+        """Set the load plan to leave out the ``failed`` versions; the lines to log. Raises
+        ServerError naming them and their causes when that leaves a model out."""
+        opts = self.options
+        trusted = (
+            None if opts.trusted_keys is None else TrustedKeys.from_directory(opts.trusted_keys)
+        )
+        repository, profile, requested = opts.model_repository, opts.profile, opts.load_models
+        before = plan_load(repository, trusted, profile, requested)
+        plan = plan_load(repository, trusted, profile, requested, failed=failed)
+        lost = {name: why for name, why in plan.refused.items() if name not in before.refused}
+        if lost:
+            raise ServerError(
+                f"cannot start: {_failures_text(failed)}; without it: "
+                + "; ".join(f"{name}: {why}" for name, why in sorted(lost.items()))
+            )
+        self.load_plan = plan
+        return [line for line in plan.log_lines() if '"model_version_failed"' in line]
+
+    def log_text(self) -> str:
+        """Triton's whole log so far ("" when it goes elsewhere, e.g. /dev/stdout)."""
+        try:
+            return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+        except OSError:
+            return ""
+
+    def load_verifier(self) -> LoadVerifier | None:
+        """What every load after start is checked with on a verified server (the supervisor's
+        reloads, a restart's live configs); None when this server does not verify."""
+        opts = self.options
+        if opts.trusted_keys is None:
+            return None
+        return LoadVerifier(opts.model_repository, TrustedKeys.from_directory(opts.trusted_keys))
+
     def load_after_start(self) -> None:
         """Load what the plan defers: restricted models with their override, then dependents."""
         plan = self.load_plan
@@ -508,6 +620,13 @@ class TritonServer(ChildService):
 
     def __enter__(self) -> TritonServer:
         return self.start()
+
+
+def _failures_text(failed: dict[tuple[str, int], str]) -> str:
+    return "; ".join(
+        f"{model} version {version} failed to load ({cause})"
+        for (model, version), cause in sorted(failed.items())
+    )
 
 
 def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
@@ -637,9 +756,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--on-dead",
         choices=("exit", "restart"),
-        default="exit",
-        help="when the entry points have not answered for 6 s: stop the server and exit 3 (for a "
-        "process manager), or restart it in place (default exit)",
+        default=None,
+        help="when the entry points have not answered for 6 s or Triton died: stop the server "
+        "and exit 3 (for a process manager), or restart it in place (default: restart for the "
+        "embedded Triton 2.51, whose gRPC front end crashes on short client deadlines; exit "
+        "with --tritonserver; docs/security.md)",
     )
     parser.add_argument(
         "--max-restarts",
@@ -706,14 +827,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     options = options_from_args(args, keys)
-    if args.expose and not is_loopback(args.host):
-        print(f"warning: exposing {args.host}: {EXPOSURE_RISKS}", file=sys.stderr)
     runtime = (
         TritonRuntime.from_venv(args.venv, args.backend_dir)
         if args.tritonserver is None
         else TritonRuntime.from_install(args.tritonserver, args.venv / "bin")
     )
     server = TritonServer(runtime, options, args.log)
+    exposed = server.exposed_listeners() if args.expose else []
+    if exposed:
+        print(f"warning: exposing {'; '.join(exposed)}: {EXPOSURE_RISKS}", file=sys.stderr)
     print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True, file=out)
     try:
         server.start()
@@ -727,15 +849,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(entry.line(), file=out)
     health_port = args.metrics_port + 1 if args.health_port is None else args.health_port
     settings = SupervisorSettings(
-        on_dead=args.on_dead,
+        on_dead=default_on_dead(args.on_dead, args.tritonserver),
         max_restarts=args.max_restarts,
         drain_timeout_s=args.drain_timeout,
         health_host=args.host,
         health_port=health_port,
     )
     try:
-        supervisor = Supervisor(server, settings, event_printer(out))
+        supervisor = Supervisor(server, settings, event_printer(out), server.load_verifier())
         supervisor.start()
+        crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
+        supervisor.metric_sources.append(crashes.start().metrics_text)
     except OSError as exc:  # the health port is taken
         monitor.stop()
         server.stop()
@@ -754,6 +878,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         return run_until_stopped(server, supervisor, out, stop)
     finally:
+        crashes.stop()
         monitor.stop()
         server.stop()  # whatever ended the loop: never leave a Triton behind
 

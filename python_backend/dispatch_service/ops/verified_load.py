@@ -31,12 +31,21 @@ version folder is verified (`signing.verify_version`). Then:
   as it is out of the router's once Triton does not serve it.
 
 One line per refused version and per refused model goes to the log (`LoadPlan.log_lines`).
+
+After start, every load the launcher or `dispatch-admin` sends (a stub's reload, a restart's
+live configs, a deploy's versions, the router's and dispatch_fused's new parameters) is checked
+first with `check_load`: the versions the config would serve are verified again from the
+files as they are now, and a refused version is left out or the load is not sent
+(`LoadCheck`); each refusal is logged with the digest of what was found
+(`refusal_fields`).
 """
 
 from __future__ import annotations
 
 import compileall
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,17 +53,30 @@ from typing import Any
 
 from dispatch_service.core.model_config import CONFIG_NAME, profile_config_path, read_config_dict
 from dispatch_service.core.settings import parameters_from_model_config
-from dispatch_service.core.signing import Outcome, TrustedKeys, Verification, verify_version
+from dispatch_service.core.signing import (
+    Outcome,
+    SigningError,
+    TrustedKeys,
+    Verification,
+    artifact_files,
+    file_digest,
+    verify_version,
+)
 from dispatch_service.routing.settings import SCORING_MODEL_NAME, FusedSettings
 
 __all__ = [
     "CONFIG_NAME",
+    "LoadCheck",
     "LoadPlan",
+    "LoadVerifier",
     "ModelEntry",
+    "check_load",
+    "load_failures",
     "plan_load",
     "precompile",
     "read_config",
     "read_model",
+    "refusal_fields",
     "repository_models",
     "served_versions",
 ]
@@ -148,6 +170,8 @@ class LoadPlan:
     configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # models that route over a restricted scoring model -> the versions it serves
     scoring_versions: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # versions left out because they failed to load at an earlier start -> the cause
+    failed: Mapping[tuple[str, int], str] = field(default_factory=dict)
 
     @property
     def refused_versions(self) -> tuple[Verification, ...]:
@@ -175,6 +199,10 @@ class LoadPlan:
                 check=v.outcome.value,
             )
             for v in self.refused_versions
+        ]
+        lines += [
+            _line("model_version_failed", model=model, version=version, cause=cause)
+            for (model, version), cause in sorted(self.failed.items())
         ]
         lines += [
             _line("model_restricted", model=name, versions=list(versions))
@@ -208,11 +236,17 @@ def _closure(models: Mapping[str, ModelEntry], names: Iterable[str]) -> list[str
 
 def plan_load(
     repository: Path,
-    trusted: TrustedKeys,
+    trusted: TrustedKeys | None,
     profile: str = "cpu",
     requested: Sequence[str] = ("*",),
+    failed: Mapping[tuple[str, int], str] | None = None,
 ) -> LoadPlan:
-    """Verify every version folder of the requested models (and what their ensembles use)."""
+    """Verify every version folder of the requested models (and what their ensembles use).
+
+    ``trusted`` None: nothing is verified (every version is accepted). ``failed``: versions
+    that failed to load in an earlier start (model, version -> cause), left out like a
+    refused one, so that a broken canary does not stop the server (`load_failures`)."""
+    failed = dict(failed or {})
     models = repository_models(repository, profile)
     names = list(models) if "*" in requested else _closure(models, requested)
     verifications: list[Verification] = []
@@ -224,12 +258,21 @@ def plan_load(
         if entry is None:
             refused[name] = "no such model in the repository"
             continue
-        results = [_verify(repository, entry, version, trusted) for version in entry.versions]
-        verifications += results
-        accepted = {r.version for r in results if r.accepted}
-        serving = tuple(v for v in entry.served if v in accepted)
+        if trusted is None:
+            accepted = set(entry.versions)
+        else:
+            results = [_verify(repository, entry, version, trusted) for version in entry.versions]
+            verifications += results
+            accepted = {r.version for r in results if r.accepted}
+        broken = {v for (model, v) in failed if model == name}
+        serving = tuple(v for v in entry.served if v in accepted - broken)
         if entry.served and not serving:
-            refused[name] = "no verified version to serve"
+            refused[name] = (
+                "no version left to serve: "
+                + "; ".join(f"version {v} failed to load ({failed[(name, v)]})" for v in broken)
+                if broken and not (set(entry.served) & accepted) - broken
+                else "no verified version to serve"
+            )
         else:
             good[name] = serving
             if serving != entry.served:
@@ -271,6 +314,7 @@ def plan_load(
         refused=refused,
         verifications=tuple(verifications),
         configs={name: models[name].config for name in names if name in models},
+        failed=failed,
     )
 
 
@@ -323,3 +367,116 @@ def precompile(repository: Path, plan: LoadPlan) -> None:
         folder = repository / model / str(version)
         if folder.is_dir():
             compileall.compile_dir(folder, quiet=2, workers=1)
+
+
+_NAMED_FILE = re.compile(r"file (\S.*)$")
+
+
+def refusal_fields(repository: Path, verification: Verification) -> dict[str, Any]:
+    """What a refusal's log line says of the files found: the folder's digest (SHA-256 over
+    its files' paths and SHA-256 digests, as a manifest would list them) and, where the
+    verdict names one file, that file's SHA-256."""
+    folder = repository / verification.model / str(verification.version)
+    fields: dict[str, Any] = {
+        "model": verification.model,
+        "version": verification.version,
+        "check": verification.outcome.value,
+        "reason": verification.reason,
+    }
+    try:
+        files = {name: file_digest(folder / name) for name in artifact_files(folder)}
+    except (OSError, SigningError):
+        files = {}
+    canonical = json.dumps(files, sort_keys=True).encode()
+    fields["folder_sha256"] = hashlib.sha256(canonical).hexdigest()
+    named = _NAMED_FILE.search(verification.reason)
+    if named and named.group(1) in files:
+        fields["file"] = named.group(1)
+        fields["file_sha256"] = files[named.group(1)]
+    return fields
+
+
+@dataclass(frozen=True)
+class LoadCheck:
+    """The versions a load with ``config`` would bring up, checked against the files now."""
+
+    model: str
+    config: Mapping[str, Any]
+    served: tuple[int, ...]  # what the config's version policy serves of the folders present
+    refused: tuple[Verification, ...] = ()
+
+    @property
+    def accepted(self) -> tuple[int, ...]:
+        refused = {v.version for v in self.refused}
+        return tuple(v for v in self.served if v not in refused)
+
+    @property
+    def clean(self) -> bool:
+        return not self.refused
+
+    def restricted_config(self) -> dict[str, Any] | None:
+        """``config`` serving only the verified versions; None when none verifies."""
+        if self.clean:
+            return dict(self.config)
+        if not self.accepted:
+            return None
+        return {**self.config, "version_policy": {"specific": {"versions": list(self.accepted)}}}
+
+
+def check_load(
+    repository: Path, trusted: TrustedKeys, model: str, config: Mapping[str, Any]
+) -> LoadCheck:
+    """Verify every version folder a load of ``model`` with ``config`` would read.
+
+    Triton reads a version's folder again whenever it loads the model and the folder
+    changed, so every served version is checked, not only a new one. An ensemble reads no
+    version folder (the config is the whole model)."""
+    folder = repository / model
+    versions = (
+        sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+        if folder.is_dir()
+        else []
+    )
+    served = served_versions(config, versions)
+    if config.get("platform") == "ensemble":
+        return LoadCheck(model, config, served)
+    refused = tuple(
+        verdict
+        for version in served
+        if not (verdict := verify_version(folder / str(version), trusted)).accepted
+    )
+    return LoadCheck(model, config, served, refused)
+
+
+@dataclass(frozen=True)
+class LoadVerifier:
+    """The repository and keys of a verified server: `check_load` for every load after start."""
+
+    repository: Path
+    trusted: TrustedKeys
+
+    def check(self, model: str, config: Mapping[str, Any]) -> LoadCheck:
+        return check_load(self.repository, self.trusted, model, config)
+
+    def refusal_lines(self, check: LoadCheck, event: str = "model_load_refused") -> list[str]:
+        """One JSON line per refused version, with the digest of the files found."""
+        return [
+            _line(event, **refusal_fields(self.repository, verdict)) for verdict in check.refused
+        ]
+
+
+# Triton's line for a version that did not load, e.g.
+# E1203 ... model_lifecycle.cc:642] "failed to load 'dispatch_model' version 2: Internal: ..."
+_LOAD_FAILURE = re.compile(
+    r"failed to load '(?P<model>[^']+)' version (?P<version>\d+): (?P<cause>.*?)(?:\\n|\"$|$)",
+    re.M,
+)
+
+
+def load_failures(log_text: str) -> dict[tuple[str, int], str]:
+    """(model, version) -> the first line of its cause, for every version Triton's log says
+    failed to load (the last cause when one failed more than once)."""
+    return {
+        (m["model"], int(m["version"])): m["cause"].strip()[:500]
+        for m in _LOAD_FAILURE.finditer(log_text)
+    }

@@ -4,10 +4,10 @@ Why it exists: every Python-backend model is its own process, and a request thro
 `dispatch` ensemble crosses four of them (feature_encoder, dispatch_router, dispatch_model
 through BLS, topk_resolver). On a small window those hops cost several times the work
 itself (see perf/reports). `dispatch_fused` runs the same steps, configured from the same
-config.pbtxt files, with the same per-order canary routing, shadow scoring and fallback chain
-(`routing.route_and_score_many_now`: the router's routing of a batch, with the versions
-scored in process and no event loop), in one model instance: the same answer as `dispatch` for the
-same window and settings, at the cost of one hop.
+config.pbtxt files, with the same per-order (and per-city) canary routing, shadow scoring
+and fallback chain (`routing.route_and_score_many_now`: the router's routing of a batch,
+with the versions scored in process and no event loop), in one model instance: the same
+answer as `dispatch` for the same window and settings, at the cost of one hop.
 
 What it gives up: the scored versions are ONNX Runtime sessions inside this model, read from
 ``<repository>/<scoring_model>/<version>/model.onnx``, not Triton-managed `dispatch_model`
@@ -49,6 +49,7 @@ from dispatch_service.core.batches import together
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
+from dispatch_service.domain.cities import City
 from dispatch_service.domain.window import DispatchWindow, user_ids_from_wire
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
@@ -81,6 +82,7 @@ class FusedResult:
     routed: RoutedScores
     encode_ms: float
     resolve_ms: float
+    city: str | None = None  # the registry id of the city serving the window
 
 
 VersionLoader = Callable[[int], OnnxScorer]
@@ -92,6 +94,7 @@ class _Prepared:
 
     encoded: Arrays
     window: DispatchWindow  # validated by the encoder; the resolver reads its rider counts
+    city: City  # the city serving the window: its routing settings
     routing: RouterSettings
     versions: NDArray[np.int32]
     served: ServedVersions
@@ -132,6 +135,7 @@ class FusedDispatch:
             return version_scorer(scoring / str(version), ort_settings, trusted)
 
         encoder, resolver = repository_steps(repository)
+        settings.routing.check_cities(encoder.cities.ids)  # routes for registered cities only
         dispatch = cls(
             encoder=encoder,
             resolver=resolver,
@@ -179,12 +183,12 @@ class FusedDispatch:
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> FusedResult:
         """One window's tensors (`dispatch`'s inputs) -> `dispatch`'s outputs."""
         started = time.perf_counter()
-        window, encoded = self.encoder.encode(inputs)
+        window, city, encoded = self.encoder.encode(inputs)
         encoded_at = time.perf_counter()
         served = ServedVersions(self.servable)
         routing, versions = route_window(
             user_ids_from_wire(inputs), inputs.get(MODEL_VERSION_TAG.name),
-            self.settings.routing, served,
+            self.settings.routing, served, city.id,
         )  # fmt: skip
         routed = route_and_score_now(
             encoded[PAIR_FEATURES.name],
@@ -198,7 +202,8 @@ class FusedDispatch:
         scored_at = time.perf_counter()
         resolved = self.resolver.run(_resolver_inputs(inputs, encoded, routed), window, self.score)
         resolve_ms = (time.perf_counter() - scored_at) * 1000.0
-        return _result(encoded, routed, resolved, (encoded_at - started) * 1000.0, resolve_ms)
+        encode_ms = (encoded_at - started) * 1000.0
+        return _result(encoded, routed, resolved, encode_ms, resolve_ms, city.id)
 
     # ---- several windows of one execute ------------------------------------------------------
 
@@ -261,7 +266,9 @@ class FusedDispatch:
             results.append(
                 answer
                 if isinstance(answer, Exception)
-                else _result(ready.encoded, scores, answer, ready.encode_ms, resolve_ms)
+                else _result(
+                    ready.encoded, scores, answer, ready.encode_ms, resolve_ms, ready.city.id
+                )
             )
         return results
 
@@ -269,15 +276,16 @@ class FusedDispatch:
         self,
         inputs: Mapping[str, NDArray[Any] | None],
         window: DispatchWindow,
+        city: City,
         encoded: Arrays,
         encode_ms: float,
     ) -> _Prepared:
         served = ServedVersions(self.servable)
         routing, versions = route_window(
             user_ids_from_wire(inputs), inputs.get(MODEL_VERSION_TAG.name),
-            self.settings.routing, served,
+            self.settings.routing, served, city.id,
         )  # fmt: skip
-        return _Prepared(encoded, window, routing, versions, served, encode_ms)
+        return _Prepared(encoded, window, city, routing, versions, served, encode_ms)
 
     def _route_together(
         self, prepared: Sequence[_Prepared | Exception]
@@ -307,7 +315,12 @@ class FusedDispatch:
 
 
 def _result(
-    encoded: Arrays, routed: RoutedScores, resolved: Arrays, encode_ms: float, resolve_ms: float
+    encoded: Arrays,
+    routed: RoutedScores,
+    resolved: Arrays,
+    encode_ms: float,
+    resolve_ms: float,
+    city: str,
 ) -> FusedResult:
     """`dispatch`'s outputs of one window: the resolver's answer, each order's version and
     fallback level, and where its points came from."""
@@ -322,6 +335,7 @@ def _result(
         routed=routed,
         encode_ms=encode_ms,
         resolve_ms=resolve_ms,
+        city=city,
     )
 
 

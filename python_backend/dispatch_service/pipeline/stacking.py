@@ -18,7 +18,9 @@ reachable (this layer: `DispatchPipeline`, `FusedDispatch`, the offline evaluati
    rider's other new orders created before it (creation order, as the simulator realises
    it: `stacked_extra_load`), any other pair with the load it would ride with if its order
    took that rider now (`joining_extra_load`; 0 where the rider is full). Every such load is
-   below the rider's slot count, so step 1 scored it: no second call.
+   below the rider's slot count, so step 1 scored it: no second call. Orders created in the
+   same second are carried in order-id order (ORDER_IDS; by row without them), so the loads,
+   like the solve (`ResolverWindow.assign`), do not depend on how the window is listed.
 
 The solve may rank a rider's orders in whichever order prices them best, while the rider
 carries them in creation order: its total can flatter an assignment, the reported figures
@@ -172,11 +174,13 @@ def resolve_stack_aware(
     weights: ArrayLike,
     rescore: Rescorer,
     settings: ResolverSettings | None = None,
+    order_ids: ArrayLike | None = None,
 ) -> StackedResolution:
-    """`resolve` with stacked orders priced and reported at their real load (module doc)."""
+    """`resolve` with stacked orders priced and reported at their real load (module doc);
+    ``order_ids`` break exact ties between orders (else their rows do)."""
     staged = stage_stack_aware(
         objectives, features, candidate_rider_index, created_at,
-        rider_ids, rider_load, rider_capacity, weights, rescore, settings,
+        rider_ids, rider_load, rider_capacity, weights, rescore, settings, order_ids,
     )  # fmt: skip
     return staged.resolved() if isinstance(staged, Unstacked) else staged
 
@@ -192,11 +196,13 @@ def stage_stack_aware(
     weights: ArrayLike,
     rescore: Rescorer,
     settings: ResolverSettings | None = None,
+    order_ids: ArrayLike | None = None,
 ) -> StackedResolution | Unstacked:
     """`resolve_stack_aware`, with a window where nothing stacks left `Unstacked`."""
     window = ResolverWindow.checked(
-        candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings
-    )
+        candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings,
+        order_ids,
+    )  # fmt: skip
     base = np.asarray(objectives, dtype=np.float32)
     checked = window.objectives(base)  # [B, N, 3] float64, missing candidates zeroed
     return stage_checked(window, checked, base, features, created_at, rescore)
@@ -239,7 +245,9 @@ def stage_checked(
 
     # Step 3: every valid pair at the load it rides with under this assignment.
     pair_orders = valid // width
-    joining = joining_extra_load(created_at, assigned, pair_orders, pair_riders)
+    joining = joining_extra_load(
+        created_at, assigned, pair_orders, pair_riders, window.order_rank()
+    )
     taken = np.bincount(assigned[assigned >= 0], minlength=window.spare.size)
     room = (assigned[pair_orders] == pair_riders) | (taken < window.spare)[pair_riders]
     joining = np.where(room, joining, 0)

@@ -30,6 +30,7 @@ from dispatch_service.core.batches import each_alone, split_rows
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import TrustedKeys
+from dispatch_service.domain.cities import City, CityRegistry, CitySettings, default_registry
 from dispatch_service.domain.features import (
     EncoderSettings,
     EncoderThreads,
@@ -43,6 +44,7 @@ from dispatch_service.domain.resolver import (
     ResolverSettings,
     ResolverWindow,
     WindowTensors,
+    checked_order_ids,
     checked_together,
     resolve_many,
 )
@@ -90,6 +92,9 @@ Arrays = dict[str, NDArray[Any]]
 # the scorer that re-scores stacked pairs (or None).
 ResolverItem = tuple[Mapping[str, NDArray[Any] | None], DispatchWindow | None, SyncScorer | None]
 Staged = Resolution | Unstacked
+# A window the encoder validated and located: the window, its city, its candidates and
+# where each of its points came from.
+Selected = tuple[DispatchWindow, City, NDArray[np.int32], NDArray[Any]]
 
 
 class Step(Protocol):
@@ -119,42 +124,55 @@ class FeatureEncoderStep:
     limits: WindowLimits = field(default_factory=WindowLimits)
     encoder: EncoderSettings = field(default_factory=EncoderSettings)
     threads: EncoderThreads = field(default_factory=EncoderThreads)
-    # Orders that came with an address instead of coordinates (issue 13).
+    # Orders that came with an address instead of coordinates.
     geocoder: WindowGeocoder = field(default_factory=WindowGeocoder, compare=False)
+    # Where each window is served: its city's clock and map (`domain.cities`).
+    cities: CityRegistry = field(default_factory=default_registry, compare=False)
     input_names: ClassVar[tuple[str, ...]] = tuple(spec.name for spec in ENCODER_INPUTS)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> FeatureEncoderStep:
         """The step a model instance serves; its geocoder is built now, not on the first
         address (that would cost the window its deadline)."""
-        reject_unknown(parameters, WindowLimits, EncoderSettings, EncoderThreads, GeocoderSettings)
+        reject_unknown(
+            parameters,
+            WindowLimits,
+            EncoderSettings,
+            EncoderThreads,
+            GeocoderSettings,
+            CitySettings,
+        )
         return cls(
             limits=load_settings(WindowLimits, parameters),
             encoder=load_settings(EncoderSettings, parameters),
             threads=load_settings(EncoderThreads, parameters),
             geocoder=WindowGeocoder(geocoder_settings(parameters)).warm(),
+            cities=load_settings(CitySettings, parameters).registry(),
         )
 
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> Arrays:
-        return self.encode(inputs)[1]
+        return self.encode(inputs)[2]
 
-    def encode(self, inputs: Mapping[str, NDArray[Any] | None]) -> tuple[DispatchWindow, Arrays]:
-        """`run`, with the validated (and located) window it encoded: dispatch_fused hands it
-        to the resolver instead of unpacking and checking the same tensors again."""
-        window, candidates, sources = self._select(inputs)
-        features = encode_pairs(window, candidates, self.encoder)
-        return window, self._tensors(features, candidates, sources)
+    def encode(
+        self, inputs: Mapping[str, NDArray[Any] | None]
+    ) -> tuple[DispatchWindow, City, Arrays]:
+        """`run`, with the validated (and located) window it encoded and the city serving
+        it: dispatch_fused hands the window to the resolver instead of unpacking and checking
+        the same tensors again, and routes it with its city's settings."""
+        window, city, candidates, sources = self._select(inputs)
+        features = encode_pairs(window, candidates, self.encoder, city)
+        return window, city, self._tensors(features, candidates, sources, city)
 
     def encode_batch(
         self, batch: Sequence[Mapping[str, NDArray[Any] | None]]
-    ) -> list[tuple[DispatchWindow, Arrays] | Exception]:
+    ) -> list[tuple[DispatchWindow, City, Arrays] | Exception]:
         """`encode` of several windows (one Triton `execute` of dispatch_fused), each
         window's result as it gets it alone: the windows are validated
         (`windows_from_wire`), given their candidates (`windows_candidates`) and their pair
-        features (`encode_pairs_batch`) together, and located one by one. A window that
-        fails gets its exception (DispatchInputError for bad input) in its place; the
-        others their window and tensors."""
-        located = each_alone(windows_from_wire(batch, self.limits), self.geocoder.locate)
+        features (`encode_pairs_batch`) together, and located one by one (geocoded, then
+        their city found). A window that fails gets its exception (DispatchInputError for
+        bad input) in its place; the others their window, city and tensors."""
+        located = each_alone(windows_from_wire(batch, self.limits), self._locate)
         ready = [item[0] for item in located if not isinstance(item, Exception)]
         threads = self.threads.selection_threads
         chosen: list[NDArray[np.int32] | Exception]
@@ -163,39 +181,53 @@ class FeatureEncoderStep:
         except Exception:  # whichever window failed, it fails alone, the others are answered
             chosen = each_alone(ready, lambda w: window_candidates(w, self.encoder, threads))
         candidates = iter(chosen)
-        selected: list[tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]] | Exception] = []
+        selected: list[Selected | Exception] = []
         for item in located:
             if isinstance(item, Exception):
                 selected.append(item)
                 continue
             got = next(candidates)
-            selected.append(got if isinstance(got, Exception) else (item[0], got, item[1]))
+            window, city, sources = item
+            selected.append(got if isinstance(got, Exception) else (window, city, got, sources))
         good = [item for item in selected if not isinstance(item, Exception)]
-        features = iter(encode_pairs_batch([(w, c) for w, c, _ in good], self.encoder))
+        features = iter(
+            encode_pairs_batch(
+                [(w, c) for w, _, c, _ in good], self.encoder, [city for _, city, _, _ in good]
+            )
+        )
         return [
             item
             if isinstance(item, Exception)
-            else (item[0], self._tensors(next(features), item[1], item[2]))
+            else (item[0], item[1], self._tensors(next(features), item[2], item[3], item[1]))
             for item in selected
         ]
 
-    def _select(
-        self, inputs: Mapping[str, NDArray[Any] | None]
-    ) -> tuple[DispatchWindow, NDArray[np.int32], NDArray[Any]]:
-        """The validated, located window, its candidates and where each point came from."""
-        window, sources = self.geocoder.locate(window_from_wire(inputs, self.limits))
+    def _locate(self, window: DispatchWindow) -> tuple[DispatchWindow, City, NDArray[Any]]:
+        """The window with its addresses geocoded, the city serving it (DispatchInputError
+        naming the first point no registered city serves) and where each point came from."""
+        located, sources = self.geocoder.locate(window)
+        return located, self.cities.locate(located), sources
+
+    def _select(self, inputs: Mapping[str, NDArray[Any] | None]) -> Selected:
+        """The validated, located window, its city, its candidates and where each point
+        came from."""
+        window, city, sources = self._locate(window_from_wire(inputs, self.limits))
         candidates = window_candidates(window, self.encoder, self.threads.selection_threads)
-        return window, candidates, sources
+        return window, city, candidates, sources
 
     @staticmethod
     def _tensors(
-        features: NDArray[np.float32], candidates: NDArray[np.int32], sources: NDArray[Any]
+        features: NDArray[np.float32],
+        candidates: NDArray[np.int32],
+        sources: NDArray[Any],
+        city: City,
     ) -> Arrays:
-        pair_features, candidate_index, located = ENCODER_OUTPUTS
+        pair_features, candidate_index, located, window_city = ENCODER_OUTPUTS
         return {
             pair_features.name: features,
             candidate_index.name: candidates,
             located.name: sources,
+            window_city.name: np.array([city.id.encode("ascii")], dtype=object),
         }
 
     def close(self) -> None:
@@ -250,6 +282,7 @@ class TopKResolverStep:
             weights=parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
             rescore=rescore,
             settings=self.settings,
+            order_ids=_order_ids(inputs, window),
         )
 
     def run(
@@ -398,6 +431,7 @@ class TopKResolverStep:
             capacity,
             parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS")),
             self.settings,
+            _order_ids(inputs, window),
         )
         return Unstacked(checked, checked.objectives(objectives), np.asarray(objectives))
 
@@ -492,6 +526,15 @@ def _rider_counts(
     return rider_counts_from_wire(inputs)
 
 
+def _order_ids(
+    inputs: Mapping[str, NDArray[Any] | None], window: DispatchWindow | None
+) -> NDArray[Any] | None:
+    """The orders' ids, which break exact ties between orders (issue 31): the validated
+    window's, else ORDER_IDS when sent (the ensemble maps the request's), else None (ties
+    then fall to the rows)."""
+    return window.order_ids if window is not None else inputs.get("ORDER_IDS")
+
+
 def _created_at(
     inputs: Mapping[str, NDArray[Any] | None],
     window: DispatchWindow | None,
@@ -514,7 +557,11 @@ def _staged_checked(
     stacks: bool,
 ) -> Staged:
     """`_stage` of a window already checked (`_checked_together`)."""
-    inputs, _, score = item
+    inputs, window, score = item
+    ids = _order_ids(inputs, window)
+    if ids is not None:
+        orders = resolver_window.candidates.shape[0]
+        resolver_window = replace(resolver_window, order_ids=checked_order_ids(ids, orders))
     sent = _required(inputs, PAIR_OBJECTIVES.name)
     base = np.asarray(sent, dtype=np.float32)
     if not stacks:

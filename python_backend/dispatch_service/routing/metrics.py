@@ -1,7 +1,10 @@
 """The router's metric families and what one routed request records.
 
 Recorded by router_adapter and fused_adapter through a metrics.MetricsSink; every series also
-carries the recording model's own `model` and `version` labels. Shadow figures are exported
+carries the recording model's own `model` and `version` labels. The per-order families
+(`ROUTED_ORDERS`, `FALLBACK_ORDERS`) also carry the window's `city`: a registry id (so the
+label's values are bounded by the registry), or `NO_CITY` for a window routed without one
+(`dispatch_features`, whose client encodes the window). Shadow figures are exported
 as sums and counts so that means and ratios are computed over any window in PromQL, e.g.
 top-1 agreement = rate(dispatch_shadow_top1_agreements_total[5m]) /
 rate(dispatch_shadow_orders_total[5m]).
@@ -15,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_service.core.metrics import LATENCY_BUCKETS_MS, MetricKind, MetricSpec, Observation
+from dispatch_service.domain.cities import NO_CITY
 from dispatch_service.routing.engine import NOT_SERVED, TIMED_OUT, RoutedScores
 from dispatch_service.routing.fallback import FallbackLevel
 
@@ -25,6 +29,7 @@ __all__ = [
     "MODEL_CALLS",
     "MODEL_ERRORS",
     "MODEL_LATENCY",
+    "NO_CITY",
     "ROUTED_ORDERS",
     "ROUTER_METRICS",
     "SHADOW_ONTIME_DIFF",
@@ -104,14 +109,16 @@ FUSED_SCORING_LATENCY: Final = MetricSpec(
 ROUTED_ORDERS: Final = MetricSpec(
     "dispatch_router_orders_total",
     MetricKind.COUNTER,
-    "orders answered, by the version that scored them (0 = rule-based) and fallback level",
-    labels=("model_version", "level"),
+    "orders answered, by the version that scored them (0 = rule-based), fallback level and "
+    "the window's city",
+    labels=("model_version", "level", "city"),
 )
 FALLBACK_ORDERS: Final = MetricSpec(
     "dispatch_router_fallbacks_total",
     MetricKind.COUNTER,
-    "orders whose chosen version failed, by that version and the level that answered",
-    labels=("model_version", "level"),
+    "orders whose chosen version failed, by that version, the level that answered and the "
+    "window's city",
+    labels=("model_version", "level", "city"),
 )
 _PAIR_LABELS: Final = ("primary", "shadow")
 SHADOW_ORDERS: Final = MetricSpec(
@@ -166,15 +173,19 @@ def _reason(error: str) -> str:
 
 
 def routed_observations(
-    routed: RoutedScores, latency: MetricSpec = MODEL_LATENCY
+    routed: RoutedScores, latency: MetricSpec = MODEL_LATENCY, city: str | None = None
 ) -> list[Observation]:
     """What one answered routed request records (a few values, never one per order).
+
+    ``city``: the registry id of the window's city (None: `NO_CITY`), the `city` label of
+    the per-order families.
 
     ``latency``: the family the call times go to (`MODEL_LATENCY` for the router's BLS calls,
     `FUSED_SCORING_LATENCY` for dispatch_fused's in-process calls). A version that was not
     served was not called: it counts as an error (reason ``not_served``), not as a call.
     """
     out: list[Observation] = []
+    labels: tuple[tuple[str, str], ...]
     for call in routed.calls:
         labels = (("model_version", str(call.version)), ("role", call.role))
         if call.made:
@@ -187,7 +198,11 @@ def routed_observations(
         (FALLBACK_ORDERS, fallback_counts(routed)),
     ):
         for (version, level), orders in counts.items():
-            labels = (("model_version", str(version)), ("level", str(level)))
+            labels = (
+                ("model_version", str(version)),
+                ("level", str(level)),
+                ("city", city or NO_CITY),
+            )
             out.append(Observation(spec, float(orders), labels))
     for cmp in routed.shadows:
         labels = (("primary", str(cmp.primary_version)), ("shadow", str(cmp.shadow_version)))

@@ -5,8 +5,10 @@ then the MurmurHash3 finaliser so that similar ids spread evenly) picks one of 1
 and buckets ``0 .. canary_percent - 1`` go to the canary version, the rest to the stable one.
 The hash is the same in every process and release (never Python's salted ``hash()``), so a
 user always sees one version; raising the percentage only adds users to the canary, lowering
-it only removes them. A request may force a version with the optional ``MODEL_VERSION_TAG`` input:
-``stable``, ``canary`` or a version number.
+it only removes them. The stable and canary versions and the canary share may differ per
+city (``RouterSettings.city_routes``): a window is routed with its city's, and a user's
+bucket is the same in every city. A request may force a version with the optional
+``MODEL_VERSION_TAG`` input: ``stable``, ``canary`` or a version number.
 
 Served versions
     Both entry points route over the same set: the versions of the scoring model
@@ -84,13 +86,19 @@ def routable(settings: RouterSettings, served: IsServed) -> RouterSettings:
 
 
 def route_window(
-    user_ids: ArrayLike, tag: ArrayLike | None, settings: RouterSettings, served: IsServed
+    user_ids: ArrayLike,
+    tag: ArrayLike | None,
+    settings: RouterSettings,
+    served: IsServed,
+    city: str | None = None,
 ) -> tuple[RouterSettings, I32]:
     """The settings in force and each order's version: the one decision both entry points use.
 
-    Raises DispatchInputError for a bad ``MODEL_VERSION_TAG``.
+    ``city``: the window's city (a registry id; None: unknown, as for `dispatch_features`),
+    whose own route applies (`RouterSettings.for_city`). Raises DispatchInputError for a bad
+    ``MODEL_VERSION_TAG``.
     """
-    effective = routable(settings, served)
+    effective = routable(settings.for_city(city), served)
     return effective, choose_versions(user_ids, effective, parse_version_tag(tag, effective))
 
 

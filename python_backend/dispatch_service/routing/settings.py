@@ -6,19 +6,26 @@ tools (`router_control`) can read a config's routing without importing ONNX Runt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Final
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import lru_cache
+from typing import Any, Final, TypedDict, Unpack
 
 from dispatch_service.core.settings import SettingsError, load_settings, reject_unknown
 
 __all__ = [
+    "CITY_ROUTE_FIELDS",
     "FUSED_MODEL_NAME",
     "ROUTER_MODEL_NAME",
     "ROUTING_BUCKETS",
     "SCORING_MODEL_NAME",
+    "CityRoute",
     "FusedSettings",
+    "RouteValues",
     "RouterSettings",
+    "format_city_routes",
+    "parse_city_routes",
     "parse_versions",
     "settings_record",
 ]
@@ -28,6 +35,50 @@ ROUTING_BUCKETS: Final = 100
 FUSED_MODEL_NAME: Final = "dispatch_fused"
 ROUTER_MODEL_NAME: Final = "dispatch_router"
 SCORING_MODEL_NAME: Final = "dispatch_model"  # the versioned ONNX model routing picks among
+# The settings a city may set for its own windows (`CityRoute`); the others are global.
+CITY_ROUTE_FIELDS: Final = ("stable_version", "canary_version", "canary_percent")
+# A city in the `city_routes` text: a word without its separators (the ids themselves are the
+# registry's, `domain.cities`; the models check the routes' cities against it, `check_cities`).
+_CITY_WORD: Final = re.compile(r"^[^\s:;,=]+$")
+
+
+class RouteValues(TypedDict, total=False):
+    """The `CITY_ROUTE_FIELDS` a route sets, by name."""
+
+    stable_version: int
+    canary_version: int
+    canary_percent: int
+
+
+@dataclass(frozen=True)
+class CityRoute:
+    """One city's own routing: the `CITY_ROUTE_FIELDS` it sets (None: the global value).
+
+    Its windows are routed with the global settings and these values in place
+    (`RouterSettings.for_city`); a user keeps the same bucket in every city.
+    """
+
+    city: str
+    stable_version: int | None = None
+    canary_version: int | None = None
+    canary_percent: int | None = None
+
+    def values(self) -> RouteValues:
+        """The fields this route sets, by name."""
+        out = RouteValues()
+        if self.stable_version is not None:
+            out["stable_version"] = self.stable_version
+        if self.canary_version is not None:
+            out["canary_version"] = self.canary_version
+        if self.canary_percent is not None:
+            out["canary_percent"] = self.canary_percent
+        return out
+
+    def without(self, names: Sequence[str]) -> CityRoute | None:
+        """This route with ``names`` back to the global values; None when it sets nothing then."""
+        kept = (None if name in names else getattr(self, name) for name in CITY_ROUTE_FIELDS)
+        route = CityRoute(self.city, *kept)
+        return route if route.values() else None
 
 
 @dataclass(frozen=True)
@@ -47,10 +98,13 @@ class RouterSettings:
     # (the GPU monitor's device-level L2, ops.gpu): orders the chosen version scored then
     # report FallbackLevel.CPU_SCORED. Set and cleared by the monitor, never by hand.
     cpu_scoring: int = 0
+    # Per-city routes (`CityRoute`), one per city at most, ordered by city id. Parameter
+    # `city_routes`: "beijing:canary_version=2,canary_percent=10;chengdu:stable_version=2".
+    city_routes: tuple[CityRoute, ...] = ()
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if name == "scoring_versions":
+            if name in ("scoring_versions", "city_routes"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an int, got {value!r}")
@@ -77,30 +131,150 @@ class RouterSettings:
             raise ValueError(f"bls_timeout_ms must be >= 1, got {self.bls_timeout_ms}")
         if self.cpu_scoring not in (0, 1):
             raise ValueError(f"cpu_scoring must be 0 or 1, got {self.cpu_scoring}")
+        self._check_city_routes()
+
+    def _check_city_routes(self) -> None:
+        """Each route names a city once, sets a field, and gives its windows settings that
+        pass every rule above (checked by building them); kept in city order."""
+        routes = self.city_routes
+        if not isinstance(routes, tuple) or not all(isinstance(r, CityRoute) for r in routes):
+            raise ValueError(f"city_routes must be a tuple of CityRoute, got {routes!r}")
+        ordered = tuple(sorted(routes, key=lambda route: route.city))
+        object.__setattr__(self, "city_routes", ordered)
+        for before, route in zip((None, *ordered), ordered, strict=False):
+            if not isinstance(route.city, str) or not _CITY_WORD.match(route.city):
+                raise ValueError(f"city_routes: {route.city!r} is not a city id")
+            if before is not None and before.city == route.city:
+                raise ValueError(f"city_routes: {route.city} has more than one route")
+            if not route.values():
+                raise ValueError(f"city_routes {route.city}: sets none of {CITY_ROUTE_FIELDS}")
+            try:
+                replace(self, city_routes=(), **route.values())
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"city_routes {route.city}: {exc}") from None
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> RouterSettings:
         """Parse config.pbtxt parameters; an unknown key or a bad value raises SettingsError."""
         reject_unknown(parameters, cls)
-        plain = {k: v for k, v in parameters.items() if k != "scoring_versions"}
+        parsed = ("scoring_versions", "city_routes")
+        plain = {k: v for k, v in parameters.items() if k not in parsed}
         settings = load_settings(cls, plain)
-        if "scoring_versions" not in parameters:
+        if not any(name in parameters for name in parsed):
             return settings
-        versions = parse_versions("scoring_versions", parameters["scoring_versions"])
+        versions = parse_versions("scoring_versions", parameters.get("scoring_versions", ""))
+        routes = parse_city_routes(parameters.get("city_routes", ""))
         try:
-            return replace(settings, scoring_versions=versions)
+            return replace(settings, scoring_versions=versions, city_routes=routes)
         except ValueError as exc:
             raise SettingsError(f"{cls.__name__}: {exc}") from exc
 
     def to_parameters(self) -> dict[str, str]:
         """The config.pbtxt ``parameters`` map (string values) that reproduces these settings."""
-        out = {name: str(value) for name, value in asdict(self).items()}
+        out = {
+            f.name: str(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in ("scoring_versions", "city_routes")
+        }
         out["scoring_versions"] = ",".join(str(v) for v in self.scoring_versions)
+        out["city_routes"] = format_city_routes(self.city_routes)
         return out
+
+    def for_city(self, city: str | None) -> RouterSettings:
+        """The settings in force for a window of ``city`` (a registry id): its route's values
+        in place of the global ones; without a route (or city), these settings."""
+        if city is None or not self.city_routes:
+            return self
+        return _settings_for_city(self, city)
+
+    def check_cities(self, registered: Collection[str]) -> None:
+        """ValueError naming the first route whose city is not one of ``registered`` (the
+        city registry's ids): a route no window can match is a mistake, not a no-op."""
+        for route in self.city_routes:
+            if route.city not in registered:
+                raise ValueError(
+                    f"city_routes {route.city}: not a registered city ({', '.join(registered)})"
+                )
+
+    def route_of(self, city: str) -> CityRoute | None:
+        """``city``'s own route, or None when it follows the global settings."""
+        return next((route for route in self.city_routes if route.city == city), None)
+
+    def with_route(self, city: str | None, **values: Unpack[RouteValues]) -> RouterSettings:
+        """These settings with ``values`` (`CITY_ROUTE_FIELDS`) in force for ``city``'s
+        windows only, or for every city (None: the global values, which no city then sets
+        for itself). Raises ValueError naming the city when the result breaks a rule."""
+        unknown = set(values) - set(CITY_ROUTE_FIELDS)
+        if unknown:
+            raise ValueError(f"not a per-city setting: {', '.join(sorted(unknown))}")
+        if city is None:
+            kept = (route.without(tuple(values)) for route in self.city_routes)
+            routes = tuple(route for route in kept if route is not None)
+            return replace(self, city_routes=routes, **values)
+        old = self.route_of(city)
+        merged: RouteValues = {**(old.values() if old else RouteValues()), **values}
+        route = CityRoute(city, **merged)
+        others = tuple(r for r in self.city_routes if r.city != city)
+        return replace(self, city_routes=(*others, route))
+
+    def routed_versions(self) -> tuple[int, ...]:
+        """Every version some window may be routed to (stable and canary, globally and in
+        each city), ascending."""
+        found = set()
+        for settings in (self, *(self.for_city(r.city) for r in self.city_routes)):
+            found.add(settings.stable_version)
+            if settings.canary_version:
+                found.add(settings.canary_version)
+        return tuple(sorted(found))
 
     def serves(self, version: int) -> bool:
         """Whether the scoring model serves ``version`` as far as these settings know."""
         return version >= 1 and (not self.scoring_versions or version in self.scoring_versions)
+
+
+@lru_cache(maxsize=1024)
+def _settings_for_city(settings: RouterSettings, city: str) -> RouterSettings:
+    """`RouterSettings.for_city`, built once per settings and city (routing asks per window)."""
+    route = settings.route_of(city)
+    return settings if route is None else replace(settings, city_routes=(), **route.values())
+
+
+def parse_city_routes(text: str) -> tuple[CityRoute, ...]:
+    """``"beijing:canary_version=2,canary_percent=10;chengdu:stable_version=2"`` -> routes;
+    empty -> (). SettingsError naming the city and field of a part that cannot be read (the
+    values' rules are `RouterSettings`')."""
+    routes = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        city, colon, body = (s.strip() for s in part.partition(":"))
+        if not colon or not _CITY_WORD.match(city):
+            raise SettingsError(f"parameter 'city_routes': {part!r} is not CITY:FIELD=VALUE,...")
+        values = RouteValues()
+        for item in (i.strip() for i in body.split(",")):
+            name, equals, value = (s.strip() for s in item.partition("="))
+            if name not in CITY_ROUTE_FIELDS or not equals:
+                raise SettingsError(
+                    f"parameter 'city_routes' {city}: {item!r} is not FIELD=VALUE with FIELD "
+                    f"one of {', '.join(CITY_ROUTE_FIELDS)}"
+                )
+            if name in values:
+                raise SettingsError(f"parameter 'city_routes' {city}: {name} given twice")
+            if not value.isdigit() or len(value) > 9:
+                raise SettingsError(
+                    f"parameter 'city_routes' {city}: {name}={value!r} is not a whole number"
+                )
+            values[name] = int(value)  # type: ignore[literal-required]
+        routes.append(CityRoute(city, **values))
+    return tuple(routes)
+
+
+def format_city_routes(routes: Sequence[CityRoute]) -> str:
+    """The `city_routes` parameter text of ``routes`` (`parse_city_routes` reads it back)."""
+    return ";".join(
+        f"{route.city}:" + ",".join(f"{k}={v}" for k, v in route.values().items())
+        for route in routes
+    )
 
 
 def parse_versions(name: str, text: str) -> tuple[int, ...]:
@@ -130,12 +304,15 @@ class FusedSettings:
 
     def served_versions(self) -> tuple[int, ...]:
         """The versions this model reads when it loads: the stable one, the canary (if any),
-        then every other version the scoring model serves (``scoring_versions``)."""
+        then every other version some city is routed to and every other version the scoring
+        model serves (``scoring_versions``)."""
         canary = self.routing.canary_version
         first = (self.routing.stable_version, *((canary,) if canary else ()))
-        return (*first, *(v for v in self.routing.scoring_versions if v not in first))
+        rest = (*self.routing.routed_versions(), *self.routing.scoring_versions)
+        return (*first, *dict.fromkeys(v for v in rest if v not in first))
 
 
 def settings_record(settings: RouterSettings, **context: Any) -> dict[str, Any]:
     """The structured log record of a router (re)load with these settings."""
-    return {"event": "router_settings_loaded", **context, **asdict(settings)}
+    record = {**asdict(settings), "city_routes": format_city_routes(settings.city_routes)}
+    return {"event": "router_settings_loaded", **context, **record}

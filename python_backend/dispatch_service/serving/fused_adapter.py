@@ -34,8 +34,15 @@ from dispatch_service.routing.metrics import (
     routed_observations,
 )
 from dispatch_service.routing.settings import FusedSettings, settings_record
+from dispatch_service.serving.drain import DrainGate, draining_responses
+from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.router_adapter import log_failed_calls
-from dispatch_service.serving.triton_adapter import TritonResponder, log_event, triton_metrics
+from dispatch_service.serving.triton_adapter import (
+    TritonResponder,
+    log_event,
+    seal_backend_region,
+    triton_metrics,
+)
 from dispatch_service.serving.trust import model_trust
 
 __all__ = [
@@ -59,6 +66,9 @@ FUSED_METRICS = (
 class FusedDispatchAdapter(TritonResponder):
     """Answers dispatch_fused requests; one instance per Triton model instance."""
 
+    # An entry point: closed while the server drains (`serving.drain`).
+    drain_gate: DrainGate = DrainGate.from_environ()
+
     def __init__(
         self,
         pb_utils: Any,
@@ -80,14 +90,16 @@ class FusedDispatchAdapter(TritonResponder):
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         """The windows of one execute run as one batch (`FusedDispatch.run_batch`: pair
         features built and scored once per routed version); each request still gets its own
-        answer or error."""
+        answer or error. Refused UNAVAILABLE, unworked, while the server drains."""
+        if self.drain_gate.closed():
+            return draining_responses(self, requests)
         return self.answer_batch(requests, self.input_names, self.dispatch.run_batch, self._answer)
 
     def _answer(self, request: Any, result: FusedResult) -> Any:
-        self.record(fused_observations(result) + self.dispatch.encoder.geocoder.observations())
-        log_failed_calls(
-            self.pb, self.model_name, request, result.routed, self.dispatch.settings.scoring_model
-        )
+        geocoding = self.dispatch.encoder.geocoder.observations()
+        if not is_probe(request):  # the launcher's deep check is no user traffic
+            self.record(fused_observations(result) + geocoding)
+        log_failed_calls(self, request, result.routed, self.dispatch.settings.scoring_model)
         return self.response(result.outputs)
 
 
@@ -95,7 +107,7 @@ def fused_observations(result: FusedResult) -> list[Observation]:
     """The encoder's, the router's and the resolver's observations of one answered window."""
     return [
         *encoder_observations(result.encoded, result.encode_ms),
-        *routed_observations(result.routed, FUSED_SCORING_LATENCY),
+        *routed_observations(result.routed, FUSED_SCORING_LATENCY, result.city),
         *resolver_observations(result.outputs, result.resolve_ms),
     ]
 
@@ -106,6 +118,7 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
 
     Bad settings raise (SettingsError / ValueError), which fails the load.
     """
+    seal_backend_region(pb_utils, args["model_name"])
     settings = FusedSettings.from_parameters(parameters_from_model_config(args["model_config"]))
     name = args["model_name"]
     version = str(args.get("model_version", ""))

@@ -16,7 +16,8 @@ answer never depends on anything but the settings and the request: no state betw
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -30,14 +31,18 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
     ROUTER_INPUTS,
+    WINDOW_CITY,
 )
 from dispatch_service.core.batches import together
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.log_text import without_values
 from dispatch_service.core.metrics import (
     VALIDATION_REJECTIONS,
     MetricsSink,
 )
-from dispatch_service.core.settings import parameters_from_model_config
+from dispatch_service.core.model_config import config_parameters
+from dispatch_service.core.settings import load_settings, parameters_from_model_config
+from dispatch_service.domain.cities import CitySettings, default_registry
 from dispatch_service.domain.window import user_ids_from_wire
 from dispatch_service.routing.engine import RoutedScores, RouteItem, route_and_score_many
 from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
@@ -49,11 +54,13 @@ from dispatch_service.routing.settings import (
     settings_record,
 )
 from dispatch_service.routing.shadow import shadow_sampled
+from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.triton_adapter import (
     TritonResponder,
     log_event,
     scored_objectives,
     scoring_request,
+    seal_backend_region,
     triton_metrics,
 )
 
@@ -61,11 +68,14 @@ __all__ = [
     "ROUTER_MODEL_NAME",
     "DispatchRouterAdapter",
     "log_failed_calls",
+    "registered_cities",
     "router_adapter_for",
     "router_metrics",
 ]
 
 _INPUT_NAMES: Final = tuple(spec.name for spec in ROUTER_INPUTS)
+# A window's routed scores and the id of its city (None: it came without one).
+Routed = tuple[RoutedScores, str | None]
 
 
 class DispatchRouterAdapter(TritonResponder):
@@ -82,11 +92,15 @@ class DispatchRouterAdapter(TritonResponder):
         target_model: str = SCORING_MODEL_NAME,
         version: str = "",
         instance: str = "",
+        cities: Collection[str] | None = None,
     ) -> None:
         super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
         self.settings = settings
         self.draw = draw  # uniform [0, 1): the shadow sample
         self.target_model = target_model
+        # The registry's city ids: the WINDOW_CITY values routed (and metrics labels).
+        self.cities = frozenset(default_registry().ids if cities is None else cities)
+        settings.check_cities(sorted(self.cities))  # a route for no registered city: no load
 
     # ---- Triton entry points ---------------------------------------------------------------
 
@@ -103,17 +117,21 @@ class DispatchRouterAdapter(TritonResponder):
 
     async def route_batch(
         self, windows: Sequence[dict[str, NDArray[Any] | None]]
-    ) -> list[RoutedScores | Exception]:
-        """Each window's routed scores, or the exception it alone raised."""
-        items: list[RouteItem | Exception] = []
+    ) -> list[Routed | Exception]:
+        """Each window's routed scores and city, or the exception it alone raised."""
+        items: list[tuple[RouteItem, str | None] | Exception] = []
         for inputs in windows:
             try:
                 items.append(self._item(inputs))
             except Exception as exc:  # this window's own error
                 items.append(exc)
         ready = [item for item in items if not isinstance(item, Exception)]
-        routed = await route_and_score_many(ready, self.score)
-        return together(items, lambda _: routed)  # each failed window keeps its place
+        routed = await route_and_score_many([item for item, _ in ready], self.score)
+        outcomes: list[Routed | Exception] = [
+            scores if isinstance(scores, Exception) else (scores, city)
+            for scores, (_, city) in zip(routed, ready, strict=True)
+        ]
+        return together(items, lambda _: outcomes)  # each failed window keeps its place
 
     # ---- one window -----------------------------------------------------------------------
 
@@ -124,13 +142,15 @@ class DispatchRouterAdapter(TritonResponder):
             raise DispatchInputError(name, "is required but missing", "missing")
         return value
 
-    def _item(self, inputs: dict[str, NDArray[Any] | None]) -> RouteItem:
-        """The window's routing decision (versions per order, shadow drawn)."""
+    def _item(self, inputs: dict[str, NDArray[Any] | None]) -> tuple[RouteItem, str | None]:
+        """The window's routing decision (versions per order with its city's settings,
+        shadow drawn) and its city."""
         served = ServedVersions(self.settings.serves)
+        city = self._city(inputs[WINDOW_CITY.name])
         settings, versions = route_window(
-            user_ids_from_wire(inputs), inputs[MODEL_VERSION_TAG.name], self.settings, served
+            user_ids_from_wire(inputs), inputs[MODEL_VERSION_TAG.name], self.settings, served, city
         )
-        return RouteItem(
+        item = RouteItem(
             self._required(inputs, PAIR_FEATURES.name),
             self._required(inputs, CANDIDATE_RIDER_INDEX.name),
             versions,
@@ -138,9 +158,29 @@ class DispatchRouterAdapter(TritonResponder):
             shadow=shadow_sampled(self.draw(), settings),
             served=served,
         )
+        return item, city
 
-    def _answer(self, request: Any, routed: RoutedScores) -> Any:
-        self._report(request, routed)
+    def _city(self, value: NDArray[Any] | None) -> str | None:
+        """WINDOW_CITY's city id (absent or empty: None); one the registry does not hold is
+        refused (DispatchInputError), so the `city` label stays bounded."""
+        if value is None:
+            return None
+        items = np.asarray(value, dtype=object).reshape(-1)
+        if items.size != 1:
+            raise DispatchInputError(
+                WINDOW_CITY.name, f"must have shape [1], got {items.size} values", "shape"
+            )
+        raw = items[0]
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        if not text:
+            return None
+        if text not in self.cities:
+            raise DispatchInputError(WINDOW_CITY.name, "names no registered city", "city")
+        return text
+
+    def _answer(self, request: Any, outcome: Routed) -> Any:
+        routed, city = outcome
+        self._report(request, routed, city)
         return self.response(
             {
                 PAIR_OBJECTIVES.name: routed.objectives,
@@ -156,29 +196,37 @@ class DispatchRouterAdapter(TritonResponder):
 
     # ---- reporting ------------------------------------------------------------------------
 
-    def _report(self, request: Any, routed: RoutedScores) -> None:
-        self.record(routed_observations(routed))
-        log_failed_calls(self.pb, self.model_name, request, routed, self.target_model)
+    def _report(self, request: Any, routed: RoutedScores, city: str | None) -> None:
+        if not is_probe(request):  # the launcher's deep check is no user traffic
+            self.record(routed_observations(routed, city=city))
+        log_failed_calls(self, request, routed, self.target_model)
 
 
 def log_failed_calls(
-    pb_utils: Any, model_name: str, request: Any, routed: RoutedScores, target: str
+    responder: TritonResponder, request: Any, routed: RoutedScores, target: str
 ) -> None:
-    """One warning line per failed version call of a routed request (never its payload)."""
+    """One warning line per failed version call of a routed request (never its payload;
+    rate-limited with the responder's other per-request lines)."""
     for call in routed.calls:
         if call.error is not None:
-            log_event(
-                pb_utils,
+            responder.log_request(
                 "warn",
-                event="model_call_failed",
-                model=model_name,
-                request_id=request.request_id(),
+                request,
+                "model_call_failed",
                 target=target,
                 target_version=call.version,
                 role=call.role,
                 orders=call.orders,
-                error=call.error,
+                error=without_values(call.error),
             )
+
+
+def registered_cities(repository: Path) -> tuple[str, ...]:
+    """The ids of the city registry the repository's feature_encoder serves (its
+    ``city_registry`` parameter; the shipped registry without one)."""
+    encoder = repository / "feature_encoder" / "config.pbtxt"
+    parameters = config_parameters(encoder) if encoder.is_file() else {}
+    return load_settings(CitySettings, parameters).registry().ids
 
 
 def router_metrics(pb_utils: Any, model_name: str, version: str) -> MetricsSink:
@@ -192,10 +240,12 @@ def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAda
     Bad settings raise (SettingsError / ValueError), which fails the load: Triton then keeps
     the previous router serving.
     """
+    seal_backend_region(pb_utils, args["model_name"])
     settings = RouterSettings.from_parameters(parameters_from_model_config(args["model_config"]))
     name = args["model_name"]
     version = str(args.get("model_version", ""))
     instance = str(args.get("model_instance_name", ""))
+    repository = args.get("model_repository")
     adapter = DispatchRouterAdapter(
         pb_utils,
         name,
@@ -203,6 +253,7 @@ def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAda
         metrics=router_metrics(pb_utils, name, version),
         version=version,
         instance=instance,
+        cities=registered_cities(Path(repository).parent) if repository else None,
     )
     adapter.loaded()
     log_event(

@@ -25,8 +25,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import PAIR_FEATURES, PAIR_OBJECTIVES, spec_by_name, wire_shape
+from dispatch_service.core.backend_shm import seal_own_region
 from dispatch_service.core.batches import each_alone
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.log_text import LogRateLimit, clip, describe_error, without_values
 from dispatch_service.core.metrics import (
     STEP_OBSERVERS,
     BackgroundMetrics,
@@ -51,6 +53,8 @@ from dispatch_service.pipeline.steps import (
 )
 from dispatch_service.routing.engine import ModelCallError
 from dispatch_service.routing.settings import SCORING_MODEL_NAME
+from dispatch_service.serving.drain import DrainGate, draining_responses
+from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.trust import model_trust
 
 __all__ = [
@@ -64,6 +68,7 @@ __all__ = [
     "metrics_error_logger",
     "scored_objectives",
     "scoring_request",
+    "seal_backend_region",
     "triton_metrics",
     "unbatched",
     "with_instance_device",
@@ -74,6 +79,22 @@ def log_event(pb_utils: Any, level: str, **fields: Any) -> None:
     """One JSON log line through Triton's logger (never with request payload)."""
     line = json.dumps(fields, sort_keys=True, default=str)
     getattr(pb_utils.Logger, f"log_{level}")(line)
+
+
+def seal_backend_region(pb_utils: Any, model_name: str) -> None:
+    """Make this stub's shared-memory region unreachable by name (`core.backend_shm`); the
+    first thing every `model.py`'s `initialize` does. A failure is logged, never fails the
+    load."""
+    try:
+        seal_own_region()
+    except OSError as exc:
+        log_event(
+            pb_utils,
+            "warn",
+            event="shm_region_not_sealed",
+            model=model_name,
+            error=describe_error(exc),
+        )
 
 
 T = TypeVar("T")
@@ -93,10 +114,16 @@ class ReadBatch:
 class TritonResponder:
     """What every adapter shares: error responses, rejection logs, metrics, load/unload logs.
 
-    No adapter asks `request.is_cancelled()`: Triton's dynamic batcher drops a cancelled
-    request before `execute` (and an ensemble stops between steps), while each ask is a round
-    trip from the stub to the server; dispatch_fused served 7-8 % more small windows a second
-    at concurrency 64 without it.
+    Each window-level request is asked `request.is_cancelled()` before it is read
+    (`read_batch`) and a cancelled one is answered CANCELLED at once, unworked: Triton 2.51's
+    dynamic batcher does not drop a request whose client gave up (its deadline passed) but
+    hands it to `execute` like any other -- about half of dispatch_fused's requests under
+    32 callers with 1-15 ms deadlines (issue 32) -- so without the ask they held the
+    instances, and the queue behind them filled for every other caller. Each ask is a round
+    trip from the stub to the server (dispatch_fused served 7-8 % fewer small windows a
+    second at concurrency 64 with it, measured before the batcher's behaviour was known).
+    An ensemble's step requests never read as cancelled on 2.51: the ensemble does not pass
+    its client's cancellation on.
     """
 
     def __init__(
@@ -114,6 +141,7 @@ class TritonResponder:
         self.instance = instance
         self.metrics: MetricsSink = metrics if metrics is not None else NullMetrics()
         self._metrics_failed = metrics_error_logger(pb_utils, model_name)
+        self.request_lines = LogRateLimit()
 
     def loaded(self) -> None:
         """Log this instance's load (called once `initialize` has built the adapter)."""
@@ -178,15 +206,51 @@ class TritonResponder:
     def error(self, request: Any, message: str, code: Any) -> Any:
         return self.pb.InferenceResponse(error=self.pb.TritonError(message, code))
 
+    def cancelled(self, request: Any) -> bool:
+        """Whether the request's client gave up on it (a failed ask reads as not cancelled:
+        the request is then served as usual)."""
+        try:
+            return bool(request.is_cancelled())
+        except Exception:
+            return False
+
+    def cancelled_response(self, request: Any) -> Any:
+        """The answer of a request cancelled before it was worked (never logged: a client's
+        deadline is not an error of the request)."""
+        return self.error(
+            request,
+            f"{self.model_name}: request cancelled before it was served",
+            self.pb.TritonError.CANCELLED,
+        )
+
+    def log_limited(self, level: str, event: str, **fields: Any) -> None:
+        """One line of a kind there can be one of per request, rate-limited per instance
+        (`request_lines`); the first line let through after some were dropped is preceded
+        by a ``log_lines_dropped`` line counting them. ``fields`` hold no payload value."""
+        dropped = self.request_lines.admit()
+        if dropped is None:
+            return
+        if dropped:
+            log_event(
+                self.pb, "warn", event="log_lines_dropped", model=self.model_name, lines=dropped
+            )
+        log_event(self.pb, level, event=event, model=self.model_name, **fields)
+
+    def log_request(self, level: str, request: Any, event: str, **fields: Any) -> None:
+        """`log_limited` with the request's id, capped and escaped (`core.log_text.clip`)."""
+        try:
+            request_id = clip(request.request_id())
+        except Exception:  # a request that cannot say its id is still logged
+            request_id = ""
+        self.log_limited(level, event, request_id=request_id, **fields)
+
     def reject(self, request: Any, exc: DispatchInputError) -> Any:
-        log_event(
-            self.pb,
+        self.log_request(
             "warn",
-            event="request_rejected",
-            model=self.model_name,
-            request_id=request.request_id(),
-            tensor=exc.tensor,
-            rule=exc.rule,
+            request,
+            "request_rejected",
+            tensor=clip(exc.tensor),
+            rule=without_values(exc.rule),  # the message to the client may quote its values
             code=exc.code,
         )
         self.record([rejection_observation(exc)])
@@ -213,9 +277,12 @@ class TritonResponder:
 
     def read_batch(self, requests: Sequence[Any], names: Sequence[str]) -> ReadBatch:
         """`answer_batch`'s first half: each request's named inputs (`arrays`), or its
-        answer already where they cannot be read."""
+        answer already where it was cancelled or its inputs cannot be read."""
         read = ReadBatch([None] * len(requests), [], [])
         for i, request in enumerate(requests):
+            if self.cancelled(request):
+                read.responses[i] = self.cancelled_response(request)
+                continue
             try:
                 read.windows.append(self.arrays(request, names))
             except DispatchInputError as exc:
@@ -247,15 +314,14 @@ class TritonResponder:
         return responses
 
     def internal_error(self, request: Any, exc: Exception) -> Any:
-        log_event(
-            self.pb,
+        self.log_request(
             "error",
-            event="request_failed",
-            model=self.model_name,
-            request_id=request.request_id(),
-            error=f"{type(exc).__name__}: {exc}",
-            # The exception's own traceback: a batch answers its failures after the fact.
-            trace="".join(traceback.format_exception(exc, limit=5)),
+            request,
+            "request_failed",
+            error=describe_error(exc),
+            # The exception's own frames (its message is `error`): a batch answers its
+            # failures after the fact.
+            trace=clip("".join(traceback.format_tb(exc.__traceback__, limit=5)), 2048),
         )
         return self.error(
             request,
@@ -295,7 +361,7 @@ class TritonStepAdapter(TritonResponder):
         count = max(len(requests), 1)
 
         def answer(request: Any, outputs: Arrays) -> Any:
-            if self.observer is not None:
+            if self.observer is not None and not is_probe(request):
                 elapsed_ms = (time.perf_counter() - started) * 1000.0 / count
                 self.record(self.observer(outputs, elapsed_ms))
             return self.response(outputs)
@@ -313,10 +379,17 @@ class TritonEncoderAdapter(TritonStepAdapter):
     still gets its own answer or error."""
 
     step: FeatureEncoderStep
+    # Where a window enters the `dispatch` ensembles: closed while the server drains.
+    drain_gate: DrainGate = DrainGate.from_environ()
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        if self.drain_gate.closed():
+            return draining_responses(self, requests)
+        return super().execute(requests)
 
     def run_batch(self, windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
         encoded = self.step.encode_batch(windows)
-        return [item if isinstance(item, Exception) else item[1] for item in encoded]
+        return [item if isinstance(item, Exception) else item[2] for item in encoded]
 
 
 class TritonResolverAdapter(TritonStepAdapter):
@@ -361,15 +434,13 @@ class TritonResolverAdapter(TritonStepAdapter):
         try:
             return scored_objectives(self.pb, call.exec())
         except Exception as exc:
-            log_event(  # the resolution goes on, so say why its figures are stand-alone
-                self.pb,
+            self.log_limited(  # the resolution goes on, so say why its figures are stand-alone
                 "warn",
-                event="rescore_failed",
-                model=self.model_name,
+                "rescore_failed",
                 target=self.target_model,
                 target_version=int(version),
                 pairs=len(features),
-                error=f"{type(exc).__name__}: {exc}",
+                error=describe_error(exc),
             )
             if isinstance(exc, ModelCallError):
                 raise
@@ -478,6 +549,7 @@ def with_instance_device(parameters: dict[str, str], args: dict[str, str]) -> di
 
 def adapter_for(pb_utils: Any, args: dict[str, str], model: str) -> TritonStepAdapter:
     """Build the adapter a `model.py` needs from Triton's `initialize` args; log the load."""
+    seal_backend_region(pb_utils, args["model_name"])
     parameters = parameters_from_model_config(args["model_config"])
     name = args["model_name"]
     version = str(args.get("model_version", ""))
@@ -545,7 +617,7 @@ def triton_metrics(
             "warn",
             event="metrics_unavailable",
             model=model_name,
-            error=f"{type(exc).__name__}: {exc}",
+            error=describe_error(exc),
         )
         return NullMetrics()
     return BackgroundMetrics(sink, on_error=metrics_error_logger(pb_utils, model_name))
@@ -563,7 +635,7 @@ def metrics_error_logger(pb_utils: Any, model_name: str) -> Callable[[Exception]
                 "error",
                 event="metrics_failed",
                 model=model_name,
-                error=f"{type(exc).__name__}: {exc}",
+                error=describe_error(exc),
             )
 
     return report

@@ -98,8 +98,8 @@ def test_weights_are_sent_when_given() -> None:
     [
         ({"EXTRA": [1]}, "unknown feature tensor"),
         ({"RIDER_IDS": None}, "feature tensors lack RIDER_IDS"),
-        ({"PAIR_FEATURES": np.zeros((6, 27))}, r"PAIR_FEATURES must have shape \[P, 28\]"),
-        ({"PAIR_FEATURES": np.zeros((5, 28))}, "must have B x N = 6 rows, got 5"),
+        ({"PAIR_FEATURES": np.zeros((6, 27))}, r"PAIR_FEATURES must have shape \[P, 34\]"),
+        ({"PAIR_FEATURES": np.zeros((5, 34))}, "must have B x N = 6 rows, got 5"),
         ({"CANDIDATE_RIDER_INDEX": np.zeros((3, 2))}, "with B = 2 orders"),
         ({"ORDER_USER_IDS": [b"u"]}, r"ORDER_TEXT must have shape \[2, \*\]"),
     ],

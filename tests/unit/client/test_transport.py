@@ -110,6 +110,13 @@ def test_grpc_passes_its_deadline() -> None:
     assert client.requests[0][3] == {"client_timeout": 4.5, "request_id": ""}
 
 
+def test_grpc_sends_its_request_parameters_with_every_request() -> None:
+    transport = GrpcTransport("h:8001", timeout_s=2, parameters={"dispatch_probe": True})
+    transport.infer("dispatch", INPUTS, ["OUT"])
+    [client] = StubClient.instances
+    assert client.requests[0][3]["parameters"] == {"dispatch_probe": True}
+
+
 @pytest.mark.parametrize("kind", ["http", "grpc"])
 def test_server_error_message_on_one_line(kind: str) -> None:
     status = "400" if kind == "http" else "StatusCode.INVALID_ARGUMENT"

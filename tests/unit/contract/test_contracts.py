@@ -71,7 +71,9 @@ def test_window_level_models_batch_one_window_per_request(model: str) -> None:
     dynamic batching on every Python model (an ensemble batches through its steps)."""
     config = load_config(REPO / model / "config.pbtxt")
     assert config.max_batch_size == contracts.MAX_WINDOW_BATCH
-    assert len(config.input) <= contracts.MAX_WIRE_TENSORS
+    # topk_resolver, an internal step, also takes the request's ORDER_IDS: its tie-break.
+    extra = 1 if model == "topk_resolver" else 0
+    assert len(config.input) <= contracts.MAX_WIRE_TENSORS + extra
     assert len(config.output) <= contracts.MAX_WIRE_TENSORS
     if config.platform == "ensemble":
         for step in config.ensemble_scheduling.step:
@@ -233,6 +235,10 @@ def test_router_declares_the_routing_contract_and_valid_settings() -> None:
     # Shipped: version 1 serves everyone, version 2 is the canary at 0 %.
     assert (settings.stable_version, settings.canary_version) == SERVED_VERSIONS
     assert settings.canary_percent == 0
+    assert settings.city_routes == ()  # every city routes alike until a deploy --city
+    # The city the router routes a window by is the one the encoder found (WINDOW_CITY).
+    (city,) = (spec for spec in contracts.ROUTER_INPUTS if spec.name == "WINDOW_CITY")
+    assert city.optional and contracts.WINDOW_CITY in contracts.ENCODER_OUTPUTS
 
 
 @pytest.mark.parametrize("config_file", ["config.pbtxt", "configs/gpu.pbtxt"])
@@ -357,11 +363,21 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
     # `dispatch`'s answer without what only the encoder knows (how the points were found)
     located = contracts.ORDER_LOCATION_SOURCE.name
     assert list(entry.output) == [o for o in dispatch.output if o.name != located]
-    # the steps after the encoder, mapped exactly as in `dispatch`
-    assert list(entry.ensemble_scheduling.step) == list(dispatch.ensemble_scheduling.step)[1:]
+    # the steps after the encoder, mapped exactly as in `dispatch`, but for the order ids
+    # `dispatch` hands its resolver as the tie-break between orders (a feature-entry request
+    # carries none: its orders are rows) and the window's city its router (none either: the
+    # global routing settings)
+    after_encoder = list(dispatch.ensemble_scheduling.step)[1:]
+    router, resolver = after_encoder
+    assert router.model_name == "dispatch_router"
+    city = contracts.WINDOW_CITY.name
+    assert router.input_map.pop(city) == city
+    assert resolver.model_name == "topk_resolver"
+    assert resolver.input_map.pop("ORDER_IDS") == "ORDER_IDS"
+    assert list(entry.ensemble_scheduling.step) == after_encoder
     encoder = dispatch.ensemble_scheduling.step[0]
     assert encoder.model_name == "feature_encoder"
-    assert set(encoder.output_map.values()) == {features.name, candidates.name, located}
+    assert set(encoder.output_map.values()) == {features.name, candidates.name, located, city}
 
 
 def test_fused_entry_declares_what_dispatch_declares() -> None:

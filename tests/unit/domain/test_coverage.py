@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from numpy.typing import NDArray
@@ -119,3 +121,28 @@ def test_empty_windows_pass_through() -> None:
         candidates = np.full(shape, -1, dtype=np.int32)
         feasible = np.zeros((shape[0], 2), dtype=np.bool_)
         assert cover_maximum_assignment(candidates, feasible.copy, spare) is candidates
+
+
+def amended_by_ids(seed: int, orders: NDArray[np.int64], riders: NDArray[np.int64]) -> list[Any]:
+    """`random_instance` listed in the order ``orders`` / ``riders``, with ids: each order id's
+    amended list as rider ids (None pads), in order-id order."""
+    dist, feasible, spare, n = random_instance(seed)
+    dist, feasible, spare = dist[orders][:, riders], feasible[orders][:, riders], spare[riders]
+    order_ids = np.array([f"o{b}".encode() for b in orders], dtype=object)
+    rider_ids = np.array([f"r{r}".encode() for r in riders], dtype=object)
+    candidates = nearest_lists(dist, feasible, n)
+    amended = cover_maximum_assignment(candidates, lambda: feasible, spare, order_ids, rider_ids)
+    names = np.append(rider_ids, None)
+    return sorted(zip(order_ids.tolist(), (names[row].tolist() for row in amended), strict=True))
+
+
+@pytest.mark.parametrize("seed", range(0, 300, 3))
+def test_the_amendment_does_not_depend_on_how_the_window_is_listed(seed: int) -> None:
+    """Which order gets which far rider follows the ids: the same for every listing."""
+    dist, _, _, _ = random_instance(seed)
+    num_orders, num_riders = dist.shape
+    expected = amended_by_ids(seed, np.arange(num_orders), np.arange(num_riders))
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        orders, riders = rng.permutation(num_orders), rng.permutation(num_riders)
+        assert amended_by_ids(seed, orders, riders) == expected

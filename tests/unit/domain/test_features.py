@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -18,6 +19,7 @@ from dispatch_contract import (
     Vehicle,
 )
 from dispatch_service.domain import features, geo
+from dispatch_service.domain.cities import DEFAULT_REGISTRY, default_registry, registry_from_dict
 from dispatch_service.domain.features import EncodedWindow, EncoderSettings
 from dispatch_service.domain.resolver import resolve
 from dispatch_service.domain.window import DispatchWindow
@@ -32,6 +34,7 @@ COLUMN = {name: j for j, name in enumerate(PAIR_FEATURE_NAMES)}
 SHANGHAI_TZ = timezone(timedelta(hours=8))
 # Saturday 2024-06-01 12:00 in Shanghai.
 SATURDAY_NOON = int(datetime(2024, 6, 1, 12, 0, tzinfo=SHANGHAI_TZ).timestamp())
+SHANGHAI = default_registry().get("shanghai")
 
 
 def make_window(
@@ -80,7 +83,7 @@ def random_window(
     rng: np.random.Generator, num_orders: int, num_riders: int, spots: int | None = None
 ) -> DispatchWindow:
     """Random city window; with ``spots`` riders share few positions, forcing exact ties."""
-    centre = np.array(geo.CITY_CENTRE)
+    centre = np.array(SHANGHAI.centre)
     pickup = centre + rng.normal(0.0, 0.05, (num_orders, 2))
     if spots is None:
         riders = centre + rng.normal(0.0, 0.05, (num_riders, 2))
@@ -104,12 +107,12 @@ def random_window(
 
 
 def brute_force_candidates(window: DispatchWindow, n: int) -> NDArray[np.int32]:
-    """The definition, one order and one rider at a time."""
+    """The definition, one order and one rider at a time: nearest first, ties by rider id."""
     n_eff = min(n, window.num_riders)
     out = np.full((window.num_orders, n_eff), -1, dtype=np.int32)
     for b in range(window.num_orders):
         bits = int(window.constraints[b])
-        eligible: list[tuple[float, int]] = []
+        eligible: list[tuple[float, bytes, int]] = []
         for r in range(window.num_riders):
             if window.rider_capacity[r] - window.rider_load[r] <= 0:
                 continue
@@ -125,8 +128,8 @@ def brute_force_candidates(window: DispatchWindow, n: int) -> NDArray[np.int32]:
                     window.pickup[b, 1],
                 )
             )
-            eligible.append((distance, r))
-        best = [r for _, r in sorted(eligible)[:n_eff]]
+            eligible.append((distance, window.rider_ids[r], r))
+        best = [r for *_, r in sorted(eligible)[:n_eff]]
         out[b, : len(best)] = best
     return out
 
@@ -138,7 +141,7 @@ def test_layout_matches_contract() -> None:
     assert len(PAIR_FEATURE_NAMES) == NUM_PAIR_FEATURES
     assert len(set(PAIR_FEATURE_NAMES)) == NUM_PAIR_FEATURES
     window = random_window(np.random.default_rng(0), 3, 5)
-    encoded = features.encode_window(window, EncoderSettings(candidates_per_order=4))
+    encoded = features.encode_window(window, SHANGHAI, EncoderSettings(candidates_per_order=4))
     assert encoded.pair_features.shape == (3 * 4, NUM_PAIR_FEATURES)
     assert encoded.pair_features.dtype == np.float32
     assert encoded.candidate_rider_index.shape == (3, 4)
@@ -146,14 +149,13 @@ def test_layout_matches_contract() -> None:
 
 
 def test_settings_are_validated() -> None:
-    assert EncoderSettings() == EncoderSettings(16, 480, 7)
+    assert EncoderSettings() == EncoderSettings(16, 7)
     EncoderSettings(candidates_per_order=MAX_CANDIDATES)
     for bad in (
         {"candidates_per_order": 0},
         {"candidates_per_order": MAX_CANDIDATES + 1},
         {"zone_precision": 0},
         {"zone_precision": 13},
-        {"utc_offset_minutes": 24 * 60},
     ):
         with pytest.raises(ValueError):
             EncoderSettings(**bad)
@@ -174,7 +176,7 @@ def test_selection_matches_brute_force(seed: int) -> None:
 
 
 def test_selection_is_exact_with_many_colocated_riders() -> None:
-    """Exact ties across the pre-selection cut still resolve by the lower rider row."""
+    """Exact ties across the pre-selection cut still resolve by the lower rider id."""
     rng = np.random.default_rng(100)
     window = random_window(rng, 30, 400, spots=3)
     got = features.select_candidates(window, 5)
@@ -208,13 +210,13 @@ def test_selection_skips_infeasible_riders_and_pads() -> None:
     )
 
 
-def test_selection_orders_by_distance_then_row() -> None:
+def test_selection_orders_by_distance_then_id() -> None:
     here = [31.2, 121.4]
     window = make_window(
         pickup=[here],
         rider_position=[[31.21, 121.4], [31.2, 121.4], [31.19, 121.4], [31.2, 121.4]],
     )
-    # Rows 1 and 3 sit on the pickup (a tie, lower row first); rows 0 and 2 are 1.1 km
+    # Rows 1 and 3 sit on the pickup (a tie, lower id first); rows 0 and 2 are 1.1 km
     # away north and south: equal up to rounding, so only assert they come last.
     got = features.select_candidates(window, 3)
     assert got[0, :2].tolist() == [1, 3]
@@ -236,7 +238,7 @@ def test_no_feasible_rider_gives_all_padding() -> None:
         rider_load=[0, 1],
     )
     np.testing.assert_array_equal(features.select_candidates(window, 2), [[-1, -1]])
-    encoded = features.encode_window(window, EncoderSettings(candidates_per_order=2))
+    encoded = features.encode_window(window, SHANGHAI, EncoderSettings(candidates_per_order=2))
     assert not encoded.pair_features.any()
 
 
@@ -282,13 +284,13 @@ def _zone(lat: float, lon: float) -> tuple[float, float]:
     """Zone position through the string path (encode, decode), independent of the encoder."""
     precision = EncoderSettings().zone_precision
     c_lat, c_lon = geo.geohash_decode_centre(geo.geohash_encode([lat], [lon], precision))
-    east, north = geo.en_offset_km(c_lat, c_lon)
+    east, north = geo.en_offset_km(c_lat, c_lon, SHANGHAI.centre)
     return float(east[0]), float(north[0])
 
 
 def test_features_of_a_hand_made_window() -> None:
     window = _hand_window()
-    encoded = features.encode_window(window, EncoderSettings(candidates_per_order=3))
+    encoded = features.encode_window(window, SHANGHAI, EncoderSettings(candidates_per_order=3))
     assert isinstance(encoded, EncodedWindow)
     np.testing.assert_array_equal(encoded.candidate_rider_index, [[0, -1]])
     assert encoded.pair_features.shape == (2, NUM_PAIR_FEATURES)
@@ -330,13 +332,30 @@ def test_features_of_a_hand_made_window() -> None:
     assert row["rider_capacity"] == 3.0
     assert row["rider_load_ratio"] == pytest.approx(1.0 / 3.0)
     assert (row["vehicle_ebike"], row["vehicle_motorbike"], row["vehicle_car"]) == (0.0, 1.0, 0.0)
+    # The map: the rider 1.1 km north stays west of the Huangpu; the trip 4.76 km due east
+    # crosses it, best through the crossing at (east 1.6, north 1.0) km (cities.json), and a
+    # motorbike runs 24 km/h on roads 1.3 times the straight line.
+    trip_km = 4.7557
+    detour = np.hypot(1.6, 1.0) + np.hypot(trip_km - 1.6, 1.0) - trip_km
+    assert (row["approach_barrier_crossings"], row["approach_detour_km"]) == (0.0, 0.0)
+    assert row["trip_barrier_crossings"] == 1.0
+    assert row["trip_detour_km"] == pytest.approx(detour, abs=2e-3)
+    assert row["approach_route_minutes"] == pytest.approx(1.11195 * 1.3 / 24 * 60, rel=1e-3)
+    assert row["trip_route_minutes"] == pytest.approx((trip_km + detour) * 1.3 / 24 * 60, rel=1e-3)
     # The padded slot is an all-zero row.
     assert not encoded.pair_features[1].any()
 
 
-def test_time_features_follow_the_utc_offset_and_weekday() -> None:
+def _city_in(timezone_name: str) -> Any:
+    """Shanghai's registry entry under another time zone."""
+    document = json.loads(DEFAULT_REGISTRY.read_text())
+    entry = next(city for city in document["cities"] if city["id"] == "shanghai")
+    return registry_from_dict({"cities": [{**entry, "timezone": timezone_name}]}).cities[0]
+
+
+def test_time_features_follow_the_citys_time_zone_and_weekday() -> None:
     window = _hand_window()
-    utc = features.encode_window(window, EncoderSettings(utc_offset_minutes=0)).pair_features[0]
+    utc = features.encode_window(window, _city_in("Etc/UTC")).pair_features[0]
     # 04:00 UTC on the same Saturday.
     assert utc[COLUMN["hour_sin"]] == pytest.approx(np.sin(2 * np.pi * 4 / 24), abs=1e-6)
     assert utc[COLUMN["hour_cos"]] == pytest.approx(np.cos(2 * np.pi * 4 / 24), abs=1e-6)
@@ -344,21 +363,21 @@ def test_time_features_follow_the_utc_offset_and_weekday() -> None:
 
     monday = int(datetime(2024, 6, 3, 0, 30, tzinfo=SHANGHAI_TZ).timestamp())
     row = features.encode_window(
-        _hand_window(dispatch_time=monday, created_at=[monday - 60])
+        _hand_window(dispatch_time=monday, created_at=[monday - 60]), SHANGHAI
     ).pair_features[0]
     assert row[COLUMN["is_weekend"]] == 0.0
     assert row[COLUMN["hour_sin"]] == pytest.approx(np.sin(2 * np.pi * 0.5 / 24), abs=1e-6)
     # Sunday 23:59 Shanghai is still the weekend, though Monday in UTC+9.
     sunday = int(datetime(2024, 6, 2, 23, 59, tzinfo=SHANGHAI_TZ).timestamp())
     row = features.encode_window(
-        _hand_window(dispatch_time=sunday, created_at=[sunday])
+        _hand_window(dispatch_time=sunday, created_at=[sunday]), SHANGHAI
     ).pair_features[0]
     assert row[COLUMN["is_weekend"]] == 1.0
 
 
 def test_order_created_after_dispatch_time_has_zero_age() -> None:
     window = _hand_window(created_at=[SATURDAY_NOON + 120], promised_minutes=[45.0])
-    row = features.encode_window(window).pair_features[0]
+    row = features.encode_window(window, SHANGHAI).pair_features[0]
     assert row[COLUMN["order_age_minutes"]] == 0.0
     assert row[COLUMN["slack_minutes"]] == pytest.approx(45.0)
 
@@ -366,7 +385,7 @@ def test_order_created_after_dispatch_time_has_zero_age() -> None:
 def test_encode_pairs_handles_zero_capacity_and_given_candidates() -> None:
     window = _hand_window(rider_capacity=[0, 2], rider_load=[0, 2])
     candidates = np.array([[1, 0, -1]], dtype=np.int32)
-    out = features.encode_pairs(window, candidates, EncoderSettings())
+    out = features.encode_pairs(window, candidates, EncoderSettings(), SHANGHAI)
     assert out.shape == (3, NUM_PAIR_FEATURES)
     assert out[0, COLUMN["rider_load_ratio"]] == 1.0
     assert out[0, COLUMN["vehicle_car"]] == 1.0
@@ -374,9 +393,9 @@ def test_encode_pairs_handles_zero_capacity_and_given_candidates() -> None:
     assert out[1, COLUMN["rider_load_ratio"]] == 0.0
     assert not out[2].any()
     with pytest.raises(ValueError):
-        features.encode_pairs(window, np.array([[2]], dtype=np.int32), EncoderSettings())
+        features.encode_pairs(window, np.array([[2]], dtype=np.int32), EncoderSettings(), SHANGHAI)
     with pytest.raises(ValueError):
-        features.encode_pairs(window, np.array([0, 1], dtype=np.int32), EncoderSettings())
+        features.encode_pairs(window, np.array([0, 1], dtype=np.int32), EncoderSettings(), SHANGHAI)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -384,7 +403,7 @@ def test_rows_follow_candidates_on_random_windows(seed: int) -> None:
     rng = np.random.default_rng(1000 + seed)
     window = random_window(rng, 40, 120)
     settings = EncoderSettings(candidates_per_order=8)
-    encoded = features.encode_window(window, settings)
+    encoded = features.encode_window(window, SHANGHAI, settings)
     cand = encoded.candidate_rider_index
     np.testing.assert_array_equal(cand, features.select_candidates(window, 8))
     table = encoded.pair_features.reshape(40, 8, NUM_PAIR_FEATURES)
@@ -418,7 +437,7 @@ def test_rows_follow_candidates_on_random_windows(seed: int) -> None:
         table[b_idx, j_idx, COLUMN["large_item"]], (window.constraints[b_idx] & LARGE) != 0
     )
     # Encoding is deterministic.
-    again = features.encode_window(window, settings)
+    again = features.encode_window(window, SHANGHAI, settings)
     np.testing.assert_array_equal(again.pair_features, encoded.pair_features)
 
 
@@ -431,7 +450,7 @@ def test_pair_geometry_is_bitwise_the_geo_functions(seed: int) -> None:
     padded = candidates.copy()
     padded[:, -1] = -1  # some padding: the scattered-rows path
     for table in (candidates, padded):
-        got = features.encode_pairs(window, table, EncoderSettings())
+        got = features.encode_pairs(window, table, EncoderSettings(), SHANGHAI)
         order, slot = np.nonzero(table >= 0)
         rider = table[order, slot]
         rows = got[order * table.shape[1] + slot]
@@ -439,8 +458,10 @@ def test_pair_geometry_is_bitwise_the_geo_functions(seed: int) -> None:
         p_lat, p_lon = window.pickup[order, 0], window.pickup[order, 1]
         d_lat, d_lon = window.dropoff[order, 0], window.dropoff[order, 1]
         precision = EncoderSettings().zone_precision
-        zone = geo.en_offset_km(*geo.geohash_cell_centre(r_lat, r_lon, precision))
-        dropoff_zone = geo.en_offset_km(*geo.geohash_cell_centre(d_lat, d_lon, precision))
+        zone = geo.en_offset_km(*geo.geohash_cell_centre(r_lat, r_lon, precision), SHANGHAI.centre)
+        dropoff_zone = geo.en_offset_km(
+            *geo.geohash_cell_centre(d_lat, d_lon, precision), SHANGHAI.centre
+        )
         expected = {
             "pickup_distance_km": geo.haversine_km(r_lat, r_lon, p_lat, p_lon),
             "approach_bearing_sin": np.sin(geo.bearing_rad(r_lat, r_lon, p_lat, p_lon)),
@@ -462,7 +483,7 @@ def test_ranking_large_windows_on_threads_gives_the_same_candidates() -> None:
     one = features.select_candidates(window, 16)
     for threads in (2, 3, 8):
         np.testing.assert_array_equal(features.select_candidates(window, 16, threads), one)
-    encoded = features.encode_window(window, threads=2)
+    encoded = features.encode_window(window, SHANGHAI, threads=2)
     np.testing.assert_array_equal(encoded.candidate_rider_index, one)
 
 
@@ -502,7 +523,7 @@ def test_scarce_windows_serve_as_many_orders_as_the_exact_optimum(regime: str) -
     for seed in range(12):
         window = generate_regime_window(rng, REGIMES[regime])
         optimum = int(np.count_nonzero(distance_matching_assignment(window) >= 0))
-        candidates = features.encode_window(window).candidate_rider_index
+        candidates = features.encode_window(window, SHANGHAI).candidate_rider_index
         assert _served(window, candidates, seed) == optimum
         nearest = features.select_candidates(window, EncoderSettings().candidates_per_order)
         short_without_coverage += _served(window, nearest, seed) < optimum
@@ -533,13 +554,21 @@ def test_a_windows_rows_do_not_depend_on_the_windows_batched_with_it() -> None:
     windows.insert(2, nobody)
     items = [(w, features.window_candidates(w, settings)) for w in windows]
     assert (items[2][1] < 0).all() and any((c < 0).any() for _, c in items[3:])
-    alone = [features.encode_pairs(w, c, settings) for w, c in items]
+    # The windows' cities differ too (each window's rows read its own city's map).
+    registry = default_registry()
+    cities = [registry.cities[i % len(registry.cities)] for i in range(len(items))]
+    alone = [
+        features.encode_pairs(w, c, settings, city)
+        for (w, c), city in zip(items, cities, strict=True)
+    ]
     for order in (list(range(len(items))), list(reversed(range(len(items)))), [4, 0]):
-        together = features.encode_pairs_batch([items[i] for i in order], settings)
+        together = features.encode_pairs_batch(
+            [items[i] for i in order], settings, [cities[i] for i in order]
+        )
         for i, got in zip(order, together, strict=True):
             assert got.dtype == np.float32 and got.shape == alone[i].shape
             assert got.tobytes() == alone[i].tobytes(), f"window {i} in batch {order}"
-    assert features.encode_pairs_batch([], settings) == []
+    assert features.encode_pairs_batch([], settings, []) == []
 
 
 def test_a_batch_names_the_window_whose_candidates_do_not_fit() -> None:
@@ -547,7 +576,7 @@ def test_a_batch_names_the_window_whose_candidates_do_not_fit() -> None:
     good = (window, np.array([[0, 1]], dtype=np.int32))
     with pytest.raises(ValueError, match="window 1: candidates refer to a rider row"):
         features.encode_pairs_batch(
-            [good, (window, np.array([[5]], dtype=np.int32))], EncoderSettings()
+            [good, (window, np.array([[5]], dtype=np.int32))], EncoderSettings(), [SHANGHAI] * 2
         )
 
 
@@ -605,7 +634,7 @@ def test_batched_candidates_are_each_windows_own() -> None:
 @pytest.mark.parametrize("seed", range(10))
 def test_batched_small_windows_rank_as_the_definition(seed: int) -> None:
     # Riders with slots to spare (nothing for the coverage to amend): one pass over many
-    # small windows gives each the brute-force ranking, exact ties by the lower row.
+    # small windows gives each the brute-force ranking, exact ties by the lower rider id.
     rng = np.random.default_rng(seed)
     windows = []
     for _ in range(12):
@@ -698,3 +727,50 @@ def test_batched_crowded_windows_serve_as_many_orders_as_the_exact_optimum() -> 
     ):
         optimum = int(np.count_nonzero(distance_matching_assignment(window) >= 0))
         assert _served(window, got, seed) == optimum
+
+
+# ---- the lists do not depend on how the window is listed (issue 31) --------------------
+
+
+def relisted_window(
+    window: DispatchWindow, orders: NDArray[np.int64], riders: NDArray[np.int64]
+) -> DispatchWindow:
+    """``window`` with its orders and riders listed in the order ``orders`` / ``riders``."""
+    order_fields = ["order_ids", "order_user_ids", "pickup", "dropoff", "created_at"]
+    order_fields += ["promised_minutes", "constraints"]
+    rider_fields = ["rider_ids", "rider_position", "rider_load", "rider_capacity"]
+    rider_fields += ["rider_vehicle", "rider_equipment"]
+    return dataclasses.replace(
+        window,
+        **{name: getattr(window, name)[orders] for name in order_fields},
+        **{name: getattr(window, name)[riders] for name in rider_fields},
+    )
+
+
+def lists_by_ids(window: DispatchWindow, candidates: NDArray[np.int32]) -> dict[bytes, list[Any]]:
+    names = np.append(window.rider_ids, np.array([None], dtype=object))
+    listed = (names[row].tolist() for row in candidates)
+    return dict(zip(window.order_ids.tolist(), listed, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("orders", "riders", "spots"), [(12, 30, 4), (40, 300, 6), (3, 12, 2), (64, 60, 5)]
+)
+def test_colocated_riders_are_listed_by_id_however_the_window_is_listed(
+    orders: int, riders: int, spots: int
+) -> None:
+    """Riders sharing a position tie exactly on distance: the id decides who comes first and
+    who is cut, on the exact path, the pre-selected path and the batched path alike."""
+    from dispatch_service.offline.simulator import generate_window
+
+    rng = np.random.default_rng(orders + riders)
+    window = generate_window(rng, orders, riders)
+    shared = window.rider_position[rng.integers(0, spots, riders)]
+    window = dataclasses.replace(window, rider_position=shared)
+    settings = EncoderSettings(candidates_per_order=4)
+    expected = lists_by_ids(window, features.window_candidates(window, settings))
+    for _ in range(3):
+        listed = relisted_window(window, rng.permutation(orders), rng.permutation(riders))
+        assert lists_by_ids(listed, features.window_candidates(listed, settings)) == expected
+        (batched,) = features.windows_candidates([listed], settings)
+        assert lists_by_ids(listed, batched) == expected

@@ -209,7 +209,7 @@ def test_zero_weight_objective_still_breaks_ties() -> None:
     assert ranked.topk_rider_index[0].tolist() == [2, 1, 0, 3]
 
 
-def test_exact_ties_fall_to_the_id_hash_then_the_row() -> None:
+def test_exact_ties_fall_to_the_id_hash_then_the_id() -> None:
     ids = np.array([b"delta", b"alpha", b"charlie", b"bravo", b"echo"], dtype=object)
     args = one_order([(20.0, 0.8, 6.0)] * 5, rider_ids=ids)
     ranked = resolve(**args)
@@ -217,12 +217,82 @@ def test_exact_ties_fall_to_the_id_hash_then_the_row() -> None:
     assert ranked.topk_rider_index[0].tolist() == expected.tolist()
     assert ranked.topk_rider_ids[0].tolist() == ids[expected].tolist()
 
-    # Same id on two rows (a hash collision in effect): the lower row first, wherever listed.
+    # Same id on two rows (not a valid window): equal ids keep their rows' order.
     twins = np.array([b"same", b"same", b"other"], dtype=object)
     args = one_order([(20.0, 0.8, 6.0)] * 3, rider_ids=twins)
     args["candidate_rider_index"] = np.array([[1, 2, 0]], dtype=np.int32)
     order = resolve(**args).topk_rider_index[0].tolist()
     assert order.index(0) == order.index(1) - 1
+
+
+def test_a_hash_collision_falls_to_the_id_not_the_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hash equal (a collision on every pair): the ids in byte order decide, wherever
+    the riders are listed."""
+    from dispatch_service.domain import resolver as resolver_module
+
+    monkeypatch.setattr(
+        resolver_module, "_rider_hashes", lambda ids: np.zeros(len(ids), dtype=np.uint64)
+    )
+    ids = np.array([b"delta", b"alpha", b"charlie", b"bravo", b"echo"], dtype=object)
+    for rows in ([0, 1, 2, 3, 4], [4, 2, 0, 3, 1]):
+        args = one_order([(20.0, 0.8, 6.0)] * 5, rider_ids=ids[rows])
+        ranked = resolve(**args)
+        assert ranked.topk_rider_ids[0].tolist() == sorted(ids.tolist())
+
+
+def relisted(args: Args, orders: NDArray[np.int64], riders: NDArray[np.int64]) -> Args:
+    """The same resolver inputs with the orders and the riders listed in another order."""
+    width = args["candidate_rider_index"].shape[1]
+    new_row = np.empty(riders.size + 1, dtype=np.int32)
+    new_row[riders] = np.arange(riders.size)
+    new_row[-1] = -1
+    pairs = (orders[:, None] * width + np.arange(width)).reshape(-1)
+    out = dict(args)
+    out["candidate_rider_index"] = new_row[args["candidate_rider_index"][orders]]
+    out["objectives"] = args["objectives"][pairs]
+    out["order_ids"] = args["order_ids"][orders]
+    for name in ("rider_ids", "rider_load", "rider_capacity"):
+        out[name] = args[name][riders]
+    return out
+
+
+def read_by_ids(resolution: Resolution, order_ids: NDArray[np.object_]) -> dict[bytes, Any]:
+    """Per order id: its Top-K rider ids, scores and its assigned rider id."""
+    return {
+        order: (
+            tuple(resolution.topk_rider_ids[b].tolist()),
+            resolution.topk_score[b].tobytes(),
+            resolution.assigned_rider_ids[b],
+            resolution.assigned_score[b].tobytes(),
+        )
+        for b, order in enumerate(order_ids.tolist())
+    }
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tied_optima_are_chosen_by_ids_however_the_window_is_listed(seed: int) -> None:
+    """Scarce windows whose pairs score from a handful of values, so that many assignments
+    are optimal: the one chosen, and every Top-K list, is the same for every listing."""
+    rng = np.random.default_rng(seed)
+    orders, riders = 24, 14
+    args = random_window(rng, orders, 6, riders, missing=0.1)
+    levels = np.array([[10.0, 0.9, 5.0], [20.0, 0.5, 8.0], [30.0, 0.7, 3.0]], dtype=np.float32)
+    args["objectives"] = levels[rng.integers(0, 3, orders * 6)]
+    args["rider_load"] = np.zeros(riders, dtype=np.int32)
+    args["rider_capacity"] = rng.integers(1, 3, riders).astype(np.int32)
+    args["order_ids"] = np.array([f"order-{rng.integers(1e9)}-{b}".encode() for b in range(orders)])
+    expected = read_by_ids(resolve(**args), args["order_ids"])
+    for _ in range(4):
+        listed = relisted(args, rng.permutation(orders), rng.permutation(riders))
+        assert read_by_ids(resolve(**listed), listed["order_ids"]) == expected
+
+
+def test_order_ids_must_be_one_bytes_id_per_order() -> None:
+    args = random_window(np.random.default_rng(0), 3, 2, 4)
+    for bad, rule in ((np.array([b"a", b"b"], dtype=object), "shape"), (np.arange(3), "dtype")):
+        with pytest.raises(DispatchInputError) as caught:
+            resolve(**args, order_ids=bad)
+        assert (caught.value.tensor, caught.value.code) == ("ORDER_IDS", rule)
 
 
 # ---- Top-K ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 
+from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import EncoderSettings, encode_pairs, select_candidates
 from dispatch_service.domain.stacking import (
     joining_extra_load,
@@ -14,6 +15,8 @@ from dispatch_service.domain.stacking import (
     with_extra_load,
 )
 from dispatch_service.offline import simulator
+
+SHANGHAI = default_registry().get("shanghai")
 
 
 def test_extra_load_counts_earlier_orders_of_the_same_rider() -> None:
@@ -27,12 +30,12 @@ def test_reloaded_features_equal_the_encoder_on_a_loaded_window() -> None:
     window = simulator.generate_window(np.random.default_rng(4), 12, 40)
     candidates = select_candidates(window, 6)
     settings = EncoderSettings(candidates_per_order=6)
-    features = encode_pairs(window, candidates, settings)
+    features = encode_pairs(window, candidates, settings, SHANGHAI)
     extra_per_rider = np.random.default_rng(5).integers(0, 3, window.num_riders)
     loaded = dataclasses.replace(
         window, rider_load=(window.rider_load + extra_per_rider).astype(np.int32)
     )
-    expected = encode_pairs(loaded, candidates, settings)
+    expected = encode_pairs(loaded, candidates, settings, SHANGHAI)
     flat = candidates.reshape(-1)
     rows = np.flatnonzero(flat >= 0)
     got = with_extra_load(features[rows], extra_per_rider[flat[rows]])
@@ -51,3 +54,17 @@ def test_joining_extra_load_by_brute_force() -> None:
         moved = assigned.copy()
         moved[b] = r
         assert extra == stacked_extra_load(created, moved)[b]
+
+
+def test_orders_created_together_stack_in_the_order_of_their_ids() -> None:
+    """Equal creation times: ``tie`` (the orders' id ranks) decides who rides first, so the
+    loads follow the orders, not their rows (issue 31); without it, the row."""
+    created = [100, 100, 100, 50]
+    assigned = [7, 7, 7, 7]
+    assert stacked_extra_load(created, assigned).tolist() == [1, 2, 3, 0]
+    tie = [2, 0, 1, 3]  # row 1 has the smallest id among the three created at 100
+    assert stacked_extra_load(created, assigned, tie).tolist() == [3, 1, 2, 0]
+    pairs_orders = np.array([0, 1, 2], dtype=np.int64)
+    pairs_riders = np.array([7, 7, 7], dtype=np.int64)
+    joining = joining_extra_load(created, assigned, pairs_orders, pairs_riders, tie)
+    assert joining.tolist() == [3, 1, 2]

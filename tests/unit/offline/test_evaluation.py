@@ -118,12 +118,21 @@ def test_order_outcomes_count_unassigned_orders_late_at_the_penalty() -> None:
 
 
 def test_evaluate_counts_every_order_and_is_deterministic() -> None:
-    config = evaluation.EvaluationConfig(windows=2, regimes=("default", "scarcity"))
+    config = evaluation.EvaluationConfig(
+        windows=2, regimes=("default", "scarcity"), cities=("shanghai", "chengdu")
+    )
     policies = evaluation.default_policies({"model_v1": V1})
     first = evaluation.evaluate(policies, config)
     second = evaluation.evaluate(policies, config)
     assert json.dumps(first) == json.dumps(second)
-    for name, regime in first["regimes"].items():
+    assert list(first["cities"]) == ["shanghai", "chengdu"]
+    regimes = [(c, r, d) for c, data in first["cities"].items() for r, d in data["regimes"].items()]
+    # Each city's windows are its own: the same regime draws different windows elsewhere.
+    assert (
+        first["cities"]["shanghai"]["regimes"]["default"]["policies"]["oracle"]
+        != first["cities"]["chengdu"]["regimes"]["default"]["policies"]["oracle"]
+    )
+    for _, name, regime in regimes:
         assert regime["orders"] == 2 * simulator.REGIMES[name].num_orders
         assert set(regime["policies"]) == {
             "nearest_rider",
@@ -138,12 +147,14 @@ def test_evaluate_counts_every_order_and_is_deterministic() -> None:
         assert calibration["dispatched"]["pairs"] <= regime["orders"]
         low, high = calibration["dispatched"]["eta_bias_ci"]
         assert low <= calibration["dispatched"]["eta_bias"] <= high
-    report = evaluation.render_report(first, ["model_v1"])
-    assert "| model_v1 |" in report and "Issue 12 targets" in report
+    report = evaluation.render_report(first, {"model_v1": ("shanghai",)})
+    assert "| model_v1 |" in report and "## Targets: model_v1" in report
+    assert "trained on shanghai; held out: chengdu" in report
+    assert "held-out cities: captures >= 70 %" in report
 
 
 def test_committed_model_beats_nearest_rider_over_all_orders() -> None:
-    config = evaluation.EvaluationConfig(windows=12, regimes=("default",))
+    config = evaluation.EvaluationConfig(windows=12, regimes=("default",), cities=("beijing",))
     policies = {
         "nearest_rider": evaluation.nearest_rider_policy,
         "model_v1": evaluation.model_policy(V1),
@@ -156,7 +167,7 @@ def test_committed_model_beats_nearest_rider_over_all_orders() -> None:
         },
         config,
     )
-    default = summary["regimes"]["default"]["policies"]
+    default = summary["cities"]["beijing"]["regimes"]["default"]["policies"]
     assert default["model_v1"]["mean_delivery"] < default["nearest_rider"]["mean_delivery"]
     assert default["model_v1"]["late_rate"] < default["nearest_rider"]["late_rate"]
 
@@ -181,7 +192,7 @@ def test_model_policy_wiring_is_the_served_decision(seed: int, weights: evaluati
     window = simulator.generate_window(np.random.default_rng(seed), 48, 14)
     decision = evaluation.model_policy(
         MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx", weights=weights
-    )(window)
+    )(window, simulator.DEFAULT_CITY)
     wire = window_to_wire(window)
     if weights != DEFAULT_OBJECTIVE_WEIGHTS:  # the default: a request that sends none
         wire["OBJECTIVE_WEIGHTS"] = np.asarray(weights, dtype=np.float32)
@@ -200,7 +211,32 @@ def test_weights_are_checked_as_a_request_s_and_recorded(tmp_path: Path) -> None
             evaluation.main(["--weights", bad, "--out-dir", str(tmp_path)])
     out = tmp_path / "latency_only"
     argv = ["--weights", "1,0,0", "--windows", "1", "--regimes", "night", "--versions", "1"]
+    argv += ["--cities", "shenzhen"]
     assert evaluation.main([*argv, "--out-dir", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["setup"]["objective_weights"] == [1.0, 0.0, 0.0]
     assert "OBJECTIVE_WEIGHTS [1.0, 0.0, 0.0]" in (out / "report.md").read_text()
+
+
+def test_the_weights_choice_follows_the_stated_objective(tmp_path: Path) -> None:
+    """Hand-made candidate rows: the choice is the least late among those never slower than
+    the rule ETA, and the table says whether the default is it."""
+    config = evaluation.EvaluationConfig(windows=1, regimes=("night",), cities=("chengdu",))
+    choice = evaluation.weights_choice(V1, config)
+    rows = choice["candidates"]
+    assert list(rows) == [",".join(str(w) for w in c) for c in evaluation.WEIGHT_CANDIDATES]
+    allowed = {key: row["late_rate"] for key, row in rows.items() if not row["slower_than_rule"]}
+    assert choice["chosen"] == (min(allowed, key=allowed.__getitem__) if allowed else None)
+    table = evaluation.weights_table(choice)
+    assert "chengdu/night" in table and "The objective (fewest late orders" in table
+    default = ",".join(str(w) for w in DEFAULT_OBJECTIVE_WEIGHTS)
+    made = {
+        "candidates": {
+            default: {"per_regime": {}, "slower_than_rule": [], "late_rate": 0.2},
+            "0.1,0.1,0.8": {"per_regime": {}, "slower_than_rule": ["x/y"], "late_rate": 0.1},
+        },
+        "chosen": default,
+    }
+    assert f"the default {default} is that choice" in evaluation.weights_table(made)
+    made["chosen"] = "0.1,0.1,0.8"
+    assert f"the default {default} is NOT that choice" in evaluation.weights_table(made)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dispatch_contract import OrderConstraint, Vehicle
+from dispatch_service.domain.features import local_time
 from dispatch_service.domain.window import DispatchWindow, window_from_tensors, window_to_tensors
 from dispatch_service.offline import simulator as sim
 
@@ -147,39 +148,46 @@ def test_window_fields_are_realistic() -> None:
 def test_dispatch_times_cover_many_hours_and_days() -> None:
     rng = np.random.default_rng(3)
     times = [sim.generate_window(rng, 1, 1).dispatch_time for _ in range(200)]
-    hours = {int(sim.local_hour(t)) for t in times}
+    hours = {int(local_time(t, CONFIG.map)[0]) for t in times}
     days = {(t - MONDAY) // 86_400 for t in times}
     assert len(hours) >= 18
     assert len(days) >= 10 and min(days) >= 0 and max(days) < 7 * CONFIG.weeks
-    assert any(sim.is_weekend(t) for t in times) and not all(sim.is_weekend(t) for t in times)
+    weekend = [local_time(t, CONFIG.map)[1] for t in times]
+    assert any(weekend) and not all(weekend)
 
 
 def test_explicit_dispatch_time_is_kept() -> None:
     window = sim.generate_window(np.random.default_rng(4), 3, 3, dispatch_time=at_local(9.0))
     assert window.dispatch_time == at_local(9.0)
-    assert sim.local_hour(window.dispatch_time) == pytest.approx(9.0)
+    assert local_time(window.dispatch_time, CONFIG.map)[0] == pytest.approx(9.0)
 
 
 # ---------------------------------------------------------------------------- geography
 
 
+def river_east_km(north: float) -> float:
+    """Where the Huangpu runs at ``north`` km, from the registry's course."""
+    course = CONFIG.map.barriers[0].course
+    return float(np.interp(north, course[:, 1], course[:, 0]))
+
+
 def test_river_crossing_detours_through_a_crossing() -> None:
     north = 10.0  # between the crossings at 6 and 14 km north
-    river = float(sim.river_east_km(north))
+    river = river_east_km(north)
     west = np.asarray([[river - 1.0, north]])
     east = np.asarray([[river + 1.0, north]])
     further_west = np.asarray([[river - 3.0, north]])
     vehicle = np.asarray([Vehicle.CAR])
     across = sim.travel_leg(west, east, vehicle, 0, 14.0, False)
     same_bank = sim.travel_leg(west, further_west, vehicle, 0, 14.0, False)
-    assert bool(across.crossed[0]) and not bool(same_bank.crossed[0])
+    assert across.crossings[0] == 1 and same_bank.crossings[0] == 0
     assert across.road_km[0] > 3.0 * same_bank.road_km[0]  # via the 6 km crossing
     assert across.minutes[0] > 2.0 * same_bank.minutes[0]
 
 
 def test_crossing_trip_takes_longer_than_a_same_bank_trip_of_equal_length() -> None:
     north = 10.0
-    river = float(sim.river_east_km(north))
+    river = river_east_km(north)
     pickup = latlon_of(river - 0.5, north)
     window = make_window(
         [pickup, pickup],
@@ -192,10 +200,22 @@ def test_crossing_trip_takes_longer_than_a_same_bank_trip_of_equal_length() -> N
     assert cost[0] > cost[1]
 
 
-def test_crossings_lie_on_the_river() -> None:
-    crossings = sim.crossings_en()
-    assert 4 <= len(crossings) <= 6
-    np.testing.assert_allclose(crossings[:, 0], sim.river_east_km(crossings[:, 1]))
+def test_every_registered_city_has_a_world_inside_its_area() -> None:
+    worlds = sim.city_worlds()
+    assert set(worlds) == {"shanghai", "beijing", "shenzhen", "chengdu"}
+    for name, world in worlds.items():
+        corners = np.array(
+            [[lat, lon] for lat in world.lat_range for lon in world.lon_range], dtype=np.float64
+        )
+        assert world.map.contains(corners).all(), name
+        assert world.map.contains(np.asarray([s[:2] for s in world.hot_spots])).all(), name
+
+
+def test_a_regime_changes_the_world_it_is_given() -> None:
+    beijing = sim.city_worlds()["beijing"]
+    long = sim.REGIMES["long_distance"].world(beijing)
+    assert long.map is beijing.map and long.dropoff_max_km == 15.0
+    assert sim.REGIMES["default"].world(beijing) is beijing
 
 
 # --------------------------------------------------------------------------------- effects
@@ -333,6 +353,6 @@ def test_regimes_keep_their_shape() -> None:
         else:
             assert window.num_riders == regime.num_riders, name
         if regime.hours is not None:
-            hour = sim.local_hour(window.dispatch_time)
+            hour, weekend = local_time(window.dispatch_time, CONFIG.map)
             assert regime.hours[0] <= hour <= regime.hours[1], name
-            assert not sim.is_weekend(window.dispatch_time), name
+            assert not weekend, name

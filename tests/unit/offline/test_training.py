@@ -22,7 +22,6 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.offline import training
 from dispatch_service.offline.training.card import rounded
-from dispatch_service.offline.training.road import ROAD_FEATURES
 
 TINY = training.TrainConfig(
     seed=3, windows=6, holdout_windows=3, epochs=2, hidden=(16, 8), batch_size=256
@@ -85,7 +84,7 @@ def test_layout_and_card_are_written_next_to_the_model(tiny: training.TrainResul
     assert card["seed"] == 3 and card["command"] == "tiny"
     assert card["data"]["train_windows"] == 6 and card["data"]["train_pairs"] > 0
     assert card["data"]["holdout_windows"] == 3 and card["data"]["holdout_pairs"] > 0
-    assert card["architecture"]["layers"] == [NUM_PAIR_FEATURES + len(ROAD_FEATURES), 16, 8, 3]
+    assert card["architecture"]["layers"] == [NUM_PAIR_FEATURES, 16, 8, 3]
     for key in ("eta_mae_minutes", "ontime_brier", "ontime_auc", "cost_mae_cny"):
         assert np.isfinite(card["holdout"][key]), key
     text = (folder / "MODEL_CARD.md").read_text()
@@ -119,7 +118,9 @@ def test_committed_cards_match_the_code(tiny: training.TrainResult, version: int
 
 def test_training_reduces_the_loss() -> None:
     config = training.TrainConfig(seed=1, windows=8, holdout_windows=1, epochs=4, hidden=(16,))
-    data = training.build_dataset(np.random.default_rng(1), 8, (8, 16), (40, 60), EncoderSettings())
+    data = training.build_dataset(
+        np.random.default_rng(1), 8, (8, 16), (40, 60), EncoderSettings(), ("shanghai",)
+    )
     _, report = training.fit(data, config)
     assert len(report.loss_history) == 4
     assert report.loss_history[-1] < report.loss_history[0]
@@ -127,7 +128,12 @@ def test_training_reduces_the_loss() -> None:
 
 def test_dataset_labels_every_valid_pair() -> None:
     data = training.build_dataset(
-        np.random.default_rng(2), 3, (5, 10), (30, 40), EncoderSettings(candidates_per_order=4)
+        np.random.default_rng(2),
+        3,
+        (5, 10),
+        (30, 40),
+        EncoderSettings(candidates_per_order=4),
+        ("shanghai", "chengdu"),
     )
     assert data.features.shape == (data.pairs, NUM_PAIR_FEATURES)
     assert data.features.dtype == np.float32
@@ -147,10 +153,14 @@ def test_quick_cli_writes_model_card_with_policy_figures(tmp_path: Path) -> None
     assert training.main(["--quick", "--seed", "5", "--out-dir", str(tmp_path)]) == 0
     card = json.loads((tmp_path / "model_card.json").read_text())
     assert "--quick" in card["command"] and "--seed 5" in card["command"]
-    policies = card["policy_evaluation"]["summary"]["regimes"]["default"]["policies"]
+    cities = card["policy_evaluation"]["summary"]["cities"]
+    assert list(cities) == ["shanghai", "beijing", "shenzhen", "chengdu"]  # per city
+    policies = cities["chengdu"]["regimes"]["default"]["policies"]
     assert {"model", "nearest_rider", "distance_matching", "rule_eta", "oracle"} == set(policies)
     text = (tmp_path / "MODEL_CARD.md").read_text()
-    assert "| nearest_rider |" in text and "Issue 12 targets: model" in text
+    assert "| nearest_rider |" in text and "Targets: model" in text
+    assert "trained on shanghai, beijing, shenzhen; held out: chengdu" in text
+    assert "## Held-out error by city" in text
     onnx.checker.check_model(onnx.load(str(tmp_path / "model.onnx")))
 
 
@@ -188,7 +198,7 @@ def test_log_features_are_computed_inside_the_graph(tiny_v2: training.TrainResul
     ort_out = session.run(None, {PAIR_FEATURES.name: features})[0]
     assert training.max_relative_difference(ort_out, tiny_v2.model.predict(features)) < 1e-5
     inputs = tiny_v2.model.inputs(features)
-    assert inputs.shape == (50, NUM_PAIR_FEATURES + len(training.LOG_FEATURES) + len(ROAD_FEATURES))
+    assert inputs.shape == (50, NUM_PAIR_FEATURES + len(training.LOG_FEATURES))
     slack = features[:, PAIR_FEATURE_NAMES.index("slack_minutes")]
     overdue = inputs[:, NUM_PAIR_FEATURES + 4]
     np.testing.assert_allclose(overdue, np.log1p(np.maximum(-slack, 0)), rtol=1e-5, atol=1e-6)
@@ -199,9 +209,7 @@ def test_the_card_compares_with_the_reference_on_the_same_pairs(
 ) -> None:
     card = tiny_v2.card
     assert card["version"] == 2
-    assert card["architecture"]["layers"][0] == (
-        NUM_PAIR_FEATURES + len(training.LOG_FEATURES) + len(ROAD_FEATURES)
-    )
+    assert card["architecture"]["layers"][0] == (NUM_PAIR_FEATURES + len(training.LOG_FEATURES))
     comparison = card["comparison"]
     assert comparison["reference_label"] == f"version {tiny.model_path.parent.name}"
     # Same seed and held-out config: the reference is scored on exactly its own held-out set.

@@ -9,6 +9,7 @@ not). Keys are throwaway.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import shutil
@@ -29,7 +30,7 @@ from dispatch_service.ops import admin
 from dispatch_service.ops.golden import GoldenSettings, check_candidate, golden_tensors
 from dispatch_service.ops.model_control import ModelControlError
 from dispatch_service.ops.router_control import RouterControlError
-from dispatch_service.routing.settings import RouterSettings
+from dispatch_service.routing.settings import CityRoute, RouterSettings
 
 MODEL = "dispatch_model"
 
@@ -309,6 +310,35 @@ def test_a_refused_deploy_changes_nothing_and_says_why_on_one_line(
     assert server.settings == before and server.loads == []
 
 
+@pytest.mark.parametrize("changed", ["served stable", "router"])
+def test_deploy_verifies_every_folder_its_loads_make_triton_read(
+    repo: Path,
+    trusted_dir: Path,
+    signer: Any,
+    server: FakeServer,
+    capsys: pytest.CaptureFixture[str],
+    changed: str,
+) -> None:
+    """Triton reads a served version's folder again when it changed, and the new routing
+    reloads the router (its model.py runs anew): a deploy verifies those too, and a refusal
+    names the digest of the file found."""
+    router = repo / "dispatch_router" / "1"
+    router.mkdir(parents=True)
+    (router / "model.py").write_text("# the router\n")
+    sign_version(router, signer)
+    target = (
+        (repo / MODEL / "1" / "model.py") if changed == "served stable" else router / "model.py"
+    )
+    target.write_text("import os  # not what was signed\n")
+    before = server.settings
+    code, _ = deploy(repo, trusted_dir, 2)
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    assert "digest mismatch on file model.py" in err and f"model.py sha256 {digest}" in err
+    assert server.settings == before and server.loads == []
+
+
 def test_a_failed_load_leaves_the_router_alone(
     repo: Path, trusted_dir: Path, server: FakeServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -399,6 +429,68 @@ def test_rollback_without_a_canary_is_harmless(server: FakeServer) -> None:
     code, text = run("rollback", "--url", "h:1")
     assert code == 0 and "there was no canary" in text
     assert server.loads == []
+
+
+# ---- per-city routes: deploy and rollback --city ------------------------------------------
+
+
+def test_deploy_to_one_city_routes_only_that_citys_windows_to_the_canary(
+    repo: Path, trusted_dir: Path, server: FakeServer
+) -> None:
+    code, text = deploy(repo, trusted_dir, 2, "--city", "beijing")
+    assert code == 0, text
+    assert text.strip().endswith(
+        "deployed dispatch_model version 2 as canary at 25% in beijing (stable 1)"
+    )
+    settings = server.settings
+    assert settings.city_routes == (CityRoute("beijing", canary_version=2, canary_percent=25),)
+    assert (settings.canary_version, settings.canary_percent) == (0, 0)  # other cities: as before
+    assert settings.scoring_versions == (1, 2) and server.loads == [(1, 2)]
+    code, text = run("status", "--url", "h:1")
+    assert code == 0
+    document = json.loads(text)
+    assert document["routed"] == "stable version 1 only"
+    assert document["routed_by_city"] == {
+        "beijing": "stable version 1, canary version 2 for 25% of users"
+    }
+    # a deploy for every city takes over every city's canary
+    assert deploy(repo, trusted_dir, 2)[0] == 0
+    assert server.settings.city_routes == () and server.settings.canary_percent == 25
+
+
+def test_an_unknown_city_is_a_usage_error_naming_it(
+    repo: Path, trusted_dir: Path, server: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = server.settings
+    assert deploy(repo, trusted_dir, 2, "--city", "atlantis")[0] == 2
+    assert "--city atlantis: no registered city has that id" in capsys.readouterr().err
+    assert run("rollback", "--url", "h:1", "--city", "atlantis")[0] == 2
+    assert "atlantis" in capsys.readouterr().err
+    assert server.settings == before and server.loads == []
+
+
+def test_rollback_of_one_city_keeps_the_versions_other_cities_use(
+    repo: Path, trusted_dir: Path, server: FakeServer
+) -> None:
+    assert deploy(repo, trusted_dir, 2, "--city", "beijing")[0] == 0
+    assert deploy(repo, trusted_dir, 2, "--city", "shenzhen", "--canary-percent", "50")[0] == 0
+    server.settings = dataclasses.replace(server.settings, shadow_percent=10)
+    code, text = run("rollback", "--url", "h:1", "--city", "beijing", "--unload-canary")
+    assert code == 0, text
+    assert text.strip() == (
+        "rolled back dispatch_model: every order in beijing routed to stable version 1 "
+        "(canary 2 no longer routed); loaded versions [1, 2]"
+    )
+    settings = server.settings
+    assert settings.for_city("beijing").canary_percent == 0
+    assert settings.for_city("shenzhen").canary_percent == 50  # untouched
+    assert settings.shadow_percent == 10  # global: a city's rollback leaves it
+    assert server.versions == (1, 2)  # shenzhen is still routed to 2
+    code, text = run("rollback", "--url", "h:1", "--city", "shenzhen", "--unload-canary")
+    assert code == 0, text
+    assert text.strip().endswith("loaded versions [1] (unloaded [2])")
+    assert server.versions == (1,) and server.settings.scoring_versions == (1,)
+    assert server.settings.for_city("shenzhen").canary_percent == 0
 
 
 # ---- sign-repository, keygen defaults, status JSON, deploy and the admin key --------------
@@ -492,6 +584,12 @@ def test_status_prints_one_json_document(server: FakeServer) -> None:
     assert document["disagreements"] == [
         "routing assumes versions [1, 2] are served, Triton serves [1]"
     ]
+    server.settings = RouterSettings(1, city_routes=(CityRoute("chengdu", stable_version=3),))
+    code, text = run("status", "--url", "h:1")
+    assert code == 1
+    document = json.loads(text)
+    assert document["routed_by_city"] == {"chengdu": "stable version 3 only"}
+    assert document["disagreements"] == ["the stable version 3 of chengdu is not served"]
 
 
 def test_deploy_without_the_admin_key_fails_before_the_golden_check(

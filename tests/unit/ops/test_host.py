@@ -17,6 +17,7 @@ from dispatch_service.ops.host import (
     ProcStat,
     clean_leftovers,
     die_with_parent,
+    exposed_listeners,
     find_leftovers,
     is_loopback,
     new_shm_prefix,
@@ -54,6 +55,61 @@ def test_a_listening_port_is_in_use_and_a_closed_one_is_not() -> None:
 )
 def test_loopback_addresses(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+LOOPBACK = ["--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=::1"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--metrics-address=0.0.0.0"],
+        ["--metrics-address", "0.0.0.0"],
+        ["--grpc-address=10.0.0.5"],
+        ["--http-address", "example.org"],
+        ["--http-address 0.0.0.0"],  # flag and value as one argument
+        ["--metrics-addr=0.0.0.0"],  # getopt_long takes unambiguous abbreviations
+        ["--grpc-a", "::"],
+        ["--allow-sagemaker=true"],
+        ["--allow-sagemaker", "1"],
+        ["--allow-vert=on"],
+        ["--allow-vertex-ai=TRUE"],
+    ],
+)
+def test_every_listener_beyond_loopback_is_named(extra: list[str]) -> None:
+    exposed = exposed_listeners([*LOOPBACK, *extra])
+    assert len(exposed) == 1
+    assert exposed[0].startswith(" ".join(extra))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--metrics-address=127.0.0.1"],
+        ["--http-address", "localhost"],
+        ["--allow-sagemaker=false", "--allow-vertex-ai", "0"],
+        ["--http-port=8000", "--metrics-port", "0.0.0.0"],  # ports, not addresses
+        ["--allow-metrics=true", "--allow-gpu-metrics=true", "--log-format=ISO8601"],
+    ],
+)
+def test_loopback_listeners_and_other_flags_pass(extra: list[str]) -> None:
+    assert exposed_listeners([*LOOPBACK, *extra]) == []
+
+
+def test_the_argument_after_a_bare_address_flag_is_its_value() -> None:
+    # As getopt_long reads it: the next argument is the value, whatever it looks like.
+    assert exposed_listeners(["--http-address", "--grpc-address=127.0.0.1"]) == [
+        "--http-address --grpc-address=127.0.0.1"
+    ]
+
+
+def test_vertex_ai_turned_on_by_the_environment_counts_unless_turned_off() -> None:
+    env = {"AIP_MODE": "PREDICTION"}
+    (exposed,) = exposed_listeners(LOOPBACK, env)
+    assert "AIP_MODE=PREDICTION" in exposed
+    assert exposed_listeners([*LOOPBACK, "--allow-vertex-ai=false"], env) == []
+    assert exposed_listeners(LOOPBACK, {"AIP_MODE": "other"}) == []
 
 
 def test_prefixes_differ_per_instance_and_name_their_owner() -> None:

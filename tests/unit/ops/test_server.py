@@ -420,6 +420,72 @@ def test_a_non_loopback_host_is_refused_without_expose_and_says_why(tmp_path: Pa
     assert server.process is None and not server.log_path.exists()
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--metrics-address=0.0.0.0",),
+        ("--grpc-address", "0.0.0.0"),
+        ("--http-addr=10.0.0.5",),
+        ("--allow-sagemaker=true",),
+    ],
+)
+def test_a_triton_arg_binding_beyond_loopback_is_refused_without_expose(
+    tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    runtime = make_runtime(tmp_path, "#!/bin/sh\nexit 0\n")
+    server = TritonServer(runtime, ServerOptions(extra_args=extra), tmp_path / "log")
+    with pytest.raises(ServerError) as info:
+        server.start(timeout_s=5)
+    assert " ".join(extra) in str(info.value) and "--expose" in str(info.value)
+    assert server.process is None and not server.log_path.exists()
+
+
+def test_vertex_ai_from_the_environment_is_refused_without_expose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIP_MODE", "PREDICTION")
+    runtime = make_runtime(tmp_path, "#!/bin/sh\nexit 0\n")
+    server = TritonServer(runtime, ServerOptions(), tmp_path / "log")
+    with pytest.raises(ServerError, match="AIP_MODE=PREDICTION"):
+        server.start(timeout_s=5)
+    assert server.process is None
+
+
+def test_the_launcher_refuses_a_triton_arg_beyond_loopback_and_warns_when_exposed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    install = tmp_path / "opt"  # a stand-in server that exits at once
+    write_script(install / "bin" / "tritonserver", "#!/bin/sh\nexit 7\n")
+    (install / "lib").mkdir()
+    (install / "backends" / "python").mkdir(parents=True)
+    ports = Ports.free()
+    base = [
+        "--key-dir",
+        str(tmp_path / "keys"),
+        "--tritonserver",
+        str(install / "bin" / "tritonserver"),
+    ]
+    base += ["--log", str(tmp_path / "log"), "--http-port", str(ports.http)]
+    base += ["--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
+    bind = "--triton-arg=--metrics-address=0.0.0.0"
+    assert main([*base, bind], out=io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert "refusing to listen beyond loopback (--metrics-address=0.0.0.0)" in err
+    assert not (tmp_path / "log").exists()
+    # --expose lets it through (to the stand-in, which exits) with a warning first.
+    assert main([*base, bind, "--expose"], out=io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert "warning: exposing --metrics-address=0.0.0.0" in err and "exited with 7" in err
+
+
+def test_an_unlocked_group_refuses_a_triton_arg_beyond_loopback(tmp_path: Path) -> None:
+    options = ServerOptions(
+        unlocked_groups=("shared-memory",), extra_args=("--grpc-address=0.0.0.0",), expose=True
+    )
+    with pytest.raises(ValueError, match="loopback"):
+        TritonServer(make_runtime(tmp_path), options, tmp_path / "log").command()
+
+
 def test_ports_in_use_are_refused_before_the_log_is_touched(tmp_path: Path) -> None:
     runtime = make_runtime(tmp_path, "#!/bin/sh\nexit 0\n")
     with socket.socket() as listener:

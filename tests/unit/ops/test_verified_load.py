@@ -31,7 +31,12 @@ from dispatch_service.ops.server import (
     TritonServer,
     main,
 )
-from dispatch_service.ops.verified_load import plan_load, read_config, served_versions
+from dispatch_service.ops.verified_load import (
+    load_failures,
+    plan_load,
+    read_config,
+    served_versions,
+)
 
 PYTHON_MODEL = """name: "{name}"
 backend: "python"
@@ -266,6 +271,15 @@ port = int(next(a for a in args if a.startswith("--http-port=")).split("=", 1)[1
 report = os.environ["FAKE_TRITON_REPORT"]
 with open(report, "w") as out:
     json.dump({"argv": args, "loads": []}, out)
+broken = os.environ.get("FAKE_TRITON_BROKEN")  # "model:version" fails to load at start
+if broken:
+    model, version = broken.split(":")
+    if f"--load-model={model}" in args or "--load-model=*" in args:
+        q, escaped_newline = chr(39), chr(92) + "n"  # Triton's log escapes the cause's newlines
+        print("E1203 model_lifecycle.cc:642] failed to load " + q + model + q + " version "
+              + version + ": Internal: broken weights" + escaped_newline + "At: model.py")
+        print("error: creating server: Internal - failed to load all models", flush=True)
+        sys.exit(1)
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -418,3 +432,75 @@ def test_serve_cli_takes_trusted_keys_from_the_environment(
     )  # fmt: skip
     assert code == 1
     assert "no trusted keys (*.pub)" in capsys.readouterr().err
+
+
+# ---- versions that fail to load ---------------------------------------------------------
+
+TRITON_LOG = (
+    'I1203 13:18:52.1 1472 model_lifecycle.cc:469] "loading: dispatch_model:2"\n'
+    "E1203 13:18:52.808123 1472 model_lifecycle.cc:642] \"failed to load 'dispatch_model' "
+    'version 2: Internal: InvalidProtobuf: Protobuf parsing failed.\\n\\nAt:\\n  x.py(7)\\n"\n'
+    "I1203 13:18:52.9 1472 model_lifecycle.cc:777] \"failed to load 'dispatch_model'\"\n"
+)
+
+
+def test_load_failures_read_the_version_and_its_cause_from_tritons_log() -> None:
+    assert load_failures(TRITON_LOG) == {
+        ("dispatch_model", 2): "Internal: InvalidProtobuf: Protobuf parsing failed."
+    }
+    assert load_failures("all good\n") == {}
+
+
+def test_a_version_that_failed_to_load_is_left_out_like_a_refused_one(
+    repo: Path, trusted: TrustedKeys
+) -> None:
+    failed = {("scorer", 1): "Internal: broken"}
+    for keys in (trusted, None):  # verified or not
+        plan = plan_load(repo, keys, failed=failed)
+        assert plan.restricted == {"scorer": (2,)} and not plan.refused
+        (line,) = [entry for entry in plan.log_lines() if "model_version_failed" in entry]
+        assert json.loads(line) == {
+            "event": "model_version_failed",
+            "model": "scorer",
+            "version": 1,
+            "cause": "Internal: broken",
+        }
+    # Version 2 is pinned by an ensemble: leaving it out refuses that ensemble.
+    plan = plan_load(repo, None, failed={("scorer", 2): "Internal: broken"})
+    assert plan.refused == {"pinned": "depends on scorer version 2, which does not load"}
+
+
+def test_a_start_skips_a_version_that_fails_to_load_and_logs_the_cause(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken version nothing else needs (a canary routed at 0 %) no longer stops the
+    server: it starts again without it, and the log says why it was left out."""
+    report = tmp_path / "report.json"
+    monkeypatch.setenv("FAKE_TRITON_REPORT", str(report))
+    monkeypatch.setenv("FAKE_TRITON_BROKEN", "scorer:1")
+    options = ServerOptions(model_repository=repo, ports=Ports.free(), admin_key="k3y")
+    server = TritonServer(fake_runtime(tmp_path), options, tmp_path / "server.log")
+    with server:
+        seen = json.loads(report.read_text())
+    assert "--load-model=scorer" not in seen["argv"] and "--load-model=encoder" in seen["argv"]
+    scorer = [load for load in seen["loads"] if load["path"].endswith("/scorer/load")]
+    config = json.loads(scorer[0]["body"]["parameters"]["config"])
+    assert config["version_policy"] == {"specific": {"versions": [2]}}
+    log = server.log_path.read_text()
+    assert '"event": "model_version_failed"' in log and "broken weights" in log
+
+
+def test_a_start_without_a_version_another_model_needs_fails_naming_it_and_its_cause(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_TRITON_REPORT", str(tmp_path / "report.json"))
+    monkeypatch.setenv("FAKE_TRITON_BROKEN", "scorer:2")
+    options = ServerOptions(model_repository=repo, ports=Ports.free())
+    server = TritonServer(fake_runtime(tmp_path), options, tmp_path / "server.log")
+    with pytest.raises(ServerError) as raised:
+        server.start(timeout_s=30)
+    assert str(raised.value) == (
+        "cannot start: scorer version 2 failed to load (Internal: broken weights); without "
+        "it: pinned: depends on scorer version 2, which does not load"
+    )
+    assert server.process is None

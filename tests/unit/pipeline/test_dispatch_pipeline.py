@@ -172,3 +172,23 @@ def test_the_pipeline_records_the_same_custom_metrics_as_the_models() -> None:
     assert sink.counter(VALIDATION_REJECTIONS, tensor="RIDER_IDS", rule="unique") == 1
     assert len(sink.observed(ENCODER_LATENCY)) == 1  # a rejected window is no latency sample
     assert DispatchPipeline.from_repository().metrics.record([]) is None  # none by default
+
+
+# ---- the answer does not depend on how the window is listed (issue 31) ----------------
+
+
+def test_permuting_orders_and_riders_changes_no_answer(
+    tmp_path: Path, contract_model: Path
+) -> None:
+    """Every regime, scarce ones included, several listings of each window: the same riders
+    for the same orders (assignment and Top-K) and the same figures, byte for byte. The
+    contract model's clamped outputs tie many pairs exactly, so the tie-breaks are in play."""
+    from permutation_helpers import assert_same_answer, by_ids, permuted, regime_windows
+
+    pipeline = DispatchPipeline.from_repository(make_repository(tmp_path, contract_model))
+    rng = np.random.default_rng(31)
+    for _, _, tensors in regime_windows(seeds=3):
+        expected = by_ids(pipeline.run(tensors), tensors)
+        for _ in range(2):
+            listed, orders = permuted(tensors, rng)
+            assert_same_answer(by_ids(pipeline.run(listed), listed, orders), expected)

@@ -28,7 +28,7 @@ from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.routing.engine import NOT_SERVED
 from dispatch_service.routing.fallback import FallbackLevel
-from dispatch_service.routing.settings import FusedSettings, RouterSettings
+from dispatch_service.routing.settings import CityRoute, FusedSettings, RouterSettings
 
 Tensors = dict[str, NDArray[Any]]
 
@@ -291,3 +291,72 @@ def test_shadow_scoring_compares_versions_without_changing_the_answer(
     assert [call.role for call in result.routed.calls] == ["primary", "shadow"]
     (comparison,) = result.routed.shadows
     assert (comparison.primary_version, comparison.shadow_version) == (1, 2)
+
+
+# ---- the answer does not depend on how the window is listed (issue 31) ----------------
+
+
+def test_every_listing_of_a_window_gets_the_same_answer(contract_model: Path) -> None:
+    """dispatch_fused (`run` and a batch of listings in one `run_batch`): the same riders
+    for the same orders, the same figures, versions and location sources, byte for byte."""
+    from permutation_helpers import assert_same_answer, by_ids, permuted, regime_windows
+
+    from dispatch_service.pipeline.dispatch_pipeline import repository_steps
+    from dispatch_service.pipeline.onnx_runner import OnnxScorer
+
+    encoder, resolver = repository_steps(MODEL_REPOSITORY)
+    scorer = OnnxScorer(contract_model)
+    dispatch = FusedDispatch(encoder, resolver, SHIPPED, scorers={1: scorer, 2: scorer})
+    rng = np.random.default_rng(13)
+    for _, _, tensors in regime_windows(seeds=1):
+        expected = by_ids(dispatch.run(tensors).outputs, tensors)
+        listings = [permuted(tensors, rng) for _ in range(2)]
+        for listed, orders in listings:
+            assert_same_answer(by_ids(dispatch.run(listed).outputs, listed, orders), expected)
+        batch = dispatch.run_batch([listed for listed, _ in listings])
+        for (listed, orders), result in zip(listings, batch, strict=True):
+            assert isinstance(result, FusedResult)
+            assert_same_answer(by_ids(result.outputs, listed, orders), expected)
+
+
+# ---- per-city routing (issue 31): the encoder's city picks the route --------------------
+
+
+def test_a_route_for_an_unregistered_city_fails_the_load() -> None:
+    routing = RouterSettings(city_routes=(CityRoute("atlantis", stable_version=1),))
+    with pytest.raises(ValueError, match="city_routes atlantis: not a registered city"):
+        FusedDispatch.from_repository(MODEL_REPOSITORY, FusedSettings(routing))
+
+
+def city_window(city: str, seed: int = 7, orders: int = 30, riders: int = 90) -> Tensors:
+    from dispatch_service.offline.simulator import city_worlds
+
+    config = city_worlds()[city]
+    return window_to_wire(
+        generate_window(np.random.default_rng(seed), orders, riders, config=config)
+    )
+
+
+def test_a_beijing_window_gets_its_citys_canary_and_a_shanghai_window_stable(
+    fused: FusedDispatch,
+) -> None:
+    """The route is the city's the encoder found (run and run_batch alike), and the result
+    names the city for the metrics."""
+    routing = RouterSettings(
+        stable_version=1,
+        canary_version=2,
+        canary_percent=0,
+        city_routes=(CityRoute("beijing", canary_percent=100),),
+    )
+    per_city = dataclasses.replace(fused, settings=FusedSettings(routing))
+    beijing, shanghai = city_window("beijing"), city_window("shanghai")
+    alone = [run(per_city, beijing), run(per_city, shanghai)]
+    together = per_city.run_batch([beijing, shanghai])
+    for got in (alone, together):
+        assert [result.city for result in got] == ["beijing", "shanghai"]  # type: ignore[union-attr]
+        versions = [result.outputs["ORDER_MODEL_VERSION"] for result in got]  # type: ignore[union-attr]
+        assert (versions[0] == 2).all() and (versions[1] == 1).all()
+    for one, batched in zip(alone, together, strict=True):
+        assert isinstance(batched, FusedResult)
+        for name, value in one.outputs.items():
+            np.testing.assert_array_equal(batched.outputs[name], value, err_msg=name)

@@ -121,7 +121,7 @@ def test_a_contract_model_loads_and_scores(contract_model: Path) -> None:
 
 def test_a_wrong_input_name_is_rejected(tmp_path: Path) -> None:
     path = slicing_graph(tmp_path / "m.onnx", "FEATURES", F, "PAIR_OBJECTIVES")
-    with pytest.raises(ValueError, match=r"expected one input PAIR_FEATURES \[batch, 28\]") as info:
+    with pytest.raises(ValueError, match=r"expected one input PAIR_FEATURES \[batch, 34\]") as info:
         OnnxScorer(path)
     assert "FEATURES" in str(info.value)
     assert str(path) in str(info.value)
@@ -200,10 +200,10 @@ def scorer(tmp_path_factory: pytest.TempPathFactory) -> OnnxScorer:
 @pytest.mark.parametrize(
     ("array", "rule"),
     [
-        (np.zeros((4, F - 1), dtype=np.float32), "must have shape [*, 28], got (4, 27)"),
-        (np.zeros((4, F + 5), dtype=np.float32), "must have shape [*, 28], got (4, 33)"),
-        (np.zeros(F, dtype=np.float32), "must have shape [*, 28], got (28,)"),
-        (np.zeros((2, 2, F), dtype=np.float32), "must have shape [*, 28], got (2, 2, 28)"),
+        (np.zeros((4, F - 1), dtype=np.float32), "must have shape [*, 34], got (4, 33)"),
+        (np.zeros((4, F + 5), dtype=np.float32), "must have shape [*, 34], got (4, 39)"),
+        (np.zeros(F, dtype=np.float32), "must have shape [*, 34], got (34,)"),
+        (np.zeros((2, 2, F), dtype=np.float32), "must have shape [*, 34], got (2, 2, 34)"),
         (np.zeros((4, F), dtype=np.float64), "must be FP32, got float64"),
         (np.zeros((4, F), dtype=np.float16), "must be FP32, got float16"),
     ],

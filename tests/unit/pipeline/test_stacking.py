@@ -11,6 +11,7 @@ import pytest
 from numpy.typing import NDArray
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
+from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import encode_window
 from dispatch_service.domain.resolver import ResolverWindow, resolve, score_pairs
 from dispatch_service.domain.window import DispatchWindow
@@ -23,6 +24,8 @@ from dispatch_service.pipeline.stacking import (
 )
 from dispatch_service.routing.engine import ModelCallError
 
+SHANGHAI = default_registry().get("shanghai")
+
 WEIGHTS = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
 LOAD = PAIR_FEATURE_NAMES.index("rider_load")
 
@@ -30,7 +33,7 @@ LOAD = PAIR_FEATURE_NAMES.index("rider_load")
 def truth(
     window: DispatchWindow, rows: NDArray[np.int64], width: int, extra: object
 ) -> NDArray[np.float32]:
-    candidates = encode_window(window).candidate_rider_index.reshape(-1)
+    candidates = encode_window(window, SHANGHAI).candidate_rider_index.reshape(-1)
     expected = simulator.expected_outcome(window, rows // width, candidates[rows], extra_load=extra)
     return np.stack(expected, axis=1).astype(np.float32)
 
@@ -42,7 +45,7 @@ def case(seed: int, riders: int) -> tuple[DispatchWindow, dict[str, object]]:
 
 def stack_args(window: DispatchWindow) -> dict[str, object]:
     """`resolve_stack_aware`'s arguments for ``window``, scored and re-scored by the truth."""
-    encoded = encode_window(window)
+    encoded = encode_window(window, SHANGHAI)
     candidates = encoded.candidate_rider_index
     width = candidates.shape[1]
     flat = candidates.reshape(-1)
@@ -64,6 +67,7 @@ def stack_args(window: DispatchWindow) -> dict[str, object]:
         "rider_capacity": window.rider_capacity,
         "weights": WEIGHTS,
         "rescore": rescore,
+        "order_ids": window.order_ids,  # orders created together ride in id order
     }
     return args
 
@@ -92,12 +96,13 @@ def test_assigned_figures_are_the_truth_for_the_stacked_load() -> None:
 
 def joining_loads(window: DispatchWindow, assigned: NDArray[np.int64], pairs: Any) -> list[int]:
     """Per (order, rider): the orders its rider took that were created before it (ties by
-    row), 0 when the rider is full without it -- written as plain loops."""
+    order id), 0 when the rider is full without it -- written as plain loops."""
     spare = np.maximum(window.rider_capacity - window.rider_load, 0)
     out = []
     for b, r in pairs:
         others = [o for o in range(assigned.size) if o != b and assigned[o] == r]
-        before = [o for o in others if (window.created_at[o], o) < (window.created_at[b], b)]
+        key = {o: (window.created_at[o], window.order_ids[o]) for o in [b, *others]}
+        before = [o for o in others if key[o] < key[b]]
         out.append(len(before) if len(others) < spare[r] or assigned[b] == r else 0)
     return out
 
@@ -139,6 +144,7 @@ def test_a_window_without_stacking_is_one_plain_solve() -> None:
         window.rider_load,
         one,
         WEIGHTS,
+        order_ids=window.order_ids,
     )
     assert result.rescored == 0
     for name, value in plain.as_tensors().items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain import features as features_module
 from dispatch_service.domain import geo
+from dispatch_service.domain.cities import DEFAULT_REGISTRY, default_registry
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.domain.window import (
     parse_objective_weights,
@@ -84,15 +86,36 @@ def test_encoder_reads_every_window_input() -> None:
 
 def test_encoder_defaults_are_the_documented_values() -> None:
     """Without parameters: the contract's limits (1024 orders, 8192 riders, 64-byte ids),
-    16 candidates per order, Shanghai local time (UTC+8), geohash-7 zones."""
+    16 candidates per order, geohash-7 zones, the shipped city registry."""
     step = FeatureEncoderStep.from_parameters({})
     limits, encoder = step.limits, step.encoder
     assert (limits.max_orders, limits.max_riders, limits.max_id_bytes) == (1024, 8192, 64)
     assert encoder.candidates_per_order == 16
-    assert encoder.utc_offset_minutes == 480
     assert encoder.zone_precision == 7
+    assert step.cities is default_registry()
     outputs = step.run(window_tensors(orders=2, riders=40))
     assert outputs["CANDIDATE_RIDER_INDEX"].shape == (2, 16)
+
+
+def test_encoder_refuses_a_window_no_registered_city_serves() -> None:
+    """Never a model answer for a place the registry does not cover: the window is refused
+    naming its first point outside every city, and one in two cities likewise."""
+    step = FeatureEncoderStep()
+    outside = window_tensors(orders=3, riders=12)
+    fields = outside["ORDER_FIELDS"].copy()
+    fields[1, 2:4] = (40.7128, -74.0060)  # order 1's drop-off in New York
+    with pytest.raises(DispatchInputError) as caught:
+        step.run({**outside, "ORDER_FIELDS": fields})
+    assert caught.value.code == "city"
+    assert str(caught.value) == (
+        "ORDER_FIELDS[dropoff_lat, dropoff_lon] row 1: lies outside every city's service area"
+    )
+    riders = outside["RIDER_FIELDS"].copy()
+    riders[4, :2] = (39.9042, 116.4074)  # rider 4 in Beijing
+    with pytest.raises(
+        DispatchInputError, match=r"RIDER_FIELDS\[lat, lon\] row 4: lies in beijing"
+    ):
+        step.run({**outside, "RIDER_FIELDS": riders})
 
 
 def test_encoder_rejects_unknown_parameters() -> None:
@@ -102,9 +125,10 @@ def test_encoder_rejects_unknown_parameters() -> None:
 
 def test_encoder_applies_known_parameters() -> None:
     step = FeatureEncoderStep.from_parameters(
-        {"candidates_per_order": "4", "max_orders": "3", "utc_offset_minutes": "0"}
+        {"candidates_per_order": "4", "max_orders": "3", "city_registry": str(DEFAULT_REGISTRY)}
     )
-    assert (step.encoder.candidates_per_order, step.encoder.utc_offset_minutes) == (4, 0)
+    assert step.encoder.candidates_per_order == 4
+    assert step.cities.ids == default_registry().ids and step.cities is not default_registry()
     assert step.encoder.zone_precision == 7  # not given: the default stays
     assert (step.limits.max_orders, step.limits.max_riders) == (3, 8192)
 
@@ -135,7 +159,10 @@ def test_encoder_accepts_its_shipped_config_parameters() -> None:
 
 def test_encoder_outputs_follow_the_contract() -> None:
     outputs = FeatureEncoderStep().run(window_tensors(orders=5, riders=12))
-    assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX", "ORDER_LOCATION_SOURCE"}
+    assert set(outputs) == {
+        "PAIR_FEATURES", "CANDIDATE_RIDER_INDEX", "ORDER_LOCATION_SOURCE", "WINDOW_CITY",
+    }  # fmt: skip
+    assert outputs["WINDOW_CITY"].tolist() == [b"shanghai"]  # the city serving the window
     # every point came as coordinates: 0 for both ends of each order
     np.testing.assert_array_equal(outputs["ORDER_LOCATION_SOURCE"], np.zeros((5, 2), np.int32))
     assert outputs["PAIR_FEATURES"].dtype == np.float32
@@ -168,7 +195,8 @@ def test_encode_gives_run_outputs_and_the_window_the_resolver_may_reuse(seed: in
     tensors = window_tensors(orders=6, riders=14, seed=seed)
     tensors["RIDER_FIELDS"][:, 2] = np.arange(14) % 3  # some riders loaded
     step = FeatureEncoderStep()
-    window, encoded = step.encode(tensors)
+    window, city, encoded = step.encode(tensors)
+    assert city is step.cities.get("shanghai")
     expected = step.run(tensors)
     assert encoded.keys() == expected.keys()
     for name, value in expected.items():
@@ -188,7 +216,7 @@ def test_resolver_input_names_end_with_the_optional_ones() -> None:
     names = TopKResolverStep.input_names
     assert names[:2] == ("PAIR_OBJECTIVES", "CANDIDATE_RIDER_INDEX")
     stacking = ("PAIR_FEATURES", "ORDER_MODEL_VERSION", "ORDER_FIELDS")
-    assert names[-4:] == ("OBJECTIVE_WEIGHTS", *stacking)
+    assert names[-5:] == ("OBJECTIVE_WEIGHTS", *stacking, "ORDER_IDS")
     assert set(names) >= {"RIDER_IDS", "RIDER_FIELDS"}
 
 
@@ -469,8 +497,8 @@ def test_a_bad_rescore_timeout_fails_the_load(timeout: str) -> None:
         ("ORDER_MODEL_VERSION", np.ones(3, dtype=np.int32), "must have one row per order"),
         ("ORDER_MODEL_VERSION", np.ones(24, dtype=np.float32), "must be INT32"),
         ("ORDER_FIELDS", np.zeros((3, 7)), "must have one row per order"),
-        ("PAIR_FEATURES", np.zeros((5, 28), dtype=np.float32), "must have B*N"),
-        ("PAIR_FEATURES", np.zeros((384, 27), dtype=np.float32), "must be an FP32 [P, 28]"),
+        ("PAIR_FEATURES", np.zeros((5, 34), dtype=np.float32), "must have B*N"),
+        ("PAIR_FEATURES", np.zeros((384, 27), dtype=np.float32), "must be an FP32 [P, 34]"),
     ],
 )
 def test_stack_aware_inputs_are_checked_by_name(name: str, value: Any, rule: str) -> None:
@@ -510,7 +538,7 @@ def test_a_window_whose_candidates_fail_fails_alone_in_a_batch(
         outcome = got[at]
         assert not isinstance(outcome, Exception)
         for name, value in expected[at].items():
-            np.testing.assert_array_equal(outcome[1][name], value, err_msg=name)
+            np.testing.assert_array_equal(outcome[2][name], value, err_msg=name)
 
 
 def resolver_batch(
@@ -523,7 +551,7 @@ def resolver_batch(
     items = []
     for seed, (orders, riders) in enumerate(shapes):
         tensors = window_tensors(orders, riders, seed)
-        window, encoded = FeatureEncoderStep().encode(tensors)
+        window, _, encoded = FeatureEncoderStep().encode(tensors)
         scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
         versions = np.ones(orders, dtype=np.int32)
         inputs = {**tensors, **encoded, **scored, "ORDER_MODEL_VERSION": versions}
@@ -609,3 +637,46 @@ def test_an_ensemble_window_with_bad_rider_fields_fails_alone_in_a_batch() -> No
         assert not isinstance(outcome, Exception), outcome
         for name, value in expected.items():
             assert outcome[name].tobytes() == value.tobytes(), name
+
+
+# ---- the answer does not depend on how the window is listed (issue 31) ----------------
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["dispatch_fused", "ensemble"])
+def test_a_batch_answers_every_listing_of_a_window_alike(contract_model: Path, fused: bool) -> None:
+    """The windows of one execute (checked together, staged alone where riders stack): a
+    window and two relistings of it get the same answer read by ids, whether the resolver
+    has the encoder's window (dispatch_fused) or only the wire tensors (the ensemble: its
+    ORDER_IDS break the ties between orders)."""
+    from permutation_helpers import assert_same_answer, by_ids, permuted, regime_windows
+
+    encoder, resolver = steps.FeatureEncoderStep(), TopKResolverStep()
+    model = DispatchModelStep(contract_model)
+
+    def score(version: int, pair_features: NDArray[np.float32]) -> NDArray[np.float32]:
+        return model.scorer.infer(pair_features)
+
+    def item(tensors: Mapping[str, NDArray[Any]]) -> tuple[Tensors, Any, Any]:
+        done = encoder.encode(tensors)  # the validated window first, the tensors last
+        window, encoded = done[0], done[-1]
+        orders = encoded["CANDIDATE_RIDER_INDEX"].shape[0]
+        versions = {"ORDER_MODEL_VERSION": np.ones(orders, dtype=np.int32)}
+        inputs: Tensors = {**tensors, **encoded, **model.run(encoded), **versions}
+        return inputs, window if fused else None, score
+
+    rng = np.random.default_rng(7)
+    for _, _, tensors in regime_windows(seeds=1):
+        listings = [(tensors, None), *(permuted(tensors, rng) for _ in range(2))]
+        answers = resolver.run_batch([item(listed) for listed, _ in listings])
+        expected = by_ids(answers[0], tensors)  # type: ignore[arg-type]
+        for (listed, orders), answer in zip(listings[1:], answers[1:], strict=True):
+            assert_same_answer(by_ids(answer, listed, orders), expected)  # type: ignore[arg-type]
+
+
+def test_order_ids_of_the_wrong_length_are_refused_by_name() -> None:
+    inputs = resolver_inputs()
+    inputs["ORDER_IDS"] = np.array([b"o1", b"o2"], dtype=object)  # 3 orders
+    with pytest.raises(DispatchInputError) as caught:
+        TopKResolverStep().run(inputs)
+    assert caught.value.tensor == "ORDER_IDS"
+    assert "one per order" in caught.value.rule

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 from dispatch_contract import PAIR_FEATURE_NAMES
 from dispatch_service.core.metrics import InMemoryMetrics
 from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import encode_window
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.routing.engine import route_and_score_now
@@ -21,6 +22,8 @@ from dispatch_service.routing.fallback import FallbackLevel, rule_based_objectiv
 from dispatch_service.routing.metrics import FALLBACK_ORDERS, ROUTED_ORDERS, routed_observations
 from dispatch_service.routing.policy import choose_versions
 from dispatch_service.routing.settings import RouterSettings
+
+SHANGHAI = default_registry().get("shanghai")
 
 CPU = int(FallbackLevel.CPU_SCORED)
 F32 = NDArray[np.float32]
@@ -44,7 +47,7 @@ def scorer_failing(failing: set[int]) -> Callable[[int, F32], F32]:
 
 def routed_input(orders: int = 30) -> tuple[F32, NDArray[np.int32], NDArray[np.int32]]:
     window = generate_window(np.random.default_rng(4), orders, 90)
-    encoded = encode_window(window)
+    encoded = encode_window(window, SHANGHAI)
     user_ids = np.array([f"user-{i}".encode() for i in range(orders)], dtype=object)
     versions = choose_versions(user_ids, RouterSettings(canary_version=2, canary_percent=50))
     assert set(versions.tolist()) == {1, 2}
@@ -87,10 +90,17 @@ def test_cpu_scored_orders_are_answered_orders_not_fallbacks_in_the_metrics() ->
     metrics.record(routed_observations(routed))
     stable_orders = int(np.sum(versions == 1))
     canary_orders = int(np.sum(versions == 2))
-    assert metrics.counter(ROUTED_ORDERS, model_version="1", level=str(CPU)) == stable_orders
-    assert metrics.counter(ROUTED_ORDERS, model_version="1", level="1") == canary_orders
-    assert metrics.counter(FALLBACK_ORDERS, model_version="2", level="1") == canary_orders
-    assert metrics.counter(FALLBACK_ORDERS, model_version="1", level=str(CPU)) == 0
+    assert (
+        metrics.counter(ROUTED_ORDERS, model_version="1", level=str(CPU), city="none")
+        == stable_orders
+    )
+    assert (
+        metrics.counter(ROUTED_ORDERS, model_version="1", level="1", city="none") == canary_orders
+    )
+    assert (
+        metrics.counter(FALLBACK_ORDERS, model_version="2", level="1", city="none") == canary_orders
+    )
+    assert metrics.counter(FALLBACK_ORDERS, model_version="1", level=str(CPU), city="none") == 0
 
 
 def test_shadow_comparison_still_sees_the_cpu_scored_orders() -> None:

@@ -15,6 +15,7 @@ from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import InMemoryMetrics
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain import geo
+from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import encode_window, feasible_mask
 from dispatch_service.domain.resolver import resolve
 from dispatch_service.domain.window import DispatchWindow
@@ -42,6 +43,8 @@ from dispatch_service.routing.metrics import (
 from dispatch_service.routing.policy import choose_versions, parse_version_tag, user_buckets
 from dispatch_service.routing.settings import RouterSettings, settings_record
 from dispatch_service.routing.shadow import compare_shadow, shadow_sampled, shadow_version_of
+
+SHANGHAI = default_registry().get("shanghai")
 
 CANARY = RouterSettings(stable_version=1, canary_version=2, canary_percent=30)
 
@@ -235,7 +238,7 @@ def test_rule_based_objectives_make_the_resolver_pick_the_nearest_feasible_rider
     seed: int,
 ) -> None:
     window = _window(seed, 40, 120)
-    encoded = encode_window(window)
+    encoded = encode_window(window, SHANGHAI)
     objectives = rule_based_objectives(encoded.pair_features)
     assert objectives.dtype == np.float32 and np.isfinite(objectives).all()
     resolution = resolve(
@@ -355,7 +358,7 @@ class FakeVersions:
 def _routed_input(
     seed: int = 4, orders: int = 30
 ) -> tuple[NDArray[np.float32], NDArray[np.int32], NDArray[np.int32]]:
-    encoded = encode_window(_window(seed, orders, 90))
+    encoded = encode_window(_window(seed, orders, 90), SHANGHAI)
     versions = choose_versions(users(orders), RouterSettings(canary_version=2, canary_percent=50))
     assert set(versions.tolist()) == {1, 2}
     return encoded.pair_features, encoded.candidate_rider_index, versions
@@ -488,10 +491,10 @@ def test_observations_count_calls_levels_and_fallbacks() -> None:
     assert sink.counter(MODEL_CALLS, model_version="2", role="primary") == 1
     assert sink.counter(MODEL_CALLS, model_version="1", role="retry") == 1
     assert sink.counter(MODEL_ERRORS, model_version="2", role="primary", reason="error") == 1
-    assert sink.counter(ROUTED_ORDERS, model_version="1", level="0") == stable
-    assert sink.counter(ROUTED_ORDERS, model_version="1", level="1") == canary
-    assert sink.counter(FALLBACK_ORDERS, model_version="2", level="1") == canary
-    assert sink.counter(FALLBACK_ORDERS, model_version="1", level="1") == 0
+    assert sink.counter(ROUTED_ORDERS, model_version="1", level="0", city="none") == stable
+    assert sink.counter(ROUTED_ORDERS, model_version="1", level="1", city="none") == canary
+    assert sink.counter(FALLBACK_ORDERS, model_version="2", level="1", city="none") == canary
+    assert sink.counter(FALLBACK_ORDERS, model_version="1", level="1", city="none") == 0
 
 
 def _reference_counts(*columns: NDArray[np.int32]) -> dict[tuple[int, ...], int]:
@@ -572,7 +575,8 @@ def _batch_items(
     items, rows = [], []
     for number in range(count):
         orders = int(rng.integers(1, 9))
-        encoded = encode_window(_window(seed * 100 + number, orders, int(rng.integers(3, 40))))
+        window = _window(seed * 100 + number, orders, int(rng.integers(3, 40)))
+        encoded = encode_window(window, SHANGHAI)
         features = encoded.pair_features.copy()
         if number == nan_window:
             features[:, 0] = RowPoison.MARK

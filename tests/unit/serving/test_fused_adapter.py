@@ -114,6 +114,7 @@ def test_records_the_encoder_router_and_resolver_metrics_per_answer(pb: FakePbUt
     rejected = families.series(VALIDATION_REJECTIONS.name, tensor="RIDER_IDS")
     assert rejected.value == 1
     assert routed.labels["model"] == "dispatch_fused"
+    assert routed.labels["city"] == "shanghai"  # the city the encoder found serving the window
 
 
 def test_logs_its_settings_and_each_version_it_could_not_load(pb: FakePbUtils) -> None:
@@ -129,3 +130,17 @@ def test_logs_its_settings_and_each_version_it_could_not_load(pb: FakePbUtils) -
 def test_bad_settings_fail_the_load(pb: FakePbUtils) -> None:
     with pytest.raises(SettingsError):
         fused_adapter_for(pb, args(canary_percent="lots"))
+
+
+def test_the_fused_model_seals_its_stubs_region_before_anything_else(
+    pb: FakePbUtils, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class SealedError(Exception):
+        pass
+
+    def seal() -> None:
+        raise SealedError
+
+    monkeypatch.setattr("dispatch_service.serving.triton_adapter.seal_own_region", seal)
+    with pytest.raises(SealedError):
+        fused_adapter_for(pb, args())

@@ -12,14 +12,22 @@ import pytest
 from numpy.typing import NDArray
 
 from dispatch_service.core.metrics import VALIDATION_REJECTIONS, InMemoryMetrics
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import encode_window
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.routing.fallback import rule_based_objectives
 from dispatch_service.routing.metrics import MODEL_ERRORS, ROUTED_ORDERS
-from dispatch_service.routing.settings import RouterSettings
-from dispatch_service.serving.router_adapter import DispatchRouterAdapter, router_adapter_for
+from dispatch_service.routing.settings import CityRoute, RouterSettings
+from dispatch_service.serving.router_adapter import (
+    DispatchRouterAdapter,
+    registered_cities,
+    router_adapter_for,
+)
 from pb_stand_in import FakeRequest, FakeTensor, FakeTritonError
+
+SHANGHAI = default_registry().get("shanghai")
 
 
 class Response:
@@ -110,7 +118,7 @@ def served(*versions: int) -> Served:
 
 def window_inputs(seed: int = 5, orders: int = 12, **extra: NDArray[Any]) -> dict[str, Any]:
     window = generate_window(np.random.default_rng(seed), orders, 60)
-    encoded = encode_window(window)
+    encoded = encode_window(window, SHANGHAI)
     return {
         "PAIR_FEATURES": encoded.pair_features,
         "CANDIDATE_RIDER_INDEX": encoded.candidate_rider_index,
@@ -151,7 +159,52 @@ def test_answers_objectives_versions_and_levels_through_bls() -> None:
     assert set(out["ORDER_MODEL_VERSION"].tolist()) == {1, 2}
     assert out["ORDER_FALLBACK_LEVEL"].tolist() == [0] * 12
     assert sorted(pb.bls) == [("dispatch_model", 1), ("dispatch_model", 2)]
-    assert sum(metrics.counter(ROUTED_ORDERS, model_version=v, level="0") for v in ("1", "2")) == 12
+    counts = (metrics.counter(ROUTED_ORDERS, model_version=v, level="0", city="none") for v in "12")
+    assert sum(counts) == 12  # a window without WINDOW_CITY: the global routing
+
+
+def test_each_window_is_routed_with_its_citys_settings_and_labelled_with_it() -> None:
+    """WINDOW_CITY (the encoder's city): a Beijing window goes to Beijing's canary in the same
+    execute where a Shanghai window stays on stable; a city the registry does not hold is a
+    400 naming the tensor, and the other windows are answered."""
+    pb = FakePb(served(1, 2))
+    metrics = InMemoryMetrics()
+    settings = RouterSettings(
+        canary_version=2, city_routes=(CityRoute("beijing", canary_percent=100),)
+    )
+    adapter = DispatchRouterAdapter(pb, "dispatch_router", settings, metrics=metrics)
+
+    def city(name: bytes) -> NDArray[Any]:
+        return np.array([name], dtype=object)
+
+    beijing, shanghai, nowhere, empty = run(
+        adapter,
+        FakeRequest(window_inputs(WINDOW_CITY=city(b"beijing"))),
+        FakeRequest(window_inputs(WINDOW_CITY=city(b"shanghai"))),
+        FakeRequest(window_inputs(WINDOW_CITY=city(b"atlantis"))),
+        FakeRequest(window_inputs(WINDOW_CITY=city(b""))),
+    )
+    assert outputs(beijing)["ORDER_MODEL_VERSION"].tolist() == [2] * 12
+    assert outputs(shanghai)["ORDER_MODEL_VERSION"].tolist() == [1] * 12
+    assert outputs(empty)["ORDER_MODEL_VERSION"].tolist() == [1] * 12  # no city: global
+    error = nowhere.error()
+    assert error.code() == FakeTritonError.INVALID_ARG
+    assert error.message().startswith("WINDOW_CITY: names no registered city")
+    assert metrics.counter(ROUTED_ORDERS, model_version="2", level="0", city="beijing") == 12
+    assert metrics.counter(ROUTED_ORDERS, model_version="1", level="0", city="shanghai") == 12
+    assert metrics.counter(ROUTED_ORDERS, model_version="1", level="0", city="none") == 12
+
+
+def test_the_router_knows_the_cities_the_repositorys_encoder_serves(tmp_path: Any) -> None:
+    assert registered_cities(MODEL_REPOSITORY) == default_registry().ids
+    assert registered_cities(tmp_path) == default_registry().ids  # no encoder config: shipped
+    args = {**_args(), "model_repository": str(MODEL_REPOSITORY / "dispatch_router")}
+    adapter = router_adapter_for(NoMetricsPb(served(1)), args)
+    assert adapter.cities == frozenset(default_registry().ids)
+    adapter.finalize()
+    unknown = _args(canary_version="2", city_routes="atlantis:canary_percent=5")
+    with pytest.raises(ValueError, match="city_routes atlantis: not a registered city"):
+        router_adapter_for(NoMetricsPb(served(1)), unknown)  # the load fails: old router serves
 
 
 def test_an_error_response_of_the_canary_is_answered_by_the_stable_version() -> None:
@@ -291,6 +344,7 @@ def test_initialize_parses_the_settings_once_and_logs_them() -> None:
             "bls_timeout_ms": 2000,
             "scoring_versions": [],
             "cpu_scoring": 0,
+            "city_routes": "",  # the parameter's text form
         },
     ]
     adapter.finalize()
@@ -366,3 +420,17 @@ def test_the_windows_of_one_execute_share_one_bls_call_per_version() -> None:
     for answer, expected in zip(got, alone, strict=True):
         for name, value in expected.items():
             assert answer[name].dtype == value.dtype and answer[name].tobytes() == value.tobytes()
+
+
+def test_the_router_seals_its_stubs_region_before_anything_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class SealedError(Exception):
+        pass
+
+    def seal() -> None:
+        raise SealedError
+
+    monkeypatch.setattr("dispatch_service.serving.triton_adapter.seal_own_region", seal)
+    with pytest.raises(SealedError):
+        router_adapter_for(FakePb(served(1)), _args())

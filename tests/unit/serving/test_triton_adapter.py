@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from dispatch_contract import NUM_PAIR_FEATURES, OBJECTIVES, batched, pack_window
+from dispatch_contract import (
+    ENCODER_OUTPUTS,
+    NUM_PAIR_FEATURES,
+    OBJECTIVES,
+    batched,
+    pack_window,
+)
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import (
     STEP_OBSERVERS,
@@ -136,7 +142,7 @@ def test_a_bad_window_is_answered_with_invalid_arg_naming_the_tensor() -> None:
     assert len(responses) == 3
     for ok in (responses[0], responses[2]):
         outputs = ok.outputs()
-        assert set(outputs) == {"PAIR_FEATURES", "CANDIDATE_RIDER_INDEX", "ORDER_LOCATION_SOURCE"}
+        assert set(outputs) == {spec.name for spec in ENCODER_OUTPUTS}
         assert outputs["PAIR_FEATURES"].shape[-1] == NUM_PAIR_FEATURES
     error = responses[1].error()
     assert error.code() == FakeTritonError.INVALID_ARG
@@ -206,6 +212,36 @@ def test_a_request_whose_inputs_cannot_be_read_fails_alone() -> None:
     assert error.message() == "echo: internal error (RuntimeError: tensor handle gone)"
     (logged,) = json_lines(pb, "error")
     assert logged["request_id"] == "lost" and "tensor handle gone" in logged["trace"]
+
+
+def test_a_cancelled_request_is_answered_cancelled_unworked_and_the_others_served() -> None:
+    # Triton 2.51's dynamic batcher hands requests whose client already gave up to execute
+    # (issue 32): each is answered CANCELLED at once, never run, never logged as an error.
+    pb = FakePbUtils()
+    step = EchoStep()
+    gone = FakeRequest({"X": np.array([[7, 8]])}, "gone", cancelled=True)
+    requests = [echo_request(1), gone, echo_request(2)]
+    responses = TritonStepAdapter(pb, "echo", step).execute(requests)
+    assert responses[0].outputs()["Y"][0].tolist() == [2, 4]
+    assert responses[2].outputs()["Y"][0].tolist() == [4, 6]
+    error = responses[1].error()
+    assert error.code() == FakeTritonError.CANCELLED
+    assert "cancelled" in error.message()
+    assert step.calls == 2
+    assert all(r.cancel_asks == 1 for r in requests)
+    assert pb.Logger.lines == []
+
+
+def test_a_failed_cancellation_ask_serves_the_request() -> None:
+    class Unaskable(FakeRequest):
+        def is_cancelled(self) -> bool:
+            raise RuntimeError("stub lost the server")
+
+    pb = FakePbUtils()
+    (response,) = TritonStepAdapter(pb, "echo", EchoStep()).execute(
+        [Unaskable({"X": np.array([[1, 2]])})]
+    )
+    assert response.outputs()["Y"][0].tolist() == [2, 4]
 
 
 def test_each_request_is_run_once_in_order() -> None:
@@ -390,9 +426,10 @@ def test_batched_adapter_rejects_bad_requests_and_scores_the_others(
         np.testing.assert_array_equal(
             responses[index].outputs()["PAIR_OBJECTIVES"], model_step.scorer.score(features)
         )
+    width = NUM_PAIR_FEATURES
     expected = {
         1: "PAIR_FEATURES: must be finite",
-        3: f"PAIR_FEATURES: must have shape [*, {NUM_PAIR_FEATURES}], got (4, 27)",
+        3: f"PAIR_FEATURES: must have shape [*, {width}], got (4, {width - 1})",
         4: "PAIR_FEATURES: must be FP32, got float64",
         5: "PAIR_FEATURES: is required but missing",
     }
@@ -504,7 +541,10 @@ def test_the_encoder_answers_a_batch_byte_for_byte_like_each_window_alone() -> N
         assert got.keys() == alone.keys()
         for name, value in alone.items():
             assert got[name][0].dtype == value.dtype and got[name][0].shape == value.shape
-            assert got[name][0].tobytes() == value.tobytes(), name
+            if value.dtype == object:  # WINDOW_CITY: the bytes, not the object pointers
+                assert got[name][0].tolist() == value.tolist(), name
+            else:
+                assert got[name][0].tobytes() == value.tobytes(), name
     for i, tensor in ((2, "ORDER_FIELDS[pickup_lat, pickup_lon]"), (3, "ORDER_IDS")):
         error = responses[i].error()
         assert error.code() == FakeTritonError.INVALID_ARG
@@ -835,3 +875,110 @@ def test_each_model_py_hands_initialize_execute_and_finalize_to_the_adapter(mode
     assert "return self.adapter.execute(requests)" in source
     assert "self.adapter.finalize()" in source
     assert len(source.splitlines()) <= 20
+
+
+# ---- what client text reaches the log --------------------------------------------------
+
+
+class AddressStep:
+    """Refuses every window as the geocoding chain does an unknown address: the message to
+    the client quotes the address."""
+
+    input_names: ClassVar[tuple[str, ...]] = ("X",)
+
+    def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> dict[str, NDArray[Any]]:
+        raise DispatchInputError(
+            "ORDER_PICKUP_ADDRESS",
+            "row 0: address 'No. 7 Secret Lane' must name a district, road or place",
+            "unknown_value",
+        )
+
+
+def test_a_megabyte_request_id_costs_a_few_hundred_bytes_of_log() -> None:
+    pb = FakePbUtils()
+    huge = "r\n" * (1 << 19)  # 1 MiB, newlines included
+    (response,) = TritonStepAdapter(pb, "echo", EchoStep()).execute([echo_request(-1, huge)])
+    assert response.error().code() == FakeTritonError.INVALID_ARG
+    ((level, line),) = pb.Logger.lines
+    assert level == "warn" and len(line.encode()) < 400 and "\n" not in line
+    logged = json.loads(line)["request_id"]
+    assert logged.startswith("r\\nr\\n") and logged.endswith(f"...[{1 << 20} chars]")
+
+
+def test_an_address_the_client_sent_reaches_the_client_but_not_the_log() -> None:
+    pb = FakePbUtils()
+    (response,) = TritonStepAdapter(pb, "feature_encoder", AddressStep()).execute(
+        [echo_request(1, "req-7")]
+    )
+    assert "No. 7 Secret Lane" in response.error().message()
+    ((_, line),) = pb.Logger.lines
+    assert "Secret" not in line
+    assert json.loads(line)["rule"] == "row 0: address '...' must name a district, road or place"
+
+
+def test_an_internal_error_logs_no_quoted_value_and_a_capped_message() -> None:
+    class Leaky(EchoStep):
+        def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> dict[str, NDArray[Any]]:
+            x = inputs["X"]
+            assert x is not None
+            raise KeyError(f"user-{int(x.sum()) * 10_000} at {where!r}" + "!" * 10_000)
+
+    where = "Secret Lane"
+
+    pb = FakePbUtils()
+    TritonStepAdapter(pb, "echo", Leaky()).execute([echo_request(1, "req-1")])
+    ((level, line),) = pb.Logger.lines  # the payload: user 30000 at Secret Lane
+    assert level == "error" and "30000" not in line and "Secret" not in line
+    assert len(line) < 2048 + 1024
+    assert json.loads(line)["error"].startswith("KeyError: '...'")
+
+
+def test_rejection_lines_are_rate_limited_with_a_count_of_those_dropped() -> None:
+    class Clock:
+        now = 0.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    from dispatch_service.core.log_text import LogRateLimit
+
+    pb = FakePbUtils()
+    adapter = TritonStepAdapter(pb, "echo", EchoStep())
+    clock = Clock()
+    adapter.request_lines = LogRateLimit(per_s=1.0, burst=5, clock=clock)
+    responses = adapter.execute([echo_request(-1, f"r{i}") for i in range(1000)])
+    assert all(r.error().code() == FakeTritonError.INVALID_ARG for r in responses)
+    assert len(pb.Logger.lines) == 5  # every request refused, five lines
+    clock.now += 1.0
+    adapter.execute([echo_request(-1, "later")])
+    dropped, later = (json.loads(line) for _, line in pb.Logger.lines[5:])
+    assert dropped == {"event": "log_lines_dropped", "model": "echo", "lines": 995}
+    assert later["request_id"] == "later"
+
+
+# ---- the stub's shared-memory region ------------------------------------------------------
+
+
+def test_every_adapter_seals_its_stubs_region_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sealed: list[str] = []
+    monkeypatch.setattr(
+        "dispatch_service.serving.triton_adapter.seal_own_region", lambda: sealed.append("x")
+    )
+    adapter_for(FakePbUtils(), triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
+    assert sealed == ["x"]
+
+
+def test_a_region_that_cannot_be_sealed_is_logged_and_the_load_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse() -> None:
+        raise PermissionError("/dev/shm/dispatchsrv_1_ab_x is not a region of this server")
+
+    monkeypatch.setattr("dispatch_service.serving.triton_adapter.seal_own_region", refuse)
+    pb = FakePbUtils()
+    adapter_for(pb, triton_args("topk_resolver", {}, tmp_path), "topk_resolver")
+    (warning,) = json_lines(pb, "warn")
+    assert warning["event"] == "shm_region_not_sealed" and warning["model"] == "topk_resolver"
+    assert warning["error"].startswith("PermissionError: /dev/shm/dispatchsrv_1_ab_x")

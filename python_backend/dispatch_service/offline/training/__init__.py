@@ -17,20 +17,21 @@ Log-space regression predicts a median; a smearing factor fitted on the training
 it back into a mean. Feature standardisation and all of that post-processing are part of the
 exported graph, so the server feeds raw features and reads minutes, probability and CNY.
 
-Every version's graph also derives ``ROAD_FEATURES`` from the zone coordinates and the
-city's river and crossings (`road`): whether the approach and the trip cross the river, and
-the detour of the best crossing.
+One graph serves every city: positions are relative to the window's own city and the map's
+columns (barriers crossed, detours, free-flow route minutes) are features the encoder reads
+from the city registry, so no city constant sits in the graph. Training draws its windows
+from ``TrainConfig.cities``; the other registered cities are never seen in training.
 
-``--log-features`` (version 2) makes better use of the same 28 input columns: the graph
+``--log-features`` (version 2) makes better use of the same input columns: the graph
 appends ``log(1 + max(a . x, 0))`` of a few linear combinations of them (distances, total
 distance, slack, overdue minutes, promise, order age; ``LOG_FEATURES``). Travel time is a
 product of distance and slowness and on-time is a normal CDF of log(budget / travel) in the
 simulator, so these columns make the log-ETA and on-time heads close to additive. The served
-input stays PAIR_FEATURES [batch, 28]: the router feeds every version the same tensor.
+input stays PAIR_FEATURES: the router feeds every version the same tensor.
 
 The package splits along the concerns of a run: ``config`` (what determines the weights),
 ``data`` (simulated, encoded, labelled pairs), ``mlp`` (the network and its trainer),
-``road`` (the map's columns), ``export`` (ONNX graph and its check against numpy),
+``export`` (ONNX graph and its check against numpy),
 ``metrics`` (held-out errors), ``card`` (model card and layout files), ``run`` (one run end
 to end) and ``cli``.
 """

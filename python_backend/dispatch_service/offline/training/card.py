@@ -88,6 +88,8 @@ def render_card(card: dict[str, Any]) -> str:
         f"{data['riders_range'][0]}-{data['riders_range'][1]} riders per window)",
         f"- held out: {data['holdout_windows']} windows, {data['holdout_pairs']} pairs "
         "(an independent random stream of the same seed)",
+        f"- cities: {', '.join(data['cities'])} (windows drawn in turn); every other "
+        "registered city is held out",
         "- labels: one noisy realisation per pair from `simulator.sample_outcome`",
         f"- features: layout {card['feature_layout_version']}, {len(card['features'])} columns "
         "(see feature_layout.json), encoded by `features.encode_window`",
@@ -104,14 +106,6 @@ def render_card(card: dict[str, Any]) -> str:
                 f"log(1 + max(s, 0)) of: {', '.join(arch['derived_features'])}",
             ]
             if arch.get("derived_features")
-            else []
-        ),
-        *(
-            [
-                "- inputs computed inside the graph from the zone centres and the city's "
-                f"river and crossings: {', '.join(arch['road_features'])}",
-            ]
-            if arch.get("road_features")
             else []
         ),
         "- heads: log ETA (squared error, smearing-corrected), on-time logit (cross-entropy),",
@@ -137,6 +131,23 @@ def render_card(card: dict[str, Any]) -> str:
         "The noise floor column scores the simulator's noise-free expectation, which no model",
         "that sees only the pair features can beat on average.",
     ]
+    by_city = card.get("holdout_by_city")
+    if by_city:
+        lines += [
+            "",
+            "## Held-out error by city",
+            "",
+            "| city | trained on | pairs | ETA MAE, minutes | ETA bias, minutes | "
+            "on-time Brier | on-time AUC | cost MAE, CNY |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for city, m in by_city.items():
+            lines.append(
+                f"| {city} | {'yes' if m['trained'] else 'no (held out)'} | {m['pairs']} | "
+                f"{_fmt(m['eta_mae_minutes'])} | {_fmt(m['eta_bias_minutes'])} | "
+                f"{_fmt(m['ontime_brier'], 4)} | {_fmt(m['ontime_auc'], 4)} | "
+                f"{_fmt(m['cost_mae_cny'])} |"
+            )
     comparison = card.get("comparison")
     if comparison:
         lines += ["", *_comparison_lines(card, comparison)]

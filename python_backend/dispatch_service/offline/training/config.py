@@ -68,5 +68,7 @@ class TrainConfig:
     learning_rate: float = 3e-3
     final_learning_rate: float = 1e-4
     log_features: bool = False  # append LOG_FEATURES inside the graph (version 2)
-    road_features: bool = True  # append ROAD_FEATURES inside the graph (`road`)
+    # The registered cities the model learns from; the others are never seen in training
+    # and `make evaluate` reports them as held out.
+    cities: tuple[str, ...] = ("shanghai", "beijing", "shenzhen")
     encoder: EncoderSettings = field(default_factory=EncoderSettings)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -22,7 +21,6 @@ from dispatch_contract import (
 from dispatch_service.offline.training.config import LOG_COST_RANGE, LOG_ETA_RANGE
 from dispatch_service.offline.training.data import F32
 from dispatch_service.offline.training.mlp import MLP
-from dispatch_service.offline.training.road import LEGS, RoadMap
 
 __all__ = [
     "IR_VERSION",
@@ -55,8 +53,6 @@ def to_onnx(model: MLP, doc: str = "") -> onnx.ModelProto:
             helper.make_node("Log", ["d_1p"], ["d_log"]),
         ]
         parts.append("d_log")
-    if model.road is not None:
-        parts += _road_nodes(in_name, model.road, nodes, const)
     columns = in_name
     if len(parts) > 1:
         columns = "x_all"
@@ -134,49 +130,6 @@ def to_onnx(model: MLP, doc: str = "") -> onnx.ModelProto:
     )
     onnx.checker.check_model(onnx_model, full_check=True)
     return onnx_model
-
-
-def _road_nodes(
-    x: str, road: RoadMap, nodes: list[onnx.NodeProto], const: Callable[[str, NDArray[Any]], str]
-) -> list[str]:
-    """`road.road_columns` as graph nodes, operation for operation; the columns' names."""
-
-    def node(op: str, inputs: list[str], name: str, **attrs: Any) -> str:
-        nodes.append(helper.make_node(op, inputs, [name], **attrs))
-        return name
-
-    def matrix(name: str) -> str:
-        return const(f"road_{name}", getattr(road, name))
-
-    def hypot(de: str, dn: str, name: str) -> str:
-        squares = [node("Mul", [d, d], f"{d}_sq") for d in (de, dn)]
-        return node("Sqrt", [node("Add", squares, f"{name}_ss")], name)
-
-    base_east = const("road_base_east", np.asarray(road.base_east, dtype=np.float32))
-    hinges = node("Relu", [node("Gemm", [x, matrix("hinge_w"), matrix("hinge_b")], "r_hl")], "r_h")
-    river = node(
-        "Add", [node("MatMul", [hinges, matrix("slope_block")], "r_rl"), base_east], "r_river"
-    )
-    east = node("MatMul", [x, matrix("east_w")], "r_east")
-    bank = node("Cast", [node("Greater", [east, river], "r_gt")], "r_bank", to=TensorProto.FLOAT)
-    to_crossings = hypot(
-        node("Gemm", [x, matrix("crossing_e_w"), matrix("crossing_e_b")], "r_ce"),
-        node("Gemm", [x, matrix("crossing_n_w"), matrix("crossing_n_b")], "r_cn"),
-        "r_to_crossings",
-    )
-    shape = const("road_via_shape", np.asarray([-1, len(LEGS), road.crossings], dtype=np.int64))
-    via = node(
-        "Reshape", [node("MatMul", [to_crossings, matrix("leg_sums")], "r_vl"), shape], "r_via"
-    )
-    best = node("ReduceMin", [via], "r_best", axes=[2], keepdims=0)
-    crosses = node("Abs", [node("MatMul", [bank, matrix("bank_diff")], "r_db")], "r_crosses")
-    direct = hypot(
-        node("MatMul", [x, matrix("leg_de_w")], "r_de"),
-        node("MatMul", [x, matrix("leg_dn_w")], "r_dn"),
-        "r_direct",
-    )
-    extra = node("Sub", [best, direct], "r_extra")
-    return [crosses, node("Mul", [crosses, extra], "r_detour")]
 
 
 def max_relative_difference(a: F32, b: F32) -> float:

@@ -19,7 +19,6 @@ from dispatch_service.offline.training.config import (
     log_feature_matrix,
 )
 from dispatch_service.offline.training.data import F32, Dataset
-from dispatch_service.offline.training.road import RoadMap, road_columns
 
 __all__ = [
     "MLP",
@@ -40,23 +39,19 @@ class MLP:
     out_scale: F32
     out_offset: F32
     derived: F32 | None = None  # [F, k] LOG_FEATURES coefficients; None: no log columns
-    road: RoadMap | None = None  # the map of ROAD_FEATURES; None: no road columns
 
     @staticmethod
-    def inputs_of(x: F32, derived: F32 | None, road: RoadMap | None) -> F32:
-        """``x``, then the columns log(1 + max(x @ derived, 0)), then the road columns."""
-        parts = [x]
-        if derived is not None:
-            logs = np.log(np.float32(1.0) + np.maximum(x @ derived, np.float32(0.0)))
-            parts.append(logs.astype(np.float32))
-        if road is not None:
-            parts.append(road_columns(x, road))
-        out: F32 = np.concatenate(parts, axis=1) if len(parts) > 1 else x
+    def inputs_of(x: F32, derived: F32 | None) -> F32:
+        """``x``, then the columns log(1 + max(x @ derived, 0))."""
+        if derived is None:
+            return x
+        logs = np.log(np.float32(1.0) + np.maximum(x @ derived, np.float32(0.0)))
+        out: F32 = np.concatenate([x, logs.astype(np.float32)], axis=1)
         return out
 
     def inputs(self, x: F32) -> F32:
         """The network's input columns: the raw features, then any derived columns."""
-        return self.inputs_of(x, self.derived, self.road)
+        return self.inputs_of(x, self.derived)
 
     def hidden_forward(self, x: F32) -> tuple[list[F32], F32]:
         """Activations of every hidden layer and the raw output z (standardised heads)."""
@@ -105,8 +100,7 @@ def fit(data: Dataset, config: TrainConfig, log: bool = False) -> tuple[MLP, Fit
     shuffle_rng = np.random.default_rng([config.seed, STREAM_SHUFFLE])
     x = data.features
     derived = log_feature_matrix() if config.log_features else None
-    road = RoadMap.of() if config.road_features else None
-    mean, scale = _standardise(MLP.inputs_of(x, derived, road))  # every input column
+    mean, scale = _standardise(MLP.inputs_of(x, derived))  # every input column
     log_eta = np.log(np.maximum(data.eta_minutes, 1e-3))
     log_cost = np.log(np.maximum(data.cost_cny, 1e-3))
     eta_mu, eta_sd = float(log_eta.mean()), float(max(log_eta.std(), 1e-6))
@@ -129,7 +123,6 @@ def fit(data: Dataset, config: TrainConfig, log: bool = False) -> tuple[MLP, Fit
         out_scale=np.ones(3, dtype=np.float32),
         out_offset=np.zeros(3, dtype=np.float32),
         derived=derived,
-        road=road,
     )
     params = [*weights, *biases]
     moment1 = [np.zeros_like(p) for p in params]

@@ -12,6 +12,7 @@ import numpy as np
 
 from dispatch_contract import FEATURE_LAYOUT_VERSION, OBJECTIVES, PAIR_FEATURE_NAMES
 from dispatch_service.core.paths import REPO_ROOT
+from dispatch_service.domain.cities import default_registry
 from dispatch_service.offline.training.card import layout, write_card
 from dispatch_service.offline.training.config import (
     LOG_FEATURES,
@@ -29,7 +30,6 @@ from dispatch_service.offline.training.export import (
 )
 from dispatch_service.offline.training.metrics import holdout_metrics, paired_differences
 from dispatch_service.offline.training.mlp import MLP, fit
-from dispatch_service.offline.training.road import ROAD_FEATURES
 
 __all__ = [
     "TrainResult",
@@ -66,13 +66,16 @@ def train_and_export(
         config.orders_range,
         config.riders_range,
         config.encoder,
+        config.cities,
     )
+    # Held out: windows of every registered city, those never trained on included.
     holdout = build_dataset(
         np.random.default_rng([config.seed, STREAM_HOLDOUT]),
         config.holdout_windows,
         config.orders_range,
         config.riders_range,
         config.encoder,
+        default_registry().ids,
     )
     if log:
         print(
@@ -111,6 +114,7 @@ def train_and_export(
             "orders_range": list(config.orders_range),
             "riders_range": list(config.riders_range),
             "label": "one noisy realisation per pair (simulator.sample_outcome)",
+            "cities": list(config.cities),
         },
         "architecture": {
             "layers": [int(model.feature_mean.size), *config.hidden, len(OBJECTIVES)],
@@ -122,7 +126,6 @@ def train_and_export(
             "final_learning_rate": config.final_learning_rate,
             "final_train_loss": report.final_loss,
             "derived_features": [name for name, _ in LOG_FEATURES] if config.log_features else [],
-            "road_features": list(ROAD_FEATURES) if config.road_features else [],
         },
         "onnx": {
             "opset": OPSET,
@@ -131,6 +134,18 @@ def train_and_export(
             "max_rel_diff_vs_numpy": max_diff,
         },
         "holdout": holdout_metrics(numpy_out.astype(np.float64), holdout),
+        "holdout_by_city": {
+            city: {
+                "trained": city in config.cities,
+                "pairs": holdout.of_city(city).pairs,
+                **holdout_metrics(
+                    numpy_out[holdout.pair_city == number].astype(np.float64),
+                    holdout.of_city(city),
+                ),
+            }
+            for number, city in enumerate(holdout.cities)
+            if (holdout.pair_city == number).any()
+        },
         "noise_floor": holdout_metrics(holdout.expected, holdout),
     }
     card["version"] = version

@@ -1,0 +1,422 @@
+"""The city registry: where the service operates, each city's clock and map, and which city
+a window lies in.
+
+The registry is one JSON file the operator edits (the shipped one: `DEFAULT_REGISTRY`). Per
+city: an id (also the `city` label of the metrics), a name and aliases (an adcode, the
+local name: what ORDER_TEXT's city column may carry), the service area (a closed polygon of
+[lat, lon] WGS-84 points), the time zone, and the map as the encoder needs it: the typical
+free-flow speed per vehicle, the road circuity, and the barriers (rivers, railways, ring
+roads) with the points where they can be crossed. `registry_from_dict` refuses a registry
+that breaks a rule, naming the entry.
+
+A window is served by the one city all its points lie in (`CityRegistry.locate`): never by
+a model answer for a place the registry does not cover.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import Vehicle
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain import geo, planar
+from dispatch_service.domain.window import DispatchWindow, wire_name
+
+__all__ = [
+    "BARRIER_KINDS",
+    "DEFAULT_REGISTRY",
+    "NO_CITY",
+    "Barrier",
+    "City",
+    "CityRegistry",
+    "CitySettings",
+    "RegistryError",
+    "RoadNetwork",
+    "default_registry",
+    "load_registry",
+    "registry_from_dict",
+]
+
+DEFAULT_REGISTRY: Final = Path(__file__).resolve().parent / "data" / "cities.json"
+BARRIER_KINDS: Final = ("river", "railway", "ring_road")
+# A crossing must lie on its barrier's course within this distance (the file rounds
+# coordinates; 1e-5 degrees is about a metre).
+CROSSING_TOLERANCE_KM: Final = 0.05
+# The `city` label of a window routed without a city (features sent by the caller).
+NO_CITY: Final = "none"
+_CITY_ID: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_VEHICLE_NAMES: Final = tuple(v.name.lower() for v in Vehicle)
+
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class CitySettings:
+    """The encoder's `city_registry` parameter: a registry file; "" = the shipped one."""
+
+    city_registry: str = ""
+
+    def registry(self) -> CityRegistry:
+        return load_registry(self.city_registry) if self.city_registry else default_registry()
+
+
+class RegistryError(ValueError):
+    """The registry breaks a rule; the message names the entry (``cities[1] beijing: ...``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Barrier:
+    """A line roads cross only at a few points: [M, 2] course and [C, 2] crossings, both as
+    (east_km, north_km) of the city's plane. A closed course (first point == last) is a
+    ring: crossing it means going between inside and outside."""
+
+    id: str
+    kind: str
+    course: FloatArray
+    crossings: FloatArray
+
+
+@dataclass(frozen=True, eq=False)
+class RoadNetwork:
+    """Every barrier of a city at once, for one vectorised pass over a window's legs."""
+
+    segment_start: FloatArray  # [S, 2] every barrier's segments, barrier after barrier
+    segment_end: FloatArray
+    segment_barrier: NDArray[np.int64]  # [S, K] 1 where segment s belongs to barrier k
+    crossings: FloatArray  # [C, 2] every barrier's crossings, barrier after barrier
+    crossing_first: NDArray[np.intp]  # [K] where each barrier's crossings start
+
+    @classmethod
+    def of(cls, barriers: Sequence[Barrier]) -> RoadNetwork:
+        count = [barrier.course.shape[0] - 1 for barrier in barriers]
+        membership = np.zeros((sum(count), len(barriers)), dtype=np.int64)
+        membership[np.arange(sum(count)), np.repeat(np.arange(len(barriers)), count)] = 1
+        crossings = [barrier.crossings for barrier in barriers]
+        sizes = [c.shape[0] for c in crossings]
+        return cls(
+            segment_start=np.concatenate([b.course[:-1] for b in barriers] or [np.zeros((0, 2))]),
+            segment_end=np.concatenate([b.course[1:] for b in barriers] or [np.zeros((0, 2))]),
+            segment_barrier=membership,
+            crossings=np.concatenate(crossings or [np.zeros((0, 2))]),
+            crossing_first=(np.cumsum(sizes) - np.asarray(sizes, dtype=np.intp)).astype(np.intp),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class City:
+    """One registered city, its geometry already in its own plane."""
+
+    id: str
+    name: str
+    aliases: tuple[str, ...]
+    timezone: str
+    centre: tuple[float, float]  # [lat, lon] WGS-84: the origin of the city's plane
+    area: FloatArray  # [V, 2] closed ring of [lat, lon]
+    speeds_kmh: FloatArray  # [3] free-flow speed per Vehicle
+    road_circuity: float  # road km per straight km
+    barriers: tuple[Barrier, ...]
+    network: RoadNetwork = field(init=False, repr=False)
+    bounds: FloatArray = field(init=False, repr=False)  # [4] lat, lon low, lat, lon high
+    inner: FloatArray = field(init=False, repr=False)  # [4] a box inside the area, likewise
+    _zone: ZoneInfo = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_zone", ZoneInfo(self.timezone))
+        lo, hi = self.area.min(axis=0), self.area.max(axis=0)
+        object.__setattr__(self, "bounds", np.concatenate((lo, hi)))
+        object.__setattr__(self, "inner", planar.inner_box(self.area))
+        object.__setattr__(self, "network", RoadNetwork.of(self.barriers))
+
+    def plane(self, latlon: FloatArray) -> FloatArray:
+        """[n, 2] (east_km, north_km) of [n, 2] [lat, lon] around the city's centre."""
+        east, north = geo.en_offset_km(latlon[..., 0], latlon[..., 1], self.centre)
+        return np.stack((east, north), axis=-1)
+
+    def utc_offset_s(self, unix_s: int) -> int:
+        """The city's offset from UTC at that instant, seconds (daylight saving included)."""
+        offset = self._zone.utcoffset(datetime.fromtimestamp(unix_s, UTC))
+        return 0 if offset is None else int(offset.total_seconds())
+
+    def contains(self, latlon: FloatArray) -> NDArray[np.bool_]:
+        """[n]: which [lat, lon] points lie inside the service area."""
+        lo, hi = self.bounds[:2], self.bounds[2:]
+        boxed = np.all((latlon >= lo) & (latlon <= hi), axis=1)
+        inside = np.zeros(latlon.shape[0], dtype=np.bool_)
+        rows = np.flatnonzero(boxed)
+        if rows.size:
+            inside[rows] = planar.inside_polygon(latlon[rows], self.area)
+        return inside
+
+
+@dataclass(frozen=True, eq=False)
+class CityRegistry:
+    cities: tuple[City, ...]
+    source: str = ""
+    _by_name: Mapping[str, City] = field(init=False, repr=False)
+    _bounds: FloatArray = field(init=False, repr=False)  # [C, 4] each city's box
+    _inner: FloatArray = field(init=False, repr=False)  # [C, 4] a box inside each area
+
+    def __post_init__(self) -> None:
+        names = {}
+        for city in self.cities:
+            for name in (city.id, city.name, *city.aliases):
+                names[name.casefold()] = city
+        object.__setattr__(self, "_by_name", names)
+        object.__setattr__(self, "_bounds", np.stack([city.bounds for city in self.cities]))
+        object.__setattr__(self, "_inner", np.stack([city.inner for city in self.cities]))
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(city.id for city in self.cities)
+
+    def get(self, name: str) -> City:
+        """The city with this id, name or alias (case does not matter); KeyError if none."""
+        return self._by_name[name.casefold()]
+
+    def locate(self, window: DispatchWindow) -> City:
+        """The city serving ``window``: the one its ORDER_TEXT city column names (where
+        sent) and every pickup, drop-off and rider lies in. DispatchInputError (code
+        ``city``) naming the first point or row that lies outside every service area, in
+        another city than the rest, or outside the city the window names."""
+        named = self._named_city(window)
+        points = np.concatenate((window.pickup, window.dropoff, window.rider_position))
+        # The usual window: every point inside the box inside one city's area, or one
+        # city's bounding box holds every point and its area every point.
+        lo, hi = points.min(axis=0), points.max(axis=0)
+        inner = np.flatnonzero(
+            (self._inner[:, :2] <= lo).all(axis=1) & (self._inner[:, 2:] >= hi).all(axis=1)
+        )
+        if inner.size == 1 and (named is None or named is self.cities[int(inner[0])]):
+            return self.cities[int(inner[0])]
+        boxed = np.flatnonzero(
+            (self._bounds[:, :2] <= lo).all(axis=1) & (self._bounds[:, 2:] >= hi).all(axis=1)
+        )
+        if boxed.size == 1:
+            city = self.cities[int(boxed[0])]
+            if (named is None or named is city) and city.contains(points).all():
+                return city
+        where = np.full(points.shape[0], -1, dtype=np.int64)
+        for number, city in enumerate(self.cities):
+            where[(where < 0) & city.contains(points)] = number
+        if named is not None:
+            expected = self.cities.index(named)
+        else:  # the first point's city, unless a point lies in none
+            expected = -1 if (where < 0).any() else int(where[0])
+        wrong = np.flatnonzero(where != expected if expected >= 0 else where < 0)
+        if wrong.size == 0:
+            return self.cities[expected]
+        first = int(wrong[0])
+        tensor, row = _point_name(window, first)
+        found = int(where[first])
+        if found < 0:
+            reason = "lies outside every city's service area"
+        elif named is not None:
+            reason = (
+                f"lies in {self.cities[found].id}, not in {named.id} "
+                f"named by {wire_name('ORDER_CITY')}"
+            )
+        else:
+            reason = (
+                f"lies in {self.cities[found].id}, the window's first point in "
+                f"{self.cities[expected].id}: a window is served in one city"
+            )
+        raise DispatchInputError(f"{tensor} row {row}", reason, "city")
+
+    def _named_city(self, window: DispatchWindow) -> City | None:
+        if window.city is None:
+            return None
+        named: City | None = None
+        first_row = -1
+        for row, raw in enumerate(window.city.tolist()):
+            if not raw:
+                continue
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            try:
+                city = self.get(text)
+            except KeyError:
+                raise DispatchInputError(
+                    f"{wire_name('ORDER_CITY')} row {row}",
+                    "names no registered city",
+                    "city",
+                ) from None
+            if named is None:
+                named, first_row = city, row
+            elif city is not named:
+                raise DispatchInputError(
+                    f"{wire_name('ORDER_CITY')} row {row}",
+                    f"names {city.id}, row {first_row} names {named.id}: "
+                    "a window is served in one city",
+                    "city",
+                )
+        return named
+
+
+def _point_name(window: DispatchWindow, index: int) -> tuple[str, int]:
+    """Tensor name and row of point ``index`` of (pickups, drop-offs, riders) joined."""
+    b = window.num_orders
+    if index < b:
+        return wire_name("ORDER_PICKUP"), index
+    if index < 2 * b:
+        return wire_name("ORDER_DROPOFF"), index - b
+    return wire_name("RIDER_POSITION"), index - 2 * b
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def load_registry(path: Path | str = DEFAULT_REGISTRY) -> CityRegistry:
+    """The registry in a JSON file; RegistryError naming the file and the broken entry."""
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"city registry {path}: {exc}") from exc
+    try:
+        return registry_from_dict(document, source=str(path))
+    except RegistryError as exc:
+        raise RegistryError(f"city registry {path}: {exc}") from exc
+
+
+_DEFAULT: dict[str, CityRegistry] = {}
+
+
+def default_registry() -> CityRegistry:
+    """The shipped registry, read once per process."""
+    if "registry" not in _DEFAULT:
+        _DEFAULT["registry"] = load_registry(DEFAULT_REGISTRY)
+    return _DEFAULT["registry"]
+
+
+def registry_from_dict(document: Any, source: str = "") -> CityRegistry:
+    if not isinstance(document, dict) or not isinstance(document.get("cities"), list):
+        raise RegistryError("must be an object with a list 'cities'")
+    entries = document["cities"]
+    if not entries:
+        raise RegistryError("'cities' is empty: a service needs at least one city")
+    cities: list[City] = []
+    for number, entry in enumerate(entries):
+        label = f"cities[{number}]"
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            label += f" {entry['id']}"
+        try:
+            cities.append(_city(entry))
+        except (KeyError, TypeError, ValueError) as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise RegistryError(f"{label}: {detail}") from None
+    _check_distinct(cities)
+    return CityRegistry(cities=tuple(cities), source=source)
+
+
+def _check_distinct(cities: Sequence[City]) -> None:
+    owner: dict[str, str] = {}
+    for number, city in enumerate(cities):
+        for name in {city.id, city.name, *city.aliases}:
+            key = name.casefold()
+            if key in owner and owner[key] != city.id:
+                raise RegistryError(
+                    f"cities[{number}] {city.id}: name {name!r} is already {owner[key]}'s"
+                )
+            owner[key] = city.id
+    for i, first in enumerate(cities):
+        for j in range(i + 1, len(cities)):
+            second = cities[j]
+            if planar.polygons_overlap(first.area, second.area):
+                raise RegistryError(
+                    f"cities[{j}] {second.id}: its service area overlaps {first.id}'s"
+                )
+
+
+def _points(value: Any, what: str, at_least: int) -> FloatArray:
+    array = np.asarray(value, dtype=np.float64)
+    if array.ndim != 2 or array.shape[1] != 2 or array.shape[0] < at_least:
+        raise ValueError(f"{what} must be a list of at least {at_least} [lat, lon] points")
+    if not np.isfinite(array).all():
+        raise ValueError(f"{what} holds a value that is not a finite number")
+    if (np.abs(array[:, 0]) > 90.0).any() or (np.abs(array[:, 1]) > 180.0).any():
+        raise ValueError(f"{what} holds a point outside [-90, 90] x [-180, 180]")
+    return array
+
+
+def _city(entry: Mapping[str, Any]) -> City:
+    city_id = entry["id"]
+    if not isinstance(city_id, str) or not _CITY_ID.match(city_id):
+        raise ValueError("id must be 1-32 lower-case letters, digits or '_', starting a letter")
+    if city_id == NO_CITY:
+        raise ValueError(f"id {NO_CITY!r} is reserved: the metrics' label of no city")
+    name = entry["name"]
+    aliases = entry.get("aliases", [])
+    if not isinstance(name, str) or not name:
+        raise ValueError("name must be a non-empty string")
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise ValueError("aliases must be a list of non-empty strings")
+    timezone = entry["timezone"]
+    try:
+        ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ValueError(f"timezone {timezone!r} is not a known IANA time zone") from None
+    area = _points(entry["area"], "area", 4)
+    if not np.array_equal(area[0], area[-1]):
+        raise ValueError("area is an open polygon: its last point must repeat its first")
+    centre = _points([entry["centre"]], "centre", 1)[0]
+    if not planar.inside_polygon(centre[None, :], area)[0]:
+        raise ValueError("centre lies outside the city's area")
+    speeds = entry["speeds_kmh"]
+    if not isinstance(speeds, Mapping) or sorted(speeds) != sorted(_VEHICLE_NAMES):
+        raise ValueError(f"speeds_kmh must give km/h for each of {', '.join(_VEHICLE_NAMES)}")
+    speed_array = np.array([float(speeds[v]) for v in _VEHICLE_NAMES])
+    if not (np.isfinite(speed_array).all() and (speed_array > 0).all()):
+        raise ValueError("speeds_kmh must be positive numbers")
+    circuity = float(entry["road_circuity"])
+    if not 1.0 <= circuity <= 3.0:
+        raise ValueError("road_circuity must lie within [1, 3]")
+    origin = (float(centre[0]), float(centre[1]))
+    barriers = [
+        _barrier(item, number, origin) for number, item in enumerate(entry.get("barriers", []))
+    ]
+    ids = [barrier.id for barrier in barriers]
+    if len(set(ids)) != len(ids):
+        raise ValueError("barrier ids must be unique within the city")
+    return City(
+        id=city_id,
+        name=name,
+        aliases=tuple(aliases),
+        timezone=timezone,
+        centre=origin,
+        area=area,
+        speeds_kmh=speed_array,
+        road_circuity=circuity,
+        barriers=tuple(barriers),
+    )
+
+
+def _barrier(entry: Mapping[str, Any], number: int, origin: tuple[float, float]) -> Barrier:
+    label = f"barriers[{number}]"
+    barrier_id = entry["id"]
+    if not isinstance(barrier_id, str) or not barrier_id:
+        raise ValueError(f"{label}: id must be a non-empty string")
+    label += f" {barrier_id}"
+    kind = entry["kind"]
+    if kind not in BARRIER_KINDS:
+        raise ValueError(f"{label}: kind must be one of {', '.join(BARRIER_KINDS)}")
+    course_ll = _points(entry["course"], f"{label}: course", 2)
+    crossings_ll = _points(entry["crossings"], f"{label}: crossings", 1)
+    course = np.stack(geo.en_offset_km(course_ll[:, 0], course_ll[:, 1], origin), axis=1)
+    crossings = np.stack(geo.en_offset_km(crossings_ll[:, 0], crossings_ll[:, 1], origin), axis=1)
+    off = planar.distance_to_polyline(crossings, course)
+    if (off > CROSSING_TOLERANCE_KM).any():
+        at = int(np.argmax(off > CROSSING_TOLERANCE_KM))
+        raise ValueError(
+            f"{label}: crossing {at} lies {off[at]:.2f} km off the barrier's course "
+            f"(at most {CROSSING_TOLERANCE_KM} km)"
+        )
+    return Barrier(id=barrier_id, kind=kind, course=course, crossings=crossings)

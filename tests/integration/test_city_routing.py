@@ -1,0 +1,143 @@
+"""Per-city routing on a live server (issue 31, item 4): a canary for one city reaches that
+city's windows only, through `dispatch` (the encoder's WINDOW_CITY to dispatch_router) and
+`dispatch_fused` alike, the order metrics carry the city, and ``rollback --city`` takes it
+back. Its own server: it changes the server's routing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from dispatch_service.domain.window import window_to_wire
+from dispatch_service.offline.simulator import city_worlds, generate_window
+from dispatch_service.ops import admin
+from dispatch_service.ops.router_control import (
+    apply_router_settings,
+    read_fused_settings,
+    read_router_settings,
+)
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc
+
+ADMIN_KEY = "city-routing-test-key"
+ENTRY_POINTS = ("dispatch", "dispatch_fused")
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    log = tmp_path_factory.mktemp("city_routing") / "server.log"
+    options = ServerOptions(
+        ports=Ports.free(), admin_key=ADMIN_KEY, extra_args=("--exit-timeout-secs=3",)
+    )
+    with TritonServer(TritonRuntime.from_venv(), options, log) as started:
+        yield started
+    print(f"city routing tritonserver log: {log}")
+
+
+def city_window(city: str, seed: int, orders: int = 16, riders: int = 60) -> Arrays:
+    """A simulated window of ``city`` (its own world: area, map, clock)."""
+    window = generate_window(
+        np.random.default_rng(seed), orders, riders, config=city_worlds()[city]
+    )
+    return dict(window_to_wire(window))
+
+
+def answers(server: TritonServer, tensors: Arrays) -> dict[str, Arrays]:
+    """Both entry points' answers to one window, which must be equal output for output."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        got = {m: infer_grpc(client, tensors, m, ROUTED_OUTPUT_NAMES) for m in ENTRY_POINTS}
+    for name in ROUTED_OUTPUT_NAMES:
+        np.testing.assert_array_equal(got["dispatch_fused"][name], got["dispatch"][name], name)
+    return got
+
+
+def versions_by_city(server: TritonServer, seed: int) -> dict[str, set[int]]:
+    """The versions that answered each city's windows (both entry points; level 0 only)."""
+    seen: dict[str, set[int]] = {}
+    for city in ("beijing", "shanghai"):
+        for offset in range(2):
+            for answer in answers(server, city_window(city, seed + offset)).values():
+                assert (answer["ORDER_FALLBACK_LEVEL"] == 0).all(), city
+                seen.setdefault(city, set()).update(answer["ORDER_MODEL_VERSION"].tolist())
+    return seen
+
+
+def orders_metric(server: TritonServer, **labels: str) -> float:
+    """dispatch_router_orders_total summed over the series with these labels (after the
+    background recording had time to flush)."""
+    time.sleep(0.5)
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        match = re.fullmatch(r"dispatch_router_orders_total\{(.*)\} (\S+)", line)
+        if match is None:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def admin_cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return admin.main(list(argv), out=out), out.getvalue()
+
+
+def test_a_canary_for_beijing_reaches_beijing_windows_only_on_both_entry_points(
+    server: TritonServer,
+) -> None:
+    url = server.http_url
+    assert versions_by_city(server, seed=1) == {"beijing": {1}, "shanghai": {1}}
+
+    # What `dispatch-admin deploy --city beijing --version 2 --canary-percent 100` applies
+    # once version 2 is served (the shipped repository serves 1 and 2).
+    settings = read_router_settings(url)
+    canary = settings.with_route("beijing", canary_version=2, canary_percent=100)
+    apply_router_settings(url, dataclasses.replace(canary, scoring_versions=(1, 2)), ADMIN_KEY)
+    assert read_fused_settings(url, ADMIN_KEY) == read_router_settings(url)
+    code, text = admin_cli("status", "--url", url, "--admin-key", ADMIN_KEY)
+    assert code == 0, text
+    status = json.loads(text)
+    assert status["routed_by_city"] == {
+        "beijing": "stable version 1, canary version 2 for 100% of users"
+    }
+    assert status["disagreements"] == []
+
+    def count(model: str, city: str, version: int) -> float:
+        return orders_metric(server, model=model, city=city, model_version=str(version))
+
+    series = [
+        (model, city, version)
+        for model in ("dispatch_router", "dispatch_fused")
+        for city, version in (("beijing", 2), ("beijing", 1), ("shanghai", 1), ("none", 1))
+    ]
+    before = {key: count(*key) for key in series}  # the reloaded models' series so far
+    assert versions_by_city(server, seed=11) == {"beijing": {2}, "shanghai": {1}}
+    # the order counts carry each window's city, from either entry point: 2 windows of 16
+    # orders per city
+    added = {key: count(*key) - before[key] for key in series}
+    for model in ("dispatch_router", "dispatch_fused"):
+        assert added[(model, "beijing", 2)] == 32, model
+        assert added[(model, "beijing", 1)] == 0, model
+        assert added[(model, "shanghai", 1)] == 32, model
+        assert added[(model, "none", 1)] == 0, model
+
+    code, text = admin_cli("rollback", "--url", url, "--admin-key", ADMIN_KEY, "--city", "beijing")
+    assert code == 0, text
+    assert "every order in beijing routed to stable version 1 (canary 2 no longer routed)" in text
+    assert versions_by_city(server, seed=21) == {"beijing": {1}, "shanghai": {1}}
+    code, text = admin_cli("rollback", "--url", url, "--admin-key", ADMIN_KEY, "--city", "nowhere")
+    assert code == admin.EXIT_USAGE

@@ -1,4 +1,4 @@
-"""Valid gRPC requests with 1-15 ms client deadlines, and what they do to the server (issue 32).
+"""Valid gRPC requests with 1-15 ms client deadlines, and what they do to the server.
 
 `callers` threads, each with its own gRPC client, send the same valid window to one entry
 point with a client deadline drawn uniformly from `deadline_ms` (the client cancels the call
@@ -273,7 +273,7 @@ def _start_launcher(
 
 def _markdown(report: dict[str, Any]) -> str:
     lines = [
-        "# Deadline burst (issue 32)",
+        "# Deadline burst",
         "",
         f"{report['callers']} callers with {report['deadline_ms'][0]:g}-"
         f"{report['deadline_ms'][1]:g} ms deadlines, {report['good_callers']} callers with "

@@ -1,4 +1,4 @@
-"""Reproduce Triton 2.51's stub death on a declared shape whose byte size wraps (issue 32).
+"""Reproduce Triton 2.51's stub death on a declared shape whose byte size wraps.
 
 Starts a bare embedded tritonserver (no launcher, no supervisor) on free loopback ports with
 one Python model, `probe` (input X FP64 [-1, 6], max_batch_size 64), whose `execute` logs a

@@ -297,7 +297,7 @@ ORDER_LOCATION_SOURCE = TensorSpec(
     "1 geocoding cache, 2 geocoder, 3 gazetteer rule match",
 )
 
-# The city the encoder found serving the window (issue 31): dispatch_router routes the
+# The city the encoder found serving the window: dispatch_router routes the
 # window with that city's settings. A request that carries none (dispatch_features, whose
 # client encodes the window) is routed with the global settings.
 WINDOW_CITY = TensorSpec(
@@ -512,7 +512,7 @@ RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     RIDER_FIELDS,  # load and capacity columns
     _WINDOW_SPECS["OBJECTIVE_WEIGHTS"],
     *STACKING_INPUTS,
-    # Exact ties between orders are broken by their ids, not their rows (issue 31: the answer
+    # Exact ties between orders are broken by their ids, not their rows (the answer
     # must not depend on how the caller lists the window). Optional: without it, by row.
     replace(_WINDOW_SPECS["ORDER_IDS"], optional=True),
 )

@@ -1,4 +1,4 @@
-"""Protocol-level adversarial requests, sent raw over gRPC and HTTP binary (issue 32).
+"""Protocol-level adversarial requests, sent raw over gRPC and HTTP binary.
 
 `test_malformed.py` breaks a window's values through tritonclient, which keeps the wire
 honest; these cases break the wire itself: declared shapes that overflow int64 (without

@@ -1,4 +1,4 @@
-"""3,200 adversarial requests, raw over gRPC and HTTP binary (issue 32 target: no request from
+"""3,200 adversarial requests, raw over gRPC and HTTP binary (the target: no request from
 an unauthenticated client kills Triton or a stub; every refusal names the tensor or the rule).
 
 The cases (`adversarial_cases`) break the wire itself -- overflowing, negative and zero dims,

@@ -1,4 +1,4 @@
-"""Per-city routing on a live server (issue 31, item 4): a canary for one city reaches that
+"""Per-city routing on a live server: a canary for one city reaches that
 city's windows only, through `dispatch` (the encoder's WINDOW_CITY to dispatch_router) and
 `dispatch_fused` alike, the order metrics carry the city, and ``rollback --city`` takes it
 back. Its own server: it changes the server's routing.

@@ -1,4 +1,4 @@
-"""Short client deadlines and Triton's own crashes under the launcher's default policy (issue 32).
+"""Short client deadlines and Triton's own crashes under the launcher's default policy.
 
 On the embedded Triton 2.51 valid gRPC requests whose clients give up after 1-15 ms crash the
 server (SIGSEGV in the gRPC front end; docs/security.md): no setting avoids it, so the

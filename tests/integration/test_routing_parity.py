@@ -196,7 +196,7 @@ def test_both_entry_points_answer_alike_in_every_repository_state(server: Triton
     assert routes(seen, "2") == {(2, 0)}
     assert routes(seen, "7") == {(1, 1)}
 
-    # State 4: per-city routes (issue 31): each window routed with its city's settings.
+    # State 4: per-city routes: each window routed with its city's settings.
     per_city = read_router_settings(url).with_route("beijing", canary_version=2, canary_percent=100)
     apply_router_settings(url, per_city, admin_key=ADMIN_KEY)
     assert_status_agrees(server, (1, 2))

@@ -1,4 +1,4 @@
-"""A window listed in another order, and an answer read by ids (issue 31: the answer must be a
+"""A window listed in another order, and an answer read by ids (the answer must be a
 function of the window as a set, not of how the caller lists its orders and riders)."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ where riders are not scarce, and then nothing else runs.
 
 Which maximum assignment the search finds, and so which orders get which new candidate,
 depends on the order it meets orders and riders in. It meets them in the order of their
-ids (`ids.id_order`), so the lists are the same however the caller lists the window
-(issue 31). `_greedy` takes them as they come, but it only decides whether the lists are
+ids (`ids.id_order`), so the lists are the same however the caller lists the window.
+`_greedy` takes them as they come, but it only decides whether the lists are
 kept as they are, and that outcome does not depend on the order (see
 `cover_maximum_assignment`).
 """

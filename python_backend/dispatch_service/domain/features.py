@@ -144,7 +144,7 @@ def _exact_nearest(
 
     ``keys()``: the id rank of each rider of ``riders``, asked for only when two of the
     first ``take + 1`` distances of an order are equal (co-located riders): the ids, not
-    the rows, decide who is listed first (issue 31). Returns the chosen rider rows and
+    the rows, decide who is listed first. Returns the chosen rider rows and
     their distances, both [b, take].
     """
     dist = geo.haversine_km(
@@ -193,7 +193,7 @@ def _ranked_exactly(
     sorted_dist = dist[order]
     equal = sorted_dist[1:] == sorted_dist[:-1]  # then checked within one order (rare)
     if np.count_nonzero(equal) and (tied := equal & (np.diff(pair_order[order]) == 0)).any():
-        # co-located riders: the ids of their groups decide (issue 31)
+        # co-located riders: the ids of their groups decide
         group_of_order = np.repeat(np.arange(orders.size), orders)
         tied_groups = set(group_of_order[pair_order[order][1:][tied]].tolist())
         rider_key = _joined(
@@ -286,7 +286,7 @@ def select_candidates(window: DispatchWindow, n: int, threads: int = 1) -> NDArr
 
     Nearest first by haversine distance rider -> pickup, ties broken by the lower rider
     id (bytes), never by the row: the lists are the same however the caller orders the
-    riders (issue 31). -1 pads when fewer riders are feasible. Deterministic for a given
+    riders. -1 pads when fewer riders are feasible. Deterministic for a given
     window, whatever ``threads`` (how many threads large windows are ranked on).
     """
     if n < 1:

@@ -1,7 +1,7 @@
 """The window's ids in a fixed order: the tie-break that makes a decision a function of the set.
 
 A caller may list the orders and riders of a window in any order; the answer must not
-change with it (issue 31). Wherever a rule needs a last tie-break between two orders or two
+change with it. Wherever a rule needs a last tie-break between two orders or two
 riders (equal distances, equal scores, an exact tie between two optimal assignments), it
 uses their ids in ascending byte order, never their rows. Ids are unique within a window
 (`window.window_from_wire`), so this order is total there.

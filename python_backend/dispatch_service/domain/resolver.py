@@ -19,7 +19,7 @@ Ranking
     zero: a pair that dominates another has a score at least as high, and on equal scores
     the first objective where they differ favours it. The id hash spreads exact ties over
     riders deterministically across processes (Python's ``hash()`` is salted); the id itself
-    (`ids.id_rank`) settles a hash collision, so no position ever decides (issue 31). The
+    (`ids.id_rank`) settles a hash collision, so no position ever decides. The
     Top-K list is the first ``min(top_k, N)`` valid candidates, padded with index -1, id
     b'' and zeros.
 
@@ -70,7 +70,7 @@ Assignment
     the order of the graph's rows and columns, so the graph is built with the orders in
     order-id order and the listed riders in rider-id order (`ids.id_order`), then mapped
     back to rows: the assignment is a function of the window as a set, not of how the caller
-    listed it (issue 31). Without ORDER_IDS the orders keep their rows.
+    listed it. Without ORDER_IDS the orders keep their rows.
     Ranking and matching use the float64 scores; the outputs round them to float32.
     The whole window is one solver call: augmenting-path searches only reach their own
     connected component anyway, and splitting into components first (hundreds of them in

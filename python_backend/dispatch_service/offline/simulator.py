@@ -562,7 +562,7 @@ def sequential_extra_load(window: DispatchWindow, assigned: NDArray[np.integer[A
     The rule of ``domain.stacking.stacked_extra_load`` (one rule for the pipeline's
     stack-aware re-scoring and for the simulated outcome): a rider with several new orders
     carries them one after another in creation order, ties by order id as the served
-    resolution breaks them (issue 31), not by row.
+    resolution breaks them, not by row.
     """
     return stacked_extra_load(window.created_at, assigned, id_rank(window.order_ids.tolist()))
 

@@ -1,4 +1,4 @@
-"""The embedded Triton restarts itself by default, and each of its crashes is counted (issue 32).
+"""The embedded Triton restarts itself by default, and each of its crashes is counted.
 
 Triton 2.51 (the `nvidia-pytriton` wheel, NGC 24.10) dies with SIGSEGV under valid gRPC
 traffic whose clients give up early: a burst of requests to the `dispatch` ensemble with

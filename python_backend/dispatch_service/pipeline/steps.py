@@ -529,7 +529,7 @@ def _rider_counts(
 def _order_ids(
     inputs: Mapping[str, NDArray[Any] | None], window: DispatchWindow | None
 ) -> NDArray[Any] | None:
-    """The orders' ids, which break exact ties between orders (issue 31): the validated
+    """The orders' ids, which break exact ties between orders: the validated
     window's, else ORDER_IDS when sent (the ensemble maps the request's), else None (ties
     then fall to the rows)."""
     return window.order_ids if window is not None else inputs.get("ORDER_IDS")

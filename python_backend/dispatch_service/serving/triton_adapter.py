@@ -118,7 +118,7 @@ class TritonResponder:
     (`read_batch`) and a cancelled one is answered CANCELLED at once, unworked: Triton 2.51's
     dynamic batcher does not drop a request whose client gave up (its deadline passed) but
     hands it to `execute` like any other -- about half of dispatch_fused's requests under
-    32 callers with 1-15 ms deadlines (issue 32) -- so without the ask they held the
+    32 callers with 1-15 ms deadlines -- so without the ask they held the
     instances, and the queue behind them filled for every other caller. Each ask is a round
     trip from the stub to the server (dispatch_fused served 7-8 % fewer small windows a
     second at concurrency 64 with it, measured before the batcher's behaviour was known).

@@ -729,7 +729,7 @@ def test_batched_crowded_windows_serve_as_many_orders_as_the_exact_optimum() -> 
         assert _served(window, got, seed) == optimum
 
 
-# ---- the lists do not depend on how the window is listed (issue 31) --------------------
+# ---- the lists do not depend on how the window is listed --------------------
 
 
 def relisted_window(

@@ -58,7 +58,7 @@ def test_joining_extra_load_by_brute_force() -> None:
 
 def test_orders_created_together_stack_in_the_order_of_their_ids() -> None:
     """Equal creation times: ``tie`` (the orders' id ranks) decides who rides first, so the
-    loads follow the orders, not their rows (issue 31); without it, the row."""
+    loads follow the orders, not their rows; without it, the row."""
     created = [100, 100, 100, 50]
     assigned = [7, 7, 7, 7]
     assert stacked_extra_load(created, assigned).tolist() == [1, 2, 3, 0]

@@ -465,7 +465,7 @@ def test_a_restart_loads_back_the_configs_set_live() -> None:
 
 def test_a_failed_reading_of_the_live_configs_keeps_the_last_one() -> None:
     """On a loaded host a config read timed out now and then; a crash right after it
-    restarted the server with the files' routing (issue 32): the last reading stands."""
+    restarted the server with the files' routing: the last reading stands."""
     files = {
         "dispatch_model": {"version_policy": {"specific": {"versions": [1]}}},
         "dispatch_router": {"parameters": {"canary_percent": {"string_value": "0"}}},

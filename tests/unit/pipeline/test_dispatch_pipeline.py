@@ -174,7 +174,7 @@ def test_the_pipeline_records_the_same_custom_metrics_as_the_models() -> None:
     assert DispatchPipeline.from_repository().metrics.record([]) is None  # none by default
 
 
-# ---- the answer does not depend on how the window is listed (issue 31) ----------------
+# ---- the answer does not depend on how the window is listed ----------------
 
 
 def test_permuting_orders_and_riders_changes_no_answer(

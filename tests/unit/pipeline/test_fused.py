@@ -293,7 +293,7 @@ def test_shadow_scoring_compares_versions_without_changing_the_answer(
     assert (comparison.primary_version, comparison.shadow_version) == (1, 2)
 
 
-# ---- the answer does not depend on how the window is listed (issue 31) ----------------
+# ---- the answer does not depend on how the window is listed ----------------
 
 
 def test_every_listing_of_a_window_gets_the_same_answer(contract_model: Path) -> None:
@@ -319,7 +319,7 @@ def test_every_listing_of_a_window_gets_the_same_answer(contract_model: Path) ->
             assert_same_answer(by_ids(result.outputs, listed, orders), expected)
 
 
-# ---- per-city routing (issue 31): the encoder's city picks the route --------------------
+# ---- per-city routing: the encoder's city picks the route --------------------
 
 
 def test_a_route_for_an_unregistered_city_fails_the_load() -> None:

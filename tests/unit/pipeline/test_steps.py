@@ -639,7 +639,7 @@ def test_an_ensemble_window_with_bad_rider_fields_fails_alone_in_a_batch() -> No
             assert outcome[name].tobytes() == value.tobytes(), name
 
 
-# ---- the answer does not depend on how the window is listed (issue 31) ----------------
+# ---- the answer does not depend on how the window is listed ----------------
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["dispatch_fused", "ensemble"])

@@ -1,4 +1,4 @@
-"""Per-city routing (issue 31, item 4): each city's stable / canary / share, parsed once from
+"""Per-city routing: each city's stable / canary / share, parsed once from
 the `city_routes` parameter, held to the global rules, and applied per window."""
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ def test_a_request_whose_inputs_cannot_be_read_fails_alone() -> None:
 
 def test_a_cancelled_request_is_answered_cancelled_unworked_and_the_others_served() -> None:
     # Triton 2.51's dynamic batcher hands requests whose client already gave up to execute
-    # (issue 32): each is answered CANCELLED at once, never run, never logged as an error.
+    #: each is answered CANCELLED at once, never run, never logged as an error.
     pb = FakePbUtils()
     step = EchoStep()
     gone = FakeRequest({"X": np.array([[7, 8]])}, "gone", cancelled=True)

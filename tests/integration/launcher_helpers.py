@@ -9,15 +9,28 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.server import Ports
 
-__all__ = ["EXAMPLE", "Launcher", "free_port"]
+__all__ = ["EXAMPLE", "Launcher", "free_port", "status"]
 
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
+
+
+def status(url: str) -> int:
+    """The HTTP status ``url`` answers (0 when nothing answers)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
 
 
 def free_port() -> int:

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher_helpers import EXAMPLE, Launcher, free_port
+from launcher_helpers import EXAMPLE, Launcher, free_port, status
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchConnectionError, DispatchError, DispatchServerError
@@ -54,16 +54,6 @@ from dispatch_service.ops.model_control import (
 from dispatch_service.ops.server import Ports
 from dispatch_service.ops.supervisor import stub_versions
 from dispatch_service.ops.verified_load import read_config
-
-
-def status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return 0
 
 
 def health(url: str) -> dict[str, object]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from launcher_helpers import EXAMPLE, Launcher, free_port
+from launcher_helpers import EXAMPLE, Launcher, free_port, status
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError
@@ -39,16 +39,6 @@ from dispatch_service.ops.router_control import (
 )
 from dispatch_service.ops.server import EXIT_DEAD, Ports
 from dispatch_service.ops.supervisor import stub_models
-
-
-def status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return 0
 
 
 def children(pid: int) -> list[int]:

@@ -14,11 +14,13 @@ setup: ## install everything into .venv and .triton (idempotent)
 	@bash scripts/setup.sh
 
 # Loopback only, control endpoints locked (keys created in .triton/keys/ unless given; see
-# docs/security.md); health on METRICS_PORT + 1 unless HEALTH_PORT is set.
-serve: setup ## serve the repository, locked, on loopback (HTTP_PORT, GRPC_PORT, METRICS_PORT, HEALTH_PORT, PROFILE)
+# docs/security.md); health on METRICS_PORT + 1 unless HEALTH_PORT is set. Follows the fleet
+# state in STATE_STORE (docs/fleet.md).
+STATE_STORE ?= .triton/fleet
+serve: setup ## serve the repository, locked, on loopback (HTTP_PORT, GRPC_PORT, METRICS_PORT, HEALTH_PORT, PROFILE, STATE_STORE)
 	$(PY) -m dispatch_service.ops.server --profile $(PROFILE) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
-		$(if $(HEALTH_PORT),--health-port $(HEALTH_PORT))
+		$(if $(HEALTH_PORT),--health-port $(HEALTH_PORT)) --state-store $(STATE_STORE)
 
 test: setup ## unit and integration tests
 	$(PY) -m pytest tests
@@ -80,15 +82,21 @@ profile: setup ## ONNX Runtime per-operator profile of dispatch_model
 
 # Every entry point (HTTP JSON, HTTP binary, gRPC, gRPC + system shm) of both Triton models
 # (the dispatch ensemble and dispatch_fused) over a concurrency sweep and small/medium/large
-# windows, against the in-process limit and a FastAPI baseline;
-# writes perf/reports/bench-<stamp>/ (report.md, summary.json, plots). About 10-11 minutes
-# on 2 cores; `make bench-quick` is a 1-2 minute smoke run.
-.PHONY: bench bench-quick
-bench: setup ## every entry point vs limits and FastAPI (about 10-11 minutes)
+# windows, against the in-process limit and a FastAPI baseline; the small c=64 comparison in
+# three alternating rounds (median and spread); open-loop overload at 1.5x and 3x capacity
+# with the server and the load on separate cores (perf.overload_bench). Writes
+# perf/reports/bench-<stamp>/ (report.md, summary.json, plots; git-ignored). About 12-13
+# minutes on 2 cores, on a quiet host; `make bench-quick` is a 4-6 minute smoke run whose
+# figures are too short to judge. `make bench-overload` runs the open-loop part alone.
+.PHONY: bench bench-quick bench-overload
+bench: setup ## every entry point vs limits and FastAPI, rounds, open loop (about 12-13 minutes)
 	$(PY) -m perf.bench
 
-bench-quick: setup ## the bench pipeline in 1-2 minutes
+bench-quick: setup ## the bench pipeline in 4-6 minutes (a smoke run)
 	$(PY) -m perf.bench --quick
+
+bench-overload: setup ## open-loop overload, server and load on separate cores (about 2 minutes)
+	$(PY) -m perf.overload_bench $(if $(SECONDS_PER_PHASE),--seconds $(SECONDS_PER_PHASE))
 
 # Retrain dispatch_model version 2 (log features, wider net; same data and epochs as version
 # 1 to keep CPU time small) and compare it with version 1 on the same held-out pairs and

@@ -8,17 +8,26 @@ One run, on this machine, with the same simulator windows everywhere:
    `perf.loadgen` over HTTP JSON (perf_analyzer 2.51 cannot send multi-element JSON tensors,
    see `perf.pa`); a short locust scenario (the ensemble);
 3. the FastAPI + uvicorn + ONNX Runtime baseline (`perf/baselines/fastapi_service.py`,
-   2 workers) driven by the same load generator at the same concurrency levels.
+   2 workers) driven by the same load generator at the same concurrency levels;
+4. open-loop overload of `dispatch_fused` at 1.5x and 3x its c=64 capacity, the server and
+   the load generator on separate cores, with probes for refusal latency, recovery and a
+   level-1 trickle (`perf.overload_bench`); the closed-loop storms (`perf.overload`) after
+   it, as a robustness test;
+5. the small c=64 comparison (dispatch_fused, FastAPI, dispatch, the in-process limit) in
+   alternating rounds, both servers up, for the median ratios the c=64 targets read
+   (`perf.rounds`).
 
 Writes perf/reports/bench-<stamp>/: report.md, summary.json, one PNG per window size, the
 perf_analyzer input files and CSVs, and the server logs. Bounded: every level is a fixed
 request count with a time cap, and levels still waiting when the run's time budget is
-spent are skipped and listed (full run: about 10-11 minutes on 2 cores; --quick: 1-2).
+spent are skipped and listed (full run: about 12-13 minutes on 2 cores; --quick: 4-6, a
+smoke run whose figures are too short to judge).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -45,12 +54,14 @@ from perf.idle_cost import cpu_per_window
 from perf.levels import PA_ENTRIES, load_level, pa_level
 from perf.locust_run import run_locust
 from perf.overload import run_bench_runs
+from perf.overload_bench import OpenLoopPlan, measure_pinned
 from perf.pa import PerfAnalyzer
 from perf.report import render_report
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, MODELS, BenchResults, Series, entry_key
+from perf.rounds import LIMIT, run_rounds
 from perf.sessions import FastApiSession, TritonSession
 from perf.stats import request_budget
-from perf.targets import summary
+from perf.targets import TARGET_CONCURRENCY, summary
 from perf.variants import TUNING_LOG, config_digest, parse_override, patched_repository
 from perf.windows import (
     SIZES,
@@ -103,6 +114,14 @@ class Plan:
     # medium windows (64 x 200) with addresses through dispatch_fused (perf.geocoding_bench
     # --served): this many windows per scenario; 0 skips it
     geocoding_windows: int = 0
+    # perf.overload_bench: open-loop bursts of this many seconds, the probe watching each
+    # this long after it, server and load pinned to separate cores; 0 skips it
+    open_loop_seconds: float = 0.0
+    open_loop_tail_s: float = 2.0
+    # perf.rounds: the small c=64 comparison in this many alternating rounds, each level
+    # about round_seconds long; 0 skips it
+    rounds: int = 0
+    round_seconds: float = 3.0
 
 
 FULL = Plan(
@@ -118,9 +137,13 @@ FULL = Plan(
     locust_seconds=15,
     locust_users=16,
     budget_s=540.0,
-    overload_seconds=30.0,
+    overload_seconds=10.0,
     floor_seconds=3.0,
     geocoding_windows=10,
+    open_loop_seconds=10.0,
+    open_loop_tail_s=3.0,
+    rounds=3,
+    round_seconds=3.0,
 )
 
 QUICK = Plan(
@@ -131,14 +154,18 @@ QUICK = Plan(
     fused_pa_levels={"small": (1, 64), "large": (1,)},
     fused_http_json_levels={},
     fastapi_json_levels={"small": (1, 64), "medium": (16,), "large": (1,)},
-    fastapi_arrays_levels={"small": (64,)},
+    fastapi_arrays_levels={"small": (1, 64), "large": (1,)},
     limit_seconds=1.0,
     locust_seconds=5,
     locust_users=8,
-    budget_s=150.0,
+    budget_s=240.0,
     overload_seconds=3.0,
     floor_seconds=1.0,
     geocoding_windows=3,
+    open_loop_seconds=2.0,
+    open_loop_tail_s=1.5,
+    rounds=3,
+    round_seconds=1.0,
 )
 
 
@@ -197,6 +224,8 @@ class Bench:
         )
         self.phase("Triton", self.triton_phase)
         self.phase("FastAPI baseline", self.fastapi_phase)
+        if self.plan.rounds > 0 and "small" in self.workloads:
+            self.phase("alternating rounds", self.rounds_phase)
         if self.plan.floor_seconds > 0:
             self.phase("no-work floor", self.floor_phase)
         if self.plan.geocoding_windows > 0:
@@ -221,8 +250,10 @@ class Bench:
         with TritonSession(self.repository, self.out / "tritonserver.log") as triton:
             for size in self.sizes:
                 self.triton_size(triton, self.workloads[size.name])
-            if self.plan.overload_seconds > 0 and self.remaining() > 0:
-                self.overload_levels(triton)
+            if self.plan.open_loop_seconds > 0:
+                self.phase("open loop", partial(self.open_loop_phase, triton))
+            if self.plan.overload_seconds > 0:  # bounded: three runs of overload_seconds
+                self.phase("closed-loop storms", partial(self.overload_levels, triton))
             if "small" in self.workloads and self.remaining() > 0:
                 self.say("locust scenario")
                 self.results.locust = run_locust(
@@ -244,6 +275,71 @@ class Bench:
             triton.endpoints.grpc, FUSED_MODEL_NAME, self.plan.overload_seconds, self.say
         )
 
+    def open_loop_phase(self, triton: TritonSession) -> None:
+        """perf.overload_bench: open-loop bursts with the server and the load pinned apart."""
+        process = triton.server.process
+        if process is None:
+            raise RuntimeError("tritonserver is not running")
+        plan = OpenLoopPlan(self.plan.open_loop_seconds, self.plan.open_loop_tail_s)
+        self.results.open_loop = measure_pinned(
+            triton.endpoints.grpc, process.pid, FUSED_MODEL_NAME, plan, say=self.say
+        )
+
+    def rounds_phase(self) -> None:
+        """perf.rounds: the small c=64 comparison in alternating rounds, both servers up."""
+        workload, plan = self.workloads["small"], self.plan
+        folders = itertools.count(1)
+        out = self.out / "rounds"
+
+        def requests(entry: str) -> int:
+            rate = self.rate_guess("small", ENTRY_POINTS[entry].model or ENSEMBLE_MODEL)
+            found = self.results.find(entry, "small")
+            row = found.at(TARGET_CONCURRENCY) if found else None
+            return request_budget(row.throughput_per_s if row else rate, plan.round_seconds, 64)
+
+        def perf_analyzer(triton: TritonSession, entry: str) -> float | None:
+            folder = out / f"{next(folders):02d}-{entry}"
+            folder.mkdir(parents=True, exist_ok=True)
+            row, failure, _ = pa_level(
+                triton.pa, triton.endpoints, entry, workload, TARGET_CONCURRENCY,
+                request_count=requests(entry), out=folder,
+                timeout_s=max(60.0, 20 * plan.round_seconds),
+            )  # fmt: skip
+            if row is None:
+                self.say(f"{entry} failed: {failure}")
+            return row.throughput_per_s if row else None
+
+        def fastapi(session: FastApiSession) -> float | None:
+            row, failure = load_level(
+                session.base + "/dispatch", workload.bodies["fastapi_json"],
+                TARGET_CONCURRENCY, requests("fastapi_json"), cap_s=3 * plan.round_seconds,
+            )  # fmt: skip
+            if row is None:
+                self.say(f"fastapi_json failed: {failure}")
+            return row.throughput_per_s if row else None
+
+        def in_process() -> float:
+            return limit.multi_process_rates(
+                ["small"], 5000, plan.round_seconds, repository=self.repository
+            )["small"]
+
+        self.say(f"alternating rounds: small c=64, {plan.rounds} rounds")
+        with (
+            TritonSession(self.repository, self.out / "tritonserver-rounds.log") as triton,
+            FastApiSession(self.repository, self.out / "fastapi-rounds.log") as session,
+        ):
+            measures: dict[str, Callable[[], float | None]] = {
+                "fused_grpc": partial(perf_analyzer, triton, "fused_grpc"),
+                "fastapi_json": partial(fastapi, session),
+                "grpc": partial(perf_analyzer, triton, "grpc"),
+                LIMIT: in_process,
+            }
+            # A round that has not started this long after the servers are up is dropped.
+            hard_stop = time.monotonic() + plan.rounds * max(60.0, 15 * plan.round_seconds)
+            self.results.rounds = run_rounds(
+                plan.rounds, measures, self.say, lambda: time.monotonic() < hard_stop
+            )
+
     def geocoding_phase(self) -> None:
         self.say(f"addresses: {self.plan.geocoding_windows} medium windows per scenario")
         self.results.geocoding = served_scenarios(windows=self.plan.geocoding_windows)
@@ -261,7 +357,10 @@ class Bench:
         )
 
     def fastapi_phase(self) -> None:
-        self.deadline = self.started + self.plan.budget_s
+        # Its share of the budget even when the Triton phase ran over (the open loop and the
+        # storms are not bounded by the budget): the FastAPI figures are the references.
+        share = (1.0 - TRITON_BUDGET_SHARE) * self.plan.budget_s
+        self.deadline = max(self.started + self.plan.budget_s, time.monotonic() + share)
         self.say("starting the FastAPI baseline")
         with FastApiSession(self.repository, self.out / "fastapi.log") as fastapi:
             for size in self.sizes:
@@ -327,8 +426,8 @@ class Bench:
                     entry,
                     workload,
                     concurrency,
-                    count,
-                    self.out,
+                    request_count=count,
+                    out=self.out,
                     timeout_s=max(30.0, timeout_s),
                     breakdown=steps,
                 )
@@ -437,7 +536,7 @@ def write_outputs(results: BenchResults, out: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Benchmark every entry point (make bench)")
-    parser.add_argument("--quick", action="store_true", help="smoke run, about 1-2 minutes")
+    parser.add_argument("--quick", action="store_true", help="smoke run, about 4-6 minutes")
     parser.add_argument("--sizes", default="small,medium,large")
     parser.add_argument("--out", type=Path, default=REPORTS)
     parser.add_argument(

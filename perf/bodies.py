@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from dispatch_client.window_json import window_to_json
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, TRITON_TO_NUMPY, batched, spec_by_name
-from dispatch_service.domain.window import window_tensors_from_wire
+from dispatch_service.domain.window_wire import window_tensors_from_wire
 from perf.pa import tensor_entry
 
 __all__ = [

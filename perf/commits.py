@@ -1,6 +1,6 @@
 """Measure several commits side by side, each served with its own library and models.
 
-`python -m perf.commits 13a41a8,HEAD --rounds 2` checks every commit out into a temporary git
+`python -m perf.commits HEAD~3,HEAD --rounds 2` checks every commit out into a temporary git
 worktree, serves its model repository with tritonserver and measures windows over gRPC with
 perf_analyzer (`--sizes`, default small at concurrency 1 and 64; `LEVELS`), for `dispatch`
 and (where the commit has it) `dispatch_fused`, each commit sent input data its own code

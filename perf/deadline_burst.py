@@ -43,7 +43,7 @@ from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from dispatch_contract import batched
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
 __all__ = [

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -28,7 +27,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from dispatch_service.core.model_config import read_model_config, write_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import FUSED_MODEL, model_layout
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from perf.overload import run_bench_runs
 from perf.pa import PaJob
@@ -78,14 +79,14 @@ class TritonPythonModel:
 def floor_repository(target: Path, source: Path = MODEL_REPOSITORY) -> Path:
     """A copy of `source` with `dispatch_floor` added (dispatch_fused's config, no work)."""
     shutil.copytree(source, target)
-    fused = (source / "dispatch_fused" / "config.pbtxt").read_text()
-    config = fused.replace('name: "dispatch_fused"', f'name: "{FLOOR_MODEL}"')
-    config = re.sub(r"(?ms)^parameters \[\n.*?^\]\n", "", config)
-    config = re.sub(r"(?ms)^model_warmup \[\n.*?^\]\n", "", config)
-    folder = target / FLOOR_MODEL
-    (folder / "1").mkdir(parents=True)
-    (folder / "config.pbtxt").write_text(config)
-    (folder / "1" / "model.py").write_text(FLOOR_MODEL_PY)
+    config = read_model_config(model_layout(source, FUSED_MODEL).config)
+    config.name = FLOOR_MODEL
+    config.ClearField("parameters")  # the fused model's settings: the floor reads none
+    config.ClearField("model_warmup")  # its warm-up files stay with dispatch_fused
+    floor = model_layout(target, FLOOR_MODEL)
+    floor.version(1).mkdir(parents=True)
+    write_model_config(floor.config, config)
+    floor.python_model(1).write_text(FLOOR_MODEL_PY)
     return target
 
 

@@ -38,7 +38,7 @@ from dispatch_client.client import LOCATION_SOURCE_NAMES
 from dispatch_contract import ORDER_LOCATION_SOURCE, batched
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import load_settings
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.geocoding.chain import GeocoderChain, GeocoderSettings
 from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
 from dispatch_service.offline import gazetteer_build, simulator
@@ -78,7 +78,7 @@ def _summary(
         "p99_ms": round(float(np.percentile(ms, 99)), 2),
         "max_ms": round(float(ms.max()), 2),
         "first_ms": round(float(ms[0]), 2),  # before any breaker has opened
-        "over_320ms": int((ms > 320.0).sum()),  # the bound: deadline + 20 ms
+        "over_320ms": int((ms > 320.0).sum()),  # the bound: deadline + 20 ms
         "share": {name: round(n / total, 3) for name, n in sorted(sources.items())},
     }
 

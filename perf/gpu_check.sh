@@ -4,7 +4,7 @@
 # and the feature-level entry point dispatch_features on the gpu server with CUDA shm vs plain
 # gRPC at concurrency 128, set beside the original design's zero-copy vs memcpy figures.
 # Writes perf/reports/gpu-<stamp>/report.md (and summary.json, server logs). Also runs the
-# GPU monitor (issue 14) on the real NVML while the gpu server is measured (its CPU share,
+# GPU monitor on the real NVML while the gpu server is measured (its CPU share,
 # the GPUs' states, the CUDA context probe) and drills the device fallback on that server
 # (every GPU marked unhealthy by synthetic readings -> L2 CPU instances -> back to L0).
 #

@@ -9,7 +9,7 @@ Overhead: the monitor runs observe-only on its thread at ``sample_period_s`` (1 
 CPU time (thread time of every round: NVML reads, states, export snapshot) is divided by
 the wall time; the CUDA context probe runs in a child process every
 ``context_probe_period_s``, so its CPU time (measured once, children's rusage) is added as
-probe_cpu / period. Target: at most 1 % of one core at a 1 s period (issue 14).
+probe_cpu / period. Target: at most 1 % of one core at a 1 s period.
 
 Fallback drill (a live gpu server): synthetic readings mark every GPU unhealthy for
 ``trip_samples`` rounds -> L2 (CPU instances), then healthy -> L0 after ``restore_after_s``;
@@ -190,7 +190,7 @@ def fallback_drill(
 
 def render_monitor(overhead: OverheadResult | None, drill: DrillResult | None) -> list[str]:
     """The report section (markdown lines)."""
-    lines = ["## GPU monitor (issue 14)", ""]
+    lines = ["## GPU monitor", ""]
     if overhead is not None:
         probe = "-" if overhead.probe_cpu_s is None else f"{overhead.probe_cpu_s * 1000:.1f} ms"
         lines += [

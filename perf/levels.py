@@ -44,6 +44,7 @@ def pa_level(
     entry: str,
     workload: Workload,
     concurrency: int,
+    *,
     request_count: int,
     out: Path,
     timeout_s: float,
@@ -54,7 +55,7 @@ def pa_level(
     `entry` is one of PA_ENTRIES (its model and transport). `breakdown`, when given, receives
     the server-side time per ensemble step, or the single model's own split.
     """
-    job = pa_job(entry, endpoints, workload, concurrency, request_count, out)
+    job = pa_job(entry, endpoints, workload, concurrency, request_count=request_count, out=out)
     outcome = pa.run(job, timeout_s)
     if breakdown is not None:
         breakdown.update(outcome.server)
@@ -73,6 +74,7 @@ def pa_job(
     endpoints: Endpoints,
     workload: Workload,
     concurrency: int,
+    *,
     request_count: int,
     out: Path,
 ) -> PaJob:

@@ -25,6 +25,7 @@ from perf.windows import SIZES, simulated_windows
 
 __all__ = [
     "measure",
+    "multi_process_rates",
     "run_windows",
 ]
 
@@ -51,6 +52,7 @@ def _worker(
     repository: Path,
     max_windows: int,
     max_seconds: float,
+    *,
     barrier: Any,
     results: Any,
 ) -> None:
@@ -81,12 +83,28 @@ def measure(
         pipeline.run(windows[0])  # warm-up, not measured
         latencies, elapsed = run_windows(pipeline, windows, max_windows, max_seconds)
         singles[name] = level_stats(1, latencies, elapsed)
+    rates = multi_process_rates(size_names, max_windows, max_seconds, processes, repository)
+    return {
+        name: LimitStats(name, SIZES[name].orders, singles[name], processes, rates[name])
+        for name in size_names
+    }
 
+
+def multi_process_rates(
+    size_names: Sequence[str],
+    max_windows: int,
+    max_seconds: float,
+    processes: int = 2,
+    repository: Path = MODEL_REPOSITORY,
+) -> dict[str, float]:
+    """Windows/s of `processes` spawned workers together, per size (each with its own
+    pipeline, started behind a barrier): the in-process limit's throughput."""
     context = multiprocessing.get_context("spawn")  # no fork of a process holding ORT threads
     barrier = context.Barrier(processes)
     results = context.Queue()
-    args = (list(size_names), repository, max_windows, max_seconds, barrier, results)
-    workers = [context.Process(target=_worker, args=args) for _ in range(processes)]
+    args = (list(size_names), repository, max_windows, max_seconds)
+    kwargs = {"barrier": barrier, "results": results}
+    workers = [context.Process(target=_worker, args=args, kwargs=kwargs) for _ in range(processes)]
     for worker in workers:
         worker.start()
     outcomes: dict[str, list[tuple[int, float, float]]] = {name: [] for name in size_names}
@@ -99,10 +117,9 @@ def measure(
             worker.join(timeout=30)
             if worker.is_alive():
                 worker.terminate()
-    stats = {}
+    rates = {}
     for name in size_names:
         runs = outcomes[name]
         span = max(end for _, _, end in runs) - min(start for _, start, _ in runs)
-        total = sum(count for count, _, _ in runs)
-        stats[name] = LimitStats(name, SIZES[name].orders, singles[name], processes, total / span)
-    return stats
+        rates[name] = sum(count for count, _, _ in runs) / span
+    return rates

@@ -38,7 +38,7 @@ def parse_locust_stats(text: str) -> dict[str, Any]:
 
 
 def run_locust(
-    host: str, size: str, body: str, users: int, seconds: int, max_requests: int, out: Path
+    host: str, size: str, body: str, users: int, seconds: int, *, max_requests: int, out: Path
 ) -> dict[str, Any]:
     prefix = out / f"locust_{size}_{body}"
     command = [

@@ -15,6 +15,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from perf.report_serving import (
+    format_number,
+    markdown_table,
+    open_loop_section,
+    robustness_section,
+    rounds_section,
+    verdict,
+)
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, FUSED_MODEL, BenchResults, size_key
 from perf.targets import compute_ratios, compute_targets
 
@@ -24,20 +32,10 @@ __all__ = [
 ]
 
 
-def _num(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:,.{digits}f}"
+_num = format_number
 
 
-def _verdict(met: bool | None) -> str:
-    return {True: "met", False: "**not met**", None: "not measured"}[met]
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> list[str]:
-    align = align or "l" + "r" * (len(header) - 1)
-    marks = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(marks) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+_table = markdown_table
 
 
 def _tuning_effects(entry: Mapping[str, Any]) -> str:
@@ -102,7 +100,7 @@ def _header(results: BenchResults) -> list[str]:
 
 
 def _targets_section(results: BenchResults) -> list[str]:
-    """The issue's targets, per model, with a verdict each."""
+    """The targets, per model, with a verdict each."""
     lines = ["", "## Targets", ""]
     lines += _table(
         ["target", "model", "goal", "measured", "verdict", "detail"],
@@ -112,10 +110,11 @@ def _targets_section(results: BenchResults) -> list[str]:
                 f"`{t.model}`",
                 t.goal,
                 _num(t.measured) + (t.unit if t.measured is not None else ""),
-                _verdict(t.met),
+                verdict(t),
                 t.detail,
             ]
             for t in compute_targets(results)
+            if not t.robustness
         ],
         "lllrll",
     )
@@ -317,7 +316,7 @@ _GEOCODING_SCENARIOS = (
 
 
 def _geocoding_section(results: BenchResults) -> list[str]:
-    """Windows with addresses against the same windows with coordinates (issue 13)."""
+    """Windows with addresses against the same windows with coordinates."""
     geo = results.geocoding
     if not geo:
         return []
@@ -359,7 +358,7 @@ def _geocoding_section(results: BenchResults) -> list[str]:
     ratio = geo.get("warm_over_coordinates_p50")
     if ratio is not None:
         lines += ["", f"Warm-cache p50 over the coordinates p50 (the lower of the two runs): "
-                  f"{ratio:.2f}x (issue 13's target: at most 1.2x)."]  # fmt: skip
+                  f"{ratio:.2f}x (the target: at most 1.2x)."]  # fmt: skip
     return lines
 
 
@@ -435,7 +434,10 @@ def _method_section(results: BenchResults) -> list[str]:
         "- FastAPI baseline: `perf/baselines/fastapi_service.py`, uvicorn with 2 workers "
         "(httptools, uvloop), the same library and model, on loopback.",
         "- Client, server and references run one after another on the same host; the load "
-        "generator and the service under test share its cores.",
+        "generator and the service under test share its cores, except in the open-loop "
+        "overload, where `taskset` puts the server (tritonserver and its stubs) on one set of "
+        "cores and the generator and probes on the other (two cores: server on core 1, load "
+        "on core 0; more: the upper half for the server, the lower half for the load).",
     ]
     return lines
 
@@ -446,6 +448,9 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
     lines = [
         *_header(results),
         *_targets_section(results),
+        *rounds_section(results),
+        *open_loop_section(results),
+        *robustness_section(compute_targets(results)),
         *_ratios_section(results),
         *_limit_section(results),
         *_breakdown_section(results),

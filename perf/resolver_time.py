@@ -1,4 +1,4 @@
-"""Resolver time in process, plain and stack-aware (issue 12's target).
+"""Resolver time in process, plain and stack-aware (the resolver's latency target).
 
 Each `perf.windows` medium (64 x 200) and large (1,000 x 5,000) window is encoded and scored
 once by `DispatchPipeline.from_repository()`; then only the resolver step is timed: the plain

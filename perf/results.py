@@ -144,6 +144,10 @@ class BenchResults:
     floor: dict[str, Any] = field(default_factory=dict)
     # perf.geocoding_bench.served_scenarios: windows with addresses vs coordinates
     geocoding: dict[str, Any] = field(default_factory=dict)
+    # perf.overload_bench.measure_pinned: open-loop bursts on the server's own cores
+    open_loop: dict[str, Any] = field(default_factory=dict)
+    # perf.rounds.run_rounds: per round, entry -> small c=64 windows/s (None: failed)
+    rounds: list[dict[str, float | None]] = field(default_factory=list)
 
     def breakdowns(self) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
         """Model -> size -> step -> parts, for both Triton entry points."""
@@ -182,6 +186,8 @@ class BenchResults:
             "overload": self.overload,
             "floor": self.floor,
             "geocoding": self.geocoding,
+            "open_loop": self.open_loop,
+            "rounds": self.rounds,
         }
 
     @classmethod
@@ -203,6 +209,11 @@ class BenchResults:
             overload={str(k): dict(v) for k, v in data.get("overload", {}).items()},
             floor=dict(data.get("floor", {})),
             geocoding=dict(data.get("geocoding", {})),
+            open_loop=dict(data.get("open_loop", {})),
+            rounds=[
+                {str(k): None if v is None else float(v) for k, v in measured.items()}
+                for measured in data.get("rounds", [])
+            ],
         )
 
 

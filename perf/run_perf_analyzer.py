@@ -104,7 +104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 count = request_budget(rate, args.seconds, concurrency)
                 steps: dict[str, dict[str, float]] = {}
                 row, failure, series.command = pa_level(
-                    pa, endpoints, "grpc", workload, concurrency, count, out, 300, steps
+                    pa,
+                    endpoints,
+                    "grpc",
+                    workload,
+                    concurrency,
+                    request_count=count,
+                    out=out,
+                    timeout_s=300,
+                    breakdown=steps,
                 )
                 if concurrency == 1 and steps:
                     results.breakdown[workload.size.name] = steps

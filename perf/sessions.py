@@ -11,13 +11,8 @@ from pathlib import Path
 from types import TracebackType
 
 from dispatch_service.core.paths import REPO_ROOT
-from dispatch_service.ops.server import (
-    ChildService,
-    Ports,
-    ServerOptions,
-    TritonRuntime,
-    TritonServer,
-)
+from dispatch_service.ops.child_process import ChildService
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from perf.levels import Endpoints
 from perf.pa import PerfAnalyzer
 

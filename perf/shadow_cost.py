@@ -24,7 +24,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched
 from dispatch_service.core.paths import REPO_ROOT
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.ops.router_control import apply_router_settings
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer

@@ -1,4 +1,4 @@
-"""Judging benchmark results: ratios between entry points and the issue's targets.
+"""Judging benchmark results: ratios between entry points and the service's targets.
 
 Pure: reads a `perf.results.BenchResults`, measures nothing.
 """
@@ -10,7 +10,8 @@ from typing import Any
 
 from perf.overload import MIXED_RUN, OVERLOAD_RUN, REFERENCE_RUN
 from perf.results import ENSEMBLE_MODEL, FUSED_MODEL, MODELS, BenchResults, entry_key
-from perf.stats import LevelStats
+from perf.serving_targets import open_loop_targets, round_spread, single_window_targets
+from perf.target import Target, at_level, divide
 
 __all__ = [
     "TARGET_CONCURRENCY",
@@ -28,10 +29,7 @@ __all__ = [
 # ---- ratios ---------------------------------------------------------------------------------
 
 
-def _div(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
+_div = divide
 
 
 def _peak(results: BenchResults, entry: str, size: str) -> float | None:
@@ -40,9 +38,7 @@ def _peak(results: BenchResults, entry: str, size: str) -> float | None:
     return best.throughput_per_s if best else None
 
 
-def _at(results: BenchResults, entry: str, size: str, concurrency: int) -> LevelStats | None:
-    series = results.find(entry, size)
-    return series.at(concurrency) if series else None
+_at = at_level
 
 
 def _p50_at_1(results: BenchResults, entry: str, size: str) -> float | None:
@@ -151,46 +147,14 @@ def compute_ratios(results: BenchResults) -> list[Ratio]:
     ]
 
 
-# ---- the issue's targets ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    model: str  # the Triton model measured: "dispatch" (ensemble) or "dispatch_fused"
-    measured: float | None
-    limit: float
-    at_most: bool  # True: measured <= limit passes; False: measured >= limit passes
-    unit: str
-    detail: str = ""
-
-    @property
-    def met(self) -> bool | None:
-        if self.measured is None:
-            return None
-        return self.measured <= self.limit if self.at_most else self.measured >= self.limit
-
-    @property
-    def goal(self) -> str:
-        return f"{'<=' if self.at_most else '>='} {self.limit:g}{self.unit}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "model": self.model,
-            "goal": self.goal,
-            "measured": self.measured,
-            "unit": self.unit,
-            "met": self.met,
-            "detail": self.detail,
-        }
+# ---- the service's targets -------------------------------------------------------------------
 
 
 TARGET_CONCURRENCY = 64
 
 
 def model_targets(results: BenchResults, model: str) -> list[Target]:
-    """The issue's targets for one Triton model (same goals for both entry points)."""
+    """The targets for one Triton model (same goals for both entry points)."""
     grpc, shm = entry_key("grpc", model), entry_key("grpc_shm", model)
     c1 = _at(results, grpc, "small", 1)
     c64 = _at(results, grpc, "small", TARGET_CONCURRENCY)
@@ -341,7 +305,7 @@ def _idle_detail(idle: dict[str, Any]) -> str:
 
 
 def scheduler_targets(results: BenchResults) -> list[Target]:
-    """Issue 11's targets: batching, latency at c=1 and behaviour under overload."""
+    """The scheduler's targets: batching, latency at c=1 and behaviour under overload."""
     grpc_fused, grpc_ensemble = entry_key("grpc", FUSED_MODEL), entry_key("grpc", ENSEMBLE_MODEL)
     fused1 = _at(results, grpc_fused, "small", 1)
     fused64 = _at(results, grpc_fused, "small", TARGET_CONCURRENCY)
@@ -379,32 +343,38 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
         )
         if part
     )
+    vs_fastapi = _over_rounds(
+        results, "dispatch_fused / FastAPI", _div(fused_tput, fast_tput), 2.0, floor_detail
+    )
+    vs_limit = _over_rounds(
+        results,
+        "dispatch_fused / in-process limit",
+        _div(fused_tput, limit.multi_windows_per_s if limit else None),
+        1.0,
+        "limit: DispatchPipeline in 2 worker processes, no serving",
+    )
+    ensemble_vs_fastapi = _over_rounds(
+        results,
+        "dispatch / FastAPI",
+        _div(ensemble64.throughput_per_s if ensemble64 else None, fast_tput),
+        1.0,
+        "",
+    )
     return [
         Target(
             "small, gRPC, c=64: throughput / FastAPI",
             FUSED_MODEL,
-            _div(fused_tput, fast_tput),
-            2.0,
-            False,
-            "x",
-            floor_detail,
+            *vs_fastapi,
         ),
         Target(
             "small, gRPC, c=64: throughput / in-process limit",
             FUSED_MODEL,
-            _div(fused_tput, limit.multi_windows_per_s if limit else None),
-            1.0,
-            False,
-            "x",
-            "limit: DispatchPipeline in 2 worker processes, no serving",
+            *vs_limit,
         ),
         Target(
             "small, gRPC, c=64: throughput / FastAPI",
             ENSEMBLE_MODEL,
-            _div(ensemble64.throughput_per_s if ensemble64 else None, fast_tput),
-            1.0,
-            False,
-            "x",
+            *ensemble_vs_fastapi,
         ),
         Target(
             "small, gRPC, c=1: p50",
@@ -434,6 +404,7 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
             + _reference_detail(fig.reference_p99)
             + _probe_ratio(fig.standard_probe, fig.reference_probe_p99)
             + _floor_figure(bare.accepted_ratio, "x"),
+            robustness=True,
         ),
         Target(
             "overload c=512: refusal p99",
@@ -450,6 +421,7 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
                 else "n/a"
             )
             + _floor_figure(bare.refusal_p99, " ms"),
+            robustness=True,
         ),
         Target(
             "overload: next request after each burst served",
@@ -459,6 +431,7 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
             False,
             "",
             "1 = served",
+            robustness=True,
         ),
         Target(
             "mixed overload (10 % level-1 callers): level-1 refusals",
@@ -471,6 +444,7 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
             + "; its probe: "
             + _overload_detail(fig.urgent_probe)
             + _floor_figure(bare.urgent_refused, ""),
+            robustness=True,
         ),
         Target(
             "mixed overload: level-1 p99 / p99 at c=64",
@@ -484,8 +458,24 @@ def scheduler_targets(results: BenchResults) -> list[Target]:
             + "; bulk (level 3): "
             + _overload_detail(fig.bulk)
             + _floor_figure(bare.urgent_ratio, "x"),
+            robustness=True,
         ),
     ]
+
+
+def _over_rounds(
+    results: BenchResults, ratio: str, single: float | None, goal: float, detail: str
+) -> tuple[float | None, float, bool, str, str]:
+    """(measured, limit, at_most, unit, detail) of a c=64 throughput ratio: the median over
+    the run's alternating rounds (`perf.rounds`) where there are any, else the sweep's one
+    level, said so in the detail."""
+    found = round_spread(results, ratio) if results.rounds else None
+    if found is None:
+        note = "one level of the sweep (no alternating rounds)" if single is not None else ""
+        return single, goal, False, "x", "; ".join(part for part in (note, detail) if part)
+    sweep = f"the sweep's one level: {single:.2f}x" if single is not None else ""
+    text = "; ".join(part for part in (found.describe(), sweep, detail) if part)
+    return found.median, goal, False, "x", text
 
 
 def _floor_figure(value: float | None, unit: str) -> str:
@@ -518,10 +508,16 @@ def _overload_detail(level: dict[str, Any]) -> str:
 
 def compute_targets(results: BenchResults) -> list[Target]:
     """Every target for both models: the ensemble's row, then dispatch_fused's, per target;
-    then the scheduler's (issue 11)."""
+    then the scheduler's (its closed-loop storm rows are robustness checks, not targets),
+    the single-window comparisons and the open-loop overload (`perf.serving_targets`)."""
     ensemble, fused = (model_targets(results, model) for model in MODELS)
     paired = [target for pair in zip(ensemble, fused, strict=True) for target in pair]
-    return paired + scheduler_targets(results)
+    return [
+        *paired,
+        *scheduler_targets(results),
+        *single_window_targets(results),
+        *open_loop_targets(results),
+    ]
 
 
 def summary(results: BenchResults) -> dict[str, Any]:

@@ -101,9 +101,9 @@ def _measure(repository: Path, work: Path, seconds: float) -> dict[str, float]:
                 "grpc",
                 workloads[size],
                 concurrency,
-                count,
-                work,
-                120,
+                request_count=count,
+                out=work,
+                timeout_s=120,
             )
             if row is None:
                 print(f"  {failure}", flush=True)

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, spec_by_name
 from dispatch_service.core.model_config import CONFIG_NAME, read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
 __all__ = [

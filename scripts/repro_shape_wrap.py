@@ -27,7 +27,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.ops.supervisor import stub_models
+from dispatch_service.ops.stubs import stub_models
 
 CONFIG = """name: "probe"
 backend: "python"

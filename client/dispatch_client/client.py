@@ -292,10 +292,10 @@ class DispatchClient(Closing):
         """Send already encoded pair features to the `dispatch_features` ensemble.
 
         `features` holds the tensors of `contracts.FEATURE_ENTRY_INPUTS` (one window, without
-        the batch dimension): PAIR_FEATURES [B x N, 28] (the served model versions' layout,
-        rows in CANDIDATE_RIDER_INDEX order), CANDIDATE_RIDER_INDEX [B, N], ORDER_TEXT [B, 1]
-        (the user ids, for canary routing; ORDER_USER_IDS [B] is taken in its place),
-        RIDER_IDS [R], RIDER_FIELDS [R, 6] (`RIDER_FIELD_COLUMNS`; the resolver reads load
+        the batch dimension): PAIR_FEATURES [B x N, NUM_PAIR_FEATURES] (the served model
+        versions' layout, rows in CANDIDATE_RIDER_INDEX order), CANDIDATE_RIDER_INDEX [B, N],
+        ORDER_TEXT [B, 1] (the user ids, for canary routing; ORDER_USER_IDS [B] is taken in its
+        place), RIDER_IDS [R], RIDER_FIELDS [R, 6] (`RIDER_FIELD_COLUMNS`; the resolver reads load
         and capacity) and optionally OBJECTIVE_WEIGHTS, MODEL_VERSION_TAG and ORDER_FIELDS
         [B, 7] (`ORDER_FIELD_COLUMNS`: with it the resolution is stack-aware, as `dispatch`'s;
         the resolver reads created_at). `order_ids`

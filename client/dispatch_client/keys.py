@@ -1,20 +1,25 @@
-"""Access keys for the server's restricted endpoint groups, read from the environment or a file.
+"""Access keys for the server's restricted endpoint groups (`dispatch_contract.keys`).
 
-The server locks its control endpoints behind two keys (see the launcher,
-`dispatch_service.ops.server`): the admin key (model repository, logging, trace) and a
-separate shared-memory key, so a co-located client that registers shared-memory regions
-never holds the admin key. Tools take a key as an argument, else from ``<NAME>`` in the
-environment, else from the file named by ``<NAME>_FILE`` (the launcher writes such files,
-mode 0600, when it creates keys). Over gRPC Triton expects the header under the prefix
-``triton-grpc-protocol-``.
+The header names, environment names and key-file rules are shared with the server, so they
+live in the contract package; the client's own modules and users import them from here too.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Final
+from dispatch_contract.keys import (
+    ADMIN_KEY_ENV,
+    ADMIN_KEY_FILE_ENV,
+    ADMIN_KEY_HEADER,
+    GRPC_HEADER_PREFIX,
+    SHM_KEY_ENV,
+    SHM_KEY_FILE_ENV,
+    SHM_KEY_HEADER,
+    KeyFileError,
+    grpc_headers,
+    http_headers,
+    read_key,
+    read_key_file,
+)
 
 __all__ = [
     "ADMIN_KEY_ENV",
@@ -30,61 +35,3 @@ __all__ = [
     "read_key",
     "read_key_file",
 ]
-
-ADMIN_KEY_HEADER: Final = "admin-key"
-SHM_KEY_HEADER: Final = "shm-key"
-GRPC_HEADER_PREFIX: Final = "triton-grpc-protocol-"
-ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
-ADMIN_KEY_FILE_ENV: Final = "DISPATCH_ADMIN_KEY_FILE"
-SHM_KEY_ENV: Final = "DISPATCH_SHM_KEY"
-SHM_KEY_FILE_ENV: Final = "DISPATCH_SHM_KEY_FILE"
-
-
-class KeyFileError(ValueError):
-    """A key file that cannot be used: unreadable, empty, or readable by others."""
-
-
-def read_key_file(path: Path) -> str:
-    """The key in ``path`` (surrounding whitespace dropped); refuses a file that others can
-    read or the group can write (a key anyone on the host can read locks nothing). Group
-    read is allowed: Kubernetes mounts Secret files group-readable for the pod's fsGroup."""
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KeyFileError(f"cannot read key file {path}: {exc}") from None
-    if mode & 0o027:
-        raise KeyFileError(
-            f"key file {path} is open to others (mode {mode & 0o777:o}): chmod 600 {path}"
-        )
-    if not text:
-        raise KeyFileError(f"key file {path} is empty")
-    return text
-
-
-def read_key(
-    value: str | None,
-    env: str,
-    environ: Mapping[str, str] | None = None,
-    file: Path | None = None,
-) -> str | None:
-    """The first of: ``value``, ``file``, ``$env``, the file named by ``$env_FILE``; else None."""
-    if value:
-        return value
-    if file is not None:
-        return read_key_file(file)
-    environ = os.environ if environ is None else environ
-    if environ.get(env):
-        return environ[env]
-    named = environ.get(f"{env}_FILE")
-    return read_key_file(Path(named)) if named else None
-
-
-def http_headers(header: str, key: str | None) -> dict[str, str]:
-    """The HTTP header carrying ``key`` (none without a key)."""
-    return {header: key} if key else {}
-
-
-def grpc_headers(header: str, key: str | None) -> dict[str, str]:
-    """The gRPC metadata carrying ``key``: Triton checks it under its restricted prefix."""
-    return {f"{GRPC_HEADER_PREFIX}{header}": key} if key else {}

@@ -496,7 +496,7 @@ RESOLVER_OUTPUTS: Final[tuple[TensorSpec, ...]] = (
     _V1_OUTPUTS["ASSIGNED_SCORE"],
     ASSIGNED_OBJECTIVES,
 )
-# What the stack-aware resolution (issue 12) needs besides: each pair's features (scored
+# What the stack-aware resolution needs besides: each pair's features (scored
 # again with the rider's extra load), the version that scored each order (it scores them
 # again) and the orders' creation times (a rider carries its new orders in that order).
 # Optional: a request without them is resolved with its stand-alone objectives.

@@ -69,18 +69,32 @@ class Launcher:
         self.lines: list[str] = []
 
     def read_until(self, marker: str, timeout_s: float) -> bool:
-        """Collect stdout lines until one starts with ``marker`` or the process ends."""
+        """Collect stdout lines until one starts with ``marker`` or the process ends.
+
+        Reads the pipe a byte at a time below Python's buffering: a buffered readline may
+        take several lines at once, and `select` then waits on an empty pipe while the
+        marker sits in the buffer. Nothing past the marker's line is consumed, so a later
+        reader of ``process.stdout`` gets every following line.
+        """
         assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
         deadline = time.monotonic() + timeout_s
+        line = bytearray()
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.process.stdout], [], [], 1.0)
-            if ready:
-                line = self.process.stdout.readline()
-                if not line:
-                    return False
-                self.lines.append(line.rstrip("\n"))
-                if line.startswith(marker):
-                    return True
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if not ready:
+                continue
+            byte = os.read(fd, 1)
+            if not byte:
+                return False
+            if byte != b"\n":
+                line += byte
+                continue
+            text = line.decode("utf-8", "replace")
+            line.clear()
+            self.lines.append(text)
+            if text.startswith(marker):
+                return True
         return False
 
     def children(self, name: str) -> list[int]:

@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from adversarial_cases import Case, GrpcRaw, HttpRaw, generate, refusal_names
 
 from dispatch_service.ops.server import TritonServer
-from dispatch_service.ops.supervisor import stub_models
+from dispatch_service.ops.stubs import stub_models
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, infer_http, sim_window
 
 REQUESTS = 1600  # per transport: 3,200 in all

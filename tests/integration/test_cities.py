@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 from test_cli import EXAMPLE, run_cli
 from tritonclient.utils import InferenceServerException
 
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline import simulator
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.routing.settings import FUSED_MODEL_NAME

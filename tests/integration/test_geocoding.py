@@ -1,4 +1,4 @@
-"""Orders sent with addresses on a real Triton (issue 13): geocoded by the encoder of both
+"""Orders sent with addresses on a real Triton: geocoded by the encoder of both
 entry points against a real loopback geocoding server, with sources, failover to the
 gazetteer, errors that name column and row, and no hold-up of windows with coordinates.
 
@@ -25,7 +25,8 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_contract import LocationSource
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.domain.window import DispatchWindow, window_to_wire
+from dispatch_service.domain.window import DispatchWindow
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
 from dispatch_service.offline import gazetteer_build
 from dispatch_service.offline.geocoding_server import GeocodingServer, use_as_providers

@@ -10,7 +10,9 @@
 - SIGTERM under continuous load: new windows refused UNAVAILABLE (retryable), nothing
   accepted fails, never NOT_FOUND, the drain ends quiet and the launcher exits 0.
 
-Figures are printed (pytest -s); the asserts are outcomes, not timings.
+Figures are printed (pytest -s); the asserts are outcomes, not timings: every wait polls for
+its outcome against a deadline scaled to the host (`patience`) that only bounds the test's
+run time.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher_helpers import EXAMPLE, Launcher, free_port, status
+from patience import patience, wait_for
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchConnectionError, DispatchError, DispatchServerError
@@ -52,7 +55,7 @@ from dispatch_service.ops.model_control import (
     with_reload_mark,
 )
 from dispatch_service.ops.server import Ports
-from dispatch_service.ops.supervisor import stub_versions
+from dispatch_service.ops.stubs import stub_versions
 from dispatch_service.ops.verified_load import read_config
 
 
@@ -80,7 +83,7 @@ def started_ticks(pid: int) -> int:
 def newest_stub(launcher: Launcher, model: str, wait_s: float = 60.0) -> int:
     """The youngest live stub of ``model``: an instance of its current generation (waiting,
     bounded, while a restarted server brings its stubs up)."""
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + patience(wait_s)
     while True:
         servers = launcher.children("tritonserver")
         stubs = [
@@ -106,6 +109,7 @@ class Load:
     ok: int = 0
     fallback: int = 0
     failed: Counter[str] = field(default_factory=Counter)
+    failed_at: list[tuple[float, str]] = field(default_factory=list)  # (sent, kind) each
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -114,11 +118,13 @@ class Load:
         window = window_from_json(EXAMPLE.read_bytes())
         with DispatchClient.grpc(self.url, timeout_s=30, model_name=self.model) as client:
             while not self.stop.is_set():
+                sent = time.monotonic()
                 try:
                     result = client.dispatch(window)
                 except DispatchError as exc:
                     with self.lock:
                         self.failed[failure_kind(exc)] += 1
+                        self.failed_at.append((sent, failure_kind(exc)))
                     if isinstance(exc, DispatchConnectionError):
                         time.sleep(0.05)  # the server is gone: do not spin
                     continue
@@ -129,6 +135,11 @@ class Load:
     @property
     def total(self) -> int:
         return self.ok + sum(self.failed.values())
+
+    def failed_since(self, since: float) -> list[tuple[float, str]]:
+        """(sent, kind) of the failed requests sent at or after ``since`` (monotonic)."""
+        with self.lock:
+            return [(sent, kind) for sent, kind in self.failed_at if sent >= since]
 
     def __enter__(self) -> Load:
         for _ in range(self.clients):
@@ -216,7 +227,7 @@ def start(folder: Path, *extra: str) -> tuple[Launcher, str]:
     launcher = Launcher(
         Ports.free(), folder / "server.log", folder / "keys", "--health-port", str(port), *extra
     )
-    assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
+    assert launcher.read_until("ready:", patience(240)), "\n".join(launcher.lines)
     return launcher, f"http://127.0.0.1:{port}"
 
 
@@ -232,8 +243,8 @@ VICTIMS = ("feature_encoder", "topk_resolver")
 def test_five_stub_deaths_within_10_s_under_load_are_each_healed(tmp_path: Path) -> None:
     """Five stubs killed 2 s apart under load, each a serving instance (the newest stub of
     its model once that model's last reload ended: a request can only kill an instance that
-    serves). Each death is healed; the server never stays ready through one; at most 1 % of
-    the requests fail."""
+    serves). Each death is healed; the server never stays ready through one; once healed,
+    nothing sent fails."""
     launcher, url = start(tmp_path, "--on-dead", "restart")
     events = Events(launcher)
     try:
@@ -242,47 +253,59 @@ def test_five_stub_deaths_within_10_s_under_load_are_each_healed(tmp_path: Path)
             Sampler(url) as sampler,
             Load(f"127.0.0.1:{launcher.ports.grpc}") as load,
         ):
-            started = time.monotonic()
-            time.sleep(5.0)
+            wait_for(lambda: load.ok >= 10, "the load is answered before the kills", 60)
             for i in range(KILLS):
                 model = VICTIMS[i % len(VICTIMS)]
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + patience(60)
                 while events.reloading(model) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 os.kill(newest_stub(launcher, model), signal.SIGKILL)
                 killed.append((time.monotonic(), model))
                 time.sleep(2.0)
-            # Healed: ready again (bounded wait), with every death counted.
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
+
+            # Healed: ready again, with every death counted (or, where Triton 2.51 aborted on
+            # a stub killed inside a shm lock, serving again on the restarted server).
+            last: dict[str, object] = {}
+
+            def healed() -> bool:
                 assert launcher.process.poll() is None, events.lines
-                detail = health(url)
-                restarts = Counter(dict(detail["stub_restarts"]))  # type: ignore[call-overload]
-                if detail["ready"] and restarts.total() >= KILLS:
-                    break
-                time.sleep(0.25)
-            # 60 s of steady load in all (the single-kill test has 20 s, test_supervision):
-            # each death costs the requests Triton had already given the dead instance
-            # before the reload replaced it (3-7 on the shared 2-core host, "Stub process
-            # ... is not healthy"), however fast the heal.
-            time.sleep(max(2.0, 60.0 - (time.monotonic() - started)))
+                last.update(health(url))
+                restarts: Counter[str] = Counter(dict(last["stub_restarts"]))  # type: ignore[call-overload]
+                counted = restarts.total() >= KILLS or last["server_restarts"] != 0
+                return bool(last["ready"]) and counted
+
+            try:
+                wait_for(healed, "ready again with every death counted", 120, 0.25)
+            except AssertionError as exc:
+                tail = events.lines[-20:]
+                raise AssertionError(f"{exc}\nhealth: {last}\nevents: {tail}") from None
+            healed_at = time.monotonic()
+            # The healed server answers the load: each death cost only the requests Triton
+            # had already given the dead instance before the reload replaced it (how many
+            # depends on the host's speed: 3-7 on a shared 2-core host, "Stub process ...
+            # is not healthy").
+            answered = load.ok
+            wait_for(lambda: load.ok >= answered + 20, "the load is answered once healed", 60)
         detail = health(url)
         restarted = detail["server_restarts"] != 0
-        healed = [events.seconds_to("model_reloaded", model, at) for at, model in killed]
-        print(f"\nseconds from each kill to its model reloaded: {healed}")
+        healed_in = [events.seconds_to("model_reloaded", model, at) for at, model in killed]
+        print(f"\nseconds from each kill to its model reloaded: {healed_in}")
         print(
             f"\n{KILLS} kills in {killed[-1][0] - killed[0][0]:.1f} s: "
             f"{sum(load.failed.values())} of {load.total} failed {load.failed.most_common(3)}; "
             f"stub restarts {detail['stub_restarts']}, server restarts {detail['server_restarts']}"
         )
-        assert status(f"{url}/readyz") == 200 and detail["unhealed"] == {}
+        assert detail["unhealed"] == {}
+        # Ready (polled: a deep check that lost to the load is redone every second).
+        wait_for(lambda: status(f"{url}/readyz") == 200, "ready once the load is gone", 30, 0.2)
         if not restarted:  # 2.51 aborting on a stub killed inside a shm lock: test_supervision
             expected = Counter(model for _, model in killed)
             assert Counter(dict(detail["stub_restarts"])) == expected  # type: ignore[call-overload]
         # Never ready through a death: after each kill readiness turned false.
         for at, model in killed:
             assert any(code == 503 for t, code in sampler.samples if t > at), (at, model)
-        assert sum(load.failed.values()) <= load.total // 100
+        # Nothing sent once healed failed.
+        assert load.failed_since(healed_at) == []
     finally:
         launcher.stop()
     retired = [
@@ -337,24 +360,23 @@ def test_a_stub_death_never_reloads_files_changed_since_they_were_signed(tmp_pat
         model_py.write_bytes(signed + f"\nopen({str(marker)!r}, 'w').close()\n".encode())
         changed = hashlib.sha256(model_py.read_bytes()).hexdigest()
         os.kill(newest_stub(launcher, "feature_encoder"), signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "feature_encoder" not in dict(
-            health(url)["unhealed"]  # type: ignore[call-overload]
-        ):
-            time.sleep(0.25)
+        wait_for(
+            lambda: "feature_encoder" in dict(health(url)["unhealed"]),  # type: ignore[call-overload]
+            "the changed model reported unhealed",
+            60,
+            0.25,
+        )
         assert dict(health(url)["unhealed"]) == {  # type: ignore[call-overload]
             "feature_encoder": "refused by signature verification"
         }
         assert status(f"{url}/readyz") == 503
-        time.sleep(3.0)  # a retry or two, refused again
+        # A retry, refused again.
+        wait_for(lambda: events.count_any("model_load_refused") >= 2, "a second refusal", 60)
         assert not marker.exists()
         assert launcher.process.poll() is None  # not ready, alive: the others still answer
         # The signed file back: the next retry verifies it and heals the model.
         model_py.write_bytes(signed)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and status(f"{url}/readyz") != 200:
-            time.sleep(0.25)
-        assert status(f"{url}/readyz") == 200
+        wait_for(lambda: status(f"{url}/readyz") == 200, "ready once the signed file is back", 90)
         assert not marker.exists()
     finally:
         launcher.stop()
@@ -397,19 +419,16 @@ def test_code_uploaded_with_a_repository_load_is_reported_and_never_ready(tmp_pa
     files |= {f"warmup/{f.name}": f.read_bytes() for f in sorted((model_dir / "warmup").iterdir())}
     try:
         upload_load(http_url, "feature_encoder", files, admin_key)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not events.count_any("unverified_code_running"):
-            time.sleep(0.1)
+        wait_for(
+            lambda: events.count_any("unverified_code_running"), "the uploaded code reported", 60
+        )
         running = [e for e in events.lines if e["event"] == "unverified_code_running"]
         assert running and running[0]["file_sha256"] == hashlib.sha256(uploaded).hexdigest()
         assert status(f"{url}/readyz") == 503
         # The signed files loaded again (what `dispatch-admin` or the launcher would send):
         # ready again.
         load_model(http_url, "feature_encoder", with_reload_mark(read_config(model_dir)), admin_key)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and status(f"{url}/readyz") != 200:
-            time.sleep(0.25)
-        assert status(f"{url}/readyz") == 200
+        wait_for(lambda: status(f"{url}/readyz") == 200, "ready with the signed files", 60)
     finally:
         launcher.stop()
     print(f"\nuploaded code reported: {running[0]}")
@@ -427,20 +446,21 @@ def test_the_scoring_model_unloaded_under_load_is_degraded_not_dead(tmp_path: Pa
     admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
     try:
         with Load(f"127.0.0.1:{launcher.ports.grpc}") as load:
-            time.sleep(1.0)
+            wait_for(lambda: load.ok >= 10, "the load is answered before the unload", 60)
             unload_model(triton, "dispatch_model", admin_key=admin_key)
             unloaded_at = time.monotonic()
-            while time.monotonic() - unloaded_at < 12.0:  # twice dead_after_s
+            wait_for(lambda: health(url)["status"] == "degraded", "degraded reported", 60)
+            while time.monotonic() - unloaded_at < 12.0:  # away twice dead_after_s at least
                 assert launcher.process.poll() is None
                 time.sleep(0.5)
+            # Still degraded (polled: a probe that lost to the load is redone every second).
+            wait_for(lambda: health(url)["status"] == "degraded", "still degraded", 30, 0.25)
             away = health(url)
             metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
             ok_away, fallback_away = load.ok, load.fallback
             config = read_config(MODEL_REPOSITORY / "dispatch_model")
             load_model(triton, "dispatch_model", config, admin_key=admin_key)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and health(url)["status"] != "ok":
-                time.sleep(0.25)
+            wait_for(lambda: health(url)["status"] == "ok", "healthy with the model back", 60)
             back = health(url)
         print(
             f"\nscoring model away 12 s: {load.ok} answered ({fallback_away} of {ok_away} "
@@ -470,10 +490,10 @@ def test_sigterm_under_continuous_load_refuses_new_work_unavailable(tmp_path: Pa
     events = Events(launcher)
     load = Load(f"127.0.0.1:{launcher.ports.grpc}", clients=32)
     with load:
-        time.sleep(3.0)
+        wait_for(lambda: load.ok >= 10, "the load is answered before SIGTERM", 60)
         before = load.ok
         launcher.process.send_signal(signal.SIGTERM)
-        code = launcher.process.wait(timeout=90)
+        code = launcher.process.wait(timeout=patience(90))
         time.sleep(1.0)  # the callers meet the stopped server too
     launcher.stop()
     (finished,) = [e for e in events.lines if e["event"] == "drain_finished"]
@@ -498,23 +518,39 @@ def test_sigterm_under_continuous_load_refuses_new_work_unavailable(tmp_path: Pa
 def project_counts(metrics_url: str) -> dict[str, float]:
     """The project's per-window series on Triton's metrics port, summed per metric."""
     text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    counts: Counter[str] = Counter()
+    counts: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0]
         if name in ("dispatch_encoder_latency_ms_count", "dispatch_resolver_latency_ms_count",
                     "dispatch_router_orders_total"):  # fmt: skip
-            counts[name] += float(line.rsplit(" ", 1)[1])
-    return dict(counts)
+            counts[name] = counts.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 def test_the_deep_checks_windows_are_not_counted_as_user_traffic(tmp_path: Path) -> None:
     launcher, url = start(tmp_path)
     metrics_url = f"http://127.0.0.1:{launcher.ports.metrics}/metrics"
     try:
-        time.sleep(1.5)  # let the warm-up windows' values reach the metrics port
-        before = project_counts(metrics_url)
+        # The warm-up windows' values on the metrics port: two readings alike.
+        readings = [project_counts(metrics_url)]
+
+        def settled() -> bool:
+            time.sleep(0.5)
+            readings.append(project_counts(metrics_url))
+            return readings[-1] == readings[-2]
+
+        wait_for(settled, "the warm-up's counts settle on the metrics port", 60)
+        before = readings[-1]
         probes_before = health(url)["probes"]
-        time.sleep(4.0)  # about four deep checks, no user traffic
+
+        def probed(n: int) -> bool:
+            now: dict[str, int] = dict(health(url)["probes"])  # type: ignore[call-overload]
+            then: dict[str, int] = dict(probes_before)  # type: ignore[call-overload]
+            return now.get("dispatch", 0) >= then.get("dispatch", 0) + n
+
+        # Deep checks and no user traffic; read once a check later, so that what the first
+        # three sent had time to reach the metrics port were it counted.
+        wait_for(lambda: probed(4), "four deep checks", 60, 0.2)
         after = project_counts(metrics_url)
         probes_after = health(url)["probes"]
         launcher_metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()

@@ -1,6 +1,6 @@
 """The launcher as an operator runs it (`python -m dispatch_service.ops.server`, what
 `make serve` runs): keys created and printed, a second launcher on the same ports refused
-without harming the first, readiness that names a missing entry point (issues 10 and 15),
+without harming the first, readiness that names a missing entry point,
 and a launcher that is killed or hung up on takes its Triton with it."""
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ def test_a_tampered_version_is_refused_at_start_and_the_rest_serve(lifecycle: Li
 
 
 def test_no_load_path_serves_the_tampered_version(lifecycle: Lifecycle) -> None:
-    """Issue 10: after the start refused version 3, a key holder's plain load of
+    """After the start refused version 3, a key holder's plain load of
     dispatch_fused, a load that names version 3 among its scoring versions, or a load of
     dispatch_model with version 3 never serves its weights: each model verifies itself."""
     url = lifecycle.server.http_url

@@ -1,4 +1,4 @@
-"""The control plane is locked in every server the launcher starts (issue 10, item 1).
+"""The control plane is locked in every server the launcher starts.
 
 Over HTTP and gRPC, every endpoint of the restricted groups (model-repository, logging,
 trace: the admin key; shared-memory: its own key) is refused without a key and with a wrong

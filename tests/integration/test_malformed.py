@@ -1,4 +1,4 @@
-"""Generated malformed requests against both entry points (issue 10 target: 0 crashes, 0 hangs).
+"""Generated malformed requests against both entry points (target: 0 crashes, 0 hangs).
 
 A seeded generator breaks a valid small window in one or two ways at a time (a required input
 dropped, with or without optional ones; wrong dtype; wrong rank; lengths that disagree;

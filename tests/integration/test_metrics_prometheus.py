@@ -2,8 +2,10 @@
 
 Starts `prometheus` (Debian package, installed by `make setup`) on a free loopback port with
 a 1 s scrape of the session server's metrics port, sends real dispatch traffic and some bad
-requests, and reads the results back through Prometheus's HTTP API. Every wait polls
-with a deadline; Prometheus is stopped at the end.
+requests, and reads the results back through Prometheus's HTTP API. Each test sends its
+own traffic and reads deltas from a settled start (the session server also serves the other
+integration modules), so none depends on another or on the order they run in. Every wait
+polls with a deadline scaled to the host; Prometheus is stopped at the end.
 """
 
 from __future__ import annotations
@@ -24,19 +26,21 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from patience import wait_for
 from tritonclient.utils import InferenceServerException
 
 from dispatch_service.core.metrics import (
     ALL_METRICS,
     CANDIDATE_BUCKETS,
     LATENCY_BUCKETS_MS,
-    capacity_conflicts,
 )
 from dispatch_service.ops.server import TritonServer
+from dispatch_service.pipeline.step_metrics import capacity_conflicts
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import infer_grpc, sim_window
 
-DEADLINE_S = 45.0
+DEADLINE_S = 45.0  # before `patience`: a bound on the test's run time, never on the server
+SCRAPE_S = 1.0
 TRITON_METRICS = (
     "nv_inference_request_success",
     "nv_inference_request_failure",
@@ -60,11 +64,7 @@ def _get_json(url: str) -> Any:
 
 
 def _poll(what: str, check: Callable[[], bool], deadline_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {deadline_s:.0f} s: {what}")
-        time.sleep(0.25)
+    wait_for(check, what, deadline_s, 0.25)
 
 
 @dataclass
@@ -115,7 +115,7 @@ def prometheus(
     config.write_text(
         json.dumps(  # JSON is YAML
             {
-                "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                "global": {"scrape_interval": f"{SCRAPE_S:.0f}s", "scrape_timeout": "1s"},
                 "scrape_configs": [
                     {
                         "job_name": "triton",
@@ -202,10 +202,24 @@ def _bad_windows() -> list[tuple[tuple[str, str, str], dict[str, np.ndarray[Any,
     return bad
 
 
+def _settled(prom: Prometheus) -> dict[str, Any]:
+    """The counts once they stopped moving: alike over three scrapes, so that what other
+    tests sent before has reached Prometheus and the deltas that follow are this test's."""
+    readings = [_counts(prom)]
+
+    def still() -> bool:
+        time.sleep(3 * SCRAPE_S)
+        readings.append(_counts(prom))
+        return readings[-1] == readings[-2]
+
+    _poll("the counts settle before the test's own traffic", still, 120)
+    return readings[-1]
+
+
 def test_traffic_moves_triton_and_custom_metrics_in_prometheus(
     prometheus: Prometheus, grpc_client: grpcclient.InferenceServerClient
 ) -> None:
-    before = _counts(prometheus)
+    before = _settled(prometheus)
 
     # Good windows, some with far fewer riders than orders so capacity forces conflicts.
     conflicts = 0
@@ -237,7 +251,7 @@ def test_traffic_moves_triton_and_custom_metrics_in_prometheus(
             for labels in set(seen["rejections"]) | set(before["rejections"])
         }
         seen["rejection_deltas"] = {k: v for k, v in rejections.items() if v}
-        return (
+        return bool(
             seen["encoder"] - before["encoder"] == good
             and seen["resolver"] - before["resolver"] == good
             and seen["candidates"] - before["candidates"] == good
@@ -262,11 +276,25 @@ def test_traffic_moves_triton_and_custom_metrics_in_prometheus(
 def test_metric_names_and_labels(
     prometheus: Prometheus, grpc_client: grpcclient.InferenceServerClient
 ) -> None:
-    infer_grpc(grpc_client, sim_window(7, 4, 10))  # every series exists after one window
-    _poll(
-        "the custom histograms are scraped",
-        lambda: prometheus.value("dispatch_resolver_latency_ms_count") > 0,
-    )
+    # Its own traffic: a good window (the unlabelled series), one that forces capacity
+    # conflicts and a refused one (the labelled series appear with their first value).
+    before = _settled(prometheus)
+    infer_grpc(grpc_client, sim_window(7, 4, 10))
+    infer_grpc(grpc_client, sim_window(1, 64, 20))
+    (expected_labels, bad_window), *_ = _bad_windows()
+    with pytest.raises(InferenceServerException):
+        infer_grpc(grpc_client, bad_window)
+
+    def scraped() -> bool:
+        now = _counts(prometheus)
+        return bool(
+            now["resolver"] - before["resolver"] >= 2
+            and now["conflicts"] > before["conflicts"]
+            and now["rejections"].get(expected_labels, 0.0)
+            > before["rejections"].get(expected_labels, 0.0)
+        )
+
+    _poll("this test's windows are scraped", scraped)
     names = prometheus.names()
     missing = [name for name in TRITON_METRICS if name not in names]
     assert not missing, f"Triton metrics not scraped: {missing}"
@@ -275,8 +303,6 @@ def test_metric_names_and_labels(
             expected = {f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count"}
         else:
             expected = {spec.name}
-        if spec.labels:  # labelled series appear with their first value (previous test)
-            continue
         assert expected <= names, f"{spec.name}: {sorted(expected - names)} not scraped"
 
     models = {
@@ -304,7 +330,7 @@ def test_metric_names_and_labels(
         assert bounds == {*buckets, float("inf")}, name
 
     rejections = prometheus.query("dispatch_validation_rejections_total")
-    assert rejections, "no rejection series (the traffic test sends bad requests first)"
+    assert rejections, "no rejection series"
     for sample in rejections:
         labels = sample["metric"]
         assert set(labels) >= {"model", "version", "tensor", "rule"}, labels

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import city_worlds, generate_window
 from dispatch_service.ops import admin
 from dispatch_service.ops.model_control import (

@@ -42,7 +42,7 @@ from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.cities import CitySettings
 from dispatch_service.domain.features import EncoderSettings, encode_window
-from dispatch_service.domain.window import window_from_wire
+from dispatch_service.domain.window_wire import window_from_wire
 from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline

@@ -1,13 +1,18 @@
-"""The launcher's supervision on a real server (issue 10 items 4-6), loopback, bounded.
+"""The launcher's supervision on a real server, loopback.
 
 - a killed Python-backend stub under steady load: noticed, readiness false, model reloaded
-  through the locked API, readiness back, the restart counted (or, when the kill lands
-  inside a shared-memory lock and Triton 2.51 aborts, the launcher's restart serves again);
+  through the locked API, readiness back, the restart counted, nothing sent after the heal
+  fails (or, when the kill lands inside a shared-memory lock and Triton 2.51 aborts, the
+  launcher's restart serves again);
 - SIGTERM under load: readiness false, in-flight requests finish, exit 0;
 - a SIGSTOPped server (hung inference while Triton's own health would still pass) is
-  declared dead within 10 s and the launcher exits 3.
+  declared dead and the launcher exits 3.
 
-Figures are printed (pytest -s) for the report; the asserts are the issue's bounds.
+The asserts are outcomes, never timings: every wait polls for its outcome against a deadline
+scaled to the host (`patience`) that only bounds how long the test may run. How long each
+recovery took is printed (pytest -s); the timing targets (a stub healed in about 2 s, a hang
+declared dead within dead_after_s + check_every_s + check_timeout_s) are the supervisor's
+unit tests' and perf's to measure, not a loaded test host's.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from pathlib import Path
 
 import pytest
 from launcher_helpers import EXAMPLE, Launcher, free_port, status
+from patience import patience, wait_for
 
 from dispatch_client import DispatchClient, window_from_json
-from dispatch_client.errors import DispatchError
+from dispatch_client.errors import DispatchError, DispatchServerError
+from dispatch_client.retry import UNAVAILABLE_STATUSES
 from dispatch_service.core.backend_shm import stub_region_name
 from dispatch_service.ops.host import STUB_NAME
 from dispatch_service.ops.router_control import (
@@ -37,8 +44,9 @@ from dispatch_service.ops.router_control import (
     read_fused_settings,
     read_router_settings,
 )
-from dispatch_service.ops.server import EXIT_DEAD, Ports
-from dispatch_service.ops.supervisor import stub_models
+from dispatch_service.ops.server import Ports
+from dispatch_service.ops.server_cli import EXIT_DEAD
+from dispatch_service.ops.stubs import stub_models
 
 
 def children(pid: int) -> list[int]:
@@ -62,6 +70,13 @@ def triton_pid(launcher: Launcher) -> int:
     return pid
 
 
+@dataclass(frozen=True)
+class Failure:
+    sent: float  # monotonic time the request was sent
+    status: str  # the server's status ("" when no server answered)
+    message: str
+
+
 @dataclass
 class Load:
     """Closed-loop clients on `dispatch` over gRPC; counts answers and failures."""
@@ -70,23 +85,35 @@ class Load:
     clients: int = 2
     model: str = "dispatch"
     ok: int = 0
-    failed: list[str] = field(default_factory=list)
-    started_before_stop: int = 0
+    failures: list[Failure] = field(default_factory=list)
     stop_new: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def failed(self) -> list[str]:
+        return [failure.message for failure in self.failures]
+
+    def failed_since(self, since: float) -> list[Failure]:
+        """Failures of the requests sent at or after ``since`` (monotonic)."""
+        with self.lock:
+            return [failure for failure in self.failures if failure.sent >= since]
 
     def run(self) -> None:
         window = window_from_json(EXAMPLE.read_bytes())
         with DispatchClient.grpc(self.url, timeout_s=30, model_name=self.model) as client:
             while not self.stop_new.is_set():
+                sent = time.monotonic()
                 try:
                     client.dispatch(window)
                     with self.lock:
                         self.ok += 1
                 except DispatchError as exc:
+                    status = (exc.status or "") if isinstance(exc, DispatchServerError) else ""
                     with self.lock:
-                        self.failed.append(exc.message)
+                        self.failures.append(Failure(sent, status, exc.message))
+                    if not isinstance(exc, DispatchServerError):
+                        time.sleep(0.05)  # no server answered: do not spin
 
     def __enter__(self) -> Load:
         for _ in range(self.clients):
@@ -117,7 +144,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Launcher,
         "restart",
     )
     try:
-        assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
+        assert launcher.read_until("ready:", patience(240)), "\n".join(launcher.lines)
         yield launcher, f"http://127.0.0.1:{health}"
     finally:
         launcher.stop()
@@ -159,15 +186,15 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(
     restarts_before = detail["stub_restarts"].get(model, 0)  # type: ignore[attr-defined]
     server_restarts_before = detail["server_restarts"]
     seen_not_ready = False
-    # Issue 10's case, one stub killed under steady load (30 s there, 20 s here).
+    recovered_at = None
+    # One stub killed under steady load.
     with Load(f"127.0.0.1:{launcher.ports.grpc}", model=entry_point) as load:
-        started = time.monotonic()
-        time.sleep(5.0)
+        wait_for(lambda: load.ok >= 10, "the load is answered before the kill", 60)
         before = load.ok
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
-        recovered_at = None
-        while time.monotonic() - killed_at < 40:
+        deadline = time.monotonic() + patience(120)
+        while time.monotonic() < deadline:
             code = status(f"{health}/readyz")
             if code == 503:
                 seen_not_ready = True
@@ -175,7 +202,9 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(
                 recovered_at = time.monotonic()
                 break
             time.sleep(0.05)
-        time.sleep(max(2.0, 20.0 - (time.monotonic() - started)))
+        if recovered_at is not None:  # the healed server answers the load again
+            healed = load.ok
+            wait_for(lambda: load.ok >= healed + 20, "the load is answered after the heal", 60)
     total = load.ok + len(load.failed)
     restarted = health_detail(health)["server_restarts"] != server_restarts_before
     print(
@@ -186,11 +215,8 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(
     assert seen_not_ready, "readiness never turned false"
     assert recovered_at is not None, "readiness never came back"
     # Ready once the load is gone: a probe that lost to the load (the 2-core test host) is
-    # redone every second, so allow a few checks rather than sample one instant.
-    deadline = time.monotonic() + 10.0
-    while status(f"{health}/readyz") != 200 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert status(f"{health}/readyz") == 200
+    # redone every second, so poll rather than sample one instant.
+    wait_for(lambda: status(f"{health}/readyz") == 200, "ready after the load", 30, 0.2)
     if restarted:
         # Triton 2.51 itself aborted (boost::interprocess::lock_exception): the stub died
         # holding a shared-memory lock, which no reload can undo (docs/security.md). The
@@ -199,10 +225,10 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(
         with DispatchClient.grpc(f"127.0.0.1:{launcher.ports.grpc}", timeout_s=30) as client:
             assert client.dispatch(window_from_json(EXAMPLE.read_bytes())).orders
         return
-    # Issue 10's target is 5 s (about 2.1 s measured, docs/security.md); the bound here only
-    # says that it comes back.
-    assert recovered_at - killed_at <= 20.0
-    assert len(load.failed) <= total // 100  # the router's fallback answers meanwhile
+    # Nothing sent once readiness was back failed: the only requests lost are those Triton
+    # had given the dead instance before the reload replaced it (the router's fallback
+    # answers `dispatch_model`'s meanwhile); how many that is depends on the host's speed.
+    assert load.failed_since(recovered_at) == []
     metrics = urllib.request.urlopen(f"{health}/metrics", timeout=5).read().decode()
     assert re.search(
         rf'dispatch_launcher_stub_restarts_total\{{model="{model}"\}} {restarts_before + 1}\b',
@@ -220,24 +246,48 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(
         assert name is not None and not (Path("/dev/shm") / name).exists()
 
 
-def test_sigterm_under_load_drains_in_flight_requests(served: tuple[Launcher, str]) -> None:
-    launcher, health = served
-    load = Load(f"127.0.0.1:{launcher.ports.grpc}", clients=4)
-    with load:
-        time.sleep(1.5)
-        launcher.process.send_signal(signal.SIGTERM)
-        # The load balancer's view: readiness turns false, then new requests stop.
-        deadline = time.monotonic() + 10
-        while status(f"{health}/readyz") == 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        load.stop_new.set()
-    code = launcher.process.wait(timeout=60)
-    print(f"\nSIGTERM under load: {load.ok} answered, {len(load.failed)} failed, exit {code}")
-    assert load.failed == []
+def test_sigterm_under_load_drains_in_flight_requests(tmp_path: Path) -> None:
+    # Its own launcher: the signal ends it, and no other test may depend on running first.
+    health_port = free_port()
+    launcher = Launcher(
+        Ports.free(), tmp_path / "server.log", tmp_path / "keys", "--health-port", str(health_port)
+    )
+    health = f"http://127.0.0.1:{health_port}"
+    try:
+        assert launcher.read_until("ready:", patience(240)), "\n".join(launcher.lines)
+        code = _sigterm_under_load(launcher, health)
+    finally:
+        launcher.stop()
     assert code == 0
 
 
-def test_a_stopped_server_is_declared_dead_within_10_s(tmp_path: Path) -> None:
+def _sigterm_under_load(launcher: Launcher, health: str) -> int:
+    load = Load(f"127.0.0.1:{launcher.ports.grpc}", clients=4)
+    with load:
+        wait_for(lambda: load.ok >= 10, "the load is answered before SIGTERM", 60)
+        signalled_at = time.monotonic()
+        launcher.process.send_signal(signal.SIGTERM)
+        # The load balancer's view: readiness turns false, then new requests stop.
+        wait_for(
+            lambda: status(f"{health}/readyz") != 200, "readiness turns false on SIGTERM", 30, 0.02
+        )
+        load.stop_new.set()
+    code = launcher.process.wait(timeout=patience(90))
+    print(
+        f"\nSIGTERM under load: {load.ok} answered, {len(load.failed)} failed, exit {code}; "
+        f"failures {Counter(load.failed).most_common(2)}"
+    )
+    # Every request in flight when the signal came was answered. Those sent later were
+    # answered too, or -- where this test saw readiness false only after the entry points
+    # stopped taking new windows (drain_grace_s later: a slow moment of the host) --
+    # refused as retryable, never failed once accepted.
+    assert [f for f in load.failures if f.sent < signalled_at] == []
+    refused = {f.status for f in load.failures} - {*UNAVAILABLE_STATUSES, ""}
+    assert refused == set(), load.failures
+    return code
+
+
+def test_a_stopped_server_is_declared_dead(tmp_path: Path) -> None:
     health = free_port()
     launcher = Launcher(  # `exit`: the embedded build's default is `restart` (ops.restart)
         Ports.free(),
@@ -249,22 +299,23 @@ def test_a_stopped_server_is_declared_dead_within_10_s(tmp_path: Path) -> None:
         "exit",
     )
     try:
-        assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
+        assert launcher.read_until("ready:", patience(240)), "\n".join(launcher.lines)
         url = f"http://127.0.0.1:{health}"
         assert status(f"{url}/livez") == 200
         pid = triton_pid(launcher)
         stubs = list(stub_models(pid))
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        dead_at = None
-        while time.monotonic() - stopped_at < 20:
-            if status(f"{url}/livez") != 200 or launcher.process.poll() is not None:
-                dead_at = time.monotonic()
-                break
-            time.sleep(0.1)
-        code = launcher.process.wait(timeout=60)
-        print(f"\nSIGSTOP: declared dead after {(dead_at or float('nan')) - stopped_at:.1f} s")
-        assert dead_at is not None and dead_at - stopped_at <= 10.0
+        wait_for(
+            lambda: status(f"{url}/livez") != 200 or launcher.process.poll() is not None,
+            "the stopped server declared dead",
+            60,
+        )
+        dead_at = time.monotonic()
+        code = launcher.process.wait(timeout=patience(60))
+        # Within dead_after_s + check_every_s + check_timeout_s (9 s) on an idle host; the
+        # supervisor's unit tests hold that bound, this one the outcome.
+        print(f"\nSIGSTOP: declared dead after {dead_at - stopped_at:.1f} s")
         assert code == EXIT_DEAD
         for stub in stubs:  # nothing of the dead server is left running
             assert (
@@ -273,6 +324,12 @@ def test_a_stopped_server_is_declared_dead_within_10_s(tmp_path: Path) -> None:
             )
     finally:
         launcher.stop()
+
+
+def last_good_check(url: str) -> float:
+    """When (monotonic) the launcher's last good deep check ended."""
+    since = health_detail(url)["seconds_since_last_good_check"]
+    return time.monotonic() - float(since)  # type: ignore[arg-type]
 
 
 def test_with_the_restart_policy_a_stopped_server_is_replaced(tmp_path: Path) -> None:
@@ -287,7 +344,7 @@ def test_with_the_restart_policy_a_stopped_server_is_replaced(tmp_path: Path) ->
         "restart",
     )
     try:
-        assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
+        assert launcher.read_until("ready:", patience(240)), "\n".join(launcher.lines)
         url = f"http://127.0.0.1:{health}"
         # A canary set live (what `dispatch-admin deploy` does), seen by a good check since.
         triton = f"127.0.0.1:{launcher.ports.http}"
@@ -295,16 +352,23 @@ def test_with_the_restart_policy_a_stopped_server_is_replaced(tmp_path: Path) ->
         canary = replace(read_router_settings(triton), canary_version=2, canary_percent=25)
         apply_router_settings(triton, canary, admin_key=admin_key)
         applied_at = time.monotonic()
-        while health_detail(url)["seconds_since_last_good_check"] >= (  # type: ignore[operator]
-            time.monotonic() - applied_at - 0.2
-        ):
-            time.sleep(0.2)
-        time.sleep(0.5)  # the check's own reading of the live configs follows at once
+        # A good check that ended after the change reads the live configs next; the good
+        # check after it has that reading done (the checks run one after another).
+        checks: list[float] = []
+
+        def checked_twice() -> bool:
+            at = last_good_check(url)
+            if at > applied_at + 0.05 and (not checks or at > checks[-1] + 0.5):
+                checks.append(at)
+            return len(checks) >= 2
+
+        wait_for(checked_twice, "two good checks after the canary was set", 60, 0.2)
         first = triton_pid(launcher)
         os.kill(first, signal.SIGSTOP)
         stopped_at = time.monotonic()
         restarted = None
-        while time.monotonic() - stopped_at < 180 and launcher.process.poll() is None:
+        deadline = stopped_at + patience(180)
+        while time.monotonic() < deadline and launcher.process.poll() is None:
             code, body = status(f"{url}/readyz"), ""
             if code == 200:
                 with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:

@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, RESOLVER_OUTPUTS, batched
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
 OUTPUT_NAMES = [spec.name for spec in RESOLVER_OUTPUTS]

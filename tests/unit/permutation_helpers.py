@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import REGIMES, generate_regime_window
 
 Tensors = dict[str, NDArray[Any]]

@@ -2,12 +2,12 @@
 
 import triton_python_backend_utils as pb_utils
 
-from dispatch_service.serving.triton_adapter import adapter_for
+from dispatch_service.serving.step_adapters import TritonResolverAdapter
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.adapter = adapter_for(pb_utils, args, "topk_resolver")
+        self.adapter = TritonResolverAdapter.from_triton(pb_utils, args)
 
     def execute(self, requests):
         return self.adapter.execute(requests)

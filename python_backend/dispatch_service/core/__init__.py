@@ -1,4 +1,5 @@
-"""What every layer may use: errors, typed settings, the config.pbtxt reader, metrics, paths.
+"""What every layer may use: errors, typed settings, the config.pbtxt reader, metrics, paths,
+the model repository's layout.
 
 The names below are re-exported lazily (module `__getattr__`): importing the package
 loads none of its modules, so `import dispatch_service.core.<module>` stays as light as
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
         MODEL_REPOSITORY,
         REPO_ROOT,
     )
+    from dispatch_service.core.repository_layout import (
+        ModelLayout,
+        model_layout,
+    )
     from dispatch_service.core.settings import (
         SettingsError,
         load_settings,
@@ -59,6 +64,7 @@ __all__ = [
     "MetricKind",
     "MetricSpec",
     "MetricsSink",
+    "ModelLayout",
     "NullMetrics",
     "Observation",
     "SettingsError",
@@ -66,6 +72,7 @@ __all__ = [
     "TrustedKeys",
     "config_parameters",
     "load_settings",
+    "model_layout",
     "parameters_from_model_config",
     "profile_config_path",
     "read_config_dict",
@@ -105,6 +112,10 @@ if not TYPE_CHECKING:
             "paths": (
                 "MODEL_REPOSITORY",
                 "REPO_ROOT",
+            ),
+            "repository_layout": (
+                "ModelLayout",
+                "model_layout",
             ),
             "signing": (
                 "SigningError",

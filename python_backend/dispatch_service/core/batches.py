@@ -1,9 +1,10 @@
 """The windows of one Triton `execute`: each one's outcome on its own, and its rows back.
 
 A batched step works on the concatenation of its windows; these helpers keep what is per
-window per window: `each_alone` turns a window's exception into that window's outcome,
-`together` runs a batch step on the windows an earlier step did not fail, and `split_rows`
-cuts a concatenated result back into each window's rows.
+window per window: `isolated_outcomes` runs a step on each window alone, its exception that
+window's outcome; `batched_outcomes` runs a batch step on the windows an earlier step did
+not fail, each failure kept in its place; `split_rows` cuts a concatenated result back into
+each window's rows.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from typing import Any, TypeVar
 
 from numpy.typing import NDArray
 
-__all__ = ["each_alone", "split_rows", "together"]
+__all__ = ["batched_outcomes", "isolated_outcomes", "split_rows"]
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 
-def each_alone(items: Iterable[T | Exception], work: Callable[[T], U]) -> list[U | Exception]:
+def isolated_outcomes(
+    items: Iterable[T | Exception], work: Callable[[T], U]
+) -> list[U | Exception]:
     """``work`` on each window of a batch (one Triton `execute`), each on its own: an item
     that is already an exception (an earlier step's failure) stays as it is, and whatever
     ``work`` raises becomes that window's outcome, never the batch's."""
@@ -35,7 +38,7 @@ def each_alone(items: Iterable[T | Exception], work: Callable[[T], U]) -> list[U
     return out
 
 
-def together(
+def batched_outcomes(
     items: Sequence[T | Exception], work: Callable[[list[T]], Sequence[U | Exception]]
 ) -> list[U | Exception]:
     """``work`` on the items that are not exceptions (an earlier step's failures), as one

@@ -1,11 +1,11 @@
 """The project's own Prometheus metrics: what they are and how a request is turned into them.
 
 Triton already counts requests, queue and compute time per model; these add what only the
-library knows. Computing an observation is a plain function of a step's outputs (unit
-tested without Triton); recording goes to a `MetricsSink`:
+library knows. Computing an observation is a plain function of a step's outputs
+(`pipeline.step_metrics`, unit tested without Triton); recording goes to a `MetricsSink`:
 
-- `TritonMetrics` over `pb_utils.MetricFamily`, created by the Triton adapter, so the values
-  appear on Triton's metrics port next to its own `nv_*` metrics;
+- `serving.triton_metrics.TritonMetrics` over `pb_utils.MetricFamily`, so the values appear
+  on Triton's metrics port next to its own `nv_*` metrics;
 - `InMemoryMetrics` for tests and in-process runs, `NullMetrics` to record nothing;
 - `BackgroundMetrics` in front of another sink, to record off the request path.
 
@@ -33,10 +33,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Protocol
 
-import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
-from dispatch_contract import CANDIDATE_RIDER_INDEX
 from dispatch_service.core.errors import DispatchInputError
 
 __all__ = [
@@ -49,8 +47,6 @@ __all__ = [
     "HISTOGRAM_SAMPLES_PER_FLUSH",
     "LATENCY_BUCKETS_MS",
     "RESOLVER_LATENCY",
-    "STEP_METRICS",
-    "STEP_OBSERVERS",
     "VALIDATION_REJECTIONS",
     "BackgroundMetrics",
     "InMemoryMetrics",
@@ -60,14 +56,8 @@ __all__ = [
     "NullMetrics",
     "Observation",
     "StepObserver",
-    "TritonMetrics",
-    "candidates_per_order",
-    "capacity_conflicts",
     "coalesce_counters",
-    "encoder_observations",
-    "metrics_of",
     "rejection_observation",
-    "resolver_observations",
     "sample_histograms",
 ]
 
@@ -159,92 +149,12 @@ class Observation:
             raise ValueError(f"{self.metric.name}: a counter only goes up, got {self.value}")
 
 
-# ---- observations: plain functions of a step's outputs ----------------------------------
-
-
-def candidates_per_order(candidate_rider_index: ArrayLike) -> float:
-    """Mean feasible candidates per order of one window (-1 marks no candidate)."""
-    index = np.asarray(candidate_rider_index)
-    if index.ndim != 2 or index.shape[0] == 0:
-        return 0.0
-    return float(np.count_nonzero(index >= 0) / index.shape[0])
-
-
-def capacity_conflicts(
-    topk_rider_index: ArrayLike,
-    topk_score: ArrayLike,
-    assigned_rider_index: ArrayLike,
-    assigned_score: ArrayLike,
-) -> int:
-    """Orders that had a feasible rider but were not given one as good as their top-1.
-
-    Without capacity limits and with stand-alone scores every order would get its top-1
-    rider (that is the best assignment by both count and score), so each such order lost to
-    capacity, whether it got a worse rider or none. With the stack-aware resolution
-    (topk_resolver's ``stack_aware``) an order may also cede its top-1 rider because riding
-    with that rider's other new orders would cost them more; those count here too. Compared
-    by score, so a tie between the top-1 and the assigned rider is no conflict.
-    """
-    index = np.asarray(topk_rider_index)
-    score = np.asarray(topk_score)
-    assigned = np.asarray(assigned_rider_index).reshape(-1)
-    got = np.asarray(assigned_score).reshape(-1)
-    if index.ndim != 2 or index.shape[1] == 0:
-        return 0
-    had_one = index[:, 0] >= 0
-    return int(np.count_nonzero(had_one & ((assigned < 0) | (got < score[:, 0]))))
-
-
-def encoder_observations(
-    outputs: Mapping[str, NDArray[Any]], elapsed_ms: float
-) -> list[Observation]:
-    """What one answered feature_encoder request records."""
-    observations = [Observation(ENCODER_LATENCY, elapsed_ms)]
-    candidates = outputs.get(CANDIDATE_RIDER_INDEX.name)
-    if candidates is not None:
-        observations.append(Observation(CANDIDATES_PER_ORDER, candidates_per_order(candidates)))
-    return observations
-
-
-def resolver_observations(
-    outputs: Mapping[str, NDArray[Any]], elapsed_ms: float
-) -> list[Observation]:
-    """What one answered topk_resolver request records."""
-    observations = [Observation(RESOLVER_LATENCY, elapsed_ms)]
-    try:
-        conflicts = capacity_conflicts(
-            outputs["TOPK_RIDER_INDEX"],
-            outputs["TOPK_OBJECTIVES"][..., 0],  # the score column
-            outputs["ASSIGNED_RIDER_INDEX"],
-            outputs["ASSIGNED_SCORE"],
-        )
-    except KeyError:
-        return observations
-    observations.append(Observation(CAPACITY_CONFLICTS, conflicts))
-    return observations
-
-
 def rejection_observation(error: DispatchInputError) -> Observation:
     """A rejected request, labelled by tensor and the rule's stable code (never the text)."""
     return Observation(VALIDATION_REJECTIONS, 1.0, (("tensor", error.tensor), ("rule", error.code)))
 
 
 StepObserver = Callable[[Mapping[str, NDArray[Any]], float], list[Observation]]
-
-# Which observations a model's answered requests produce, by library model kind.
-STEP_OBSERVERS: Final[Mapping[str, StepObserver]] = {
-    "feature_encoder": encoder_observations,
-    "topk_resolver": resolver_observations,
-}
-# The metric families each kind of model exposes (any model may reject a request).
-STEP_METRICS: Final[Mapping[str, tuple[MetricSpec, ...]]] = {
-    "feature_encoder": (ENCODER_LATENCY, CANDIDATES_PER_ORDER, VALIDATION_REJECTIONS),
-    "topk_resolver": (RESOLVER_LATENCY, CAPACITY_CONFLICTS, VALIDATION_REJECTIONS),
-}
-
-
-def metrics_of(model_kind: str) -> tuple[MetricSpec, ...]:
-    return STEP_METRICS.get(model_kind, (VALIDATION_REJECTIONS,))
 
 
 # ---- sinks ---------------------------------------------------------------------------------
@@ -315,6 +225,7 @@ class BackgroundMetrics:
     def __init__(
         self,
         inner: MetricsSink,
+        *,
         interval_s: float = 0.05,
         on_error: Callable[[Exception], None] | None = None,
         max_queued: int = 100_000,
@@ -400,69 +311,3 @@ def sample_histograms(
 
 def _label_key(metric: MetricSpec, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple((name, labels[name]) for name in metric.labels)
-
-
-class TritonMetrics:
-    """Records into Triton custom metrics (`pb_utils.MetricFamily`), one family per spec.
-
-    The families live as long as this object: Triton fails a metric's updates once its
-    family is gone. Series without variable labels are created up front (they read 0
-    before the first request); labelled ones on first use.
-    """
-
-    def __init__(
-        self,
-        pb_utils: Any,
-        constant_labels: Mapping[str, str],
-        metrics: Iterable[MetricSpec] = ALL_METRICS,
-    ) -> None:
-        # More constant labels are allowed (e.g. a per-process one, see router_adapter).
-        if not set(CONSTANT_LABELS) <= set(constant_labels):
-            raise ValueError(
-                f"constant labels must include {CONSTANT_LABELS}, got {constant_labels}"
-            )
-        self.pb = pb_utils
-        self.constant_labels = dict(constant_labels)
-        kinds = {
-            MetricKind.COUNTER: pb_utils.MetricFamily.COUNTER,
-            MetricKind.GAUGE: pb_utils.MetricFamily.GAUGE,
-            MetricKind.HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM,
-        }
-        self.families: dict[str, Any] = {}
-        self.series: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
-        for spec in metrics:
-            self.families[spec.name] = pb_utils.MetricFamily(
-                name=spec.name, description=spec.description, kind=kinds[spec.kind]
-            )
-            if not spec.labels:
-                self._series(spec, ())
-
-    def _series(self, spec: MetricSpec, labels: tuple[tuple[str, str], ...]) -> Any:
-        key = (spec.name, labels)
-        metric = self.series.get(key)
-        if metric is None:
-            family = self.families[spec.name]
-            all_labels = {**self.constant_labels, **dict(labels)}
-            if spec.kind is MetricKind.HISTOGRAM:
-                metric = family.Metric(labels=all_labels, buckets=list(spec.buckets))
-            else:
-                metric = family.Metric(labels=all_labels)
-            self.series[key] = metric
-        return metric
-
-    def record(self, observations: Iterable[Observation]) -> None:
-        for obs in observations:
-            if obs.metric.name not in self.families:
-                continue
-            if obs.metric.kind is MetricKind.COUNTER:
-                if obs.value > 0:  # adding 0 would cost an IPC call for nothing
-                    self._series(obs.metric, obs.labels).increment(obs.value)
-            elif obs.metric.kind is MetricKind.HISTOGRAM:
-                self._series(obs.metric, obs.labels).observe(obs.value)
-            else:
-                self._series(obs.metric, obs.labels).set(obs.value)
-
-    def close(self) -> None:
-        """Drop the series before their families (model unload)."""
-        self.series.clear()
-        self.families.clear()

@@ -12,28 +12,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
+from dispatch_service.core.repository_layout import CONFIG_FILE, ModelLayout
 from dispatch_service.core.settings import parameters_from_model_config
 
 __all__ = [
     "CONFIG_NAME",
     "config_parameters",
+    "ensemble_steps",
     "profile_config_path",
     "read_config_dict",
     "read_model_config",
     "write_model_config",
 ]
 
-CONFIG_NAME: Final = "config.pbtxt"
+CONFIG_NAME: Final = CONFIG_FILE
 
 
 def profile_config_path(model_dir: Path, profile: str | None = None) -> Path:
-    """The file Triton reads for ``--model-config-name=<profile>``: ``configs/<profile>.pbtxt``
-    when present, else ``config.pbtxt``."""
-    if profile is not None:
-        chosen = model_dir / "configs" / f"{profile}.pbtxt"
-        if chosen.is_file():
-            return chosen
-    return model_dir / CONFIG_NAME
+    """The file Triton reads for ``--model-config-name=<profile>``
+    (`repository_layout.ModelLayout.profile_config`)."""
+    return ModelLayout(Path(model_dir)).profile_config(profile)
 
 
 def read_model_config(path: Path) -> Any:
@@ -64,3 +62,9 @@ def read_config_dict(path: Path) -> dict[str, Any]:
 def config_parameters(path: Path) -> dict[str, str]:
     """The `parameters` map of a config file as plain strings."""
     return parameters_from_model_config(read_config_dict(path))
+
+
+def ensemble_steps(path: Path) -> list[str]:
+    """The model names of an ensemble config's steps, in order (none for another model)."""
+    config = read_model_config(path)
+    return [str(step.model_name) for step in config.ensemble_scheduling.step]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dispatch_service.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from dispatch_service.domain.assignment import assign
     from dispatch_service.domain.coverage import cover_maximum_assignment
     from dispatch_service.domain.feasibility import (
         THERMAL_EQUIPMENT_BIT,
@@ -25,13 +26,8 @@ if TYPE_CHECKING:
         encode_window,
         feasible_mask,
     )
-    from dispatch_service.domain.resolver import (
-        Resolution,
-        ResolverSettings,
-        assign,
-        resolve,
-        score_pairs,
-    )
+    from dispatch_service.domain.resolver import Resolution, resolve
+    from dispatch_service.domain.scoring import ResolverSettings, score_pairs
     from dispatch_service.domain.stacking import (
         joining_extra_load,
         stacked_extra_load,
@@ -96,13 +92,9 @@ if not TYPE_CHECKING:
                 "stacked_extra_load",
                 "with_extra_load",
             ),
-            "resolver": (
-                "Resolution",
-                "ResolverSettings",
-                "assign",
-                "resolve",
-                "score_pairs",
-            ),
+            "assignment": ("assign",),
+            "resolver": ("Resolution", "resolve"),
+            "scoring": ("ResolverSettings", "score_pairs"),
             "window": (
                 "DispatchWindow",
                 "WindowLimits",

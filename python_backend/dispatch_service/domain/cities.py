@@ -30,7 +30,8 @@ from numpy.typing import NDArray
 from dispatch_contract import Vehicle
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain import geo, planar
-from dispatch_service.domain.window import DispatchWindow, wire_name
+from dispatch_service.domain.window import DispatchWindow
+from dispatch_service.domain.window_wire import wire_name
 
 __all__ = [
     "BARRIER_KINDS",
@@ -88,28 +89,38 @@ class Barrier:
 
 @dataclass(frozen=True, eq=False)
 class RoadNetwork:
-    """Every barrier of a city at once, for one vectorised pass over a window's legs."""
+    """Every barrier of a city at once, for one vectorised pass over a window's legs; what
+    depends on the map alone is computed here, once, when the registry is read."""
 
     segment_start: FloatArray  # [S, 2] every barrier's segments, barrier after barrier
     segment_end: FloatArray
-    segment_barrier: NDArray[np.int64]  # [S, K] 1 where segment s belongs to barrier k
+    segment_first: NDArray[np.intp]  # [K] where each barrier's segments start
     crossings: FloatArray  # [C, 2] every barrier's crossings, barrier after barrier
     crossing_first: NDArray[np.intp]  # [K] where each barrier's crossings start
+    # The segments' lines ([S, 2] normals, [1, S] offsets: `planar.segment_lines`).
+    segment_lines: tuple[FloatArray, FloatArray] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        lines = planar.segment_lines(self.segment_start, self.segment_end)
+        object.__setattr__(self, "segment_lines", lines)
 
     @classmethod
     def of(cls, barriers: Sequence[Barrier]) -> RoadNetwork:
         count = [barrier.course.shape[0] - 1 for barrier in barriers]
-        membership = np.zeros((sum(count), len(barriers)), dtype=np.int64)
-        membership[np.arange(sum(count)), np.repeat(np.arange(len(barriers)), count)] = 1
         crossings = [barrier.crossings for barrier in barriers]
         sizes = [c.shape[0] for c in crossings]
         return cls(
             segment_start=np.concatenate([b.course[:-1] for b in barriers] or [np.zeros((0, 2))]),
             segment_end=np.concatenate([b.course[1:] for b in barriers] or [np.zeros((0, 2))]),
-            segment_barrier=membership,
+            segment_first=_firsts(count),
             crossings=np.concatenate(crossings or [np.zeros((0, 2))]),
-            crossing_first=(np.cumsum(sizes) - np.asarray(sizes, dtype=np.intp)).astype(np.intp),
+            crossing_first=_firsts(sizes),
         )
+
+
+def _firsts(sizes: Sequence[int]) -> NDArray[np.intp]:
+    """Where each of consecutive runs of these sizes starts."""
+    return (np.cumsum(sizes) - np.asarray(sizes, dtype=np.intp)).astype(np.intp)
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,7 +175,8 @@ class CityRegistry:
     source: str = ""
     _by_name: Mapping[str, City] = field(init=False, repr=False)
     _bounds: FloatArray = field(init=False, repr=False)  # [C, 4] each city's box
-    _inner: FloatArray = field(init=False, repr=False)  # [C, 4] a box inside each area
+    # Per city a box inside its area: (lat low, lon low, lat high, lon high).
+    _inner_boxes: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         names = {}
@@ -173,7 +185,8 @@ class CityRegistry:
                 names[name.casefold()] = city
         object.__setattr__(self, "_by_name", names)
         object.__setattr__(self, "_bounds", np.stack([city.bounds for city in self.cities]))
-        object.__setattr__(self, "_inner", np.stack([city.inner for city in self.cities]))
+        boxes = tuple(tuple(city.inner.tolist()) for city in self.cities)
+        object.__setattr__(self, "_inner_boxes", boxes)
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -190,14 +203,21 @@ class CityRegistry:
         another city than the rest, or outside the city the window names."""
         named = self._named_city(window)
         points = np.concatenate((window.pickup, window.dropoff, window.rider_position))
-        # The usual window: every point inside the box inside one city's area, or one
+        # The usual window: every point inside the box inside one city's area (the points'
+        # box against each city's, on Python floats: four comparisons per city), or one
         # city's bounding box holds every point and its area every point.
         lo, hi = points.min(axis=0), points.max(axis=0)
-        inner = np.flatnonzero(
-            (self._inner[:, :2] <= lo).all(axis=1) & (self._inner[:, 2:] >= hi).all(axis=1)
-        )
-        if inner.size == 1 and (named is None or named is self.cities[int(inner[0])]):
-            return self.cities[int(inner[0])]
+        lat_lo, lon_lo = lo.tolist()
+        lat_hi, lon_hi = hi.tolist()
+        inner = [
+            city
+            for city, (low_lat, low_lon, high_lat, high_lon) in zip(
+                self.cities, self._inner_boxes, strict=True
+            )
+            if low_lat <= lat_lo and low_lon <= lon_lo and high_lat >= lat_hi and high_lon >= lon_hi
+        ]
+        if len(inner) == 1 and (named is None or named is inner[0]):
+            return inner[0]
         boxed = np.flatnonzero(
             (self._bounds[:, :2] <= lo).all(axis=1) & (self._bounds[:, 2:] >= hi).all(axis=1)
         )

@@ -2,8 +2,7 @@
 
 The resolver assigns exactly, but only over each order's N nearest feasible riders. Where
 riders are scarce, orders crowd the same nearby riders and an order can go unassigned
-although a farther rider, in nobody's list, could take it (issue 12: the peak + scarcity
-regime lost orders in 14 of 24 windows against the exact optimum over every feasible pair).
+although a farther rider, in nobody's list, could take it.
 
 `cover_maximum_assignment` closes that gap with few changes: it takes a maximum assignment
 of the candidate graph (Hopcroft-Karp, rider r offering ``spare_r = capacity_r - load_r``

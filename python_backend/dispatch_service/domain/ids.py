@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["id_order", "id_rank"]
+from dispatch_service.core.errors import DispatchInputError
+
+__all__ = ["id_order", "id_rank", "ids_as_bytes"]
 
 IntArray = NDArray[np.int64]
 
@@ -49,3 +51,24 @@ def id_rank(ids: Sequence[bytes]) -> IntArray:
     rank = np.empty(len(ids), dtype=np.int64)
     rank[id_order(ids)] = np.arange(len(ids), dtype=np.int64)
     return rank
+
+
+def ids_as_bytes(name: str, ids: ArrayLike, rows: NDArray[np.int64] | None = None) -> list[bytes]:
+    """The ids of tensor `name` (all, or the given rows) as bytes: str is UTF-8 encoded,
+    anything else is refused naming the tensor and the row."""
+    array = np.asarray(ids, dtype=object).reshape(-1)
+    numbers = range(array.size) if rows is None else rows.tolist()
+    items = array.tolist() if rows is None else array[rows].tolist()
+    if set(map(type, items)) <= {bytes}:  # the usual case, without a Python-level loop
+        return items  # type: ignore[no-any-return]
+    out: list[bytes] = []
+    for row, item in zip(numbers, items, strict=True):
+        if isinstance(item, bytes):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(item.encode("utf-8"))
+        else:
+            raise DispatchInputError(
+                name, f"must hold bytes, got {type(item).__name__} (row {row})", "dtype"
+            )
+    return out

@@ -7,6 +7,8 @@ barrier segments). Coordinates are any planar pair: (east_km, north_km) for barr
 
 from __future__ import annotations
 
+from typing import Final
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -18,25 +20,41 @@ __all__ = [
     "inside_polygon",
     "polygons_overlap",
     "segment_cuts",
+    "segment_lines",
 ]
 
 FloatArray = NDArray[np.float64]
+_CLOCKWISE: Final = np.array([1.0, -1.0])
+
+
+def segment_lines(seg_start: FloatArray, seg_end: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Each segment's line as `segment_cuts` tests sides of it: ([S, 2] normals, [1, S]
+    offsets). A map's segments are fixed: computed once when the map is read."""
+    seg_normal = np.stack((seg_end[:, 1] - seg_start[:, 1], seg_start[:, 0] - seg_end[:, 0]), 1)
+    seg_offset = np.sum(seg_normal * seg_start, axis=1)[None, :]
+    return seg_normal, seg_offset
 
 
 def segment_cuts(
-    start: FloatArray, end: FloatArray, seg_start: FloatArray, seg_end: FloatArray
+    start: FloatArray,
+    end: FloatArray,
+    seg_start: FloatArray,
+    seg_end: FloatArray,
+    lines: tuple[FloatArray, FloatArray] | None = None,
 ) -> NDArray[np.bool_]:
     """[L, S]: whether leg l (start [L, 2] -> end [L, 2]) cuts segment s ([S, 2] -> [S, 2]).
 
     Each side test is half-open (a point on a line counts as right of it), so a leg through
     the vertex shared by two segments cuts exactly one of them. Each side is the sign of a
     cross product, written as products with the lines' normals so that the [L, S] tables
-    take a few matrix products rather than a broadcast per term.
+    take a few matrix products rather than a broadcast per term. ``lines``: the segments'
+    `segment_lines`, when the caller keeps them (the same values either way).
     """
-    leg_normal = np.stack((end[:, 1] - start[:, 1], start[:, 0] - end[:, 0]), axis=1)
-    leg_offset = np.sum(leg_normal * start, axis=1)[:, None]
-    seg_normal = np.stack((seg_end[:, 1] - seg_start[:, 1], seg_start[:, 0] - seg_end[:, 0]), 1)
-    seg_offset = np.sum(seg_normal * seg_start, axis=1)[None, :]
+    # (end - start) turned clockwise: (dy, -dx), exactly the differences (end_y - start_y,
+    # start_x - end_x) as IEEE subtraction is symmetric, in one multiplication
+    leg_normal = (end - start)[:, ::-1] * _CLOCKWISE
+    leg_offset = np.add.reduce(leg_normal * start, axis=1)[:, None]  # np.sum, without its wrapper
+    seg_normal, seg_offset = segment_lines(seg_start, seg_end) if lines is None else lines
     # left of a -> b means a negative normal product (normal = direction turned clockwise)
     p_left = leg_normal @ seg_start.T < leg_offset
     q_left = leg_normal @ seg_end.T < leg_offset

@@ -10,20 +10,25 @@ whose ends lie on different sides of a barrier goes through that barrier's best 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_service.domain import planar
-from dispatch_service.domain.cities import City
+from dispatch_service.domain.cities import City, RoadNetwork
 
 __all__ = [
     "LegRoads",
+    "barrier_detours",
     "leg_roads",
     "route_minutes",
 ]
 
 FloatArray = NDArray[np.float64]
+# Legs up to this many (a small window's) go through the detours all at once; more legs
+# only the rows that cross a barrier (the same values).
+_EVERY_LEG: Final = 256
 
 
 @dataclass(frozen=True)
@@ -51,24 +56,53 @@ def leg_roads(city: City, start: FloatArray, end: FloatArray) -> LegRoads:
     """
     delta = end - start
     direct = np.sqrt(np.sum(delta * delta, axis=1))
-    network = city.network
-    detour = np.zeros(start.shape[0], dtype=np.float64)
-    if not city.barriers or start.shape[0] == 0:
-        crossed = np.zeros((start.shape[0], len(city.barriers)), dtype=np.bool_)
-        return LegRoads(crossed=crossed, direct_km=direct, detour_km=detour)
-    cuts = planar.segment_cuts(start, end, network.segment_start, network.segment_end)
-    crossed = (cuts.astype(np.int64) @ network.segment_barrier) % 2 == 1  # [L, K]
-    rows = np.flatnonzero(crossed.any(axis=1))
-    if rows.size:
-        to_start = start[rows, None, :] - network.crossings[None, :, :]
-        to_end = network.crossings[None, :, :] - end[rows, None, :]
-        via = np.sqrt(np.sum(to_start * to_start, axis=2)) + np.sqrt(
-            np.sum(to_end * to_end, axis=2)
-        )  # [r, C] km start -> crossing -> end
-        best = np.minimum.reduceat(via, network.crossing_first, axis=1)  # [r, K]
-        extra = np.maximum(best - direct[rows, None], 0.0)
-        detour[rows] = np.sum(np.where(crossed[rows], extra, 0.0), axis=1)
+    crossed, detour = barrier_detours(city, start, end, direct)
     return LegRoads(crossed=crossed, direct_km=direct, detour_km=detour)
+
+
+def barrier_detours(
+    city: City, start: FloatArray, end: FloatArray, direct: FloatArray
+) -> tuple[NDArray[np.bool_], FloatArray]:
+    """`leg_roads`' barriers of legs ``start`` -> ``end`` whose straight km are ``direct``:
+    which barriers each leg crosses [L, K] and the km their crossings add [L]."""
+    network = city.network
+    legs = start.shape[0]
+    if not city.barriers or legs == 0:
+        return np.zeros((legs, len(city.barriers)), dtype=np.bool_), np.zeros(legs)
+    cuts = planar.segment_cuts(
+        start, end, network.segment_start, network.segment_end, network.segment_lines
+    )
+    # a leg crosses a barrier when it cuts an odd number of the barrier's segments
+    crossed = np.asarray(np.logical_xor.reduceat(cuts, network.segment_first, axis=1))  # [L, K]
+    if legs <= _EVERY_LEG:  # a small window: every leg at once, no gathers
+        return crossed, _detours(network, start, end, direct, crossed)
+    detour = np.zeros(legs, dtype=np.float64)
+    rows = np.flatnonzero(np.logical_or.reduce(crossed, axis=1))
+    if rows.size:
+        detour[rows] = _detours(network, start[rows], end[rows], direct[rows], crossed[rows])
+    return crossed, detour
+
+
+def _detours(
+    network: RoadNetwork,
+    start: FloatArray,
+    end: FloatArray,
+    direct: FloatArray,
+    crossed: NDArray[np.bool_],
+) -> FloatArray:
+    """[L] km the barriers ``crossed`` [L, K] add to legs ``start`` -> ``end``: per barrier
+    crossed, the best of its crossings (start -> crossing -> end) less the straight km; 0
+    for a leg that crosses none."""
+    # np.add.reduce is np.sum without its Python wrapper (a small window's cost is calls)
+    to_start = start[:, None, :] - network.crossings[None, :, :]
+    to_end = network.crossings[None, :, :] - end[:, None, :]
+    via = np.sqrt(np.add.reduce(to_start * to_start, axis=2)) + np.sqrt(
+        np.add.reduce(to_end * to_end, axis=2)
+    )  # [L, C] km start -> crossing -> end
+    best = np.minimum.reduceat(via, network.crossing_first, axis=1)  # [L, K]
+    extra = np.maximum(best - direct[:, None], 0.0)
+    detour: FloatArray = np.add.reduce(np.where(crossed, extra, 0.0), axis=1)
+    return detour
 
 
 def route_minutes(city: City, road_km: FloatArray, vehicle: NDArray[np.int64]) -> FloatArray:

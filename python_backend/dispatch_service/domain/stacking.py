@@ -4,10 +4,10 @@ A rider who receives several new orders in one window carries them one after ano
 creation order (ties by order id where the caller gives ``tie``, each order's id rank, else
 by row): the k-th picks its order up carrying k more than the rider's
 current load. The model scores each pair as if it were the rider's only new order, so for a
-stacked order its ETA is too short and its on-time probability too high (issue 12: 0.78
-predicted vs 0.59 realised). These two functions give the pipeline what it needs to
-re-score stacked pairs: the extra load of every assigned order, and the pair features with
-that load applied. The simulator uses the same rule to realise an assignment.
+stacked order its ETA is too short and its on-time probability too high. These two
+functions give the pipeline what it needs to re-score stacked pairs: the extra load of
+every assigned order, and the pair features with that load applied. The simulator uses
+the same rule to realise an assignment.
 """
 
 from __future__ import annotations

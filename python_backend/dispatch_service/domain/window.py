@@ -2,14 +2,15 @@
 
 `window_from_tensors` is the one gate every request passes: it checks each rule of the
 contract and names the tensor and the rule when one is broken. Downstream code may
-assume a `DispatchWindow` is well formed.
+assume a `DispatchWindow` is well formed. The wire codec is `window_wire`, the batch
+path `window_batch`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,25 +24,14 @@ from dispatch_contract import (
     MAX_ORDERS,
     MAX_RIDERS,
     OBJECTIVES,
-    ORDER_FIELD_COLUMNS,
-    ORDER_FIELD_SOURCES,
-    ORDER_FIELDS,
-    ORDER_TEXT,
-    ORDER_TEXT_COLUMNS,
-    ORDER_TEXT_SOURCES,
-    RIDER_FIELD_COLUMNS,
-    RIDER_FIELD_SOURCES,
-    RIDER_FIELDS,
-    WINDOW_FIELD_COLUMNS,
-    WINDOW_FIELDS,
     WINDOW_INPUTS,
     CoordSystem,
     TensorSpec,
     Vehicle,
-    pack_window,
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain import geo
+from dispatch_service.domain.window_text import check_id_text, decode_text, utf8_as_sent
 
 __all__ = [
     "EARLIEST_TIME",
@@ -49,36 +39,26 @@ __all__ = [
     "MAX_CLOCK_SKEW_S",
     "MAX_PROMISED_MINUTES",
     "MAX_RIDER_LOAD",
-    "USER_IDS_FIELD",
     "Counts",
     "DispatchWindow",
     "Values",
     "WindowLimits",
-    "check_id_text",
     "check_objective_weights",
     "check_rider_counts",
     "check_times",
-    "decode_text",
-    "order_created_at_from_wire",
-    "order_text_from_wire",
+    "ids_distinct",
     "parse_coord_system",
     "parse_objective_weights",
-    "rider_counts_from_wire",
-    "user_ids_from_wire",
+    "values_plausible",
     "window_from_tensors",
-    "window_from_wire",
-    "window_tensors_from_wire",
     "window_to_tensors",
-    "window_to_wire",
-    "windows_from_wire",
-    "wire_field",
-    "wire_name",
 ]
+
 
 MAX_PROMISED_MINUTES = 240.0
 # Orders may be stamped a little after the window's time by a skewed clock; not more.
 MAX_CLOCK_SKEW_S = 300
-# Plausible bounds (issue 10): a rider's load and capacity (orders) and every timestamp.
+# Plausible bounds: a rider's load and capacity (orders) and every timestamp.
 # Larger values are typing errors or wrapped integers (HTTP JSON wraps INT32 silently).
 MAX_RIDER_LOAD = 1000
 EARLIEST_TIME = 946_684_800  # 2000-01-01T00:00:00Z
@@ -141,7 +121,6 @@ class DispatchWindow:
         return int(self.rider_ids.shape[0])
 
 
-_SPECS = {spec.name: spec for spec in WINDOW_INPUTS}
 # Per tensor: the spec, its numpy dtype (None for BYTES) and its fixed (axis, size) dims,
 # looked up once here rather than on every request.
 _FETCH = {
@@ -195,7 +174,7 @@ def _check_dtype(spec: TensorSpec, array: NDArray[Any]) -> None:
 def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.object_]:
     raw = _fetch(tensors, name)
     items = raw.tolist()
-    taken = _taken_as_sent(items, 1, max_bytes)
+    taken = utf8_as_sent(items, 1, max_bytes)
     if taken is not None:
         return taken
     out = np.empty(raw.shape[0], dtype=object)
@@ -216,61 +195,6 @@ def _ids(tensors: Mapping[str, Any], name: str, max_bytes: int) -> NDArray[np.ob
     return out
 
 
-def _taken_as_sent(items: list[Any], min_bytes: int, max_bytes: int) -> NDArray[np.object_] | None:
-    """The usual request: UTF-8 bytes of [min_bytes, max_bytes] each, taken as they are (as
-    an object array); None when an item needs the checks one by one."""
-    if not all(type(item) is bytes for item in items):
-        return None
-    lengths = list(map(len, items))
-    if lengths and (min(lengths) < min_bytes or max(lengths) > max_bytes):
-        return None
-    if not _all_utf8(items):
-        return None
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out
-
-
-def _all_utf8(items: list[bytes]) -> bool:
-    """True when every id is valid UTF-8: one decode of the ids joined by NUL (a byte no
-    multi-byte sequence can end or continue with, so no sequence spans two ids)."""
-    try:
-        b"\0".join(items).decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def check_id_text(name: str, row: int, value: bytes) -> None:
-    """Ids are text: valid UTF-8, or an HTTP JSON answer carrying them is not valid JSON."""
-    try:
-        value.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DispatchInputError(
-            name, f"ids must be valid UTF-8, row {row} is not (byte {exc.start})", "dtype"
-        ) from None
-
-
-def decode_text(name: str, row: int, value: str | bytes, limit: int) -> str:
-    """The rule for free text (addresses, cities): UTF-8 of at most ``limit`` bytes."""
-    if isinstance(value, str):
-        data = value.encode("utf-8", "surrogatepass")
-    elif isinstance(value, bytes):
-        data = value
-    else:
-        raise DispatchInputError(name, f"must be bytes or text (row {row})", "dtype")
-    if len(data) > limit:
-        raise DispatchInputError(
-            name, f"must be at most {limit} bytes of UTF-8, row {row} has {len(data)}", "id_length"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DispatchInputError(
-            name, f"must be valid UTF-8, row {row} is not (byte {exc.start})", "dtype"
-        ) from None
-
-
 def _texts(
     tensors: Mapping[str, Any], name: str, limit: int, rows: int
 ) -> NDArray[np.object_] | None:
@@ -283,7 +207,7 @@ def _texts(
             name, f"must have {rows} rows like ORDER_IDS, got {raw.shape[0]}", "shape"
         )
     items = raw.tolist()
-    taken = _taken_as_sent(items, 0, limit)
+    taken = utf8_as_sent(items, 0, limit)
     if taken is not None:
         return taken
     out = np.empty(rows, dtype=object)
@@ -354,13 +278,13 @@ def _at_least(name: str, array: NDArray[Any], low: int) -> None:
         raise DispatchInputError(name, f"must be >= {low} (row {row})", "range")
 
 
-def _distinct(ids: NDArray[np.object_]) -> bool:
+def ids_distinct(ids: NDArray[np.object_]) -> bool:
     values = ids.tolist()
     return len(set(values)) == len(values)
 
 
 def _unique(name: str, ids: NDArray[np.object_]) -> None:
-    if _distinct(ids):
+    if ids_distinct(ids):
         return
     seen: dict[bytes, int] = {}
     for i, value in enumerate(ids.tolist()):
@@ -433,7 +357,7 @@ Values = tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[A
 Counts = tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]
 
 
-def _values_plausible(
+def values_plausible(
     values: Values, counts: Counts, dispatch_time: int | NDArray[np.int64]
 ) -> bool:
     """One cheap pass that is True only if every rule of `_check_values` holds.
@@ -592,7 +516,7 @@ def window_from_tensors(
         constraints,
     )
     counts = (load, capacity, equipment, vehicle)
-    if not _values_plausible(values, counts, dispatch_time):
+    if not values_plausible(values, counts, dispatch_time):
         _check_values(values, counts, dispatch_time)
 
     return DispatchWindow(
@@ -647,405 +571,3 @@ def window_to_tensors(window: DispatchWindow) -> dict[str, NDArray[Any]]:
         "COORD_SYSTEM": np.array([b"WGS84"], dtype=object),
         "DISPATCH_TIME": np.array([window.dispatch_time], dtype=np.int64),
     }
-
-
-# ---- contract v2: the packed window on the wire ------------------------------------------
-# Unpacking only reshapes and checks the matrices' own rules (dtype, width, whole numbers in
-# integer columns); every value rule is `window_from_tensors`'s, and its errors are renamed
-# to the column that carried the value, so a v2 caller reads where to look.
-
-_INT32_LIMIT = float(2**31 - 1)
-_INT64_LIMIT = float(2**62)
-# logical tensor -> (dtype, limit) of its integer column; float columns are absent.
-_INTEGER_SOURCES: dict[str, tuple[type[np.generic], float]] = {
-    "ORDER_CREATED_AT": (np.int64, _INT64_LIMIT),
-    "ORDER_CONSTRAINTS": (np.int32, _INT32_LIMIT),
-    "RIDER_LOAD": (np.int32, _INT32_LIMIT),
-    "RIDER_CAPACITY": (np.int32, _INT32_LIMIT),
-    "RIDER_VEHICLE": (np.int32, _INT32_LIMIT),
-    "RIDER_EQUIPMENT": (np.int32, _INT32_LIMIT),
-}
-
-
-def wire_field(tensor: str, columns: tuple[str, ...]) -> str:
-    """How errors name columns of a packed tensor: ``ORDER_FIELDS[pickup_lat, pickup_lon]``."""
-    return f"{tensor}[{', '.join(columns)}]"
-
-
-def _wire_names() -> dict[str, str]:
-    names: dict[str, str] = {}
-    for spec, sources, columns in (
-        (ORDER_FIELDS, ORDER_FIELD_SOURCES, ORDER_FIELD_COLUMNS),
-        (RIDER_FIELDS, RIDER_FIELD_SOURCES, RIDER_FIELD_COLUMNS),
-    ):
-        grouped: dict[str, list[str]] = {}
-        for (source, _), column in zip(sources, columns, strict=True):
-            grouped.setdefault(source, []).append(column)
-        names.update({src: wire_field(spec.name, tuple(cols)) for src, cols in grouped.items()})
-    for source, column in zip(ORDER_TEXT_SOURCES, ORDER_TEXT_COLUMNS, strict=True):
-        names[source] = wire_field(ORDER_TEXT.name, (column,))
-    names["DISPATCH_TIME"] = wire_field(WINDOW_FIELDS.name, ("dispatch_time",))
-    names["COORD_SYSTEM"] = wire_field(WINDOW_FIELDS.name, ("coord_system",))
-    return names
-
-
-_WIRE_NAMES = _wire_names()
-
-
-def wire_name(logical: str) -> str:
-    """How the wire calls a logical window tensor: ``ORDER_PICKUP`` ->
-    ``ORDER_FIELDS[pickup_lat, pickup_lon]`` (a tensor sent as it is keeps its name)."""
-    return _WIRE_NAMES.get(logical, logical)
-
-
-# How errors name the routing key on the wire: ORDER_TEXT[user_id].
-USER_IDS_FIELD = _WIRE_NAMES["ORDER_USER_IDS"]
-
-
-def _matrix(inputs: Mapping[str, Any], name: str, columns: tuple[str, ...]) -> NDArray[np.float64]:
-    value = inputs.get(name)
-    if value is None:
-        raise DispatchInputError(name, "is required but missing", "missing")
-    array = np.asarray(value)
-    if array.dtype != np.float64:
-        raise DispatchInputError(name, f"must be FP64, got {array.dtype}", "dtype")
-    width = len(columns)
-    if array.ndim != 2 or array.shape[1] != width:
-        raise DispatchInputError(
-            name,
-            f"must have shape [*, {width}] (columns {', '.join(columns)}), got {array.shape}",
-            "shape",
-        )
-    return array
-
-
-def _whole(
-    tensor: str, column: str, values: NDArray[np.float64], limit: float
-) -> NDArray[np.float64]:
-    """Refuse NaN, fractions and values no integer tensor can hold, naming the column."""
-    ok = np.abs(values) <= limit  # False for NaN and infinity
-    ok &= values == np.floor(values)
-    if not ok.all():
-        row = int(np.argmin(ok))
-        value = float(values.reshape(-1)[row])
-        where = wire_field(tensor, (column,))
-        if not np.isfinite(value):
-            raise DispatchInputError(
-                where, f"must be finite, got NaN or infinity (row {row})", "not_finite"
-            )
-        raise DispatchInputError(
-            where, f"must be a whole number within [-{limit:.0f}, {limit:.0f}] (row {row})", "range"
-        )
-    return values
-
-
-def _whole_columns(
-    tensor: str,
-    matrix: NDArray[np.float64],
-    at: NDArray[np.intp],
-    columns: tuple[str, ...],
-    limits: NDArray[np.float64],
-) -> None:
-    """`_whole` for the columns ``at`` of ``matrix`` (limits per column) in one pass over
-    them; where one fails, the columns are checked in order, so the first bad column and
-    row raise exactly the error `_whole` names (a small window paid ~9 us per column)."""
-    block = matrix[:, at]
-    ok = np.abs(block) <= limits  # False for NaN and infinity
-    ok &= block == np.floor(block)
-    if ok.all():
-        return
-    for index, limit in zip(at.tolist(), limits.tolist(), strict=True):
-        _whole(tensor, columns[index], matrix[:, index], limit)
-
-
-def _integer_columns(
-    sources: tuple[tuple[str, int | None], ...],
-) -> tuple[NDArray[np.intp], NDArray[np.float64]]:
-    """Where a packed tensor's whole-number columns are, and each one's limit."""
-    at = [i for i, (source, _) in enumerate(sources) if source in _INTEGER_SOURCES]
-    limits = [_INTEGER_SOURCES[sources[i][0]][1] for i in at]
-    return np.asarray(at, dtype=np.intp), np.asarray(limits, dtype=np.float64)
-
-
-_WHOLE_COLUMNS: Final = {
-    ORDER_FIELDS.name: _integer_columns(ORDER_FIELD_SOURCES),
-    RIDER_FIELDS.name: _integer_columns(RIDER_FIELD_SOURCES),
-}
-_RIDER_COUNTS_AT: Final = np.asarray(
-    [RIDER_FIELD_COLUMNS.index("load"), RIDER_FIELD_COLUMNS.index("capacity")], dtype=np.intp
-)
-_RIDER_COUNTS_LIMITS: Final = np.full(2, _INT32_LIMIT)
-_CREATED_AT: Final = np.asarray([ORDER_FIELD_COLUMNS.index("created_at")], dtype=np.intp)
-
-
-def _unpack(
-    inputs: Mapping[str, Any],
-    tensor: str,
-    columns: tuple[str, ...],
-    sources: tuple[tuple[str, int | None], ...],
-    out: dict[str, Any],
-) -> None:
-    matrix = _matrix(inputs, tensor, columns)
-    at, limits = _WHOLE_COLUMNS[tensor]
-    _whole_columns(tensor, matrix, at, columns, limits)
-    for index, (source, part) in enumerate(sources):
-        if part is not None:
-            if part == 0:  # a [*, 2] pair of adjacent columns (lat, lon)
-                out[source] = matrix[:, index : index + 2]
-            continue
-        integer = _INTEGER_SOURCES.get(source)
-        # whole numbers within their limits: checked above
-        out[source] = matrix[:, index].astype(np.float32 if integer is None else integer[0])
-
-
-def window_tensors_from_wire(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The v2 wire tensors of one window (no batch dimension) -> the logical window tensors
-    (WINDOW_INPUTS names) `window_from_tensors` validates. Raises DispatchInputError."""
-    out: dict[str, Any] = {
-        name: inputs.get(name) for name in ("ORDER_IDS", "RIDER_IDS", "OBJECTIVE_WEIGHTS")
-    }
-    text = order_text_from_wire(inputs)
-    out.update(zip(ORDER_TEXT_SOURCES, text.T, strict=False))
-    _unpack(inputs, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS, ORDER_FIELD_SOURCES, out)
-    _unpack(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS, RIDER_FIELD_SOURCES, out)
-    value = inputs.get(WINDOW_FIELDS.name)
-    if value is None:
-        raise DispatchInputError(WINDOW_FIELDS.name, "is required but missing", "missing")
-    fields = np.asarray(value)
-    if fields.dtype != np.float64:
-        raise DispatchInputError(WINDOW_FIELDS.name, f"must be FP64, got {fields.dtype}", "dtype")
-    if fields.shape != (len(WINDOW_FIELD_COLUMNS),):
-        raise DispatchInputError(
-            WINDOW_FIELDS.name,
-            f"must have shape [{len(WINDOW_FIELD_COLUMNS)}] "
-            f"(columns {', '.join(WINDOW_FIELD_COLUMNS)}), got {fields.shape}",
-            "shape",
-        )
-    dispatch_time = _whole(WINDOW_FIELDS.name, "dispatch_time", fields[:1], _INT64_LIMIT)
-    out["DISPATCH_TIME"] = dispatch_time.astype(np.int64)
-    code = float(fields[1])
-    if code not in tuple(float(c) for c in CoordSystem):
-        allowed = ", ".join(f"{int(c)} ({c.name})" for c in CoordSystem)
-        raise DispatchInputError(
-            wire_field(WINDOW_FIELDS.name, ("coord_system",)),
-            f"must be one of {allowed}",
-            "unknown_value",
-        )
-    out["COORD_SYSTEM"] = np.array([CoordSystem(int(code)).name.encode()], dtype=object)
-    return out
-
-
-def order_text_from_wire(inputs: Mapping[str, Any]) -> NDArray[Any]:
-    """ORDER_TEXT checked for its own rules (BYTES, [B, 1..4]): the routing key is column 0."""
-    value = inputs.get(ORDER_TEXT.name)
-    if value is None:
-        raise DispatchInputError(ORDER_TEXT.name, "is required but missing", "missing")
-    text = np.asarray(value)
-    if text.dtype.kind not in "OSU":
-        raise DispatchInputError(ORDER_TEXT.name, f"must be BYTES, got {text.dtype}", "dtype")
-    width = len(ORDER_TEXT_COLUMNS)
-    if text.ndim != 2 or not 1 <= text.shape[1] <= width:
-        raise DispatchInputError(
-            ORDER_TEXT.name,
-            f"must have shape [*, 1..{width}] (columns {', '.join(ORDER_TEXT_COLUMNS)}, "
-            f"the first required), got {text.shape}",
-            "shape",
-        )
-    return text
-
-
-def user_ids_from_wire(inputs: Mapping[str, Any]) -> NDArray[Any]:
-    """The routing key, ORDER_TEXT's user-id column (no other rule checked)."""
-    ids: NDArray[Any] = order_text_from_wire(inputs)[:, 0]
-    return ids
-
-
-def window_from_wire(
-    inputs: Mapping[str, Any], limits: WindowLimits | None = None
-) -> DispatchWindow:
-    """Validate one window's v2 wire tensors (`window_from_tensors`'s rules, errors named
-    by the column that carried the value) and build the WGS-84 window."""
-    tensors = window_tensors_from_wire(inputs)
-    try:
-        return window_from_tensors(tensors, limits)
-    except DispatchInputError as exc:
-        wire = _WIRE_NAMES.get(exc.tensor)
-        if wire is None:
-            raise
-        # the same rule and code, named by the column that carried the value
-        exc.tensor = wire
-        exc.args = (f"{wire}: {exc.rule}",)
-        raise
-
-
-class _Usual(NamedTuple):
-    """A window of the usual kind, its per-window rules already checked: what
-    `windows_from_wire` still checks over the batch (the matrices) and builds it from."""
-
-    order_ids: NDArray[np.object_]
-    user_ids: NDArray[np.object_]
-    rider_ids: NDArray[np.object_]
-    orders: NDArray[np.float64]
-    riders: NDArray[np.float64]
-    dispatch_time: int
-    coord_system: CoordSystem
-
-
-def _usual(inputs: Mapping[str, Any], limits: WindowLimits) -> _Usual | None:
-    """The window's ids, matrices and window fields when each per-window rule holds and the
-    window is of the usual kind (no address columns); else None: `window_from_wire` then
-    judges it alone. Never raises."""
-    try:
-        orders = _matrix(inputs, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS)
-        riders = _matrix(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS)
-    except DispatchInputError:
-        return None
-    text, fields = inputs.get(ORDER_TEXT.name), inputs.get(WINDOW_FIELDS.name)
-    order_ids, rider_ids = inputs.get("ORDER_IDS"), inputs.get("RIDER_IDS")
-    if not (
-        isinstance(text, np.ndarray) and isinstance(fields, np.ndarray)
-        and isinstance(order_ids, np.ndarray) and isinstance(rider_ids, np.ndarray)
-    ):  # fmt: skip
-        return None
-    num_orders, num_riders = len(orders), len(riders)
-    if (
-        text.dtype != object or text.shape != (num_orders, 1)
-        or fields.dtype != np.float64 or fields.shape != (len(WINDOW_FIELD_COLUMNS),)
-        or order_ids.dtype != object or order_ids.shape != (num_orders,)
-        or rider_ids.dtype != object or rider_ids.shape != (num_riders,)
-        or not 1 <= num_orders <= limits.max_orders
-        or not 1 <= num_riders <= limits.max_riders
-    ):  # fmt: skip
-        return None
-    dispatch_time, code = fields.tolist()
-    if (
-        not EARLIEST_TIME <= dispatch_time < LATEST_TIME  # also False for NaN
-        or dispatch_time != int(dispatch_time)
-        or code not in _COORD_CODES
-    ):
-        return None
-    most = limits.max_id_bytes
-    orders_ok = _taken_as_sent(order_ids.tolist(), 1, most)
-    users_ok = _taken_as_sent(text[:, 0].tolist(), 1, most)
-    riders_ok = _taken_as_sent(rider_ids.tolist(), 1, most)
-    if (
-        orders_ok is None or users_ok is None or riders_ok is None
-        or not _distinct(orders_ok) or not _distinct(riders_ok)
-    ):  # fmt: skip
-        return None
-    return _Usual(
-        orders_ok, users_ok, riders_ok, orders, riders, int(dispatch_time), CoordSystem(int(code))
-    )
-
-
-_COORD_CODES: Final = frozenset(float(c) for c in CoordSystem)
-
-
-def windows_from_wire(
-    batch: Sequence[Mapping[str, Any]], limits: WindowLimits | None = None
-) -> list[DispatchWindow | Exception]:
-    """`window_from_wire` of each window of a batch (one Triton `execute`), each result the
-    same, or the same error, as that window's alone.
-
-    Windows of the usual kind (see `_usual`) have their matrices' rules (whole numbers,
-    value ranges) checked in one pass over all of them, and are built from slices of it: a
-    small window paid ~150 us for checks that are each a numpy call. If any value breaks a
-    rule, or a window is of another kind, that window (all of the usual ones, for a broken
-    value) is judged alone, so every error is exactly `window_from_wire`'s.
-    """
-    limits = limits or WindowLimits()
-    usual = [_usual(inputs, limits) for inputs in batch]
-    built = _built_together([u for u in usual if u is not None])
-    if built is None:
-        usual = [None] * len(batch)
-    results: list[DispatchWindow | Exception] = []
-    together = iter(built or ())
-    for inputs, item in zip(batch, usual, strict=True):
-        if item is not None:
-            results.append(next(together))
-            continue
-        try:
-            results.append(window_from_wire(inputs, limits))
-        except Exception as exc:  # this window's own error
-            results.append(exc)
-    return results
-
-
-def _built_together(usual: Sequence[_Usual]) -> list[DispatchWindow] | None:
-    """The windows, built from one concatenation of their matrices; None when a value breaks
-    a rule (its window must then be judged alone, to name it)."""
-    if not usual:
-        return []
-    columns: dict[str, Any] = {}
-    orders = {ORDER_FIELDS.name: np.concatenate([u.orders for u in usual])}
-    riders = {RIDER_FIELDS.name: np.concatenate([u.riders for u in usual])}
-    try:
-        _unpack(orders, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS, ORDER_FIELD_SOURCES, columns)
-        _unpack(riders, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS, RIDER_FIELD_SOURCES, columns)
-    except DispatchInputError:
-        return None
-    order_counts = [len(u.orders) for u in usual]
-    values: Values = (
-        columns["ORDER_PICKUP"], columns["ORDER_DROPOFF"], columns["RIDER_POSITION"],
-        columns["ORDER_PROMISED_MINUTES"], columns["ORDER_CREATED_AT"],
-        columns["ORDER_CONSTRAINTS"],
-    )  # fmt: skip
-    counts: Counts = (
-        columns["RIDER_LOAD"], columns["RIDER_CAPACITY"],
-        columns["RIDER_EQUIPMENT"], columns["RIDER_VEHICLE"],
-    )  # fmt: skip
-    times = np.repeat(np.array([u.dispatch_time for u in usual], dtype=np.int64), order_counts)
-    if not _values_plausible(values, counts, times):
-        return None
-    order_ends = np.cumsum(order_counts).tolist()
-    rider_ends = np.cumsum([len(u.riders) for u in usual]).tolist()
-    windows = []
-    for u, o_end, r_end in zip(usual, order_ends, rider_ends, strict=True):
-        o, r = slice(o_end - len(u.orders), o_end), slice(r_end - len(u.riders), r_end)
-        windows.append(
-            DispatchWindow(
-                order_ids=u.order_ids,
-                order_user_ids=u.user_ids,
-                pickup=geo.to_wgs84(columns["ORDER_PICKUP"][o], u.coord_system),
-                dropoff=geo.to_wgs84(columns["ORDER_DROPOFF"][o], u.coord_system),
-                created_at=columns["ORDER_CREATED_AT"][o],
-                promised_minutes=columns["ORDER_PROMISED_MINUTES"][o],
-                constraints=columns["ORDER_CONSTRAINTS"][o],
-                rider_ids=u.rider_ids,
-                rider_position=geo.to_wgs84(columns["RIDER_POSITION"][r], u.coord_system),
-                rider_load=columns["RIDER_LOAD"][r],
-                rider_capacity=columns["RIDER_CAPACITY"][r],
-                rider_vehicle=columns["RIDER_VEHICLE"][r],
-                rider_equipment=columns["RIDER_EQUIPMENT"][r],
-                dispatch_time=u.dispatch_time,
-                coord_system=u.coord_system,
-            )
-        )
-    return windows
-
-
-def rider_counts_from_wire(
-    inputs: Mapping[str, Any],
-) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
-    """The load and capacity columns of RIDER_FIELDS as INT32 (the resolver's inputs)."""
-    matrix = _matrix(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS)
-    _whole_columns(
-        RIDER_FIELDS.name, matrix, _RIDER_COUNTS_AT, RIDER_FIELD_COLUMNS, _RIDER_COUNTS_LIMITS
-    )
-    load, capacity = _RIDER_COUNTS_AT.tolist()
-    return matrix[:, load].astype(np.int32), matrix[:, capacity].astype(np.int32)
-
-
-def order_created_at_from_wire(inputs: Mapping[str, Any]) -> NDArray[np.int64]:
-    """The created_at column of ORDER_FIELDS as INT64 (the stack-aware resolver's order of
-    a rider's new orders)."""
-    matrix = _matrix(inputs, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS)
-    _whole_columns(
-        ORDER_FIELDS.name, matrix, _CREATED_AT, ORDER_FIELD_COLUMNS, np.full(1, _INT64_LIMIT)
-    )
-    return matrix[:, int(_CREATED_AT[0])].astype(np.int64)
-
-
-def window_to_wire(window: DispatchWindow) -> dict[str, NDArray[Any]]:
-    """The v2 wire tensors for a window (no batch dimension; coordinates as WGS-84)."""
-    return pack_window(window_to_tensors(window))

@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from dispatch_contract import MAX_ADDRESS_BYTES, MAX_CITY_BYTES, LocationSource
 from dispatch_service.core.errors import DispatchInputError
-from dispatch_service.domain.window import decode_text
+from dispatch_service.domain.window_text import decode_text
 from dispatch_service.geocoding.breaker import BreakerState, CircuitBreaker
 from dispatch_service.geocoding.cache import CacheKey, CacheStats, GeocodeCache
 from dispatch_service.geocoding.gazetteer import (

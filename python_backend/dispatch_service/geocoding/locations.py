@@ -24,7 +24,8 @@ from numpy.typing import NDArray
 
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import Observation
-from dispatch_service.domain.window import DispatchWindow, wire_name
+from dispatch_service.domain.window import DispatchWindow
+from dispatch_service.domain.window_wire import wire_name
 from dispatch_service.geocoding.chain import (
     AddressText,
     BlockingGeocoder,
@@ -74,6 +75,7 @@ class _Lookups:
 def _lookups(
     pickup: NDArray[np.float64],
     dropoff: NDArray[np.float64],
+    *,
     pickup_address: Sequence[AddressText],
     dropoff_address: Sequence[AddressText],
     city: Sequence[AddressText],
@@ -127,10 +129,10 @@ async def resolve_window_locations(
     chain: GeocoderChain,
     pickup: NDArray[np.float64],
     dropoff: NDArray[np.float64],
+    *,
     pickup_address: Sequence[AddressText],
     dropoff_address: Sequence[AddressText],
     city: Sequence[AddressText],
-    *,
     pickup_field: str = "ORDER_PICKUP",
     dropoff_field: str = "ORDER_DROPOFF",
     address_fields: tuple[str, str] = ("pickup_address", "dropoff_address"),
@@ -141,7 +143,14 @@ async def resolve_window_locations(
 
     The ``*_field`` names are what errors call each input (the wire's column names)."""
     fields = (pickup_field, dropoff_field, *address_fields)
-    lookups = _lookups(pickup, dropoff, pickup_address, dropoff_address, city, fields)
+    lookups = _lookups(
+        pickup,
+        dropoff,
+        pickup_address=pickup_address,
+        dropoff_address=dropoff_address,
+        city=city,
+        fields=fields,
+    )
     found = None
     if lookups.texts:
         found = await chain.resolve_locations(
@@ -206,10 +215,14 @@ class WindowGeocoder:
         lookups = _lookups(
             window.pickup,
             window.dropoff,
-            empty if window.pickup_address is None else window.pickup_address.tolist(),
-            empty if window.dropoff_address is None else window.dropoff_address.tolist(),
-            empty if window.city is None else window.city.tolist(),
-            _WIRE_FIELDS,
+            pickup_address=(
+                empty if window.pickup_address is None else window.pickup_address.tolist()
+            ),
+            dropoff_address=(
+                empty if window.dropoff_address is None else window.dropoff_address.tolist()
+            ),
+            city=empty if window.city is None else window.city.tolist(),
+            fields=_WIRE_FIELDS,
         )
         # Every address already cached (a warm window): answered here, without a hop to
         # the geocoder's event-loop thread.

@@ -20,11 +20,8 @@ if TYPE_CHECKING:
         nearest_rider_assignment,
         rule_objectives,
     )
-    from dispatch_service.offline.evaluation import (
-        EvaluationConfig,
-        default_policies,
-        evaluate,
-    )
+    from dispatch_service.offline.evaluation_policies import default_policies
+    from dispatch_service.offline.evaluation_run import EvaluationConfig, evaluate
     from dispatch_service.offline.simulator import (
         DEFAULT_CITY,
         REGIMES,
@@ -66,11 +63,8 @@ if not TYPE_CHECKING:
                 "nearest_rider_assignment",
                 "rule_objectives",
             ),
-            "evaluation": (
-                "EvaluationConfig",
-                "default_policies",
-                "evaluate",
-            ),
+            "evaluation_policies": ("default_policies",),
+            "evaluation_run": ("EvaluationConfig", "evaluate"),
             "simulator": (
                 "DEFAULT_CITY",
                 "REGIMES",

@@ -33,7 +33,7 @@ __all__ = [
     "rule_objectives",
 ]
 
-# The rule ETA (issue 12): straight-line km x 1.3 / vehicle speed + 3 min per carried order.
+# The rule ETA: straight-line km x 1.3 / vehicle speed + 3 min per carried order.
 RULE_CIRCUITY: Final = 1.3
 RULE_STOP_MINUTES: Final = 3.0
 NOMINAL_SPEED_KMH: Final = (17.0, 24.0, 30.0)  # e-bike, motorbike, car: free-flow speeds

@@ -38,6 +38,7 @@ from aiohttp import web
 
 from dispatch_contract import CoordSystem
 from dispatch_service.core.model_config import read_model_config, write_model_config
+from dispatch_service.core.repository_layout import ENCODER_MODEL, model_layout
 from dispatch_service.domain import geo
 from dispatch_service.geocoding.gazetteer import (
     AdminRecogniser,
@@ -329,7 +330,7 @@ def use_as_providers(
     its settings) at this server as both providers: amap shape primary, baidu secondary;
     ``settings`` sets further `GeocoderSettings` parameters. With ``key_file`` the key is
     written there (mode 600) and the config names the file, as a deployment would."""
-    path = repository / "feature_encoder" / "config.pbtxt"
+    path = model_layout(repository, ENCODER_MODEL).config
     config = read_model_config(path)
     values = {
         "geocoder_primary_kind": "amap",

@@ -25,6 +25,7 @@ import onnxruntime as ort
 from dispatch_contract import MODEL_INPUTS
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.repository_layout import ENCODER_MODEL, SCORING_MODEL, model_layout
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.features import EncoderSettings, encode_window
 from dispatch_service.offline.simulator import DEFAULT_CITY, generate_window
@@ -147,6 +148,7 @@ class Profile:
 def profile_model(
     model_path: Path,
     out_dir: Path,
+    *,
     windows: int = 32,
     orders: int = 64,
     riders: int = 200,
@@ -205,14 +207,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.windows < 1 or args.orders < 1 or args.riders < 1 or args.warmup < 0:
         parser.error("--windows, --orders and --riders must be >= 1, --warmup >= 0")
 
-    model_dir = args.repository / "dispatch_model"
-    model_path = model_dir / args.version / "model.onnx"
+    scoring = model_layout(args.repository, SCORING_MODEL)
+    model_path = scoring.onnx(args.version)
     if not model_path.is_file():
         print(f"error: no model file {model_path}", file=sys.stderr)
         return 1
-    ort_settings = load_settings(OrtSettings, config_parameters(model_dir / "config.pbtxt"))
+    ort_settings = load_settings(OrtSettings, config_parameters(scoring.config))
     encoder = load_settings(
-        EncoderSettings, config_parameters(args.repository / "feature_encoder" / "config.pbtxt")
+        EncoderSettings, config_parameters(model_layout(args.repository, ENCODER_MODEL).config)
     )
     out_dir = args.reports / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
     result = profile_model(

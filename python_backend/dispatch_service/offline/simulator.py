@@ -382,6 +382,7 @@ def travel_leg(
     end_en: FloatArray,
     vehicle: NDArray[np.integer[Any]],
     load: ArrayLike,
+    *,
     hour: float,
     weekend: bool,
     config: CityConfig = DEFAULT_CITY,
@@ -463,15 +464,17 @@ def _pair_times(
     rider_en = to_plane(window.rider_position[riders], config)
     pickup_en = to_plane(window.pickup[orders], config)
     dropoff_en = to_plane(window.dropoff[orders], config)
-    approach = travel_leg(rider_en, pickup_en, vehicle, load, hour, weekend, config)
+    approach = travel_leg(
+        rider_en, pickup_en, vehicle, load, hour=hour, weekend=weekend, config=config
+    )
     trip = travel_leg(
         pickup_en,
         dropoff_en,
         vehicle,
         load,
-        hour,
-        weekend,
-        config,
+        hour=hour,
+        weekend=weekend,
+        config=config,
         speed_factor=np.where(fragile, config.fragile_speed_factor, 1.0),
     )
     age = (window.dispatch_time - window.created_at[orders]).astype(np.float64) / 60.0
@@ -545,6 +548,7 @@ def sample_outcome(
     rider_idx: ArrayLike,
     rng: np.random.Generator,
     config: CityConfig = DEFAULT_CITY,
+    *,
     extra_load: ArrayLike | None = None,
 ) -> tuple[FloatArray, BoolArray, FloatArray]:
     """One noisy realisation per pair: (minutes from dispatch to delivery, on time, cost CNY).

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dispatch_service.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from dispatch_service.ops.child_process import ServerError
     from dispatch_service.ops.model_control import (
         ADMIN_KEY_HEADER,
         ModelControlError,
@@ -19,14 +20,13 @@ if TYPE_CHECKING:
         unload_model,
     )
     from dispatch_service.ops.server import (
-        ADMIN_KEY_ENV,
         TRUSTED_KEYS_ENV,
         Ports,
-        ServerError,
         ServerOptions,
         TritonRuntime,
         TritonServer,
     )
+    from dispatch_service.ops.server_cli import ADMIN_KEY_ENV
     from dispatch_service.ops.verified_load import (
         LoadPlan,
         plan_load,
@@ -60,15 +60,15 @@ if not TYPE_CHECKING:
                 "load_model",
                 "unload_model",
             ),
+            "child_process": ("ServerError",),
             "server": (
-                "ADMIN_KEY_ENV",
                 "TRUSTED_KEYS_ENV",
                 "Ports",
-                "ServerError",
                 "ServerOptions",
                 "TritonRuntime",
                 "TritonServer",
             ),
+            "server_cli": ("ADMIN_KEY_ENV",),
             "verified_load": (
                 "LoadPlan",
                 "plan_load",

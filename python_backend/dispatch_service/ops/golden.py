@@ -26,9 +26,11 @@ from numpy.typing import NDArray
 
 from dispatch_contract import CANDIDATE_RIDER_INDEX, PAIR_OBJECTIVES
 from dispatch_service.core.model_config import config_parameters
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.pipeline.steps import DispatchModelStep, FeatureEncoderStep, TopKResolverStep
+from dispatch_service.pipeline.dispatch_pipeline import repository_steps
+from dispatch_service.pipeline.model_step import DispatchModelStep
 from dispatch_service.routing.settings import SCORING_MODEL_NAME
 
 __all__ = [
@@ -120,17 +122,11 @@ def check_candidate(
 ) -> GoldenReport:
     """Run both versions of dispatch_model on the golden windows and compare them."""
     settings = settings or GoldenSettings()
-    encoder = FeatureEncoderStep.from_parameters(
-        config_parameters(repository / "feature_encoder" / "config.pbtxt")
-    )
-    resolver = TopKResolverStep.from_parameters(
-        config_parameters(repository / "topk_resolver" / "config.pbtxt")
-    )
-    model_parameters = config_parameters(repository / MODEL / "config.pbtxt")
+    encoder, resolver = repository_steps(repository)
+    scoring = model_layout(repository, MODEL)
+    model_parameters = config_parameters(scoring.config)
     new, old = (
-        DispatchModelStep.from_parameters(
-            repository / MODEL / str(version) / "model.onnx", model_parameters
-        )
+        DispatchModelStep.from_parameters(scoring.onnx(version), model_parameters)
         for version in (candidate, stable)
     )
     problems: list[str] = []

@@ -1,10 +1,10 @@
 """A health check that tells the truth: each entry point answers a real small window.
 
-Triton's `/v2/health/ready` says only that the models it loaded are ready: it answered 200
-with `dispatch` missing (issue 15) and while inference hung (issue 10). The launcher
-therefore asks each required entry point for one small window over gRPC with a short
-deadline, and, when one is missing, explains why from the repository index and the
-signature verdicts, with the command that fixes a refused signature.
+Triton's `/v2/health/ready` says only that the models it loaded are ready: it answers 200
+with `dispatch` missing and while inference hangs. The launcher therefore asks each required
+entry point for one small window over gRPC with a short deadline, and, when one is missing,
+explains why from the repository index and the signature verdicts, with the command that
+fixes a refused signature.
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
+from importlib.resources import files
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_client.client import DispatchClient
 from dispatch_client.errors import DispatchConnectionError, DispatchError, DispatchServerError
 from dispatch_client.retry import NO_RETRY, UNAVAILABLE_STATUSES
 from dispatch_client.transport import GrpcTransport
+from dispatch_client.window_json import window_from_json
 from dispatch_service.ops.model_control import ModelControlError, repository_index
 from dispatch_service.ops.verified_load import LoadPlan
 from dispatch_service.serving.probe import PROBE_PARAMETER
@@ -38,6 +39,7 @@ __all__ = [
     "probe_window",
 ]
 
+PROBE_WINDOW_FILE = "data/probe_window.json"
 PROBE_ORDERS = 2
 PROBE_RIDERS = 4
 # Probes go at the highest priority level: under overload they wait behind no bulk window.
@@ -47,12 +49,11 @@ _BUSY_STATUSES = UNAVAILABLE_STATUSES | {"StatusCode.DEADLINE_EXCEEDED"}
 
 @cache
 def probe_window() -> Mapping[str, NDArray[Any]]:
-    """One small deterministic window (2 orders, 4 riders): cheap to serve, real to check."""
-    # Imported here: the launcher stays light (no SciPy) until its first check.
-    from dispatch_service.domain.window import window_to_tensors
-    from dispatch_service.offline.simulator import generate_window
-
-    return window_to_tensors(generate_window(np.random.default_rng(20), PROBE_ORDERS, PROBE_RIDERS))
+    """One small fixed window (2 orders, 4 riders, in Shanghai): cheap to serve, real to
+    check. It is data (`ops/data/probe_window.json`, a simulated window) so that the launcher
+    never runs the simulator."""
+    text = files("dispatch_service.ops").joinpath(PROBE_WINDOW_FILE).read_text(encoding="utf-8")
+    return window_from_json(text)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """What the launcher checks and cleans on its host before a server starts.
 
 - Ports: a second launcher on the ports of a running server must fail before it touches
-  anything (the log file, /dev/shm); it used to poll the first server's health, print
-  `ready:`, truncate its log and delete its shared memory (issue 15).
+  anything (the log file, /dev/shm): otherwise it would poll the first server's health,
+  print `ready:`, truncate its log and delete its shared memory.
 - Shared-memory prefixes: the Python backend names its regions after a prefix; one per
   server instance (``dispatchsrv_<launcher pid>_<random>_``), so a launcher removes only
   its own regions, and one that finds the prefix of a dead launcher knows the region is

@@ -1,6 +1,6 @@
 """The server's access keys: which endpoint groups each one locks, and where they are kept.
 
-Every start of the server locks its control endpoints (issue 10): the admin key guards the
+Every start of the server locks its control endpoints: the admin key guards the
 model repository (load/unload, which can upload a `model.py` and run it in the server),
 logging and trace settings; the shared-memory key guards region (un)registration, so the
 co-located clients that need shared memory never hold the admin key. Inference, health,
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from dispatch_client.keys import ADMIN_KEY_HEADER, SHM_KEY_HEADER, KeyFileError, read_key_file
+from dispatch_contract.keys import ADMIN_KEY_HEADER, SHM_KEY_HEADER, KeyFileError, read_key_file
 
 __all__ = [
     "ADMIN_GROUPS",

@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dispatch_client.keys import ADMIN_KEY_HEADER
+from dispatch_contract.keys import ADMIN_KEY_HEADER
 from dispatch_service.core.settings import RELOAD_MARK_PARAMETER
 
 __all__ = [

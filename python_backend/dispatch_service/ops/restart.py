@@ -9,12 +9,13 @@ the mutex of a call context already released, in its cancellation check (`IsCanc
 `HandleCancellation`), `ModelInferHandler::Execute` finishing a finished call, or gRPC's
 timer thread in `grpc_timer_heap_remove`; no allocation pool size or other setting avoided
 it on `dispatch` (docs/security.md, "Client deadlines crash the embedded 2.51"). It matches
-Triton's cancellation defects in the gRPC front end (server issue 7368, fixed by pull
-request 7840 in 24.12 / Triton 2.53; issue 8034 on 25.01): only a newer Triton fixes it. So
-the launcher of the embedded build restarts a Triton that has died (`--on-dead restart`, the
-supervisor's policy: the next check, at most a second later, starts a new server and loads
-back the live routing), while a `--tritonserver` given on the command line (a patched
-release, e.g. the NGC image) keeps `exit` for its process manager unless told otherwise.
+Triton's cancellation defects in the gRPC front end (triton-inference-server/server issue
+7368, fixed by its pull request 7840 in 24.12 / Triton 2.53; its issue 8034 on 25.01): only
+a newer Triton fixes it. So the launcher of the embedded build restarts a Triton that has
+died (`--on-dead restart`, the supervisor's policy: the next check, at most a second later,
+starts a new server and loads back the live routing), while a `--tritonserver` given on the
+command line (a patched release, e.g. the NGC image) keeps `exit` for its process manager
+unless told otherwise.
 
 `CrashCounter` watches the server's process (each one a restart puts in place) and counts
 every exit by a crash signal -- SIGSEGV, SIGABRT (2.51's `boost::interprocess::

@@ -2,66 +2,42 @@
 
 Used by `make serve`, the integration-test fixture and the benchmarks, so all three start
 the server the same way. The runtime comes from the `nvidia-pytriton` wheel in the venv;
-`scripts/setup.sh` lays out its Python backend folder.
+`scripts/setup.sh` lays out its Python backend folder. The launcher's command line
+(`make serve`, ``python -m dispatch_service.ops.server``) is `server_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import logging
 import os
+import runpy
 import secrets
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import ClassVar, TextIO
+from typing import ClassVar
 
-from dispatch_client.keys import (
-    ADMIN_KEY_ENV,
-    ADMIN_KEY_HEADER,
-    SHM_KEY_ENV,
-    SHM_KEY_HEADER,
-    read_key,
-)
 from dispatch_service.core.backend_shm import tighten_regions
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError, TrustedKeys
-from dispatch_service.ops.gpu import monitor as gpu_monitor
+from dispatch_service.ops.child_process import ChildService, ServerError
 from dispatch_service.ops.health import Probe, deep_check, explain_missing
 from dispatch_service.ops.host import (
     EXPOSURE_RISKS,
     clean_leftovers,
     describe_ports,
-    die_with_parent,
     exposed_listeners,
     find_leftovers,
     new_shm_prefix,
     ports_in_use,
 )
-from dispatch_service.ops.keys import (
-    ADMIN_KEY_FILE,
-    SHM_KEY_FILE,
-    AccessKeys,
-    KeyFileError,
-    load_or_create_keys,
-    new_key,
-)
+from dispatch_service.ops.keys import AccessKeys, new_key
 from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
-from dispatch_service.ops.restart import CrashCounter, default_on_dead, end_process_group
-from dispatch_service.ops.supervisor import Supervisor, SupervisorSettings
 from dispatch_service.ops.verified_load import (
     LoadPlan,
     LoadVerifier,
@@ -72,27 +48,12 @@ from dispatch_service.ops.verified_load import (
 from dispatch_service.serving.drain import DRAIN_FILE_ENV
 
 __all__ = [
-    "ADMIN_KEY_ENV",
-    "ADMIN_KEY_HEADER",
-    "EXIT_DEAD",
-    "SHM_KEY_ENV",
-    "SHM_KEY_HEADER",
     "TRUSTED_KEYS_ENV",
-    "ChildService",
     "Ports",
-    "ServerError",
     "ServerOptions",
     "TritonRuntime",
     "TritonServer",
-    "build_parser",
-    "main",
-    "options_from_args",
-    "resolve_keys",
-    "run_until_stopped",
-    "stop_on_signals",
 ]
-
-EXIT_DEAD = 3  # the deep check failed for dead_after_s: let the process manager restart us
 
 logger = logging.getLogger(__name__)
 
@@ -207,98 +168,6 @@ class ServerOptions:
     def access_keys(self) -> AccessKeys:
         assert self.admin_key is not None and self.shm_key is not None
         return AccessKeys(admin=self.admin_key, shm=self.shm_key)
-
-
-class ServerError(RuntimeError):
-    pass
-
-
-class ChildService:
-    """A child process in its own process group, its output in a log file.
-
-    Readiness is an HTTP URL answering 200; stopping signals the whole group (SIGTERM, then
-    SIGKILL), so helper processes such as Triton's backend stubs go with it. Its own group
-    shields the child from signals sent to ours, so it is told to stop when its parent dies
-    (`host.die_with_parent`): a killed launcher never leaves a Triton behind.
-    """
-
-    def __init__(self, log_path: Path, name: str) -> None:
-        self.log_path = log_path
-        self.name = name
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def spawn(
-        self,
-        command: Sequence[str],
-        env: dict[str, str],
-        cwd: Path | None = None,
-        preamble: str = "",
-    ) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            log.write(preamble.encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                list(command),
-                cwd=cwd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )
-
-    @staticmethod
-    def http_ok(url: str) -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def wait_http_ok(self, url: str, timeout_s: float) -> None:
-        """Wait until `url` answers 200; a dead child or the deadline raises ServerError."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise ServerError(
-                    f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
-            if self.http_ok(url):
-                return
-            time.sleep(0.25)
-        self.stop()
-        raise ServerError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        if self.log_path.exists() and not self.log_path.is_file():
-            return f"(log goes to {self.log_path})"  # e.g. /dev/stdout in the images
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=timeout_s)
-        end_process_group(process.pid)  # what a crash or the stop left of its group
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 class TritonServer(ChildService):
@@ -629,312 +498,5 @@ def _failures_text(failed: dict[tuple[str, int], str]) -> str:
     )
 
 
-def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
-    """The keys from flags, environment or files; what is still missing comes from (and is
-    created in) the key folder, so no start runs open. Prints where the keys are."""
-    admin = read_key(args.admin_key, ADMIN_KEY_ENV, file=args.admin_key_file)
-    shm = read_key(args.shm_key, SHM_KEY_ENV, file=args.shm_key_file)
-    if admin and shm:
-        return AccessKeys(admin=admin, shm=shm)
-    if args.no_create_keys:
-        missing = [name for name, key in (("admin", admin), ("shared-memory", shm)) if not key]
-        raise KeyFileError(
-            f"no {' or '.join(missing)} key: set {ADMIN_KEY_ENV} and {SHM_KEY_ENV} (e.g. from "
-            f"a Kubernetes Secret) or {ADMIN_KEY_ENV}_FILE and {SHM_KEY_ENV}_FILE"
-        )
-    stored, created = load_or_create_keys(args.key_dir)
-    for path in created:
-        print(f"created key file {path} (mode 0600)", file=out)
-    keys = AccessKeys(admin=admin or stored.admin, shm=shm or stored.shm)
-    if not admin:
-        print(
-            f"admin key (model-repository, logging, trace; header {ADMIN_KEY_HEADER!r}): "
-            f"{args.key_dir / ADMIN_KEY_FILE}  -> export {ADMIN_KEY_ENV}_FILE=...",
-            file=out,
-        )
-    if not shm:
-        print(
-            f"shared-memory key (header {SHM_KEY_HEADER!r}): {args.key_dir / SHM_KEY_FILE}  "
-            f"-> export {SHM_KEY_ENV}_FILE=...",
-            file=out,
-        )
-    return keys
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Serve the dispatch model repository (loopback, control endpoints locked)"
-    )
-    parser.add_argument(
-        "--venv",
-        type=Path,
-        default=REPO_ROOT / ".venv",
-        help="virtual environment the Python-backend stubs run in (default %(default)s)",
-    )
-    parser.add_argument(
-        "--backend-dir",
-        type=Path,
-        default=REPO_ROOT / ".triton" / "backends",
-        help="Triton backends folder, with the python backend (default %(default)s)",
-    )
-    parser.add_argument(
-        "--model-repository",
-        type=Path,
-        default=MODEL_REPOSITORY,
-        help="the model repository to serve (default %(default)s)",
-    )
-    parser.add_argument(
-        "--profile",
-        choices=("cpu", "gpu"),
-        default="cpu",
-        help="runtime profile: every model on CPU, or dispatch_model on the onnxruntime "
-        "backend on GPU (default %(default)s)",
-    )
-    parser.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1); a non-loopback one needs --expose",
-    )
-    parser.add_argument(
-        "--expose",
-        action="store_true",
-        help="allow a non-loopback --host: only with a patched Triton (25.07 or newer), never "
-        "with the embedded 2.51 (CVE-2025-23310/23311/23319/23320/23334)",
-    )
-    parser.add_argument("--http-port", type=int, default=8000, help="(default %(default)s)")
-    parser.add_argument("--grpc-port", type=int, default=8001, help="(default %(default)s)")
-    parser.add_argument(
-        "--metrics-port", type=int, default=8002, help="Prometheus metrics (default %(default)s)"
-    )
-    parser.add_argument(
-        "--log",
-        type=Path,
-        default=REPO_ROOT / ".triton" / "server.log",
-        help="tritonserver's log file (default %(default)s)",
-    )
-    parser.add_argument(
-        "--tritonserver",
-        type=Path,
-        default=None,
-        help="run this tritonserver with its own lib/ and backends/ (e.g. the NGC image's "
-        "/opt/tritonserver/bin/tritonserver, which has the onnxruntime backend of the gpu "
-        "profile) instead of the embedded one",
-    )
-    parser.add_argument(
-        "--trusted-keys",
-        type=Path,
-        default=os.environ.get(TRUSTED_KEYS_ENV) or None,
-        help=f"directory of trusted *.pub keys: load only verified models (env {TRUSTED_KEYS_ENV})",
-    )
-    parser.add_argument(
-        "--admin-key",
-        default=None,
-        help=f"admin key (else {ADMIN_KEY_ENV}, else the file named by {ADMIN_KEY_ENV}_FILE, "
-        "else KEY_DIR/admin.key, created when missing)",
-    )
-    parser.add_argument("--admin-key-file", type=Path, default=None, help="file (mode 0600)")
-    parser.add_argument(
-        "--shm-key",
-        default=None,
-        help=f"shared-memory key (else {SHM_KEY_ENV}, else the file named by {SHM_KEY_ENV}_FILE, "
-        "else KEY_DIR/shm.key, created when missing)",
-    )
-    parser.add_argument("--shm-key-file", type=Path, default=None, help="file (mode 0600)")
-    parser.add_argument(
-        "--key-dir",
-        type=Path,
-        default=REPO_ROOT / ".triton" / "keys",
-        help="where missing keys are read from or created (default .triton/keys)",
-    )
-    parser.add_argument(
-        "--health-port",
-        type=int,
-        default=None,
-        help="the launcher's own health endpoint (/livez, /readyz, /healthz, /metrics): "
-        "deep checks of the entry points (default: metrics port + 1; 0 picks a free port)",
-    )
-    parser.add_argument(
-        "--on-dead",
-        choices=("exit", "restart"),
-        default=None,
-        help="when the entry points have not answered for 6 s or Triton died: stop the server "
-        "and exit 3 (for a process manager), or restart it in place (default: restart for the "
-        "embedded Triton 2.51, whose gRPC front end crashes on short client deadlines; exit "
-        "with --tritonserver; docs/security.md)",
-    )
-    parser.add_argument(
-        "--max-restarts",
-        type=int,
-        default=5,
-        help="with --on-dead restart: after this many restarts within 10 minutes, stop and "
-        "exit 3 instead (default %(default)s)",
-    )
-    parser.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="on SIGTERM, wait this long at most for in-flight requests (default 30 s)",
-    )
-    parser.add_argument(
-        "--triton-arg",
-        action="append",
-        default=[],
-        help="one more tritonserver flag (repeatable), e.g. --triton-arg=--log-format=ISO8601",
-    )
-    parser.add_argument(
-        "--no-create-keys",
-        action="store_true",
-        help="fail instead of creating missing keys (the images: keys come from a Secret)",
-    )
-    parser.add_argument(
-        "--require",
-        default="dispatch,dispatch_fused",
-        help="entry points that must load and answer before ready (comma-separated; "
-        "default dispatch,dispatch_fused; '' for none)",
-    )
-    gpu_monitor.add_gpu_monitor_arguments(parser)
-    return parser
-
-
-def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptions:
-    """The server options a launcher command line asks for (images and tests read it too)."""
-    return ServerOptions(
-        model_repository=args.model_repository,
-        ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
-        profile=args.profile,
-        host=args.host,
-        expose=args.expose,
-        admin_key=keys.admin,
-        shm_key=keys.shm,
-        trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
-        required_models=tuple(m for m in args.require.split(",") if m.strip()),
-        extra_args=tuple(args.triton_arg),
-    )
-
-
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """`make serve`: start the server in the foreground and print the endpoints."""
-    out = out or sys.stdout
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.max_restarts < 0:
-        parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        keys = resolve_keys(args, out)
-    except (KeyFileError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    options = options_from_args(args, keys)
-    runtime = (
-        TritonRuntime.from_venv(args.venv, args.backend_dir)
-        if args.tritonserver is None
-        else TritonRuntime.from_install(args.tritonserver, args.venv / "bin")
-    )
-    server = TritonServer(runtime, options, args.log)
-    exposed = server.exposed_listeners() if args.expose else []
-    if exposed:
-        print(f"warning: exposing {'; '.join(exposed)}: {EXPOSURE_RISKS}", file=sys.stderr)
-    print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True, file=out)
-    try:
-        server.start()
-    except (ServerError, FileNotFoundError, SigningError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    monitor = gpu_monitor.start_gpu_monitor(
-        server.http_url, gpu_settings, options.admin_key, act=args.profile == "gpu"
-    )
-    for entry in server.entry_points:
-        print(entry.line(), file=out)
-    health_port = args.metrics_port + 1 if args.health_port is None else args.health_port
-    settings = SupervisorSettings(
-        on_dead=default_on_dead(args.on_dead, args.tritonserver),
-        max_restarts=args.max_restarts,
-        drain_timeout_s=args.drain_timeout,
-        health_host=args.host,
-        health_port=health_port,
-    )
-    try:
-        supervisor = Supervisor(server, settings, event_printer(out), server.load_verifier())
-        supervisor.start()
-        crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
-        supervisor.metric_sources.append(crashes.start().metrics_text)
-    except OSError as exc:  # the health port is taken
-        monitor.stop()
-        server.stop()
-        print(f"error: health endpoint on port {health_port}: {exc}", file=sys.stderr)
-        return 1
-    # Before "ready:": a signal sent as soon as it is read must drain, not kill the launcher
-    # with its default action.
-    stop = stop_on_signals()
-    print(
-        f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
-        f"metrics {server.metrics_url}  health {supervisor.health_url}/readyz\n"
-        "Ctrl-C or SIGTERM drains and stops it.",
-        flush=True,
-        file=out,
-    )
-    try:
-        return run_until_stopped(server, supervisor, out, stop)
-    finally:
-        crashes.stop()
-        monitor.stop()
-        server.stop()  # whatever ended the loop: never leave a Triton behind
-
-
-def event_printer(out: TextIO) -> Callable[[str], None]:
-    """The supervisor's events as lines on ``out``. A reader that went away (a closed pipe)
-    must not stop the launcher: an event printed into it raised BrokenPipeError in the
-    drain, and the launcher exited with its Triton still running, orphaned."""
-
-    def report(line: str) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            print(line, file=out, flush=True)
-
-    return report
-
-
-def stop_on_signals() -> threading.Event:
-    """An event that SIGTERM, SIGINT or SIGHUP sets. SIGHUP is a closed terminal: by default
-    it ended the launcher at once, with its Triton left serving in a process group of its
-    own."""
-    stop = threading.Event()
-
-    def _stop(signum: int, frame: object) -> None:
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, _stop)
-    return stop
-
-
-def run_until_stopped(
-    server: TritonServer, supervisor: Supervisor, out: TextIO, stop: threading.Event
-) -> int:
-    """Block until ``stop`` is set (drain, exit 0), a dead server (exit 3) or Triton exiting
-    on its own (its code, or 1)."""
-    while not stop.wait(0.25):
-        if supervisor.dead.is_set():
-            supervisor.stop()
-            server.stop(timeout_s=5)
-            print(
-                f"error: server declared dead: {supervisor.snapshot()['dead_reason']}",
-                file=sys.stderr,
-            )
-            return EXIT_DEAD
-        process = server.process
-        restarting = supervisor.settings.on_dead == "restart"
-        if not restarting and (process is None or process.poll() is not None):
-            code = process.returncode if process is not None else 1
-            supervisor.stop()
-            server.stop()
-            print(f"error: tritonserver exited with {code}:\n{server.log_tail()}", file=sys.stderr)
-            return int(code or 1)
-    drained = supervisor.drain_and_stop()
-    event_printer(out)(f"tritonserver stopped (drained {drained:.1f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m dispatch_service.ops.server`: the launcher's command line
+    runpy.run_module("dispatch_service.ops.server_cli", run_name="__main__")

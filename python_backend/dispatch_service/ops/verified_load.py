@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatch_service.core.model_config import CONFIG_NAME, profile_config_path, read_config_dict
+from dispatch_service.core.repository_layout import ModelLayout
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.core.signing import (
     Outcome,
@@ -120,9 +121,7 @@ def served_versions(config: Mapping[str, Any], versions: Sequence[int]) -> tuple
 
 def read_model(model_dir: Path, profile: str = "cpu") -> ModelEntry:
     config = read_config(model_dir, profile)
-    versions = tuple(
-        sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
-    )
+    versions = ModelLayout(model_dir).versions()
     steps = tuple(
         (str(step["model_name"]), int(step.get("model_version", -1)))
         for step in config.get("ensemble_scheduling", {}).get("step", [])

@@ -19,7 +19,8 @@ from numpy.typing import NDArray
 
 from dispatch_contract import STACKING_INPUTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
@@ -76,7 +77,7 @@ def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, N
 def write_warmup(repository: Path = MODEL_REPOSITORY) -> list[Path]:
     written = []
     for model, tensors in warmup_tensors(repository).items():
-        folder = repository / model / "warmup"
+        folder = model_layout(repository, model).warmup
         folder.mkdir(exist_ok=True)
         for name, array in tensors.items():
             path = folder / name

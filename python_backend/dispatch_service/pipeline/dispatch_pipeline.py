@@ -3,7 +3,7 @@
 The same step objects the Triton models run, configured from the same `config.pbtxt`
 parameters; used for evaluation, as the benchmarks' no-serving limit, and by tests that
 compare the server's answer with the library's. Given a `metrics` sink it records the same
-custom metrics the Triton models do (`dispatch_service.core.metrics`); by default none.
+custom metrics the Triton models do (`pipeline.step_metrics`); by default none.
 """
 
 from __future__ import annotations
@@ -23,19 +23,21 @@ from dispatch_service.core.metrics import (
     MetricsSink,
     NullMetrics,
     StepObserver,
-    encoder_observations,
     rejection_observation,
-    resolver_observations,
 )
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.pipeline.steps import (
-    Arrays,
-    DispatchModelStep,
-    FeatureEncoderStep,
-    Step,
-    TopKResolverStep,
+from dispatch_service.core.repository_layout import (
+    ENCODER_MODEL,
+    RESOLVER_MODEL,
+    SCORING_MODEL,
+    model_layout,
 )
+from dispatch_service.pipeline.encoder_step import FeatureEncoderStep
+from dispatch_service.pipeline.model_step import DispatchModelStep
+from dispatch_service.pipeline.resolver_step import TopKResolverStep
+from dispatch_service.pipeline.step_io import Arrays, Step
+from dispatch_service.pipeline.step_metrics import encoder_observations, resolver_observations
 from dispatch_service.routing.engine import SyncScorer
 
 __all__ = [
@@ -60,10 +62,10 @@ def repository_steps(repository: Path) -> tuple[FeatureEncoderStep, TopKResolver
     """The encoder and resolver steps as the repository's config.pbtxt files configure them."""
     return (
         FeatureEncoderStep.from_parameters(
-            config_parameters(repository / "feature_encoder" / "config.pbtxt")
+            config_parameters(model_layout(repository, ENCODER_MODEL).config)
         ),
         TopKResolverStep.from_parameters(
-            config_parameters(repository / "topk_resolver" / "config.pbtxt")
+            config_parameters(model_layout(repository, RESOLVER_MODEL).config)
         ),
     )
 
@@ -85,11 +87,11 @@ class DispatchPipeline:
         metrics: MetricsSink | None = None,
     ) -> DispatchPipeline:
         encoder, resolver = repository_steps(repository)
+        scoring = model_layout(repository, SCORING_MODEL)
         return cls(
             encoder=encoder,
             model=DispatchModelStep.from_parameters(
-                repository / "dispatch_model" / str(model_version) / "model.onnx",
-                config_parameters(repository / "dispatch_model" / "config.pbtxt"),
+                scoring.onnx(model_version), config_parameters(scoring.config)
             ),
             resolver=resolver,
             metrics=metrics if metrics is not None else NullMetrics(),

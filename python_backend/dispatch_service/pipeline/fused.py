@@ -3,9 +3,9 @@
 Why it exists: every Python-backend model is its own process, and a request through the
 `dispatch` ensemble crosses four of them (feature_encoder, dispatch_router, dispatch_model
 through BLS, topk_resolver). On a small window those hops cost several times the work
-itself (see perf/reports). `dispatch_fused` runs the same steps, configured from the same
-config.pbtxt files, with the same per-order (and per-city) canary routing, shadow scoring
-and fallback chain (`routing.route_and_score_many_now`: the router's routing of a batch,
+itself (`make bench` measures both). `dispatch_fused` runs the same steps, configured from
+the same config.pbtxt files, with the same per-order (and per-city) canary routing, shadow scoring
+and fallback chain (`routing.route_and_score_many_sync`: the router's routing of a batch,
 with the versions scored in process and no event loop), in one model instance: the same
 answer as `dispatch` for the same window and settings, at the cost of one hop.
 
@@ -45,21 +45,25 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
-from dispatch_service.core.batches import together
+from dispatch_service.core.batches import batched_outcomes
 from dispatch_service.core.model_config import config_parameters
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
 from dispatch_service.domain.cities import City
-from dispatch_service.domain.window import DispatchWindow, user_ids_from_wire
+from dispatch_service.domain.window import DispatchWindow
+from dispatch_service.domain.window_wire import user_ids_from_wire
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
+from dispatch_service.pipeline.encoder_step import FeatureEncoderStep
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
-from dispatch_service.pipeline.steps import Arrays, FeatureEncoderStep, TopKResolverStep
+from dispatch_service.pipeline.resolver_step import TopKResolverStep
+from dispatch_service.pipeline.step_io import Arrays
 from dispatch_service.routing.engine import (
     ModelCallError,
     RoutedScores,
     RouteItem,
-    route_and_score_many_now,
-    route_and_score_now,
+    route_and_score_many_sync,
+    route_and_score_sync,
 )
 from dispatch_service.routing.policy import ServedVersions, route_window
 from dispatch_service.routing.settings import FusedSettings, RouterSettings
@@ -126,13 +130,13 @@ class FusedDispatch:
         ``trusted``: verify every version folder before loading it (SigningError when the
         stable version is refused: the model must not load).
         """
-        scoring = repository / settings.scoring_model
-        ort_parameters = config_parameters(scoring / "config.pbtxt")
+        scoring = model_layout(repository, settings.scoring_model)
+        ort_parameters = config_parameters(scoring.config)
         reject_unknown(ort_parameters, OrtSettings)
         ort_settings = load_settings(OrtSettings, ort_parameters)
 
         def loader(version: int) -> OnnxScorer:
-            return version_scorer(scoring / str(version), ort_settings, trusted)
+            return version_scorer(scoring.version(version), ort_settings, trusted)
 
         encoder, resolver = repository_steps(repository)
         settings.routing.check_cities(encoder.cities.ids)  # routes for registered cities only
@@ -190,7 +194,7 @@ class FusedDispatch:
             user_ids_from_wire(inputs), inputs.get(MODEL_VERSION_TAG.name),
             self.settings.routing, served, city.id,
         )  # fmt: skip
-        routed = route_and_score_now(
+        routed = route_and_score_sync(
             encoded[PAIR_FEATURES.name],
             encoded[CANDIDATE_RIDER_INDEX.name],
             versions,
@@ -203,7 +207,9 @@ class FusedDispatch:
         resolved = self.resolver.run(_resolver_inputs(inputs, encoded, routed), window, self.score)
         resolve_ms = (time.perf_counter() - scored_at) * 1000.0
         encode_ms = (encoded_at - started) * 1000.0
-        return _result(encoded, routed, resolved, encode_ms, resolve_ms, city.id)
+        return _result(
+            encoded, routed, resolved, encode_ms=encode_ms, resolve_ms=resolve_ms, city=city.id
+        )
 
     # ---- several windows of one execute ------------------------------------------------------
 
@@ -213,7 +219,7 @@ class FusedDispatch:
         """Several windows (one Triton `execute`) at once: the windows are validated, given
         their candidates and their pair features together (`FeatureEncoderStep.encode_batch`),
         each is routed by its own plan with the calls of one version made as one ONNX Runtime
-        call over all the windows' rows (`route_and_score_many_now`), and the windows are
+        call over all the windows' rows (`route_and_score_many_sync`), and the windows are
         checked and, where nothing stacks, ranked and assigned together
         (`TopKResolverStep.run_batch`); a window whose riders can stack is resolved on its own.
 
@@ -267,7 +273,12 @@ class FusedDispatch:
                 answer
                 if isinstance(answer, Exception)
                 else _result(
-                    ready.encoded, scores, answer, ready.encode_ms, resolve_ms, ready.city.id
+                    ready.encoded,
+                    scores,
+                    answer,
+                    encode_ms=ready.encode_ms,
+                    resolve_ms=resolve_ms,
+                    city=ready.city.id,
                 )
             )
         return results
@@ -291,7 +302,7 @@ class FusedDispatch:
         self, prepared: Sequence[_Prepared | Exception]
     ) -> list[tuple[_Prepared, RoutedScores] | Exception]:
         """The prepared windows' routing, the calls of one version made as one session call
-        over all their rows (`route_and_score_many_now`); each window's outcome in order."""
+        over all their rows (`route_and_score_many_sync`); each window's outcome in order."""
 
         def route(ready: list[_Prepared]) -> list[tuple[_Prepared, RoutedScores] | Exception]:
             items = [
@@ -305,19 +316,20 @@ class FusedDispatch:
                 )
                 for item in ready
             ]
-            routed = route_and_score_many_now(items, self.score)
+            routed = route_and_score_many_sync(items, self.score)
             return [
                 outcome if isinstance(outcome, Exception) else (item, outcome)
                 for item, outcome in zip(ready, routed, strict=True)
             ]
 
-        return together(prepared, route)
+        return batched_outcomes(prepared, route)
 
 
 def _result(
     encoded: Arrays,
     routed: RoutedScores,
     resolved: Arrays,
+    *,
     encode_ms: float,
     resolve_ms: float,
     city: str,

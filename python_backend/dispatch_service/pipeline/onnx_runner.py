@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from dispatch_contract import MODEL_INPUTS, MODEL_OUTPUTS, NUM_PAIR_FEATURES
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.repository_layout import ONNX_FILE
 from dispatch_service.core.signing import TrustedKeys, read_verified
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
     "version_scorer",
 ]
 
-MODEL_FILE = "model.onnx"
+MODEL_FILE = ONNX_FILE
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

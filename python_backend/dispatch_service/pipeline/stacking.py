@@ -4,7 +4,7 @@ load they ride with, and the answer reports every pair at its real load.
 The model scores each pair as if it were the rider's only new order. A rider who takes
 several new orders in one window carries them one after another (`domain.stacking`): the
 k-th rides with k - 1 more orders than the rider carries now, so its ETA is longer and its
-on-time chance lower (issue 12: 0.78 predicted vs 0.59 realised). Where the model is
+on-time chance lower than the model's stand-alone figures. Where the model is
 reachable (this layer: `DispatchPipeline`, `FusedDispatch`, the offline evaluation):
 
 1. every pair whose rider has more than one slot (``c_r = min(spare_r, deg_r)``,
@@ -27,8 +27,7 @@ carries them in creation order: its total can flatter an assignment, the reporte
 never do. A window where no rider has two slots (one order, or a spare capacity of one
 everywhere) makes no model call and answers as the plain `resolve`, byte for byte.
 
-This replaced re-score-and-re-solve rounds (up to four solves and four model calls, often
-ending unsettled) with one call and one solve; ``python -m perf.resolver_time`` measures it.
+One model call and one solve per window; ``python -m perf.resolver_time`` measures it.
 
 Every entry point resolves this way when `topk_resolver`'s config says ``stack_aware``
 (`StackingSettings`, on by default): `dispatch_fused` and `DispatchPipeline` re-score in
@@ -47,7 +46,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dispatch_contract import OBJECTIVES
-from dispatch_service.domain.resolver import Resolution, ResolverSettings, ResolverWindow
+from dispatch_service.domain.resolver import Resolution, ResolverWindow
+from dispatch_service.domain.scoring import ResolverSettings
 from dispatch_service.domain.slots import slot_counts, slot_edges
 from dispatch_service.domain.stacking import joining_extra_load, with_extra_load
 from dispatch_service.routing.engine import ModelCallError, SyncScorer
@@ -166,6 +166,7 @@ def can_stack(windows: Sequence[ResolverWindow]) -> list[bool]:
 def resolve_stack_aware(
     objectives: NDArray[np.float32],
     features: NDArray[np.float32],
+    *,
     candidate_rider_index: NDArray[np.integer[Any]],
     created_at: ArrayLike,
     rider_ids: ArrayLike,
@@ -179,15 +180,25 @@ def resolve_stack_aware(
     """`resolve` with stacked orders priced and reported at their real load (module doc);
     ``order_ids`` break exact ties between orders (else their rows do)."""
     staged = stage_stack_aware(
-        objectives, features, candidate_rider_index, created_at,
-        rider_ids, rider_load, rider_capacity, weights, rescore, settings, order_ids,
-    )  # fmt: skip
+        objectives,
+        features,
+        candidate_rider_index=candidate_rider_index,
+        created_at=created_at,
+        rider_ids=rider_ids,
+        rider_load=rider_load,
+        rider_capacity=rider_capacity,
+        weights=weights,
+        rescore=rescore,
+        settings=settings,
+        order_ids=order_ids,
+    )
     return staged.resolved() if isinstance(staged, Unstacked) else staged
 
 
 def stage_stack_aware(
     objectives: NDArray[np.float32],
     features: NDArray[np.float32],
+    *,
     candidate_rider_index: NDArray[np.integer[Any]],
     created_at: ArrayLike,
     rider_ids: ArrayLike,
@@ -200,17 +211,25 @@ def stage_stack_aware(
 ) -> StackedResolution | Unstacked:
     """`resolve_stack_aware`, with a window where nothing stacks left `Unstacked`."""
     window = ResolverWindow.checked(
-        candidate_rider_index, rider_ids, rider_load, rider_capacity, weights, settings,
-        order_ids,
-    )  # fmt: skip
+        candidate_rider_index,
+        rider_ids=rider_ids,
+        rider_load=rider_load,
+        rider_capacity=rider_capacity,
+        weights=weights,
+        settings=settings,
+        order_ids=order_ids,
+    )
     base = np.asarray(objectives, dtype=np.float32)
     checked = window.objectives(base)  # [B, N, 3] float64, missing candidates zeroed
-    return stage_checked(window, checked, base, features, created_at, rescore)
+    return stage_checked(
+        window, checked, base=base, features=features, created_at=created_at, rescore=rescore
+    )
 
 
 def stage_checked(
     window: ResolverWindow,
     checked: NDArray[np.float64],
+    *,
     base: NDArray[np.float32],
     features: NDArray[np.float32],
     created_at: ArrayLike,

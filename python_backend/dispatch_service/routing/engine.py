@@ -5,10 +5,10 @@ version routing chose for them (`policy`), asks for the primary and shadow calls
 one stable retry for the orders whose version failed, and the rule-based dispatcher
 (`fallback`) for the rest. The plan does not make calls itself: `route_and_score_many`
 drives the plans of a batch's windows with async calls (the router's BLS, bounded by
-``bls_timeout_ms``), `route_and_score_many_now` with calls in this process (dispatch_fused's
+``bls_timeout_ms``), `route_and_score_many_sync` with calls in this process (dispatch_fused's
 ONNX Runtime sessions); in both, the calls of one version that the windows ask for in a
 round are made as one call over all their rows (`_routing_many`). `route_and_score` and
-`route_and_score_now` are the same for one window. The Triton bridges are
+`route_and_score_sync` are the same for one window. The Triton bridges are
 `serving.router_adapter` and `serving.fused_adapter`.
 
 Both drivers take the same `served` answer (`policy.ServedVersions`): a version that is not
@@ -35,7 +35,7 @@ from dispatch_contract import (
 )
 from dispatch_service.core.batches import split_rows
 from dispatch_service.core.errors import DispatchInputError
-from dispatch_service.domain.window import USER_IDS_FIELD
+from dispatch_service.domain.window_wire import USER_IDS_FIELD
 from dispatch_service.routing.fallback import (
     RULE_BASED_VERSION,
     FallbackLevel,
@@ -58,8 +58,8 @@ __all__ = [
     "check_pair_features",
     "route_and_score",
     "route_and_score_many",
-    "route_and_score_many_now",
-    "route_and_score_now",
+    "route_and_score_many_sync",
+    "route_and_score_sync",
 ]
 
 F32 = NDArray[np.float32]
@@ -90,7 +90,7 @@ class ModelCall:
     error: str | None = None  # NOT_SERVED: the version is not served and was not called
 
     @property
-    def made(self) -> bool:
+    def called(self) -> bool:
         """Whether the call was made at all (a version that is not served is not called)."""
         return self.error != NOT_SERVED
 
@@ -199,6 +199,7 @@ async def route_and_score(
     versions: ArrayLike,
     settings: RouterSettings,
     scorer: Scorer,
+    *,
     shadow: bool = False,
     clock: Callable[[], float] = time.perf_counter,
     served: IsServed = _all_served,
@@ -213,12 +214,13 @@ async def route_and_score(
     return _alone(await route_and_score_many([item], scorer, clock))
 
 
-def route_and_score_now(
+def route_and_score_sync(
     features: ArrayLike,
     candidates: ArrayLike,
     versions: ArrayLike,
     settings: RouterSettings,
     scorer: SyncScorer,
+    *,
     shadow: bool = False,
     clock: Callable[[], float] = time.perf_counter,
     served: IsServed = _all_served,
@@ -229,7 +231,7 @@ def route_and_score_now(
     (dispatch_fused, whose versions are ONNX Runtime sessions in its own process).
     """
     item = RouteItem(features, candidates, versions, settings, shadow, served)
-    return _alone(route_and_score_many_now([item], scorer, clock))
+    return _alone(route_and_score_many_sync([item], scorer, clock))
 
 
 def _alone(routed: list[RoutedScores | Exception]) -> RoutedScores:
@@ -276,7 +278,7 @@ async def route_and_score_many(
         return routed
 
 
-def route_and_score_many_now(
+def route_and_score_many_sync(
     items: Sequence[RouteItem],
     scorer: SyncScorer,
     clock: Callable[[], float] = time.perf_counter,
@@ -306,9 +308,13 @@ def _routing_many(
         (item,) = items
         try:
             routed = yield from _routing(
-                item.features, item.candidates, item.versions, item.settings, item.shadow,
-                item.served,
-            )  # fmt: skip
+                item.features,
+                item.candidates,
+                item.versions,
+                item.settings,
+                shadow=item.shadow,
+                served=item.served,
+            )
         except Exception as exc:  # this window's own error (e.g. DispatchInputError)
             return [exc]
         return [routed]
@@ -327,7 +333,12 @@ def _routing_many(
 
     for number, item in enumerate(items):
         plans[number] = _routing(
-            item.features, item.candidates, item.versions, item.settings, item.shadow, item.served
+            item.features,
+            item.candidates,
+            item.versions,
+            item.settings,
+            shadow=item.shadow,
+            served=item.served,
         )
         advance(number, None)
     while waiting:
@@ -398,6 +409,7 @@ def _routing(
     candidates: ArrayLike,
     versions: ArrayLike,
     settings: RouterSettings,
+    *,
     shadow: bool,
     served: IsServed = _all_served,
 ) -> Generator[list[_Job], list[Outcome], RoutedScores]:

@@ -188,7 +188,7 @@ def routed_observations(
     labels: tuple[tuple[str, str], ...]
     for call in routed.calls:
         labels = (("model_version", str(call.version)), ("role", call.role))
-        if call.made:
+        if call.called:
             out.append(Observation(MODEL_CALLS, 1.0, labels))
             out.append(Observation(latency, call.seconds * 1000.0, labels))
         if call.error is not None:

@@ -37,8 +37,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_contract import MODEL_VERSION_TAG
 from dispatch_service.core.errors import DispatchInputError
-from dispatch_service.domain.resolver import fnv1a_64, ids_as_bytes
-from dispatch_service.domain.window import USER_IDS_FIELD
+from dispatch_service.domain.hashing import fnv1a_64
+from dispatch_service.domain.ids import ids_as_bytes
+from dispatch_service.domain.window_wire import USER_IDS_FIELD
 from dispatch_service.routing.settings import ROUTING_BUCKETS, RouterSettings
 
 __all__ = [

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Final, TypedDict, Unpack
 
+from dispatch_service.core.repository_layout import FUSED_MODEL, ROUTER_MODEL, SCORING_MODEL
 from dispatch_service.core.settings import SettingsError, load_settings, reject_unknown
 
 __all__ = [
@@ -31,10 +32,11 @@ __all__ = [
 ]
 
 ROUTING_BUCKETS: Final = 100
-# The repository's model names that routing settings and their tools refer to.
-FUSED_MODEL_NAME: Final = "dispatch_fused"
-ROUTER_MODEL_NAME: Final = "dispatch_router"
-SCORING_MODEL_NAME: Final = "dispatch_model"  # the versioned ONNX model routing picks among
+# The repository's model names that routing settings and their tools refer to
+# (`core.repository_layout` names every model).
+FUSED_MODEL_NAME: Final = FUSED_MODEL
+ROUTER_MODEL_NAME: Final = ROUTER_MODEL
+SCORING_MODEL_NAME: Final = SCORING_MODEL  # the versioned ONNX model routing picks among
 # The settings a city may set for its own windows (`CityRoute`); the others are global.
 CITY_ROUTE_FIELDS: Final = ("stable_version", "canary_version", "canary_percent")
 # A city in the `city_routes` text: a word without its separators (the ids themselves are the

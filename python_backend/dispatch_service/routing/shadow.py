@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, OBJECTIVES
-from dispatch_service.domain.resolver import score_pairs
+from dispatch_service.domain.scoring import score_pairs
 from dispatch_service.routing.settings import ROUTING_BUCKETS, RouterSettings
 
 __all__ = [

@@ -16,22 +16,26 @@ if TYPE_CHECKING:
         FusedDispatchAdapter,
         fused_adapter_for,
     )
+    from dispatch_service.serving.responder import TritonResponder
     from dispatch_service.serving.router_adapter import (
         DispatchRouterAdapter,
         router_adapter_for,
     )
-    from dispatch_service.serving.triton_adapter import (
+    from dispatch_service.serving.step_adapters import (
         TritonBatchedModelAdapter,
+        TritonEncoderAdapter,
+        TritonResolverAdapter,
         TritonStepAdapter,
-        adapter_for,
     )
 
 __all__ = [
     "DispatchRouterAdapter",
     "FusedDispatchAdapter",
     "TritonBatchedModelAdapter",
+    "TritonEncoderAdapter",
+    "TritonResolverAdapter",
+    "TritonResponder",
     "TritonStepAdapter",
-    "adapter_for",
     "fused_adapter_for",
     "router_adapter_for",
 ]
@@ -50,10 +54,12 @@ if not TYPE_CHECKING:
                 "DispatchRouterAdapter",
                 "router_adapter_for",
             ),
-            "triton_adapter": (
+            "responder": ("TritonResponder",),
+            "step_adapters": (
                 "TritonBatchedModelAdapter",
+                "TritonEncoderAdapter",
+                "TritonResolverAdapter",
                 "TritonStepAdapter",
-                "adapter_for",
             ),
         },
     )

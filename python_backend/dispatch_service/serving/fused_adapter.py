@@ -22,27 +22,23 @@ from dispatch_service.core.metrics import (
     VALIDATION_REJECTIONS,
     MetricsSink,
     Observation,
-    encoder_observations,
-    resolver_observations,
 )
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
+from dispatch_service.pipeline.step_metrics import encoder_observations, resolver_observations
 from dispatch_service.routing.metrics import (
     FUSED_ROUTING_METRICS,
     FUSED_SCORING_LATENCY,
     routed_observations,
 )
 from dispatch_service.routing.settings import FusedSettings, settings_record
+from dispatch_service.serving.backend_log import log_event, seal_backend_region
 from dispatch_service.serving.drain import DrainGate, draining_responses
 from dispatch_service.serving.probe import is_probe
+from dispatch_service.serving.responder import TritonResponder
 from dispatch_service.serving.router_adapter import log_failed_calls
-from dispatch_service.serving.triton_adapter import (
-    TritonResponder,
-    log_event,
-    seal_backend_region,
-    triton_metrics,
-)
+from dispatch_service.serving.triton_metrics import triton_metrics
 from dispatch_service.serving.trust import model_trust
 
 __all__ = [

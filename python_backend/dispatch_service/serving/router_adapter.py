@@ -33,7 +33,7 @@ from dispatch_contract import (
     ROUTER_INPUTS,
     WINDOW_CITY,
 )
-from dispatch_service.core.batches import together
+from dispatch_service.core.batches import batched_outcomes
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.log_text import without_values
 from dispatch_service.core.metrics import (
@@ -41,9 +41,10 @@ from dispatch_service.core.metrics import (
     MetricsSink,
 )
 from dispatch_service.core.model_config import config_parameters
+from dispatch_service.core.repository_layout import ENCODER_MODEL, model_layout
 from dispatch_service.core.settings import load_settings, parameters_from_model_config
 from dispatch_service.domain.cities import CitySettings, default_registry
-from dispatch_service.domain.window import user_ids_from_wire
+from dispatch_service.domain.window_wire import user_ids_from_wire
 from dispatch_service.routing.engine import RoutedScores, RouteItem, route_and_score_many
 from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
 from dispatch_service.routing.policy import ServedVersions, route_window
@@ -54,15 +55,11 @@ from dispatch_service.routing.settings import (
     settings_record,
 )
 from dispatch_service.routing.shadow import shadow_sampled
+from dispatch_service.serving.backend_log import log_event, seal_backend_region
+from dispatch_service.serving.bls import scored_objectives, scoring_request
 from dispatch_service.serving.probe import is_probe
-from dispatch_service.serving.triton_adapter import (
-    TritonResponder,
-    log_event,
-    scored_objectives,
-    scoring_request,
-    seal_backend_region,
-    triton_metrics,
-)
+from dispatch_service.serving.responder import TritonResponder
+from dispatch_service.serving.triton_metrics import triton_metrics
 
 __all__ = [
     "ROUTER_MODEL_NAME",
@@ -131,7 +128,7 @@ class DispatchRouterAdapter(TritonResponder):
             scores if isinstance(scores, Exception) else (scores, city)
             for scores, (_, city) in zip(routed, ready, strict=True)
         ]
-        return together(items, lambda _: outcomes)  # each failed window keeps its place
+        return batched_outcomes(items, lambda _: outcomes)  # each failed window keeps its place
 
     # ---- one window -----------------------------------------------------------------------
 
@@ -224,13 +221,13 @@ def log_failed_calls(
 def registered_cities(repository: Path) -> tuple[str, ...]:
     """The ids of the city registry the repository's feature_encoder serves (its
     ``city_registry`` parameter; the shipped registry without one)."""
-    encoder = repository / "feature_encoder" / "config.pbtxt"
+    encoder = model_layout(repository, ENCODER_MODEL).config
     parameters = config_parameters(encoder) if encoder.is_file() else {}
     return load_settings(CitySettings, parameters).registry().ids
 
 
 def router_metrics(pb_utils: Any, model_name: str, version: str) -> MetricsSink:
-    """The router's custom metrics (per-process series, see `triton_adapter.triton_metrics`)."""
+    """The router's custom metrics (per-process series, see `triton_metrics.triton_metrics`)."""
     return triton_metrics(pb_utils, model_name, version, (*ROUTER_METRICS, VALIDATION_REJECTIONS))
 
 

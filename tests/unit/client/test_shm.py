@@ -48,7 +48,7 @@ from dispatch_client.shm import (
 )
 from dispatch_client.transport import Transport
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, MAX_CANDIDATES, batched, pack_window
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
 Array = NDArray[Any]

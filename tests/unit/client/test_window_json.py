@@ -498,7 +498,7 @@ def test_a_model_version_tag_of_the_wrong_kind_is_refused_with_its_key(tag: Any)
         parse(doc)
 
 
-# ---- orders with addresses instead of coordinates (issue 13) --------------------------------
+# ---- orders with addresses instead of coordinates ---------------------------------------------
 
 
 def test_addresses_become_optional_text_tensors_and_missing_points_nan() -> None:

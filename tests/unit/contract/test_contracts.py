@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2
 import dispatch_contract.contracts as contracts
 from dispatch_contract import TensorSpec
 from dispatch_service.core.model_config import read_model_config
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.core.settings import (
     load_settings,
     parameters_from_model_config,
@@ -52,7 +53,7 @@ def params(config: model_config_pb2.ModelConfig) -> dict[str, str]:
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in REPO.iterdir() if p.is_dir()))
 def test_folder_name_equals_model_name(folder: str) -> None:
-    assert load_config(REPO / folder / "config.pbtxt").name == folder
+    assert load_config(model_layout(REPO, folder).config).name == folder
 
 
 WINDOW_LEVEL = (
@@ -69,7 +70,7 @@ WINDOW_LEVEL = (
 def test_window_level_models_batch_one_window_per_request(model: str) -> None:
     """Contract v2: at most 8 tensors each way, max_batch_size > 0, ragged batching and
     dynamic batching on every Python model (an ensemble batches through its steps)."""
-    config = load_config(REPO / model / "config.pbtxt")
+    config = load_config(model_layout(REPO, model).config)
     assert config.max_batch_size == contracts.MAX_WINDOW_BATCH
     # topk_resolver, an internal step, also takes the request's ORDER_IDS: its tie-break.
     extra = 1 if model == "topk_resolver" else 0
@@ -77,7 +78,7 @@ def test_window_level_models_batch_one_window_per_request(model: str) -> None:
     assert len(config.output) <= contracts.MAX_WIRE_TENSORS
     if config.platform == "ensemble":
         for step in config.ensemble_scheduling.step:
-            step_config = load_config(REPO / step.model_name / "config.pbtxt")
+            step_config = load_config(model_layout(REPO, step.model_name).config)
             assert step_config.max_batch_size >= config.max_batch_size, step.model_name
         return
     assert config.HasField("dynamic_batching")
@@ -91,7 +92,7 @@ def test_window_level_models_batch_one_window_per_request(model: str) -> None:
 def test_every_queue_is_bounded_with_deadlines_and_bulk_is_shed_first(model: str) -> None:
     """Priorities 1 premium, 2 standard (default), 3 bulk; each level's queue is bounded and
     refuses at once (REJECT) after its timeout, which a caller may shorten or lengthen."""
-    batching = load_config(REPO / model / "config.pbtxt").dynamic_batching
+    batching = load_config(model_layout(REPO, model).config).dynamic_batching
     assert batching.priority_levels == 3 and batching.default_priority_level == 2
     policies = {level: batching.priority_queue_policy[level] for level in (1, 2, 3)}
     for policy in (batching.default_queue_policy, *policies.values()):
@@ -167,14 +168,14 @@ def test_the_wire_column_layouts_are_documented_and_packed_in_order() -> None:
 
 
 def test_feature_encoder_declares_the_window_and_encoder_outputs() -> None:
-    config = load_config(REPO / "feature_encoder" / "config.pbtxt")
+    config = load_config(model_layout(REPO, "feature_encoder").config)
     assert io_of(config.input) == spec_rows(contracts.ENCODER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.ENCODER_OUTPUTS)
     FeatureEncoderStep.from_parameters(params(config))
 
 
 def test_topk_resolver_declares_its_inputs_and_the_dispatch_outputs() -> None:
-    config = load_config(REPO / "topk_resolver" / "config.pbtxt")
+    config = load_config(model_layout(REPO, "topk_resolver").config)
     assert [row[0] for row in io_of(config.input)] == list(TopKResolverStep.input_names)
     assert io_of(config.input) == spec_rows(contracts.RESOLVER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.RESOLVER_OUTPUTS)
@@ -192,8 +193,8 @@ def test_both_dispatch_model_profiles_declare_the_same_tensors(config_file: str)
 
 
 def test_profiles_differ_only_in_how_the_model_runs() -> None:
-    cpu = load_config(REPO / "dispatch_model" / "config.pbtxt")
-    gpu = load_config(REPO / "dispatch_model" / "configs" / "gpu.pbtxt")
+    cpu = load_config(model_layout(REPO, "dispatch_model").config)
+    gpu = load_config(model_layout(REPO, "dispatch_model").profile("gpu"))
     assert cpu.backend == "python"
     assert gpu.backend == "onnxruntime"
     assert [g.kind for g in gpu.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_GPU]
@@ -203,7 +204,7 @@ def test_profiles_differ_only_in_how_the_model_runs() -> None:
 
 
 def test_ensemble_chains_the_three_steps_over_the_contract() -> None:
-    config = load_config(REPO / "dispatch" / "config.pbtxt")
+    config = load_config(model_layout(REPO, "dispatch").config)
     assert config.platform == "ensemble"
     ensemble_inputs = contracts.declared_by_ensemble(contracts.DISPATCH_ENSEMBLE_INPUTS)
     assert io_of(config.input) == spec_rows(ensemble_inputs)
@@ -212,7 +213,7 @@ def test_ensemble_chains_the_three_steps_over_the_contract() -> None:
     assert steps == ["feature_encoder", "dispatch_router", "topk_resolver"]
     available = {t.name for t in config.input}
     for step in config.ensemble_scheduling.step:
-        step_config = load_config(REPO / step.model_name / "config.pbtxt")
+        step_config = load_config(model_layout(REPO, step.model_name).config)
         declared = {t.name for t in step_config.input}
         assert set(step.input_map) <= declared
         required = {t.name for t in step_config.input if not t.optional}
@@ -227,7 +228,7 @@ SERVED_VERSIONS = (1, 2)
 
 
 def test_router_declares_the_routing_contract_and_valid_settings() -> None:
-    config = load_config(REPO / "dispatch_router" / "config.pbtxt")
+    config = load_config(model_layout(REPO, "dispatch_router").config)
     assert config.backend == "python"
     assert io_of(config.input) == spec_rows(contracts.ROUTER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.ROUTER_OUTPUTS)
@@ -249,13 +250,13 @@ def test_both_profiles_serve_versions_1_and_2_side_by_side(config_file: str) -> 
         folder = REPO / "dispatch_model" / str(version)
         for name in ("model.onnx", "model.py", "feature_layout.json", "model_card.json"):
             assert (folder / name).is_file(), f"{folder}/{name}"
-    v1, v2 = ((REPO / "dispatch_model" / str(v) / "model.py").read_text() for v in (1, 2))
+    v1, v2 = ((model_layout(REPO, "dispatch_model").python_model(v)).read_text() for v in (1, 2))
     assert v1 == v2, "every version runs the same adapter"
 
 
 @pytest.mark.parametrize("version", SERVED_VERSIONS)
 def test_onnx_graph_matches_the_contract(version: int) -> None:
-    model = onnx.load(str(REPO / "dispatch_model" / str(version) / "model.onnx"))
+    model = onnx.load(str(model_layout(REPO, "dispatch_model").onnx(version)))
     onnx.checker.check_model(model)
     (graph_in,) = model.graph.input
     (graph_out,) = model.graph.output
@@ -278,7 +279,7 @@ def test_feature_layout_shipped_with_the_model_matches(version: int) -> None:
     assert tuple(layout["features"]) == contracts.PAIR_FEATURE_NAMES
     # Trained on the features the served encoder computes (zone precision, candidates, local
     # time): a version trained under other settings would score features it never saw.
-    config = load_config(REPO / "feature_encoder" / "config.pbtxt")
+    config = load_config(model_layout(REPO, "feature_encoder").config)
     encoder = FeatureEncoderStep.from_parameters(params(config)).encoder
     assert layout["encoder_settings"] == dataclasses.asdict(encoder)
 
@@ -300,10 +301,10 @@ def test_every_input_a_client_must_send_is_required_by_a_step_of_the_ensemble(
 ) -> None:
     """The ensemble declares all inputs optional (declared_by_ensemble), so what refuses a
     missing one by name is the step that requires it: each required tensor needs one."""
-    config = load_config(REPO / ensemble / "config.pbtxt")
+    config = load_config(model_layout(REPO, ensemble).config)
     required_by_steps = set()
     for step in config.ensemble_scheduling.step:
-        step_config = load_config(REPO / step.model_name / "config.pbtxt")
+        step_config = load_config(model_layout(REPO, step.model_name).config)
         required = {t.name for t in step_config.input if not t.optional}
         required_by_steps |= {outer for inner, outer in step.input_map.items() if inner in required}
     must_send = {spec.name for spec in specs if not spec.optional}
@@ -326,7 +327,7 @@ def _assert_steps_chain(config: model_config_pb2.ModelConfig) -> set[str]:
     """Every step reads only tensors available before it; returns all tensors produced."""
     available = {t.name for t in config.input}
     for step in config.ensemble_scheduling.step:
-        step_config = load_config(REPO / step.model_name / "config.pbtxt")
+        step_config = load_config(model_layout(REPO, step.model_name).config)
         declared = {t.name for t in step_config.input}
         assert set(step.input_map) <= declared, step.model_name
         required = {t.name for t in step_config.input if not t.optional}
@@ -338,7 +339,7 @@ def _assert_steps_chain(config: model_config_pb2.ModelConfig) -> set[str]:
 
 
 def test_feature_entry_ensemble_declares_the_feature_contract() -> None:
-    config = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
+    config = load_config(model_layout(REPO, contracts.FEATURE_ENTRY_MODEL_NAME).config)
     assert config.name == contracts.FEATURE_ENTRY_MODEL_NAME
     assert config.platform == "ensemble"
     ensemble_inputs = contracts.declared_by_ensemble(contracts.FEATURE_ENTRY_INPUTS)
@@ -358,8 +359,8 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
         assert (spec.triton_dtype, spec.dims) == (declared.triton_dtype, declared.dims)
         # only the orders' creation times (ORDER_FIELDS) are optional here
         assert spec.optional == (declared.optional or spec.name == "ORDER_FIELDS"), spec.name
-    dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
-    entry = load_config(REPO / contracts.FEATURE_ENTRY_MODEL_NAME / "config.pbtxt")
+    dispatch = load_config(model_layout(REPO, "dispatch").config)
+    entry = load_config(model_layout(REPO, contracts.FEATURE_ENTRY_MODEL_NAME).config)
     # `dispatch`'s answer without what only the encoder knows (how the points were found)
     located = contracts.ORDER_LOCATION_SOURCE.name
     assert list(entry.output) == [o for o in dispatch.output if o.name != located]
@@ -381,8 +382,8 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
 
 
 def test_fused_entry_declares_what_dispatch_declares() -> None:
-    fused = load_config(REPO / FUSED_MODEL_NAME / "config.pbtxt")
-    dispatch = load_config(REPO / "dispatch" / "config.pbtxt")
+    fused = load_config(model_layout(REPO, FUSED_MODEL_NAME).config)
+    dispatch = load_config(model_layout(REPO, "dispatch").config)
     assert fused.backend == "python"
     assert fused.max_batch_size == dispatch.max_batch_size
     assert io_of(fused.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
@@ -392,12 +393,12 @@ def test_fused_entry_declares_what_dispatch_declares() -> None:
     assert list(fused.output) == list(dispatch.output)
     settings = FusedSettings.from_parameters(params(fused))
     router = RouterSettings.from_parameters(
-        params(load_config(REPO / "dispatch_router" / "config.pbtxt"))
+        params(load_config(model_layout(REPO, "dispatch_router").config))
     )
     assert settings.routing == router
     assert settings.scoring_model == "dispatch_model"
     for version in settings.served_versions():
-        assert (REPO / settings.scoring_model / str(version) / "model.onnx").is_file()
+        assert (model_layout(REPO, settings.scoring_model).onnx(version)).is_file()
     # Both route over the versions the scoring model's configs serve, in every profile.
     for path in (REPO / "dispatch_model").glob("**/*.pbtxt"):
         policy = load_config(path).version_policy.specific.versions

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dispatch_service.core.batches import each_alone, split_rows, together
+from dispatch_service.core.batches import batched_outcomes, isolated_outcomes, split_rows
 from dispatch_service.core.errors import DispatchInputError
 
 
@@ -17,7 +17,7 @@ def test_each_window_of_a_batch_fails_alone() -> None:
             raise ValueError(f"{n} is odd")
         return n // 2
 
-    got = each_alone([4, earlier, 3, 8], halve)
+    got = isolated_outcomes([4, earlier, 3, 8], halve)
     assert got[0] == 2 and got[3] == 4
     assert got[1] is earlier  # an earlier step's failure is kept, work never sees it
     assert isinstance(got[2], ValueError) and str(got[2]) == "3 is odd"
@@ -49,8 +49,8 @@ def test_a_batch_step_runs_on_the_windows_an_earlier_step_did_not_fail() -> None
         seen.append(batch)
         return [n * 2 if n != 3 else ValueError("3") for n in batch]
 
-    got = together([1, earlier, 3, 4], doubled)
+    got = batched_outcomes([1, earlier, 3, 4], doubled)
     assert seen == [[1, 3, 4]]  # one call, the failures left out
     assert got[0] == 2 and got[1] is earlier and got[3] == 8
     assert isinstance(got[2], ValueError)
-    assert together([earlier], doubled) == [earlier]
+    assert batched_outcomes([earlier], doubled) == [earlier]

@@ -12,10 +12,11 @@ from dispatch_service.core.model_config import (
     write_model_config,
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import model_layout
 
 
 def test_config_parameters_reads_the_shipped_configs() -> None:
-    resolver = config_parameters(MODEL_REPOSITORY / "topk_resolver" / "config.pbtxt")
+    resolver = config_parameters(model_layout(MODEL_REPOSITORY, "topk_resolver").config)
     assert resolver["top_k"] == "5"
     assert set(resolver) == {
         "stack_aware",
@@ -24,7 +25,7 @@ def test_config_parameters_reads_the_shipped_configs() -> None:
         "eta_scale_minutes",
         "cost_scale_cny",
     }
-    model = config_parameters(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt")
+    model = config_parameters(model_layout(MODEL_REPOSITORY, "dispatch_model").config)
     assert model["graph_optimization_level"] == "all"
 
 
@@ -71,7 +72,7 @@ def test_json_form_is_what_triton_hands_a_python_model(tmp_path: Path) -> None:
 
 
 def test_write_then_read_round_trips(tmp_path: Path) -> None:
-    config = read_model_config(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt")
+    config = read_model_config(model_layout(MODEL_REPOSITORY, "dispatch_model").config)
     config.parameters["intra_op_num_threads"].string_value = "3"
     out = tmp_path / "config.pbtxt"
     write_model_config(out, config)

@@ -1,41 +1,46 @@
 """Deployment files: Dockerfiles, docker-compose, Prometheus/Grafana, Kubernetes manifests.
 
-Nothing here needs Docker, kubectl or a network. The Kubernetes overlays are rendered by a
-small kustomize subset below (resources, namespace, images, JSON 6902 patches) and every
-built-in resource is validated against the Kubernetes 1.30 schemas of `kubernetes-validate`
-in strict mode; the ServiceMonitor (a CRD) is checked structurally. Where `promtool`,
-`kubectl` or `docker-compose` happen to be installed, the PromQL, the kustomize rendering and
-the compose file are also checked with the real tools.
+Nothing here needs Docker, kubectl or a network. The Kubernetes overlays are rendered by
+`kustomize_subset` (resources, namespace, images, JSON 6902 patches) and every built-in
+resource is validated against the Kubernetes 1.30 schemas of `kubernetes-validate` in strict
+mode; the ServiceMonitor (a CRD) is checked structurally. Where `promtool`, `kubectl` or
+docker compose (the plugin or the standalone `docker-compose`) happen to be installed, the
+PromQL, the kustomize rendering and the compose file are also checked with the real tools,
+compose run the way deploy/README.md runs it (the two keys in its environment).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
+import os
 import re
+import secrets
 import shutil
 import subprocess
-from collections.abc import Iterator
 from dataclasses import astuple
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from kustomize_subset import (
+    KustomizeError,
+    apply_json_patch,
+    load_yaml,
+    pod_containers,
+    render,
+)
 
 from dispatch_service.core.metrics import ALL_METRICS
 from dispatch_service.ops.gpu.export import METRIC_NAMES as GPU_MONITOR_METRICS
 from dispatch_service.ops.keys import AccessKeys
-from dispatch_service.ops.server import (
-    Ports,
-    ServerOptions,
-    TritonRuntime,
-    TritonServer,
-    build_parser,
-    options_from_args,
-)
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.server_cli import build_parser, options_from_args
 from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
     FUSED_ROUTING_METRICS,
@@ -127,16 +132,6 @@ DASHBOARD_REQUIRED = frozenset(
 
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def load_yaml(path: Path) -> Any:
-    with path.open(encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
-
-
-def load_yaml_all(path: Path) -> list[Doc]:
-    with path.open(encoding="utf-8") as handle:
-        return [doc for doc in yaml.safe_load_all(handle) if doc is not None]
 
 
 def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
@@ -335,113 +330,6 @@ def adapter_rule() -> Doc:
     rule = matching[0]
     assert isinstance(rule, dict)
     return rule
-
-
-# ------------------------------------------------------------- a small kustomize subset
-
-
-class KustomizeError(ValueError):
-    pass
-
-
-def _pointer(path: str) -> list[str]:
-    if not path.startswith("/"):
-        raise KustomizeError(f"JSON pointer must start with '/': {path!r}")
-    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
-
-
-def _walk(document: Any, parts: list[str]) -> Any:
-    node = document
-    for part in parts:
-        if isinstance(node, list):
-            node = node[int(part)]
-        elif isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            raise KustomizeError(f"no {part!r} in the patched document")
-    return node
-
-
-def apply_json_patch(document: Doc, operations: list[Doc]) -> None:
-    """RFC 6902 add / remove / replace / test, in place."""
-    for operation in operations:
-        op, parts = operation["op"], _pointer(operation["path"])
-        parent, key = _walk(document, parts[:-1]), parts[-1]
-        if op == "test":
-            if _walk(document, parts) != operation["value"]:
-                raise KustomizeError(f"test failed at {operation['path']}")
-        elif op == "add":
-            value = copy.deepcopy(operation["value"])
-            if isinstance(parent, list):
-                parent.insert(len(parent) if key == "-" else int(key), value)
-            else:
-                parent[key] = value
-        elif op == "replace":
-            _walk(document, parts)  # must exist
-            parent[int(key) if isinstance(parent, list) else key] = copy.deepcopy(
-                operation["value"]
-            )
-        elif op == "remove":
-            _walk(document, parts)
-            del parent[int(key) if isinstance(parent, list) else key]
-        else:
-            raise KustomizeError(f"unsupported patch op {op!r}")
-
-
-def _matches(resource: Doc, target: Doc) -> bool:
-    group, _, version = resource["apiVersion"].rpartition("/")
-    wanted = {
-        "group": group,
-        "version": version,
-        "kind": resource["kind"],
-        "name": resource["metadata"]["name"],
-    }
-    return all(wanted[key] == value for key, value in target.items())
-
-
-def _pod_containers(resource: Doc) -> Iterator[Doc]:
-    pod = resource.get("spec", {}).get("template", {}).get("spec", {})
-    yield from pod.get("initContainers", [])
-    yield from pod.get("containers", [])
-
-
-def _set_image(container: Doc, rule: Doc) -> None:
-    image = str(container["image"])
-    name, tag = image, ""
-    if ":" in image.rsplit("/", 1)[-1]:  # a tag, not a registry port
-        name, tag = image.rsplit(":", 1)
-    if name != rule["name"]:
-        return
-    new_name, new_tag = str(rule.get("newName", name)), str(rule.get("newTag", tag))
-    container["image"] = f"{new_name}:{new_tag}" if new_tag else new_name
-
-
-def render(directory: Path) -> list[Doc]:
-    """Render a kustomization that uses only resources, namespace, images and patches."""
-    spec = load_yaml(directory / "kustomization.yaml")
-    unknown = set(spec) - {"apiVersion", "kind", "resources", "namespace", "images", "patches"}
-    if unknown:
-        raise KustomizeError(f"{directory}: fields this renderer does not know: {unknown}")
-    resources: list[Doc] = []
-    for entry in spec.get("resources", []):
-        path = (directory / entry).resolve()
-        resources += render(path) if path.is_dir() else load_yaml_all(path)
-    for patch in spec.get("patches", []):
-        operations = load_yaml(directory / patch["path"])
-        if not isinstance(operations, list):
-            raise KustomizeError(f"{patch['path']}: only JSON 6902 patches are supported")
-        targets = [resource for resource in resources if _matches(resource, patch["target"])]
-        if len(targets) != 1:
-            raise KustomizeError(f"{patch['path']}: {len(targets)} targets, expected 1")
-        apply_json_patch(targets[0], operations)
-    for rule in spec.get("images", []):
-        for resource in resources:
-            for container in _pod_containers(resource):
-                _set_image(container, rule)
-    if "namespace" in spec:
-        for resource in resources:
-            resource["metadata"]["namespace"] = spec["namespace"]
-    return resources
 
 
 def rendered(overlay: str) -> list[Doc]:
@@ -716,18 +604,70 @@ def test_grafana_provisioning_is_wired() -> None:
     assert variables["datasource"]["current"]["value"] == prometheus[0]["uid"]
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
-@pytest.mark.parametrize("profile", ["gpu", "cpu"])
-def test_compose_file_passes_docker_compose_config(profile: str) -> None:
-    result = subprocess.run(
-        ["docker-compose", "-f", str(COMPOSE), "--profile", profile, "config", "-q"],
+def compose_command() -> list[str] | None:
+    """How this host runs compose: the docker plugin (`docker compose`, what the docs use) or
+    the standalone `docker-compose`; None where neither answers."""
+    candidates = [["docker", "compose"], ["docker-compose"]]
+    for command in candidates:
+        if shutil.which(command[0]) is None:
+            continue
+        try:
+            probe = subprocess.run(
+                [*command, "version"], capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return command
+    return None
+
+
+def compose_environment(**keys: str) -> dict[str, str]:
+    """The caller's environment without any key of its own, plus ``keys``."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("DISPATCH_")}
+    return env | keys
+
+
+def run_compose(command: list[str], profile: str, env: dict[str, str]) -> CompletedProcess[str]:
+    return subprocess.run(
+        [*command, "-f", str(COMPOSE), "--profile", profile, "config", "-q"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         cwd=ROOT,
+        env=env,
         check=False,
     )
+
+
+@pytest.fixture(scope="module")
+def compose_cli() -> list[str]:
+    command = compose_command()
+    if command is None:
+        pytest.skip("docker compose is not installed (neither the plugin nor docker-compose)")
+    return command
+
+
+@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+def test_compose_file_passes_docker_compose_config(compose_cli: list[str], profile: str) -> None:
+    # As deploy/README.md runs it: the keys exported first (`openssl rand -base64 32` each).
+    keys = {
+        name: base64.b64encode(secrets.token_bytes(32)).decode()
+        for name in ("DISPATCH_ADMIN_KEY", "DISPATCH_SHM_KEY")
+    }
+    result = run_compose(compose_cli, profile, compose_environment(**keys))
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("missing", ["DISPATCH_ADMIN_KEY", "DISPATCH_SHM_KEY"])
+def test_compose_refuses_to_run_triton_without_its_keys(
+    compose_cli: list[str], missing: str
+) -> None:
+    keys = {"DISPATCH_ADMIN_KEY": "a" * 44, "DISPATCH_SHM_KEY": "s" * 44}
+    del keys[missing]
+    result = run_compose(compose_cli, "cpu", compose_environment(**keys))
+    assert result.returncode != 0
+    assert missing in result.stderr, result.stderr
 
 
 # ------------------------------------------------------------------- Grafana dashboard
@@ -879,7 +819,7 @@ def test_cpu_overlay_has_no_gpu_requirements() -> None:
         "nodeAffinity", {}
     )
     assert "tolerations" not in spec
-    for container in _pod_containers(one(resources, "Deployment")):
+    for container in pod_containers(one(resources, "Deployment")):
         for section in ("requests", "limits"):
             assert "nvidia.com/gpu" not in container["resources"].get(section, {})
 
@@ -927,7 +867,7 @@ def test_pod_volumes_resources_and_shutdown(overlay: str) -> None:
     assert claim["readOnly"] is True
     pvc = one(resources, "PersistentVolumeClaim", claim["claimName"])
     assert pvc["spec"]["accessModes"] == ["ReadOnlyMany"]
-    for c in _pod_containers(one(resources, "Deployment")):
+    for c in pod_containers(one(resources, "Deployment")):
         requests, limits = c["resources"]["requests"], c["resources"]["limits"]
         assert {"cpu", "memory"} <= set(requests), c["name"]
         assert requests == limits, f"{c['name']}: Guaranteed QoS (requests == limits)"

@@ -1,21 +1,25 @@
-"""The contract and the client install alone: their wheels, their metadata, a clean venv.
+"""The three distributions install from what they declare: wheels, metadata, clean venvs.
 
 Offline and quick: the wheels are built from this checkout with the venv's own setuptools
-(`pip wheel --no-deps --no-build-isolation --no-index`); the clean venv has no pip index
-either and sees, besides the two wheels, only numpy and tritonclient[grpc,http] with their
-dependencies (linked from this venv). If the client needed scipy, ONNX Runtime or the server,
-pip could not install it there, and the import would fail.
+(`pip wheel --no-deps --no-build-isolation --no-index`); a clean venv has no pip index
+either and sees, besides the wheels, only the declared dependencies' installed
+distributions (linked from this venv). The client's sees numpy and tritonclient[grpc,http]:
+if the client needed scipy, ONNX Runtime or the server, pip could not install it there, and
+the import would fail. The server's sees its runtime dependencies without any extra: every
+library module and every `model.py` must import there, so nothing from `[dev]` is needed.
 """
 
 from __future__ import annotations
 
+import ast
 import email
+import json
 import shutil
 import subprocess
 import sys
 import venv
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -50,11 +54,14 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     skip = shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
     for name in ("contract", "client"):
         shutil.copytree(ROOT / name, sources / name, ignore=skip)
+    server = sources / "server"
+    shutil.copytree(ROOT / "python_backend", server / "python_backend", ignore=skip)
+    shutil.copy2(ROOT / "pyproject.toml", server / "pyproject.toml")
     pip = (sys.executable, "-m", "pip")
     _run(*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", out,
-         sources / "contract", sources / "client")  # fmt: skip
+         sources / "contract", sources / "client", server, timeout=300)  # fmt: skip
     built = {_canonical(path.name.split("-")[0]): path for path in out.glob("*.whl")}
-    assert set(built) == {"dispatch-contract", "dispatch-client"}, built
+    assert set(built) == {"dispatch-contract", "dispatch-client", "triton-dispatch"}, built
     return built
 
 
@@ -73,10 +80,11 @@ def test_wheels_require_neither_the_server_nor_its_heavy_stack(wheels: dict[str,
     assert {"dispatch-contract", "numpy", "tritonclient"} <= client
 
 
-def _closure() -> set[str]:
-    """Installed distributions numpy and tritonclient[grpc,http] need, themselves included."""
+def _closure(roots: Iterable[tuple[str, tuple[str, ...]]] = ALLOWED_ROOTS) -> set[str]:
+    """Installed distributions the roots need, themselves included (default: numpy and
+    tritonclient[grpc,http], what the client may have)."""
     seen: set[str] = set()
-    todo: list[tuple[str, tuple[str, ...]]] = list(ALLOWED_ROOTS)
+    todo: list[tuple[str, tuple[str, ...]]] = list(roots)
     while todo:
         name, extras = todo.pop()
         if _canonical(name) in seen:
@@ -100,12 +108,12 @@ def _top_level_entries(name: str) -> Iterator[Path]:
             yield path
 
 
-@pytest.fixture(scope="module")
-def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("clean")
+def _venv_seeing(root: Path, distributions: Iterable[str]) -> Path:
+    """A venv without pip or site-packages of its own that sees, of this venv, only the
+    top-level entries of ``distributions``; its python."""
     allowed = root / "allowed"
     allowed.mkdir()
-    for name in _closure():
+    for name in distributions:
         for path in _top_level_entries(name):
             link = allowed / path.name
             if not link.exists():
@@ -116,6 +124,11 @@ def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))")
     (Path(site.stdout.strip()) / "allowed.pth").write_text(f"{allowed}\n")
     return python
+
+
+@pytest.fixture(scope="module")
+def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _venv_seeing(tmp_path_factory.mktemp("clean"), _closure())
 
 
 def test_client_installs_alone_and_imports_in_a_clean_venv(
@@ -134,3 +147,126 @@ def test_client_installs_alone_and_imports_in_a_clean_venv(
     )
     done = _run(clean_venv, "-I", "-c", probe)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+# Imports the library needs only with an extra, each only where that extra is used: the
+# `server` extra's GPU monitor, the `train` extra's ONNX export, the offline evaluation's
+# plots (matplotlib, a `dev` tool imported inside `write_plots`), and setuptools'
+# pkg_resources, which the gazetteer stands in for where it is absent.
+OPTIONAL_IMPORTS = {
+    "prometheus_client": ("server", "dispatch_service.ops.gpu"),
+    "pynvml": ("server", "dispatch_service.ops.gpu"),
+    "onnx": ("train", "dispatch_service.offline.training"),
+    "matplotlib": ("dev", "dispatch_service.offline"),
+    "pkg_resources": ("", "dispatch_service.geocoding.gazetteer"),
+}
+FIRST_PARTY = {"dispatch_service", "dispatch_contract", "dispatch_client"}
+LOCAL_DISTRIBUTIONS = {"dispatch-contract", "dispatch-client"}
+LIBRARY = ROOT / "python_backend" / "dispatch_service"
+
+
+def _library_imports() -> dict[str, set[str]]:
+    """Third-party top-level name -> the library modules that import it (anywhere in them)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(LIBRARY.rglob("*.py")):
+        parts = ["dispatch_service", *path.relative_to(LIBRARY).with_suffix("").parts]
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                if top not in sys.stdlib_module_names and top not in FIRST_PARTY:
+                    found.setdefault(top, set()).add(module)
+    return found
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def _runtime_roots(wheel: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """The wheel's requirements without any extra, the local distributions left out."""
+    return [
+        (requirement.name, tuple(requirement.extras))
+        for requirement in _requires(wheel)
+        if requirement.marker is None and _canonical(requirement.name) not in LOCAL_DISTRIBUTIONS
+    ]
+
+
+def test_the_server_declares_every_package_it_imports(wheels: dict[str, Path]) -> None:
+    """Each third-party import of the library comes from a runtime dependency (or one of
+    theirs), or is an optional import of its extra, made only where that extra is used."""
+    server = wheels["triton-dispatch"]
+    assert {"dispatch-contract", "dispatch-client"} <= {
+        _canonical(r.name) for r in _requires(server) if r.marker is None
+    }
+    provided = {
+        top
+        for top, distributions in metadata.packages_distributions().items()
+        if any(_canonical(d) in _closure(_runtime_roots(server)) for d in distributions)
+    }
+    stray = {}
+    for top, modules in _library_imports().items():
+        if top in provided:
+            continue
+        extra, where = OPTIONAL_IMPORTS.get(top, ("?", "<undeclared>"))
+        if extra == "?" or not all(_within(module, where) for module in modules):
+            stray[top] = sorted(modules)
+    assert stray == {}, f"imports no runtime dependency provides: {stray}"
+
+
+# A stand-in for the backend stub's `triton_python_backend_utils`, which exists only inside
+# Triton: each `model.py` imports it, and an import needs no more of it.
+# A module that fails only for want of an optional import is left out where that import
+# belongs (its extra's modules, and what imports them); any other failure fails the probe.
+_SERVER_PROBE = """
+import importlib, importlib.util, json, pkgutil, sys, types
+optional, adapters = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
+import dispatch_service
+assert "site-packages" in dispatch_service.__file__, dispatch_service.__file__
+names = ["dispatch_service"] + [
+    info.name for info in pkgutil.walk_packages(dispatch_service.__path__, "dispatch_service.")
+]
+imported = []
+for name in names:
+    try:
+        imported.append(importlib.import_module(name).__name__)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        where = optional.get(top)
+        if where is None or not (name == where or name.startswith(where + ".")):
+            raise
+for i, path in enumerate(adapters):
+    spec = importlib.util.spec_from_file_location(f"adapter_{i}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert hasattr(module, "TritonPythonModel"), path
+print(json.dumps({"modules": len(imported), "adapters": len(adapters)}))
+"""
+
+
+def test_the_server_installs_without_extras_and_imports_every_module(
+    wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """In a venv that sees only the server's runtime dependencies (no extra, no `[dev]`),
+    the server wheel installs from its own metadata and every library module and every
+    `model.py` imports (those that need an extra's optional import left out)."""
+    server = wheels["triton-dispatch"]
+    python = _venv_seeing(tmp_path_factory.mktemp("server"), _closure(_runtime_roots(server)))
+    pip = (sys.executable, "-m", "pip", "--python", python)
+    _run(*pip, "install", "-q", "--no-index", "--no-cache-dir", "--find-links", server.parent,
+         "triton-dispatch", timeout=300)  # fmt: skip
+    adapters = sorted(str(path) for path in (ROOT / "model_repository").glob("*/*/model.py"))
+    assert len(adapters) >= 5, adapters
+    optional = {top: where for top, (_, where) in OPTIONAL_IMPORTS.items()}
+    done = _run(python, "-I", "-c", _SERVER_PROBE, json.dumps(optional), json.dumps(adapters),
+                timeout=300)  # fmt: skip
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts == {"modules": counts["modules"], "adapters": len(adapters)}
+    assert counts["modules"] > 60, counts

@@ -184,3 +184,45 @@ def test_the_no_city_label_is_no_citys_id() -> None:
     document = _document()
     document["cities"][3]["id"] = "none"
     assert "is reserved" in _refused(document)
+
+
+def _where(window: DispatchWindow) -> set[str | None]:
+    """The cities whose areas hold each point (`City.contains`, point by point); None for
+    a point no city holds."""
+    registry = default_registry()
+    points = np.concatenate((window.pickup, window.dropoff, window.rider_position))
+    found: set[str | None] = set()
+    for point in points:
+        inside = [city.id for city in registry.cities if city.contains(point[None, :])[0]]
+        found.add(inside[0] if inside else None)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_locating_agrees_with_each_points_city_near_borders_and_across_cities(seed: int) -> None:
+    """The quick tests (every point in a box inside one area, or one bounding box) give what
+    testing each point's city gives: on simulated windows, with points moved onto and a
+    hair either side of a city's border vertices, and into another city."""
+    registry = default_registry()
+    rng = np.random.default_rng(seed)
+    for city in registry.cities:
+        others = [other for other in registry.cities if other is not city]
+        for trial in range(12):
+            window = _window(city.id, seed * 100 + trial)
+            moves = int(rng.integers(0, 3))
+            for _ in range(moves):
+                field = ("pickup", "dropoff", "rider_position")[int(rng.integers(3))]
+                row = int(rng.integers(getattr(window, field).shape[0]))
+                owner = city if rng.random() < 0.7 else others[int(rng.integers(3))]
+                vertex = owner.area[int(rng.integers(owner.area.shape[0] - 1))]
+                towards = np.asarray(owner.centre) - vertex
+                shift = float(rng.choice([-1e-9, 0.0, 1e-9, 1e-3]))
+                point = vertex + shift * towards
+                window = _moved(window, field, row, (float(point[0]), float(point[1])))
+            found = _where(window)
+            if len(found) == 1 and None not in found:
+                assert registry.locate(window).id == found.pop()
+            else:
+                with pytest.raises(DispatchInputError) as caught:
+                    registry.locate(window)
+                assert caught.value.code == "city"

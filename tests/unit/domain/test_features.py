@@ -506,10 +506,10 @@ def _served(window: DispatchWindow, candidates: NDArray[np.int32], seed: int) ->
     resolution = resolve(
         objectives,
         candidates,
-        window.rider_ids,
-        window.rider_load,
-        window.rider_capacity,
-        np.ones(3, dtype=np.float32),
+        rider_ids=window.rider_ids,
+        rider_load=window.rider_load,
+        rider_capacity=window.rider_capacity,
+        weights=np.ones(3, dtype=np.float32),
     )
     return int(np.count_nonzero(resolution.assigned_rider_index >= 0))
 

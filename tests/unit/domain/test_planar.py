@@ -65,3 +65,21 @@ def test_the_inner_box_lies_inside_even_a_concave_ring() -> None:
     ell = np.array([[0.0, 0.0], [6.0, 0.0], [6.0, 2.0], [2.0, 2.0], [2.0, 6.0], [0.0, 6.0]])
     low_x, _, high_x, _ = planar.inner_box(np.concatenate((ell, ell[:1])))
     assert low_x > high_x
+
+
+def test_kept_segment_lines_give_the_same_cuts() -> None:
+    """A map keeps its segments' lines (`segment_lines`); passing them changes nothing, also
+    for legs through the vertices, along the segments and of zero length."""
+    rng = np.random.default_rng(0)
+    seg_start, seg_end = SQUARE[:-1], SQUARE[1:]
+    points = np.concatenate((SQUARE, rng.uniform(-2.0, 6.0, (40, 2)), [[2.0, 0.0], [4.0, 2.0]]))
+    start = points[rng.integers(0, points.shape[0], 300)]
+    end = np.concatenate((points[rng.integers(0, points.shape[0], 299)], start[:1]))
+    lines = planar.segment_lines(seg_start, seg_end)
+    np.testing.assert_array_equal(
+        planar.segment_cuts(start, end, seg_start, seg_end, lines),
+        planar.segment_cuts(start, end, seg_start, seg_end),
+    )
+    # through the corner (4, 4) from inside out: exactly one of its two segments is cut
+    cuts = planar.segment_cuts(np.array([[3.0, 3.0]]), np.array([[5.0, 5.0]]), seg_start, seg_end)
+    assert int(cuts.sum()) == 1

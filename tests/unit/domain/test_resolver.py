@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,30 +12,21 @@ from numpy.typing import NDArray
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, DISPATCH_OUTPUTS
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain.assignment import assign
+from dispatch_service.domain.hashing import fnv1a_64
 from dispatch_service.domain.resolver import (
     Resolution,
-    ResolverSettings,
     ResolverWindow,
     WindowTensors,
     _resolve_stacked,
-    assign,
     checked_together,
-    fnv1a_64,
     resolve,
     resolve_many,
-    score_pairs,
 )
+from dispatch_service.domain.scoring import ResolverSettings, score_pairs
 
 WEIGHTS = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
 Args = dict[str, Any]
-
-
-def reference_fnv1a(data: bytes) -> int:
-    value = 0xCBF29CE484222325
-    for byte in data:
-        value ^= byte
-        value = (value * 0x100000001B3) % (1 << 64)
-    return value
 
 
 def rider_ids(count: int) -> NDArray[np.object_]:
@@ -94,53 +82,7 @@ def dominates(a: NDArray[np.float32], b: NDArray[np.float32]) -> bool:
     return bool(better_or_equal and (a[0] < b[0] or a[1] > b[1] or a[2] < b[2]))
 
 
-# ---- stable hash -----------------------------------------------------------------------
-
-
-def test_fnv1a_known_vectors() -> None:
-    hashes = fnv1a_64([b"", b"a", b"foobar"])
-    assert hashes.dtype == np.uint64
-    assert hashes.tolist() == [0xCBF29CE484222325, 0xAF63DC4C8601EC8C, 0x85944171F73967E8]
-
-
-def test_fnv1a_matches_reference_on_random_ids() -> None:
-    rng = np.random.default_rng(7)
-    ids = [rng.integers(0, 256, rng.integers(0, 65)).astype(np.uint8).tobytes() for _ in range(500)]
-    ids += [b"\x00", b"a\x00", b"a\x00\x00", b"\x00a", b"\xff" * 64]  # NULs are data too
-    assert fnv1a_64(ids).tolist() == [reference_fnv1a(item) for item in ids]
-    assert len(set(fnv1a_64([b"a", b"a\x00", b"a\x00\x00"]).tolist())) == 3
-
-
-def test_fnv1a_is_the_same_in_another_process() -> None:
-    code = (
-        "from dispatch_service.domain.resolver import fnv1a_64;"
-        "print(fnv1a_64([b'rider-1', b'rider-2']).tolist())"
-    )
-    env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == str(fnv1a_64([b"rider-1", b"rider-2"]).tolist())
-
-
 # ---- scoring -------------------------------------------------------------------------
-
-
-def test_scores_are_strictly_monotone_in_each_objective() -> None:
-    rng = np.random.default_rng(1)
-    base = np.column_stack(
-        [rng.uniform(0, 120, 300), rng.uniform(0, 1, 300), rng.uniform(0, 60, 300)]
-    )
-    weights = np.asarray([0.45, 0.35, 0.20])  # every term weighted (the default has no on-time)
-    score = score_pairs(base, weights)
-    assert ((score >= 0) & (score <= 1)).all()
-    for column, sign in ((0, -1.0), (1, +1.0), (2, -1.0)):
-        better = base.copy()
-        step = rng.uniform(0.01, 5, 300) if column != 1 else rng.uniform(0.001, 0.05, 300)
-        better[:, column] += sign * step
-        # Beyond 1 the on-time utility saturates; below 0 ETA and cost are invalid.
-        keep = better[:, 1] <= 1.0 if column == 1 else better[:, column] >= 0.0
-        assert (score_pairs(better, weights)[keep] > score[keep]).all()
 
 
 def test_score_of_a_pair_ignores_the_rest_of_the_window() -> None:
@@ -231,7 +173,7 @@ def test_a_hash_collision_falls_to_the_id_not_the_row(monkeypatch: pytest.Monkey
     from dispatch_service.domain import resolver as resolver_module
 
     monkeypatch.setattr(
-        resolver_module, "_rider_hashes", lambda ids: np.zeros(len(ids), dtype=np.uint64)
+        resolver_module, "rider_id_hashes", lambda ids: np.zeros(len(ids), dtype=np.uint64)
     )
     ids = np.array([b"delta", b"alpha", b"charlie", b"bravo", b"echo"], dtype=object)
     for rows in ([0, 1, 2, 3, 4], [4, 2, 0, 3, 1]):
@@ -340,10 +282,10 @@ def test_empty_and_candidate_free_windows() -> None:
     empty = resolve(
         np.zeros((0, 3), np.float32),
         np.zeros((0, 4), np.int32),
-        rider_ids(2),
-        np.zeros(2, np.int32),
-        np.ones(2, np.int32),
-        WEIGHTS,
+        rider_ids=rider_ids(2),
+        rider_load=np.zeros(2, np.int32),
+        rider_capacity=np.ones(2, np.int32),
+        weights=WEIGHTS,
     )
     assert empty.topk_rider_index.shape == (0, 4)
     assert empty.assigned_rider_index.shape == (0,)
@@ -351,10 +293,10 @@ def test_empty_and_candidate_free_windows() -> None:
     no_columns = resolve(
         np.zeros((0, 3), np.float32),
         np.zeros((2, 0), np.int32),
-        rider_ids(1),
-        np.zeros(1, np.int32),
-        np.ones(1, np.int32),
-        WEIGHTS,
+        rider_ids=rider_ids(1),
+        rider_load=np.zeros(1, np.int32),
+        rider_capacity=np.ones(1, np.int32),
+        weights=WEIGHTS,
     )
     assert no_columns.topk_rider_index.shape == (2, 0)
     assert no_columns.assigned_rider_index.tolist() == [-1, -1]
@@ -363,10 +305,10 @@ def test_empty_and_candidate_free_windows() -> None:
     none = resolve(
         np.full((6, 3), np.nan, np.float32),
         np.full((2, 3), -1, np.int32),
-        np.zeros(0, dtype=object),
-        np.zeros(0, np.int32),
-        np.zeros(0, np.int32),
-        WEIGHTS,
+        rider_ids=np.zeros(0, dtype=object),
+        rider_load=np.zeros(0, np.int32),
+        rider_capacity=np.zeros(0, np.int32),
+        weights=WEIGHTS,
     )
     assert (none.topk_rider_index == -1).all()
     assert none.topk_rider_ids.tolist() == [[b""] * 3] * 2
@@ -619,10 +561,10 @@ def test_garbage_on_missing_candidates_is_ignored() -> None:
     result = resolve(
         objectives,
         np.array([[0, -1], [1, -1]], np.int32),
-        rider_ids(2),
-        np.zeros(2, np.int32),
-        np.ones(2, np.int32),
-        WEIGHTS,
+        rider_ids=rider_ids(2),
+        rider_load=np.zeros(2, np.int32),
+        rider_capacity=np.ones(2, np.int32),
+        weights=WEIGHTS,
     )
     assert result.assigned_rider_index.tolist() == [0, 1]
     assert np.isfinite(result.topk_score).all()
@@ -668,112 +610,6 @@ def test_settings_are_checked(settings: dict[str, Any]) -> None:
         ResolverSettings(**settings)
 
 
-# ---- fast paths --------------------------------------------------------------------------
-
-
-def random_slots(
-    rng: np.random.Generator, coarse: bool
-) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.int64]]:
-    """A Top-K table as `_assign_slots` sees it: -1 pads anywhere, scores in [0, 1]."""
-    orders, k, riders = int(rng.integers(0, 9)), int(rng.integers(1, 6)), int(rng.integers(1, 9))
-    index = np.full((orders, k), -1, dtype=np.int64)
-    for b in range(orders):
-        listed = rng.permutation(riders)[: int(rng.integers(0, min(k, riders) + 1))]
-        index[b, : listed.size] = listed
-        index[b] = rng.permutation(index[b])
-    score = rng.integers(0, 4, index.shape) / 4.0 if coarse else rng.random(index.shape)
-    spare = rng.integers(0, 4, riders).astype(np.int64)
-    return index, score, spare
-
-
-@pytest.mark.parametrize("coarse", [False, True])
-def test_uncontested_fast_path_equals_the_full_solve(coarse: bool) -> None:
-    from dispatch_service.domain.resolver import _solve_slots, _uncontested
-
-    rng = np.random.default_rng(20 + coarse)
-    taken = 0
-    for _ in range(3000):
-        index, score, spare = random_slots(rng, coarse)
-        quick = _uncontested(index, score, spare)
-        if quick is None:
-            continue
-        taken += 1
-        np.testing.assert_array_equal(quick, _solve_slots(index, score, spare))
-    assert taken > 500  # the fast path really ran, on both tie-free and coarse scores
-
-
-def test_uncontested_declines_ties_and_over_asked_riders() -> None:
-    from dispatch_service.domain.resolver import _uncontested
-
-    spare = np.array([1, 1, 1], dtype=np.int64)
-    # Two usable candidates at the same score: the solver's tie-break decides.
-    assert _uncontested(np.array([[0, 1]]), np.array([[0.5, 0.5]]), spare) is None
-    # Scores that differ but give the same cost 2 - s are a tie for the solver too.
-    close = np.array([[0.5, np.nextafter(0.5, 1.0)]])
-    assert 2.0 - close[0, 0] == 2.0 - close[0, 1]
-    assert _uncontested(np.array([[0, 1]]), close, spare) is None
-    # Both orders' best is rider 0, which has room for one.
-    assert (
-        _uncontested(np.array([[0, 1], [0, 2]]), np.array([[0.9, 0.1], [0.8, 0.2]]), spare) is None
-    )
-    # A tie with a full rider is no tie; an order with nothing usable stays unassigned.
-    spare = np.array([0, 1, 1], dtype=np.int64)
-    got = _uncontested(np.array([[0, 1], [0, -1]]), np.array([[0.5, 0.5], [0.9, 0.0]]), spare)
-    assert got is not None and got.tolist() == [1, -1]
-    assert _uncontested(np.zeros((0, 3), np.int64), np.zeros((0, 3)), spare) is not None
-
-
-def test_sparse_graph_is_the_canonical_coo_build() -> None:
-    from scipy.sparse import csr_matrix
-
-    from dispatch_service.domain import resolver
-
-    seen: list[Any] = []
-    solver = resolver.min_weight_full_bipartite_matching
-
-    def spy(graph: Any) -> Any:
-        seen.append(graph)
-        return solver(graph)
-
-    rng = np.random.default_rng(22)
-    try:
-        resolver.min_weight_full_bipartite_matching = spy  # type: ignore[assignment]
-        for _ in range(300):
-            index, score, spare = random_slots(rng, coarse=True)
-            seen.clear()
-            resolver._solve_slots(index, score, spare)
-            if not seen:
-                continue
-            graph = seen[0].tocoo()
-            shuffle = rng.permutation(graph.nnz)
-            rebuilt = csr_matrix(
-                (graph.data[shuffle], (graph.row[shuffle], graph.col[shuffle])), shape=graph.shape
-            )
-            for name in ("indptr", "indices", "data"):
-                np.testing.assert_array_equal(getattr(seen[0], name), getattr(rebuilt, name))
-    finally:
-        resolver.min_weight_full_bipartite_matching = solver  # type: ignore[assignment]
-
-
-def test_fnv1a_scalar_and_vector_paths_agree() -> None:
-    rng = np.random.default_rng(23)
-    ids = [bytes(rng.integers(0, 256, int(rng.integers(0, 65)), dtype=np.uint8)) for _ in range(60)]
-    expected = [reference_fnv1a(item) for item in ids]
-    assert fnv1a_64(ids).tolist() == expected  # over the byte budget: numpy columns
-    assert [int(fnv1a_64([item])[0]) for item in ids] == expected  # one id: Python loop
-
-
-def test_cached_rider_hashes_equal_fnv1a() -> None:
-    from dispatch_service.domain.resolver import _rider_hashes
-
-    ids = [f"cached-{i}".encode() for i in range(40)]
-    first = _rider_hashes(ids[:25])
-    again = _rider_hashes(ids)  # 25 cached, 15 new
-    assert first.tolist() == fnv1a_64(ids[:25]).tolist()
-    assert again.tolist() == fnv1a_64(ids).tolist()
-    assert again.dtype == np.uint64
-
-
 # ---- one window, several solves (pipeline.stacking) ----------------------------------------
 
 
@@ -785,7 +621,8 @@ def test_assignment_graph_is_optimal_with_and_without_dummies(coarse: bool, squa
     lexicographic optimum, and the window's `assign` (the uncontested shortcut first, then
     the rectangular graph these sizes get) equals the rectangular `solve`. Scores by slot
     rank too (`solve_ranked`): the optimum over every ranking of each rider's orders."""
-    from dispatch_service.domain.resolver import AssignmentGraph, ResolverWindow
+    from dispatch_service.domain.assignment import AssignmentGraph
+    from dispatch_service.domain.resolver import ResolverWindow
 
     rng = np.random.default_rng(30 + coarse)
     paths = {True: 0, False: 0}
@@ -873,10 +710,10 @@ def test_resolver_window_pair_objectives_are_checked_like_resolve() -> None:
     args = random_window(rng, 12, 5, 20)
     window = ResolverWindow.checked(
         args["candidate_rider_index"],
-        args["rider_ids"],
-        args["rider_load"],
-        args["rider_capacity"],
-        args["weights"],
+        rider_ids=args["rider_ids"],
+        rider_load=args["rider_load"],
+        rider_capacity=args["rider_capacity"],
+        weights=args["weights"],
     )
     objectives = window.objectives(args["objectives"])
     scores = window.scores(objectives)
@@ -918,7 +755,11 @@ def _random_window(
     ids = np.array([f"rider-{rng.integers(0, 1000)}-{r}" for r in range(riders)], dtype=object)
     capacity = rng.integers(0, 4, riders)
     window = ResolverWindow.checked(
-        candidates, ids, rng.integers(0, 3, riders), capacity, rng.random(3) + 0.01
+        candidates,
+        rider_ids=ids,
+        rider_load=rng.integers(0, 3, riders),
+        rider_capacity=capacity,
+        weights=rng.random(3) + 0.01,
     )
     objectives = np.column_stack(
         (
@@ -992,7 +833,9 @@ def _window_tensors(rng: np.random.Generator, width: int, riders: int = 0) -> Wi
 
 def _checked_alone(parts: WindowTensors) -> tuple[ResolverWindow, NDArray[np.float64]]:
     candidates, ids, load, capacity, weights, objectives = parts
-    window = ResolverWindow.checked(candidates, ids, load, capacity, weights)
+    window = ResolverWindow.checked(
+        candidates, rider_ids=ids, rider_load=load, rider_capacity=capacity, weights=weights
+    )
     return window, window.objectives(objectives)
 
 

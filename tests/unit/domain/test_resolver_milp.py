@@ -17,13 +17,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
-from dispatch_service.domain.resolver import (
-    AssignmentGraph,
-    ResolverSettings,
-    assign,
-    resolve,
-    score_pairs,
-)
+from dispatch_service.domain.assignment import AssignmentGraph, assign
+from dispatch_service.domain.resolver import resolve
+from dispatch_service.domain.scoring import ResolverSettings, score_pairs
 
 WEIGHTS = np.asarray(DEFAULT_OBJECTIVE_WEIGHTS, dtype=np.float64)
 

@@ -432,7 +432,7 @@ def test_rider_equipment_must_not_be_negative() -> None:
 @pytest.mark.parametrize("value", [-2, MAX_RIDER_LOAD + 1, 2**31 - 1, -(2**31)])
 def test_rider_load_and_capacity_must_be_plausible(name: str, value: int) -> None:
     # -4294967295 sent over HTTP JSON arrives wrapped as 1; a bound catches what still looks
-    # like a number (issue 10), the wrap itself only a patched Triton's parser refuses.
+    # like a number, the wrap itself only a patched Triton's parser refuses.
     tensors = valid_tensors()
     tensors[name][6] = value
     assert_rejected(tensors, name, f"must be within [0, {MAX_RIDER_LOAD}]", "(row 6)")
@@ -640,7 +640,7 @@ def test_window_ids_are_copies_of_the_input() -> None:
     ],
 )
 def test_wire_and_resolver_judge_weights_by_the_same_rule(weights: list[float], code: str) -> None:
-    from dispatch_service.domain.resolver import score_pairs
+    from dispatch_service.domain.scoring import score_pairs
 
     with pytest.raises(DispatchInputError) as wire:
         parse_objective_weights(np.asarray(weights, dtype=np.float32))

@@ -38,7 +38,7 @@ def test_entries_are_unambiguous(recogniser: AdminRecogniser) -> None:
 
 
 def test_road_addresses_of_simulated_orders_are_within_300_m() -> None:
-    """Issue 13's target: median error <= 300 m for road / POI matches against the
+    """The target: median error <= 300 m for road / POI matches against the
     simulator's true points; the district centroid alone is far worse."""
     report = gazetteer_build.gazetteer_accuracy(windows=4, orders=32, seed=11)
     assert report.unresolved == 0

@@ -178,8 +178,8 @@ def test_river_crossing_detours_through_a_crossing() -> None:
     east = np.asarray([[river + 1.0, north]])
     further_west = np.asarray([[river - 3.0, north]])
     vehicle = np.asarray([Vehicle.CAR])
-    across = sim.travel_leg(west, east, vehicle, 0, 14.0, False)
-    same_bank = sim.travel_leg(west, further_west, vehicle, 0, 14.0, False)
+    across = sim.travel_leg(west, east, vehicle, 0, hour=14.0, weekend=False)
+    same_bank = sim.travel_leg(west, further_west, vehicle, 0, hour=14.0, weekend=False)
     assert across.crossings[0] == 1 and same_bank.crossings[0] == 0
     assert across.road_km[0] > 3.0 * same_bank.road_km[0]  # via the 6 km crossing
     assert across.minutes[0] > 2.0 * same_bank.minutes[0]

@@ -119,7 +119,12 @@ def test_committed_cards_match_the_code(tiny: training.TrainResult, version: int
 def test_training_reduces_the_loss() -> None:
     config = training.TrainConfig(seed=1, windows=8, holdout_windows=1, epochs=4, hidden=(16,))
     data = training.build_dataset(
-        np.random.default_rng(1), 8, (8, 16), (40, 60), EncoderSettings(), ("shanghai",)
+        np.random.default_rng(1),
+        8,
+        orders_range=(8, 16),
+        riders_range=(40, 60),
+        encoder=EncoderSettings(),
+        cities=("shanghai",),
     )
     _, report = training.fit(data, config)
     assert len(report.loss_history) == 4
@@ -130,10 +135,10 @@ def test_dataset_labels_every_valid_pair() -> None:
     data = training.build_dataset(
         np.random.default_rng(2),
         3,
-        (5, 10),
-        (30, 40),
-        EncoderSettings(candidates_per_order=4),
-        ("shanghai", "chengdu"),
+        orders_range=(5, 10),
+        riders_range=(30, 40),
+        encoder=EncoderSettings(candidates_per_order=4),
+        cities=("shanghai", "chengdu"),
     )
     assert data.features.shape == (data.pairs, NUM_PAIR_FEATURES)
     assert data.features.dtype == np.float32

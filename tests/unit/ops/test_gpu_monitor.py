@@ -254,7 +254,7 @@ def test_the_real_probe_reports_failure_on_a_host_without_a_cuda_driver() -> Non
 def test_the_launcher_refuses_bad_monitor_settings_before_starting_anything(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from dispatch_service.ops.server import main as serve
+    from dispatch_service.ops.server_cli import main as serve
 
     with pytest.raises(SystemExit) as stopped:
         serve(["--gpu-monitor", "trip_samples=0", "--tritonserver", "/nonexistent"])
@@ -293,6 +293,6 @@ def test_a_taken_metrics_port_does_not_stop_the_monitor(caplog: pytest.LogCaptur
 def test_the_monitor_and_the_launcher_health_endpoint_default_to_different_ports() -> None:
     # Both run in the launcher process: on one port the second would fail to bind.
     from dispatch_service.ops.gpu.settings import GpuMonitorSettings
-    from dispatch_service.ops.supervisor import SupervisorSettings
+    from dispatch_service.ops.supervisor_state import SupervisorSettings
 
     assert GpuMonitorSettings().metrics_port != SupervisorSettings().health_port

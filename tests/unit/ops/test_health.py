@@ -98,3 +98,40 @@ def test_probes_go_first_in_line_and_say_when_they_failed_for_want_of_capacity(
     assert not result.ok and result.busy is busy
     assert _Client.priorities == [health.PROBE_PRIORITY] == [1]
     assert _Client.retries == [NO_RETRY]  # a probe's verdict is one send
+
+
+def test_the_probe_window_is_the_simulated_window_it_was_made_from() -> None:
+    """The committed probe window is the simulator's window for seed 20 (2 orders, 4 riders);
+    regenerate the file with `window_to_json` if the simulator or the contract changes."""
+    import numpy as np
+
+    from dispatch_service.domain.window import window_to_tensors
+    from dispatch_service.offline.simulator import generate_window
+
+    simulated = window_to_tensors(
+        generate_window(np.random.default_rng(20), health.PROBE_ORDERS, health.PROBE_RIDERS)
+    )
+    served = health.probe_window()
+    assert sorted(served) == sorted(simulated)
+    for name, values in simulated.items():
+        assert served[name].dtype == values.dtype, name
+        np.testing.assert_array_equal(served[name], values, err_msg=name)
+
+
+def test_the_launcher_never_imports_the_simulator() -> None:
+    """Checked in a fresh interpreter: the launcher, its supervisor and a probe run without
+    `dispatch_service.offline` (the import-linter contract holds the static imports)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import dispatch_service.ops.server\n"
+        "from dispatch_service.ops import health\n"
+        "health.probe_window()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('dispatch_service.offline')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatch_service.ops.child_process import ChildService
 from dispatch_service.ops.restart import (
     EMBEDDED_ON_DEAD,
     CrashCounter,
@@ -20,7 +21,7 @@ from dispatch_service.ops.restart import (
     end_process_group,
     start_again,
 )
-from dispatch_service.ops.server import ChildService, build_parser
+from dispatch_service.ops.server_cli import build_parser
 
 
 def test_the_embedded_build_restarts_by_default_another_triton_exits() -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer, main
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.server_cli import main
 
 
 def runtime(root: Path) -> TritonRuntime:

@@ -23,14 +23,9 @@ from dispatch_service.core.signing import (
     public_key_pem,
     sign_version,
 )
-from dispatch_service.ops.server import (
-    Ports,
-    ServerError,
-    ServerOptions,
-    TritonRuntime,
-    TritonServer,
-    main,
-)
+from dispatch_service.ops.child_process import ServerError
+from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.server_cli import main
 from dispatch_service.ops.verified_load import (
     load_failures,
     plan_load,

@@ -9,6 +9,7 @@ import numpy as np
 
 from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.ops.warmup import WARMUP_MODELS, raw_bytes, warmup_tensors
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
@@ -16,13 +17,13 @@ from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 def test_committed_warmup_files_match_a_fresh_generation() -> None:
     for model, tensors in warmup_tensors().items():
         for name, array in tensors.items():
-            path = MODEL_REPOSITORY / model / "warmup" / name
+            path = model_layout(MODEL_REPOSITORY, model).warmup / name
             assert path.read_bytes() == raw_bytes(array), f"{path} is stale: run make warmup"
 
 
 def test_configs_declare_every_warmup_file_with_its_shape() -> None:
     for model, tensors in warmup_tensors().items():
-        config = read_model_config(MODEL_REPOSITORY / model / "config.pbtxt")
+        config = read_model_config(model_layout(MODEL_REPOSITORY, model).config)
         (sample,) = config.model_warmup
         assert sample.batch_size == 1  # 0 makes Triton skip the sample
         declared = {name: tuple(spec.dims) for name, spec in sample.inputs.items()}

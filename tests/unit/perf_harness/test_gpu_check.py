@@ -17,7 +17,7 @@ from dispatch_contract import FEATURE_ENTRY_INPUTS, NUM_PAIR_FEATURES
 from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.settings import load_settings, reject_unknown
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from perf.gpu_check import (
@@ -168,8 +168,8 @@ def test_shm_and_copy_runs_differ_only_in_shared_memory(tmp_path: Path, model: s
             tmp_path,
             csv_name(run.config, run.shared_memory),
             run.shared_memory,
-            65536,
-            4000,
+            output_shm_size=65536,
+            requests=4000,
             model=run.model,
         )
         return job.arguments()
@@ -191,7 +191,9 @@ def test_shm_and_copy_runs_differ_only_in_shared_memory(tmp_path: Path, model: s
 
 
 def test_a_short_run_still_measures_at_least_one_request_per_caller(tmp_path: Path) -> None:
-    job = c128_job("h:1", tmp_path / "d.json", tmp_path, "x", "none", 4096, 10)
+    job = c128_job(
+        "h:1", tmp_path / "d.json", tmp_path, "x", "none", output_shm_size=4096, requests=10
+    )
     args = job.arguments()
     assert args[args.index("--measurement-request-count") + 1] == "128"
 

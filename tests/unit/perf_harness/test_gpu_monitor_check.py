@@ -50,7 +50,7 @@ def test_a_probe_answers_for_every_gpu_asked_and_its_cpu_time_is_counted() -> No
 
 def test_the_drill_reloads_with_the_servers_admin_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """gpu_check's servers lock the model-repository group: without the key every reload of
-    the drill answered 403 (seen in a CPU smoke run of gpu_check)."""
+    the drill answers 403."""
     keys: list[Any] = []
 
     class Refusing:

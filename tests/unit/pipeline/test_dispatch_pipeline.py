@@ -19,18 +19,18 @@ from dispatch_service.core.metrics import (
     RESOLVER_LATENCY,
     VALIDATION_REJECTIONS,
     InMemoryMetrics,
-    candidates_per_order,
-    capacity_conflicts,
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.core.settings import SettingsError
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.pipeline.step_metrics import candidates_per_order, capacity_conflicts
 
 Tensors = dict[str, NDArray[Any] | None]
 STEP_MODELS = ("feature_encoder", "dispatch_model", "topk_resolver")
-COMMITTED_MODEL = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
+COMMITTED_MODEL = model_layout(MODEL_REPOSITORY, "dispatch_model").onnx(1)
 
 
 def window_tensors(orders: int, riders: int, seed: int = 0) -> Tensors:
@@ -42,9 +42,9 @@ def make_repository(root: Path, model: Path) -> Path:
     """The shipped step configs with ``model`` as dispatch_model version 1."""
     for name in STEP_MODELS:
         (root / name).mkdir(parents=True)
-        shutil.copy(MODEL_REPOSITORY / name / "config.pbtxt", root / name / "config.pbtxt")
+        shutil.copy(model_layout(MODEL_REPOSITORY, name).config, model_layout(root, name).config)
     (root / "dispatch_model" / "1").mkdir()
-    shutil.copy(model, root / "dispatch_model" / "1" / "model.onnx")
+    shutil.copy(model, model_layout(root, "dispatch_model").onnx(1))
     return root
 
 
@@ -84,8 +84,8 @@ def test_pipeline_over_a_repository_follows_the_contract(
 
 def test_pipeline_settings_come_from_the_configs(tmp_path: Path, contract_model: Path) -> None:
     repository = make_repository(tmp_path, contract_model)
-    set_parameter(repository / "topk_resolver" / "config.pbtxt", "top_k", "3")
-    set_parameter(repository / "feature_encoder" / "config.pbtxt", "candidates_per_order", "4")
+    set_parameter(model_layout(repository, "topk_resolver").config, "top_k", "3")
+    set_parameter(model_layout(repository, "feature_encoder").config, "candidates_per_order", "4")
     pipeline = DispatchPipeline.from_repository(repository)
     assert pipeline.resolver.settings.top_k == 3
     assert pipeline.encoder.encoder.candidates_per_order == 4
@@ -94,7 +94,7 @@ def test_pipeline_settings_come_from_the_configs(tmp_path: Path, contract_model:
 
 def test_pipeline_rejects_an_unknown_config_parameter(tmp_path: Path, contract_model: Path) -> None:
     repository = make_repository(tmp_path, contract_model)
-    config = repository / "topk_resolver" / "config.pbtxt"
+    config = model_layout(repository, "topk_resolver").config
     config.write_text(config.read_text().replace('key: "top_k"', 'key: "topk"'))
     with pytest.raises(SettingsError, match="topk"):
         DispatchPipeline.from_repository(repository)
@@ -105,7 +105,7 @@ def test_pipeline_loads_the_requested_version(tmp_path: Path, contract_model: Pa
     with pytest.raises(Exception, match=r"dispatch_model[/\\]2[/\\]model\.onnx"):
         DispatchPipeline.from_repository(repository, model_version=2)
     (repository / "dispatch_model" / "2").mkdir()
-    shutil.copy(contract_model, repository / "dispatch_model" / "2" / "model.onnx")
+    shutil.copy(contract_model, model_layout(repository, "dispatch_model").onnx(2))
     assert DispatchPipeline.from_repository(repository, model_version=2).model is not None
 
 

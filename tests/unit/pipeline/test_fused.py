@@ -15,6 +15,7 @@ from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, RESOLVER_OUTPUTS
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.core.signing import (
     SigningError,
@@ -22,7 +23,7 @@ from dispatch_service.core.signing import (
     generate_private_key,
     sign_version,
 )
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
@@ -43,7 +44,7 @@ def tag(value: str) -> NDArray[Any]:
 
 
 SHIPPED = FusedSettings.from_parameters(
-    config_parameters(MODEL_REPOSITORY / "dispatch_fused" / "config.pbtxt")
+    config_parameters(model_layout(MODEL_REPOSITORY, "dispatch_fused").config)
 )
 
 
@@ -129,7 +130,7 @@ def test_an_unavailable_canary_is_out_of_routing(
         assert (result.outputs["ORDER_MODEL_VERSION"] == 1).all()
         assert (result.outputs["ORDER_FALLBACK_LEVEL"] == level).all()
     (failed,) = [call for call in result.routed.calls if call.error is not None]
-    assert (failed.version, failed.error, failed.made) == (2, NOT_SERVED, False)
+    assert (failed.version, failed.error, failed.called) == (2, NOT_SERVED, False)
     half = dataclasses.replace(
         stable_only,
         settings=FusedSettings(
@@ -192,9 +193,11 @@ def test_a_missing_version_folder_is_unavailable_not_fatal(tmp_path: Path) -> No
     for name in ("feature_encoder", "topk_resolver"):
         shutil.copytree(MODEL_REPOSITORY / name, repository / name)
     (repository / "dispatch_model" / "1").mkdir(parents=True)
-    shutil.copy(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt", repository / "dispatch_model")
     shutil.copy(
-        MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx",
+        model_layout(MODEL_REPOSITORY, "dispatch_model").config, repository / "dispatch_model"
+    )
+    shutil.copy(
+        model_layout(MODEL_REPOSITORY, "dispatch_model").onnx(1),
         repository / "dispatch_model" / "1",
     )
     dispatch = FusedDispatch.from_repository(repository, SHIPPED)

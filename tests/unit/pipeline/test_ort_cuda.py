@@ -15,7 +15,7 @@ from dispatch_service.pipeline.onnx_runner import (
     check_providers,
     execution_providers,
 )
-from dispatch_service.serving.triton_adapter import with_instance_device
+from dispatch_service.serving.step_adapters import with_instance_device
 
 HAS_CUDA_EP = "CUDAExecutionProvider" in ort.get_available_providers()
 

@@ -13,7 +13,8 @@ from numpy.typing import NDArray
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
 from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import encode_window
-from dispatch_service.domain.resolver import ResolverWindow, resolve, score_pairs
+from dispatch_service.domain.resolver import ResolverWindow, resolve
+from dispatch_service.domain.scoring import score_pairs
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline import simulator
 from dispatch_service.pipeline.stacking import (
@@ -140,10 +141,10 @@ def test_a_window_without_stacking_is_one_plain_solve() -> None:
     plain = resolve(
         args["objectives"],
         args["candidate_rider_index"],
-        window.rider_ids,  # type: ignore[arg-type]
-        window.rider_load,
-        one,
-        WEIGHTS,
+        rider_ids=window.rider_ids,  # type: ignore[arg-type]
+        rider_load=window.rider_load,
+        rider_capacity=one,
+        weights=WEIGHTS,
         order_ids=window.order_ids,
     )
     assert result.rescored == 0
@@ -157,7 +158,7 @@ def test_pipeline_wiring_runs_the_stack_aware_resolution() -> None:
     pipeline with stack_aware off on a stacked window."""
     from dataclasses import replace
 
-    from dispatch_service.domain.window import window_to_wire
+    from dispatch_service.domain.window_wire import window_to_wire
     from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 
     window = simulator.generate_window(np.random.default_rng(2), 48, 40)
@@ -170,14 +171,14 @@ def test_pipeline_wiring_runs_the_stack_aware_resolution() -> None:
     direct = resolve_stack_aware(
         scores,
         encoded["PAIR_FEATURES"],
-        encoded["CANDIDATE_RIDER_INDEX"],
-        window.created_at,
-        window.rider_ids,
-        window.rider_load,
-        window.rider_capacity,
-        WEIGHTS,
-        lambda rows, features: aware.model.scorer.infer(features),
-        aware.resolver.settings,
+        candidate_rider_index=encoded["CANDIDATE_RIDER_INDEX"],
+        created_at=window.created_at,
+        rider_ids=window.rider_ids,
+        rider_load=window.rider_load,
+        rider_capacity=window.rider_capacity,
+        weights=WEIGHTS,
+        rescore=lambda rows, features: aware.model.scorer.infer(features),
+        settings=aware.resolver.settings,
     ).resolution.as_wire_tensors()
     got = aware.run(tensors)
     for name, value in direct.items():
@@ -341,7 +342,11 @@ def test_can_stack_says_whether_some_rider_can_take_two_new_orders() -> None:
         ids = np.array([f"r{r}".encode() for r in range(riders)], dtype=object)
         load = rng.integers(0, 3, riders)
         window = ResolverWindow.checked(
-            candidates, ids, load, load + rng.integers(0, 4, riders), DEFAULT_OBJECTIVE_WEIGHTS
+            candidates,
+            rider_ids=ids,
+            rider_load=load,
+            rider_capacity=load + rng.integers(0, 4, riders),
+            weights=DEFAULT_OBJECTIVE_WEIGHTS,
         )
         windows.append(window)
     expected = [

@@ -17,7 +17,7 @@ from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import encode_window
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.routing.engine import route_and_score_now
+from dispatch_service.routing.engine import route_and_score_sync
 from dispatch_service.routing.fallback import FallbackLevel, rule_based_objectives
 from dispatch_service.routing.metrics import FALLBACK_ORDERS, ROUTED_ORDERS, routed_observations
 from dispatch_service.routing.policy import choose_versions
@@ -59,7 +59,7 @@ def route(cpu_scoring: int, failing: set[int], shadow: bool = False) -> Any:
     settings = RouterSettings(
         canary_version=2, canary_percent=50, shadow_percent=100, cpu_scoring=cpu_scoring
     )
-    routed = route_and_score_now(
+    routed = route_and_score_sync(
         features, candidates, versions, settings, scorer_failing(failing), shadow=shadow
     )
     return routed, features, versions

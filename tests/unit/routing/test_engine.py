@@ -25,8 +25,8 @@ from dispatch_service.routing.engine import (
     RouteItem,
     route_and_score,
     route_and_score_many,
-    route_and_score_many_now,
-    route_and_score_now,
+    route_and_score_many_sync,
+    route_and_score_sync,
 )
 from dispatch_service.routing.fallback import FallbackLevel, rule_based_objectives
 from dispatch_service.routing.metrics import (
@@ -553,7 +553,7 @@ def test_in_process_routing_answers_as_the_async_one(
     def now(version: int, rows: NDArray[np.float32]) -> NDArray[Any]:
         return asyncio.run(async_scorer(version, rows))
 
-    got = route_and_score_now(features, candidates, versions, settings, now, shadow=shadow)
+    got = route_and_score_sync(features, candidates, versions, settings, now, shadow=shadow)
     np.testing.assert_array_equal(got.objectives, expected.objectives)
     np.testing.assert_array_equal(got.model_version, expected.model_version)
     np.testing.assert_array_equal(got.fallback_level, expected.fallback_level)
@@ -626,11 +626,11 @@ def test_windows_routed_together_answer_as_each_alone(
 ) -> None:
     items, _ = _batch_items(3, 5, shadow, nan_window)
     together_scorer = RowPoison(failing=failing)
-    together = route_and_score_many_now(items, together_scorer.now)
+    together = route_and_score_many_sync(items, together_scorer.now)
     alone_scorer = RowPoison(failing=failing)
     for item, got in zip(items, together, strict=True):
         assert isinstance(got, RoutedScores), got
-        alone = route_and_score_now(
+        alone = route_and_score_sync(
             item.features, item.candidates, item.versions, item.settings,
             alone_scorer.now, shadow=item.shadow,
         )  # fmt: skip
@@ -646,7 +646,7 @@ def test_windows_routed_together_answer_as_each_alone(
 def test_one_call_per_version_per_round_for_the_whole_batch() -> None:
     items, rows = _batch_items(5, 6, shadow=True)
     scorer = RowPoison()
-    route_and_score_many_now(items, scorer.now)
+    route_and_score_many_sync(items, scorer.now)
     # Round one: every window's primary and shadow calls, joined by version: 1 and 2 once.
     assert sorted(version for version, _ in scorer.calls) == [1, 2]
     # With shadows at 100 % every row is scored by both versions.
@@ -665,7 +665,7 @@ def test_a_joined_call_is_timed_as_each_window_s_share_of_it() -> None:
     items = [
         RouteItem(i.features, i.candidates, np.ones_like(i.versions), i.settings) for i in items
     ]  # every order on version 1: one call in all
-    routed = route_and_score_many_now(items, one_second, clock=lambda: now[0])
+    routed = route_and_score_many_sync(items, one_second, clock=lambda: now[0])
     seconds = []
     for got, count in zip(routed, rows, strict=True):
         assert isinstance(got, RoutedScores)
@@ -678,11 +678,11 @@ def test_a_joined_call_is_timed_as_each_window_s_share_of_it() -> None:
 def test_a_bad_window_fails_alone_in_a_batch() -> None:
     items, _ = _batch_items(9, 3, shadow=False)
     bad = RouteItem(items[1].features[:-1], items[1].candidates, items[1].versions, CANARY)
-    routed = route_and_score_many_now([items[0], bad, items[2]], RowPoison().now)
+    routed = route_and_score_many_sync([items[0], bad, items[2]], RowPoison().now)
     assert isinstance(routed[1], DispatchInputError)
     assert routed[1].tensor == "PAIR_FEATURES"
     assert all(isinstance(routed[n], RoutedScores) for n in (0, 2))
-    assert route_and_score_many_now([], RowPoison().now) == []
+    assert route_and_score_many_sync([], RowPoison().now) == []
 
 
 def test_a_joined_call_that_times_out_fails_each_window_without_a_second_try() -> None:

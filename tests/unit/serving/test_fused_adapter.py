@@ -18,7 +18,7 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.settings import SettingsError
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.routing.metrics import ROUTED_ORDERS
@@ -141,6 +141,6 @@ def test_the_fused_model_seals_its_stubs_region_before_anything_else(
     def seal() -> None:
         raise SealedError
 
-    monkeypatch.setattr("dispatch_service.serving.triton_adapter.seal_own_region", seal)
+    monkeypatch.setattr("dispatch_service.serving.backend_log.seal_own_region", seal)
     with pytest.raises(SealedError):
         fused_adapter_for(pb, args())

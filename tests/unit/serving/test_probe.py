@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 
 from dispatch_contract import batched
-from dispatch_service.core.metrics import ENCODER_LATENCY, InMemoryMetrics, encoder_observations
-from dispatch_service.domain.window import window_to_wire
+from dispatch_service.core.metrics import ENCODER_LATENCY, InMemoryMetrics
+from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline.step_metrics import encoder_observations
 from dispatch_service.pipeline.steps import FeatureEncoderStep
 from dispatch_service.serving.probe import PROBE_PARAMETER, is_probe
-from dispatch_service.serving.triton_adapter import TritonEncoderAdapter
+from dispatch_service.serving.step_adapters import TritonEncoderAdapter
 from pb_stand_in import FakePbUtils, FakeRequest
 
 

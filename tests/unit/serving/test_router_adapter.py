@@ -431,6 +431,6 @@ def test_the_router_seals_its_stubs_region_before_anything_else(
     def seal() -> None:
         raise SealedError
 
-    monkeypatch.setattr("dispatch_service.serving.triton_adapter.seal_own_region", seal)
+    monkeypatch.setattr("dispatch_service.serving.backend_log.seal_own_region", seal)
     with pytest.raises(SealedError):
         router_adapter_for(FakePb(served(1)), _args())

@@ -2,8 +2,8 @@
 
 Cards are signed with the model, so they hold only what the seed and the code determine:
 no wall times, no host; floats are rounded to ``CARD_DIGITS`` significant digits so that
-last-bit differences of a BLAS or thread count cannot change the signed bytes
-(issue 15 item 4). Run times are printed by the training command instead.
+last-bit differences of a BLAS or thread count cannot change the signed bytes.
+Run times are printed by the training command instead.
 """
 
 from __future__ import annotations

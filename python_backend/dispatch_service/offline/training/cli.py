@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
 from dispatch_service.offline.training.card import append_policy_evaluation
 from dispatch_service.offline.training.config import TrainConfig
 from dispatch_service.offline.training.run import display_path, train_and_export
@@ -115,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _version_dir(version: int) -> Path:
-    return MODEL_REPOSITORY / "dispatch_model" / str(version)
+    return model_layout(MODEL_REPOSITORY, SCORING_MODEL).version(version)
 
 
 CARD_REGIMES: Final = ("default", "peak")
@@ -153,8 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--quick needs --out-dir: a toy model must not replace the served one")
         args.out_dir = str(_version_dir(args.version))
     reference = None if args.compare_with is None else Path(args.compare_with)
-    if reference is not None and not (reference / "model.onnx").is_file():
-        parser.error(f"--compare-with: no model.onnx in {reference}")
+    if reference is not None and not (reference / ONNX_FILE).is_file():
+        parser.error(f"--compare-with: no {ONNX_FILE} in {reference}")
     config = config_from_args(args)
     committed = Path(args.out_dir)
     command = _command(args)
@@ -202,23 +203,25 @@ def _train(
     print(f"wrote {result.model_path} ({card['onnx']['bytes']} bytes)")
     print("held-out:", json.dumps(card["holdout"], indent=None))
     if not args.no_eval:
-        from dispatch_service.offline import evaluation
+        from dispatch_service.offline.evaluation import card_section
+        from dispatch_service.offline.evaluation_policies import default_policies
+        from dispatch_service.offline.evaluation_run import EvaluationConfig, evaluate
 
         eval_windows = args.eval_windows
         if eval_windows is None:
             # The card's tables are `make evaluate`'s, over as many windows per regime.
-            full = evaluation.EvaluationConfig.windows
+            full = EvaluationConfig.windows
             eval_windows = QUICK["eval_windows"] if args.quick else full
         # Every city in the regimes the oracle-gain targets judge; `make evaluate` has all.
         regimes = ("default",) if args.quick else CARD_REGIMES
-        models = {"model": out_dir / "model.onnx"}
+        models = {"model": out_dir / ONNX_FILE}
         if reference is not None:  # the reference version on the same windows and noise
-            models[f"version_{reference.name}"] = reference / "model.onnx"
-        summary = evaluation.evaluate(
-            evaluation.default_policies(models, MODEL_REPOSITORY),
-            evaluation.EvaluationConfig(windows=eval_windows, regimes=regimes),
+            models[f"version_{reference.name}"] = reference / ONNX_FILE
+        summary = evaluate(
+            default_policies(models, MODEL_REPOSITORY),
+            EvaluationConfig(windows=eval_windows, regimes=regimes),
         )
-        section = evaluation.card_section(summary, "model", config.cities)
+        section = card_section(summary, "model", config.cities)
         print(section["markdown"])
         append_policy_evaluation(out_dir, card, section)
     host = f"{platform.machine()}, {_cpu_count()} CPUs, Python {platform.python_version()}"

@@ -58,6 +58,7 @@ class Dataset:
 def build_dataset(
     rng: np.random.Generator,
     windows: int,
+    *,
     orders_range: tuple[int, int],
     riders_range: tuple[int, int],
     encoder: EncoderSettings,

@@ -12,6 +12,7 @@ import numpy as np
 
 from dispatch_contract import FEATURE_LAYOUT_VERSION, OBJECTIVES, PAIR_FEATURE_NAMES
 from dispatch_service.core.paths import REPO_ROOT
+from dispatch_service.core.repository_layout import ONNX_FILE
 from dispatch_service.domain.cities import default_registry
 from dispatch_service.offline.training.card import layout, write_card
 from dispatch_service.offline.training.config import (
@@ -49,6 +50,7 @@ class TrainResult:
 def train_and_export(
     config: TrainConfig,
     out_dir: Path,
+    *,
     command: str = "",
     log: bool = False,
     version: int = 1,
@@ -63,19 +65,19 @@ def train_and_export(
     train = build_dataset(
         np.random.default_rng([config.seed, STREAM_TRAIN]),
         config.windows,
-        config.orders_range,
-        config.riders_range,
-        config.encoder,
-        config.cities,
+        orders_range=config.orders_range,
+        riders_range=config.riders_range,
+        encoder=config.encoder,
+        cities=config.cities,
     )
     # Held out: windows of every registered city, those never trained on included.
     holdout = build_dataset(
         np.random.default_rng([config.seed, STREAM_HOLDOUT]),
         config.holdout_windows,
-        config.orders_range,
-        config.riders_range,
-        config.encoder,
-        default_registry().ids,
+        orders_range=config.orders_range,
+        riders_range=config.riders_range,
+        encoder=config.encoder,
+        cities=default_registry().ids,
     )
     if log:
         print(
@@ -93,7 +95,7 @@ def train_and_export(
         raise RuntimeError(f"onnxruntime and numpy disagree (max relative diff {max_diff:.3g})")
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    model_path = out_dir / "model.onnx"
+    model_path = out_dir / ONNX_FILE
     model_path.write_bytes(model_bytes)
     (out_dir / "feature_layout.json").write_text(
         json.dumps(layout(config.encoder), indent=2) + "\n"
@@ -150,10 +152,10 @@ def train_and_export(
     }
     card["version"] = version
     if reference is not None:
-        reference_out = ort_predict((reference / "model.onnx").read_bytes(), holdout.features)
+        reference_out = ort_predict((reference / ONNX_FILE).read_bytes(), holdout.features)
         card["comparison"] = {
             "reference_label": f"version {reference.name}",
-            "reference_model": display_path(reference / "model.onnx"),
+            "reference_model": display_path(reference / ONNX_FILE),
             "holdout": holdout_metrics(reference_out.astype(np.float64), holdout),
             "paired": paired_differences(
                 numpy_out.astype(np.float64), reference_out.astype(np.float64), holdout

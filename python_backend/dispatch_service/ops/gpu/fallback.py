@@ -174,6 +174,7 @@ class FallbackController:
         http_url: str,
         settings: GpuMonitorSettings,
         admin_key: str | None = None,
+        *,
         timeout_s: float = 300.0,
         load: Callable[..., None] = load_model,
         read: Callable[..., dict[str, Any]] = model_config,

@@ -1,0 +1,188 @@
+"""The report's serving sections: alternating rounds, open-loop overload on separate cores,
+and the closed-loop storms (robustness checks, not targets).
+
+Pure: renders a `perf.results.BenchResults`; `perf.report` places these sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from perf.results import BenchResults
+from perf.rounds import LIMIT, ROUND_ORDER, ROUND_RATIOS, round_ratio
+from perf.target import Target
+
+__all__ = [
+    "format_number",
+    "markdown_table",
+    "open_loop_section",
+    "robustness_section",
+    "rounds_section",
+    "verdict",
+]
+
+_ROUND_LABELS = {
+    "fused_grpc": "dispatch_fused gRPC (perf_analyzer)",
+    "fastapi_json": "FastAPI window JSON (perf.loadgen)",
+    "grpc": "dispatch gRPC (perf_analyzer)",
+    LIMIT: "in-process limit (2 processes)",
+}
+
+
+def format_number(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def verdict(target: Target) -> str:
+    if target.invalid:
+        return f"**INVALID** ({target.invalid})"
+    return {True: "met", False: "**not met**", None: "not measured"}[target.met]
+
+
+def markdown_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], align: str = ""
+) -> list[str]:
+    align = align or "l" + "r" * (len(header) - 1)
+    marks = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(marks) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def rounds_section(results: BenchResults) -> list[str]:
+    """Each round's windows/s and the median ratio with its spread."""
+    if not results.rounds:
+        return []
+    entries = [e for e in ROUND_ORDER if any(e in r for r in results.rounds)]
+    lines = [
+        "",
+        "## Alternating rounds (small windows, c=64)",
+        "",
+        "The c=64 comparison repeated in rounds, each round measuring every entry once in this "
+        "order, so a slow minute of the host falls on all of them. Each ratio is taken within "
+        "a round; the targets read the median over the rounds.",
+        "",
+    ]
+    lines += markdown_table(
+        ["round", *(_ROUND_LABELS.get(e, e) for e in entries)],
+        [
+            [str(number), *(format_number(measured.get(e), 1) for e in entries)]
+            for number, measured in enumerate(results.rounds, 1)
+        ],
+    )
+    lines += [""]
+    rows = []
+    for ratio in ROUND_RATIOS:
+        found = round_ratio(results.rounds, ratio.numerator, ratio.denominator)
+        rows.append(
+            [
+                ratio.name,
+                format_number(found.median if found else None),
+                f"{found.low:.2f}-{found.high:.2f}" if found else "n/a",
+                str(found.count if found else 0),
+                f">= {ratio.goal:g}x",
+            ]
+        )
+    lines += markdown_table(["ratio", "median", "min-max", "rounds", "goal"], rows)
+    return lines
+
+
+def _burst_row(label: str, burst: dict[str, Any]) -> list[str]:
+    generator, probe = burst.get("generator", {}), burst.get("probe", {})
+    valid = "VALID" if generator.get("valid") else "**INVALID**"
+    recovery = burst.get("recovery_s")
+    return [
+        label,
+        format_number(burst.get("rate_per_s"), 0),
+        str(generator.get("sent", 0)),
+        str(generator.get("accepted", 0)),
+        str(generator.get("refused", 0)),
+        format_number(generator.get("accepted_p99_ms"), 1),
+        format_number(generator.get("refusal_p99_ms"), 1),
+        f"{format_number(generator.get('send_lag_p50_ms'))} / "
+        f"{format_number(generator.get('send_lag_p99_ms'))} ({valid})",
+        f"L{burst.get('probe_level', '?')}: {probe.get('accepted', 0)} / {probe.get('refused', 0)}",
+        format_number(probe.get("accepted_p99_ms"), 1),
+        format_number(probe.get("queue_full_refusal_p99_ms"), 1),
+        format_number(recovery) if recovery is not None else "not recovered",
+    ]
+
+
+def open_loop_section(results: BenchResults) -> list[str]:
+    """The open-loop bursts: generator, schedule check, probe and recovery, per burst."""
+    figures = results.open_loop
+    if not figures:
+        return []
+    capacity = figures.get("capacity", {})
+    unloaded = figures.get("unloaded", {})
+    lines = [
+        "",
+        f"## Open-loop overload (`{figures.get('model', '?')}`, server and load on separate cores)",
+        "",
+        f"Cores: {figures.get('cores', 'n/a')}. Capacity: the closed loop at "
+        f"c={capacity.get('concurrency', 64)} accepted "
+        f"{format_number(capacity.get('accepted_per_s'), 0)} windows/s "
+        f"(p99 {format_number(capacity.get('accepted_p99_ms'), 1)} ms); queue timeout at "
+        f"level 2: {format_number(figures.get('queue_timeout_ms'), 0)} ms. Each burst lasts "
+        f"{figures.get('seconds', '?')} s at a fixed arrival rate (open loop, latency from the "
+        "send); the probe (its own process, 20 windows/s, one at a time) keeps watching "
+        f"{figures.get('tail_s', '?')} s after it. A burst whose send-lag p99 exceeds 5 ms is "
+        "INVALID: the generator, not the server, set its pace.",
+        "",
+        "Probes alone (unloaded): "
+        + "; ".join(
+            f"level {key.rsplit('_', 1)[-1]} p50 "
+            f"{format_number(found.get('accepted_p50_ms'))} ms, p99 "
+            f"{format_number(found.get('accepted_p99_ms'))} ms"
+            for key, found in sorted(unloaded.items())
+        )
+        + ".",
+        "",
+    ]
+    if figures.get("error"):
+        lines += [f"Not run: {figures['error']}.", ""]
+    names = {"1.5x": "1.5x, level 2", "3x": "3x, level 2", "priority": "1.5x bulk, level-1 probe"}
+    lines += markdown_table(
+        [
+            "burst", "rate/s", "sent", "accepted", "refused", "accepted p99 ms",
+            "refusal p99 ms", "send lag p50 / p99 ms", "probe accepted / refused",
+            "probe p99 ms", "probe refusal p99 ms", "recovery s",
+        ],
+        [_burst_row(names.get(k, k), b) for k, b in figures.get("bursts", {}).items()],
+        "lrrrrrrlrrrr",
+    )  # fmt: skip
+    return lines
+
+
+def robustness_section(targets: Sequence[Target]) -> list[str]:
+    """The closed-loop storms: a robustness test (the server stays up and answers the next
+    request), reported with the goals they once had, but not targets."""
+    rows = [t for t in targets if t.robustness]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Closed-loop storms (robustness, not targets)",
+        "",
+        "512 callers sending again as soon as answered or refused, on the server's own cores: "
+        "a storm the host turns into refusals whatever the model does. Kept as a robustness "
+        "test; the targets are the open-loop ones above.",
+        "",
+    ]
+    lines += markdown_table(
+        ["check", "model", "goal", "measured", "verdict", "detail"],
+        [
+            [
+                t.name,
+                f"`{t.model}`",
+                t.goal,
+                format_number(t.measured) + (t.unit if t.measured is not None else ""),
+                verdict(t),
+                t.detail,
+            ]
+            for t in rows
+        ],
+        "lllrll",
+    )
+    return lines

@@ -1,0 +1,113 @@
+"""Ratios that hold: the small c=64 comparison repeated in alternating rounds.
+
+One slow minute of a shared host must not decide a target, so `make bench` measures the
+throughputs the c=64 targets compare in rounds, one after the other inside each round
+(`ROUND_ORDER`: dispatch_fused, FastAPI, the dispatch ensemble, the in-process limit), at
+least three rounds. Each round gives one value of each ratio (both sides measured minutes
+apart at most); the report shows the median over the rounds and the spread (min-max).
+
+Pure except `run_rounds`, which calls the measurements it is given.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "LIMIT",
+    "MIN_ROUNDS",
+    "ROUND_ORDER",
+    "ROUND_RATIOS",
+    "RoundRatio",
+    "Spread",
+    "round_ratio",
+    "run_rounds",
+    "spread",
+]
+
+LIMIT: Final = "limit"  # the in-process limit (2 worker processes), beside the series keys
+# Within a round, in this order (series keys of perf.results, and LIMIT).
+ROUND_ORDER: Final = ("fused_grpc", "fastapi_json", "grpc", LIMIT)
+MIN_ROUNDS: Final = 3
+
+Round = Mapping[str, float | None]  # entry -> windows/s in that round (None: failed)
+
+
+@dataclass(frozen=True)
+class RoundRatio:
+    name: str
+    numerator: str
+    denominator: str
+    goal: float  # the median must be at least this
+
+
+ROUND_RATIOS: Final = (
+    RoundRatio("dispatch_fused / FastAPI", "fused_grpc", "fastapi_json", 2.0),
+    RoundRatio("dispatch_fused / in-process limit", "fused_grpc", LIMIT, 1.0),
+    RoundRatio("dispatch / FastAPI", "grpc", "fastapi_json", 1.0),
+)
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    count: int
+
+    def describe(self, digits: int = 2) -> str:
+        return (
+            f"median {self.median:.{digits}f} over {self.count} rounds "
+            f"(min-max {self.low:.{digits}f}-{self.high:.{digits}f})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median": self.median, "low": self.low, "high": self.high, "count": self.count}
+
+
+def spread(values: Sequence[float | None]) -> Spread | None:
+    """Median and min-max of the values present; None when there are none."""
+    present = [float(v) for v in values if v is not None]
+    if not present:
+        return None
+    return Spread(statistics.median(present), min(present), max(present), len(present))
+
+
+def round_ratio(rounds: Sequence[Round], numerator: str, denominator: str) -> Spread | None:
+    """The ratio numerator/denominator within each round (rounds missing either side or with
+    a zero denominator left out), summarised by `spread`."""
+    ratios: list[float | None] = []
+    for measured in rounds:
+        top, bottom = measured.get(numerator), measured.get(denominator)
+        ratios.append(top / bottom if top is not None and bottom else None)
+    return spread(ratios)
+
+
+def run_rounds(
+    count: int,
+    measure: Mapping[str, Callable[[], float | None]],
+    say: Callable[[str], None] = print,
+    keep_going: Callable[[], bool] = lambda: True,
+) -> list[dict[str, float | None]]:
+    """`count` rounds of every entry of `ROUND_ORDER` that `measure` has, in that order;
+    a measurement that raises counts as None for that round. Stops early (fewer rounds)
+    when `keep_going` says so."""
+    rounds: list[dict[str, float | None]] = []
+    for number in range(1, count + 1):
+        if not keep_going():
+            break
+        measured: dict[str, float | None] = {}
+        for entry in ROUND_ORDER:
+            if entry not in measure:
+                continue
+            say(f"round {number}/{count}: {entry}")
+            try:
+                measured[entry] = measure[entry]()
+            except Exception as exc:  # one level's surprise must not end the rounds
+                say(f"round {number}: {entry} failed: {type(exc).__name__}: {exc}")
+                measured[entry] = None
+        rounds.append(measured)
+    return rounds

@@ -1,0 +1,305 @@
+"""Contract v2: the packed window on the wire.
+
+Unpacking only reshapes and checks the matrices' own rules (dtype, width, whole numbers in
+integer columns); every value rule is `window_from_tensors`'s, and its errors are renamed
+to the column that carried the value, so a v2 caller reads where to look.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import (
+    ORDER_FIELD_COLUMNS,
+    ORDER_FIELD_SOURCES,
+    ORDER_FIELDS,
+    ORDER_TEXT,
+    ORDER_TEXT_COLUMNS,
+    ORDER_TEXT_SOURCES,
+    RIDER_FIELD_COLUMNS,
+    RIDER_FIELD_SOURCES,
+    RIDER_FIELDS,
+    WINDOW_FIELD_COLUMNS,
+    WINDOW_FIELDS,
+    CoordSystem,
+    pack_window,
+)
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain.window import (
+    DispatchWindow,
+    WindowLimits,
+    window_from_tensors,
+    window_to_tensors,
+)
+
+__all__ = [
+    "USER_IDS_FIELD",
+    "order_created_at_from_wire",
+    "order_text_from_wire",
+    "rider_counts_from_wire",
+    "unpack_columns",
+    "user_ids_from_wire",
+    "window_from_wire",
+    "window_tensors_from_wire",
+    "window_to_wire",
+    "wire_field",
+    "wire_matrix",
+    "wire_name",
+]
+
+
+_INT32_LIMIT = float(2**31 - 1)
+_INT64_LIMIT = float(2**62)
+# logical tensor -> (dtype, limit) of its integer column; float columns are absent.
+_INTEGER_SOURCES: dict[str, tuple[type[np.generic], float]] = {
+    "ORDER_CREATED_AT": (np.int64, _INT64_LIMIT),
+    "ORDER_CONSTRAINTS": (np.int32, _INT32_LIMIT),
+    "RIDER_LOAD": (np.int32, _INT32_LIMIT),
+    "RIDER_CAPACITY": (np.int32, _INT32_LIMIT),
+    "RIDER_VEHICLE": (np.int32, _INT32_LIMIT),
+    "RIDER_EQUIPMENT": (np.int32, _INT32_LIMIT),
+}
+
+
+def wire_field(tensor: str, columns: tuple[str, ...]) -> str:
+    """How errors name columns of a packed tensor: ``ORDER_FIELDS[pickup_lat, pickup_lon]``."""
+    return f"{tensor}[{', '.join(columns)}]"
+
+
+def _wire_names() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for spec, sources, columns in (
+        (ORDER_FIELDS, ORDER_FIELD_SOURCES, ORDER_FIELD_COLUMNS),
+        (RIDER_FIELDS, RIDER_FIELD_SOURCES, RIDER_FIELD_COLUMNS),
+    ):
+        grouped: dict[str, list[str]] = {}
+        for (source, _), column in zip(sources, columns, strict=True):
+            grouped.setdefault(source, []).append(column)
+        names.update({src: wire_field(spec.name, tuple(cols)) for src, cols in grouped.items()})
+    for source, column in zip(ORDER_TEXT_SOURCES, ORDER_TEXT_COLUMNS, strict=True):
+        names[source] = wire_field(ORDER_TEXT.name, (column,))
+    names["DISPATCH_TIME"] = wire_field(WINDOW_FIELDS.name, ("dispatch_time",))
+    names["COORD_SYSTEM"] = wire_field(WINDOW_FIELDS.name, ("coord_system",))
+    return names
+
+
+_WIRE_NAMES = _wire_names()
+
+
+def wire_name(logical: str) -> str:
+    """How the wire calls a logical window tensor: ``ORDER_PICKUP`` ->
+    ``ORDER_FIELDS[pickup_lat, pickup_lon]`` (a tensor sent as it is keeps its name)."""
+    return _WIRE_NAMES.get(logical, logical)
+
+
+# How errors name the routing key on the wire: ORDER_TEXT[user_id].
+USER_IDS_FIELD = _WIRE_NAMES["ORDER_USER_IDS"]
+
+
+def wire_matrix(
+    inputs: Mapping[str, Any], name: str, columns: tuple[str, ...]
+) -> NDArray[np.float64]:
+    value = inputs.get(name)
+    if value is None:
+        raise DispatchInputError(name, "is required but missing", "missing")
+    array = np.asarray(value)
+    if array.dtype != np.float64:
+        raise DispatchInputError(name, f"must be FP64, got {array.dtype}", "dtype")
+    width = len(columns)
+    if array.ndim != 2 or array.shape[1] != width:
+        raise DispatchInputError(
+            name,
+            f"must have shape [*, {width}] (columns {', '.join(columns)}), got {array.shape}",
+            "shape",
+        )
+    return array
+
+
+def _check_whole(
+    tensor: str, column: str, values: NDArray[np.float64], limit: float
+) -> NDArray[np.float64]:
+    """Refuse NaN, fractions and values no integer tensor can hold, naming the column."""
+    ok = np.abs(values) <= limit  # False for NaN and infinity
+    ok &= values == np.floor(values)
+    if not ok.all():
+        row = int(np.argmin(ok))
+        value = float(values.reshape(-1)[row])
+        where = wire_field(tensor, (column,))
+        if not np.isfinite(value):
+            raise DispatchInputError(
+                where, f"must be finite, got NaN or infinity (row {row})", "not_finite"
+            )
+        raise DispatchInputError(
+            where, f"must be a whole number within [-{limit:.0f}, {limit:.0f}] (row {row})", "range"
+        )
+    return values
+
+
+def _check_whole_columns(
+    tensor: str,
+    matrix: NDArray[np.float64],
+    at: NDArray[np.intp],
+    columns: tuple[str, ...],
+    limits: NDArray[np.float64],
+) -> None:
+    """`_check_whole` for the columns ``at`` of ``matrix`` (limits per column) in one pass
+    over them; where one fails, the columns are checked in order, so the first bad column
+    and row raise exactly the error `_check_whole` names."""
+    block = matrix[:, at]
+    ok = np.abs(block) <= limits  # False for NaN and infinity
+    ok &= block == np.floor(block)
+    if ok.all():
+        return
+    for index, limit in zip(at.tolist(), limits.tolist(), strict=True):
+        _check_whole(tensor, columns[index], matrix[:, index], limit)
+
+
+def _integer_columns(
+    sources: tuple[tuple[str, int | None], ...],
+) -> tuple[NDArray[np.intp], NDArray[np.float64]]:
+    """Where a packed tensor's whole-number columns are, and each one's limit."""
+    at = [i for i, (source, _) in enumerate(sources) if source in _INTEGER_SOURCES]
+    limits = [_INTEGER_SOURCES[sources[i][0]][1] for i in at]
+    return np.asarray(at, dtype=np.intp), np.asarray(limits, dtype=np.float64)
+
+
+_WHOLE_COLUMNS: Final = {
+    ORDER_FIELDS.name: _integer_columns(ORDER_FIELD_SOURCES),
+    RIDER_FIELDS.name: _integer_columns(RIDER_FIELD_SOURCES),
+}
+_RIDER_COUNTS_AT: Final = np.asarray(
+    [RIDER_FIELD_COLUMNS.index("load"), RIDER_FIELD_COLUMNS.index("capacity")], dtype=np.intp
+)
+_RIDER_COUNTS_LIMITS: Final = np.full(2, _INT32_LIMIT)
+_CREATED_AT: Final = np.asarray([ORDER_FIELD_COLUMNS.index("created_at")], dtype=np.intp)
+
+
+def unpack_columns(
+    inputs: Mapping[str, Any],
+    tensor: str,
+    columns: tuple[str, ...],
+    sources: tuple[tuple[str, int | None], ...],
+    out: dict[str, Any],
+) -> None:
+    matrix = wire_matrix(inputs, tensor, columns)
+    at, limits = _WHOLE_COLUMNS[tensor]
+    _check_whole_columns(tensor, matrix, at, columns, limits)
+    for index, (source, part) in enumerate(sources):
+        if part is not None:
+            if part == 0:  # a [*, 2] pair of adjacent columns (lat, lon)
+                out[source] = matrix[:, index : index + 2]
+            continue
+        integer = _INTEGER_SOURCES.get(source)
+        # whole numbers within their limits: checked above
+        out[source] = matrix[:, index].astype(np.float32 if integer is None else integer[0])
+
+
+def window_tensors_from_wire(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The v2 wire tensors of one window (no batch dimension) -> the logical window tensors
+    (WINDOW_INPUTS names) `window_from_tensors` validates. Raises DispatchInputError."""
+    out: dict[str, Any] = {
+        name: inputs.get(name) for name in ("ORDER_IDS", "RIDER_IDS", "OBJECTIVE_WEIGHTS")
+    }
+    text = order_text_from_wire(inputs)
+    out.update(zip(ORDER_TEXT_SOURCES, text.T, strict=False))
+    unpack_columns(inputs, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS, ORDER_FIELD_SOURCES, out)
+    unpack_columns(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS, RIDER_FIELD_SOURCES, out)
+    value = inputs.get(WINDOW_FIELDS.name)
+    if value is None:
+        raise DispatchInputError(WINDOW_FIELDS.name, "is required but missing", "missing")
+    fields = np.asarray(value)
+    if fields.dtype != np.float64:
+        raise DispatchInputError(WINDOW_FIELDS.name, f"must be FP64, got {fields.dtype}", "dtype")
+    if fields.shape != (len(WINDOW_FIELD_COLUMNS),):
+        raise DispatchInputError(
+            WINDOW_FIELDS.name,
+            f"must have shape [{len(WINDOW_FIELD_COLUMNS)}] "
+            f"(columns {', '.join(WINDOW_FIELD_COLUMNS)}), got {fields.shape}",
+            "shape",
+        )
+    dispatch_time = _check_whole(WINDOW_FIELDS.name, "dispatch_time", fields[:1], _INT64_LIMIT)
+    out["DISPATCH_TIME"] = dispatch_time.astype(np.int64)
+    code = float(fields[1])
+    if code not in tuple(float(c) for c in CoordSystem):
+        allowed = ", ".join(f"{int(c)} ({c.name})" for c in CoordSystem)
+        raise DispatchInputError(
+            wire_field(WINDOW_FIELDS.name, ("coord_system",)),
+            f"must be one of {allowed}",
+            "unknown_value",
+        )
+    out["COORD_SYSTEM"] = np.array([CoordSystem(int(code)).name.encode()], dtype=object)
+    return out
+
+
+def order_text_from_wire(inputs: Mapping[str, Any]) -> NDArray[Any]:
+    """ORDER_TEXT checked for its own rules (BYTES, [B, 1..4]): the routing key is column 0."""
+    value = inputs.get(ORDER_TEXT.name)
+    if value is None:
+        raise DispatchInputError(ORDER_TEXT.name, "is required but missing", "missing")
+    text = np.asarray(value)
+    if text.dtype.kind not in "OSU":
+        raise DispatchInputError(ORDER_TEXT.name, f"must be BYTES, got {text.dtype}", "dtype")
+    width = len(ORDER_TEXT_COLUMNS)
+    if text.ndim != 2 or not 1 <= text.shape[1] <= width:
+        raise DispatchInputError(
+            ORDER_TEXT.name,
+            f"must have shape [*, 1..{width}] (columns {', '.join(ORDER_TEXT_COLUMNS)}, "
+            f"the first required), got {text.shape}",
+            "shape",
+        )
+    return text
+
+
+def user_ids_from_wire(inputs: Mapping[str, Any]) -> NDArray[Any]:
+    """The routing key, ORDER_TEXT's user-id column (no other rule checked)."""
+    ids: NDArray[Any] = order_text_from_wire(inputs)[:, 0]
+    return ids
+
+
+def window_from_wire(
+    inputs: Mapping[str, Any], limits: WindowLimits | None = None
+) -> DispatchWindow:
+    """Validate one window's v2 wire tensors (`window_from_tensors`'s rules, errors named
+    by the column that carried the value) and build the WGS-84 window."""
+    tensors = window_tensors_from_wire(inputs)
+    try:
+        return window_from_tensors(tensors, limits)
+    except DispatchInputError as exc:
+        wire = _WIRE_NAMES.get(exc.tensor)
+        if wire is None:
+            raise
+        # the same rule and code, named by the column that carried the value
+        exc.tensor = wire
+        exc.args = (f"{wire}: {exc.rule}",)
+        raise
+
+
+def rider_counts_from_wire(
+    inputs: Mapping[str, Any],
+) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
+    """The load and capacity columns of RIDER_FIELDS as INT32 (the resolver's inputs)."""
+    matrix = wire_matrix(inputs, RIDER_FIELDS.name, RIDER_FIELD_COLUMNS)
+    _check_whole_columns(
+        RIDER_FIELDS.name, matrix, _RIDER_COUNTS_AT, RIDER_FIELD_COLUMNS, _RIDER_COUNTS_LIMITS
+    )
+    load, capacity = _RIDER_COUNTS_AT.tolist()
+    return matrix[:, load].astype(np.int32), matrix[:, capacity].astype(np.int32)
+
+
+def order_created_at_from_wire(inputs: Mapping[str, Any]) -> NDArray[np.int64]:
+    """The created_at column of ORDER_FIELDS as INT64 (the stack-aware resolver's order of
+    a rider's new orders)."""
+    matrix = wire_matrix(inputs, ORDER_FIELDS.name, ORDER_FIELD_COLUMNS)
+    _check_whole_columns(
+        ORDER_FIELDS.name, matrix, _CREATED_AT, ORDER_FIELD_COLUMNS, np.full(1, _INT64_LIMIT)
+    )
+    return matrix[:, int(_CREATED_AT[0])].astype(np.int64)
+
+
+def window_to_wire(window: DispatchWindow) -> dict[str, NDArray[Any]]:
+    """The v2 wire tensors for a window (no batch dimension; coordinates as WGS-84)."""
+    return pack_window(window_to_tensors(window))

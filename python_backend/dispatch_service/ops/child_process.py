@@ -1,0 +1,115 @@
+"""A child process in its own process group, its output in a log file, ready when a URL
+answers 200.
+
+The launcher's tritonserver (`server.TritonServer`) is one; the benchmarks' FastAPI baseline
+(`perf.sessions`) another, so both start, wait and stop the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from dispatch_service.ops.host import die_with_parent
+from dispatch_service.ops.restart import end_process_group
+
+__all__ = ["ChildService", "ServerError"]
+
+
+class ServerError(RuntimeError):
+    """A server that did not start, died starting or was refused; the message says why."""
+
+
+class ChildService:
+    """A child process in its own process group, its output in a log file.
+
+    Readiness is an HTTP URL answering 200; stopping signals the whole group (SIGTERM, then
+    SIGKILL), so helper processes such as Triton's backend stubs go with it. Its own group
+    shields the child from signals sent to ours, so it is told to stop when its parent dies
+    (`host.die_with_parent`): a killed launcher never leaves a Triton behind.
+    """
+
+    def __init__(self, log_path: Path, name: str) -> None:
+        self.log_path = log_path
+        self.name = name
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def spawn(
+        self,
+        command: Sequence[str],
+        env: dict[str, str],
+        cwd: Path | None = None,
+        preamble: str = "",
+    ) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            log.write(preamble.encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                list(command),
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
+
+    @staticmethod
+    def http_ok(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_http_ok(self, url: str, timeout_s: float) -> None:
+        """Wait until `url` answers 200; a dead child or the deadline raises ServerError."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            if self.http_ok(url):
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise ServerError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log_path.exists() and not self.log_path.is_file():
+            return f"(log goes to {self.log_path})"  # e.g. /dev/stdout in the images
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=timeout_s)
+        end_process_group(process.pid)  # what a crash or the stop left of its group
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,368 @@
+"""A fleet on one machine: launchers on free ports sharing one state store.
+
+Two launchers (`python -m dispatch_service.ops.server --state-store DIR`) start over one signed
+COPY of the model repository; `dispatch-admin deploy --state-store` writes a canary at 10 %,
+every replica applies it and a canary user gets the canary version on each of them; one
+replica is killed, the canary share changes, and a replica added after that serves the new
+revision before it says ready; a tampered document changes no replica (each reports the
+refusal, `dispatch-admin` exits 2); a rollback under steady load drops no request.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launcher_helpers import EXAMPLE, Launcher, free_port
+
+from dispatch_client import DispatchClient, window_from_json
+from dispatch_client.retry import NO_RETRY
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.signing import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    generate_private_key,
+    private_key_pem,
+    public_key_pem,
+)
+from dispatch_service.ops import admin
+from dispatch_service.ops.fleet_state import StateStore
+from dispatch_service.ops.server import Ports
+from dispatch_service.routing.policy import user_buckets
+
+START_TIMEOUT_S = 300  # a loaded 2-core machine takes minutes to load every model
+CONVERGE_TIMEOUT_S = 60  # generous: the assertions are on the outcome, not the time
+STABLE, CANARY = 1, 2
+USERS = [f"user-{n}" for n in range(400)]
+
+
+@dataclass
+class Replica:
+    launcher: Launcher
+    ports: Ports
+    health_port: int
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.health_port}"
+
+    def healthz(self) -> dict[str, Any]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.health_url}/healthz", timeout=5) as response:
+                body = response.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+        document: dict[str, Any] = json.loads(body)
+        return document
+
+    def fleet(self) -> dict[str, Any]:
+        detail: dict[str, Any] = self.healthz()["fleet_state"]
+        return detail
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.health_url}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+
+@dataclass
+class Fleet:
+    root: Path
+    repository: Path
+    trusted: Path
+    key: Path
+    store: Path
+    replicas: list[Replica] = field(default_factory=list)
+
+    def admin(self, *argv: str) -> tuple[int, str]:
+        out = io.StringIO()
+        return admin.main(list(argv), out=out), out.getvalue()
+
+    def write(self, command: str, *extra: str) -> tuple[int, str]:
+        return self.admin(
+            command, "--state-store", str(self.store), "--trusted-keys", str(self.trusted),
+            "--key", str(self.key), "--model-repository", str(self.repository), *extra,
+        )  # fmt: skip
+
+    def status(self) -> tuple[int, dict[str, Any]]:
+        code, text = self.admin(
+            "status", "--state-store", str(self.store), "--trusted-keys", str(self.trusted)
+        )
+        return code, json.loads(text)
+
+    def start(self, count: int) -> list[Replica]:
+        """``count`` launchers started together; returned once each said ready."""
+        started = []
+        for _ in range(count):
+            ports, health = Ports.free(), free_port()
+            n = len(self.replicas)
+            launcher = Launcher(
+                ports, self.root / f"replica-{n}.log", self.root / f"keys-{n}",
+                "--model-repository", str(self.repository), "--trusted-keys", str(self.trusted),
+                "--state-store", str(self.store), "--health-port", str(health),
+            )  # fmt: skip
+            replica = Replica(launcher, ports, health)
+            self.replicas.append(replica)
+            started.append(replica)
+        for replica in started:
+            ready = replica.launcher.read_until("ready:", START_TIMEOUT_S)
+            if not ready:
+                process = replica.launcher.process
+                process.kill()
+                errors = process.stderr.read() if process.stderr else ""
+                log = (self.root / f"replica-{self.replicas.index(replica)}.log").read_text()
+                lines = "\n".join(replica.launcher.lines)
+                raise AssertionError(f"{lines}\n{errors[-3000:]}\n{log[-3000:]}")
+            replica.lines = replica.launcher.lines
+            _drain(replica.launcher)
+        return started
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.launcher.process.poll() is None]
+
+
+def _drain(launcher: Launcher) -> None:
+    """Read the launcher's output from now on, so its pipes never fill and block it."""
+
+    def read(stream: Any, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    for stream in (launcher.process.stdout, launcher.process.stderr):
+        threading.Thread(target=read, args=(stream, launcher.lines), daemon=True).start()
+
+
+def prepare(root: Path) -> tuple[Path, Path, Path]:
+    """A signed copy of the repository, its trusted keys folder and the signing key."""
+    repository = root / "repo"
+    shutil.copytree(
+        MODEL_REPOSITORY,
+        repository,
+        ignore=shutil.ignore_patterns("__pycache__", MANIFEST_NAME, SIGNATURE_NAME),
+    )
+    key = generate_private_key()
+    key_file = root / "signing.key"
+    key_file.write_bytes(private_key_pem(key))
+    key_file.chmod(0o600)
+    trusted = root / "trusted_keys"
+    trusted.mkdir()
+    (trusted / "ops.pub").write_bytes(public_key_pem(key.public_key()))
+    code = admin.main(
+        ["sign-repository", str(repository), "--key", str(key_file)], out=io.StringIO()
+    )
+    assert code == 0
+    return repository, trusted, key_file
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    repository, trusted, key = prepare(root)
+    fleet = Fleet(root, repository, trusted, key, root / "store")
+    try:
+        fleet.start(2)
+        yield fleet
+    finally:
+        for replica in fleet.replicas:
+            replica.launcher.stop()
+
+
+def until(what: str, check: Any, timeout_s: float = CONVERGE_TIMEOUT_S) -> float:
+    """Poll ``check`` until true; the seconds it took (the test asserts the outcome)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if check():
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def window_for(users: list[str]) -> Any:
+    document = json.loads(EXAMPLE.read_text())
+    orders = document["orders"]
+    document["orders"] = []
+    for n, user in enumerate(users):
+        order = copy.deepcopy(orders[n % len(orders)])
+        order["id"] = f"order-{n}"
+        order["user_id"] = user
+        document["orders"].append(order)
+    return window_from_json(json.dumps(document))
+
+
+def versions_by_user(replica: Replica, model: str, users: list[str]) -> dict[str, int]:
+    with DispatchClient.grpc(replica.grpc_url, model_name=model, retry=NO_RETRY) as client:
+        result = client.dispatch(window_for(users))
+    return {
+        user: int(order.model_version or 0)
+        for user, order in zip(users, result.orders, strict=True)
+    }
+
+
+def sample_users(percent: int) -> tuple[list[str], list[str]]:
+    """Three users in the canary's buckets at ``percent`` and three outside."""
+    buckets = user_buckets(USERS)
+    inside = [u for u, b in zip(USERS, buckets, strict=True) if b < percent][:3]
+    outside = [u for u, b in zip(USERS, buckets, strict=True) if b >= percent][:3]
+    return inside, outside
+
+
+def serving(fleet: Fleet, revision: int) -> bool:
+    return all(r.fleet()["revision"] == revision for r in fleet.live())
+
+
+def test_a_deploy_reaches_every_replica_and_a_user_gets_one_version_everywhere(
+    fleet: Fleet,
+) -> None:
+    assert all(r.fleet()["status"] == "no_document" for r in fleet.live())
+    code, text = fleet.write("deploy", "--version", str(CANARY), "--canary-percent", "10")
+    written = time.monotonic()
+    assert code == 0, text
+    assert f"wrote revision 1 to {fleet.store}" in text
+    until("every replica serves revision 1", lambda: serving(fleet, 1))
+    print(f"deploy: every replica on revision 1 {time.monotonic() - written:.1f} s after the write")
+    canary_users, stable_users = sample_users(10)
+    for replica in fleet.live():
+        for model in ("dispatch", "dispatch_fused"):
+            got = versions_by_user(replica, model, canary_users + stable_users)
+            assert {got[u] for u in canary_users} == {CANARY}, (replica.health_url, model)
+            assert {got[u] for u in stable_users} == {STABLE}, (replica.health_url, model)
+    code, status = fleet.status()
+    assert code == 0, status
+    assert [r["state"] for r in status["replicas"]] == ["current", "current"]
+    assert status["document"]["revision"] == 1
+    for replica in fleet.live():
+        assert "dispatch_launcher_fleet_state_revision 1" in replica.metrics()
+
+
+def test_a_killed_replica_leaves_and_a_new_one_joins_in_the_current_revision(
+    fleet: Fleet,
+) -> None:
+    killed = fleet.live()[-1]
+    killed.launcher.process.kill()
+    killed.launcher.process.wait(timeout=30)
+    code, text = fleet.write("deploy", "--version", str(CANARY), "--canary-percent", "30")
+    assert code == 0, text
+    until("the survivor serves revision 2", lambda: serving(fleet, 2))
+    (added,) = fleet.start(1)
+    # Applied before ready: the event precedes the "ready:" line, and the first health
+    # answer already names the revision.
+    ready_at = next(n for n, line in enumerate(added.lines) if line.startswith("ready:"))
+    applied = [n for n, line in enumerate(added.lines) if '"fleet_state_applied"' in line]
+    assert applied and applied[0] < ready_at, "\n".join(added.lines)
+    assert added.fleet()["revision"] == 2
+    canary_users, stable_users = sample_users(30)
+    for replica in fleet.live():
+        got = versions_by_user(replica, "dispatch", canary_users + stable_users)
+        assert {got[u] for u in canary_users} == {CANARY}
+        assert {got[u] for u in stable_users} == {STABLE}
+    # The killed one stops being counted once silent (its report in the store goes stale).
+    until("status converges", lambda: fleet.status()[0] == 0)
+    code, status = fleet.status()
+    states = sorted(r["state"] for r in status["replicas"])
+    assert states == ["current", "current", "gone"], status
+
+
+def test_a_tampered_document_changes_no_replica_and_each_says_why(fleet: Fleet) -> None:
+    store = StateStore(fleet.store)
+    good = store.read()
+    assert good is not None
+    envelope = json.loads(good)
+    envelope["state"] = envelope["state"].replace('"canary_percent":30', '"canary_percent":100')
+    store.write(json.dumps(envelope).encode())
+    try:
+        until(
+            "every replica refuses",
+            lambda: all(r.fleet()["status"] == "refused" for r in fleet.live()),
+        )
+        for replica in fleet.live():
+            detail = replica.fleet()
+            assert detail["revision"] == 2  # the last good one keeps serving
+            assert detail["refused"]["document"] == str(store.document)
+            assert detail["refused"]["code"] == "bad_signature"
+            assert "bad signature" in detail["refused"]["reason"]
+            assert 'reason="bad_signature"' in replica.metrics()
+            _, outside = sample_users(30)
+            got = versions_by_user(replica, "dispatch", outside)
+            assert set(got.values()) == {STABLE}  # not the tampered 100 %
+        code, status = fleet.status()
+        assert code == 2 and "bad signature" in status["document"]["refused"]
+        code, _ = fleet.write("rollback")
+        assert code == 2  # nothing is built on a document that does not verify
+        refusals = [r.fleet()["refusals"] for r in fleet.live()]
+        time.sleep(2.0)  # several polls: the same bytes are not tried again
+        assert [r.fleet()["refusals"] for r in fleet.live()] == refusals
+    finally:
+        store.write(good)
+    until(
+        "every replica is current again",
+        lambda: all(r.fleet()["status"] == "current" for r in fleet.live()),
+    )
+
+
+class Load:
+    """Windows sent to every live replica, one thread each, every error kept."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.replicas = replicas
+        self.sent = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(r,), daemon=True) for r in replicas
+        ]
+
+    def _run(self, replica: Replica) -> None:
+        window = window_for(USERS[:8])
+        with DispatchClient.grpc(replica.grpc_url, retry=NO_RETRY) as client:
+            while not self._stop.is_set():
+                try:
+                    client.dispatch(window)
+                except Exception as exc:
+                    self.errors.append(f"{replica.grpc_url}: {exc}")
+                self.sent += 1
+                time.sleep(0.02)
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+
+def test_a_rollback_under_load_drops_no_request(fleet: Fleet) -> None:
+    with Load(fleet.live()) as load:
+        time.sleep(1.0)
+        code, text = fleet.write("rollback", "--unload-canary")
+        written = time.monotonic()
+        assert code == 0, text
+        until("every replica serves revision 3", lambda: serving(fleet, 3))
+        seconds = time.monotonic() - written
+        time.sleep(1.0)
+    print(f"rollback: every replica on revision 3 {seconds:.1f} s; {load.sent} requests")
+    assert load.errors == []
+    assert load.sent > 0
+    canary_users, _ = sample_users(30)
+    for replica in fleet.live():
+        assert set(versions_by_user(replica, "dispatch", canary_users).values()) == {STABLE}

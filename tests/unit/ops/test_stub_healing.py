@@ -1,0 +1,415 @@
+"""Stub deaths found and healed (dispatch_service.ops.stub_healing, a part of the
+supervisor), against stand-in stubs and a stand-in repository API; the ``supervisor``
+fixture is conftest.py's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from supervisor_stand_ins import CountingServer, FakeServer, StandInRepository, ok_probes
+
+from dispatch_service.core.settings import RELOAD_MARK_PARAMETER
+from dispatch_service.core.signing import TrustedKeys, generate_private_key, sign_version
+from dispatch_service.ops.model_control import ModelControlError
+from dispatch_service.ops.supervisor import Supervisor
+from dispatch_service.ops.supervisor_state import SupervisorSettings
+from dispatch_service.ops.verified_load import LoadVerifier
+
+
+def test_the_stubs_of_a_crashed_server_are_not_counted_as_stub_deaths(
+    supervisor: Supervisor,
+) -> None:
+    """Triton gone (a SIGSEGV while reloading, seen in CI) takes every stub with it: that is
+    for the deep check to declare, not seven model reloads against a dead port."""
+    events: list[str] = []
+    supervisor.report = events.append
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    supervisor.server.process = ended  # type: ignore[misc]
+    supervisor._stubs = {4242: ("dispatch_model", "1"), 4343: ("feature_encoder", "1")}
+    supervisor._check_stubs()
+    assert supervisor.state.restarts == Counter()
+    assert supervisor._stubs == {}
+    assert events == []
+
+
+def test_stubs_are_left_alone_while_the_restart_policy_replaces_the_server(
+    supervisor: Supervisor,
+) -> None:
+    """A new server's stubs come and go while it starts: none of that is a stub death."""
+    events: list[str] = []
+    supervisor.report = events.append
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as running:
+        try:
+            supervisor.server.process = running  # type: ignore[misc]
+            supervisor.state.restarting = True
+            supervisor._stubs = {4242: ("feature_encoder", "1")}
+            supervisor._check_stubs()
+            assert events == [] and supervisor.state.restarts == Counter()
+            supervisor.state.restarting = False  # the same look outside a restart: a death
+            supervisor._check_stubs()
+            assert supervisor.state.restarts == Counter({"feature_encoder": 1})
+            assert any('"stub_died"' in event for event in events)
+        finally:
+            running.kill()
+
+
+def _stub_repository_files() -> dict[str, dict[str, object]]:
+    return {
+        "feature_encoder": {"parameters": {"max_orders": {"string_value": "1024"}}},
+        "dispatch_model": {"version_policy": {"specific": {"versions": [1, 2]}}},
+    }
+
+
+def _recovering_watcher(
+    monkeypatch: pytest.MonkeyPatch,
+    files: dict[str, dict[str, object]],
+    report: Callable[[str], None],
+) -> tuple[StandInRepository, Supervisor]:
+    """A supervisor over a fake repository of ``files`` whose deep checks all pass: what a
+    stub's recovery (`Supervisor._recover`) talks to."""
+    repo = StandInRepository(files)
+    server = CountingServer()
+    server.http_url = repo.url  # type: ignore[misc]
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=report)
+    monkeypatch.setattr(
+        "dispatch_service.ops.stub_healing.deep_check", lambda *a: ok_probes("dispatch")
+    )
+    return repo, watcher
+
+
+def test_a_dead_stub_is_replaced_without_unloading_its_model_but_the_scorings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unloading a model takes it away, and an ensemble running it (`dispatch` unknown for
+    ~4 s, 45 % of requests failed when a feature_encoder stub died): it is loaded again with a
+    new reload mark, which builds fresh instances while the model stays loaded. The scoring
+    model, which the router answers for with its fallback, is unloaded, then loaded with its
+    own config (faster)."""
+    files = _stub_repository_files()
+    repo, watcher = _recovering_watcher(monkeypatch, files, lambda line: None)
+    try:
+        watcher._recover("feature_encoder", [41])
+        marked = repo.live["feature_encoder"]["parameters"]
+        assert marked["max_orders"] == {"string_value": "1024"}  # type: ignore[index]
+        first = marked[RELOAD_MARK_PARAMETER]  # type: ignore[index]
+        watcher._recover("feature_encoder", [42])  # each reload differs from the last
+        assert repo.live["feature_encoder"]["parameters"][RELOAD_MARK_PARAMETER] != first  # type: ignore[index]
+        watcher._recover("dispatch_model", [43])
+        assert repo.loads == [
+            ("feature_encoder", "k"),
+            ("feature_encoder", "k"),
+            ("unload dispatch_model", "k"),
+            ("dispatch_model", "k"),
+        ]
+        assert repo.live["dispatch_model"] == files["dispatch_model"]
+        assert watcher.ready() and watcher.state.restarts["feature_encoder"] == 2
+    finally:
+        repo.close()
+
+
+@pytest.mark.parametrize("model", ["feature_encoder", "dispatch_model"])
+def test_a_failed_reload_is_tried_again_until_it_succeeds_or_the_waits_run_out(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """A dead stub's reload can fail once (a stub too slow to start on a busy machine); the
+    model must not stay broken until the deep check declares the whole server dead."""
+    events: list[dict[str, Any]] = []
+    monkeypatch.setattr("dispatch_service.ops.stub_healing.RELOAD_RETRY_WAITS_S", (0.01, 0.01))
+    repo, watcher = _recovering_watcher(
+        monkeypatch, _stub_repository_files(), lambda line: events.append(json.loads(line))
+    )
+    unload = [(f"unload {model}", "k")] if model == "dispatch_model" else []
+    try:
+        repo.refuse_loads = 2
+        watcher._recover(model, [41])
+        # unloaded once (the scoring model), refused twice, loaded on the third attempt
+        assert repo.loads == [*unload, *[(f"refused {model}", "k")] * 2, (model, "k")]
+        reloads = [e for e in events if e["event"].startswith("model_reload")]
+        assert [(e["event"], e["attempt"]) for e in reloads] == [
+            ("model_reload_failed", 1),
+            ("model_reload_failed", 2),
+            ("model_reloaded", 3),
+        ]
+        assert reloads[0]["retry_in_s"] == 0.01 and "stub timeout" in reloads[0]["error"]
+        assert watcher.ready()
+
+        repo.loads, events[:] = [], []
+        repo.refuse_loads = 5  # more failures than attempts: three tries, then the verdict
+        watcher._recover(model, [42])
+        assert repo.loads == [*unload, *[(f"refused {model}", "k")] * 3]
+        last = [e for e in events if e["event"] == "model_reload_failed"][-1]
+        assert last["attempt"] == 3 and last["retry_in_s"] is None
+    finally:
+        repo.close()
+
+
+class _Stubs:
+    """The stubs a supervisor sees (`Supervisor._current_stubs`), set by the test."""
+
+    def __init__(self, stubs: dict[int, tuple[str, str]]) -> None:
+        self.now = dict(stubs)
+
+    def __call__(self) -> dict[int, tuple[str, str]]:
+        return dict(self.now)
+
+
+def _ready(*keys: tuple[str, str]) -> list[dict[str, str]]:
+    return [{"name": m, "version": v, "state": "READY"} for m, v in keys]
+
+
+ENCODER = ("feature_encoder", "1")
+
+
+@pytest.fixture
+def running() -> Iterator[subprocess.Popen[bytes]]:
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as process:
+        try:
+            yield process
+        finally:
+            process.kill()
+
+
+def test_every_death_is_healed_however_close_and_stale_stubs_are_not_counted(
+    monkeypatch: pytest.MonkeyPatch, running: subprocess.Popen[bytes]
+) -> None:
+    """Two instances; one dies, the reload brings two new ones and 2.51 leaves the old
+    survivor running. The next death of a new instance is a death again, and healed."""
+    files = {"feature_encoder": {"instance_group": [{"count": 2, "kind": "KIND_CPU"}]}}
+    events: list[dict[str, Any]] = []
+    repo, watcher = _recovering_watcher(monkeypatch, files, lambda e: events.append(json.loads(e)))
+    repo.index = _ready(ENCODER)
+    watcher.server.process = running  # type: ignore[misc]
+    stubs = _Stubs({11: ENCODER, 12: ENCODER})
+    monkeypatch.setattr(watcher, "_current_stubs", stubs)
+    try:
+        watcher._stubs = stubs()
+        del stubs.now[11]  # killed
+        stubs_after_reload = {12: ENCODER, 21: ENCODER, 22: ENCODER}  # 12: the stale survivor
+
+        def load_brings_new_instances(*args: object, **kwargs: object) -> None:
+            stubs.now = dict(stubs_after_reload)
+
+        monkeypatch.setattr(
+            "dispatch_service.ops.stub_healing.load_model",
+            lambda *a, **k: (
+                load_brings_new_instances(),
+                repo.loads.append(("feature_encoder", "k")),
+            ),
+        )
+        watcher._check_stubs()
+        assert watcher.ready() and watcher.state.restarts["feature_encoder"] == 1
+        assert watcher._stale == {12}
+        # 3 s later (any time): a new instance dies.
+        del stubs.now[21]
+        stubs_after_reload = {12: ENCODER, 22: ENCODER, 31: ENCODER, 32: ENCODER}
+        watcher._check_stubs()
+        assert watcher.state.restarts["feature_encoder"] == 2 and watcher.ready()
+        assert not any(e["event"] == "stub_retired" for e in events)
+    finally:
+        repo.close()
+
+
+def test_a_death_during_another_models_recovery_is_found_at_the_next_look(
+    monkeypatch: pytest.MonkeyPatch, running: subprocess.Popen[bytes]
+) -> None:
+    files = {"feature_encoder": {}, "topk_resolver": {}}
+    repo, watcher = _recovering_watcher(monkeypatch, files, lambda line: None)
+    resolver = ("topk_resolver", "1")
+    repo.index = _ready(ENCODER, resolver)
+    watcher.server.process = running  # type: ignore[misc]
+    stubs = _Stubs({11: ENCODER, 12: resolver})
+    monkeypatch.setattr(watcher, "_current_stubs", stubs)
+    loads: list[str] = []
+
+    def load(url: str, model: str, *args: object, **kwargs: object) -> None:
+        loads.append(model)
+        if model == "feature_encoder":  # meanwhile the resolver's stub dies
+            stubs.now = {21: ENCODER}
+        else:
+            stubs.now[22] = resolver
+
+    monkeypatch.setattr("dispatch_service.ops.stub_healing.load_model", load)
+    try:
+        watcher._stubs = stubs()
+        del stubs.now[11]
+        watcher._check_stubs()
+        assert loads == ["feature_encoder"]
+        watcher._check_stubs()  # the resolver's stub, lost while the encoder reloaded
+        assert loads == ["feature_encoder", "topk_resolver"]
+        assert watcher.state.restarts == Counter({"feature_encoder": 1, "topk_resolver": 1})
+        assert watcher.ready()
+    finally:
+        repo.close()
+
+
+def test_a_model_not_healed_keeps_the_server_not_ready_and_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch, running: subprocess.Popen[bytes]
+) -> None:
+    """Every reload attempt fails: the model stays not ready (never 'ready' with a dead
+    instance) and is recovered again after a bounded wait, until it heals."""
+    monkeypatch.setattr("dispatch_service.ops.stub_healing.RELOAD_RETRY_WAITS_S", ())
+    monkeypatch.setattr("dispatch_service.ops.stub_healing.HEAL_RETRY_WAITS_S", (0.0,))
+    events: list[dict[str, Any]] = []
+    repo, watcher = _recovering_watcher(
+        monkeypatch, {"feature_encoder": {}}, lambda e: events.append(json.loads(e))
+    )
+    repo.index = _ready(ENCODER)
+    watcher.server.process = running  # type: ignore[misc]
+    stubs = _Stubs({11: ENCODER})
+    monkeypatch.setattr(watcher, "_current_stubs", stubs)
+    refusals = [ModelControlError("HTTP 400: stub timeout", 400)] * 2
+
+    def load(*args: object, **kwargs: object) -> None:
+        if refusals:
+            raise refusals.pop()
+        stubs.now = {21: ENCODER}  # the new instance
+
+    monkeypatch.setattr("dispatch_service.ops.stub_healing.load_model", load)
+    try:
+        watcher._stubs = stubs()
+        stubs.now = {}
+        watcher._check_stubs()  # the death: one attempt, refused
+        assert not watcher.ready()
+        assert watcher.snapshot()["unhealed"] == {"feature_encoder": "reload failed"}
+        text = watcher.metrics_text()
+        assert 'dispatch_launcher_unhealed{model="feature_encoder"} 1' in text
+        watcher._check_stubs()  # tried again: refused again
+        assert not watcher.ready()
+        watcher._check_stubs()  # the next load succeeds and brings the instance
+        assert watcher.ready() and watcher.snapshot()["unhealed"] == {}
+        kinds = [e["event"] for e in events]
+        assert kinds.count("model_not_healed") == 2 and kinds.count("model_recovery_retried") == 2
+        assert watcher.state.restarts["feature_encoder"] == 1  # one death, three reloads
+    finally:
+        repo.close()
+
+
+def _signed_repository(root: Path) -> tuple[Path, TrustedKeys]:
+    key = generate_private_key()
+    for model, versions in (("feature_encoder", (1,)), ("dispatch_model", (1, 2))):
+        for version in versions:
+            folder = root / model / str(version)
+            folder.mkdir(parents=True)
+            (folder / "model.py").write_text(f"# {model} {version}\n")
+            sign_version(folder, key)
+    return root, TrustedKeys.from_public_keys(key.public_key())
+
+
+def test_a_reload_never_loads_files_changed_since_they_were_signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stub dies after its version's files changed on disk: the supervisor verifies before
+    it reloads. The changed model is not loaded (it stays not ready, tried again later in
+    case the files come back) and the refusal is logged with the digest of what was found."""
+    model = "feature_encoder"
+    repository, trusted = _signed_repository(tmp_path / "repo")
+    events: list[dict[str, Any]] = []
+    files = _stub_repository_files()
+    repo, watcher = _recovering_watcher(monkeypatch, files, lambda e: events.append(json.loads(e)))
+    watcher.verifier = LoadVerifier(repository, trusted)
+    try:
+        (repository / model / "1" / "model.py").write_text("import os  # not what was signed\n")
+        watcher._recover(model, [41])
+        assert repo.loads == []
+        assert not watcher.ready() and model in watcher.snapshot()["unhealed"]
+        assert model in watcher._heal_due
+        (refusal,) = [e for e in events if e["event"] == "model_load_refused"]
+        changed = (repository / model / "1" / "model.py").read_bytes()
+        assert refusal["version"] == 1 and refusal["check"] == "digest_mismatch"
+        assert refusal["file"] == "model.py"
+        assert refusal["file_sha256"] == hashlib.sha256(changed).hexdigest()
+        assert len(refusal["folder_sha256"]) == 64
+    finally:
+        repo.close()
+
+
+def test_a_reload_leaves_out_a_canary_changed_since_it_was_signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repository, trusted = _signed_repository(tmp_path / "repo")
+    events: list[dict[str, Any]] = []
+    repo, watcher = _recovering_watcher(
+        monkeypatch, _stub_repository_files(), lambda e: events.append(json.loads(e))
+    )
+    watcher.verifier = LoadVerifier(repository, trusted)
+    try:
+        (repository / "dispatch_model" / "2" / "extra.py").write_text("print('hi')\n")
+        watcher._recover("dispatch_model", [41])
+        assert repo.loads == [("unload dispatch_model", "k"), ("dispatch_model", "k")]
+        assert repo.live["dispatch_model"]["version_policy"] == {"specific": {"versions": [1]}}
+        (refusal,) = [e for e in events if e["event"] == "model_load_refused"]
+        assert refusal["version"] == 2 and refusal["check"] == "unlisted_file"
+        assert refusal["file"] == "extra.py"
+    finally:
+        repo.close()
+
+
+def test_a_stub_running_code_that_does_not_verify_keeps_the_server_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running: subprocess.Popen[bytes]
+) -> None:
+    """Triton's repository API (behind the admin key) can load a model from uploaded files
+    (a temporary folder outside the repository) or from files changed on disk, without the
+    launcher: the new stub is reported with its digests and the server is not ready while
+    it runs."""
+    repository, trusted = _signed_repository(tmp_path / "repo")
+    events: list[dict[str, Any]] = []
+    watcher = Supervisor(
+        FakeServer(),
+        SupervisorSettings(health_port=0),
+        report=lambda e: events.append(json.loads(e)),
+        verifier=LoadVerifier(repository, trusted),
+    )
+    watcher.server.process = running  # type: ignore[misc]
+    uploaded = tmp_path / "folderXYZ" / "1" / "model.py"
+    uploaded.parent.mkdir(parents=True)
+    uploaded.write_text("import os\n")
+    signed = repository / "feature_encoder" / "1" / "model.py"
+    files = {21: uploaded, 22: signed}
+    stubs = _Stubs({11: ENCODER})
+    monkeypatch.setattr(watcher, "_current_stubs", stubs)
+    monkeypatch.setattr(
+        "dispatch_service.ops.stub_healing.stub_model_files", lambda parent: dict(files)
+    )
+    watcher._stubs = stubs()
+    stubs.now = {11: ENCODER, 21: ("folderXYZ", "1"), 22: ENCODER}
+    monkeypatch.setattr(watcher, "_deaths", lambda lost, now: {})
+    watcher._check_stubs()
+    (found,) = [e for e in events if e["event"] == "unverified_code_running"]
+    assert found["pid"] == 21 and "outside the model repository" in found["reason"]
+    assert found["file_sha256"] == hashlib.sha256(b"import os\n").hexdigest()
+    assert not watcher.ready()
+    assert watcher.snapshot()["unhealed"] == {"folderXYZ": "running code that does not verify"}
+    stubs.now = {11: ENCODER, 22: ENCODER}  # unloaded: the server is ready again
+    watcher._check_stubs()
+    assert watcher.ready()
+    # A stub started from repository files changed since they were signed.
+    signed.write_text("import os  # changed\n")
+    stubs.now = {11: ENCODER, 22: ENCODER, 23: ENCODER}
+    files[23] = signed
+    watcher._check_stubs()
+    assert events[-1]["event"] == "unverified_code_running" and events[-1]["pid"] == 23
+    assert events[-1]["check"] == "digest_mismatch" and not watcher.ready()
+
+
+def test_two_stubs_found_dead_at_one_look_count_as_two_deaths_healed_by_one_reload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    repo, watcher = _recovering_watcher(monkeypatch, _stub_repository_files(), lambda e: None)
+    try:
+        watcher._recover("feature_encoder", [41, 42])
+        assert repo.loads == [("feature_encoder", "k")]
+        assert watcher.state.restarts["feature_encoder"] == 2
+        assert 'dispatch_launcher_stub_restarts_total{model="feature_encoder"} 2' in (
+            watcher.metrics_text()
+        )
+    finally:
+        repo.close()

@@ -1,0 +1,121 @@
+"""Behaviour of dispatch_service.pipeline.model_step: the dispatch_model step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from dispatch_contract import (
+    NUM_PAIR_FEATURES,
+    OBJECTIVES,
+)
+from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.core.settings import SettingsError
+from dispatch_service.domain.window_wire import window_to_wire
+from dispatch_service.offline.simulator import generate_window
+from dispatch_service.pipeline.onnx_runner import OrtSettings
+from dispatch_service.pipeline.steps import (
+    DispatchModelStep,
+    FeatureEncoderStep,
+)
+
+Tensors = dict[str, NDArray[Any] | None]
+
+COMMITTED_MODEL = model_layout(MODEL_REPOSITORY, "dispatch_model").onnx(1)
+
+
+def window_tensors(orders: int = 5, riders: int = 12, seed: int = 0) -> Tensors:
+    window = generate_window(np.random.default_rng(seed), orders, riders)
+    return dict(window_to_wire(window))
+
+
+def features(rows: int, seed: int = 0) -> NDArray[np.float32]:
+    return np.random.default_rng(seed).normal(size=(rows, NUM_PAIR_FEATURES)).astype(np.float32)
+
+
+def resolver_inputs() -> Tensors:
+    """3 orders x 4 candidates over 6 riders; order 2 has a single candidate."""
+    candidates = np.array([[0, 1, 2, 3], [2, 3, 4, -1], [5, -1, -1, -1]], dtype=np.int32)
+    rng = np.random.default_rng(1)
+    pairs = candidates.size
+    objectives = np.stack(
+        [rng.uniform(10, 50, pairs), rng.uniform(0.2, 0.95, pairs), rng.uniform(3, 15, pairs)],
+        axis=1,
+    ).astype(np.float32)
+    return {
+        "PAIR_OBJECTIVES": objectives,
+        "CANDIDATE_RIDER_INDEX": candidates,
+        "RIDER_IDS": np.array([f"r{i}".encode() for i in range(6)], dtype=object),
+        # RIDER_FIELD_COLUMNS: lat, lon, load 0, capacity 2, vehicle, equipment
+        "RIDER_FIELDS": np.tile([31.2, 121.4, 0.0, 2.0, 0.0, 0.0], (6, 1)),
+    }
+
+
+# ---- DispatchModelStep ---------------------------------------------------------------
+
+
+def test_model_step_reads_pair_features() -> None:
+    assert DispatchModelStep.input_names == ("PAIR_FEATURES",)
+
+
+def test_model_step_rejects_unknown_parameters(contract_model: Path) -> None:
+    with pytest.raises(SettingsError, match="threads"):
+        DispatchModelStep.from_parameters(contract_model, {"threads": "2"})
+
+
+def test_model_step_applies_ort_settings(contract_model: Path) -> None:
+    step = DispatchModelStep.from_parameters(
+        contract_model, {"intra_op_num_threads": "3", "graph_optimization_level": "basic"}
+    )
+    assert step.scorer.session.get_session_options().intra_op_num_threads == 3
+    with pytest.raises(SettingsError, match="graph_optimization_level"):
+        DispatchModelStep.from_parameters(contract_model, {"graph_optimization_level": "x"})
+
+
+def test_model_step_scores_pairs(contract_model: Path) -> None:
+    step = DispatchModelStep(contract_model, OrtSettings())
+    outputs = step.run({"PAIR_FEATURES": features(7)})
+    assert set(outputs) == {"PAIR_OBJECTIVES"}
+    assert outputs["PAIR_OBJECTIVES"].shape == (7, len(OBJECTIVES))
+    assert outputs["PAIR_OBJECTIVES"].dtype == np.float32
+
+
+def test_model_step_reports_missing_features(contract_model: Path) -> None:
+    with pytest.raises(DispatchInputError) as info:
+        DispatchModelStep(contract_model).run({})
+    assert info.value.tensor == "PAIR_FEATURES"
+    assert info.value.rule == "is required but missing"
+
+
+def test_model_step_checks_features(contract_model: Path) -> None:
+    with pytest.raises(DispatchInputError, match="PAIR_FEATURES: must have shape"):
+        DispatchModelStep(contract_model).run({"PAIR_FEATURES": features(2)[:, :5]})
+
+
+@pytest.mark.parametrize("sizes", [(4,), (3, 1, 9), (0, 5, 0, 2)], ids=["one", "three", "empty"])
+def test_run_batch_gives_each_request_its_own_rows(
+    contract_model: Path, sizes: tuple[int, ...]
+) -> None:
+    step = DispatchModelStep(contract_model)
+    batch = [features(n, seed=i) for i, n in enumerate(sizes)]
+    scored = step.run_batch(batch)
+    assert len(scored) == len(batch)
+    for part, scores in zip(batch, scored, strict=True):
+        assert scores.shape == (len(part), len(OBJECTIVES))
+        np.testing.assert_array_equal(scores, step.run({"PAIR_FEATURES": part})["PAIR_OBJECTIVES"])
+
+
+def test_committed_model_scores_encoder_output() -> None:
+    encoded = FeatureEncoderStep().run(window_tensors())
+    scored = DispatchModelStep(COMMITTED_MODEL).run(encoded)
+    objectives = scored["PAIR_OBJECTIVES"]
+    assert objectives.shape == (encoded["PAIR_FEATURES"].shape[0], len(OBJECTIVES))
+    assert np.isfinite(objectives).all()
+    assert (objectives[:, 0] > 0).all() and (objectives[:, 2] > 0).all()
+    assert ((objectives[:, 1] >= 0) & (objectives[:, 1] <= 1)).all()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,11 +15,19 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dispatch_service.core.paths import REPO_ROOT
+from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.signing import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    generate_private_key,
+    private_key_pem,
+    public_key_pem,
+)
+from dispatch_service.ops import admin
 from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.server import Ports
 
-__all__ = ["EXAMPLE", "Launcher", "free_port", "status"]
+__all__ = ["EXAMPLE", "Launcher", "free_port", "signed_repository", "status"]
 
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
 
@@ -31,6 +41,27 @@ def status(url: str) -> int:
         return int(exc.code)
     except (urllib.error.URLError, OSError):
         return 0
+
+
+def signed_repository(root: Path) -> tuple[Path, Path, Path]:
+    """A copy of the model repository signed with a fresh key (by `dispatch-admin
+    sign-repository`); (repository, trusted keys folder, signing key file)."""
+    repository = root / "repo"
+    shutil.copytree(
+        MODEL_REPOSITORY,
+        repository,
+        ignore=shutil.ignore_patterns("__pycache__", MANIFEST_NAME, SIGNATURE_NAME),
+    )
+    key = generate_private_key()
+    key_file = root / "signing.key"
+    key_file.write_bytes(private_key_pem(key))
+    key_file.chmod(0o600)
+    trusted = root / "trusted_keys"
+    trusted.mkdir()
+    (trusted / "ops.pub").write_bytes(public_key_pem(key.public_key()))
+    code = admin.main(["sign-repository", str(repository), "--key", str(key_file)], io.StringIO())
+    assert code == 0
+    return repository, trusted, key_file
 
 
 def free_port() -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -22,18 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launcher_helpers import EXAMPLE, Launcher, free_port
+from launcher_helpers import EXAMPLE, Launcher, free_port, signed_repository
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.retry import NO_RETRY
-from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.signing import (
-    MANIFEST_NAME,
-    SIGNATURE_NAME,
-    generate_private_key,
-    private_key_pem,
-    public_key_pem,
-)
 from dispatch_service.ops import admin
 from dispatch_service.ops.fleet_state import StateStore
 from dispatch_service.ops.server import Ports
@@ -150,32 +141,10 @@ def _drain(launcher: Launcher) -> None:
         threading.Thread(target=read, args=(stream, launcher.lines), daemon=True).start()
 
 
-def prepare(root: Path) -> tuple[Path, Path, Path]:
-    """A signed copy of the repository, its trusted keys folder and the signing key."""
-    repository = root / "repo"
-    shutil.copytree(
-        MODEL_REPOSITORY,
-        repository,
-        ignore=shutil.ignore_patterns("__pycache__", MANIFEST_NAME, SIGNATURE_NAME),
-    )
-    key = generate_private_key()
-    key_file = root / "signing.key"
-    key_file.write_bytes(private_key_pem(key))
-    key_file.chmod(0o600)
-    trusted = root / "trusted_keys"
-    trusted.mkdir()
-    (trusted / "ops.pub").write_bytes(public_key_pem(key.public_key()))
-    code = admin.main(
-        ["sign-repository", str(repository), "--key", str(key_file)], out=io.StringIO()
-    )
-    assert code == 0
-    return repository, trusted, key_file
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("fleet")
-    repository, trusted, key = prepare(root)
+    repository, trusted, key = signed_repository(root)
     fleet = Fleet(root, repository, trusted, key, root / "store")
     try:
         fleet.start(2)

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -32,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher_helpers import EXAMPLE, Launcher, free_port, status
+from launcher_helpers import EXAMPLE, Launcher, free_port, signed_repository, status
 from patience import patience, wait_for
 
 from dispatch_client import DispatchClient, window_from_json
@@ -40,14 +38,6 @@ from dispatch_client.errors import DispatchConnectionError, DispatchError, Dispa
 from dispatch_client.keys import ADMIN_KEY_HEADER
 from dispatch_client.retry import UNAVAILABLE_STATUSES
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.signing import (
-    MANIFEST_NAME,
-    SIGNATURE_NAME,
-    generate_private_key,
-    private_key_pem,
-    public_key_pem,
-)
-from dispatch_service.ops import admin
 from dispatch_service.ops.model_control import (
     load_model,
     model_config,
@@ -319,28 +309,8 @@ def test_five_stub_deaths_within_10_s_under_load_are_each_healed(tmp_path: Path)
 # ---- a verified reload of changed files --------------------------------------------------
 
 
-def signed_repository(root: Path) -> tuple[Path, Path]:
-    """A copy of the model repository signed with a fresh key; (repository, trusted keys)."""
-    repository = root / "repository"
-    shutil.copytree(
-        MODEL_REPOSITORY,
-        repository,
-        ignore=shutil.ignore_patterns("__pycache__", MANIFEST_NAME, SIGNATURE_NAME),
-    )
-    key = generate_private_key()
-    key_file = root / "signing.key"
-    key_file.write_bytes(private_key_pem(key))
-    key_file.chmod(0o600)
-    trusted = root / "trusted"
-    trusted.mkdir()
-    (trusted / "ops.pub").write_bytes(public_key_pem(key.public_key()))
-    code = admin.main(["sign-repository", str(repository), "--key", str(key_file)], io.StringIO())
-    assert code == 0
-    return repository, trusted
-
-
 def test_a_stub_death_never_reloads_files_changed_since_they_were_signed(tmp_path: Path) -> None:
-    repository, trusted = signed_repository(tmp_path)
+    repository, trusted, _ = signed_repository(tmp_path)
     launcher, url = start(
         tmp_path,
         "--model-repository",
@@ -406,7 +376,7 @@ def test_code_uploaded_with_a_repository_load_is_reported_and_never_ready(tmp_pa
     """Triton 2.51 cannot be told to refuse a load with uploaded files (the admin key runs
     code, docs/security.md): a verified server reports the stub running them, with the
     digest, and is not ready until that code is gone."""
-    repository, trusted = signed_repository(tmp_path)
+    repository, trusted, _ = signed_repository(tmp_path)
     launcher, url = start(
         tmp_path, "--model-repository", str(repository), "--trusted-keys", str(trusted)
     )

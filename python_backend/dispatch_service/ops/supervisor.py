@@ -44,7 +44,7 @@ while inference hangs, and fails in-flight ensemble requests when stopped. So th
   (`drain_and_stop`), bounded by ``drain_timeout_s``, then stops Triton.
 
 The stub watch is `stub_healing` (reading /proc through `stubs`), Triton's counters
-`triton_metrics`, the HTTP endpoint `health_endpoint`; the settings and the state they share
+`server_activity`, the HTTP endpoint `health_endpoint`; the settings and the state they share
 `supervisor_state`.
 """
 
@@ -71,13 +71,13 @@ from dispatch_service.ops.model_control import (
     without_reload_mark,
 )
 from dispatch_service.ops.restart import start_again
+from dispatch_service.ops.server_activity import drain_activity, triton_activity, triton_successes
 from dispatch_service.ops.stub_healing import StubHealing
 from dispatch_service.ops.supervisor_state import (
     SupervisedServer,
     SupervisorSettings,
     SupervisorState,
 )
-from dispatch_service.ops.triton_metrics import drain_activity, triton_activity, triton_successes
 from dispatch_service.ops.verified_load import LoadVerifier
 from dispatch_service.routing.settings import (
     FUSED_MODEL_NAME,

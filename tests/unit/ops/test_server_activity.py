@@ -1,12 +1,12 @@
 """Triton's request counters read from a stand-in metrics endpoint
-(dispatch_service.ops.triton_metrics)."""
+(dispatch_service.ops.server_activity)."""
 
 from __future__ import annotations
 
 import http.server
 import threading
 
-from dispatch_service.ops.triton_metrics import triton_activity, triton_successes
+from dispatch_service.ops.server_activity import triton_activity, triton_successes
 
 METRICS = """\
 # HELP nv_inference_request_success Number of successful inference requests

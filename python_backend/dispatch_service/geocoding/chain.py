@@ -23,15 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import threading
 import time
 from collections import Counter
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import aiohttp
 import numpy as np
 from cachetools import LRUCache, TTLCache
 from numpy.typing import NDArray
@@ -58,6 +58,9 @@ from dispatch_service.geocoding.providers import (
     RawPoint,
     to_wgs84_points,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "AddressText",
@@ -170,6 +173,8 @@ class GeocoderChain:
             )
             for config in s.providers()
         ]
+        if self.providers:  # aiohttp costs a fifth of a second to import: only when needed
+            importlib.import_module("aiohttp")
         self.gazetteer = gazetteer or Gazetteer.load(s.geocoder_gazetteer_path or None)
         self.recogniser = recogniser or AdminRecogniser()
         # Bounded: unknown cities are remembered too, and a caller chooses what it sends.
@@ -254,6 +259,8 @@ class GeocoderChain:
     # ---------------------------------------------------------------------- the network
 
     def _http(self) -> aiohttp.ClientSession:
+        import aiohttp  # imported by __init__ where providers are configured (warm)
+
         loop = asyncio.get_running_loop()
         if self._session is None or self._session_loop is not loop or self._session.closed:
             limit = self.settings.geocoder_max_concurrency

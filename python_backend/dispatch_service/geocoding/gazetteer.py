@@ -168,34 +168,26 @@ def _centroid(recogniser: AdminRecogniser, adcode: str) -> LatLon | None:
 
 def _import_cpca() -> Any:
     """Import cpca (heavy: pandas), which reads its adcode table at import time through
-    ``pkg_resources.resource_stream``. Where setuptools' ``pkg_resources`` is absent (Python
-    3.12 venvs, newer setuptools) a stand-in over `importlib.resources` serves that one
-    call for the duration of the import; its deprecation warning is silenced."""
+    ``pkg_resources.resource_stream``. setuptools' ``pkg_resources`` takes a fifth of a
+    second to import (each stub start pays it) and is absent from newer environments, so a
+    stand-in over `importlib.resources` serves that one call for the duration of the import."""
     if "cpca" in sys.modules:
         return sys.modules["cpca"]
     saved = sys.modules.get("pkg_resources", _ABSENT)
-    shimmed = False
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pkg_resources  # noqa: F401
-    except ImportError:
-        shim = types.ModuleType("pkg_resources")
-        shim.resource_stream = lambda package, name: (  # type: ignore[attr-defined]
-            resources.files(package).joinpath(name).open("rb")
-        )
-        sys.modules["pkg_resources"] = shim
-        shimmed = True
+    shim = types.ModuleType("pkg_resources")
+    shim.resource_stream = lambda package, name: (  # type: ignore[attr-defined]
+        resources.files(package).joinpath(name).open("rb")
+    )
+    sys.modules["pkg_resources"] = shim
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return importlib.import_module("cpca")
     finally:
-        if shimmed:
-            if saved is _ABSENT:
-                del sys.modules["pkg_resources"]
-            else:
-                sys.modules["pkg_resources"] = saved  # type: ignore[assignment]
+        if saved is _ABSENT:
+            del sys.modules["pkg_resources"]
+        else:
+            sys.modules["pkg_resources"] = saved  # type: ignore[assignment]
 
 
 def adcode_prefix(adcode: str) -> str:

@@ -19,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import aiohttp
 import numpy as np
 
 from dispatch_contract import CoordSystem
 from dispatch_service.domain import geo
 from dispatch_service.geocoding.cache import LatLon
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "PROVIDER_DATUM",
@@ -117,6 +119,8 @@ class HttpGeocodeProvider:
 
         Raises `ProviderError` on any failure, `asyncio.TimeoutError` past ``timeout_s``.
         """
+        import aiohttp  # loaded with the session that calls this (`GeocoderChain._http`)
+
         async with asyncio.timeout(timeout_s):
             try:
                 async with session.get(self._url, params=self._params(address, city)) as reply:

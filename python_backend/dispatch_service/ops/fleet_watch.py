@@ -1,13 +1,14 @@
 """Each launcher's watch over the fleet's state store: converge to the signed document.
 
 The launcher (``--state-store DIR`` or ``DISPATCH_STATE_STORE``) reads the store's document
-(`fleet_state`) every ``poll_s`` (0.5 s) and, when its bytes changed, verifies it with the
+(`fleet_state`) every ``poll_s`` (0.25 s) and, when its bytes changed, verifies it with the
 launcher's trusted keys and applies it through its own server's repository API
-(`apply_state`): the scoring versions it names are verified from the files and loaded next to
-the served ones, both entry points are reloaded with the new routing at once (both or
-neither: `_route`), then the versions the document no longer names are unloaded. The first
-document is applied before the launcher reports ready, so a replica that starts or restarts
-after a change serves it from its first answer.
+(`switch_state`): the scoring versions it names are verified from the files and loaded next
+to the served ones and both entry points are reloaded with the new routing at once (both or
+neither: `_route`). From then on the replica reports the new revision; the versions the
+document no longer names, which no request reaches any more, are unloaded after that
+(`retire_versions`). The first document is applied before the launcher reports ready, so a
+replica that starts or restarts after a change serves it from its first answer.
 
 A document that cannot be applied -- unreadable, unsigned, signed by an unknown key, changed
 after signing, breaking a rule, older than the revision served, naming a version whose files
@@ -68,8 +69,10 @@ __all__ = [
     "RETRY_WAITS_S",
     "ApplyRefusedError",
     "FleetWatcher",
+    "Switch",
     "add_arguments",
-    "apply_state",
+    "retire_versions",
+    "switch_state",
     "watcher_from_args",
 ]
 
@@ -104,27 +107,43 @@ def _check_verified(verifier: LoadVerifier | None, model: str, config: dict[str,
         )
 
 
-def apply_state(
+@dataclass(frozen=True)
+class Switch:
+    """What `switch_state` did: ``changed`` False when the server served the state already;
+    ``retire`` the scoring model's configuration without the versions the state no longer
+    names (None when none is left over); ``seconds`` per phase."""
+
+    changed: bool
+    model: str
+    retire: dict[str, Any] | None
+    seconds: dict[str, float]
+
+
+def switch_state(
     http_url: str,
     admin_key: str | None,
     state: FleetState,
     verifier: LoadVerifier | None,
     timeout_s: float = APPLY_TIMEOUT_S,
-) -> bool:
-    """Make the server serve ``state``; False when it did already (nothing sent).
+) -> Switch:
+    """Make the server route by ``state``: from its return every request is served as the
+    state says. The versions it no longer names stay loaded (no request reaches them) until
+    `retire_versions`: unloading them is not on the way to serving the new state.
 
-    Order: load the new versions next to the served ones, route (both entry points), unload
-    what is no longer named. Every folder a load reads is verified first; a refusal raises
-    ApplyRefusedError before anything changed. A failed routing change puts the versions back.
+    Order: load the new versions next to the served ones, route (both entry points). Every
+    folder a load reads is verified first; a refusal raises ApplyRefusedError before anything
+    changed. A failed routing change puts the versions back.
     ModelControlError: the server refused or did not answer (the caller tries again).
     """
+    clock = time.monotonic()
+    seconds: dict[str, float] = {}
     model, wanted = state.model, state.versions
     served = ready_versions(http_url, model, admin_key, timeout_s)
     current = router_control.read_router_settings(http_url, admin_key, timeout_s)
     desired = state.router_settings(current.cpu_scoring)
     fused = router_control.read_fused_settings(http_url, admin_key, timeout_s)
     if served == wanted and current == desired and fused in (None, desired):
-        return False
+        return Switch(False, model, None, seconds)
     config = model_config(http_url, model, timeout_s)
     union = tuple(sorted({*served, *wanted}))
     loading = with_versions(config, union)
@@ -134,17 +153,35 @@ def apply_state(
             _check_verified(verifier, name, model_config(http_url, name, timeout_s))
         except ModelControlError:
             continue  # not loaded: the routing change does not load it
+    seconds["verify"] = round(time.monotonic() - clock, 3)
     if union != served:
+        clock = time.monotonic()
         load_model(http_url, model, loading, admin_key, timeout_s)
-    try:
-        _route(http_url, desired, fused is not None, admin_key, timeout_s)
-    except ModelControlError:
-        if union != served and served:
-            load_model(http_url, model, with_versions(config, served), admin_key, timeout_s)
-        raise
-    if union != wanted:
-        load_model(http_url, model, with_versions(config, wanted), admin_key, timeout_s)
-    return True
+        seconds["load"] = round(time.monotonic() - clock, 3)
+    clock = time.monotonic()
+    if current != desired or fused not in (None, desired):
+        try:
+            _route(http_url, desired, fused is not None, admin_key, timeout_s)
+        except ModelControlError:
+            if union != served and served:
+                load_model(http_url, model, with_versions(config, served), admin_key, timeout_s)
+            raise
+        seconds["route"] = round(time.monotonic() - clock, 3)
+    retire = None if union == wanted else with_versions(config, wanted)
+    return Switch(True, model, retire, seconds)
+
+
+def retire_versions(
+    http_url: str, admin_key: str | None, switch: Switch, timeout_s: float = APPLY_TIMEOUT_S
+) -> float:
+    """Unload the versions ``switch`` left over; the seconds it took (0.0: none left).
+    ModelControlError: the server refused; the versions stay loaded, unused, until the next
+    state is applied (it unloads every version it does not name)."""
+    if switch.retire is None:
+        return 0.0
+    clock = time.monotonic()
+    load_model(http_url, switch.model, switch.retire, admin_key, timeout_s)
+    return round(time.monotonic() - clock, 3)
 
 
 def _route(
@@ -230,7 +267,7 @@ class FleetWatcher:
         trusted: TrustedKeys | None,
         *,
         verifier: LoadVerifier | None = None,
-        poll_s: float = 0.5,
+        poll_s: float = 0.25,
         report: Callable[[str], None] = logger.warning,
     ) -> None:
         self.store = store
@@ -297,7 +334,7 @@ class FleetWatcher:
         if self._retry_at is not None and time.monotonic() < self._retry_at:
             return False
         try:
-            apply_state(self.http_url, self.admin_key, applied.state, self.verifier)
+            switch = switch_state(self.http_url, self.admin_key, applied.state, self.verifier)
         except (ApplyRefusedError, ModelControlError) as exc:
             self._retry_at = time.monotonic() + RETRY_WAITS_S[-1]
             self._event(
@@ -306,6 +343,7 @@ class FleetWatcher:
             return False
         self._reapply, self._retry_at = False, None
         self._event("fleet_state_reapplied", revision=applied.state.revision)
+        self._retire(switch, applied.state.revision)
         return True
 
     def _consider(self, data: bytes, digest: str) -> None:
@@ -341,7 +379,7 @@ class FleetWatcher:
             self.state.status = "applying"
         started = time.monotonic()
         try:
-            changed = apply_state(self.http_url, self.admin_key, signed.state, self.verifier)
+            switch = switch_state(self.http_url, self.admin_key, signed.state, self.verifier)
         except ApplyRefusedError as exc:
             self._refuse(digest, signed.state.revision, str(exc), exc.code)
             return
@@ -359,11 +397,24 @@ class FleetWatcher:
             "fleet_state_applied",
             revision=signed.state.revision,
             digest=signed.short,
-            changed=changed,
+            changed=switch.changed,
             note=signed.state.note,
             seconds=round(time.monotonic() - started, 3),
+            phases_s=switch.seconds,
         )
         self._register(force=True)
+        self._retire(switch, signed.state.revision)
+
+    def _retire(self, switch: Switch, revision: int) -> None:
+        """Unload what the served revision no longer names; a failure is reported, not
+        retried (the next revision applied unloads it)."""
+        try:
+            seconds = retire_versions(self.http_url, self.admin_key, switch)
+        except ModelControlError as exc:
+            self._event("fleet_state_retire_failed", revision=revision, error=str(exc))
+            return
+        if seconds:
+            self._event("fleet_state_retired", revision=revision, seconds=seconds)
 
     def _refuse(self, digest: str, revision: int | None, reason: str, code: str) -> None:
         refusal = _Refusal(str(self.store.document), digest, reason, code, revision, time.time())

@@ -1,7 +1,7 @@
 """The launcher's watch over the state store: apply, refuse, keep the last good, never flap.
 
-The server side (`apply_state`) is replaced by a recorder: what is checked here is which
-documents the watcher applies, refuses or tries again, and what it reports.
+The server side (`switch_state`, `retire_versions`) is replaced by a recorder: what is checked
+here is which documents the watcher applies, refuses or tries again, and what it reports.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from dispatch_service.core.signing import TrustedKeys, generate_private_key
 from dispatch_service.ops import fleet_watch
 from dispatch_service.ops.fleet_state import FleetState, StateStore, sign_state
-from dispatch_service.ops.fleet_watch import ApplyRefusedError, FleetWatcher
+from dispatch_service.ops.fleet_watch import ApplyRefusedError, FleetWatcher, Switch
 from dispatch_service.ops.model_control import ModelControlError
 from dispatch_service.routing.settings import RouterSettings
 
@@ -24,23 +24,39 @@ TRUSTED = TrustedKeys.from_public_keys(KEY.public_key())
 
 
 class Server:
-    """Stands in for `apply_state`: records each revision applied, fails when told."""
+    """Stands in for `switch_state` and `retire_versions`: records each revision applied
+    and each retirement, fails when told."""
 
     def __init__(self) -> None:
         self.applied: list[int] = []
+        self.retired: list[int] = []
         self.fail: Exception | None = None
+        self.fail_retire: Exception | None = None
+        self.watch: FleetWatcher | None = None  # what it reports is recorded at each retire
+        self.reported_at_retire: list[tuple[str, int | None]] = []
 
-    def __call__(self, url: str, key: str | None, state: FleetState, verifier: Any) -> bool:
+    def switch(self, url: str, key: str | None, state: FleetState, verifier: Any) -> Switch:
         if self.fail is not None:
             raise self.fail
         self.applied.append(state.revision)
-        return True
+        return Switch(True, state.model, {"revision": state.revision}, {"route": 0.0})
+
+    def retire(self, url: str, key: str | None, switch: Switch) -> float:
+        if self.fail_retire is not None:
+            raise self.fail_retire
+        assert switch.retire is not None
+        if self.watch is not None:
+            detail = self.watch.detail()
+            self.reported_at_retire.append((detail["status"], detail["revision"]))
+        self.retired.append(switch.retire["revision"])
+        return 0.1
 
 
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Server:
     fake = Server()
-    monkeypatch.setattr(fleet_watch, "apply_state", fake)
+    monkeypatch.setattr(fleet_watch, "switch_state", fake.switch)
+    monkeypatch.setattr(fleet_watch, "retire_versions", fake.retire)
     return fake
 
 
@@ -173,3 +189,33 @@ def test_a_restarted_server_gets_the_served_revision_even_with_a_bad_document(
     watch.poll()
     assert server.applied == [1, 1]
     assert watch.detail()["revision"] == 1
+
+
+def test_the_revision_is_reported_once_routed_before_old_versions_are_unloaded(
+    tmp_path: Path, server: Server
+) -> None:
+    store, watch = StateStore(tmp_path), watcher(tmp_path)
+    server.watch = watch
+    store.write(document(1))
+    watch.poll()
+    store.write(document(2, 0))
+    watch.poll()
+    assert server.retired == [1, 2]
+    assert server.reported_at_retire == [("current", 1), ("current", 2)]
+
+
+def test_a_failed_unload_is_reported_and_the_revision_still_served(
+    tmp_path: Path, server: Server
+) -> None:
+    events: list[str] = []
+    store = StateStore(tmp_path)
+    watch = FleetWatcher(store, "127.0.0.1:1", None, TRUSTED, report=events.append)
+    server.fail_retire = ModelControlError("unload refused")
+    store.write(document(1))
+    watch.poll()
+    watch.poll()
+    detail = watch.detail()
+    assert (detail["status"], detail["revision"], detail["refusals"]) == ("current", 1, 0)
+    assert server.applied == [1]
+    failed = [json.loads(e) for e in events if "fleet_state_retire_failed" in e]
+    assert [(e["revision"], e["error"]) for e in failed] == [(1, "unload refused")]

@@ -24,6 +24,7 @@ from typing import Any
 
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.pipeline.fused import FusedDispatch
 from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings
 from perf.windows import SIZES, simulated_windows
@@ -37,7 +38,7 @@ def cpu_per_window(
     """CPU microseconds per window (this thread's CPU time) after each idle gap, and how
     many windows each gap measured; about `seconds` of wall time per gap."""
     settings = FusedSettings.from_parameters(
-        config_parameters(repository / FUSED_MODEL_NAME / "config.pbtxt")
+        config_parameters(model_layout(repository, FUSED_MODEL_NAME).config)
     )
     dispatch = FusedDispatch.from_repository(repository, settings)
     windows = simulated_windows(SIZES[size])

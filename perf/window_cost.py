@@ -50,7 +50,7 @@ from dispatch_contract import (
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
 )
-from dispatch_service.core.model_config import config_parameters
+from dispatch_service.core.model_config import config_parameters, profile_config_path
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain import features as encoding
 from dispatch_service.pipeline.fused import FusedDispatch
@@ -183,8 +183,10 @@ def stage_costs(
     library has), over ``calls`` windows cycling through the size's simulated windows."""
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
+    # `profile_config_path`, not `repository_layout` (which older libraries lack): the same
+    # config.pbtxt, read by a perf.commits worktree's library too.
     settings = FusedSettings.from_parameters(
-        config_parameters(repository / FUSED_MODEL_NAME / "config.pbtxt")
+        config_parameters(profile_config_path(repository / FUSED_MODEL_NAME))
     )
     dispatch = FusedDispatch.from_repository(repository, settings)
     prepared = [_window_calls(dispatch, inputs) for inputs in (windows or simulated_windows(size))]

@@ -242,11 +242,12 @@ def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxrunt
     import onnxruntime as ort
 
     from dispatch_service.core.paths import MODEL_REPOSITORY
+    from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
 
     encoder = DispatchPipeline.from_repository().encoder
     features = encoder.run(sim_window(seed=31, orders=256, riders=400))["PAIR_FEATURES"]
     reference = ort.InferenceSession(
-        str(MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"),
+        str(model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1)),
         providers=["CPUExecutionProvider"],
     )
     client = grpcclient.InferenceServerClient(triton.grpc_url)

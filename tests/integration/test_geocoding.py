@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_contract import LocationSource
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import ENCODER_MODEL, model_layout
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.geocoding.gazetteer import AdminRecogniser, Gazetteer
@@ -62,7 +63,7 @@ def geocoding_repository(root: Path, url: str) -> Path:
     }
     # the key as a deployment keeps it: in a file only its owner can read
     use_as_providers(repository, url, KEY, settings, key_file=root / "geocoder.key")
-    assert KEY not in (repository / "feature_encoder" / "config.pbtxt").read_text()
+    assert KEY not in model_layout(repository, ENCODER_MODEL).config.read_text()
     return repository
 
 

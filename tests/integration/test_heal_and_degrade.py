@@ -38,6 +38,7 @@ from dispatch_client.errors import DispatchConnectionError, DispatchError, Dispa
 from dispatch_client.keys import ADMIN_KEY_HEADER
 from dispatch_client.retry import UNAVAILABLE_STATUSES
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import ENCODER_MODEL, SCORING_MODEL, model_layout
 from dispatch_service.ops.model_control import (
     load_model,
     model_config,
@@ -321,7 +322,7 @@ def test_a_stub_death_never_reloads_files_changed_since_they_were_signed(tmp_pat
         "exit",
     )
     events = Events(launcher)
-    model_py = repository / "feature_encoder" / "1" / "model.py"
+    model_py = model_layout(repository, ENCODER_MODEL).python_model(1)
     signed = model_py.read_bytes()
     marker = tmp_path / "unsigned-code-ran"
     try:
@@ -383,10 +384,14 @@ def test_code_uploaded_with_a_repository_load_is_reported_and_never_ready(tmp_pa
     events = Events(launcher)
     http_url = f"127.0.0.1:{launcher.ports.http}"
     admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
-    model_dir = repository / "feature_encoder"
-    uploaded = (model_dir / "1" / "model.py").read_bytes() + b"\n# not signed\n"
-    files = {"1/model.py": uploaded}
-    files |= {f"warmup/{f.name}": f.read_bytes() for f in sorted((model_dir / "warmup").iterdir())}
+    encoder = model_layout(repository, ENCODER_MODEL)
+    model_dir = encoder.folder
+    uploaded = encoder.python_model(1).read_bytes() + b"\n# not signed\n"
+    files = {encoder.python_model(1).relative_to(model_dir).as_posix(): uploaded}
+    files |= {
+        f.relative_to(model_dir).as_posix(): f.read_bytes()
+        for f in sorted(encoder.warmup.iterdir())
+    }
     try:
         upload_load(http_url, "feature_encoder", files, admin_key)
         wait_for(
@@ -428,7 +433,7 @@ def test_the_scoring_model_unloaded_under_load_is_degraded_not_dead(tmp_path: Pa
             away = health(url)
             metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
             ok_away, fallback_away = load.ok, load.fallback
-            config = read_config(MODEL_REPOSITORY / "dispatch_model")
+            config = read_config(model_layout(MODEL_REPOSITORY, SCORING_MODEL).folder)
             load_model(triton, "dispatch_model", config, admin_key=admin_key)
             wait_for(lambda: health(url)["status"] == "ok", "healthy with the model back", 60)
             back = health(url)

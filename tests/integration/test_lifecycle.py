@@ -32,6 +32,7 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_contract import ORDER_FALLBACK_LEVEL, ORDER_MODEL_VERSION
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout, models_in
 from dispatch_service.core.signing import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
@@ -54,7 +55,7 @@ from triton_helpers import OUTPUT_NAMES, grpc_inputs, sim_window
 
 ADMIN_KEY = "lifecycle-test-admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
-MODEL = "dispatch_model"
+MODEL = SCORING_MODEL
 TAMPERED = 3
 # A server call that takes longer has hung: fail the test instead of waiting on.
 CALL_TIMEOUT_S = 60
@@ -95,8 +96,9 @@ def prepare_repository(root: Path) -> tuple[Path, Path]:
         repository,
         ignore=shutil.ignore_patterns("__pycache__", MANIFEST_NAME, SIGNATURE_NAME),
     )
-    shutil.copytree(repository / MODEL / str(CANARY), repository / MODEL / str(TAMPERED))
-    config = repository / MODEL / "config.pbtxt"
+    scoring = model_layout(repository, MODEL)
+    shutil.copytree(scoring.version(CANARY), scoring.version(TAMPERED))
+    config = scoring.config
     lines = [line for line in config.read_text().splitlines() if "version_policy" not in line]
     lines.append(f"version_policy: {{ specific: {{ versions: [ 1, {TAMPERED} ] }} }}")
     config.write_text("\n".join(lines) + "\n")
@@ -108,9 +110,10 @@ def prepare_repository(root: Path) -> tuple[Path, Path]:
     trusted = root / "trusted_keys"
     trusted.mkdir()
     (trusted / "ops.pub").write_bytes(public_key_pem(key.public_key()))
-    for model_dir in sorted(p for p in repository.iterdir() if (p / "config.pbtxt").is_file()):
-        if '"ensemble"' in (model_dir / "config.pbtxt").read_text():
+    for layout in models_in(repository):
+        if '"ensemble"' in layout.config.read_text():
             continue
+        model_dir = layout.folder
         for version_dir in sorted(p for p in model_dir.iterdir() if p.name.isdigit()):
             code = admin.main(
                 [
@@ -127,7 +130,7 @@ def prepare_repository(root: Path) -> tuple[Path, Path]:
                 out=io.StringIO(),
             )
             assert code == 0, f"signing {version_dir} failed"
-    flip_byte(repository / MODEL / str(TAMPERED) / "model.onnx")
+    flip_byte(scoring.onnx(TAMPERED))
     return repository, trusted
 
 

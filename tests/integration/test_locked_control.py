@@ -14,6 +14,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from dispatch_client.keys import ADMIN_KEY_HEADER, SHM_KEY_HEADER, grpc_headers
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.ops.server import TritonServer
 
 EVIL_MODEL = b"""
@@ -30,6 +32,9 @@ class TritonPythonModel:
         open("/tmp/dispatch-pwned", "w").write(str(os.getpid()))
 """
 EVIL_CONFIG = json.dumps({"backend": "python", "max_batch_size": 0, "input": [], "output": []})
+_EVIL = model_layout(Path("repository"), "evil")
+# The load request's key for the uploaded model.py: "file:" and its path in the model folder.
+EVIL_FILE = f"file:{_EVIL.python_model(1).relative_to(_EVIL.folder).as_posix()}"
 
 # (group, method, path, body): every endpoint of the restricted groups Triton 2.51 serves.
 HTTP_ENDPOINTS = [
@@ -43,7 +48,7 @@ HTTP_ENDPOINTS = [
         {
             "parameters": {
                 "config": EVIL_CONFIG,
-                "file:1/model.py": base64.b64encode(EVIL_MODEL).decode(),
+                EVIL_FILE: base64.b64encode(EVIL_MODEL).decode(),
             }
         },
     ),
@@ -123,7 +128,7 @@ def grpc_calls(client: grpcclient.InferenceServerClient) -> list[tuple[str, Call
         (
             "model-repository",
             lambda h: client.load_model(
-                "evil", config=EVIL_CONFIG, files={"file:1/model.py": EVIL_MODEL}, headers=h
+                "evil", config=EVIL_CONFIG, files={EVIL_FILE: EVIL_MODEL}, headers=h
             ),
         ),
         ("logging", lambda h: client.get_log_settings(headers=h)),
@@ -178,7 +183,7 @@ def test_an_uploaded_model_never_loaded(
 ) -> None:
     """After the refused uploads above (and here), no model 'evil' exists and 'dispatch' serves."""
     with pytest.raises(InferenceServerException):
-        grpc_client.load_model("evil", config=EVIL_CONFIG, files={"file:1/model.py": EVIL_MODEL})
+        grpc_client.load_model("evil", config=EVIL_CONFIG, files={EVIL_FILE: EVIL_MODEL})
     index = grpc_client.get_model_repository_index(
         headers=grpc_headers(ADMIN_KEY_HEADER, keys_of(triton)["logging"][1])
     )

@@ -39,6 +39,7 @@ from dispatch_contract import (
 from dispatch_service.core.backend_shm import stub_region_name
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.repository_layout import ENCODER_MODEL, model_layout
 from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.cities import CitySettings
 from dispatch_service.domain.features import EncoderSettings, encode_window
@@ -327,7 +328,7 @@ def test_cli_grpc_shm_answers_like_grpc(
 
 def encoded(window: Arrays) -> Arrays:
     """What a co-located feature service sends: the server's own encoder, run locally."""
-    parameters = config_parameters(MODEL_REPOSITORY / "feature_encoder" / "config.pbtxt")
+    parameters = config_parameters(model_layout(MODEL_REPOSITORY, ENCODER_MODEL).config)
     located = window_from_wire(window)
     city = load_settings(CitySettings, parameters).registry().locate(located)
     pairs = encode_window(located, city, load_settings(EncoderSettings, parameters))

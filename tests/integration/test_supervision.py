@@ -38,6 +38,7 @@ from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError, DispatchServerError
 from dispatch_client.retry import UNAVAILABLE_STATUSES
 from dispatch_service.core.backend_shm import stub_region_name
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.ops.host import STUB_NAME
 from dispatch_service.ops.router_control import (
     apply_router_settings,
@@ -179,7 +180,8 @@ def test_a_killed_stub_is_noticed_reloaded_and_counted(
     victim = min(
         pid
         for pid in stubs
-        if f"/{model}/1/model.py".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        if str(model_layout(Path("/"), model).python_model(1)).encode()
+        in Path(f"/proc/{pid}/cmdline").read_bytes()
     )
     count = list(stubs.values()).count(model)
     detail = health_detail(health)

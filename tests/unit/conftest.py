@@ -19,6 +19,7 @@ from dispatch_contract import (
     NUM_PAIR_FEATURES,
     OBJECTIVES,
 )
+from dispatch_service.core.repository_layout import ONNX_FILE
 
 CONTRACT_MODEL_HIDDEN = 32
 # Sigmoid outputs times these give ETA in (0, 60) min, P(on time) in (0, 1), cost in (0, 20).
@@ -67,7 +68,7 @@ def write_contract_model(path: Path, seed: int = 7) -> Path:
 @pytest.fixture(scope="session")
 def contract_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Path of a contract-conforming ONNX model (not the trained one)."""
-    return write_contract_model(tmp_path_factory.mktemp("contract_model") / "model.onnx")
+    return write_contract_model(tmp_path_factory.mktemp("contract_model") / ONNX_FILE)
 
 
 @pytest.fixture(autouse=True)

@@ -38,6 +38,8 @@ from typing import Any
 
 import pytest
 
+from dispatch_service.core.repository_layout import CONFIG_FILE, SCORING_MODEL
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MODELS = ROOT / "model_repository"
@@ -267,9 +269,9 @@ def test_every_relative_link_exists() -> None:
     [
         ("perf/bench.py", True),
         ("perf/no_such_file.py", False),
-        ("model_repository/<model>/config.pbtxt", True),
-        ("dispatch_model/config.pbtxt", True),
-        ("dispatch_model/nothing.pbtxt", False),
+        (f"model_repository/<model>/{CONFIG_FILE}", True),
+        (f"{SCORING_MODEL}/{CONFIG_FILE}", True),
+        (f"{SCORING_MODEL}/nothing.pbtxt", False),
     ],
 )
 def test_the_path_check_can_fail(word: str, exists: bool) -> None:

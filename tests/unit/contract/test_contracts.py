@@ -14,7 +14,15 @@ from tritonclient.grpc import model_config_pb2
 import dispatch_contract.contracts as contracts
 from dispatch_contract import TensorSpec
 from dispatch_service.core.model_config import read_model_config
-from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.core.repository_layout import (
+    DISPATCH_ENSEMBLE,
+    ENCODER_MODEL,
+    RESOLVER_MODEL,
+    ROUTER_MODEL,
+    SCORING_MODEL,
+    model_layout,
+    models_in,
+)
 from dispatch_service.core.settings import (
     load_settings,
     parameters_from_model_config,
@@ -25,6 +33,13 @@ from dispatch_service.pipeline.steps import FeatureEncoderStep, TopKResolverStep
 from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings, RouterSettings
 
 REPO = Path(__file__).resolve().parents[3] / "model_repository"
+SCORING = model_layout(REPO, SCORING_MODEL)
+# The scoring model's two config files: config.pbtxt and the gpu profile's.
+SCORING_CONFIGS = [SCORING.config, SCORING.profile("gpu")]
+
+
+def _in_scoring_folder(path: Path) -> str:
+    return path.relative_to(SCORING.folder).as_posix()
 
 
 def load_config(path: Path) -> model_config_pb2.ModelConfig:
@@ -109,7 +124,8 @@ def test_every_queue_is_bounded_with_deadlines_and_bulk_is_shed_first(model: str
 
 @pytest.mark.parametrize(
     "path",
-    sorted(REPO.glob("*/config.pbtxt")) + sorted(REPO.glob("*/configs/*.pbtxt")),
+    [layout.config for layout in models_in(REPO)]
+    + sorted(path for layout in models_in(REPO) for path in layout.profiles.glob("*.pbtxt")),
     ids=lambda path: str(path.relative_to(REPO)),
 )
 def test_a_model_with_queue_policies_has_two_instances_or_more(path: Path) -> None:
@@ -168,23 +184,23 @@ def test_the_wire_column_layouts_are_documented_and_packed_in_order() -> None:
 
 
 def test_feature_encoder_declares_the_window_and_encoder_outputs() -> None:
-    config = load_config(model_layout(REPO, "feature_encoder").config)
+    config = load_config(model_layout(REPO, ENCODER_MODEL).config)
     assert io_of(config.input) == spec_rows(contracts.ENCODER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.ENCODER_OUTPUTS)
     FeatureEncoderStep.from_parameters(params(config))
 
 
 def test_topk_resolver_declares_its_inputs_and_the_dispatch_outputs() -> None:
-    config = load_config(model_layout(REPO, "topk_resolver").config)
+    config = load_config(model_layout(REPO, RESOLVER_MODEL).config)
     assert [row[0] for row in io_of(config.input)] == list(TopKResolverStep.input_names)
     assert io_of(config.input) == spec_rows(contracts.RESOLVER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.RESOLVER_OUTPUTS)
     TopKResolverStep.from_parameters(params(config))
 
 
-@pytest.mark.parametrize("config_file", ["config.pbtxt", "configs/gpu.pbtxt"])
-def test_both_dispatch_model_profiles_declare_the_same_tensors(config_file: str) -> None:
-    config = load_config(REPO / "dispatch_model" / config_file)
+@pytest.mark.parametrize("config_file", SCORING_CONFIGS, ids=_in_scoring_folder)
+def test_both_dispatch_model_profiles_declare_the_same_tensors(config_file: Path) -> None:
+    config = load_config(config_file)
     assert config.name == "dispatch_model"
     assert config.max_batch_size >= contracts.MAX_PAIRS
     assert config.HasField("dynamic_batching")
@@ -193,8 +209,8 @@ def test_both_dispatch_model_profiles_declare_the_same_tensors(config_file: str)
 
 
 def test_profiles_differ_only_in_how_the_model_runs() -> None:
-    cpu = load_config(model_layout(REPO, "dispatch_model").config)
-    gpu = load_config(model_layout(REPO, "dispatch_model").profile("gpu"))
+    cpu = load_config(model_layout(REPO, SCORING_MODEL).config)
+    gpu = load_config(model_layout(REPO, SCORING_MODEL).profile("gpu"))
     assert cpu.backend == "python"
     assert gpu.backend == "onnxruntime"
     assert [g.kind for g in gpu.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_GPU]
@@ -204,7 +220,7 @@ def test_profiles_differ_only_in_how_the_model_runs() -> None:
 
 
 def test_ensemble_chains_the_three_steps_over_the_contract() -> None:
-    config = load_config(model_layout(REPO, "dispatch").config)
+    config = load_config(model_layout(REPO, DISPATCH_ENSEMBLE).config)
     assert config.platform == "ensemble"
     ensemble_inputs = contracts.declared_by_ensemble(contracts.DISPATCH_ENSEMBLE_INPUTS)
     assert io_of(config.input) == spec_rows(ensemble_inputs)
@@ -228,7 +244,7 @@ SERVED_VERSIONS = (1, 2)
 
 
 def test_router_declares_the_routing_contract_and_valid_settings() -> None:
-    config = load_config(model_layout(REPO, "dispatch_router").config)
+    config = load_config(model_layout(REPO, ROUTER_MODEL).config)
     assert config.backend == "python"
     assert io_of(config.input) == spec_rows(contracts.ROUTER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.ROUTER_OUTPUTS)
@@ -242,21 +258,26 @@ def test_router_declares_the_routing_contract_and_valid_settings() -> None:
     assert city.optional and contracts.WINDOW_CITY in contracts.ENCODER_OUTPUTS
 
 
-@pytest.mark.parametrize("config_file", ["config.pbtxt", "configs/gpu.pbtxt"])
-def test_both_profiles_serve_versions_1_and_2_side_by_side(config_file: str) -> None:
-    config = load_config(REPO / "dispatch_model" / config_file)
+@pytest.mark.parametrize("config_file", SCORING_CONFIGS, ids=_in_scoring_folder)
+def test_both_profiles_serve_versions_1_and_2_side_by_side(config_file: Path) -> None:
+    config = load_config(config_file)
     assert tuple(config.version_policy.specific.versions) == SERVED_VERSIONS
     for version in SERVED_VERSIONS:
-        folder = REPO / "dispatch_model" / str(version)
-        for name in ("model.onnx", "model.py", "feature_layout.json", "model_card.json"):
-            assert (folder / name).is_file(), f"{folder}/{name}"
-    v1, v2 = ((model_layout(REPO, "dispatch_model").python_model(v)).read_text() for v in (1, 2))
+        folder = SCORING.version(version)
+        for path in (
+            SCORING.onnx(version),
+            SCORING.python_model(version),
+            folder / "feature_layout.json",
+            folder / "model_card.json",
+        ):
+            assert path.is_file(), str(path)
+    v1, v2 = ((model_layout(REPO, SCORING_MODEL).python_model(v)).read_text() for v in (1, 2))
     assert v1 == v2, "every version runs the same adapter"
 
 
 @pytest.mark.parametrize("version", SERVED_VERSIONS)
 def test_onnx_graph_matches_the_contract(version: int) -> None:
-    model = onnx.load(str(model_layout(REPO, "dispatch_model").onnx(version)))
+    model = onnx.load(str(model_layout(REPO, SCORING_MODEL).onnx(version)))
     onnx.checker.check_model(model)
     (graph_in,) = model.graph.input
     (graph_out,) = model.graph.output
@@ -273,13 +294,13 @@ def test_onnx_graph_matches_the_contract(version: int) -> None:
 
 @pytest.mark.parametrize("version", SERVED_VERSIONS)
 def test_feature_layout_shipped_with_the_model_matches(version: int) -> None:
-    folder = REPO / "dispatch_model" / str(version)
+    folder = SCORING.version(version)
     layout = json.loads((folder / "feature_layout.json").read_text())
     assert layout["version"] == contracts.FEATURE_LAYOUT_VERSION
     assert tuple(layout["features"]) == contracts.PAIR_FEATURE_NAMES
     # Trained on the features the served encoder computes (zone precision, candidates, local
     # time): a version trained under other settings would score features it never saw.
-    config = load_config(model_layout(REPO, "feature_encoder").config)
+    config = load_config(model_layout(REPO, ENCODER_MODEL).config)
     encoder = FeatureEncoderStep.from_parameters(params(config)).encoder
     assert layout["encoder_settings"] == dataclasses.asdict(encoder)
 
@@ -359,7 +380,7 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
         assert (spec.triton_dtype, spec.dims) == (declared.triton_dtype, declared.dims)
         # only the orders' creation times (ORDER_FIELDS) are optional here
         assert spec.optional == (declared.optional or spec.name == "ORDER_FIELDS"), spec.name
-    dispatch = load_config(model_layout(REPO, "dispatch").config)
+    dispatch = load_config(model_layout(REPO, DISPATCH_ENSEMBLE).config)
     entry = load_config(model_layout(REPO, contracts.FEATURE_ENTRY_MODEL_NAME).config)
     # `dispatch`'s answer without what only the encoder knows (how the points were found)
     located = contracts.ORDER_LOCATION_SOURCE.name
@@ -383,7 +404,7 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
 
 def test_fused_entry_declares_what_dispatch_declares() -> None:
     fused = load_config(model_layout(REPO, FUSED_MODEL_NAME).config)
-    dispatch = load_config(model_layout(REPO, "dispatch").config)
+    dispatch = load_config(model_layout(REPO, DISPATCH_ENSEMBLE).config)
     assert fused.backend == "python"
     assert fused.max_batch_size == dispatch.max_batch_size
     assert io_of(fused.input) == spec_rows(contracts.DISPATCH_ENSEMBLE_INPUTS)
@@ -393,13 +414,13 @@ def test_fused_entry_declares_what_dispatch_declares() -> None:
     assert list(fused.output) == list(dispatch.output)
     settings = FusedSettings.from_parameters(params(fused))
     router = RouterSettings.from_parameters(
-        params(load_config(model_layout(REPO, "dispatch_router").config))
+        params(load_config(model_layout(REPO, ROUTER_MODEL).config))
     )
     assert settings.routing == router
     assert settings.scoring_model == "dispatch_model"
     for version in settings.served_versions():
         assert (model_layout(REPO, settings.scoring_model).onnx(version)).is_file()
     # Both route over the versions the scoring model's configs serve, in every profile.
-    for path in (REPO / "dispatch_model").glob("**/*.pbtxt"):
+    for path in SCORING.folder.glob("**/*.pbtxt"):
         policy = load_config(path).version_policy.specific.versions
         assert settings.routing.scoring_versions == tuple(policy), path

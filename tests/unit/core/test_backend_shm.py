@@ -17,6 +17,7 @@ from dispatch_service.core.backend_shm import (
     stub_region_name,
     tighten_regions,
 )
+from dispatch_service.core.repository_layout import model_layout
 from other_user import OTHER_UID, as_other_user, needs_root, try_open
 
 BACKEND = f"/opt/tritonserver/backends/python/{STUB_NAME}"
@@ -24,7 +25,16 @@ BACKEND = f"/opt/tritonserver/backends/python/{STUB_NAME}"
 
 def stub_cmdline(region: str) -> bytes:
     """What /proc/<stub>/cmdline holds (checked on Triton 2.51)."""
-    argv = [BACKEND, "/repo/m/1/model.py", region, "4194304", "4194304", "77", "/be", "336"]
+    argv = [
+        BACKEND,
+        str(model_layout(Path("/repo"), "m").python_model(1)),
+        region,
+        "4194304",
+        "4194304",
+        "77",
+        "/be",
+        "336",
+    ]
     return b"\0".join(arg.encode() for arg in [*argv, "m_0_0", "DEFAULT"]) + b"\0"
 
 

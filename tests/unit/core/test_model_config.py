@@ -12,11 +12,16 @@ from dispatch_service.core.model_config import (
     write_model_config,
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.core.repository_layout import (
+    RESOLVER_MODEL,
+    SCORING_MODEL,
+    ModelLayout,
+    model_layout,
+)
 
 
 def test_config_parameters_reads_the_shipped_configs() -> None:
-    resolver = config_parameters(model_layout(MODEL_REPOSITORY, "topk_resolver").config)
+    resolver = config_parameters(model_layout(MODEL_REPOSITORY, RESOLVER_MODEL).config)
     assert resolver["top_k"] == "5"
     assert set(resolver) == {
         "stack_aware",
@@ -25,18 +30,18 @@ def test_config_parameters_reads_the_shipped_configs() -> None:
         "eta_scale_minutes",
         "cost_scale_cny",
     }
-    model = config_parameters(model_layout(MODEL_REPOSITORY, "dispatch_model").config)
+    model = config_parameters(model_layout(MODEL_REPOSITORY, SCORING_MODEL).config)
     assert model["graph_optimization_level"] == "all"
 
 
 def test_config_parameters_of_a_config_without_parameters(tmp_path: Path) -> None:
-    config = tmp_path / "config.pbtxt"
+    config = ModelLayout(tmp_path).config
     config.write_text('name: "m"\nbackend: "python"\n')
     assert config_parameters(config) == {}
 
 
 def test_an_empty_parameter_value_reads_as_the_empty_string(tmp_path: Path) -> None:
-    config = tmp_path / "config.pbtxt"
+    config = ModelLayout(tmp_path).config
     config.write_text(
         'name: "m"\nbackend: "python"\n'
         'parameters { key: "a" value { string_value: "" } }\n'
@@ -46,17 +51,18 @@ def test_an_empty_parameter_value_reads_as_the_empty_string(tmp_path: Path) -> N
 
 
 def test_profile_config_path_prefers_the_profile_file(tmp_path: Path) -> None:
-    (tmp_path / "config.pbtxt").write_text('name: "m"\n')
-    assert profile_config_path(tmp_path, "gpu") == tmp_path / "config.pbtxt"
-    assert profile_config_path(tmp_path) == tmp_path / "config.pbtxt"
-    (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "gpu.pbtxt").write_text('name: "m"\n')
-    assert profile_config_path(tmp_path, "gpu") == tmp_path / "configs" / "gpu.pbtxt"
-    assert profile_config_path(tmp_path, "cpu") == tmp_path / "config.pbtxt"
+    layout = ModelLayout(tmp_path)
+    layout.config.write_text('name: "m"\n')
+    assert profile_config_path(tmp_path, "gpu") == layout.config
+    assert profile_config_path(tmp_path) == layout.config
+    layout.profiles.mkdir()
+    layout.profile("gpu").write_text('name: "m"\n')
+    assert profile_config_path(tmp_path, "gpu") == layout.profile("gpu")
+    assert profile_config_path(tmp_path, "cpu") == layout.config
 
 
 def test_json_form_is_what_triton_hands_a_python_model(tmp_path: Path) -> None:
-    path = tmp_path / "config.pbtxt"
+    path = ModelLayout(tmp_path).config
     path.write_text(
         'name: "m"\nbackend: "python"\nmax_batch_size: 8\n'
         "instance_group [{ count: 2, kind: KIND_CPU }]\n"
@@ -72,9 +78,9 @@ def test_json_form_is_what_triton_hands_a_python_model(tmp_path: Path) -> None:
 
 
 def test_write_then_read_round_trips(tmp_path: Path) -> None:
-    config = read_model_config(model_layout(MODEL_REPOSITORY, "dispatch_model").config)
+    config = read_model_config(model_layout(MODEL_REPOSITORY, SCORING_MODEL).config)
     config.parameters["intra_op_num_threads"].string_value = "3"
-    out = tmp_path / "config.pbtxt"
+    out = ModelLayout(tmp_path).config
     write_model_config(out, config)
     again = read_model_config(out)
     assert again == config

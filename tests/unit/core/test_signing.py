@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from dispatch_service.core.repository_layout import ModelLayout, model_layout
 from dispatch_service.core.signing import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
@@ -40,11 +41,22 @@ from dispatch_service.core.signing import (
 )
 
 
+def onnx_in(folder: Path) -> Path:
+    """The model.onnx of a version folder (`make_version`'s)."""
+    return ModelLayout(folder.parent).onnx(folder.name)
+
+
+def python_model_in(folder: Path) -> Path:
+    """The model.py of a version folder."""
+    return ModelLayout(folder.parent).python_model(folder.name)
+
+
 def make_version(root: Path, model: str = "scorer", version: int = 2) -> Path:
-    folder = root / model / str(version)
+    layout = model_layout(root, model)
+    folder = layout.version(version)
     (folder / "assets").mkdir(parents=True)
-    (folder / "model.onnx").write_bytes(bytes(range(256)) * 4)
-    (folder / "model.py").write_text("print('hello')\n")
+    layout.onnx(version).write_bytes(bytes(range(256)) * 4)
+    layout.python_model(version).write_text("print('hello')\n")
     (folder / "assets" / "layout.json").write_text('{"features": 28}\n')
     (folder / "__pycache__").mkdir()
     (folder / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\x00compiled")
@@ -89,8 +101,8 @@ def test_manifest_names_model_version_and_sha256_of_each_file(tmp_path: Path) ->
     manifest = build_manifest(folder)
     assert (manifest.model, manifest.version) == ("scorer", 7)
     assert set(manifest.files) == {"assets/layout.json", "model.onnx", "model.py"}
-    expected = hashlib.sha256((folder / "model.py").read_bytes()).hexdigest()
-    assert manifest.files["model.py"] == expected == file_digest(folder / "model.py")
+    expected = hashlib.sha256(python_model_in(folder).read_bytes()).hexdigest()
+    assert manifest.files["model.py"] == expected == file_digest(python_model_in(folder))
 
 
 def test_manifest_bytes_are_canonical_and_round_trip(tmp_path: Path) -> None:
@@ -210,7 +222,7 @@ def test_resigning_replaces_the_old_manifest(tmp_path: Path, key_pair: KeyPair) 
     key, trusted = key_pair
     folder = make_version(tmp_path)
     sign_version(folder, key)
-    (folder / "model.py").write_text("print('v2')\n")
+    python_model_in(folder).write_text("print('v2')\n")
     sign_version(folder, key)
     assert verify_version(folder, trusted).accepted
 
@@ -231,7 +243,7 @@ def run_case(
 def test_a_flipped_byte_is_a_digest_mismatch_naming_the_file(
     tmp_path: Path, key_pair: KeyPair
 ) -> None:
-    outcome, reason = run_case(tmp_path, key_pair, lambda f: flip_byte(f / "model.onnx"))
+    outcome, reason = run_case(tmp_path, key_pair, lambda f: flip_byte(onnx_in(f)))
     assert outcome is Outcome.DIGEST_MISMATCH
     assert reason == "digest mismatch on file model.onnx"
 
@@ -244,13 +256,13 @@ def test_an_added_file_is_refused(tmp_path: Path, key_pair: KeyPair) -> None:
 
 
 def test_a_removed_file_is_refused(tmp_path: Path, key_pair: KeyPair) -> None:
-    outcome, reason = run_case(tmp_path, key_pair, lambda f: (f / "model.py").unlink())
+    outcome, reason = run_case(tmp_path, key_pair, lambda f: python_model_in(f).unlink())
     assert (outcome, reason) == (Outcome.MISSING_FILE, "missing file model.py")
 
 
 def test_an_edited_manifest_breaks_the_signature(tmp_path: Path, key_pair: KeyPair) -> None:
     def forge(folder: Path) -> None:
-        flip_byte(folder / "model.onnx")
+        flip_byte(onnx_in(folder))
         manifest = build_manifest(folder)  # the digests of the tampered files
         (folder / MANIFEST_NAME).write_bytes(manifest.to_bytes())
 
@@ -312,7 +324,7 @@ def test_a_signed_version_moved_to_another_slot_is_refused(
 def test_a_symlink_in_a_version_folder_is_refused(tmp_path: Path, key_pair: KeyPair) -> None:
     key, trusted = key_pair
     folder = make_version(tmp_path)
-    (folder / "link.onnx").symlink_to(folder / "model.onnx")
+    (folder / "link.onnx").symlink_to(onnx_in(folder))
     with pytest.raises(SigningError, match=r"symbolic link link\.onnx"):
         sign_version(folder, key)
     assert verify_version(folder, trusted).outcome is Outcome.SYMLINK

@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from dispatch_service.core.repository_layout import PYTHON_MODEL_FILE
+
 ROOT = Path(__file__).resolve().parents[3]
 FORBIDDEN = {"scipy", "onnxruntime", "onnxruntime-gpu", "triton-dispatch", "nvidia-pytriton"}
 # What a service that only calls the server may have: the client's own dependencies, and
@@ -262,7 +264,9 @@ def test_the_server_installs_without_extras_and_imports_every_module(
     pip = (sys.executable, "-m", "pip", "--python", python)
     _run(*pip, "install", "-q", "--no-index", "--no-cache-dir", "--find-links", server.parent,
          "triton-dispatch", timeout=300)  # fmt: skip
-    adapters = sorted(str(path) for path in (ROOT / "model_repository").glob("*/*/model.py"))
+    adapters = sorted(
+        str(path) for path in (ROOT / "model_repository").glob(f"*/*/{PYTHON_MODEL_FILE}")
+    )
     assert len(adapters) >= 5, adapters
     optional = {top: where for top, (_, where) in OPTIONAL_IMPORTS.items()}
     done = _run(python, "-I", "-c", _SERVER_PROBE, json.dumps(optional), json.dumps(adapters),

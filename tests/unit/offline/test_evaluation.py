@@ -12,11 +12,12 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from dispatch_contract import PAIR_FEATURE_NAMES
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
 from dispatch_service.domain import geo
 from dispatch_service.domain.features import feasible_mask
 from dispatch_service.offline import baseline, evaluation, evaluation_policies, simulator
 
-V1 = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
+V1 = model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1)
 
 
 def test_rule_objectives_by_hand() -> None:

@@ -7,9 +7,10 @@ import pytest
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
 from dispatch_service.offline import evaluation_policies, simulator
 
-V1 = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
+V1 = model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1)
 
 
 @pytest.mark.parametrize(
@@ -33,7 +34,7 @@ def test_model_policy_wiring_is_the_served_decision(
 
     window = simulator.generate_window(np.random.default_rng(seed), 48, 14)
     decision = evaluation_policies.model_policy(
-        MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx", weights=weights
+        model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1), weights=weights
     )(window, simulator.DEFAULT_CITY)
     wire = window_to_wire(window)
     if weights != DEFAULT_OBJECTIVE_WEIGHTS:  # the default: a request that sends none

@@ -10,9 +10,10 @@ import pytest
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
 from dispatch_service.offline import evaluation, evaluation_policies, evaluation_run, simulator
 
-V1 = MODEL_REPOSITORY / "dispatch_model" / "1" / "model.onnx"
+V1 = model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1)
 
 
 def test_expected_calibration_error_by_hand() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dispatch_service.core.repository_layout import ENCODER_MODEL, SCORING_MODEL, model_layout
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.offline.profiling import (
     OperatorTime,
@@ -114,14 +115,16 @@ def test_main_writes_the_report(
     tmp_path: Path, contract_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     repository = tmp_path / "repo"
-    (repository / "dispatch_model" / "1").mkdir(parents=True)
-    (repository / "feature_encoder").mkdir()
-    (repository / "dispatch_model" / "1" / "model.onnx").write_bytes(contract_model.read_bytes())
-    (repository / "dispatch_model" / "config.pbtxt").write_text(
+    scoring = model_layout(repository, SCORING_MODEL)
+    encoder = model_layout(repository, ENCODER_MODEL)
+    scoring.version(1).mkdir(parents=True)
+    encoder.folder.mkdir()
+    scoring.onnx(1).write_bytes(contract_model.read_bytes())
+    scoring.config.write_text(
         'name: "dispatch_model"\n'
         'parameters [ { key: "intra_op_num_threads", value: { string_value: "1" } } ]\n'
     )
-    (repository / "feature_encoder" / "config.pbtxt").write_text(
+    encoder.config.write_text(
         'name: "feature_encoder"\n'
         'parameters [ { key: "candidates_per_order", value: { string_value: "3" } } ]\n'
     )

@@ -19,6 +19,7 @@ from dispatch_contract import (
     PAIR_OBJECTIVES,
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.offline import training
 from dispatch_service.offline.training.card import rounded
@@ -107,7 +108,7 @@ def test_same_seed_gives_the_same_files(tmp_path: Path, tiny: training.TrainResu
 @pytest.mark.parametrize("version", [1, 2])
 def test_committed_cards_match_the_code(tiny: training.TrainResult, version: int) -> None:
     """The committed card has the keys the code writes and its Markdown renders from its JSON."""
-    folder = MODEL_REPOSITORY / "dispatch_model" / str(version)
+    folder = model_layout(MODEL_REPOSITORY, SCORING_MODEL).version(version)
     committed = json.loads((folder / "model_card.json").read_text())
     assert set(tiny.card) <= set(committed), set(tiny.card) - set(committed)
     assert set(tiny.card["architecture"]) == set(committed["architecture"])
@@ -166,7 +167,7 @@ def test_quick_cli_writes_model_card_with_policy_figures(tmp_path: Path) -> None
     assert "| nearest_rider |" in text and "Targets: model" in text
     assert "trained on shanghai, beijing, shenzhen; held out: chengdu" in text
     assert "## Held-out error by city" in text
-    onnx.checker.check_model(onnx.load(str(tmp_path / "model.onnx")))
+    onnx.checker.check_model(onnx.load(str(tmp_path / ONNX_FILE)))
 
 
 def test_quick_mode_refuses_to_replace_the_served_model() -> None:

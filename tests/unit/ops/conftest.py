@@ -18,11 +18,17 @@ import pytest
 from supervisor_stand_ins import FakeServer
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import (
+    ENCODER_MODEL,
+    RESOLVER_MODEL,
+    SCORING_MODEL,
+    model_layout,
+)
 from dispatch_service.core.signing import generate_private_key, public_key_pem, sign_version
 from dispatch_service.ops.supervisor import Supervisor
 from dispatch_service.ops.supervisor_state import SupervisorSettings
 
-MODEL = "dispatch_model"
+MODEL = SCORING_MODEL
 
 
 @pytest.fixture
@@ -41,27 +47,29 @@ def trusted_dir(tmp_path: Path, signer: Any) -> Path:
 @pytest.fixture
 def repo(tmp_path: Path, signer: Any, contract_model: Path) -> Path:
     root = tmp_path / "repo"
-    for name in ("feature_encoder", "topk_resolver"):
-        (root / name).mkdir(parents=True)
-        shutil.copy(MODEL_REPOSITORY / name / "config.pbtxt", root / name / "config.pbtxt")
-    (root / MODEL).mkdir(parents=True)
+    for name in (ENCODER_MODEL, RESOLVER_MODEL):
+        target = model_layout(root, name)
+        target.folder.mkdir(parents=True)
+        shutil.copy(model_layout(MODEL_REPOSITORY, name).config, target.config)
+    source = model_layout(MODEL_REPOSITORY, MODEL)
+    scoring = model_layout(root, MODEL)
+    scoring.folder.mkdir(parents=True)
     # The committed config with a known policy: serve the latest version only.
     config = [
         line
-        for line in (MODEL_REPOSITORY / MODEL / "config.pbtxt").read_text().splitlines()
+        for line in source.config.read_text().splitlines()
         if not line.startswith("version_policy")
     ]
     config.append("version_policy: { latest: { num_versions: 1 } }")
-    (root / MODEL / "config.pbtxt").write_text("\n".join(config) + "\n")
+    scoring.config.write_text("\n".join(config) + "\n")
     for version in (1, 2):
-        folder = root / MODEL / str(version)
-        folder.mkdir()
-        shutil.copy(MODEL_REPOSITORY / MODEL / "1" / "model.onnx", folder / "model.onnx")
-        shutil.copy(MODEL_REPOSITORY / MODEL / "1" / "model.py", folder / "model.py")
-    (root / MODEL / "3").mkdir()
-    shutil.copy(contract_model, root / MODEL / "3" / "model.onnx")
+        scoring.version(version).mkdir()
+        shutil.copy(source.onnx(1), scoring.onnx(version))
+        shutil.copy(source.python_model(1), scoring.python_model(version))
+    scoring.version(3).mkdir()
+    shutil.copy(contract_model, scoring.onnx(3))
     for version in (1, 2, 3):
-        sign_version(root / MODEL / str(version), signer)
+        sign_version(scoring.version(version), signer)
     return root
 
 

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import DISPATCH_ENSEMBLE, SCORING_MODEL, model_layout
 from dispatch_service.core.signing import generate_private_key, private_key_pem, public_key_pem
 from dispatch_service.ops import admin
 from dispatch_service.ops.golden import GoldenSettings, check_candidate, golden_tensors
 from dispatch_service.ops.model_lifecycle import signable_versions
 
-MODEL = "dispatch_model"
+MODEL = SCORING_MODEL
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -47,7 +48,7 @@ def test_keygen_then_sign_with_a_key_file_then_verify(
             "--model-repository", str(repo),
         )  # fmt: skip
         assert code == 0 and f"signed {MODEL} version {version}: 2 files" in text
-    (repo / MODEL / "3" / "MANIFEST.json").unlink()
+    (model_layout(repo, MODEL).version(3) / "MANIFEST.json").unlink()
     code, text = run("verify", str(repo), "--trusted-keys", str(trusted))
     assert code == 1
     assert f"{MODEL} version 1: ok: 2 files verified" in text
@@ -162,9 +163,9 @@ def test_sign_repository_signs_every_loadable_folder_of_the_committed_layout(
     assert signable_versions(repository) == expected
     for model, version in expected:
         assert f"signed {model} version {version}: " in text
-        assert (repository / model / str(version) / "MANIFEST.sig").is_file()
+        assert (model_layout(repository, model).version(version) / "MANIFEST.sig").is_file()
     # Ensembles' folders (a .gitkeep) are not signed: Triton reads nothing there.
-    assert not (repository / "dispatch" / "1" / "MANIFEST.json").exists()
+    assert not (model_layout(repository, DISPATCH_ENSEMBLE).version(1) / "MANIFEST.json").exists()
     assert "signed dispatch_router version 1: 1 file\n" in text  # not "1 files"
     assert text.rstrip().endswith(f"signed 6 version folders of 5 models in {repository}")
     code, text = run("verify", str(repository), "--trusted-keys", str(trusted_dir))
@@ -212,10 +213,10 @@ def test_help_shows_every_default(command: str, capsys: pytest.CaptureFixture[st
 
 
 def test_verify_suggests_signing_only_for_unsigned_folders(repo: Path, trusted_dir: Path) -> None:
-    (repo / MODEL / "2" / "model.onnx").write_bytes(b"tampered")
+    model_layout(repo, MODEL).onnx(2).write_bytes(b"tampered")
     code, text = run("verify", str(repo), "--trusted-keys", str(trusted_dir))
     assert code == 1 and "digest mismatch on file model.onnx" in text
     assert "sign-repository" not in text  # never advise signing over changed files
-    (repo / MODEL / "3" / "MANIFEST.sig").unlink()
+    (model_layout(repo, MODEL).version(3) / "MANIFEST.sig").unlink()
     code, text = run("verify", str(repo), "--trusted-keys", str(trusted_dir))
     assert "1 version folder unsigned; " in text

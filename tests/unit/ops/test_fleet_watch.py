@@ -14,8 +14,9 @@ import pytest
 
 from dispatch_service.core.signing import TrustedKeys, generate_private_key
 from dispatch_service.ops import fleet_watch
+from dispatch_service.ops.fleet_apply import ApplyRefusedError, Switch
 from dispatch_service.ops.fleet_state import FleetState, StateStore, sign_state
-from dispatch_service.ops.fleet_watch import ApplyRefusedError, FleetWatcher, Switch
+from dispatch_service.ops.fleet_watch import FleetWatcher
 from dispatch_service.ops.model_control import ModelControlError
 from dispatch_service.routing.settings import RouterSettings
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.ops.host import (
     Leftovers,
     ProcStat,
@@ -139,8 +140,9 @@ def test_only_regions_and_stubs_of_dead_launchers_are_leftovers(tmp_path: Path) 
         (proc / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv))
 
     stub = "/x/backends/python/triton_python_backend_stub"
-    fake_process(101, [stub, "/m/model.py", f"{stale}stub_1", "1048576"])
-    fake_process(102, [stub, "/m/model.py", f"{live}stub_2", "1048576"])
+    model_py = str(model_layout(Path("/repo"), "m").python_model(1))
+    fake_process(101, [stub, model_py, f"{stale}stub_1", "1048576"])
+    fake_process(102, [stub, model_py, f"{live}stub_2", "1048576"])
     fake_process(103, ["/usr/bin/python3", f"{stale}not_a_stub"])
     found = find_leftovers(shm, proc)
     assert found == Leftovers(regions=(shm / f"{stale}r1", shm / f"{stale}r3"), stubs=(101,))

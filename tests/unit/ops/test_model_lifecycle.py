@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
+from dispatch_service.core.repository_layout import ROUTER_MODEL, SCORING_MODEL, model_layout
 from dispatch_service.core.signing import sign_version
 from dispatch_service.ops import admin, model_lifecycle
 from dispatch_service.ops.model_control import ModelControlError
 from dispatch_service.ops.router_control import RouterControlError
 from dispatch_service.routing.settings import CityRoute, RouterSettings
 
-MODEL = "dispatch_model"
+MODEL = SCORING_MODEL
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -133,8 +134,11 @@ def test_a_version_already_served_is_not_reloaded(
 @pytest.mark.parametrize(
     ("prepare", "reason"),
     [
-        (lambda repo: (repo / MODEL / "2" / "model.onnx").write_bytes(b"x"), "digest mismatch"),
-        (lambda repo: (repo / MODEL / "2" / "MANIFEST.sig").unlink(), "missing signature"),
+        (lambda repo: model_layout(repo, MODEL).onnx(2).write_bytes(b"x"), "digest mismatch"),
+        (
+            lambda repo: (model_layout(repo, MODEL).version(2) / "MANIFEST.sig").unlink(),
+            "missing signature",
+        ),
         (lambda repo: None, "golden check failed"),
     ],
 )
@@ -168,12 +172,15 @@ def test_deploy_verifies_every_folder_its_loads_make_triton_read(
     """Triton reads a served version's folder again when it changed, and the new routing
     reloads the router (its model.py runs anew): a deploy verifies those too, and a refusal
     names the digest of the file found."""
-    router = repo / "dispatch_router" / "1"
+    router_model = model_layout(repo, ROUTER_MODEL)
+    router = router_model.version(1)
     router.mkdir(parents=True)
-    (router / "model.py").write_text("# the router\n")
+    router_model.python_model(1).write_text("# the router\n")
     sign_version(router, signer)
     target = (
-        (repo / MODEL / "1" / "model.py") if changed == "served stable" else router / "model.py"
+        model_layout(repo, MODEL).python_model(1)
+        if changed == "served stable"
+        else router_model.python_model(1)
     )
     target.write_text("import os  # not what was signed\n")
     before = server.settings

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from supervisor_stand_ins import CountingServer, FakeServer, StandInRepository, ok_probes
 
+from dispatch_service.core.repository_layout import ENCODER_MODEL, SCORING_MODEL, model_layout
 from dispatch_service.core.settings import RELOAD_MARK_PARAMETER
 from dispatch_service.core.signing import TrustedKeys, generate_private_key, sign_version
 from dispatch_service.ops.model_control import ModelControlError
@@ -295,12 +296,12 @@ def test_a_model_not_healed_keeps_the_server_not_ready_and_is_tried_again(
 
 def _signed_repository(root: Path) -> tuple[Path, TrustedKeys]:
     key = generate_private_key()
-    for model, versions in (("feature_encoder", (1,)), ("dispatch_model", (1, 2))):
+    for model, versions in ((ENCODER_MODEL, (1,)), (SCORING_MODEL, (1, 2))):
         for version in versions:
-            folder = root / model / str(version)
-            folder.mkdir(parents=True)
-            (folder / "model.py").write_text(f"# {model} {version}\n")
-            sign_version(folder, key)
+            layout = model_layout(root, model)
+            layout.version(version).mkdir(parents=True)
+            layout.python_model(version).write_text(f"# {model} {version}\n")
+            sign_version(layout.version(version), key)
     return root, TrustedKeys.from_public_keys(key.public_key())
 
 
@@ -317,13 +318,15 @@ def test_a_reload_never_loads_files_changed_since_they_were_signed(
     repo, watcher = _recovering_watcher(monkeypatch, files, lambda e: events.append(json.loads(e)))
     watcher.verifier = LoadVerifier(repository, trusted)
     try:
-        (repository / model / "1" / "model.py").write_text("import os  # not what was signed\n")
+        model_layout(repository, model).python_model(1).write_text(
+            "import os  # not what was signed\n"
+        )
         watcher._recover(model, [41])
         assert repo.loads == []
         assert not watcher.ready() and model in watcher.snapshot()["unhealed"]
         assert model in watcher._heal_due
         (refusal,) = [e for e in events if e["event"] == "model_load_refused"]
-        changed = (repository / model / "1" / "model.py").read_bytes()
+        changed = model_layout(repository, model).python_model(1).read_bytes()
         assert refusal["version"] == 1 and refusal["check"] == "digest_mismatch"
         assert refusal["file"] == "model.py"
         assert refusal["file_sha256"] == hashlib.sha256(changed).hexdigest()
@@ -342,7 +345,9 @@ def test_a_reload_leaves_out_a_canary_changed_since_it_was_signed(
     )
     watcher.verifier = LoadVerifier(repository, trusted)
     try:
-        (repository / "dispatch_model" / "2" / "extra.py").write_text("print('hi')\n")
+        (model_layout(repository, SCORING_MODEL).version(2) / "extra.py").write_text(
+            "print('hi')\n"
+        )
         watcher._recover("dispatch_model", [41])
         assert repo.loads == [("unload dispatch_model", "k"), ("dispatch_model", "k")]
         assert repo.live["dispatch_model"]["version_policy"] == {"specific": {"versions": [1]}}
@@ -369,10 +374,10 @@ def test_a_stub_running_code_that_does_not_verify_keeps_the_server_not_ready(
         verifier=LoadVerifier(repository, trusted),
     )
     watcher.server.process = running  # type: ignore[misc]
-    uploaded = tmp_path / "folderXYZ" / "1" / "model.py"
+    uploaded = model_layout(tmp_path, "folderXYZ").python_model(1)
     uploaded.parent.mkdir(parents=True)
     uploaded.write_text("import os\n")
-    signed = repository / "feature_encoder" / "1" / "model.py"
+    signed = model_layout(repository, ENCODER_MODEL).python_model(1)
     files = {21: uploaded, 22: signed}
     stubs = _Stubs({11: ENCODER})
     monkeypatch.setattr(watcher, "_current_stubs", stubs)

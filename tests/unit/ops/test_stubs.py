@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dispatch_service.core.repository_layout import (
+    ENCODER_MODEL,
+    FUSED_MODEL,
+    RESOLVER_MODEL,
+    SCORING_MODEL,
+    model_layout,
+)
 from dispatch_service.ops.stubs import instance_count, stub_deaths, stub_models, stub_versions
 
 
@@ -15,13 +22,18 @@ def fake_proc(root: Path, pid: int, ppid: int, argv: list[str], state: str = "S"
     (folder / "stat").write_text(f"{pid} (triton python b) {state} {ppid} 1 1 0 -1\n")
 
 
+def model_py(model: str) -> str:
+    """The model.py a stub of ``model`` runs (its argv[1]): version 1's, in /repo."""
+    return str(model_layout(Path("/repo"), model).python_model(1))
+
+
 def test_stubs_of_one_server_are_mapped_to_their_models(tmp_path: Path) -> None:
     stub = "/b/python/triton_python_backend_stub"
-    fake_proc(tmp_path, 11, 7, [stub, "/repo/dispatch_model/1/model.py", "r", "1"])
-    fake_proc(tmp_path, 12, 7, [stub, "/repo/dispatch_fused/1/model.py", "r", "1"])
-    fake_proc(tmp_path, 13, 8, [stub, "/repo/topk_resolver/1/model.py", "r", "1"])  # other server
-    fake_proc(tmp_path, 14, 7, [stub, "/repo/feature_encoder/1/model.py"], state="Z")  # dead
-    fake_proc(tmp_path, 15, 7, ["/usr/bin/python3", "/repo/x/1/model.py"])
+    fake_proc(tmp_path, 11, 7, [stub, model_py(SCORING_MODEL), "r", "1"])
+    fake_proc(tmp_path, 12, 7, [stub, model_py(FUSED_MODEL), "r", "1"])
+    fake_proc(tmp_path, 13, 8, [stub, model_py(RESOLVER_MODEL), "r", "1"])  # other server
+    fake_proc(tmp_path, 14, 7, [stub, model_py(ENCODER_MODEL)], state="Z")  # dead
+    fake_proc(tmp_path, 15, 7, ["/usr/bin/python3", model_py("x")])
     assert stub_models(7, tmp_path) == {11: "dispatch_model", 12: "dispatch_fused"}
     assert stub_versions(7, tmp_path) == {11: ("dispatch_model", "1"), 12: ("dispatch_fused", "1")}
 

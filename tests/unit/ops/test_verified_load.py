@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.core.signing import (
     SigningError,
     TrustedKeys,
@@ -53,20 +54,21 @@ STEP = '    {{ model_name: "{model}" model_version: {version} }}'
 
 
 def write_model(repo: Path, name: str, versions: list[int], policy: str = "") -> None:
-    (repo / name).mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(PYTHON_MODEL.format(name=name, policy=policy))
+    layout = model_layout(repo, name)
+    layout.folder.mkdir(parents=True)
+    layout.config.write_text(PYTHON_MODEL.format(name=name, policy=policy))
     for version in versions:
-        folder = repo / name / str(version)
-        folder.mkdir()
-        (folder / "model.py").write_text(f"VERSION = {version}\n")
-        (folder / "weights.bin").write_bytes(bytes([version]) * 64)
+        layout.version(version).mkdir()
+        layout.python_model(version).write_text(f"VERSION = {version}\n")
+        (layout.version(version) / "weights.bin").write_bytes(bytes([version]) * 64)
 
 
 def write_ensemble(repo: Path, name: str, steps: list[tuple[str, int]]) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / ".gitkeep").write_text("")
+    layout = model_layout(repo, name)
+    layout.version(1).mkdir(parents=True)
+    (layout.version(1) / ".gitkeep").write_text("")
     text = ",\n".join(STEP.format(model=m, version=v) for m, v in steps)
-    (repo / name / "config.pbtxt").write_text(ENSEMBLE.format(name=name, steps=text))
+    layout.config.write_text(ENSEMBLE.format(name=name, steps=text))
 
 
 @pytest.fixture
@@ -87,7 +89,7 @@ def repo(tmp_path: Path, signer: Ed25519PrivateKey) -> Path:
     write_ensemble(root, "pipeline", [("encoder", -1), ("scorer", -1)])
     write_ensemble(root, "pinned", [("encoder", -1), ("scorer", 2)])
     for model, version in (("scorer", 1), ("scorer", 2), ("encoder", 1)):
-        sign_version(root / model / str(version), signer)
+        sign_version(model_layout(root, model).version(version), signer)
     (root / "notes").mkdir()  # a folder without a config is not a model
     return root
 
@@ -117,12 +119,13 @@ def test_served_versions_follow_the_version_policy(
 
 
 def test_read_config_prefers_the_profile_config(repo: Path) -> None:
-    (repo / "encoder" / "configs").mkdir()
-    (repo / "encoder" / "configs" / "gpu.pbtxt").write_text(
+    encoder = model_layout(repo, "encoder")
+    encoder.profiles.mkdir()
+    encoder.profile("gpu").write_text(
         PYTHON_MODEL.format(name="encoder", policy="version_policy: { all {} }")
     )
-    assert "version_policy" not in read_config(repo / "encoder", "cpu")
-    assert read_config(repo / "encoder", "gpu")["version_policy"] == {"all": {}}
+    assert "version_policy" not in read_config(encoder.folder, "cpu")
+    assert read_config(encoder.folder, "gpu")["version_policy"] == {"all": {}}
 
 
 # ---- plans -------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ def test_everything_verified_loads_at_start(repo: Path, trusted: TrustedKeys) ->
 def test_a_bad_version_restricts_its_model_and_defers_its_ensembles(
     repo: Path, trusted: TrustedKeys
 ) -> None:
-    tamper(repo / "scorer" / "2" / "weights.bin")
+    tamper(model_layout(repo, "scorer").version(2) / "weights.bin")
     plan = plan_load(repo, trusted)
     assert plan.startup == ("encoder",)
     assert plan.restricted == {"scorer": (1,)}
@@ -162,7 +165,7 @@ def test_a_bad_version_restricts_its_model_and_defers_its_ensembles(
 def test_a_model_without_a_good_version_is_refused_with_its_ensembles(
     repo: Path, trusted: TrustedKeys
 ) -> None:
-    (repo / "encoder" / "1" / "MANIFEST.json").unlink()
+    (model_layout(repo, "encoder").version(1) / "MANIFEST.json").unlink()
     plan = plan_load(repo, trusted)
     assert plan.startup == ("scorer",)
     assert plan.refused == {
@@ -181,10 +184,10 @@ def test_a_model_without_a_good_version_is_refused_with_its_ensembles(
 def test_an_unserved_bad_version_is_reported_but_blocks_nothing(
     repo: Path, trusted: TrustedKeys
 ) -> None:
-    (repo / "scorer" / "config.pbtxt").write_text(
+    model_layout(repo, "scorer").config.write_text(
         PYTHON_MODEL.format(name="scorer", policy="version_policy: { specific { versions: 2 } }")
     )
-    tamper(repo / "scorer" / "1" / "model.py")
+    tamper(model_layout(repo, "scorer").python_model(1))
     plan = plan_load(repo, trusted)
     assert "scorer" in plan.startup and not plan.restricted
     assert [v.version for v in plan.refused_versions] == [1]
@@ -193,14 +196,14 @@ def test_an_unserved_bad_version_is_reported_but_blocks_nothing(
 def write_reader(repo: Path, signer: Ed25519PrivateKey, canary: int) -> None:
     """A Python model that runs scorer versions itself, as dispatch_fused does."""
     write_model(repo, "reader", [1])
-    config = repo / "reader" / "config.pbtxt"
+    config = model_layout(repo, "reader").config
     config.write_text(
         config.read_text()
         + 'parameters [ { key: "scoring_model", value: { string_value: "scorer" } },\n'
         + '  { key: "stable_version", value: { string_value: "1" } },\n'
         + f'  {{ key: "canary_version", value: {{ string_value: "{canary}" }} }} ]\n'
     )
-    sign_version(repo / "reader" / "1", signer)
+    sign_version(model_layout(repo, "reader").version(1), signer)
 
 
 def test_a_model_reading_other_versions_needs_its_stable_version_only(
@@ -211,12 +214,12 @@ def test_a_model_reading_other_versions_needs_its_stable_version_only(
     write_reader(repo, signer, canary=2)
     assert "reader" in plan_load(repo, trusted).startup
     assert plan_load(repo, trusted, requested=["reader"]).startup == ("reader", "scorer")
-    tamper(repo / "scorer" / "2" / "weights.bin")
+    tamper(model_layout(repo, "scorer").version(2) / "weights.bin")
     plan = plan_load(repo, trusted)
     assert "reader" not in plan.refused
     assert "reader" in (*plan.startup, *plan.deferred)
     assert plan.restricted == {"scorer": (1,)}
-    tamper(repo / "scorer" / "1" / "weights.bin")
+    tamper(model_layout(repo, "scorer").version(1) / "weights.bin")
     plan = plan_load(repo, trusted)
     assert plan.refused["reader"] == "depends on refused model scorer"
 
@@ -225,16 +228,16 @@ def test_a_routing_model_loads_with_the_verified_versions_as_its_scoring_version
     repo: Path, signer: Ed25519PrivateKey, trusted: TrustedKeys
 ) -> None:
     write_reader(repo, signer, canary=2)
-    config = repo / "reader" / "config.pbtxt"
+    config = model_layout(repo, "reader").config
     config.write_text(
         config.read_text().replace(
             "parameters [",
             'parameters [ { key: "scoring_versions", value: { string_value: "1,2" } },',
         )
     )
-    sign_version(repo / "reader" / "1", signer)
+    sign_version(model_layout(repo, "reader").version(1), signer)
     assert "reader" in plan_load(repo, trusted).startup
-    tamper(repo / "scorer" / "2" / "weights.bin")
+    tamper(model_layout(repo, "scorer").version(2) / "weights.bin")
     plan = plan_load(repo, trusted)
     assert plan.restricted["reader"] == (1,) and plan.scoring_versions == {"reader": (1,)}
     override = plan.override_config("reader")
@@ -339,7 +342,7 @@ def test_the_launcher_loads_verified_models_then_overrides_then_dependents(
 ) -> None:
     report = tmp_path / "report.json"
     monkeypatch.setenv("FAKE_TRITON_REPORT", str(report))
-    tamper(repo / "scorer" / "2" / "model.py")
+    tamper(model_layout(repo, "scorer").python_model(2))
     options = ServerOptions(
         model_repository=repo,
         ports=Ports.free(),
@@ -360,8 +363,8 @@ def test_the_launcher_loads_verified_models_then_overrides_then_dependents(
     assert config["version_policy"] == {"specific": {"versions": [1]}}
     assert loads[1]["body"] == {}
     # The verified versions are compiled before Triton reads them; the refused one is not.
-    assert list((repo / "scorer" / "1" / "__pycache__").glob("model.*.pyc"))
-    assert not (repo / "scorer" / "2" / "__pycache__").exists()
+    assert list((model_layout(repo, "scorer").version(1) / "__pycache__").glob("model.*.pyc"))
+    assert not (model_layout(repo, "scorer").version(2) / "__pycache__").exists()
     log = server.log_path.read_text()
     assert '"reason": "digest mismatch on file model.py"' in log
     assert '"model": "pinned"' in log and '"event": "model_refused"' in log
@@ -396,7 +399,7 @@ def test_the_launcher_fails_closed_when_a_refused_version_comes_back(
 ) -> None:
     monkeypatch.setenv("FAKE_TRITON_REPORT", str(tmp_path / "report.json"))
     monkeypatch.setenv("FAKE_TRITON_SERVES", json.dumps({"scorer": [1, 2]}))
-    tamper(repo / "scorer" / "2" / "model.py")
+    tamper(model_layout(repo, "scorer").python_model(2))
     options = ServerOptions(
         model_repository=repo, ports=Ports.free(), trusted_keys=keys_dir(tmp_path, signer)
     )

@@ -16,6 +16,13 @@ from tritonclient.grpc import model_config_pb2
 from dispatch_contract import FEATURE_ENTRY_INPUTS, NUM_PAIR_FEATURES
 from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.repository_layout import (
+    DISPATCH_ENSEMBLE,
+    FEATURES_ENSEMBLE,
+    PROFILES_FOLDER,
+    SCORING_MODEL,
+    model_layout,
+)
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -73,8 +80,10 @@ def test_the_python_part_says_no_gpu_too(
 @pytest.mark.parametrize("kind", ["KIND_GPU", "KIND_CPU"])
 def test_the_derived_gpu_config_is_the_cpu_config_on_cuda(tmp_path: Path, kind: str) -> None:
     repo = derived_repository(tmp_path / "repo", kind)
-    cpu = load(MODEL_REPOSITORY / "dispatch_model" / "config.pbtxt")
-    gpu = load(repo / "dispatch_model" / "configs" / "gpu.pbtxt")
+    source = model_layout(MODEL_REPOSITORY, SCORING_MODEL)
+    derived = model_layout(repo, SCORING_MODEL)
+    cpu = load(source.config)
+    gpu = load(derived.profile("gpu"))
     assert (gpu.backend, gpu.max_batch_size) == (cpu.backend, cpu.max_batch_size)
     assert list(gpu.input) == list(cpu.input) and list(gpu.output) == list(cpu.output)
     assert gpu.version_policy == cpu.version_policy
@@ -85,14 +94,12 @@ def test_the_derived_gpu_config_is_the_cpu_config_on_cuda(tmp_path: Path, kind: 
     assert load_settings(OrtSettings, parameters).execution_provider == "cuda"
     # every other model and every version folder is the repository's own
     for folder in MODEL_REPOSITORY.iterdir():
-        if folder.is_dir() and folder.name != "dispatch_model":
-            assert (repo / folder.name).resolve() == folder.resolve()
-    versions = [p.name for p in (MODEL_REPOSITORY / "dispatch_model").iterdir() if p.is_dir()]
+        if folder.is_dir() and folder.name != SCORING_MODEL:
+            assert model_layout(repo, folder.name).folder.resolve() == folder.resolve()
+    versions = [p.name for p in source.folder.iterdir() if p.is_dir()]
     for version in versions:
-        if version != "configs":
-            assert (repo / "dispatch_model" / version).resolve() == (
-                MODEL_REPOSITORY / "dispatch_model" / version
-            ).resolve()
+        if version != PROFILES_FOLDER:
+            assert (derived.folder / version).resolve() == (source.folder / version).resolve()
 
 
 def test_the_report_is_one_table_with_notes() -> None:
@@ -201,7 +208,7 @@ def test_a_short_run_still_measures_at_least_one_request_per_caller(tmp_path: Pa
 def test_feature_inputs_are_what_dispatch_features_declares(tmp_path: Path) -> None:
     w = window()
     tensors = feature_inputs(w)
-    config = load(MODEL_REPOSITORY / "dispatch_features" / "config.pbtxt")
+    config = load(model_layout(MODEL_REPOSITORY, FEATURES_ENSEMBLE).config)
     declared = {t.name: t for t in config.input}
     # every input, the optional ones too (perf_analyzer's shm mode cannot leave one out)
     assert set(tensors) == set(declared) == {spec.name for spec in FEATURE_ENTRY_INPUTS}
@@ -262,7 +269,7 @@ def test_the_input_data_files_round_trip_exactly(tmp_path: Path) -> None:
 
 def test_dispatch_gets_every_optional_input_it_declares() -> None:
     tensors = window_inputs(window())
-    config = load(MODEL_REPOSITORY / "dispatch" / "config.pbtxt")
+    config = load(model_layout(MODEL_REPOSITORY, DISPATCH_ENSEMBLE).config)
     assert set(tensors) == {t.name for t in config.input}
 
 

@@ -21,7 +21,12 @@ from dispatch_service.core.metrics import (
     InMemoryMetrics,
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.core.repository_layout import (
+    ENCODER_MODEL,
+    RESOLVER_MODEL,
+    SCORING_MODEL,
+    model_layout,
+)
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -30,7 +35,7 @@ from dispatch_service.pipeline.step_metrics import candidates_per_order, capacit
 
 Tensors = dict[str, NDArray[Any] | None]
 STEP_MODELS = ("feature_encoder", "dispatch_model", "topk_resolver")
-COMMITTED_MODEL = model_layout(MODEL_REPOSITORY, "dispatch_model").onnx(1)
+COMMITTED_MODEL = model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1)
 
 
 def window_tensors(orders: int, riders: int, seed: int = 0) -> Tensors:
@@ -43,8 +48,8 @@ def make_repository(root: Path, model: Path) -> Path:
     for name in STEP_MODELS:
         (root / name).mkdir(parents=True)
         shutil.copy(model_layout(MODEL_REPOSITORY, name).config, model_layout(root, name).config)
-    (root / "dispatch_model" / "1").mkdir()
-    shutil.copy(model, model_layout(root, "dispatch_model").onnx(1))
+    model_layout(root, SCORING_MODEL).version(1).mkdir()
+    shutil.copy(model, model_layout(root, SCORING_MODEL).onnx(1))
     return root
 
 
@@ -84,8 +89,8 @@ def test_pipeline_over_a_repository_follows_the_contract(
 
 def test_pipeline_settings_come_from_the_configs(tmp_path: Path, contract_model: Path) -> None:
     repository = make_repository(tmp_path, contract_model)
-    set_parameter(model_layout(repository, "topk_resolver").config, "top_k", "3")
-    set_parameter(model_layout(repository, "feature_encoder").config, "candidates_per_order", "4")
+    set_parameter(model_layout(repository, RESOLVER_MODEL).config, "top_k", "3")
+    set_parameter(model_layout(repository, ENCODER_MODEL).config, "candidates_per_order", "4")
     pipeline = DispatchPipeline.from_repository(repository)
     assert pipeline.resolver.settings.top_k == 3
     assert pipeline.encoder.encoder.candidates_per_order == 4
@@ -94,7 +99,7 @@ def test_pipeline_settings_come_from_the_configs(tmp_path: Path, contract_model:
 
 def test_pipeline_rejects_an_unknown_config_parameter(tmp_path: Path, contract_model: Path) -> None:
     repository = make_repository(tmp_path, contract_model)
-    config = model_layout(repository, "topk_resolver").config
+    config = model_layout(repository, RESOLVER_MODEL).config
     config.write_text(config.read_text().replace('key: "top_k"', 'key: "topk"'))
     with pytest.raises(SettingsError, match="topk"):
         DispatchPipeline.from_repository(repository)
@@ -104,8 +109,8 @@ def test_pipeline_loads_the_requested_version(tmp_path: Path, contract_model: Pa
     repository = make_repository(tmp_path, contract_model)
     with pytest.raises(Exception, match=r"dispatch_model[/\\]2[/\\]model\.onnx"):
         DispatchPipeline.from_repository(repository, model_version=2)
-    (repository / "dispatch_model" / "2").mkdir()
-    shutil.copy(contract_model, model_layout(repository, "dispatch_model").onnx(2))
+    model_layout(repository, SCORING_MODEL).version(2).mkdir()
+    shutil.copy(contract_model, model_layout(repository, SCORING_MODEL).onnx(2))
     assert DispatchPipeline.from_repository(repository, model_version=2).model is not None
 
 

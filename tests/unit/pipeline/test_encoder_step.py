@@ -18,7 +18,7 @@ from dispatch_contract.keys import KeyFileError
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.core.repository_layout import ENCODER_MODEL, SCORING_MODEL, model_layout
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain import features as features_module
 from dispatch_service.domain import geo
@@ -36,7 +36,7 @@ from dispatch_service.pipeline.steps import (
 
 Tensors = dict[str, NDArray[Any] | None]
 
-COMMITTED_MODEL = model_layout(MODEL_REPOSITORY, "dispatch_model").onnx(1)
+COMMITTED_MODEL = model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1)
 
 
 def window_tensors(orders: int = 5, riders: int = 12, seed: int = 0) -> Tensors:
@@ -141,7 +141,7 @@ def test_encoder_rejects_bad_parameter_values(parameters: dict[str, str], key: s
 
 
 def test_encoder_accepts_its_shipped_config_parameters() -> None:
-    parameters = config_parameters(model_layout(MODEL_REPOSITORY, "feature_encoder").config)
+    parameters = config_parameters(model_layout(MODEL_REPOSITORY, ENCODER_MODEL).config)
     step = FeatureEncoderStep.from_parameters(parameters)
     assert step.encoder.candidates_per_order == int(parameters["candidates_per_order"])
 

@@ -15,7 +15,13 @@ from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, RESOLVER_OUTPUTS
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.core.repository_layout import (
+    ENCODER_MODEL,
+    FUSED_MODEL,
+    RESOLVER_MODEL,
+    SCORING_MODEL,
+    model_layout,
+)
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.core.signing import (
     SigningError,
@@ -44,7 +50,7 @@ def tag(value: str) -> NDArray[Any]:
 
 
 SHIPPED = FusedSettings.from_parameters(
-    config_parameters(model_layout(MODEL_REPOSITORY, "dispatch_fused").config)
+    config_parameters(model_layout(MODEL_REPOSITORY, FUSED_MODEL).config)
 )
 
 
@@ -190,31 +196,32 @@ def test_no_version_at_all_still_assigns_with_the_rule_based_dispatcher(
 
 def test_a_missing_version_folder_is_unavailable_not_fatal(tmp_path: Path) -> None:
     repository = tmp_path / "repository"
-    for name in ("feature_encoder", "topk_resolver"):
-        shutil.copytree(MODEL_REPOSITORY / name, repository / name)
-    (repository / "dispatch_model" / "1").mkdir(parents=True)
-    shutil.copy(
-        model_layout(MODEL_REPOSITORY, "dispatch_model").config, repository / "dispatch_model"
-    )
-    shutil.copy(
-        model_layout(MODEL_REPOSITORY, "dispatch_model").onnx(1),
-        repository / "dispatch_model" / "1",
-    )
+    for name in (ENCODER_MODEL, RESOLVER_MODEL):
+        shutil.copytree(
+            model_layout(MODEL_REPOSITORY, name).folder, model_layout(repository, name).folder
+        )
+    source = model_layout(MODEL_REPOSITORY, SCORING_MODEL)
+    scoring = model_layout(repository, SCORING_MODEL)
+    scoring.version(1).mkdir(parents=True)
+    shutil.copy(source.config, scoring.folder)
+    shutil.copy(source.onnx(1), scoring.version(1))
     dispatch = FusedDispatch.from_repository(repository, SHIPPED)
     assert set(dispatch.scorers) == {1}
-    assert "dispatch_model/2/model.onnx" in dispatch.unavailable[2]
+    assert scoring.onnx(2).relative_to(repository).as_posix() in dispatch.unavailable[2]
 
 
 def signed_repository(tmp_path: Path) -> tuple[Path, TrustedKeys]:
     """A copy of the repository's fused steps with dispatch_model 1 and 2 signed."""
     repository = tmp_path / "repository"
-    for name in ("feature_encoder", "topk_resolver", "dispatch_model"):
+    for name in (ENCODER_MODEL, RESOLVER_MODEL, SCORING_MODEL):
         shutil.copytree(
-            MODEL_REPOSITORY / name, repository / name, ignore=shutil.ignore_patterns("__pycache__")
+            model_layout(MODEL_REPOSITORY, name).folder,
+            model_layout(repository, name).folder,
+            ignore=shutil.ignore_patterns("__pycache__"),
         )
     key = generate_private_key()
     for version in (1, 2):
-        sign_version(repository / "dispatch_model" / str(version), key)
+        sign_version(model_layout(repository, SCORING_MODEL).version(version), key)
     return repository, TrustedKeys.from_public_keys(key.public_key())
 
 
@@ -231,7 +238,7 @@ def test_with_trusted_keys_every_version_is_verified_before_it_loads(tmp_path: P
 
 def test_a_refused_canary_is_out_of_routing_not_a_refused_model(tmp_path: Path) -> None:
     repository, trusted = signed_repository(tmp_path)
-    tamper(repository / "dispatch_model" / "2")
+    tamper(model_layout(repository, SCORING_MODEL).version(2))
     dispatch = FusedDispatch.from_repository(repository, SHIPPED, trusted=trusted)
     assert set(dispatch.scorers) == {1}
     assert "refused by signature verification" in dispatch.unavailable[2]
@@ -243,7 +250,7 @@ def test_a_refused_canary_is_out_of_routing_not_a_refused_model(tmp_path: Path) 
 
 def test_a_refused_stable_version_fails_the_load(tmp_path: Path) -> None:
     repository, trusted = signed_repository(tmp_path)
-    tamper(repository / "dispatch_model" / "1")
+    tamper(model_layout(repository, SCORING_MODEL).version(1))
     with pytest.raises(SigningError, match="stable version 1: refused"):
         FusedDispatch.from_repository(repository, SHIPPED, trusted=trusted)
     other = TrustedKeys.from_public_keys(generate_private_key().public_key())

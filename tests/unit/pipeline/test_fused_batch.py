@@ -15,7 +15,7 @@ from dispatch_contract import CoordSystem
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.core.repository_layout import FUSED_MODEL, model_layout
 from dispatch_service.domain import geo
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -26,7 +26,7 @@ from dispatch_service.routing.settings import FusedSettings
 
 Tensors = dict[str, NDArray[Any]]
 SHIPPED = FusedSettings.from_parameters(
-    config_parameters(model_layout(MODEL_REPOSITORY, "dispatch_fused").config)
+    config_parameters(model_layout(MODEL_REPOSITORY, FUSED_MODEL).config)
 )
 
 

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from dispatch_contract import NUM_PAIR_FEATURES, OBJECTIVES
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.repository_layout import ONNX_FILE
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, session_options
 
 F = NUM_PAIR_FEATURES
@@ -183,7 +184,7 @@ def test_two_outputs_are_rejected(tmp_path: Path) -> None:
 
 def test_a_missing_model_file_fails_to_load(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"model\.onnx"):
-        OnnxScorer(tmp_path / "model.onnx")
+        OnnxScorer(tmp_path / ONNX_FILE)
 
 
 # ---- check and score -----------------------------------------------------------------

@@ -18,7 +18,7 @@ from dispatch_contract import (
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.repository_layout import model_layout
+from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window import parse_objective_weights
 from dispatch_service.domain.window_wire import window_to_wire
@@ -33,7 +33,7 @@ from dispatch_service.pipeline.steps import (
 
 Tensors = dict[str, NDArray[Any] | None]
 
-COMMITTED_MODEL = model_layout(MODEL_REPOSITORY, "dispatch_model").onnx(1)
+COMMITTED_MODEL = model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1)
 
 
 def window_tensors(orders: int = 5, riders: int = 12, seed: int = 0) -> Tensors:

@@ -17,6 +17,7 @@ from dispatch_service.core.metrics import (
     VALIDATION_REJECTIONS,
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import FUSED_MODEL, SCORING_MODEL, model_layout
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -37,7 +38,7 @@ def args(**parameters: str) -> dict[str, str]:
         "model_name": "dispatch_fused",
         "model_version": "1",
         "model_instance_name": "dispatch_fused_0",
-        "model_repository": str(MODEL_REPOSITORY / "dispatch_fused"),
+        "model_repository": str(model_layout(MODEL_REPOSITORY, FUSED_MODEL).folder),
     }
 
 
@@ -124,7 +125,8 @@ def test_logs_its_settings_and_each_version_it_could_not_load(pb: FakePbUtils) -
     assert events["model_loaded"][1]["model"] == "dispatch_fused"
     level, missing = events["version_unavailable"]
     assert level == "warn" and missing["target_version"] == 9
-    assert "dispatch_model/9/model.onnx" in missing["error"]
+    missing_file = model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(9)
+    assert missing_file.relative_to(MODEL_REPOSITORY).as_posix() in missing["error"]
 
 
 def test_bad_settings_fail_the_load(pb: FakePbUtils) -> None:

@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from dispatch_service.core.metrics import VALIDATION_REJECTIONS, InMemoryMetrics
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import ROUTER_MODEL, model_layout
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import encode_window
@@ -198,7 +199,7 @@ def test_each_window_is_routed_with_its_citys_settings_and_labelled_with_it() ->
 def test_the_router_knows_the_cities_the_repositorys_encoder_serves(tmp_path: Any) -> None:
     assert registered_cities(MODEL_REPOSITORY) == default_registry().ids
     assert registered_cities(tmp_path) == default_registry().ids  # no encoder config: shipped
-    args = {**_args(), "model_repository": str(MODEL_REPOSITORY / "dispatch_router")}
+    args = {**_args(), "model_repository": str(model_layout(MODEL_REPOSITORY, ROUTER_MODEL).folder)}
     adapter = router_adapter_for(NoMetricsPb(served(1)), args)
     assert adapter.cities == frozenset(default_registry().ids)
     adapter.finalize()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
 from dispatch_service.core.signing import (
     TRUSTED_KEYS_ENV,
     SigningError,
@@ -22,9 +23,9 @@ from dispatch_service.serving.trust import model_trust
 
 def signed_version(tmp_path: Path) -> tuple[Path, Path]:
     """dispatch_model version 1 copied and signed; the folder of its trusted public key."""
-    folder = tmp_path / "dispatch_model" / "1"
+    folder = model_layout(tmp_path, SCORING_MODEL).version(1)
     shutil.copytree(
-        MODEL_REPOSITORY / "dispatch_model" / "1",
+        model_layout(MODEL_REPOSITORY, SCORING_MODEL).version(1),
         folder,
         ignore=shutil.ignore_patterns("__pycache__", "MANIFEST.*"),
     )
@@ -46,11 +47,11 @@ def test_no_variable_no_verification_and_an_empty_folder_fails(tmp_path: Path) -
 
 
 def test_dispatch_model_loads_verified_weights_and_refuses_tampered_ones(tmp_path: Path) -> None:
-    folder, keys = signed_version(tmp_path)
+    _, keys = signed_version(tmp_path)
     trusted = model_trust({TRUSTED_KEYS_ENV: str(keys)})
     assert trusted is not None and len(trusted) == 1
-    DispatchModelStep.from_parameters(folder / "model.onnx", {}, trusted=trusted)
-    onnx = folder / "model.onnx"
+    onnx = model_layout(tmp_path, SCORING_MODEL).onnx(1)
+    DispatchModelStep.from_parameters(onnx, {}, trusted=trusted)
     data = bytearray(onnx.read_bytes())
     data[-1] ^= 0xFF
     onnx.write_bytes(bytes(data))
@@ -63,7 +64,8 @@ def test_read_verified_returns_the_bytes_the_manifest_names(tmp_path: Path) -> N
     folder, keys = signed_version(tmp_path)
     trusted = model_trust({TRUSTED_KEYS_ENV: str(keys)})
     assert trusted is not None
-    assert read_verified(folder, "model.onnx", trusted) == (folder / "model.onnx").read_bytes()
+    onnx = model_layout(tmp_path, SCORING_MODEL).onnx(1)
+    assert read_verified(folder, ONNX_FILE, trusted) == onnx.read_bytes()
     (folder / "extra.txt").write_text("not signed")
     with pytest.raises(SigningError, match=r"unlisted file extra\.txt"):
-        read_verified(folder, "model.onnx", trusted)
+        read_verified(folder, ONNX_FILE, trusted)

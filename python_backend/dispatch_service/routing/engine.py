@@ -254,6 +254,17 @@ class RouteItem:
     shadow: bool = False
     served: IsServed = _all_served
 
+    def plan(self) -> Generator[list[_Job], list[Outcome], RoutedScores]:
+        """This window's routing plan (`_routing`)."""
+        return _routing(
+            self.features,
+            self.candidates,
+            self.versions,
+            self.settings,
+            shadow=self.shadow,
+            served=self.served,
+        )
+
 
 async def route_and_score_many(
     items: Sequence[RouteItem],
@@ -307,14 +318,7 @@ def _routing_many(
     if len(items) == 1:  # nothing to join: the window's own plan, as it is
         (item,) = items
         try:
-            routed = yield from _routing(
-                item.features,
-                item.candidates,
-                item.versions,
-                item.settings,
-                shadow=item.shadow,
-                served=item.served,
-            )
+            routed = yield from item.plan()
         except Exception as exc:  # this window's own error (e.g. DispatchInputError)
             return [exc]
         return [routed]
@@ -332,14 +336,7 @@ def _routing_many(
             results[number] = exc
 
     for number, item in enumerate(items):
-        plans[number] = _routing(
-            item.features,
-            item.candidates,
-            item.versions,
-            item.settings,
-            shadow=item.shadow,
-            served=item.served,
-        )
+        plans[number] = item.plan()
         advance(number, None)
     while waiting:
         asked, waiting = waiting, {}

@@ -28,12 +28,12 @@ from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
-from dispatch_service.domain.features import EncoderSettings, encode_window
+from dispatch_service.domain.features import EncodedWindow, EncoderSettings, encode_window
 from dispatch_service.domain.scoring import ResolverSettings
 from dispatch_service.domain.window import DispatchWindow, check_objective_weights
 from dispatch_service.offline import baseline, simulator
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
-from dispatch_service.pipeline.stacking import resolve_stack_aware
+from dispatch_service.pipeline.stacking import Rescorer, StackedResolution, resolve_stack_aware
 from dispatch_service.pipeline.steps import DispatchModelStep
 
 __all__ = [
@@ -84,6 +84,30 @@ def distance_matching_policy(window: DispatchWindow, world: simulator.CityConfig
 Scorer = Callable[[NDArray[np.float32]], NDArray[np.float32]]
 
 
+def _resolve(
+    window: DispatchWindow,
+    encoded: EncodedWindow,
+    objectives: NDArray[np.float32],
+    *,
+    rescore: Rescorer,
+    weights: NDArray[np.float64],
+    resolver: ResolverSettings,
+) -> StackedResolution:
+    """The served resolver over one encoded window, stacked pairs priced by ``rescore``."""
+    return resolve_stack_aware(
+        objectives,
+        encoded.pair_features,
+        candidate_rider_index=encoded.candidate_rider_index,
+        created_at=window.created_at,
+        rider_ids=window.rider_ids,
+        rider_load=window.rider_load,
+        rider_capacity=window.rider_capacity,
+        weights=weights,
+        rescore=rescore,
+        settings=resolver,
+    )
+
+
 def _scored_policy(
     encoder: EncoderSettings, resolver: ResolverSettings, score: Scorer, weights: Weights
 ) -> Policy:
@@ -94,17 +118,13 @@ def _scored_policy(
         encoded = encode_window(window, world.map, encoder)
         candidates = encoded.candidate_rider_index
         objectives = score(encoded.pair_features)
-        result = resolve_stack_aware(
+        result = _resolve(
+            window,
+            encoded,
             objectives,
-            encoded.pair_features,
-            candidate_rider_index=candidates,
-            created_at=window.created_at,
-            rider_ids=window.rider_ids,
-            rider_load=window.rider_load,
-            rider_capacity=window.rider_capacity,
-            weights=w,
             rescore=lambda rows, features: score(features),
-            settings=resolver,
+            weights=w,
+            resolver=resolver,
         )
         flat = candidates.reshape(-1)
         valid = np.flatnonzero(flat >= 0)
@@ -181,17 +201,8 @@ def oracle_policy(
             extra = (features[:, _LOAD_COLUMN] - load_column[rows]).astype(np.int64)
             return truth(rows, extra)
 
-        result = resolve_stack_aware(
-            objectives,
-            encoded.pair_features,
-            candidate_rider_index=candidates,
-            created_at=window.created_at,
-            rider_ids=window.rider_ids,
-            rider_load=window.rider_load,
-            rider_capacity=window.rider_capacity,
-            weights=w,
-            rescore=rescore,
-            settings=resolver,
+        result = _resolve(
+            window, encoded, objectives, rescore=rescore, weights=w, resolver=resolver
         )
         return Decision(result.resolution.assigned_rider_index.astype(np.int64))
 

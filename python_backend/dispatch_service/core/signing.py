@@ -208,6 +208,15 @@ class TrustedKeys:
             keys[key_id(key)] = key
         return cls(keys, str(directory))
 
+    @classmethod
+    def required_in(cls, directory: Path) -> TrustedKeys:
+        """`from_directory`, refusing a folder without keys: verification against no key
+        would refuse every version, so a command or a server asked to verify stops here."""
+        trusted = cls.from_directory(directory)
+        if not len(trusted):
+            raise SigningError(f"no trusted keys (*.pub) in {directory}")
+        return trusted
+
     def __len__(self) -> int:
         return len(self.keys)
 

@@ -105,12 +105,9 @@ def _trusted(args: argparse.Namespace) -> TrustedKeys:
     if not directory:
         raise UsageError(f"--trusted-keys DIR (or {TRUSTED_KEYS_ENV}) is required")
     try:
-        trusted = TrustedKeys.from_directory(Path(directory))
+        return TrustedKeys.required_in(Path(directory))
     except SigningError as exc:
         raise UsageError(str(exc)) from None
-    if not len(trusted):
-        raise UsageError(f"no trusted keys (*.pub) in {directory}")
-    return trusted
 
 
 def _admin_key(args: argparse.Namespace) -> str | None:

@@ -138,12 +138,9 @@ def _trusted(args: argparse.Namespace) -> TrustedKeys:
             f"--trusted-keys DIR (or {TRUSTED_KEYS_ENV}) is required with --state-store"
         )
     try:
-        trusted = TrustedKeys.from_directory(Path(directory))
+        return TrustedKeys.required_in(Path(directory))
     except SigningError as exc:
         raise _UsageError(str(exc)) from None
-    if not len(trusted):
-        raise _UsageError(f"no trusted keys (*.pub) in {directory}")
-    return trusted
 
 
 def _signing_key(args: argparse.Namespace, trusted: TrustedKeys) -> Ed25519PrivateKey:

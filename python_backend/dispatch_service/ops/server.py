@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from dispatch_service.core.backend_shm import tighten_regions
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
-from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError, TrustedKeys
+from dispatch_service.core.signing import TRUSTED_KEYS_ENV, TrustedKeys
 from dispatch_service.ops.child_process import ChildService, ServerError
 from dispatch_service.ops.health import Probe, deep_check, explain_missing
 from dispatch_service.ops.host import (
@@ -373,9 +373,7 @@ class TritonServer(ChildService):
             )
             logger.warning(line)
             return [line]
-        trusted = TrustedKeys.from_directory(opts.trusted_keys)
-        if not len(trusted):
-            raise SigningError(f"no trusted keys (*.pub) in {opts.trusted_keys}")
+        trusted = TrustedKeys.required_in(opts.trusted_keys)
         plan = plan_load(opts.model_repository, trusted, opts.profile, opts.load_models)
         self.load_plan = plan
         precompile(opts.model_repository, plan)

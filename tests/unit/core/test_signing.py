@@ -191,6 +191,16 @@ def test_a_bad_pub_file_or_a_missing_directory_is_an_error(tmp_path: Path) -> No
         TrustedKeys.from_directory(tmp_path)
 
 
+def test_a_folder_without_keys_is_refused_where_keys_are_required(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("not a key")
+    assert len(TrustedKeys.from_directory(tmp_path)) == 0
+    with pytest.raises(SigningError, match=r"no trusted keys \(\*\.pub\) in "):
+        TrustedKeys.required_in(tmp_path)
+    key = generate_private_key()
+    (tmp_path / "ops.pub").write_bytes(public_key_pem(key.public_key()))
+    assert set(TrustedKeys.required_in(tmp_path).keys) == {key_id(key.public_key())}
+
+
 # ---- sign and verify ---------------------------------------------------------------------
 
 

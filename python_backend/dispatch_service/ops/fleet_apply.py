@@ -1,8 +1,8 @@
 """One server made to serve a fleet state, through its own repository API.
 
 `switch_state` loads the scoring versions the state names next to the served ones (each
-folder verified first) and reloads both entry points with the new routing at once (both or
-neither: `_route`); from its return every request is served as the state says.
+folder verified first), then writes the state's routing to the file both entry points read
+(`routing.live`); from its return every request is served as the state says.
 `retire_versions` then unloads what the state no longer names, which no request reaches any
 more. The watcher (`fleet_watch`) decides when; this module only does.
 """
@@ -10,12 +10,10 @@ more. The watcher (`fleet_watch`) decides when; this module only does.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
-from dispatch_service.core.settings import SettingsError, parameters_from_model_config
-from dispatch_service.ops import router_control
 from dispatch_service.ops.fleet_state import FleetState
 from dispatch_service.ops.model_control import (
     ModelControlError,
@@ -25,12 +23,8 @@ from dispatch_service.ops.model_control import (
     with_versions,
 )
 from dispatch_service.ops.verified_load import LoadVerifier, refusal_fields
-from dispatch_service.routing.settings import (
-    FUSED_MODEL_NAME,
-    ROUTER_MODEL_NAME,
-    FusedSettings,
-    RouterSettings,
-)
+from dispatch_service.routing.live import read_routing_file, write_routing_file
+from dispatch_service.routing.settings import RouterSettings
 
 __all__ = [
     "APPLY_TIMEOUT_S",
@@ -82,51 +76,53 @@ def switch_state(
     admin_key: str | None,
     state: FleetState,
     verifier: LoadVerifier | None,
+    *,
+    routing_file: Path,
     timeout_s: float = APPLY_TIMEOUT_S,
 ) -> Switch:
     """Make the server route by ``state``: from its return every request is served as the
     state says. The versions it no longer names stay loaded (no request reaches them) until
     `retire_versions`: unloading them is not on the way to serving the new state.
 
-    Order: load the new versions next to the served ones, route (both entry points). Every
-    folder a load reads is verified first; a refusal raises ApplyRefusedError before anything
-    changed. A failed routing change puts the versions back.
+    Order: load the new versions next to the served ones (every folder verified first; a
+    refusal raises ApplyRefusedError before anything changed), then write the routing to
+    ``routing_file``, which both entry points read at their next `execute` (`routing.live`):
+    a routing change reloads no model.
     ModelControlError: the server refused or did not answer (the caller tries again).
     """
     clock = time.monotonic()
     seconds: dict[str, float] = {}
     model, wanted = state.model, state.versions
     served = ready_versions(http_url, model, admin_key, timeout_s)
-    current = router_control.read_router_settings(http_url, admin_key, timeout_s)
-    desired = state.router_settings(current.cpu_scoring)
-    fused = router_control.read_fused_settings(http_url, admin_key, timeout_s)
-    if served == wanted and current == desired and fused in (None, desired):
+    routed = _routing_in(routing_file) == state.routing
+    if served == wanted and routed:
         return Switch(False, model, None, seconds)
     config = model_config(http_url, model, timeout_s)
     union = tuple(sorted({*served, *wanted}))
     loading = with_versions(config, union)
     _check_verified(verifier, model, loading)
-    for name in (ROUTER_MODEL_NAME, FUSED_MODEL_NAME):  # their model.py runs anew
-        try:
-            _check_verified(verifier, name, model_config(http_url, name, timeout_s))
-        except ModelControlError:
-            continue  # not loaded: the routing change does not load it
     seconds["verify"] = round(time.monotonic() - clock, 3)
     if union != served:
         clock = time.monotonic()
         load_model(http_url, model, loading, admin_key, timeout_s)
         seconds["load"] = round(time.monotonic() - clock, 3)
-    clock = time.monotonic()
-    if current != desired or fused not in (None, desired):
+    if not routed:
+        clock = time.monotonic()
         try:
-            _route(http_url, desired, fused is not None, admin_key, timeout_s)
-        except ModelControlError:
-            if union != served and served:
-                load_model(http_url, model, with_versions(config, served), admin_key, timeout_s)
-            raise
+            write_routing_file(routing_file, state.routing, state.revision)
+        except OSError as exc:
+            raise ModelControlError(f"cannot write {routing_file}: {exc}") from None
         seconds["route"] = round(time.monotonic() - clock, 3)
     retire = None if union == wanted else with_versions(config, wanted)
     return Switch(True, model, retire, seconds)
+
+
+def _routing_in(routing_file: Path) -> RouterSettings | None:
+    """The routing the file holds now (None: none written, or unreadable: write it anew)."""
+    try:
+        return read_routing_file(routing_file, RouterSettings())[0]
+    except (OSError, ValueError):
+        return None
 
 
 def retire_versions(
@@ -140,52 +136,3 @@ def retire_versions(
     clock = time.monotonic()
     load_model(http_url, switch.model, switch.retire, admin_key, timeout_s)
     return round(time.monotonic() - clock, 3)
-
-
-def _route(
-    http_url: str,
-    settings: RouterSettings,
-    fused_loaded: bool,
-    admin_key: str | None,
-    timeout_s: float,
-) -> None:
-    """Reload both entry points with ``settings`` at once (one wait for new instances, not
-    two, as `router_control.apply_router_settings` does one after the other): both or
-    neither, since when either load is refused the other is put back to the configuration it
-    ran with. Returns once both read back the new settings."""
-    names = (ROUTER_MODEL_NAME, FUSED_MODEL_NAME) if fused_loaded else (ROUTER_MODEL_NAME,)
-    before = {name: model_config(http_url, name, timeout_s) for name in names}
-    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="route") as pool:
-        loads = {
-            name: pool.submit(
-                load_model,
-                http_url,
-                name,
-                router_control.router_config_with(before[name], settings),
-                admin_key,
-                timeout_s,
-            )
-            for name in names
-        }
-        failed = {name: exc for name, done in loads.items() if (exc := done.exception())}
-    if failed:
-        for name in names:
-            if name not in failed:
-                load_model(http_url, name, before[name], admin_key, timeout_s)
-        name, exc = next(iter(failed.items()))
-        raise router_control.RouterControlError(
-            f"loading {name} with the new routing failed ({exc}); both entry points keep "
-            "their previous routing"
-        )
-    for name in names:
-        parameters = parameters_from_model_config(model_config(http_url, name, timeout_s))
-        try:
-            now = (
-                FusedSettings.from_parameters(parameters).routing
-                if name == FUSED_MODEL_NAME
-                else RouterSettings.from_parameters(parameters)
-            )
-        except (SettingsError, ValueError) as exc:
-            raise router_control.RouterControlError(f"{name} reads back: {exc}") from None
-        if now != settings:
-            raise router_control.RouterControlError(f"{name} reports other settings after loading")

@@ -3,7 +3,8 @@
 The launcher (``--state-store DIR`` or ``DISPATCH_STATE_STORE``) reads the store's document
 (`fleet_state`) every ``poll_s`` (0.25 s) and, when its bytes changed, verifies it with the
 launcher's trusted keys and applies it through its own server's repository API
-(`fleet_apply.switch_state`: the versions it names loaded, both entry points routed by it).
+(`fleet_apply.switch_state`: the versions it names loaded, then its routing written to the
+file both entry points read, `routing.live`).
 From then on the replica reports the new revision; the versions the document no longer
 names, which no request reaches any more, are unloaded after that (`retire_versions`). The
 first document is applied before the launcher reports ready, so a replica that starts or
@@ -43,6 +44,7 @@ from dispatch_service.ops.fleet_apply import (
 )
 from dispatch_service.ops.fleet_state import (
     STATE_STORE_ENV,
+    FleetState,
     ReplicaReport,
     SignedState,
     StateError,
@@ -67,6 +69,10 @@ logger = logging.getLogger(__name__)
 # these waits, then left alone until the document changes or the server restarts.
 RETRY_WAITS_S: Final = (2.0, 5.0, 15.0)
 REGISTER_EVERY_S: Final = 2.0
+# From a routing change to the unload of the versions it left: longer than any `execute` that
+# read the routing before the change takes (a router call's own timeout is 2 s at most by
+# default; those calls fall back to the stable version if the unload still catches one).
+RETIRE_GRACE_S: Final = 1.0
 
 
 @dataclass
@@ -102,6 +108,7 @@ class FleetWatcher:
         admin_key: str | None,
         trusted: TrustedKeys | None,
         *,
+        routing_file: Path,
         verifier: LoadVerifier | None = None,
         poll_s: float = 0.25,
         report: Callable[[str], None] = logger.warning,
@@ -110,6 +117,7 @@ class FleetWatcher:
         self.http_url = http_url
         self.admin_key = admin_key
         self.trusted = trusted
+        self.routing_file = routing_file
         self.verifier = verifier
         self.poll_s = poll_s
         self.report = report
@@ -170,7 +178,7 @@ class FleetWatcher:
         if self._retry_at is not None and time.monotonic() < self._retry_at:
             return False
         try:
-            switch = switch_state(self.http_url, self.admin_key, applied.state, self.verifier)
+            switch = self._switch(applied.state)
         except (ApplyRefusedError, ModelControlError) as exc:
             self._retry_at = time.monotonic() + RETRY_WAITS_S[-1]
             self._event(
@@ -215,7 +223,7 @@ class FleetWatcher:
             self.state.status = "applying"
         started = time.monotonic()
         try:
-            switch = switch_state(self.http_url, self.admin_key, signed.state, self.verifier)
+            switch = self._switch(signed.state)
         except ApplyRefusedError as exc:
             self._refuse(digest, signed.state.revision, str(exc), exc.code)
             return
@@ -241,9 +249,17 @@ class FleetWatcher:
         self._register(force=True)
         self._retire(switch, signed.state.revision)
 
+    def _switch(self, state: FleetState) -> Switch:
+        return switch_state(
+            self.http_url, self.admin_key, state, self.verifier, routing_file=self.routing_file
+        )
+
     def _retire(self, switch: Switch, revision: int) -> None:
-        """Unload what the served revision no longer names; a failure is reported, not
-        retried (the next revision applied unloads it)."""
+        """Unload what the served revision no longer names, once an `execute` that read the
+        routing before the change has had time to end; a failure is reported, not retried
+        (the next revision applied unloads it)."""
+        if switch.retire is not None and self._stop.wait(RETIRE_GRACE_S):
+            return
         try:
             seconds = retire_versions(self.http_url, self.admin_key, switch)
         except ModelControlError as exc:
@@ -432,16 +448,22 @@ def watcher_from_args(
     admin_key: str | None,
     verifier: LoadVerifier | None,
     report: Callable[[str], None],
+    *,
+    routing_file: Path | None,
 ) -> FleetWatcher | None:
-    """The launcher's watcher (None without ``--state-store``), its first pass done."""
+    """The launcher's watcher (None without ``--state-store``), its first pass done.
+    ``routing_file``: the server's live routing (`TritonServer.routing_file`)."""
     if args.state_store is None:
         return None
+    if routing_file is None:
+        raise ValueError("a fleet replica's server needs a routing file (live_routing)")
     trusted = None if verifier is None else verifier.trusted
     watcher = FleetWatcher(
         StateStore(Path(args.state_store)),
         http_url,
         admin_key,
         trusted,
+        routing_file=routing_file,
         verifier=verifier,
         report=report,
     )

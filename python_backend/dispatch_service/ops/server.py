@@ -45,6 +45,7 @@ from dispatch_service.ops.verified_load import (
     plan_load,
     precompile,
 )
+from dispatch_service.routing.live import ROUTING_FILE_ENV
 from dispatch_service.serving.drain import DRAIN_FILE_ENV
 
 __all__ = [
@@ -158,6 +159,9 @@ class ServerOptions:
     pinned_memory_pool_bytes: int = 512 << 20
     cuda_memory_pool_bytes: int = 512 << 20
     cuda_memory_pool_devices: Sequence[int] = (0,)
+    # Both entry points route by a file the launcher writes (`routing.live`): a fleet
+    # replica's, which changes routing without reloading a model. False: the configs' routing.
+    live_routing: bool = False
 
     def __post_init__(self) -> None:
         self.admin_key = self.admin_key or new_key()
@@ -177,6 +181,9 @@ class TritonServer(ChildService):
     # The drain gate's file (`serving.drain`), named once per server: a random folder
     # under the temporary directory, made (mode 0700) only when the gate closes.
     _drain_path: Path | None = None
+    # The live routing's file (`routing.live`), in a folder made (mode 0700) at the first
+    # start and kept while the launcher runs: a restarted Triton routes as before.
+    _routing_path: Path | None = None
 
     def __init__(self, runtime: TritonRuntime, options: ServerOptions, log_path: Path) -> None:
         super().__init__(log_path, "tritonserver")
@@ -207,6 +214,21 @@ class TritonServer(ChildService):
             folder = Path(tempfile.gettempdir()) / f"dispatch-drain-{secrets.token_hex(8)}"
             self._drain_path = folder / "draining"
         return self._drain_path
+
+    def routing_file(self) -> Path | None:
+        """Where the live routing goes (``DISPATCH_ROUTING_FILE`` in the environment); None
+        without `ServerOptions.live_routing`."""
+        if self.options.live_routing and self._routing_path is None:
+            folder = Path(tempfile.gettempdir()) / f"dispatch-routing-{secrets.token_hex(8)}"
+            folder.mkdir(mode=0o700)
+            self._routing_path = folder / "routing.json"
+        return self._routing_path
+
+    def remove_routing_file(self) -> None:
+        """Remove the live routing's folder: the launcher is done with this server."""
+        if self._routing_path is not None:
+            shutil.rmtree(self._routing_path.parent, ignore_errors=True)
+            self._routing_path = None
 
     def close_gate(self) -> None:
         """Make the entry points refuse new windows UNAVAILABLE (`serving.drain`): the first
@@ -296,6 +318,10 @@ class TritonServer(ChildService):
         if self.options.trusted_keys is not None:
             env[TRUSTED_KEYS_ENV] = str(self.options.trusted_keys.resolve())
         env[DRAIN_FILE_ENV] = str(self.drain_file())
+        env.pop(ROUTING_FILE_ENV, None)
+        routing = self.routing_file()
+        if routing is not None:
+            env[ROUTING_FILE_ENV] = str(routing)
         return env
 
     def exposed_listeners(self) -> list[str]:

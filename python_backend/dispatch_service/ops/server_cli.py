@@ -241,6 +241,7 @@ def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptio
         trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
         required_models=tuple(m for m in args.require.split(",") if m.strip()),
         extra_args=tuple(args.triton_arg),
+        live_routing=args.state_store is not None,
     )
 
 
@@ -272,6 +273,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         server.start()
     except (ServerError, FileNotFoundError, SigningError) as exc:
+        server.remove_routing_file()
         print(f"error: {exc}", file=sys.stderr)
         return 1
     monitor = gpu_monitor.start_gpu_monitor(
@@ -279,7 +281,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     )
     # The fleet's state (--state-store) is applied before ready: a new replica joins in it.
     watcher = fleet_watch.watcher_from_args(
-        args, server.http_url, options.admin_key, server.load_verifier(), event_printer(out)
+        args,
+        server.http_url,
+        options.admin_key,
+        server.load_verifier(),
+        event_printer(out),
+        routing_file=server.routing_file(),
     )
     for entry in server.entry_points:
         print(entry.line(), file=out)
@@ -301,6 +308,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except OSError as exc:  # the health port is taken
         monitor.stop()
         server.stop()
+        server.remove_routing_file()
         print(f"error: health endpoint on port {health_port}: {exc}", file=sys.stderr)
         return 1
     # Before "ready:": a signal sent as soon as it is read must drain, not kill the launcher
@@ -321,6 +329,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         crashes.stop()
         monitor.stop()
         server.stop()  # whatever ended the loop: never leave a Triton behind
+        server.remove_routing_file()
 
 
 def event_printer(out: TextIO) -> Callable[[str], None]:

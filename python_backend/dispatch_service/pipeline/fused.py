@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -155,6 +155,19 @@ class FusedDispatch:
         if trusted is not None and refused.startswith(_REFUSED):
             raise SigningError(f"stable version {stable}: {refused}")
         return dispatch
+
+    def check_routing(self, routing: RouterSettings) -> None:
+        """ValueError when ``routing`` routes a city the encoder's registry does not hold."""
+        routing.check_cities(self.encoder.cities.ids)
+
+    def route_by(self, routing: RouterSettings) -> None:
+        """Serve ``routing`` from now on (a live change, `routing.live`); the versions it
+        names are loaded now, not by the first window that needs one."""
+        if routing == self.settings.routing:
+            return
+        self.settings = replace(self.settings, routing=routing)
+        for version in self.settings.served_versions():
+            self.scorer(version)
 
     def scorer(self, version: int) -> OnnxScorer | None:
         """The version's session, loaded on first use; None when it cannot be loaded."""

@@ -27,6 +27,7 @@ from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.pipeline.step_metrics import encoder_observations, resolver_observations
+from dispatch_service.routing.live import LiveRouting
 from dispatch_service.routing.metrics import (
     FUSED_ROUTING_METRICS,
     FUSED_SCORING_LATENCY,
@@ -35,6 +36,7 @@ from dispatch_service.routing.metrics import (
 from dispatch_service.routing.settings import FusedSettings, settings_record
 from dispatch_service.serving.backend_log import log_event, seal_backend_region
 from dispatch_service.serving.drain import DrainGate, draining_responses
+from dispatch_service.serving.live_routing import follow_live_routing, live_routing_file
 from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.responder import TritonResponder
 from dispatch_service.serving.router_adapter import log_failed_calls
@@ -74,10 +76,26 @@ class FusedDispatchAdapter(TritonResponder):
         metrics: MetricsSink | None = None,
         version: str = "",
         instance: str = "",
+        routing_file: str = "",
     ) -> None:
         super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
         self.dispatch = dispatch
         self.input_names = tuple(spec.name for spec in DISPATCH_ENSEMBLE_INPUTS)
+        # The config's routing until the launcher's file says otherwise (`routing.live`).
+        self.live = (
+            LiveRouting(routing_file, dispatch.settings.routing, dispatch.check_routing)
+            if routing_file
+            else None
+        )
+
+    def follow_routing(self) -> None:
+        """Route by the launcher's file where it changed (one ``stat`` per `execute`)."""
+        if self.live is not None:
+            self.dispatch.route_by(
+                follow_live_routing(
+                    self.pb, self.live, model=self.model_name, instance=self.instance
+                )
+            )
 
     def finalize(self) -> None:
         super().finalize()
@@ -89,6 +107,7 @@ class FusedDispatchAdapter(TritonResponder):
         answer or error. Refused UNAVAILABLE, unworked, while the server drains."""
         if self.drain_gate.closed():
             return draining_responses(self, requests)
+        self.follow_routing()
         return self.answer_batch(requests, self.input_names, self.dispatch.run_batch, self._answer)
 
     def _answer(self, request: Any, result: FusedResult) -> Any:
@@ -132,7 +151,9 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
         metrics=triton_metrics(pb_utils, name, version, FUSED_METRICS),
         version=version,
         instance=instance,
+        routing_file=live_routing_file(),
     )
+    adapter.follow_routing()
     adapter.loaded()
     log_event(
         pb_utils,

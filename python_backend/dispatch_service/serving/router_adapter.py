@@ -9,7 +9,9 @@ the windows of an `execute`, `routing.route_and_score_many`), records the metric
 
 Settings are parsed once per load from config.pbtxt ``parameters`` (`RouterSettings`); a
 config-override load (`router_control.apply_router_settings`) builds a new instance with the
-new settings and logs them as one JSON line, while the old instance drains. A request's
+new settings and logs them as one JSON line, while the old instance drains. On a fleet
+replica the routing comes from the launcher's file instead, read when it changes
+(`routing.live`). A request's
 answer never depends on anything but the settings and the request: no state between calls.
 """
 
@@ -46,6 +48,7 @@ from dispatch_service.core.settings import load_settings, parameters_from_model_
 from dispatch_service.domain.cities import CitySettings, default_registry
 from dispatch_service.domain.window_wire import user_ids_from_wire
 from dispatch_service.routing.engine import RoutedScores, RouteItem, route_and_score_many
+from dispatch_service.routing.live import LiveRouting
 from dispatch_service.routing.metrics import ROUTER_METRICS, routed_observations
 from dispatch_service.routing.policy import ServedVersions, route_window
 from dispatch_service.routing.settings import (
@@ -57,6 +60,7 @@ from dispatch_service.routing.settings import (
 from dispatch_service.routing.shadow import shadow_sampled
 from dispatch_service.serving.backend_log import log_event, seal_backend_region
 from dispatch_service.serving.bls import scored_objectives, scoring_request
+from dispatch_service.serving.live_routing import follow_live_routing, live_routing_file
 from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.responder import TritonResponder
 from dispatch_service.serving.triton_metrics import triton_metrics
@@ -90,14 +94,25 @@ class DispatchRouterAdapter(TritonResponder):
         version: str = "",
         instance: str = "",
         cities: Collection[str] | None = None,
+        routing_file: str = "",
     ) -> None:
         super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
-        self.settings = settings
         self.draw = draw  # uniform [0, 1): the shadow sample
         self.target_model = target_model
         # The registry's city ids: the WINDOW_CITY values routed (and metrics labels).
         self.cities = frozenset(default_registry().ids if cities is None else cities)
         settings.check_cities(sorted(self.cities))  # a route for no registered city: no load
+        # The config's routing (``settings``) until the launcher's file says otherwise.
+        self.live = LiveRouting(routing_file, settings, self.check_routing)
+
+    @property
+    def settings(self) -> RouterSettings:
+        """The routing in force (the config's, or the launcher's file's: `routing.live`)."""
+        return self.live.settings
+
+    def check_routing(self, settings: RouterSettings) -> None:
+        """ValueError when ``settings`` route a city this instance does not serve."""
+        settings.check_cities(sorted(self.cities))
 
     # ---- Triton entry points ---------------------------------------------------------------
 
@@ -116,10 +131,13 @@ class DispatchRouterAdapter(TritonResponder):
         self, windows: Sequence[dict[str, NDArray[Any] | None]]
     ) -> list[Routed | Exception]:
         """Each window's routed scores and city, or the exception it alone raised."""
+        settings = follow_live_routing(
+            self.pb, self.live, model=self.model_name, instance=self.instance
+        )
         items: list[tuple[RouteItem, str | None] | Exception] = []
         for inputs in windows:
             try:
-                items.append(self._item(inputs))
+                items.append(self._item(inputs, settings))
             except Exception as exc:  # this window's own error
                 items.append(exc)
         ready = [item for item in items if not isinstance(item, Exception)]
@@ -139,13 +157,15 @@ class DispatchRouterAdapter(TritonResponder):
             raise DispatchInputError(name, "is required but missing", "missing")
         return value
 
-    def _item(self, inputs: dict[str, NDArray[Any] | None]) -> tuple[RouteItem, str | None]:
+    def _item(
+        self, inputs: dict[str, NDArray[Any] | None], routing: RouterSettings
+    ) -> tuple[RouteItem, str | None]:
         """The window's routing decision (versions per order with its city's settings,
         shadow drawn) and its city."""
-        served = ServedVersions(self.settings.serves)
+        served = ServedVersions(routing.serves)
         city = self._city(inputs[WINDOW_CITY.name])
         settings, versions = route_window(
-            user_ids_from_wire(inputs), inputs[MODEL_VERSION_TAG.name], self.settings, served, city
+            user_ids_from_wire(inputs), inputs[MODEL_VERSION_TAG.name], routing, served, city
         )
         item = RouteItem(
             self._required(inputs, PAIR_FEATURES.name),
@@ -251,7 +271,9 @@ def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAda
         version=version,
         instance=instance,
         cities=registered_cities(Path(repository).parent) if repository else None,
+        routing_file=live_routing_file(),
     )
+    follow_live_routing(pb_utils, adapter.live, model=name, instance=instance)
     adapter.loaded()
     log_event(
         pb_utils,

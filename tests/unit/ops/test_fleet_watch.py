@@ -36,7 +36,9 @@ class Server:
         self.watch: FleetWatcher | None = None  # what it reports is recorded at each retire
         self.reported_at_retire: list[tuple[str, int | None]] = []
 
-    def switch(self, url: str, key: str | None, state: FleetState, verifier: Any) -> Switch:
+    def switch(
+        self, url: str, key: str | None, state: FleetState, verifier: Any, **_: Any
+    ) -> Switch:
         if self.fail is not None:
             raise self.fail
         self.applied.append(state.revision)
@@ -58,6 +60,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Server:
     fake = Server()
     monkeypatch.setattr(fleet_watch, "switch_state", fake.switch)
     monkeypatch.setattr(fleet_watch, "retire_versions", fake.retire)
+    monkeypatch.setattr(fleet_watch, "RETIRE_GRACE_S", 0.0)
     return fake
 
 
@@ -67,7 +70,14 @@ def document(revision: int, percent: int = 10) -> bytes:
 
 
 def watcher(tmp_path: Path, trusted: TrustedKeys | None = TRUSTED) -> FleetWatcher:
-    return FleetWatcher(StateStore(tmp_path), "127.0.0.1:1", None, trusted, report=lambda _: None)
+    return FleetWatcher(
+        StateStore(tmp_path),
+        "127.0.0.1:1",
+        None,
+        trusted,
+        routing_file=tmp_path / "routing.json",
+        report=lambda _: None,
+    )
 
 
 def test_no_document_serves_the_files(tmp_path: Path, server: Server) -> None:
@@ -210,7 +220,14 @@ def test_a_failed_unload_is_reported_and_the_revision_still_served(
 ) -> None:
     events: list[str] = []
     store = StateStore(tmp_path)
-    watch = FleetWatcher(store, "127.0.0.1:1", None, TRUSTED, report=events.append)
+    watch = FleetWatcher(
+        store,
+        "127.0.0.1:1",
+        None,
+        TRUSTED,
+        routing_file=tmp_path / "routing.json",
+        report=events.append,
+    )
     server.fail_retire = ModelControlError("unload refused")
     store.write(document(1))
     watch.poll()

@@ -19,6 +19,7 @@ from fake_tritonserver import FAKE_READY_SERVER, make_runtime
 
 from dispatch_service.ops.child_process import ServerError
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.routing.live import ROUTING_FILE_ENV
 
 
 def make_server(tmp_path: Path, runtime: TritonRuntime) -> TritonServer:
@@ -209,6 +210,22 @@ def test_environment_puts_the_venv_first_and_sets_the_library_path(
     assert env["LD_LIBRARY_PATH"] == str(runtime.library_path)
     assert env["DISPATCH_TEST_MARKER"] == "kept"
     assert os.environ["PATH"] == "/usr/local/bin:/usr/bin"
+
+
+def test_the_live_routing_file_is_named_only_for_a_fleet_replica_in_a_private_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ROUTING_FILE_ENV, str(tmp_path / "stray.json"))
+    runtime = make_runtime(tmp_path)
+    plain = TritonServer(runtime, ServerOptions(), tmp_path / "log")
+    assert ROUTING_FILE_ENV not in plain.environment() and plain.routing_file() is None
+    replica = TritonServer(runtime, ServerOptions(live_routing=True), tmp_path / "log")
+    path = replica.routing_file()
+    assert path is not None and replica.environment()[ROUTING_FILE_ENV] == str(path)
+    assert replica.routing_file() == path  # one file while the launcher runs
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    replica.remove_routing_file()
+    assert not path.parent.exists()
 
 
 def test_the_models_verify_exactly_when_the_launcher_does(

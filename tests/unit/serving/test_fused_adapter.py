@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,9 @@ from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.routing.live import ROUTING_FILE_ENV, write_routing_file
 from dispatch_service.routing.metrics import ROUTED_ORDERS
+from dispatch_service.routing.settings import RouterSettings
 from dispatch_service.serving.fused_adapter import (
     FUSED_METRICS,
     FusedDispatchAdapter,
@@ -146,3 +149,21 @@ def test_the_fused_model_seals_its_stubs_region_before_anything_else(
     monkeypatch.setattr("dispatch_service.serving.backend_log.seal_own_region", seal)
     with pytest.raises(SealedError):
         fused_adapter_for(pb, args())
+
+
+def test_the_launchers_routing_file_is_followed_from_load_and_each_execute(
+    pb: FakePbUtils, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet replica (`routing.live`): a stub started after a change routes by the file
+    from its first window; a later change applies from the next execute, no reload."""
+    path = tmp_path / "routing.json"
+    monkeypatch.setenv(ROUTING_FILE_ENV, str(path))
+    write_routing_file(path, RouterSettings(1, 2, 100, scoring_versions=(1, 2)), revision=3)
+    adapter = fused_adapter_for(pb, args())  # its config: stable 1, no canary
+    (response,) = execute(adapter, FakeRequest(batched(window(1))))
+    assert (response.outputs()["ORDER_MODEL_VERSION"] == 2).all()
+    write_routing_file(path, RouterSettings(1, scoring_versions=(1, 2)), revision=4)
+    (response,) = execute(adapter, FakeRequest(batched(window(1))))
+    assert (response.outputs()["ORDER_MODEL_VERSION"] == 1).all()
+    applied = [json.loads(line) for _, line in pb.Logger.lines if "live_routing_applied" in line]
+    assert [record["revision"] for record in applied] == [3, 4]

@@ -19,6 +19,7 @@ from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.features import encode_window
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.routing.fallback import rule_based_objectives
+from dispatch_service.routing.live import write_routing_file
 from dispatch_service.routing.metrics import MODEL_ERRORS, ROUTED_ORDERS
 from dispatch_service.routing.settings import CityRoute, RouterSettings
 from dispatch_service.serving.router_adapter import (
@@ -435,3 +436,24 @@ def test_the_router_seals_its_stubs_region_before_anything_else(
     monkeypatch.setattr("dispatch_service.serving.backend_log.seal_own_region", seal)
     with pytest.raises(SealedError):
         router_adapter_for(FakePb(served(1)), _args())
+
+
+def test_the_launchers_routing_file_is_followed_from_the_next_execute(tmp_path: Any) -> None:
+    """A fleet replica's routing change (`routing.live`): no reload, the next execute routes
+    by the file; a file naming a city the registry does not hold is refused and logged."""
+    pb = FakePb(served(1, 2))
+    path = tmp_path / "routing.json"
+    adapter = DispatchRouterAdapter(pb, "dispatch_router", RouterSettings(), routing_file=str(path))
+    assert set(outputs(run(adapter, FakeRequest(window_inputs()))[0])["ORDER_MODEL_VERSION"]) == {1}
+    write_routing_file(path, RouterSettings(1, 2, 100, scoring_versions=(1, 2)), revision=4)
+    versions = outputs(run(adapter, FakeRequest(window_inputs()))[0])["ORDER_MODEL_VERSION"]
+    assert versions.tolist() == [2] * 12
+    write_routing_file(
+        path, RouterSettings(1, city_routes=(CityRoute("atlantis", stable_version=2),)), 5
+    )
+    versions = outputs(run(adapter, FakeRequest(window_inputs()))[0])["ORDER_MODEL_VERSION"]
+    assert versions.tolist() == [2] * 12  # the last good routing
+    events = [(level, fields["event"]) for level, fields in pb.Logger.lines]
+    assert ("info", "live_routing_applied") in events
+    refused = [fields for _, fields in pb.Logger.lines if fields["event"] == "live_routing_refused"]
+    assert len(refused) == 1 and "atlantis" in refused[0]["error"]

@@ -12,9 +12,12 @@ would only multiply the load. Measured with 512 callers on two cores (`perf.over
 re-send at once, and without the throttle less throughput; the policy adds no capacity.
 
 Only failures where the server did no work are retried: a refusal with UNAVAILABLE (HTTP
-503) and a connection that could not be made. A request that timed out may still be
-running on the server, and a bad window stays bad, so neither is sent again. Dispatching a
-window has no side effect on the server, so a retry cannot assign twice.
+503) and a connection that could not be made. So is, once, a window whose model instance
+died under it (`lost_instance`: the server restarts the instance and another one serves the
+window); once only, since a window that itself killed the instance would kill one per send.
+A request that timed out may still be running on the server, and a bad window stays bad, so
+neither is sent again. Dispatching a window has no side effect on the server, so a retry
+cannot assign twice.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "RetryPolicy",
     "RetryThrottle",
     "is_retryable",
+    "lost_instance",
 ]
 
 UNAVAILABLE_STATUSES: Final = frozenset({"503", "StatusCode.UNAVAILABLE"})
@@ -44,14 +48,29 @@ UNAVAILABLE_STATUSES: Final = frozenset({"503", "StatusCode.UNAVAILABLE"})
 ready (TRITONSERVER_ERROR_UNAVAILABLE)."""
 
 MAX_ATTEMPTS: Final = 10  # sends of one window at most, whatever a policy asks
+LOST_INSTANCE_SENDS: Final = 2  # sends of a window whose instance died under it, at most
+# Triton's Python backend answers INTERNAL "Stub process '<instance>' is not healthy." for
+# the requests an instance had when its process died.
+_LOST_INSTANCE_STATUSES: Final = frozenset({"500", "StatusCode.INTERNAL"})
+_LOST_INSTANCE_TEXT: Final = ("Stub process", "is not healthy")
 
 T = TypeVar("T")
 
 
+def lost_instance(error: BaseException) -> bool:
+    """The model instance serving the request died under it; the window got no answer."""
+    return (
+        isinstance(error, DispatchServerError)
+        and error.status in _LOST_INSTANCE_STATUSES
+        and all(text in error.message for text in _LOST_INSTANCE_TEXT)
+    )
+
+
 def is_retryable(error: BaseException) -> bool:
-    """The server did no work for this request and may do it later."""
+    """The server did no work for this request, or lost it with its instance, and may do it
+    later."""
     if isinstance(error, DispatchServerError):
-        return error.status in UNAVAILABLE_STATUSES
+        return error.status in UNAVAILABLE_STATUSES or lost_instance(error)
     if isinstance(error, DispatchConnectionError):
         return not error.timed_out
     return False
@@ -145,6 +164,8 @@ class RetryPolicy:
             if not throttle.allows_retry():
                 return None
         if sends >= self.attempts:
+            return None
+        if lost_instance(error) and sends >= LOST_INSTANCE_SENDS:
             return None
         wait = self.backoff_ms(sends)
         return None if elapsed_ms + wait > self.budget_ms else wait

@@ -52,13 +52,19 @@ class Clock:
         (DispatchConnectionError("no answer from x within 2 s", timed_out=True), False),
         (DispatchServerError("ORDER_FIELDS: must be finite", "StatusCode.INVALID_ARGUMENT"), False),
         (DispatchServerError("ORDER_FIELDS: must be finite", "400"), False),
-        (DispatchServerError("Stub process is not healthy", "StatusCode.INTERNAL"), False),
+        # the instance died with the window: another serves it (sent again once: `call`)
+        (DispatchServerError("Stub process 'x_0_1' is not healthy.", "StatusCode.INTERNAL"), True),
+        (DispatchServerError("Stub process 'x_0_1' is not healthy.", "500"), True),
+        (DispatchServerError("Stub process 'x_0_1' is not healthy.", "400"), False),
+        (DispatchServerError("Failed to process the request(s)", "StatusCode.INTERNAL"), False),
         (DispatchServerError("malformed response: output X is missing"), False),
         (WindowJSONError("orders[0].pickup", "must be two numbers"), False),
         (RuntimeError("boom"), False),
     ],
 )
-def test_only_a_refusal_without_work_is_retryable(error: Exception, retryable: bool) -> None:
+def test_only_a_refusal_without_work_or_a_lost_instance_is_retryable(
+    error: Exception, retryable: bool
+) -> None:
     assert is_retryable(error) is retryable
 
 
@@ -263,3 +269,28 @@ def test_the_client_retries_by_default_and_not_with_no_retry() -> None:
     with pytest.raises(DispatchServerError), DispatchClient(transport, retry=NO_RETRY) as client:
         client.dispatch(window())
     assert len(transport.request_ids) == 1
+
+
+def test_a_window_whose_instance_died_is_sent_again_once_only() -> None:
+    """A window that itself kills the instance would kill one per send: two sends at most,
+    whatever the policy allows for refusals."""
+    clock = Clock()
+    lost = DispatchServerError("Stub process 'dispatch_fused_0_0' is not healthy.", "500")
+    sends: list[int] = []
+
+    def send() -> str:
+        sends.append(1)
+        raise lost
+
+    policy = RetryPolicy(attempts=5, rng=random.Random(3))
+    with pytest.raises(DispatchServerError) as raised:
+        policy.call(send, sleep=clock.sleep, clock=clock)
+    assert len(sends) == 2 and raised.value.attempts == 2
+    answers = iter([lost])
+
+    def heals() -> str:
+        for error in answers:
+            raise error
+        return "answer"
+
+    assert policy.call(heals, sleep=clock.sleep, clock=clock) == "answer"

@@ -129,10 +129,12 @@ def test_every_queue_is_bounded_with_deadlines_and_bulk_is_shed_first(model: str
     ids=lambda path: str(path.relative_to(REPO)),
 )
 def test_a_model_with_queue_policies_has_two_instances_or_more(path: Path) -> None:
-    """Triton 2.51 with priority levels or a queue policy (either alone) left a request
-    waiting ~0.5 s in an idle single instance's queue (1.5 % of sequential requests; none
-    with plain dynamic batching): docs/operations.md, "Known issue". A second instance takes
-    the next request meanwhile."""
+    """Triton 2.51 with priority levels or a queue policy (either alone) waits for a free
+    instance with a wake-up that can come before the instance is free, then sleeps up to
+    0.5 s unless a new request arrives: a request waited ~0.5 s in an idle single instance's
+    queue (1.5 % of sequential requests; none with plain dynamic batching), and under
+    overload (a full queue admits no new request) the entry point needs four instances
+    (docs/security.md). Another instance takes the next request meanwhile."""
     config = load_config(path)
     batching = config.dynamic_batching
     policies = (
@@ -142,7 +144,8 @@ def test_a_model_with_queue_policies_has_two_instances_or_more(path: Path) -> No
     )
     if policies:
         counts = [group.count for group in config.instance_group]
-        assert counts and min(counts) >= 2, f"{path}: instance counts {counts}"
+        least = 4 if config.name == FUSED_MODEL_NAME else 2
+        assert counts and min(counts) >= least, f"{path}: instance counts {counts}"
 
 
 def test_the_wire_column_layouts_are_documented_and_packed_in_order() -> None:

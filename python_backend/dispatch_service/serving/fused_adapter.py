@@ -35,6 +35,7 @@ from dispatch_service.routing.metrics import (
 )
 from dispatch_service.routing.settings import FusedSettings, settings_record
 from dispatch_service.serving.backend_log import log_event, seal_backend_region
+from dispatch_service.serving.bytes_tensors import use_fast_bytes_decoding
 from dispatch_service.serving.drain import DrainGate, draining_responses
 from dispatch_service.serving.live_routing import follow_live_routing, live_routing_file
 from dispatch_service.serving.probe import is_probe
@@ -134,6 +135,7 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
     Bad settings raise (SettingsError / ValueError), which fails the load.
     """
     seal_backend_region(pb_utils, args["model_name"])
+    use_fast_bytes_decoding(pb_utils)
     settings = FusedSettings.from_parameters(parameters_from_model_config(args["model_config"]))
     name = args["model_name"]
     version = str(args.get("model_version", ""))

@@ -60,6 +60,7 @@ from dispatch_service.routing.settings import (
 from dispatch_service.routing.shadow import shadow_sampled
 from dispatch_service.serving.backend_log import log_event, seal_backend_region
 from dispatch_service.serving.bls import scored_objectives, scoring_request
+from dispatch_service.serving.bytes_tensors import use_fast_bytes_decoding
 from dispatch_service.serving.live_routing import follow_live_routing, live_routing_file
 from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.responder import TritonResponder
@@ -258,6 +259,7 @@ def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAda
     the previous router serving.
     """
     seal_backend_region(pb_utils, args["model_name"])
+    use_fast_bytes_decoding(pb_utils)
     settings = RouterSettings.from_parameters(parameters_from_model_config(args["model_config"]))
     name = args["model_name"]
     version = str(args.get("model_version", ""))

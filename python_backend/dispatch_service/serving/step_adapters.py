@@ -40,6 +40,7 @@ from dispatch_service.routing.engine import ModelCallError
 from dispatch_service.routing.settings import SCORING_MODEL_NAME
 from dispatch_service.serving.backend_log import seal_backend_region
 from dispatch_service.serving.bls import scored_objectives, scoring_request
+from dispatch_service.serving.bytes_tensors import use_fast_bytes_decoding
 from dispatch_service.serving.drain import DrainGate, draining_responses
 from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.responder import TritonResponder
@@ -70,6 +71,7 @@ class TritonLoad:
     def read(cls, pb_utils: Any, args: Mapping[str, str]) -> TritonLoad:
         """The args read, after sealing the stub's region (the first thing a load does)."""
         seal_backend_region(pb_utils, args["model_name"])
+        use_fast_bytes_decoding(pb_utils)
         return cls(
             name=args["model_name"],
             version=str(args.get("model_version", "")),

@@ -2,10 +2,9 @@
 
 The 2.51 stub turns each BYTES input into a numpy array by calling
 ``triton_python_backend_utils.deserialize_bytes_tensor``, looked up by name for every
-tensor: a Python loop that builds a format string per element (2.6 ms for the 5,000 rider
-ids of a large window, a third of what a large window costs in the stub beyond the same
-work in process). `decode_bytes_tensor` gives the same array: one slice per element, and
-one numpy view for the usual case of ids of equal length. Later backends decode in C++ and
+tensor: a Python loop that builds a format string per element. `decode_bytes_tensor` gives
+the same array with one slice per element, and one numpy view for the usual case of ids of
+equal length. Later backends decode in C++ and
 no longer look the function up; installing it there changes nothing.
 """
 

@@ -102,7 +102,7 @@ class DispatchRouterAdapter(TritonResponder):
         self.target_model = target_model
         # The registry's city ids: the WINDOW_CITY values routed (and metrics labels).
         self.cities = frozenset(default_registry().ids if cities is None else cities)
-        settings.check_cities(sorted(self.cities))  # a route for no registered city: no load
+        self.check_routing(settings)  # a route for no registered city: no load
         # The config's routing (``settings``) until the launcher's file says otherwise.
         self.live = LiveRouting(routing_file, settings, self.check_routing)
 

@@ -99,7 +99,7 @@ def test_a_crashed_triton_is_restarted_by_default_counted_and_routes_as_before(
     served: Served,
 ) -> None:
     canary = replace(read_router_settings(served.triton), canary_version=2, canary_percent=25)
-    apply_router_settings(served.triton, canary, admin_key=served.admin_key)
+    apply_router_settings(served.health, canary, admin_key=served.admin_key)
     # The launcher keeps the live configs each good check reads, after its probes (every
     # second, one check at a time): once a second good check has ended after the canary was
     # set, the first one's reading is kept.
@@ -135,7 +135,7 @@ def test_a_crashed_triton_is_restarted_by_default_counted_and_routes_as_before(
     assert served.triton_pid() != first
     # The new server routes as the old one did: the restart did not end the rollout.
     assert read_router_settings(served.triton) == canary
-    assert read_fused_settings(served.triton, served.admin_key) == canary
+    assert read_fused_settings(served.health, served.admin_key) == canary
     assert served.serves_a_window()
 
 

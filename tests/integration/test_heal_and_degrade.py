@@ -5,6 +5,8 @@
 - a stub death after its model's files changed on a verified server: the changed code is
   never loaded, the refusal is logged with the file's digest, the server says not ready, and
   it heals once the signed files are back;
+- a load that uploads code: refused at the launcher's control endpoint; sent past it with
+  Triton's own key, reported and not ready until the signed files are loaded again;
 - the scoring model unloaded under load: the rule fallback answers, the launcher reports
   degraded (never dead), and healthy again when the model returns;
 - SIGTERM under continuous load: new windows refused UNAVAILABLE (retryable), nothing
@@ -358,55 +360,83 @@ def test_a_stub_death_never_reloads_files_changed_since_they_were_signed(tmp_pat
     assert any(e["event"] == "recovered" and e["model"] == "feature_encoder" for e in events.lines)
 
 
-def upload_load(http_url: str, model: str, files: dict[str, bytes], admin_key: str) -> None:
-    """Triton's repository load with uploaded files, as an admin-key holder can send it."""
-    config = with_reload_mark(model_config(http_url, model))
+def upload_load(url: str, model: str, files: dict[str, bytes], key: str) -> tuple[int, str]:
+    """Triton's repository load with uploaded files, as a key holder can send it to ``url``:
+    (HTTP status, error text)."""
+    config = with_reload_mark(model_config(url, model))
     parameters = {"config": json.dumps(config)}
     parameters |= {f"file:{name}": base64.b64encode(data).decode() for name, data in files.items()}
     request = urllib.request.Request(
-        f"http://{http_url}/v2/repository/models/{model}/load",
+        f"{url}/v2/repository/models/{model}/load",
         data=json.dumps({"parameters": parameters}).encode(),
-        headers={"Content-Type": "application/json", ADMIN_KEY_HEADER: admin_key},
+        headers={"Content-Type": "application/json", ADMIN_KEY_HEADER: key},
         method="POST",
     )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        assert response.status == 200
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return int(response.status), ""
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), str(json.load(exc).get("error"))
 
 
-def test_code_uploaded_with_a_repository_load_is_reported_and_never_ready(tmp_path: Path) -> None:
-    """Triton 2.51 cannot be told to refuse a load with uploaded files (the admin key runs
-    code, docs/security.md): a verified server reports the stub running them, with the
-    digest, and is not ready until that code is gone."""
+def tritons_own_key(launcher: Launcher) -> str:
+    """The key the launcher gave Triton, read from Triton's command line (readable by any
+    local user: why the docs say to run the server as its own user)."""
+    (pid,) = launcher.children("tritonserver")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    spec = next(a for a in argv if a.startswith("--http-restricted-api=model-repository"))
+    return spec.rsplit(f"{ADMIN_KEY_HEADER}=", 1)[1]
+
+
+def test_uploaded_code_is_refused_at_the_control_endpoint_and_reported_past_it(
+    tmp_path: Path,
+) -> None:
+    """A verified server. The operators' admin key: an upload is refused by the launcher's
+    control endpoint (403 naming the parameter, logged with the file's digest) and opens
+    nothing at Triton's own port; the signed code keeps serving, ready. Triton's own key
+    (which only the launcher holds, but any local user can read from the process list):
+    Triton runs the upload, and the launcher reports the stub running unsigned code and
+    says not ready until the signed files are loaded again, through the control endpoint."""
     repository, trusted, _ = signed_repository(tmp_path)
     launcher, url = start(
         tmp_path, "--model-repository", str(repository), "--trusted-keys", str(trusted)
     )
     events = Events(launcher)
-    http_url = f"127.0.0.1:{launcher.ports.http}"
+    triton = f"http://127.0.0.1:{launcher.ports.http}"
     admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
     encoder = model_layout(repository, ENCODER_MODEL)
     model_dir = encoder.folder
-    uploaded = encoder.python_model(1).read_bytes() + b"\n# not signed\n"
-    files = {encoder.python_model(1).relative_to(model_dir).as_posix(): uploaded}
+    marker = tmp_path / "uploaded-code-ran"
+    uploaded = encoder.python_model(1).read_bytes()
+    uploaded += f"\nopen({str(marker)!r}, 'w').close()\n".encode()
+    code_file = f"file:{encoder.python_model(1).relative_to(model_dir).as_posix()}"
+    files = {code_file.removeprefix("file:"): uploaded}
     files |= {
         f.relative_to(model_dir).as_posix(): f.read_bytes()
         for f in sorted(encoder.warmup.iterdir())
     }
     try:
-        upload_load(http_url, "feature_encoder", files, admin_key)
+        code, message = upload_load(url, "feature_encoder", files, admin_key)
+        assert code == 403 and f"'{code_file}'" in message, message
+        code, message = upload_load(triton, "feature_encoder", files, admin_key)
+        assert code == 403 and "restricted" in message, message
+        refused = [e for e in events.lines if e["event"] == "control_refused"]
+        assert refused[0]["files"][code_file] == hashlib.sha256(uploaded).hexdigest()
+        assert status(f"{url}/readyz") == 200 and not marker.exists()
+
+        code, _ = upload_load(triton, "feature_encoder", files, tritons_own_key(launcher))
+        assert code == 200 and marker.exists()
         wait_for(
             lambda: events.count_any("unverified_code_running"), "the uploaded code reported", 60
         )
         running = [e for e in events.lines if e["event"] == "unverified_code_running"]
-        assert running and running[0]["file_sha256"] == hashlib.sha256(uploaded).hexdigest()
+        assert running[0]["file_sha256"] == hashlib.sha256(uploaded).hexdigest()
         assert status(f"{url}/readyz") == 503
-        # The signed files loaded again (what `dispatch-admin` or the launcher would send):
-        # ready again.
-        load_model(http_url, "feature_encoder", with_reload_mark(read_config(model_dir)), admin_key)
+        load_model(url, "feature_encoder", with_reload_mark(read_config(model_dir)), admin_key)
         wait_for(lambda: status(f"{url}/readyz") == 200, "ready with the signed files", 60)
     finally:
         launcher.stop()
-    print(f"\nuploaded code reported: {running[0]}")
+    print(f"\nupload refused: {refused[0]}\nupload past the gate reported: {running[0]}")
 
 
 # ---- the scoring model away: degraded, not dead ------------------------------------------
@@ -417,12 +447,11 @@ def test_the_scoring_model_unloaded_under_load_is_degraded_not_dead(tmp_path: Pa
     rule fallback answers every window, nothing fails, and the launcher (policy `exit`) stays
     alive reporting degraded; the model loaded back, it is healthy again."""
     launcher, url = start(tmp_path, "--on-dead", "exit")
-    triton = f"127.0.0.1:{launcher.ports.http}"
     admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
     try:
         with Load(f"127.0.0.1:{launcher.ports.grpc}") as load:
             wait_for(lambda: load.ok >= 10, "the load is answered before the unload", 60)
-            unload_model(triton, "dispatch_model", admin_key=admin_key)
+            unload_model(url, "dispatch_model", admin_key=admin_key)
             unloaded_at = time.monotonic()
             wait_for(lambda: health(url)["status"] == "degraded", "degraded reported", 60)
             while time.monotonic() - unloaded_at < 12.0:  # away twice dead_after_s at least
@@ -434,7 +463,7 @@ def test_the_scoring_model_unloaded_under_load_is_degraded_not_dead(tmp_path: Pa
             metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
             ok_away, fallback_away = load.ok, load.fallback
             config = read_config(model_layout(MODEL_REPOSITORY, SCORING_MODEL).folder)
-            load_model(triton, "dispatch_model", config, admin_key=admin_key)
+            load_model(url, "dispatch_model", config, admin_key=admin_key)
             wait_for(lambda: health(url)["status"] == "ok", "healthy with the model back", 60)
             back = health(url)
         print(

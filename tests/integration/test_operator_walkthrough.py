@@ -115,6 +115,11 @@ class Walk:
     def http_url(self) -> str:
         return f"127.0.0.1:{self.ports.http}"
 
+    @property
+    def control_url(self) -> str:
+        """The launcher's control endpoint: its health port (by default metrics + 1)."""
+        return f"http://127.0.0.1:{self.ports.metrics + 1}"
+
     def run(
         self, *argv: str, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
@@ -129,7 +134,7 @@ class Walk:
         )
 
     def admin(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        server = ("--url", f"http://{self.http_url}", "--admin-key", ADMIN_KEY)
+        server = ("--url", self.control_url, "--admin-key", ADMIN_KEY)
         return self.run(str(BIN / "dispatch-admin"), *argv, *server)
 
     def status(self) -> dict[str, Any]:
@@ -232,7 +237,7 @@ def server_state(walk: Walk) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     scored_by = {order["model_version"] for order in json.loads(done.stdout)["orders"]}
     return {
-        "ready": list(ready_versions(walk.http_url, MODEL, ADMIN_KEY, 30.0)),
+        "ready": list(ready_versions(walk.control_url, MODEL, ADMIN_KEY, 30.0)),
         "routing": routing,
         "canary_window_scored_by": scored_by,
     }

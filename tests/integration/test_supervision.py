@@ -352,7 +352,7 @@ def test_with_the_restart_policy_a_stopped_server_is_replaced(tmp_path: Path) ->
         triton = f"127.0.0.1:{launcher.ports.http}"
         admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
         canary = replace(read_router_settings(triton), canary_version=2, canary_percent=25)
-        apply_router_settings(triton, canary, admin_key=admin_key)
+        apply_router_settings(url, canary, admin_key=admin_key)  # the control endpoint
         applied_at = time.monotonic()
         # A good check that ended after the change reads the live configs next; the good
         # check after it has that reading done (the checks run one after another).
@@ -385,7 +385,7 @@ def test_with_the_restart_policy_a_stopped_server_is_replaced(tmp_path: Path) ->
         assert triton_pid(launcher) != first and not Path(f"/proc/{first}").exists()
         # The new server routes as the old one did: the restart did not end the rollout.
         assert read_router_settings(triton) == canary
-        assert read_fused_settings(triton, admin_key) == canary
+        assert read_fused_settings(url, admin_key) == canary
         window = window_from_json(EXAMPLE.read_bytes())
         with DispatchClient.grpc(f"127.0.0.1:{launcher.ports.grpc}", timeout_s=30) as client:
             assert client.dispatch(window).orders

@@ -365,8 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     def server_options(command: argparse.ArgumentParser) -> None:
         command.add_argument(
             "--url",
-            help="one server's Triton HTTP endpoint: host:port, http://host:port or "
-            "https://host:port (else --state-store: the whole fleet; docs/fleet.md)",
+            help="one server's control endpoint, the launcher's health port (127.0.0.1:8003): "
+            "host:port, http://host:port or https://host:port (else --state-store: the whole "
+            "fleet; docs/fleet.md)",
         )
         command.add_argument(
             "--admin-key",

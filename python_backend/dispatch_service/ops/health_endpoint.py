@@ -1,5 +1,6 @@
 """The launcher's own HTTP endpoint: ``/livez`` and ``/readyz`` (200 or 503), ``/healthz``
-(the supervisor's snapshot as JSON) and ``/metrics`` (Prometheus text)."""
+(the supervisor's snapshot as JSON), ``/metrics`` (Prometheus text) and, with a control gate,
+the ``/v2/...`` control requests (`control_gate`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import threading
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
+
+from dispatch_service.ops.control_gate import MAX_CONTROL_BODY_BYTES, ControlGate, GateAnswer
 
 __all__ = ["HealthVerdicts", "launcher_metrics", "serve_health"]
 
@@ -21,14 +24,33 @@ class HealthVerdicts(Protocol):
     def metrics_text(self) -> str: ...
 
 
-def serve_health(supervisor: HealthVerdicts, host: str, port: int) -> ThreadingHTTPServer:
-    """Serve the verdicts on ``host:port`` from a thread of its own; returns the server (its
-    ``shutdown`` ends it)."""
+def serve_health(
+    supervisor: HealthVerdicts, host: str, port: int, gate: ControlGate | None = None
+) -> ThreadingHTTPServer:
+    """Serve the verdicts (and the ``gate``'s requests) on ``host:port`` from threads of
+    their own; returns the server (its ``shutdown`` ends it)."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 30.0  # a client that stops sending mid-request loses its connection
+
+        def do_POST(self) -> None:
+            if gate is None:
+                self._send(404, b"not found\n", "text/plain")
+                return
+            length = self.headers.get("Content-Length", "0")
+            if not length.isdigit() or int(length) > MAX_CONTROL_BODY_BYTES:
+                self.close_connection = True
+                text = f"Content-Length: a number up to {MAX_CONTROL_BODY_BYTES} bytes"
+                self._send_gate(GateAnswer.error(413, text))
+                return
+            body = self.rfile.read(int(length))
+            self._send_gate(gate.handle("POST", self.path, self._headers(), body))
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path == "/livez":
+            if gate is not None and path.startswith("/v2"):
+                self._send_gate(gate.handle("GET", self.path, self._headers(), None))
+            elif path == "/livez":
                 ok = supervisor.live()
                 self._send(200 if ok else 503, b"live\n" if ok else b"dead\n", "text/plain")
             elif path == "/readyz":
@@ -43,6 +65,12 @@ def serve_health(supervisor: HealthVerdicts, host: str, port: int) -> ThreadingH
                 self._send(200, supervisor.metrics_text().encode(), "text/plain; version=0.0.4")
             else:
                 self._send(404, b"not found\n", "text/plain")
+
+        def _headers(self) -> dict[str, str]:
+            return {name.lower(): value for name, value in self.headers.items()}
+
+        def _send_gate(self, answer: GateAnswer) -> None:
+            self._send(answer.status, answer.body, answer.content_type)
 
         def _send(self, code: int, body: bytes, kind: str) -> None:
             self.send_response(code)

@@ -31,6 +31,7 @@ from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError
 from dispatch_service.ops import fleet_watch
 from dispatch_service.ops.child_process import ServerError
+from dispatch_service.ops.control_gate import ControlGate, triton_upstream
 from dispatch_service.ops.gpu import monitor as gpu_monitor
 from dispatch_service.ops.host import EXPOSURE_RISKS
 from dispatch_service.ops.keys import (
@@ -79,7 +80,8 @@ def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
     keys = AccessKeys(admin=admin or stored.admin, shm=shm or stored.shm)
     if not admin:
         print(
-            f"admin key (model-repository, logging, trace; header {ADMIN_KEY_HEADER!r}): "
+            f"admin key (model-repository, logging, trace at the launcher's health port; "
+            f"header {ADMIN_KEY_HEADER!r}): "
             f"{args.key_dir / ADMIN_KEY_FILE}  -> export {ADMIN_KEY_ENV}_FILE=...",
             file=out,
         )
@@ -229,14 +231,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptions:
-    """The server options a launcher command line asks for (images and tests read it too)."""
+    """The server options a launcher command line asks for (images and tests read it too).
+
+    Triton gets a fresh admin key that only this launcher holds: the operators' admin key
+    opens the launcher's control endpoint (`control_gate`), which checks every load first."""
     return ServerOptions(
         model_repository=args.model_repository,
         ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
         profile=args.profile,
         host=args.host,
         expose=args.expose,
-        admin_key=keys.admin,
+        admin_key=None,
         shm_key=keys.shm,
         trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
         required_models=tuple(m for m in args.require.split(",") if m.strip()),
@@ -299,7 +304,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         health_port=health_port,
     )
     try:
-        supervisor = Supervisor(server, settings, event_printer(out), server.load_verifier())
+        gate = ControlGate(
+            keys.admin,
+            triton_upstream(server.http_url, options.access_keys.admin),
+            repository=args.model_repository,
+            profile=args.profile,
+            verifier=server.load_verifier(),
+            report=event_printer(out),
+        )
+        supervisor = Supervisor(
+            server, settings, event_printer(out), server.load_verifier(), gate=gate
+        )
         supervisor.start()
         crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
         supervisor.metric_sources.append(crashes.start().metrics_text)
@@ -316,7 +331,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stop = stop_on_signals()
     print(
         f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
-        f"metrics {server.metrics_url}  health {supervisor.health_url}/readyz\n"
+        f"metrics {server.metrics_url}  health {supervisor.health_url}/readyz  "
+        f"control (admin key) {supervisor.health_url}\n"
         "Ctrl-C or SIGTERM drains and stops it.",
         flush=True,
         file=out,

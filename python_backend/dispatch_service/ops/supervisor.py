@@ -62,6 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
 from typing import Any
 
+from dispatch_service.ops.control_gate import ControlGate
 from dispatch_service.ops.health import Probe, deep_check
 from dispatch_service.ops.health_endpoint import launcher_metrics, serve_health
 from dispatch_service.ops.model_control import (
@@ -109,8 +110,12 @@ class Supervisor(StubHealing):
         settings: SupervisorSettings | None = None,
         report: Callable[[str], None] = logger.warning,
         verifier: LoadVerifier | None = None,
+        *,
+        gate: ControlGate | None = None,
     ) -> None:
         self.server = server
+        # The operators' control requests, served on the health port (`control_gate`).
+        self.gate = gate
         self.settings = settings or SupervisorSettings()
         self.report = report
         # A verified server's: every reload and restored config is checked against the
@@ -442,4 +447,6 @@ class Supervisor(StubHealing):
 
     # -- HTTP -----------------------------------------------------------------------------
     def _serve_http(self) -> None:
-        self._http = serve_health(self, self.settings.health_host, self.settings.health_port)
+        self._http = serve_health(
+            self, self.settings.health_host, self.settings.health_port, self.gate
+        )

@@ -252,7 +252,9 @@ def gpu_monitor_settings(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the monitor beside a server it did not start, until SIGTERM / Ctrl-C."""
     parser = argparse.ArgumentParser(description="GPU monitor and device-level fallback")
-    parser.add_argument("--url", required=True, help="Triton HTTP endpoint, host:port")
+    parser.add_argument(
+        "--url", required=True, help="the launcher's control endpoint (health port), host:port"
+    )
     parser.add_argument("--admin-key", default=None, help="model-repository key, if any")
     parser.add_argument("--observe-only", action="store_true", help="never reload the model")
     parser.add_argument(

@@ -173,7 +173,7 @@ class ControlGate:
             if repository is not None:
                 if method != "POST":
                     raise _RefusedError(405, f"{clip(bare)} takes POST")
-                sent = self._repository_body(repository["model"], repository["op"], body)
+                bare, sent = self._repository_request(repository["model"], repository["op"], body)
             else:
                 sent = None if method == "GET" else _settings_body(body)
         except _RefusedError as refusal:
@@ -182,19 +182,23 @@ class ControlGate:
         return self.upstream(method, bare, sent, admin=True)
 
     # -- repository ------------------------------------------------------------------------
-    def _repository_body(self, model: str | None, op: str | None, body: bytes | None) -> bytes:
+    def _repository_request(
+        self, model: str | None, op: str | None, body: bytes | None
+    ) -> tuple[str, bytes]:
+        """The path and body to send Triton: the model named as checked, the body as parsed."""
         request = _json_object(body)
-        if model is None:  # the index
-            return json.dumps(request).encode()
+        if model is None:
+            return "/v2/repository/index", json.dumps(request).encode()
         model = urllib.parse.unquote(model)
         if not _MODEL_NAME.fullmatch(model):
             rule = "letters, digits, '_', '.', '-' only"
             raise _RefusedError(400, f"model name {clip(model)!r}: {rule}")
+        path = f"/v2/repository/models/{model}/{op}"
         parameters = request.get("parameters", {})
         if not isinstance(parameters, dict):
             raise _RefusedError(400, "'parameters' must be a JSON object")
         if op == "unload":
-            return json.dumps(request).encode()
+            return path, json.dumps(request).encode()
         uploads = sorted(name for name in parameters if name.startswith("file:"))
         if uploads:
             raise _RefusedError(
@@ -212,8 +216,8 @@ class ControlGate:
         override = _config_override(model, parameters.get("config"))
         self._check_load(model, override)
         if override is None:
-            return b"{}"
-        return json.dumps({"parameters": {"config": json.dumps(override)}}).encode()
+            return path, b"{}"
+        return path, json.dumps({"parameters": {"config": json.dumps(override)}}).encode()
 
     def _check_load(self, model: str, override: dict[str, Any] | None) -> None:
         folder = self.repository / model

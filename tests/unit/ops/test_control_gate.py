@@ -2,7 +2,8 @@
 stand-in for Triton: what it refuses never reaches Triton, what it passes is sent as parsed.
 
 A small signed repository in tmp_path: ``scorer`` (a Python model, versions 1 and 2, all
-served). The expected digests are computed here with hashlib from the raw bytes.
+served), signed with conftest's ``signer``. The expected digests are computed here with
+hashlib from the raw bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from dispatch_service.core.repository_layout import model_layout
-from dispatch_service.core.signing import TrustedKeys, generate_private_key, sign_version
+from dispatch_service.core.signing import TrustedKeys, sign_version
 from dispatch_service.ops.control_gate import ControlGate, GateAnswer, code_identity
 from dispatch_service.ops.verified_load import LoadVerifier
 
@@ -45,11 +46,6 @@ class Triton:
 
 
 @pytest.fixture
-def signer() -> Ed25519PrivateKey:
-    return generate_private_key()
-
-
-@pytest.fixture
 def repo(tmp_path: Path, signer: Ed25519PrivateKey) -> Path:
     root = tmp_path / "repo"
     layout = model_layout(root, "scorer")
@@ -62,8 +58,10 @@ def repo(tmp_path: Path, signer: Ed25519PrivateKey) -> Path:
     return root
 
 
-def gate(repo: Path, signer: Ed25519PrivateKey | None = None) -> tuple[ControlGate, Triton, list]:
-    triton, lines = Triton(), []
+def gate(
+    repo: Path, signer: Ed25519PrivateKey | None = None
+) -> tuple[ControlGate, Triton, list[str]]:
+    triton, lines = Triton(), list[str]()
     verifier = None
     if signer is not None:
         verifier = LoadVerifier(repo, TrustedKeys.from_public_keys(signer.public_key()))
@@ -152,6 +150,7 @@ def test_a_plain_load_and_an_override_of_parameters_and_versions_pass(repo: Path
     assert load(control, {"parameters": {"config": json.dumps(changed)}}).status == 200
     plain, override = triton.sent
     assert plain == ("POST", "/v2/repository/models/scorer/load", b"{}", True)
+    assert override[2] is not None
     assert json.loads(json.loads(override[2])["parameters"]["config"]) == changed
 
 
@@ -224,6 +223,12 @@ def test_a_malformed_load_is_refused_naming_the_rule(
     answer = load(control, body)
     assert answer.status == status and words in error(answer)
     assert triton.sent == []
+
+
+def test_triton_gets_the_model_name_as_checked(repo: Path) -> None:
+    control, triton, _ = gate(repo)
+    assert load(control, {}, model="%73corer").status == 200
+    assert triton.sent[0][1] == "/v2/repository/models/scorer/load"
 
 
 @pytest.mark.parametrize("model", ["..%2F..%2Fetc", "%2Ftmp", "no%20such"])

@@ -14,22 +14,30 @@ read how long after the burst's last send the first answer in normal time came b
 
 Clocks: every timestamp is `time.monotonic()` (CLOCK_MONOTONIC, the same in every process
 on the host), so the probe's and the generator's timelines compare directly.
+
+The generator sends each window's `ModelInferRequest` serialized once before the burst
+(`wire_requests`) over a raw gRPC method, with the garbage collector paused: a send costs no
+protobuf work in Python, so one core keeps the schedule at rates a tritonclient call per
+send could not (its send lag is still measured and judged).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
-import tritonclient.grpc.aio as grpcaio
-from tritonclient.utils import InferenceServerException
+from numpy.typing import NDArray
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, serialize_byte_tensor
 
-from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched
 from perf.overload import grpc_inputs, refusal_reason
 from perf.windows import SIZES, simulated_windows
 
@@ -46,8 +54,11 @@ __all__ = [
     "probe_process",
     "recovery_s",
     "sends_summary",
+    "wire_request",
 ]
 
+# KServe's inference method on Triton's gRPC port, called with bytes in and bytes out.
+MODEL_INFER_METHOD: Final = "/inference.GRPCInferenceService/ModelInfer"
 LAG_LIMIT_MS: Final = 5.0  # send-lag p99 above this: the generator fell behind, run INVALID
 PROBE_RATE_PER_S: Final = 20.0
 # "Normal" latency for recovery: at most this many times the probe's unloaded p99, and never
@@ -138,29 +149,47 @@ def _refused(exc: InferenceServerException) -> str:
     return refusal_reason(str(exc))
 
 
+def wire_request(model: str, window: Mapping[str, NDArray[Any]], *, level: int) -> bytes:
+    """One window's serialized `ModelInferRequest` (batched, every output asked for, at
+    priority `level`; 0: the model's default)."""
+    request = service_pb2.ModelInferRequest(model_name=model)
+    for name, array in batched(window).items():
+        request.inputs.add(
+            name=name, datatype=np_to_triton_dtype(array.dtype), shape=list(array.shape)
+        )
+        if array.dtype == np.object_:
+            content = serialize_byte_tensor(array)  # one bytes object, in an object array
+            request.raw_input_contents.append(content.item() if content.size else b"")
+        else:
+            request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    for spec in DISPATCH_ENSEMBLE_OUTPUTS:
+        request.outputs.add(name=spec.name)
+    if level:
+        request.parameters["priority"].uint64_param = level
+    return bytes(request.SerializeToString())
+
+
 async def _open_loop(
     url: str, model: str, rate: float, seconds: float, *, level: int, start: float
 ) -> tuple[list[Send], float]:
-    windows = [grpc_inputs(w) for w in simulated_windows(SIZES["small"], ())]
-    outputs = _outputs()
-    client = grpcaio.InferenceServerClient(url)
+    payloads = [wire_request(model, w, level=level) for w in simulated_windows(SIZES["small"], ())]
+    channel = grpc.aio.insecure_channel(url)
+    infer = channel.unary_unary(MODEL_INFER_METHOD)  # no (de)serializers: bytes both ways
     sends: list[Send] = []
     pending: set[asyncio.Task[None]] = set()
 
     async def one(index: int, due: float) -> None:
         sent, reason = time.monotonic(), ""
         try:
-            await client.infer(
-                model, windows[index % len(windows)], outputs=outputs, priority=level,
-                client_timeout=60,
-            )  # fmt: skip
-        except InferenceServerException as exc:
-            reason = _refused(exc)
+            await infer(payloads[index % len(payloads)], timeout=60)
+        except grpc.aio.AioRpcError as exc:
+            reason = refusal_reason(exc.details() or "")
         latency = (time.monotonic() - sent) * 1000.0
         sends.append(Send(due, sent, latency, not reason, reason))
 
+    gc.disable()
     try:
-        await client.infer(model, windows[0], outputs=outputs)  # connect; not measured
+        await infer(payloads[0], timeout=60)  # connect; not measured
         last = start
         for index in range(max(1, round(rate * seconds))):
             due = start + index / rate
@@ -176,7 +205,8 @@ async def _open_loop(
         if pending:
             await asyncio.gather(*pending)
     finally:
-        await client.close()
+        gc.enable()
+        await channel.close()
     return sends, burst_end
 
 

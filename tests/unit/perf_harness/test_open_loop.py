@@ -1,11 +1,16 @@
-"""The open-loop harness's rules: schedule validity, recovery, core split, queue timeout."""
+"""The open-loop harness's rules: schedule validity, recovery, core split, queue timeout,
+and the generator's requests on the wire."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2
+from tritonclient.grpc._utils import _get_inference_request
 
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS
 from perf.open_loop import (
     LAG_LIMIT_MS,
     Send,
@@ -13,9 +18,12 @@ from perf.open_loop import (
     normal_latency_ms,
     recovery_s,
     sends_summary,
+    wire_request,
 )
+from perf.overload import grpc_inputs
 from perf.overload_bench import queue_timeout_ms
 from perf.pinning import cpu_list, descendants, split_cores
+from perf.windows import SIZES, simulated_windows
 
 
 def test_a_generator_within_its_lag_limit_is_valid() -> None:
@@ -119,3 +127,19 @@ def test_queue_timeout_is_read_from_the_level_policy_then_the_default() -> None:
     assert queue_timeout_ms(config, 3) == 250.0
     assert queue_timeout_ms(config, 2) == 1000.0
     assert queue_timeout_ms({"config": {}}, 2) is None
+
+
+@pytest.mark.parametrize("level", [0, 1, 3])
+def test_a_wire_request_is_what_tritonclient_would_send(level: int) -> None:
+    """The generator's pre-serialized request against tritonclient's own builder."""
+    window = simulated_windows(SIZES["small"], ())[0]
+    outputs = [grpcclient.InferRequestedOutput(s.name) for s in DISPATCH_ENSEMBLE_OUTPUTS]
+    reference = _get_inference_request(
+        model_name="dispatch_fused", inputs=grpc_inputs(window), model_version="",
+        request_id="", outputs=outputs, sequence_id=0, sequence_start=False,
+        sequence_end=False, priority=level, timeout=None, parameters=None,
+    )  # fmt: skip
+    ours = service_pb2.ModelInferRequest.FromString(
+        wire_request("dispatch_fused", window, level=level)
+    )
+    assert ours == reference

@@ -4,6 +4,10 @@
 (PAIR_FEATURES [batch, 28] FP32 -> PAIR_OBJECTIVES [batch, 3] FP32, every output positive
 and the on-time column in (0, 1)), so the scorer, the steps, the pipeline and the Triton
 adapter can be tested without the trained model file.
+
+The adapters' factories lower their process's CPU priority (`serving.stub_setup`), which a
+process cannot take back: here it is recorded instead (`stub_priorities`), so the test
+process, and the servers the integration tests start from it, keep theirs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dispatch_contract import (
     OBJECTIVES,
 )
 from dispatch_service.core.repository_layout import ONNX_FILE
+from dispatch_service.serving import stub_setup
 
 CONTRACT_MODEL_HIDDEN = 32
 # Sigmoid outputs times these give ETA in (0, 60) min, P(on time) in (0, 1), cost in (0, 20).
@@ -87,3 +92,16 @@ def _no_ambient_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for name in (ADMIN_KEY_ENV, ADMIN_KEY_FILE_ENV, SHM_KEY_ENV, SHM_KEY_FILE_ENV):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def stub_priorities(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The niceness each `stub_setup.prepare_stub` of the test asked for, in order."""
+    asked: list[int] = []
+
+    def record(nice: int, tasks: Path = Path()) -> list[int]:
+        asked.append(nice)
+        return []
+
+    monkeypatch.setattr(stub_setup, "lower_cpu_priority", record)
+    return asked

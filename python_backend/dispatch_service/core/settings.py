@@ -14,6 +14,7 @@ from typing import Any, TypeVar, get_type_hints
 __all__ = [
     "BACKEND_PARAMETERS",
     "RELOAD_MARK_PARAMETER",
+    "STUB_NICE_PARAMETER",
     "SettingsError",
     "load_settings",
     "parameters_from_model_config",
@@ -29,7 +30,9 @@ BACKEND_PARAMETERS = frozenset({"FORCE_CPU_ONLY_INPUT_TENSORS", "EXECUTION_ENV_P
 # differ keeps the dead stub's instance), without unloading the model and the ensembles that
 # use it. No model reads it.
 RELOAD_MARK_PARAMETER = "reload_mark"
-_NOT_SETTINGS = BACKEND_PARAMETERS | {RELOAD_MARK_PARAMETER}
+# Every stub's CPU niceness (`serving.stub_setup`), read before the model's own settings.
+STUB_NICE_PARAMETER = "stub_nice"
+_NOT_SETTINGS = BACKEND_PARAMETERS | {RELOAD_MARK_PARAMETER, STUB_NICE_PARAMETER}
 
 
 class SettingsError(ValueError):

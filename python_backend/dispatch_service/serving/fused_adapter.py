@@ -23,7 +23,6 @@ from dispatch_service.core.metrics import (
     MetricsSink,
     Observation,
 )
-from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.pipeline.step_metrics import encoder_observations, resolver_observations
@@ -34,13 +33,13 @@ from dispatch_service.routing.metrics import (
     routed_observations,
 )
 from dispatch_service.routing.settings import FusedSettings, settings_record
-from dispatch_service.serving.backend_log import log_event, seal_backend_region
-from dispatch_service.serving.bytes_tensors import use_fast_bytes_decoding
+from dispatch_service.serving.backend_log import log_event
 from dispatch_service.serving.drain import DrainGate, draining_responses
 from dispatch_service.serving.live_routing import follow_live_routing, live_routing_file
 from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.responder import TritonResponder
 from dispatch_service.serving.router_adapter import log_failed_calls
+from dispatch_service.serving.stub_setup import prepare_stub
 from dispatch_service.serving.triton_metrics import triton_metrics
 from dispatch_service.serving.trust import model_trust
 
@@ -134,9 +133,7 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
 
     Bad settings raise (SettingsError / ValueError), which fails the load.
     """
-    seal_backend_region(pb_utils, args["model_name"])
-    use_fast_bytes_decoding(pb_utils)
-    settings = FusedSettings.from_parameters(parameters_from_model_config(args["model_config"]))
+    settings = FusedSettings.from_parameters(prepare_stub(pb_utils, args))
     name = args["model_name"]
     version = str(args.get("model_version", ""))
     instance = str(args.get("model_instance_name", ""))

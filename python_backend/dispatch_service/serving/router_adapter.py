@@ -44,7 +44,7 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.repository_layout import ENCODER_MODEL, model_layout
-from dispatch_service.core.settings import load_settings, parameters_from_model_config
+from dispatch_service.core.settings import load_settings
 from dispatch_service.domain.cities import CitySettings, default_registry
 from dispatch_service.domain.window_wire import user_ids_from_wire
 from dispatch_service.routing.engine import RoutedScores, RouteItem, route_and_score_many
@@ -58,12 +58,12 @@ from dispatch_service.routing.settings import (
     settings_record,
 )
 from dispatch_service.routing.shadow import shadow_sampled
-from dispatch_service.serving.backend_log import log_event, seal_backend_region
+from dispatch_service.serving.backend_log import log_event
 from dispatch_service.serving.bls import scored_objectives, scoring_request
-from dispatch_service.serving.bytes_tensors import use_fast_bytes_decoding
 from dispatch_service.serving.live_routing import follow_live_routing, live_routing_file
 from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.responder import TritonResponder
+from dispatch_service.serving.stub_setup import prepare_stub
 from dispatch_service.serving.triton_metrics import triton_metrics
 
 __all__ = [
@@ -258,9 +258,7 @@ def router_adapter_for(pb_utils: Any, args: dict[str, str]) -> DispatchRouterAda
     Bad settings raise (SettingsError / ValueError), which fails the load: Triton then keeps
     the previous router serving.
     """
-    seal_backend_region(pb_utils, args["model_name"])
-    use_fast_bytes_decoding(pb_utils)
-    settings = RouterSettings.from_parameters(parameters_from_model_config(args["model_config"]))
+    settings = RouterSettings.from_parameters(prepare_stub(pb_utils, args))
     name = args["model_name"]
     version = str(args.get("model_version", ""))
     instance = str(args.get("model_instance_name", ""))

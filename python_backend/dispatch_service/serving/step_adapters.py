@@ -29,7 +29,6 @@ from dispatch_service.core.repository_layout import (
     SCORING_MODEL,
     ModelLayout,
 )
-from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.pipeline.encoder_step import FeatureEncoderStep
 from dispatch_service.pipeline.model_step import DispatchModelStep
@@ -38,12 +37,11 @@ from dispatch_service.pipeline.step_io import Arrays, Step
 from dispatch_service.pipeline.step_metrics import STEP_OBSERVERS, encoder_observations, metrics_of
 from dispatch_service.routing.engine import ModelCallError
 from dispatch_service.routing.settings import SCORING_MODEL_NAME
-from dispatch_service.serving.backend_log import seal_backend_region
 from dispatch_service.serving.bls import scored_objectives, scoring_request
-from dispatch_service.serving.bytes_tensors import use_fast_bytes_decoding
 from dispatch_service.serving.drain import DrainGate, draining_responses
 from dispatch_service.serving.probe import is_probe
 from dispatch_service.serving.responder import TritonResponder
+from dispatch_service.serving.stub_setup import prepare_stub
 from dispatch_service.serving.triton_metrics import triton_metrics
 from dispatch_service.serving.trust import model_trust
 
@@ -69,14 +67,13 @@ class TritonLoad:
 
     @classmethod
     def read(cls, pb_utils: Any, args: Mapping[str, str]) -> TritonLoad:
-        """The args read, after sealing the stub's region (the first thing a load does)."""
-        seal_backend_region(pb_utils, args["model_name"])
-        use_fast_bytes_decoding(pb_utils)
+        """The args read, after the stub's first steps (`stub_setup.prepare_stub`)."""
+        parameters = prepare_stub(pb_utils, args)
         return cls(
             name=args["model_name"],
             version=str(args.get("model_version", "")),
             instance=str(args.get("model_instance_name", "")),
-            parameters=parameters_from_model_config(args["model_config"]),
+            parameters=parameters,
             layout=ModelLayout(Path(args.get("model_repository", ""))),
         )
 

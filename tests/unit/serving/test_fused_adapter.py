@@ -167,3 +167,13 @@ def test_the_launchers_routing_file_is_followed_from_load_and_each_execute(
     assert (response.outputs()["ORDER_MODEL_VERSION"] == 1).all()
     applied = [json.loads(line) for _, line in pb.Logger.lines if "live_routing_applied" in line]
     assert [record["revision"] for record in applied] == [3, 4]
+
+
+def test_the_stub_lowers_its_priority_as_configured(
+    pb: FakePbUtils, stub_priorities: list[int]
+) -> None:
+    fused_adapter_for(pb, args())
+    fused_adapter_for(pb, args(stub_nice="3"))
+    assert stub_priorities == [10, 3]
+    with pytest.raises(SettingsError, match="stub_nice"):
+        fused_adapter_for(pb, args(stub_nice="-5"))

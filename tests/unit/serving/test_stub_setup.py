@@ -1,0 +1,85 @@
+"""A stub's first steps (dispatch_service.serving.stub_setup): the ``stub_nice`` parameter
+and the priority of every thread, read back from /proc in a child process (a process cannot
+take its niceness back, so this one is never changed), relative to the niceness it
+inherits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dispatch_service.core.settings import SettingsError
+from dispatch_service.routing.settings import FusedSettings, RouterSettings
+from dispatch_service.serving.stub_setup import DEFAULT_STUB_NICE, stub_nice
+
+
+def test_stub_nice_defaults_and_bounds() -> None:
+    assert stub_nice({}) == DEFAULT_STUB_NICE == 10
+    assert stub_nice({"stub_nice": " 0 "}) == 0
+    assert stub_nice({"stub_nice": "19"}) == 19
+    for bad in ("20", "-1", "ten", "1.5"):
+        with pytest.raises(SettingsError, match=f"stub_nice: a whole number 0..19, got '{bad}'"):
+            stub_nice({"stub_nice": bad})
+
+
+def test_the_settings_classes_leave_stub_nice_to_the_stub() -> None:
+    FusedSettings.from_parameters({"stub_nice": "5"})
+    RouterSettings.from_parameters({"stub_nice": "5"})
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    from pathlib import Path
+    from dispatch_service.serving.stub_setup import lower_cpu_priority
+
+    def nice_of(tid):  # field 19 of /proc/self/task/<tid>/stat
+        stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        return int(stat[stat.rfind(")") + 2 :].split()[16])
+
+    main = threading.get_native_id()
+    base = os.getpriority(os.PRIO_PROCESS, main)  # the test process's (inherited)
+    idle = threading.Event()
+    before = threading.Thread(target=idle.wait)
+    before.start()
+    if int(sys.argv[1]):
+        os.setpriority(os.PRIO_PROCESS, main, base + int(sys.argv[1]))
+    changed = lower_cpu_priority(base + 4)
+    seen = {"main": nice_of(main) - base, "before": nice_of(before.native_id) - base}
+    after = threading.Thread(
+        target=lambda: seen.update(later=nice_of(threading.get_native_id()) - base)
+    )
+    after.start()
+    after.join()
+    idle.set()
+    before.join()
+    seen.update(main_changed=main in changed, before_changed=before.native_id in changed)
+    print(json.dumps(seen))
+    """
+)
+
+
+def run_child(start: int) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(start)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_every_thread_and_every_later_one_runs_at_the_stubs_niceness() -> None:
+    seen = run_child(0)
+    assert seen == {
+        "main": 4, "before": 4, "later": 4, "main_changed": True, "before_changed": True
+    }  # fmt: skip
+
+
+def test_a_thread_already_below_that_priority_is_left_there() -> None:
+    seen = run_child(6)
+    assert seen["main"] == 6 and seen["later"] == 6 and seen["before"] == 4
+    assert not seen["main_changed"] and seen["before_changed"]

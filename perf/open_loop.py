@@ -16,7 +16,7 @@ Clocks: every timestamp is `time.monotonic()` (CLOCK_MONOTONIC, the same in ever
 on the host), so the probe's and the generator's timelines compare directly.
 
 The generator sends each window's `ModelInferRequest` serialized once before the burst
-(`wire_requests`) over a raw gRPC method, with the garbage collector paused: a send costs no
+(`wire_request`) over a raw gRPC method, with the garbage collector paused: a send costs no
 protobuf work in Python, so one core keeps the schedule at rates a tritonclient call per
 send could not (its send lag is still measured and judged).
 """

@@ -281,6 +281,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         server.remove_routing_file()
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    verifier = server.load_verifier()
     monitor = gpu_monitor.start_gpu_monitor(
         server.http_url, gpu_settings, options.admin_key, act=args.profile == "gpu"
     )
@@ -289,7 +290,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         args,
         server.http_url,
         options.admin_key,
-        server.load_verifier(),
+        verifier,
         event_printer(out),
         routing_file=server.routing_file(),
     )
@@ -309,12 +310,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             triton_upstream(server.http_url, options.access_keys.admin),
             repository=args.model_repository,
             profile=args.profile,
-            verifier=server.load_verifier(),
+            verifier=verifier,
             report=event_printer(out),
         )
-        supervisor = Supervisor(
-            server, settings, event_printer(out), server.load_verifier(), gate=gate
-        )
+        supervisor = Supervisor(server, settings, event_printer(out), verifier, gate=gate)
         supervisor.start()
         crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
         supervisor.metric_sources.append(crashes.start().metrics_text)

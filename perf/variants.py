@@ -3,7 +3,7 @@
 An override names a model, a setting and a value:
 
     dispatch_model.queue_delay_us=0          dynamic_batching.max_queue_delay_microseconds
-    feature_encoder.instances=1              instance_group[0].count
+    feature_encoder.instances=1              instance_group counts (in all)
     dispatch_model.param.intra_op_num_threads=2   parameters { key: ... string_value: ... }
 
 `patched_repository` copies the repository and rewrites the named config.pbtxt files with
@@ -75,9 +75,24 @@ def apply_override(config: Any, override: ConfigOverride) -> None:
     elif override.setting == "instances":
         if not config.instance_group:
             raise ValueError(f"{override.model} has no instance_group")
-        config.instance_group[0].count = int(override.value)
+        _set_instances(config.instance_group, int(override.value))
     else:
         config.parameters[override.key].string_value = override.value
+
+
+def _set_instances(groups: Any, total: int) -> None:
+    """``total`` instances in all: the first (warm) group keeps its count, up to ``total``,
+    the second takes the rest, and groups left without instances are dropped."""
+    if total < 1:
+        raise ValueError(f"instances must be >= 1, got {total}")
+    if len(groups) == 1:
+        groups[0].count = total
+        return
+    groups[0].count = min(groups[0].count or 1, total)
+    rest = total - groups[0].count
+    del groups[2 if rest else 1 :]
+    if rest:
+        groups[1].count = rest
 
 
 def patched_repository(

@@ -30,6 +30,7 @@ from dispatch_client.retry import DEFAULT_RETRY, UNAVAILABLE_STATUSES
 from dispatch_contract import MAX_ORDERS, MAX_RIDERS
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.ops.server import TritonServer
+from dispatch_service.ops.stubs import instance_count
 from dispatch_service.ops.verified_load import read_config
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import OUTPUT_NAMES, grpc_inputs, infer_grpc, sim_window
@@ -47,11 +48,6 @@ def queue_policy(model: str, level: int) -> dict[str, Any]:
     batching = read_config(MODEL_REPOSITORY / model)["dynamic_batching"]
     policy: dict[str, Any] = batching["priority_queue_policy"][str(level)]
     return policy
-
-
-def instance_count(model: str) -> int:
-    (group,) = read_config(MODEL_REPOSITORY / model)["instance_group"]
-    return int(group["count"])
 
 
 @dataclass
@@ -90,7 +86,7 @@ def instances_busy(
     step, sent ahead of what the caller sends on the client yielded (the same channel, so
     they arrive first, and level 1 is taken first); on exit, all of them answered."""
     client = grpcclient.InferenceServerClient(triton.grpc_url)
-    blockers = rounds * instance_count(ENTRY_POINTS[model])
+    blockers = rounds * instance_count(read_config(MODEL_REPOSITORY / ENTRY_POINTS[model]))
     try:
         outputs = [grpcclient.InferRequestedOutput(n) for n in OUTPUT_NAMES]
         inputs = grpc_inputs(window)

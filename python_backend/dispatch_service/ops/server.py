@@ -289,6 +289,12 @@ class TritonServer(ChildService):
             # ask model.py for a config, ~1 s a model (start 13.5 -> 6.4 s, stub reload 5.2
             # -> 2.1 s on the 2-core host).
             "--disable-auto-complete-config",
+            # Instances are chosen by their config's `rate_limiter { priority }` (no resources
+            # are set, so nothing is rate-limited): the free instance with the fewest
+            # executions x priority runs the next batch. Each multi-instance config gives one
+            # instance priority 1, so at low load one warm stub takes every window instead
+            # of all of them in turn, each cold after waiting for the others.
+            "--rate-limit=execution_count",
             "--exit-timeout-secs=10",
             "--log-verbose=0",
         ]

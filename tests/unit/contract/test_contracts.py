@@ -145,7 +145,29 @@ def test_a_model_with_queue_policies_has_two_instances_or_more(path: Path) -> No
     if policies:
         counts = [group.count for group in config.instance_group]
         least = 4 if config.name == FUSED_MODEL_NAME else 2
-        assert counts and min(counts) >= least, f"{path}: instance counts {counts}"
+        assert counts and sum(counts) >= least, f"{path}: instance counts {counts}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [layout.config for layout in models_in(REPO)]
+    + sorted(path for layout in models_in(REPO) for path in layout.profiles.glob("*.pbtxt")),
+    ids=lambda path: str(path.relative_to(REPO)),
+)
+def test_a_model_with_several_cpu_instances_names_one_warm_instance(path: Path) -> None:
+    """Triton (run with --rate-limit=execution_count) gives a batch to the free instance with
+    the fewest executions x priority: one instance of priority 1 and the others of a priority
+    far above any execution count keep low load on the one warm instance."""
+    groups = [g for g in load_config(path).instance_group if g.kind == g.KIND_CPU]
+    if sum(group.count for group in groups) < 2:
+        return
+    warm, *overflow = groups
+    assert (warm.count, warm.rate_limiter.priority) == (1, 1), f"{path}: first group {warm}"
+    assert overflow, f"{path}: no overflow group"
+    for group in overflow:
+        assert group.rate_limiter.priority >= 1_000_000, f"{path}: overflow group {group}"
+        assert not group.rate_limiter.resources, f"{path}: resources would rate-limit"
+    assert not warm.rate_limiter.resources, f"{path}: resources would rate-limit"
 
 
 def test_the_wire_column_layouts_are_documented_and_packed_in_order() -> None:

@@ -473,7 +473,12 @@ def test_dockerignore_keeps_the_venv_and_model_repository_out_of_the_context() -
 def test_image_flags_match_the_launcher(dockerfile: Path) -> None:
     args, launcher = image_triton_command(dockerfile), launcher_command()
     assert server_ports(args) == server_ports(launcher) == Ports()
-    for name in ("--strict-readiness", "--model-control-mode", "--exit-timeout-secs"):
+    for name in (
+        "--strict-readiness",
+        "--model-control-mode",
+        "--exit-timeout-secs",
+        "--rate-limit",
+    ):
         assert flag(args, name) == flag(launcher, name)
     for address in ("--http-address", "--grpc-address", "--metrics-address"):
         assert flag(args, address) == "0.0.0.0"  # reachable from outside the container

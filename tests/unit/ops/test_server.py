@@ -99,6 +99,9 @@ def test_command_carries_repository_backends_ports_and_profile(tmp_path: Path) -
         "--model-config-name=gpu",
         "--model-control-mode=explicit",
         "--load-model=*",
+        # Instances are picked by their configured priority (a warm one first), nothing
+        # rate-limited: no config sets resources (tests/unit/contract/test_contracts.py).
+        "--rate-limit=execution_count",
     ):
         assert flag in command
 

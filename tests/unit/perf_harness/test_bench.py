@@ -14,6 +14,7 @@ import pytest
 
 from dispatch_client.window_json import window_from_json
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, pack_window
+from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from perf.bench import FULL, QUICK
@@ -475,6 +476,17 @@ def test_patched_repository_changes_only_the_copy(tmp_path: Path) -> None:
         patched_repository(
             MODEL_REPOSITORY, tmp_path / "r3", [parse_override("dispatch.queue_delay_us=1")]
         )
+
+
+@pytest.mark.parametrize(("total", "counts"), [(1, [1]), (2, [1, 1]), (6, [1, 5])])
+def test_an_instances_override_sets_the_total_and_keeps_the_warm_instance_first(
+    tmp_path: Path, total: int, counts: list[int]
+) -> None:
+    override = parse_override(f"{FUSED_MODEL}.instances={total}")
+    copy = patched_repository(MODEL_REPOSITORY, tmp_path / "repo", [override])
+    groups = read_model_config(copy / FUSED_MODEL / "config.pbtxt").instance_group
+    assert [group.count for group in groups] == counts
+    assert groups[0].rate_limiter.priority == 1  # the warm one stays where it was
 
 
 def test_noise_percent_is_the_largest_relative_difference() -> None:

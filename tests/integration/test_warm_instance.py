@@ -1,0 +1,85 @@
+"""At low load one warm instance of a model answers every window.
+
+Each multi-instance model names one instance with `rate_limiter { priority: 1 }` and the
+others with a far larger priority, and the launcher runs Triton with
+``--rate-limit=execution_count``: a free instance with the fewest executions x priority
+takes the next batch. Sequential windows, which never find the warm instance busy, must all
+be answered by it. Without the preference Triton hands them to the instances in turn, each
+one cold after waiting for the others.
+
+Which instance answered is read from the project's metrics: every stub labels its series
+with its own process id (`serving.triton_metrics`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from collections import Counter
+
+import pytest
+import tritonclient.grpc as grpcclient
+from patience import wait_for
+
+from dispatch_service.core.metrics import ENCODER_LATENCY, RESOLVER_LATENCY
+from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.ops.server import TritonServer
+from dispatch_service.ops.stubs import instance_count
+from dispatch_service.ops.verified_load import read_config
+from dispatch_service.routing.settings import FUSED_MODEL_NAME
+from triton_helpers import infer_grpc, sim_window
+
+SEQUENTIAL = 12
+SERIES = re.compile(r"(\w+)\{([^}]*)\} (\S+)")
+
+
+def answered_by_stub(server: TritonServer, family: str, model: str) -> Counter[str]:
+    """Windows counted by each stub (process id) of ``model`` in a histogram family."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    counts: Counter[str] = Counter()
+    for name, labels, value in SERIES.findall(text):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if name == f"{family}_count" and found.get("model") == model:
+            counts[found["pid"]] += int(float(value))
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("entry", "model", "family"),
+    [
+        (FUSED_MODEL_NAME, FUSED_MODEL_NAME, RESOLVER_LATENCY.name),
+        ("dispatch", "feature_encoder", ENCODER_LATENCY.name),
+        ("dispatch", "topk_resolver", RESOLVER_LATENCY.name),
+    ],
+)
+def test_sequential_windows_are_all_answered_by_one_warm_instance(
+    triton: TritonServer, grpc_client: grpcclient.InferenceServerClient, entry: str, model: str,
+    family: str,
+) -> None:  # fmt: skip
+    instances = instance_count(read_config(MODEL_REPOSITORY / model))
+    assert instances > 1, f"{model} runs one instance: nothing to prefer"
+    window = sim_window(seed=5, orders=1, riders=20)
+    # Instances that never ran score 0 executions whatever their priority: as many windows
+    # as there are instances give each its first execution before the count starts.
+    start = answered_by_stub(triton, family, model)
+    for _ in range(instances):
+        infer_grpc(grpc_client, window, model=entry)
+    wait_for(
+        lambda: (answered_by_stub(triton, family, model) - start).total() >= instances,
+        f"{model}'s metrics count the warm-up windows",
+        within_s=10,
+    )
+    before = answered_by_stub(triton, family, model)
+    for _ in range(SEQUENTIAL):
+        infer_grpc(grpc_client, window, model=entry)
+        time.sleep(0.01)  # each window finds every instance idle
+    wait_for(
+        lambda: (answered_by_stub(triton, family, model) - before).total() >= SEQUENTIAL,
+        f"{model}'s metrics count the {SEQUENTIAL} windows",
+        within_s=10,
+    )
+    answered = answered_by_stub(triton, family, model) - before
+    assert answered.total() == SEQUENTIAL
+    assert len(answered) == 1, f"{model}: windows answered by stubs {dict(answered)}"

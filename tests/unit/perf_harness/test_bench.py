@@ -16,6 +16,7 @@ from dispatch_client.window_json import window_from_json
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, pack_window
 from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from perf.bench import FULL, QUICK
 from perf.bodies import (
@@ -484,7 +485,7 @@ def test_an_instances_override_sets_the_total_and_keeps_the_warm_instance_first(
 ) -> None:
     override = parse_override(f"{FUSED_MODEL}.instances={total}")
     copy = patched_repository(MODEL_REPOSITORY, tmp_path / "repo", [override])
-    groups = read_model_config(copy / FUSED_MODEL / "config.pbtxt").instance_group
+    groups = read_model_config(model_layout(copy, FUSED_MODEL).config).instance_group
     assert [group.count for group in groups] == counts
     assert groups[0].rate_limiter.priority == 1  # the warm one stays where it was
 

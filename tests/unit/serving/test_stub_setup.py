@@ -1,7 +1,7 @@
-"""A stub's first steps (dispatch_service.serving.stub_setup): the ``stub_nice`` parameter
-and the priority of every thread, read back from /proc in a child process (a process cannot
-take its niceness back, so this one is never changed), relative to the niceness it
-inherits."""
+"""A stub's first steps (dispatch_service.serving.stub_setup): the ``stub_nice`` parameter,
+BLAS on one thread, and the priority of every thread, each read back in a child process (a
+process cannot take its niceness back, so this one is never changed); niceness relative to
+the one the child inherits."""
 
 from __future__ import annotations
 
@@ -83,3 +83,25 @@ def test_a_thread_already_below_that_priority_is_left_there() -> None:
     seen = run_child(6)
     assert seen["main"] == 6 and seen["later"] == 6 and seen["before"] == 4
     assert not seen["main_changed"] and seen["before_changed"]
+
+
+BLAS_CHILD = textwrap.dedent(
+    """
+    import json
+    import numpy
+    from threadpoolctl import threadpool_info
+    from dispatch_service.serving.stub_setup import single_threaded_blas
+
+    single_threaded_blas()
+    blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+    print(json.dumps([pool["num_threads"] for pool in blas]))
+    """
+)
+
+
+def test_a_stub_runs_numpys_blas_on_one_thread() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLAS_CHILD], capture_output=True, text=True, check=True, timeout=60
+    )
+    threads = json.loads(done.stdout)
+    assert threads and set(threads) == {1}, threads

@@ -39,7 +39,9 @@ CASES = {
     "one element": [b"order-1"],
     "none": [],
     "empty elements": [b"", b"", b""],
+    "a small window's ids": [f"r-{i:05d}".encode() for i in range(20)],
     "trailing NUL kept": [b"ab\x00", b"cd\x00"],
+    "trailing NUL kept, many": [f"r-{i:05d}\x00".encode() for i in range(200)],
     "inner NUL and UTF-8": [b"a\x00b", "上海".encode()[:3], "北京".encode()[:3]],
     "binary": [bytes(range(256)), bytes(range(255, -1, -1))],
 }

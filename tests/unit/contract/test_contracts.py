@@ -122,12 +122,13 @@ def test_every_queue_is_bounded_with_deadlines_and_bulk_is_shed_first(model: str
     assert timeouts == sorted(timeouts, reverse=True) and timeouts[2] < timeouts[1]
 
 
-@pytest.mark.parametrize(
-    "path",
-    [layout.config for layout in models_in(REPO)]
-    + sorted(path for layout in models_in(REPO) for path in layout.profiles.glob("*.pbtxt")),
-    ids=lambda path: str(path.relative_to(REPO)),
+# Every config file of the repository: each model's config.pbtxt and its profiles.
+CONFIG_FILES = [layout.config for layout in models_in(REPO)] + sorted(
+    path for layout in models_in(REPO) for path in layout.profiles.glob("*.pbtxt")
 )
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda path: str(path.relative_to(REPO)))
 def test_a_model_with_queue_policies_has_two_instances_or_more(path: Path) -> None:
     """Triton 2.51 with priority levels or a queue policy (either alone) waits for a free
     instance with a wake-up that can come before the instance is free, then sleeps up to
@@ -148,12 +149,7 @@ def test_a_model_with_queue_policies_has_two_instances_or_more(path: Path) -> No
         assert counts and sum(counts) >= least, f"{path}: instance counts {counts}"
 
 
-@pytest.mark.parametrize(
-    "path",
-    [layout.config for layout in models_in(REPO)]
-    + sorted(path for layout in models_in(REPO) for path in layout.profiles.glob("*.pbtxt")),
-    ids=lambda path: str(path.relative_to(REPO)),
-)
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda path: str(path.relative_to(REPO)))
 def test_a_model_with_several_cpu_instances_names_one_warm_instance(path: Path) -> None:
     """Triton (run with --rate-limit=execution_count) gives a batch to the free instance with
     the fewest executions x priority: one instance of priority 1 and the others of a priority

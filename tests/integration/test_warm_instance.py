@@ -8,7 +8,9 @@ be answered by it. Without the preference Triton hands them to the instances in 
 one cold after waiting for the others.
 
 Which instance answered is read from the project's metrics: every stub labels its series
-with its own process id (`serving.triton_metrics`).
+with its own process id (`serving.triton_metrics`). Counters count every window; a
+histogram's ``_count`` keeps at most a few values per flush of a stub's metrics thread
+(`core.metrics.BackgroundMetrics`), so windows are sent one per flush interval.
 """
 
 from __future__ import annotations
@@ -27,21 +29,23 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.ops.stubs import instance_count
 from dispatch_service.ops.verified_load import read_config
+from dispatch_service.routing.metrics import ROUTED_ORDERS
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from triton_helpers import infer_grpc, sim_window
 
 SEQUENTIAL = 12
+PACE_S = 0.06  # longer than a metrics flush interval (50 ms): one window per flush
 SERIES = re.compile(r"(\w+)\{([^}]*)\} (\S+)")
 
 
 def answered_by_stub(server: TritonServer, family: str, model: str) -> Counter[str]:
-    """Windows counted by each stub (process id) of ``model`` in a histogram family."""
+    """Windows counted by each stub (process id) of ``model`` in the series ``family``."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         text = response.read().decode()
     counts: Counter[str] = Counter()
     for name, labels, value in SERIES.findall(text):
         found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if name == f"{family}_count" and found.get("model") == model:
+        if name == family and found.get("model") == model:
             counts[found["pid"]] += int(float(value))
     return counts
 
@@ -49,9 +53,10 @@ def answered_by_stub(server: TritonServer, family: str, model: str) -> Counter[s
 @pytest.mark.parametrize(
     ("entry", "model", "family"),
     [
-        (FUSED_MODEL_NAME, FUSED_MODEL_NAME, RESOLVER_LATENCY.name),
-        ("dispatch", "feature_encoder", ENCODER_LATENCY.name),
-        ("dispatch", "topk_resolver", RESOLVER_LATENCY.name),
+        (FUSED_MODEL_NAME, FUSED_MODEL_NAME, ROUTED_ORDERS.name),  # one-order windows
+        ("dispatch", "dispatch_router", ROUTED_ORDERS.name),
+        ("dispatch", "feature_encoder", f"{ENCODER_LATENCY.name}_count"),
+        ("dispatch", "topk_resolver", f"{RESOLVER_LATENCY.name}_count"),
     ],
 )
 def test_sequential_windows_are_all_answered_by_one_warm_instance(
@@ -66,6 +71,7 @@ def test_sequential_windows_are_all_answered_by_one_warm_instance(
     start = answered_by_stub(triton, family, model)
     for _ in range(instances):
         infer_grpc(grpc_client, window, model=entry)
+        time.sleep(PACE_S)
     wait_for(
         lambda: (answered_by_stub(triton, family, model) - start).total() >= instances,
         f"{model}'s metrics count the warm-up windows",
@@ -74,7 +80,7 @@ def test_sequential_windows_are_all_answered_by_one_warm_instance(
     before = answered_by_stub(triton, family, model)
     for _ in range(SEQUENTIAL):
         infer_grpc(grpc_client, window, model=entry)
-        time.sleep(0.01)  # each window finds every instance idle
+        time.sleep(PACE_S)  # each window finds every instance idle
     wait_for(
         lambda: (answered_by_stub(triton, family, model) - before).total() >= SEQUENTIAL,
         f"{model}'s metrics count the {SEQUENTIAL} windows",

@@ -19,9 +19,8 @@ from numpy.typing import NDArray
 __all__ = ["decode_bytes_tensor", "use_fast_bytes_decoding"]
 
 _LENGTH: Final = struct.Struct("<I")  # each element: its length, then its bytes
-# Up to this many bytes the loop is the faster way, numpy's setup costing more than it
-# saves (a small window's ids: 20 riders 8.0 -> 3.6 us, one order 7.2 -> 0.7 us; even at
-# about 60 ids of 12 bytes).
+# Up to this many bytes (a small window's ids) the loop is the faster way: numpy's setup
+# costs more than it saves on a few dozen elements.
 _LOOP_BYTES: Final = 512
 
 

@@ -11,7 +11,7 @@
 - its BLAS (numpy's OpenBLAS) on one thread (`single_threaded_blas`): the library runs its
   own threads where they pay (the encoder's ``selection_threads``) and the server runs
   several stubs, so BLAS threads on top only oversubscribe the cores, and they spin while
-  they wait: a 1,000 x 5,000 window's candidate ranking took twice the CPU for the same time.
+  they wait, taking CPU the other threads and stubs need.
 """
 
 from __future__ import annotations

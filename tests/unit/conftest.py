@@ -5,9 +5,10 @@
 and the on-time column in (0, 1)), so the scorer, the steps, the pipeline and the Triton
 adapter can be tested without the trained model file.
 
-The adapters' factories lower their process's CPU priority (`serving.stub_setup`), which a
-process cannot take back: here it is recorded instead (`stub_priorities`), so the test
-process, and the servers the integration tests start from it, keep theirs.
+The adapters' factories lower their process's CPU priority and limit its BLAS threads
+(`serving.stub_setup`); the first a process cannot take back. Both are recorded here
+instead (`stub_priorities`, `stub_blas_limits`), so the test process, and the servers the
+integration tests start from it, keep their own.
 """
 
 from __future__ import annotations
@@ -105,3 +106,11 @@ def stub_priorities(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(stub_setup, "lower_cpu_priority", record)
     return asked
+
+
+@pytest.fixture(autouse=True)
+def stub_blas_limits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """One entry per `stub_setup.prepare_stub` of the test that limited BLAS."""
+    limited: list[str] = []
+    monkeypatch.setattr(stub_setup, "single_threaded_blas", lambda: limited.append("blas"))
+    return limited

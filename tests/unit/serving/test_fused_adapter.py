@@ -169,11 +169,12 @@ def test_the_launchers_routing_file_is_followed_from_load_and_each_execute(
     assert [record["revision"] for record in applied] == [3, 4]
 
 
-def test_the_stub_lowers_its_priority_as_configured(
-    pb: FakePbUtils, stub_priorities: list[int]
+def test_the_stub_lowers_its_priority_as_configured_and_limits_blas(
+    pb: FakePbUtils, stub_priorities: list[int], stub_blas_limits: list[str]
 ) -> None:
     fused_adapter_for(pb, args())
     fused_adapter_for(pb, args(stub_nice="3"))
     assert stub_priorities == [10, 3]
+    assert stub_blas_limits == ["blas", "blas"]
     with pytest.raises(SettingsError, match="stub_nice"):
         fused_adapter_for(pb, args(stub_nice="-5"))

@@ -8,10 +8,8 @@ session server the other integration tests share. Every test puts back what it c
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,7 +39,7 @@ from dispatch_service.ops.router_control import (
 )
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.routing.settings import FUSED_MODEL_NAME, RouterSettings
-from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http
+from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http, metric_series
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 ADMIN_KEY = "canary-test-key"
@@ -131,17 +129,11 @@ def metric(server: TritonServer, name: str, **labels: str) -> float:
     a read first lets the values of requests already answered arrive.
     """
     time.sleep(METRICS_SETTLE_S)
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        match = re.fullmatch(rf"{re.escape(name)}\{{(.*)\}} (\S+)", line)
-        if match is None:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
+    return sum(
+        value
+        for found, value in metric_series(server.metrics_url, name)
+        if all(found.get(k) == v for k, v in labels.items())
+    )
 
 
 def metric_reaches(

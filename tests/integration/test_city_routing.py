@@ -9,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +26,7 @@ from dispatch_service.ops.router_control import (
     read_router_settings,
 )
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc
+from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, metric_series
 
 ADMIN_KEY = "city-routing-test-key"
 ENTRY_POINTS = ("dispatch", "dispatch_fused")
@@ -78,17 +76,11 @@ def orders_metric(server: TritonServer, **labels: str) -> float:
     """dispatch_router_orders_total summed over the series with these labels (after the
     background recording had time to flush)."""
     time.sleep(0.5)
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        match = re.fullmatch(r"dispatch_router_orders_total\{(.*)\} (\S+)", line)
-        if match is None:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
+    return sum(
+        value
+        for found, value in metric_series(server.metrics_url, "dispatch_router_orders_total")
+        if all(found.get(k) == v for k, v in labels.items())
+    )
 
 
 def admin_cli(*argv: str) -> tuple[int, str]:

@@ -15,9 +15,7 @@ histogram's ``_count`` keeps at most a few values per flush of a stub's metrics 
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 from collections import Counter
 
 import pytest
@@ -31,22 +29,18 @@ from dispatch_service.ops.stubs import instance_count
 from dispatch_service.ops.verified_load import read_config
 from dispatch_service.routing.metrics import ROUTED_ORDERS
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
-from triton_helpers import infer_grpc, sim_window
+from triton_helpers import infer_grpc, metric_series, sim_window
 
 SEQUENTIAL = 12
 PACE_S = 0.06  # longer than a metrics flush interval (50 ms): one window per flush
-SERIES = re.compile(r"(\w+)\{([^}]*)\} (\S+)")
 
 
 def answered_by_stub(server: TritonServer, family: str, model: str) -> Counter[str]:
     """Windows counted by each stub (process id) of ``model`` in the series ``family``."""
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
     counts: Counter[str] = Counter()
-    for name, labels, value in SERIES.findall(text):
-        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if name == family and found.get("model") == model:
-            counts[found["pid"]] += int(float(value))
+    for found, value in metric_series(server.metrics_url, family):
+        if found.get("model") == model:
+            counts[found["pid"]] += int(value)
     return counts
 
 

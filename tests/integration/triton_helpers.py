@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,3 +76,16 @@ def infer_grpc(
     outputs = [grpcclient.InferRequestedOutput(n) for n in output_names]
     result = client.infer(model, inputs, outputs=outputs)
     return {name: result.as_numpy(name)[0] for name in output_names}
+
+
+def metric_series(metrics_url: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every series of the metric ``name`` on a metrics endpoint: its labels and value."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    series = []
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{re.escape(name)}\{{(.*)\}} (\S+)", line)
+        if match is not None:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+            series.append((labels, float(match.group(2))))
+    return series

@@ -3,7 +3,7 @@
     dispatch-client [--url URL] [--protocol http|grpc|grpc-shm] [--model NAME] [--timeout S]
                     [--weights L,O,C] [--version-tag TAG] [--request-id ID]
                     [--deadline-ms MS] [--priority LEVEL] [--priority-map FILE]
-                    [--retries N] [FILE|-]
+                    [--priority-lane MODEL] [--retries N] [FILE|-]
 
 ``--url`` takes ``host:port``, ``http://host:port`` (the same) or ``https://host:port``
 (TLS; the server's certificate is checked against the system's CA roots). ``grpc-shm`` is
@@ -58,7 +58,7 @@ from dispatch_client.transport import (
     Transport,
 )
 from dispatch_client.window_json import window_document, window_from_dict
-from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PRIORITY_LANE_MODEL_NAME
 
 __all__ = [
     "EXIT_INPUT",
@@ -170,7 +170,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL_NAME,
-        help="entry point: dispatch or dispatch_fused (default: %(default)s)",
+        help="entry point: dispatch or dispatch_fused; level-1 windows go to --priority-lane "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--timeout",
@@ -211,6 +212,13 @@ def _parser() -> argparse.ArgumentParser:
         "--priority-map",
         metavar="FILE",
         help='tenant-to-level JSON, e.g. {"default": 2, "tenants": {"premium-co": 1}}',
+    )
+    parser.add_argument(
+        "--priority-lane",
+        default=PRIORITY_LANE_MODEL_NAME,
+        metavar="MODEL",
+        help="where a level-1 window goes instead of --model ('' for --model; "
+        "default: %(default)s)",
     )
     parser.add_argument(
         "--retries",
@@ -317,6 +325,7 @@ def main(
             priority=priority,
             priorities=priorities,
             retry=retry,
+            priority_lane=args.priority_lane or None,
         ) as client:
             result = client.dispatch(window, request_id=args.request_id)
     except DispatchError as exc:

@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
-from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
+from dispatch_client.priority import PREMIUM, PriorityMap, check_deadline_ms, check_priority
 from dispatch_client.retry import DEFAULT_RETRY, RetryPolicy, RetryThrottle
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
@@ -38,6 +38,7 @@ from dispatch_contract import (
     NUM_PAIR_FEATURES,
     OBJECTIVES,
     ORDER_TEXT,
+    PRIORITY_LANE_MODEL_NAME,
     ROUTING_INPUTS,
     TOPK_OBJECTIVE_COLUMNS,
     WINDOW_INPUTS,
@@ -176,12 +177,17 @@ class DispatchClient(Closing):
         priority: int | None = None,
         priorities: PriorityMap | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        priority_lane: str | None = PRIORITY_LANE_MODEL_NAME,
     ) -> None:
         """`deadline_ms`: the longest a window may wait in the server's queue before it is
         refused (UNAVAILABLE), (0, 60000] ms; None keeps the model's default timeout.
         `priority`: 1 (priority/premium), 2 (standard) or 3 (bulk) for every window;
         `priorities`: a tenant-to-level map choosing each window's level from its orders
         (used when `priority` is None). Neither: the model's default level (2).
+        `priority_lane`: where `dispatch` sends a level-1 window instead of `model_name`
+        (the server's `dispatch_priority`: the same answer on stubs of its own, so a busy
+        server does not make it wait for bulk windows); None sends every window to
+        `model_name`.
         `retry`: how a refusal without work (UNAVAILABLE, no connection) is sent again, with
         jittered backoff (`RetryPolicy`; `NO_RETRY` raises the first refusal); the client's
         `RetryThrottle` stops retries while most of its sends are refused.
@@ -191,6 +197,7 @@ class DispatchClient(Closing):
         self.deadline_ms = check_deadline_ms(deadline_ms)
         self.priority = None if priority is None else check_priority(priority)
         self.priorities = priorities
+        self.priority_lane = priority_lane
         self.retry = retry
         self.retry_throttle = RetryThrottle()
 
@@ -205,6 +212,7 @@ class DispatchClient(Closing):
         priority: int | None = None,
         priorities: PriorityMap | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        priority_lane: str | None = PRIORITY_LANE_MODEL_NAME,
     ) -> DispatchClient:
         return cls(
             HttpTransport(url, timeout_s=timeout_s),
@@ -213,6 +221,7 @@ class DispatchClient(Closing):
             priority=priority,
             priorities=priorities,
             retry=retry,
+            priority_lane=priority_lane,
         )
 
     @classmethod
@@ -226,6 +235,7 @@ class DispatchClient(Closing):
         priority: int | None = None,
         priorities: PriorityMap | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        priority_lane: str | None = PRIORITY_LANE_MODEL_NAME,
     ) -> DispatchClient:
         return cls(
             GrpcTransport(url, timeout_s=timeout_s),
@@ -234,6 +244,7 @@ class DispatchClient(Closing):
             priority=priority,
             priorities=priorities,
             retry=retry,
+            priority_lane=priority_lane,
         )
 
     def dispatch(
@@ -246,7 +257,8 @@ class DispatchClient(Closing):
         back to the window's rider ids. A window already in the wire form (ORDER_FIELDS,
         RIDER_FIELDS, WINDOW_FIELDS) is sent as it is. `request_id` is sent as Triton's
         request id (a fresh `new_request_id` when None): the server's rejection log lines
-        carry it, the raised error and the result too. Raises ValueError for a tensor name
+        carry it, the raised error and the result too. A level-1 window goes to
+        `priority_lane` when one is set. Raises ValueError for a tensor name
         the contract does not know or a missing one (caught before any network traffic),
         and the transport's errors.
         """
@@ -267,7 +279,10 @@ class DispatchClient(Closing):
             if name not in inputs:
                 raise ValueError(f"window tensors lack {name}")
         options = self._request_options(present if not wire else {})
-        return self._call(self.model_name, inputs, request_id, options=options)
+        model = self.model_name
+        if self.priority_lane and options.get("priority") == PREMIUM:
+            model = self.priority_lane
+        return self._call(model, inputs, request_id, options=options)
 
     def _request_options(self, window: Mapping[str, ArrayLike]) -> dict[str, int]:
         """Triton's request priority and queue timeout, only those the caller set."""

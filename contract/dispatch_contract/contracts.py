@@ -57,6 +57,7 @@ __all__ = [
     "PAIR_FEATURES",
     "PAIR_FEATURE_NAMES",
     "PAIR_OBJECTIVES",
+    "PRIORITY_LANE_MODEL_NAME",
     "RESOLVER_INPUTS",
     "RESOLVER_OUTPUTS",
     "RIDER_FIELDS",
@@ -516,7 +517,12 @@ RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     # must not depend on how the caller lists the window). Optional: without it, by row.
     replace(_WINDOW_SPECS["ORDER_IDS"], optional=True),
 )
-# `dispatch` and `dispatch_fused`: 8 tensors in, 8 out.
+# The priority lane: `dispatch_fused` on stubs of its own at the server's CPU priority, with
+# the same tensors and answer. Level-1 windows go there (`DispatchClient` sends them): Triton's
+# priority levels order a queue, but on a busy server a level-1 window sent to `dispatch` or
+# `dispatch_fused` still waits for a free instance and shares its batch with bulk windows.
+PRIORITY_LANE_MODEL_NAME: Final = "dispatch_priority"
+# `dispatch`, `dispatch_fused` and `dispatch_priority`: 8 tensors in, 8 out.
 WIRE_DISPATCH_INPUTS: Final = (*WIRE_WINDOW_INPUTS, *ROUTING_INPUTS)
 WIRE_DISPATCH_OUTPUTS: Final = (*RESOLVER_OUTPUTS, *ROUTING_OUTPUTS, ORDER_LOCATION_SOURCE)
 MAX_WIRE_TENSORS: Final = 8

@@ -22,6 +22,7 @@ __all__ = [
     "FUSED_MODEL",
     "MODEL_NAMES",
     "ONNX_FILE",
+    "PRIORITY_MODEL",
     "PROFILES_FOLDER",
     "PYTHON_MODEL_FILE",
     "RESOLVER_MODEL",
@@ -40,6 +41,7 @@ RESOLVER_MODEL: Final = "topk_resolver"  # scored pairs -> Top-K and the assignm
 DISPATCH_ENSEMBLE: Final = "dispatch"  # encoder -> scorer -> resolver
 FEATURES_ENSEMBLE: Final = "dispatch_features"  # the entry for precomputed pair features
 FUSED_MODEL: Final = "dispatch_fused"  # the three steps in one Python model
+PRIORITY_MODEL: Final = "dispatch_priority"  # dispatch_fused on its own stubs: the level-1 lane
 ROUTER_MODEL: Final = "dispatch_router"  # per-city / canary routing over the scorer
 MODEL_NAMES: Final = (
     ENCODER_MODEL,
@@ -48,6 +50,7 @@ MODEL_NAMES: Final = (
     DISPATCH_ENSEMBLE,
     FEATURES_ENSEMBLE,
     FUSED_MODEL,
+    PRIORITY_MODEL,
     ROUTER_MODEL,
 )
 

@@ -19,8 +19,8 @@ or ``DISPATCH_TRUSTED_KEYS``. The library functions take them as arguments.
 What ``deploy``, ``rollback`` and ``status`` do to a server is the library's
 (`model_lifecycle`); this module reads the secrets, parses the arguments and prints. ``status``
 prints one JSON document: ``{"model", "serving_versions", "router", "dispatch_fused",
-"routed", "routed_by_city", "disagreements"}``, and exits 1 when the entry points or the
-routing and the loaded versions disagree.
+"dispatch_priority", "routed", "routed_by_city", "disagreements"}``, and exits 1 when the
+entry points or the routing and the loaded versions disagree.
 
 Exit codes: 0 done, 1 a check failed or the server refused, 2 usage (bad arguments, a key
 or folder that cannot be read).
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -64,6 +65,7 @@ from dispatch_service.ops.model_lifecycle import (
     sign_repository,
 )
 from dispatch_service.ops.verified_load import plan_load
+from dispatch_service.routing.settings import IN_PROCESS_ROUTING_MODELS
 
 __all__ = [
     "DEFAULT_KEY_DIR",
@@ -273,10 +275,15 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         "reading the router settings",
         lambda: router_control.read_router_settings(args.url, key, args.timeout_s),
     )
-    fused = server_call(
-        "reading the dispatch_fused settings",
-        lambda: router_control.read_fused_settings(args.url, key, args.timeout_s),
-    )
+    followers = {
+        name: server_call(
+            f"reading the {name} settings",
+            functools.partial(
+                router_control.read_fused_settings, args.url, key, args.timeout_s, model=name
+            ),
+        )
+        for name in IN_PROCESS_ROUTING_MODELS
+    }
     served = server_call(
         "reading the served versions",
         lambda: ready_versions(args.url, args.model, key, args.timeout_s),
@@ -285,12 +292,15 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         "model": args.model,
         "serving_versions": list(served),
         "router": dataclasses.asdict(settings),
-        "dispatch_fused": None if fused is None else dataclasses.asdict(fused),
+        **{
+            name: None if settings is None else dataclasses.asdict(settings)
+            for name, settings in followers.items()
+        },
         "routed": routed_line(settings),
         "routed_by_city": {
             route.city: routed_line(settings.for_city(route.city)) for route in settings.city_routes
         },
-        "disagreements": disagreements(settings, fused, served),
+        "disagreements": disagreements(settings, followers, served),
     }
     print(json.dumps(document, indent=2, sort_keys=True), file=out)
     return EXIT_FAILED if document["disagreements"] else EXIT_OK

@@ -4,8 +4,8 @@ The library behind `dispatch-admin` (`ops.admin`, the command line): no environm
 keys and folders come in as arguments.
 
 ``deploy`` verifies the version folder's signature (and the stable one's, every version it
-will serve, and the served versions of the router and dispatch_fused, which the new routing
-reloads: each refusal names the digest of the file found), checks the
+will serve, and the served versions of the router and the in-process routing models, which
+the new routing reloads: each refusal names the digest of the file found), checks the
 candidate on the golden windows (`golden`), loads it next to the versions Triton serves now
 (a config override naming the versions), then points the router's canary at it
 (`router_control.apply_router_settings`). A failure at any step changes nothing -- a load
@@ -25,7 +25,7 @@ against is the city's); without it they change every city's. `routed_line` and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -68,7 +68,7 @@ from dispatch_service.ops.verified_load import (
     repository_models,
 )
 from dispatch_service.routing.settings import (
-    FUSED_MODEL_NAME,
+    IN_PROCESS_ROUTING_MODELS,
     ROUTER_MODEL_NAME,
     RouterSettings,
 )
@@ -217,12 +217,12 @@ def _refusal(repository: Path, verdict: Verification) -> str:
 def _verify_reloads(request: DeployRequest, wanted: tuple[int, ...]) -> None:
     """Every folder the deploy makes Triton read, verified from the files as they are now:
     each version of ``wanted`` (Triton reads a served version again when its folder changed)
-    and the served versions of the router and dispatch_fused, which the new routing reloads
-    (their model.py runs anew)."""
+    and the served versions of the router and the in-process routing models, which the new
+    routing reloads (their model.py runs anew)."""
     for served in wanted:
         _verified(request.repository, request.model, served, request.trusted)
     verifier = LoadVerifier(request.repository, request.trusted)
-    for name in (ROUTER_MODEL_NAME, FUSED_MODEL_NAME):
+    for name in (ROUTER_MODEL_NAME, *IN_PROCESS_ROUTING_MODELS):
         try:
             config = model_config(request.http_url, name, request.timeout_s)
         except ModelControlError:
@@ -468,13 +468,16 @@ def routed_line(settings: RouterSettings) -> str:
 
 def disagreements(
     router: RouterSettings,
-    fused: RouterSettings | None,
+    followers: Mapping[str, RouterSettings | None],
     served: tuple[int, ...],
 ) -> list[str]:
-    """Where the router, dispatch_fused and the loaded versions tell different stories."""
-    problems = []
-    if fused is not None and fused != router:
-        problems.append("dispatch_fused routes with other settings than dispatch_router")
+    """Where the router, the in-process routing models (`followers`, by name; None: not
+    loaded) and the loaded versions tell different stories."""
+    problems = [
+        f"{name} routes with other settings than {ROUTER_MODEL_NAME}"
+        for name, settings in followers.items()
+        if settings is not None and settings != router
+    ]
     if router.scoring_versions and tuple(router.scoring_versions) != tuple(served):
         problems.append(
             f"routing assumes versions {list(router.scoring_versions)} are served, "

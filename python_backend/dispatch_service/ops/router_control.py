@@ -1,9 +1,10 @@
 """Read and change the canary settings of a running server's `dispatch_router`, live.
 
-`dispatch_fused` (the one-process entry point) routes with the same settings: when it is
-loaded, `apply_router_settings` reloads it with them too, after the router, so that both
-entry points answer a user from the same version. The change is atomic across the two: if
-dispatch_fused refuses it, the router is put back to the configuration it ran with before.
+The in-process routing models (`IN_PROCESS_ROUTING_MODELS`: dispatch_fused, the one-process
+entry point, and dispatch_priority, its priority lane) route with the same settings: each
+one loaded is reloaded with them too, after the router, so that every entry point answers a
+user from the same version. The change is atomic across them: if one refuses it, the models
+already changed are put back to the configuration they ran with before.
 
 The settings live in dispatch_router's config ``parameters`` (`routing_settings.RouterSettings`).
 `apply_router_settings` takes the configuration the router runs with now, replaces those
@@ -36,6 +37,7 @@ from dispatch_service.ops.model_control import (
 )
 from dispatch_service.routing.settings import (
     FUSED_MODEL_NAME,
+    IN_PROCESS_ROUTING_MODELS,
     ROUTER_MODEL_NAME,
     FusedSettings,
     RouterSettings,
@@ -70,7 +72,7 @@ def _current_config(
 
 
 def _routing_of(model: str, parameters: dict[str, str]) -> RouterSettings:
-    if model == FUSED_MODEL_NAME:
+    if model in IN_PROCESS_ROUTING_MODELS:
         return FusedSettings.from_parameters(parameters).routing
     return RouterSettings.from_parameters(parameters)
 
@@ -94,23 +96,23 @@ def read_router_settings(
 
 
 def read_fused_settings(
-    http_url: str, admin_key: str | None = None, timeout_s: float = 30.0
+    http_url: str,
+    admin_key: str | None = None,
+    timeout_s: float = 30.0,
+    model: str = FUSED_MODEL_NAME,
 ) -> RouterSettings | None:
-    """The routing settings dispatch_fused runs with now, or None when it is not loaded."""
+    """The routing settings an in-process routing model (default dispatch_fused) runs with
+    now, or None when it is not loaded."""
     try:
-        if not ready_versions(http_url, FUSED_MODEL_NAME, admin_key, timeout_s):
+        if not ready_versions(http_url, model, admin_key, timeout_s):
             return None
     except ModelControlError as exc:
-        raise RouterControlError(
-            f"cannot read whether {FUSED_MODEL_NAME} is loaded: {exc}"
-        ) from None
-    config = _current_config(http_url, timeout_s, FUSED_MODEL_NAME)
+        raise RouterControlError(f"cannot read whether {model} is loaded: {exc}") from None
+    config = _current_config(http_url, timeout_s, model)
     try:
-        return _routing_of(FUSED_MODEL_NAME, parameters_from_model_config(config))
+        return _routing_of(model, parameters_from_model_config(config))
     except (SettingsError, ValueError) as exc:
-        raise RouterControlError(
-            f"{FUSED_MODEL_NAME} runs with unreadable settings: {exc}"
-        ) from None
+        raise RouterControlError(f"{model} runs with unreadable settings: {exc}") from None
 
 
 def router_config_with(config: Mapping[str, Any], settings: RouterSettings) -> dict[str, Any]:
@@ -127,53 +129,70 @@ def apply_router_settings(
     admin_key: str | None = None,
     timeout_s: float = 120.0,
 ) -> None:
-    """Reload dispatch_router and dispatch_fused (when loaded) with `settings`, live: both
-    or neither. Raise RouterControlError if refused.
+    """Reload dispatch_router and each loaded in-process routing model with `settings`,
+    live: all or none. Raise RouterControlError if refused.
 
     Builds each override from the configuration the model runs with now, so every other
-    field (instances, inputs, outputs) stays as it is. The router goes first; when
-    dispatch_fused then refuses (or whether it is loaded cannot be read), the router is
-    loaded again with the configuration it ran with before, so the two entry points never
-    route with different settings. Returns once Triton reports the loads done and both
-    models read back the new settings.
+    field (instances, inputs, outputs) stays as it is. The router goes first; when a later
+    model refuses (or whether it is loaded cannot be read), the models changed so far are
+    loaded again with the configurations they ran with before, so the entry points never
+    route with different settings. Returns once Triton reports the loads done and every
+    model reads back the new settings.
     """
-    router_before = _current_config(http_url, timeout_s)
-    _apply(http_url, ROUTER_MODEL_NAME, settings, admin_key, timeout_s)
+    changed: list[tuple[str, dict[str, Any]]] = []
     try:
-        try:
-            fused_loaded = bool(ready_versions(http_url, FUSED_MODEL_NAME, admin_key, timeout_s))
-        except ModelControlError as exc:
-            raise RouterControlError(
-                f"whether {FUSED_MODEL_NAME} is loaded could not be read ({exc})", exc.status
-            ) from None
-        if fused_loaded:
-            _apply(http_url, FUSED_MODEL_NAME, settings, admin_key, timeout_s)
+        for model in (ROUTER_MODEL_NAME, *IN_PROCESS_ROUTING_MODELS):
+            if model != ROUTER_MODEL_NAME and not _loaded(http_url, model, admin_key, timeout_s):
+                continue
+            before = _current_config(http_url, timeout_s, model)
+            _apply(http_url, model, settings, admin_key, timeout_s)
+            changed.append((model, before))
     except RouterControlError as exc:
-        _put_back(http_url, router_before, admin_key, timeout_s, exc)
+        for model, before in reversed(changed):
+            _put_back(http_url, model, before, admin_key=admin_key, timeout_s=timeout_s, cause=exc)
+        if changed:
+            names = ", ".join(model for model, _ in changed)
+            raise RouterControlError(
+                f"{exc}; {names} put back to the previous settings", exc.status
+            ) from None
+        raise
+
+
+def _loaded(http_url: str, model: str, admin_key: str | None, timeout_s: float) -> bool:
+    try:
+        return bool(ready_versions(http_url, model, admin_key, timeout_s))
+    except ModelControlError as exc:
         raise RouterControlError(
-            f"{exc}; {ROUTER_MODEL_NAME} was put back to its previous settings", exc.status
+            f"whether {model} is loaded could not be read ({exc})", exc.status
         ) from None
 
 
 def _put_back(
     http_url: str,
+    model: str,
     config: Mapping[str, Any],
+    *,
     admin_key: str | None,
     timeout_s: float,
     cause: RouterControlError,
 ) -> None:
-    """Reload the router with the configuration it ran with before a failed change."""
+    """Reload `model` with the configuration it ran with before a failed change."""
     try:
-        load_model(http_url, ROUTER_MODEL_NAME, config, admin_key=admin_key, timeout_s=timeout_s)
+        load_model(http_url, model, config, admin_key=admin_key, timeout_s=timeout_s)
     except ModelControlError as exc:
         raise RouterControlError(
-            f"{cause}; putting {ROUTER_MODEL_NAME} back failed too ({exc}): the two entry "
-            "points may now route with different settings",
+            f"{cause}; putting {model} back failed too ({exc}): the entry points may now "
+            "route with different settings",
             exc.status,
         ) from None
     logger.warning(
         json.dumps(
-            {"event": "router_settings_restored", "server": http_url, "cause": str(cause)},
+            {
+                "event": "router_settings_restored",
+                "model": model,
+                "server": http_url,
+                "cause": str(cause),
+            },
             sort_keys=True,
         )
     )

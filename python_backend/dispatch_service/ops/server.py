@@ -151,7 +151,8 @@ class ServerOptions:
     # key over gRPC (its -H reaches HTTP only), so `make bench` unlocks "shared-memory".
     unlocked_groups: Sequence[str] = ()
     # Entry points that must be loaded and answer a small window before start() returns
-    # (ops.health); the launcher requires `dispatch` and `dispatch_fused` unless told others.
+    # (ops.health); the launcher requires `dispatch`, `dispatch_fused` and `dispatch_priority`
+    # unless told others.
     required_models: Sequence[str] = ()
     # `gpu` profile only: Triton's pinned host pool (GPU<->CPU copies between ensemble steps)
     # and CUDA pool per GPU (GPU tensors between steps, CUDA shared-memory I/O). The largest

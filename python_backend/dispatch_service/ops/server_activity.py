@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import urllib.request
 
-from dispatch_service.routing.settings import FUSED_MODEL_NAME
+from dispatch_service.routing.settings import IN_PROCESS_ROUTING_MODELS
 
 __all__ = [
     "ENTRY_MODELS",
@@ -50,7 +50,7 @@ def triton_activity(metrics_url: str, timeout_s: float = 2.0) -> tuple[float, fl
 # The models that hold the drain gate (`serving.drain`): Triton counts each request they
 # refuse as a success of theirs (the Python backend answered it), so their counters move
 # under refused traffic; an ensemble counts the refusal as its failure.
-GATE_MODELS = frozenset({"feature_encoder", FUSED_MODEL_NAME})
+GATE_MODELS = frozenset({"feature_encoder", *IN_PROCESS_ROUTING_MODELS})
 
 # Where windows enter the server: their pending gauges also count the requests the gate
 # refuses; the models behind them see accepted work only.

@@ -221,9 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--require",
-        default="dispatch,dispatch_fused",
+        default="dispatch,dispatch_fused,dispatch_priority",
         help="entry points that must load and answer before ready (comma-separated; "
-        "default dispatch,dispatch_fused; '' for none)",
+        "default dispatch,dispatch_fused,dispatch_priority; '' for none)",
     )
     gpu_monitor.add_gpu_monitor_arguments(parser)
     fleet_watch.add_arguments(parser)

@@ -31,12 +31,12 @@ while inference hangs, and fails in-flight ensemble requests when stopped. So th
   and on `/metrics` -- never dead. When no check succeeded for ``dead_after_s`` it is
   declared dead and the policy applies (``exit``: stop it and exit non-zero for the process
   manager; ``restart``: stop and start it again, then load back the configs `deploy` and
-  `rollback` set live -- the scoring versions, the router's and dispatch_fused's routing --
-  as the last good check read them, so a restart does not end a rollout). Under ``restart``
-  a Triton process that has exited is restarted at the next check, without that wait (2.51
-  aborts with ``boost::interprocess::lock_exception`` now and then when a stub is SIGKILLed
-  while it holds a shared-memory lock); under ``exit`` the launcher exits with Triton's
-  status;
+  `rollback` set live -- the scoring versions, the routing of the router and the in-process
+  routing models -- as the last good check read them, so a restart does not end a rollout).
+  Under ``restart`` a Triton process that has exited is restarted at the next check,
+  without that wait (2.51 aborts with ``boost::interprocess::lock_exception`` now and then
+  when a stub is SIGKILLed while it holds a shared-memory lock); under ``exit`` the
+  launcher exits with Triton's status;
 - serves the verdicts on its own HTTP port: ``/livez`` and ``/readyz`` (200 or 503),
   ``/healthz`` (JSON detail) and ``/metrics`` (Prometheus text);
 - on SIGTERM turns readiness false, after ``drain_grace_s`` closes the entry points' gate (new
@@ -81,7 +81,7 @@ from dispatch_service.ops.supervisor_state import (
 )
 from dispatch_service.ops.verified_load import LoadVerifier
 from dispatch_service.routing.settings import (
-    FUSED_MODEL_NAME,
+    IN_PROCESS_ROUTING_MODELS,
     ROUTER_MODEL_NAME,
     SCORING_MODEL_NAME,
 )
@@ -97,8 +97,9 @@ logger = logging.getLogger(__name__)
 RECOVERY_GRACE_S = 30.0
 
 # What `dispatch-admin deploy` / `rollback` change live, in the order a restart loads them
-# back: the scoring versions, then the router, then dispatch_fused (which routes the same).
-LIVE_MODELS = (SCORING_MODEL_NAME, ROUTER_MODEL_NAME, FUSED_MODEL_NAME)
+# back: the scoring versions, then the router, then the in-process routing models (which
+# route the same).
+LIVE_MODELS = (SCORING_MODEL_NAME, ROUTER_MODEL_NAME, *IN_PROCESS_ROUTING_MODELS)
 
 
 class Supervisor(StubHealing):

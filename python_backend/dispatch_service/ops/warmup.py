@@ -23,6 +23,7 @@ from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.routing.settings import IN_PROCESS_ROUTING_MODELS
 
 __all__ = [
     "WARMUP_MODELS",
@@ -38,7 +39,7 @@ __all__ = [
 WARMUP_SEED = 11
 WARMUP_ORDERS = 64
 WARMUP_RIDERS = 200
-WARMUP_MODELS = ("feature_encoder", "topk_resolver", "dispatch_fused")
+WARMUP_MODELS = ("feature_encoder", "topk_resolver", *IN_PROCESS_ROUTING_MODELS)
 
 
 def raw_bytes(array: NDArray[Any]) -> bytes:
@@ -69,8 +70,12 @@ def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, N
     return {
         "feature_encoder": {n: available[n] for n in pipeline.encoder.input_names if n in window},
         "topk_resolver": {n: available[n] for n in resolver},
-        # dispatch_fused takes the window as feature_encoder does (its optional tag left out).
-        "dispatch_fused": {n: available[n] for n in pipeline.encoder.input_names if n in window},
+        # The in-process routing models take the window as feature_encoder does (their
+        # optional tag left out).
+        **{
+            name: {n: available[n] for n in pipeline.encoder.input_names if n in window}
+            for name in IN_PROCESS_ROUTING_MODELS
+        },
     }
 
 

@@ -17,6 +17,8 @@ from dispatch_service.core.lazy import lazy_exports
 if TYPE_CHECKING:
     from dispatch_service.routing.settings import (
         FUSED_MODEL_NAME,
+        IN_PROCESS_ROUTING_MODELS,
+        PRIORITY_MODEL_NAME,
         ROUTER_MODEL_NAME,
         ROUTING_BUCKETS,
         SCORING_MODEL_NAME,
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FUSED_MODEL_NAME",
+    "IN_PROCESS_ROUTING_MODELS",
+    "PRIORITY_MODEL_NAME",
     "ROUTER_MODEL_NAME",
     "ROUTING_BUCKETS",
     "SCORING_MODEL_NAME",
@@ -41,6 +45,8 @@ if not TYPE_CHECKING:
         {
             "settings": (
                 "FUSED_MODEL_NAME",
+                "IN_PROCESS_ROUTING_MODELS",
+                "PRIORITY_MODEL_NAME",
                 "ROUTER_MODEL_NAME",
                 "ROUTING_BUCKETS",
                 "SCORING_MODEL_NAME",

@@ -1,4 +1,5 @@
-"""The routing settings of dispatch_router and dispatch_fused, apart from the routing itself.
+"""The routing settings of dispatch_router and the in-process routing models, apart from the
+routing itself.
 
 Kept free of numpy and the model code, so the launcher (`verified_load`) and the live-change
 tools (`router_control`) can read a config's routing without importing ONNX Runtime or SciPy.
@@ -12,12 +13,19 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Final, TypedDict, Unpack
 
-from dispatch_service.core.repository_layout import FUSED_MODEL, ROUTER_MODEL, SCORING_MODEL
+from dispatch_service.core.repository_layout import (
+    FUSED_MODEL,
+    PRIORITY_MODEL,
+    ROUTER_MODEL,
+    SCORING_MODEL,
+)
 from dispatch_service.core.settings import SettingsError, load_settings, reject_unknown
 
 __all__ = [
     "CITY_ROUTE_FIELDS",
     "FUSED_MODEL_NAME",
+    "IN_PROCESS_ROUTING_MODELS",
+    "PRIORITY_MODEL_NAME",
     "ROUTER_MODEL_NAME",
     "ROUTING_BUCKETS",
     "SCORING_MODEL_NAME",
@@ -35,6 +43,10 @@ ROUTING_BUCKETS: Final = 100
 # The repository's model names that routing settings and their tools refer to
 # (`core.repository_layout` names every model).
 FUSED_MODEL_NAME: Final = FUSED_MODEL
+PRIORITY_MODEL_NAME: Final = PRIORITY_MODEL
+# The models that run the scoring versions in their own process (`FusedSettings`) and route
+# with the router's settings: every routing change reaches each of them.
+IN_PROCESS_ROUTING_MODELS: Final = (FUSED_MODEL_NAME, PRIORITY_MODEL_NAME)
 ROUTER_MODEL_NAME: Final = ROUTER_MODEL
 SCORING_MODEL_NAME: Final = SCORING_MODEL  # the versioned ONNX model routing picks among
 # The settings a city may set for its own windows (`CityRoute`); the others are global.

@@ -24,6 +24,7 @@ class Options:
 
     def __init__(self) -> None:
         self.options: list[dict[str, int]] = []
+        self.models: list[str] = []
 
     def infer(
         self,
@@ -35,6 +36,7 @@ class Options:
         **options: int,
     ) -> dict[str, Array]:
         self.options.append(options)
+        self.models.append(model_name)
         n = inputs["ORDER_IDS"].shape[1]
         answer = {
             "TOPK_RIDER_INDEX": np.full((n, 1), -1, np.int32),
@@ -82,6 +84,31 @@ def test_the_most_urgent_order_sets_the_window_level() -> None:
     client.dispatch(window(["redispatch", "premium-co"]))
     client.dispatch(window(["redispatch"], constraints=[8]))  # a PRIORITY order
     assert [o["priority"] for o in transport.options] == [BULK, STANDARD, PREMIUM, PREMIUM]
+
+
+def test_level_1_windows_go_to_the_priority_lane_and_the_others_to_the_entry_point() -> None:
+    transport = Options()
+    client = DispatchClient(transport, model_name="dispatch_fused", priorities=TENANTS)
+    client.dispatch(window(["redispatch"]))
+    client.dispatch(window(["premium-co"]))
+    client.dispatch(window(["someone"], constraints=[8]))  # a PRIORITY order
+    client.dispatch(window(["someone"]))
+    assert transport.models == [
+        "dispatch_fused",
+        "dispatch_priority",
+        "dispatch_priority",
+        "dispatch_fused",
+    ]
+    assert [o["priority"] for o in transport.options] == [BULK, PREMIUM, PREMIUM, STANDARD]
+    DispatchClient(transport, priority=PREMIUM).dispatch(window(["u"]))
+    DispatchClient(transport).dispatch(window(["u"], constraints=[8]))  # no level asked for
+    assert transport.models[4:] == ["dispatch_priority", "dispatch"]
+
+
+def test_without_a_lane_a_level_1_window_goes_to_the_entry_point() -> None:
+    transport = Options()
+    DispatchClient(transport, priority=PREMIUM, priority_lane=None).dispatch(window(["u"]))
+    assert transport.models == ["dispatch"] and transport.options == [{"priority": PREMIUM}]
 
 
 def test_a_fixed_priority_and_a_deadline_reach_the_transport() -> None:
@@ -150,3 +177,9 @@ def test_the_cli_sends_the_deadline_and_the_level(capsys: pytest.CaptureFixture[
     )
     assert code == 0
     assert transport.options == [{"priority": 1, "timeout_us": 150_000}]
+    assert transport.models == ["dispatch_priority"]
+    code = main(
+        ["--priority", "1", "--priority-lane", "", "--model", "dispatch_fused", str(EXAMPLE)],
+        transport_factory=lambda *args: transport,
+    )
+    assert code == 0 and transport.models[1:] == ["dispatch_fused"]

@@ -149,7 +149,7 @@ def test_sign_repository_signs_every_loadable_folder_of_the_committed_layout(
     code, text = run("verify", str(repository), "--trusted-keys", str(trusted_dir))
     assert code == 1 and "dispatch: REFUSED" in text  # unsigned: the entry point is refused
     assert text.rstrip().endswith(
-        "6 version folders unsigned; if their files are the ones to trust, sign every loadable "
+        "7 version folders unsigned; if their files are the ones to trust, sign every loadable "
         f"folder: dispatch-admin sign-repository {repository} --key KEY (or make sign-all KEY=...)"
     )
     key = tmp_path / "ops.key"
@@ -158,7 +158,8 @@ def test_sign_repository_signs_every_loadable_folder_of_the_committed_layout(
     assert code == 0, text
     expected = [
         ("dispatch_fused", 1), ("dispatch_model", 1), ("dispatch_model", 2),
-        ("dispatch_router", 1), ("feature_encoder", 1), ("topk_resolver", 1),
+        ("dispatch_priority", 1), ("dispatch_router", 1), ("feature_encoder", 1),
+        ("topk_resolver", 1),
     ]  # fmt: skip
     assert signable_versions(repository) == expected
     for model, version in expected:
@@ -167,7 +168,7 @@ def test_sign_repository_signs_every_loadable_folder_of_the_committed_layout(
     # Ensembles' folders (a .gitkeep) are not signed: Triton reads nothing there.
     assert not (model_layout(repository, DISPATCH_ENSEMBLE).version(1) / "MANIFEST.json").exists()
     assert "signed dispatch_router version 1: 1 file\n" in text  # not "1 files"
-    assert text.rstrip().endswith(f"signed 6 version folders of 5 models in {repository}")
+    assert text.rstrip().endswith(f"signed 7 version folders of 6 models in {repository}")
     code, text = run("verify", str(repository), "--trusted-keys", str(trusted_dir))
     assert code == 0, text
     assert "REFUSED" not in text and "dispatch: loads" in text and "dispatch_fused: loads" in text

@@ -50,6 +50,11 @@ class FakeServer:
     ) -> Any:
         return self.settings
 
+    def read_fused_settings(
+        self, http_url: str, admin_key: str | None = None, timeout_s: float = 30.0, *, model: str
+    ) -> Any:
+        return self.settings  # every entry point moves with the router
+
     def apply_router_settings(
         self,
         http_url: str,
@@ -90,7 +95,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
     fake = FakeServer()
     router = types.SimpleNamespace(
         read_router_settings=fake.read_router_settings,
-        read_fused_settings=fake.read_router_settings,  # both entry points move together
+        read_fused_settings=fake.read_fused_settings,
         apply_router_settings=fake.apply_router_settings,
     )
     # The library reads and changes the server; the CLI's status reads it too.
@@ -353,7 +358,7 @@ def test_status_prints_one_json_document(server: FakeServer) -> None:
     assert document["model"] == MODEL and document["serving_versions"] == [1]
     assert document["router"]["stable_version"] == 1 and document["router"]["canary_version"] == 0
     assert document["routed"] == "stable version 1 only" and document["disagreements"] == []
-    assert document["dispatch_fused"] == document["router"]
+    assert document["dispatch_fused"] == document["dispatch_priority"] == document["router"]
     server.settings = RouterSettings(1, 2, 10, scoring_versions=(1, 2))
     code, text = run("status", "--url", "h:1")
     assert code == 1

@@ -1,4 +1,4 @@
-"""router_control.apply_router_settings: both entry points or neither, against a stand-in
+"""router_control.apply_router_settings: every entry point or none, against a stand-in
 of Triton's model-control API (the live behaviour is in tests/integration/test_canary.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.ops import router_control
 from dispatch_service.ops.model_control import ModelControlError
 from dispatch_service.ops.router_control import RouterControlError, apply_router_settings
-from dispatch_service.routing.settings import FusedSettings, RouterSettings
+from dispatch_service.routing.settings import (
+    IN_PROCESS_ROUTING_MODELS,
+    FusedSettings,
+    RouterSettings,
+)
 
 BEFORE = RouterSettings(stable_version=1, canary_version=2)
 AFTER = RouterSettings(stable_version=1, canary_version=2, canary_percent=30)
@@ -20,16 +24,16 @@ AFTER = RouterSettings(stable_version=1, canary_version=2, canary_percent=30)
 
 def config(name: str, settings: RouterSettings) -> dict[str, Any]:
     parameters = {k: {"string_value": v} for k, v in settings.to_parameters().items()}
-    if name == "dispatch_fused":
+    if name in IN_PROCESS_ROUTING_MODELS:
         parameters["scoring_model"] = {"string_value": "dispatch_model"}
     return {"name": name, "parameters": parameters}
 
 
 class FakeTriton:
-    def __init__(self, fused_loaded: bool = True) -> None:
+    def __init__(self, loaded: tuple[str, ...] = IN_PROCESS_ROUTING_MODELS) -> None:
         self.configs = {"dispatch_router": config("dispatch_router", BEFORE)}
-        if fused_loaded:
-            self.configs["dispatch_fused"] = config("dispatch_fused", BEFORE)
+        for name in loaded:
+            self.configs[name] = config(name, BEFORE)
         self.refuse: set[str] = set()
         self.loads: list[str] = []
 
@@ -47,7 +51,7 @@ class FakeTriton:
 
     def routing(self, model: str) -> RouterSettings:
         parameters = parameters_from_model_config(self.configs[model])
-        if model == "dispatch_fused":
+        if model in IN_PROCESS_ROUTING_MODELS:
             return FusedSettings.from_parameters(parameters).routing
         return RouterSettings.from_parameters(parameters)
 
@@ -60,18 +64,37 @@ def triton(monkeypatch: pytest.MonkeyPatch) -> FakeTriton:
     return fake
 
 
-def test_both_entry_points_take_the_settings(triton: FakeTriton) -> None:
+def test_every_entry_point_takes_the_settings(triton: FakeTriton) -> None:
     apply_router_settings("h:1", AFTER, admin_key="k")
-    assert triton.routing("dispatch_router") == triton.routing("dispatch_fused") == AFTER
-    assert triton.loads == ["dispatch_router", "dispatch_fused"]
+    for model in ("dispatch_router", "dispatch_fused", "dispatch_priority"):
+        assert triton.routing(model) == AFTER, model
+    assert triton.loads == ["dispatch_router", "dispatch_fused", "dispatch_priority"]
 
 
 def test_a_refused_fused_reload_puts_the_router_back(triton: FakeTriton) -> None:
     triton.refuse.add("dispatch_fused")
-    with pytest.raises(RouterControlError, match="put back to its previous settings"):
+    with pytest.raises(RouterControlError, match="dispatch_router put back to the previous"):
         apply_router_settings("h:1", AFTER, admin_key="k")
     assert triton.routing("dispatch_router") == triton.routing("dispatch_fused") == BEFORE
+    assert triton.routing("dispatch_priority") == BEFORE
     assert triton.loads == ["dispatch_router", "dispatch_fused", "dispatch_router"]
+
+
+def test_a_refused_priority_lane_puts_both_others_back(triton: FakeTriton) -> None:
+    triton.refuse.add("dispatch_priority")
+    with pytest.raises(
+        RouterControlError, match="dispatch_router, dispatch_fused put back to the previous"
+    ):
+        apply_router_settings("h:1", AFTER)
+    for model in ("dispatch_router", "dispatch_fused", "dispatch_priority"):
+        assert triton.routing(model) == BEFORE, model
+    assert triton.loads == [
+        "dispatch_router",
+        "dispatch_fused",
+        "dispatch_priority",
+        "dispatch_fused",
+        "dispatch_router",
+    ]
 
 
 def test_a_failed_put_back_says_the_entry_points_differ(
@@ -95,12 +118,16 @@ def test_a_refused_router_changes_nothing(triton: FakeTriton) -> None:
     with pytest.raises(RouterControlError, match="previous settings keep serving"):
         apply_router_settings("h:1", AFTER)
     assert triton.loads == ["dispatch_router"]
-    assert triton.routing("dispatch_fused") == BEFORE
+    assert triton.routing("dispatch_fused") == triton.routing("dispatch_priority") == BEFORE
 
 
-def test_without_dispatch_fused_only_the_router_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeTriton(fused_loaded=False)
+@pytest.mark.parametrize("loaded", [(), ("dispatch_fused",)])
+def test_only_the_loaded_models_change(
+    monkeypatch: pytest.MonkeyPatch, loaded: tuple[str, ...]
+) -> None:
+    fake = FakeTriton(loaded)
     for name in ("model_config", "ready_versions", "load_model"):
         monkeypatch.setattr(router_control, name, getattr(fake, name))
     apply_router_settings("h:1", AFTER)
-    assert fake.loads == ["dispatch_router"] and fake.routing("dispatch_router") == AFTER
+    assert fake.loads == ["dispatch_router", *loaded]
+    assert all(fake.routing(model) == AFTER for model in fake.loads)

@@ -3,19 +3,23 @@
 The server (tritonserver and its stubs) and the load (generator and probes) run on separate
 cores (`perf.pinning`: on two cores the server on core 1, the load on core 0). In order:
 
-1. unloaded: the probes alone (level 2 and level 1, `PROBE_RATE_PER_S` each): their p99;
+1. unloaded: the probes alone (`PROBE_RATE_PER_S` each): level 2, level 1 on the priority lane
+   (`dispatch_priority`, where `DispatchClient` sends level-1 windows) and level 1 on the
+   model itself (Triton's queue order only): their p99;
 2. capacity: `perf.overload`'s closed loop at concurrency 64 (the reference): accepted
    windows/s, the capacity every rate is a multiple of, and its p99;
 3. open loop at 1.5x and 3x the capacity at the default level (2), a level-2 probe beside it;
-4. open loop at 1.5x at level 2 (bulk) with a level-1 probe (the priority trickle).
+4. open loop at 1.5x at level 2 (bulk) with a level-1 probe (the priority trickle) on the
+   lane, then the same with the level-1 probe on the model itself.
 
 Each burst lasts `seconds`; the probes keep running `tail_s` after it, so recovery (the first
 normal answer after the burst's last send) can be read. A burst whose generator fell behind
 its schedule (send-lag p99 > 5 ms) is marked INVALID (`perf.open_loop.lag_verdict`).
 Closed-loop storms (`perf.overload.BENCH_RUNS`) stay a robustness test; they are not this.
 
-`python -m perf.overload_bench [--seconds 10] [--tail 2] [--model dispatch_fused]` starts
-this checkout's server, pins it and itself, and prints the figures as JSON;
+`python -m perf.overload_bench [--seconds 10] [--tail 2] [--model dispatch_fused]
+[--lane dispatch_priority]` starts this checkout's server, pins it and itself, and prints the
+figures as JSON (`--lane ''`: no lane, level 1 probed on the model only);
 `--url host:port` measures a running server from this process, unpinned (the bench runs
 that form itself under `taskset`).
 """
@@ -29,13 +33,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import tritonclient.grpc as grpcclient
 
+from dispatch_contract import PRIORITY_LANE_MODEL_NAME
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from perf.open_loop import (
     Send,
@@ -55,9 +60,11 @@ __all__ = [
     "PRIORITY_FACTOR",
     "PRIORITY_LEVEL",
     "OpenLoopPlan",
+    "Probe",
     "main",
     "measure",
     "measure_pinned",
+    "probes_of",
     "queue_timeout_ms",
 ]
 
@@ -66,6 +73,9 @@ PRIORITY_FACTOR: Final = 1.5  # the bulk rate under which the level-1 trickle is
 BULK_LEVEL: Final = 2
 PRIORITY_LEVEL: Final = 1
 REFERENCE_CONCURRENCY: Final = 64
+# Level 1 sent to the bulk's own model (Triton's queue order only), beside the lane's figures.
+SAME_MODEL_PROBE: Final = "probe_level_1_same_model"
+SAME_MODEL_BURST: Final = "priority_same_model"
 _START_S: Final = 60.0  # the most a probe process may take to start (imports, connect)
 
 
@@ -85,47 +95,50 @@ def queue_timeout_ms(config: dict[str, Any], level: int) -> float | None:
     return float(micros) / 1000.0 if micros not in (None, "0", 0) else None
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A probe process: one window at a time to `model` at priority `level`."""
+
+    model: str
+    level: int
+
+
 def _probed(
-    url: str, model: str, probe_levels: Sequence[int], plan: OpenLoopPlan, rate: float
-) -> tuple[dict[int, list[Send]], list[Send], float, float]:
-    """Probes at `probe_levels` around one phase: an open-loop burst at `rate` (0: none).
-    Returns the probes' sends per level, the burst's sends, its start and its end."""
+    url: str, bulk_model: str, probe: Probe, plan: OpenLoopPlan, rate: float
+) -> tuple[list[Send], list[Send], float, float]:
+    """A probe around one phase: an open-loop burst of level-2 windows to `bulk_model` at
+    `rate` (0: none). Returns the probe's sends, the burst's sends, its start and its end."""
     context = multiprocessing.get_context("spawn")  # no fork of a process with gRPC threads
     commands, answers = context.Queue(), context.Queue()
-    probes = [
-        context.Process(
-            target=probe_process, args=(url, model, level, commands, answers), daemon=True
-        )
-        for level in probe_levels
-    ]
-    for process in probes:
-        process.start()
+    process = context.Process(
+        target=probe_process,
+        args=(url, probe.model, probe.level, commands, answers),
+        daemon=True,
+    )
+    process.start()
     try:
-        for _ in probes:
-            answers.get(timeout=_START_S)
+        answers.get(timeout=_START_S)
         start = time.monotonic() + 0.3
-        for _ in probes:
-            commands.put((start, start + plan.seconds + plan.tail_s))
+        commands.put((start, start + plan.seconds + plan.tail_s))
         sends: list[Send] = []
         end = start + plan.seconds
         if rate > 0:
-            sends, end = open_loop(url, model, rate, plan.seconds, level=BULK_LEVEL, start=start)
-        seen = [answers.get(timeout=plan.seconds + plan.tail_s + _START_S) for _ in probes]
+            sends, end = open_loop(
+                url, bulk_model, rate, plan.seconds, level=BULK_LEVEL, start=start
+            )
+        _, probed = answers.get(timeout=plan.seconds + plan.tail_s + _START_S)
     finally:
-        for process in probes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-    by_level: dict[int, list[Send]] = {level: [] for level in probe_levels}
-    by_level.update(dict(seen))
-    return by_level, sends, start, end
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+    return probed, sends, start, end
 
 
-def _unloaded(url: str, model: str, plan: OpenLoopPlan) -> dict[str, Any]:
+def _unloaded(url: str, probes: Mapping[str, Probe], plan: OpenLoopPlan) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for level in (BULK_LEVEL, PRIORITY_LEVEL):  # one probe at a time: each measured alone
-        probes, _, _, _ = _probed(url, model, [level], OpenLoopPlan(plan.seconds, 0.0), 0.0)
-        out[f"probe_level_{level}"] = sends_summary(probes[level], plan.seconds)
+    for key, probe in probes.items():  # one probe at a time: each measured alone
+        sends, _, _, _ = _probed(url, probe.model, probe, OpenLoopPlan(plan.seconds, 0.0), 0.0)
+        out[key] = {"model": probe.model, **sends_summary(sends, plan.seconds)}
     return out
 
 
@@ -135,13 +148,12 @@ def _burst(
     plan: OpenLoopPlan,
     rate: float,
     *,
-    probe_level: int,
+    probe: Probe,
     normal_ms: float | None,
 ) -> dict[str, Any]:
-    probes, sends, start, end = _probed(url, model, [probe_level], plan, rate)
-    probe = probes[probe_level]
-    during = [s for s in probe if s.sent < end]
-    recovery = recovery_s(probe, end, normal_ms) if normal_ms is not None else None
+    sends_of_probe, sends, start, end = _probed(url, model, probe, plan, rate)
+    during = [s for s in sends_of_probe if s.sent < end]
+    recovery = recovery_s(sends_of_probe, end, normal_ms) if normal_ms is not None else None
     return {
         "rate_per_s": rate,
         "bulk_level": BULK_LEVEL,
@@ -150,17 +162,37 @@ def _burst(
             **sends_summary(sends, end - start),
             **lag_verdict([s.lag_ms for s in sends]),
         },
-        "probe_level": probe_level,
+        "probe_model": probe.model,
+        "probe_level": probe.level,
         "probe": sends_summary(during, end - start),
-        "probe_after_burst": sends_summary([s for s in probe if s.sent >= end], plan.tail_s),
+        "probe_after_burst": sends_summary(
+            [s for s in sends_of_probe if s.sent >= end], plan.tail_s
+        ),
         "normal_ms": normal_ms,
         "recovery_s": recovery,
         "recovered": recovery is not None,
     }
 
 
+def probes_of(model: str, lane: str | None) -> dict[str, Probe]:
+    """The unloaded probes: level 2 on `model`, level 1 where a client sends it (the lane,
+    or `model` without one) and, beside a lane, level 1 on `model` itself."""
+    probes = {
+        f"probe_level_{BULK_LEVEL}": Probe(model, BULK_LEVEL),
+        f"probe_level_{PRIORITY_LEVEL}": Probe(lane or model, PRIORITY_LEVEL),
+    }
+    if lane:
+        probes[SAME_MODEL_PROBE] = Probe(model, PRIORITY_LEVEL)
+    return probes
+
+
 def measure(
-    url: str, model: str, plan: OpenLoopPlan, say: Callable[[str], None] = print
+    url: str,
+    model: str,
+    plan: OpenLoopPlan,
+    say: Callable[[str], None] = print,
+    *,
+    lane: str | None = PRIORITY_LANE_MODEL_NAME,
 ) -> dict[str, Any]:
     """Every phase against a running server, from this process (pin it first)."""
     client = grpcclient.InferenceServerClient(url)
@@ -170,12 +202,15 @@ def measure(
         client.close()
     out: dict[str, Any] = {
         "model": model,
+        "lane": lane,
         "seconds": plan.seconds,
         "tail_s": plan.tail_s,
         "queue_timeout_ms": queue_timeout_ms(config, BULK_LEVEL),
     }
-    say(f"open loop: probes alone at levels {BULK_LEVEL} and {PRIORITY_LEVEL}")
-    out["unloaded"] = _unloaded(url, model, plan)
+    probes = probes_of(model, lane)
+    alone = ", ".join(f"{probe.model} level {probe.level}" for probe in probes.values())
+    say(f"open loop: probes alone ({alone})")
+    out["unloaded"] = _unloaded(url, probes, plan)
     say(f"open loop: capacity, closed loop at c={REFERENCE_CONCURRENCY}")
     reference = run_overload(url, model, REFERENCE_CONCURRENCY, plan.seconds).summary()
     level = reference.get("level_2", {})
@@ -189,30 +224,23 @@ def measure(
     if capacity <= 0:
         out["error"] = "no capacity measured: nothing accepted at c=64"
         return out
-    normal = {
-        lvl: normal_latency_ms(out["unloaded"][f"probe_level_{lvl}"]["accepted_p99_ms"])
-        for lvl in (BULK_LEVEL, PRIORITY_LEVEL)
-    }
+    normal = {key: normal_latency_ms(out["unloaded"][key]["accepted_p99_ms"]) for key in probes}
     bursts: dict[str, Any] = {}
+    level_2 = f"probe_level_{BULK_LEVEL}"
     for factor in FACTORS:
         say(f"open loop: {factor:g}x capacity ({factor * capacity:,.0f}/s), level-2 probe")
         bursts[f"{factor:g}x"] = _burst(
-            url,
-            model,
-            plan,
-            factor * capacity,
-            probe_level=BULK_LEVEL,
-            normal_ms=normal[BULK_LEVEL],
+            url, model, plan, factor * capacity, probe=probes[level_2], normal_ms=normal[level_2]
         )
-    say(f"open loop: level-1 probe under level-2 bulk at {PRIORITY_FACTOR:g}x")
-    bursts["priority"] = _burst(
-        url,
-        model,
-        plan,
-        PRIORITY_FACTOR * capacity,
-        probe_level=PRIORITY_LEVEL,
-        normal_ms=normal[PRIORITY_LEVEL],
-    )
+    trickles = {"priority": f"probe_level_{PRIORITY_LEVEL}"}
+    if lane:
+        trickles[SAME_MODEL_BURST] = SAME_MODEL_PROBE
+    for name, key in trickles.items():
+        probe = probes[key]
+        say(f"open loop: level-1 probe on {probe.model} under level-2 bulk at {PRIORITY_FACTOR:g}x")
+        bursts[name] = _burst(
+            url, model, plan, PRIORITY_FACTOR * capacity, probe=probe, normal_ms=normal[key]
+        )
     out["bursts"] = bursts
     return out
 
@@ -225,6 +253,7 @@ def measure_pinned(
     *,
     say: Callable[[str], None] = print,
     split: CoreSplit | None = None,
+    lane: str | None = PRIORITY_LANE_MODEL_NAME,
 ) -> dict[str, Any]:
     """Pin the server's process tree to its cores, run `measure` in a child process under
     `taskset` on the load's cores, then give the server every core back."""
@@ -235,6 +264,7 @@ def measure_pinned(
         command = [
             sys.executable, "-m", "perf.overload_bench", "--url", grpc_url, "--model", model,
             "--seconds", str(plan.seconds), "--tail", str(plan.tail_s), "--out", str(out),
+            "--lane", lane or "",
         ]  # fmt: skip
         pinned: list[int] = []
         if split.pinned:
@@ -253,7 +283,7 @@ def measure_pinned(
     return figures
 
 
-def _serve_and_measure(model: str, plan: OpenLoopPlan) -> dict[str, Any]:
+def _serve_and_measure(model: str, plan: OpenLoopPlan, lane: str | None) -> dict[str, Any]:
     from perf.sessions import TritonSession  # starts servers: only for the standalone form
 
     with (
@@ -263,22 +293,33 @@ def _serve_and_measure(model: str, plan: OpenLoopPlan) -> dict[str, Any]:
         process = triton.server.process
         if process is None:
             raise RuntimeError("tritonserver did not start")
-        return measure_pinned(triton.endpoints.grpc, process.pid, model, plan)
+        return measure_pinned(triton.endpoints.grpc, process.pid, model, plan, lane=lane)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="gRPC host:port of a running server (loopback)")
     parser.add_argument("--model", default="dispatch_fused")
+    parser.add_argument(
+        "--lane",
+        default=PRIORITY_LANE_MODEL_NAME,
+        help="where level-1 windows go ('' for --model; default: %(default)s)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--tail", type=float, default=2.0)
     parser.add_argument("--out", type=Path, help="write the JSON here instead of printing it")
     args = parser.parse_args(argv)
     plan = OpenLoopPlan(args.seconds, args.tail)
     if args.url:
-        figures = measure(args.url, args.model, plan, lambda text: print(text, file=sys.stderr))
+        figures = measure(
+            args.url,
+            args.model,
+            plan,
+            lambda text: print(text, file=sys.stderr),
+            lane=args.lane or None,
+        )
     else:
-        figures = _serve_and_measure(args.model, plan)
+        figures = _serve_and_measure(args.model, plan, args.lane or None)
     text = json.dumps(figures, indent=2) + "\n"
     if args.out:
         args.out.write_text(text)

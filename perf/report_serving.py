@@ -102,7 +102,8 @@ def _burst_row(label: str, burst: dict[str, Any]) -> list[str]:
         format_number(generator.get("refusal_p99_ms"), 1),
         f"{format_number(generator.get('send_lag_p50_ms'))} / "
         f"{format_number(generator.get('send_lag_p99_ms'))} ({valid})",
-        f"L{burst.get('probe_level', '?')}: {probe.get('accepted', 0)} / {probe.get('refused', 0)}",
+        f"L{burst.get('probe_level', '?')} {burst.get('probe_model', '')}: "
+        f"{probe.get('accepted', 0)} / {probe.get('refused', 0)}",
         format_number(probe.get("accepted_p99_ms"), 1),
         format_number(probe.get("queue_full_refusal_p99_ms"), 1),
         format_number(recovery) if recovery is not None else "not recovered",
@@ -132,7 +133,7 @@ def open_loop_section(results: BenchResults) -> list[str]:
         "",
         "Probes alone (unloaded): "
         + "; ".join(
-            f"level {key.rsplit('_', 1)[-1]} p50 "
+            f"level {key.removeprefix('probe_level_')[:1]} on {found.get('model', '?')} p50 "
             f"{format_number(found.get('accepted_p50_ms'))} ms, p99 "
             f"{format_number(found.get('accepted_p99_ms'))} ms"
             for key, found in sorted(unloaded.items())
@@ -142,7 +143,12 @@ def open_loop_section(results: BenchResults) -> list[str]:
     ]
     if figures.get("error"):
         lines += [f"Not run: {figures['error']}.", ""]
-    names = {"1.5x": "1.5x, level 2", "3x": "3x, level 2", "priority": "1.5x bulk, level-1 probe"}
+    names = {
+        "1.5x": "1.5x, level 2",
+        "3x": "3x, level 2",
+        "priority": "1.5x bulk, level-1 probe",
+        "priority_same_model": "1.5x bulk, level-1 probe on the bulk's model",
+    }
     lines += markdown_table(
         [
             "burst", "rate/s", "sent", "accepted", "refused", "accepted p99 ms",

@@ -136,25 +136,29 @@ def _accepted(open_loop: dict[str, Any], burst: dict[str, Any], label: str) -> T
 
 
 def _level_1(open_loop: dict[str, Any]) -> list[Target]:
+    """Level 1 where a client sends it (the priority lane, `perf.overload_bench`) under
+    level-2 bulk sent to dispatch_fused."""
     burst = _burst(open_loop, "priority")
     probe = burst.get("probe", {})
+    model = burst.get("probe_model", FUSED_MODEL)
     unloaded = open_loop.get("unloaded", {}).get("probe_level_1", {}).get("accepted_p99_ms")
     p99 = probe.get("accepted_p99_ms")
     ratio = divide(p99, unloaded)
     return [
         Target(
             "level 1 under level-2 open-loop bulk at 1.5x: refused",
-            FUSED_MODEL,
+            model,
             float(probe["refused"]) if "refused" in probe else None,
             0.0,
             True,
             "",
-            f"the level-1 probe: {_counts(probe)}; bulk: {_counts(burst.get('generator', {}))}",
+            f"the level-1 probe: {_counts(probe)}; bulk ({FUSED_MODEL}): "
+            f"{_counts(burst.get('generator', {}))}",
             invalid=_invalid(burst),
         ),
         Target(
             "level 1 under level-2 open-loop bulk at 1.5x: p99 / unloaded p99",
-            FUSED_MODEL,
+            model,
             ratio,
             LEVEL_1_FACTOR,
             True,

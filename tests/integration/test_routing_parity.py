@@ -1,8 +1,9 @@
-"""One routing core: `dispatch` (ensemble, BLS) and `dispatch_fused` (one process) answer the
-same, output for output, for every tag, in every repository state the control plane makes.
+"""One routing core: `dispatch` (ensemble, BLS), `dispatch_fused` (one process) and its priority
+lane `dispatch_priority` answer the same, output for output, for every tag, in every
+repository state the control plane makes.
 
 Randomized windows (sizes, users, weights) and tags (none, stable, canary, each version, an
-unknown version) go through both entry points in three states (and, with the canary, all at
+unknown version) go through every entry point in three states (and, with the canary, all at
 once as well, so that the windows of one execute share their calls), reached with the operator's
 own tools: one version (``rollback --unload-canary``), stable + canary with shadow traffic
 (versions loaded, then `apply_router_settings` as ``deploy`` does), and after a plain
@@ -36,7 +37,7 @@ from dispatch_service.ops.router_control import (
     read_router_settings,
 )
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.routing.settings import RouterSettings
+from dispatch_service.routing.settings import IN_PROCESS_ROUTING_MODELS, RouterSettings
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, sim_window
 
 ADMIN_KEY = "parity-test-key"
@@ -83,11 +84,14 @@ def assert_parity(server: TritonServer, seed: int) -> dict[tuple[str | None, int
             for tag in TAGS:
                 tensors = random_request(rng, tag)
                 ensemble = infer_grpc(client, tensors, "dispatch", ROUTED_OUTPUT_NAMES)
-                fused = infer_grpc(client, tensors, "dispatch_fused", ROUTED_OUTPUT_NAMES)
-                for name in ROUTED_OUTPUT_NAMES:
-                    np.testing.assert_array_equal(
-                        fused[name], ensemble[name], err_msg=f"{name}, tag {tag}, round {round_}"
-                    )
+                for model in IN_PROCESS_ROUTING_MODELS:
+                    got = infer_grpc(client, tensors, model, ROUTED_OUTPUT_NAMES)
+                    for name in ROUTED_OUTPUT_NAMES:
+                        np.testing.assert_array_equal(
+                            got[name],
+                            ensemble[name],
+                            err_msg=f"{model} {name}, tag {tag}, {round_}",
+                        )
                 pairs = zip(
                     ensemble["ORDER_MODEL_VERSION"].tolist(),
                     ensemble["ORDER_FALLBACK_LEVEL"].tolist(),
@@ -111,11 +115,12 @@ def assert_city_parity(server: TritonServer, seed: int) -> dict[tuple[str, str |
                 window = generate_window(rng, 8, 40, config=worlds[city])
                 tensors.update(window_to_wire(window))  # the tag and weights: random_request
                 ensemble = infer_grpc(client, tensors, "dispatch", ROUTED_OUTPUT_NAMES)
-                fused = infer_grpc(client, tensors, "dispatch_fused", ROUTED_OUTPUT_NAMES)
-                for name in ROUTED_OUTPUT_NAMES:
-                    np.testing.assert_array_equal(
-                        fused[name], ensemble[name], err_msg=f"{name}, {city}, tag {tag}"
-                    )
+                for model in IN_PROCESS_ROUTING_MODELS:
+                    got = infer_grpc(client, tensors, model, ROUTED_OUTPUT_NAMES)
+                    for name in ROUTED_OUTPUT_NAMES:
+                        np.testing.assert_array_equal(
+                            got[name], ensemble[name], err_msg=f"{model} {name}, {city}, tag {tag}"
+                        )
                 pairs = zip(
                     ensemble["ORDER_MODEL_VERSION"].tolist(),
                     ensemble["ORDER_FALLBACK_LEVEL"].tolist(),
@@ -136,7 +141,7 @@ def assert_concurrent_answers_alike(server: TritonServer, seed: int) -> None:
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             return infer_grpc(client, tensors, model, ROUTED_OUTPUT_NAMES)
 
-    for model in ("dispatch", "dispatch_fused"):
+    for model in ("dispatch", *IN_PROCESS_ROUTING_MODELS):
         jobs = [(model, tensors) for tensors in requests]
         alone = [one(job) for job in jobs]
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
@@ -156,12 +161,13 @@ def assert_status_agrees(server: TritonServer, served: tuple[int, ...]) -> None:
     assert code == 0, text
     status = json.loads(text)
     assert status["serving_versions"] == list(served) and status["disagreements"] == []
-    assert status["dispatch_fused"] == status["router"]
     assert ready_versions(url, MODEL, ADMIN_KEY) == served
-    assert read_fused_settings(url, ADMIN_KEY) == read_router_settings(url)
+    for model in IN_PROCESS_ROUTING_MODELS:
+        assert status[model] == status["router"], model
+        assert read_fused_settings(url, ADMIN_KEY, model=model) == read_router_settings(url)
 
 
-def test_both_entry_points_answer_alike_in_every_repository_state(server: TritonServer) -> None:
+def test_every_entry_point_answers_alike_in_every_repository_state(server: TritonServer) -> None:
     url = server.http_url
     # State 1: one version (the operator's rollback --unload-canary from the shipped state).
     code, text = admin_cli("rollback", "--url", url, "--admin-key", ADMIN_KEY, "--unload-canary")

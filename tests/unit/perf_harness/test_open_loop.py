@@ -21,7 +21,7 @@ from perf.open_loop import (
     wire_request,
 )
 from perf.overload import grpc_inputs
-from perf.overload_bench import queue_timeout_ms
+from perf.overload_bench import Probe, probes_of, queue_timeout_ms
 from perf.pinning import cpu_list, descendants, split_cores
 from perf.windows import SIZES, simulated_windows
 
@@ -143,3 +143,15 @@ def test_a_wire_request_is_what_tritonclient_would_send(level: int) -> None:
         wire_request("dispatch_fused", window, level=level)
     )
     assert ours == reference
+
+
+def test_level_1_is_probed_on_the_lane_and_on_the_bulk_model_itself() -> None:
+    assert probes_of("dispatch_fused", "dispatch_priority") == {
+        "probe_level_2": Probe("dispatch_fused", 2),
+        "probe_level_1": Probe("dispatch_priority", 1),
+        "probe_level_1_same_model": Probe("dispatch_fused", 1),
+    }
+    assert probes_of("dispatch_fused", None) == {
+        "probe_level_2": Probe("dispatch_fused", 2),
+        "probe_level_1": Probe("dispatch_fused", 1),
+    }

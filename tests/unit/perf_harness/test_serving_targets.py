@@ -28,7 +28,13 @@ def _figures(accepted: int, refused: int, p99: float | None, full_p99: float | N
     }
 
 
-def _burst(lag_p99: float, recovery: float | None, probe: Any, level: int = 2) -> Any:
+def _burst(
+    lag_p99: float,
+    recovery: float | None,
+    probe: Any,
+    level: int = 2,
+    model: str = "dispatch_fused",
+) -> Any:
     return {
         "rate_per_s": 1500.0,
         "burst_s": 2.0,
@@ -39,6 +45,7 @@ def _burst(lag_p99: float, recovery: float | None, probe: Any, level: int = 2) -
             "lag_limit_ms": 5.0,
             "valid": lag_p99 <= 5.0,
         },
+        "probe_model": model,
         "probe_level": level,
         "probe": probe,
         "normal_ms": 6.0,
@@ -50,19 +57,24 @@ def _burst(lag_p99: float, recovery: float | None, probe: Any, level: int = 2) -
 def _open_loop() -> dict[str, Any]:
     return {
         "model": "dispatch_fused",
+        "lane": "dispatch_priority",
         "seconds": 2.0,
         "tail_s": 1.5,
         "queue_timeout_ms": 1000.0,
         "cores": "server on cores 1, load on cores 0",
         "unloaded": {
-            "probe_level_1": _figures(40, 0, 3.0, None),
-            "probe_level_2": _figures(40, 0, 2.5, None),
+            "probe_level_1": {"model": "dispatch_priority", **_figures(40, 0, 3.0, None)},
+            "probe_level_2": {"model": "dispatch_fused", **_figures(40, 0, 2.5, None)},
+            "probe_level_1_same_model": {"model": "dispatch_fused", **_figures(40, 0, 2.8, None)},
         },
         "capacity": {"concurrency": 64, "accepted_per_s": 1000.0, "accepted_p99_ms": 80.0},
         "bursts": {
             "1.5x": _burst(2.0, 0.3, _figures(5, 30, 900.0, 4.0)),
             "3x": _burst(12.0, None, _figures(2, 30, 950.0, 2.0)),
-            "priority": _burst(1.0, 0.2, _figures(40, 1, 12.0, None), level=1),
+            "priority": _burst(
+                1.0, 0.2, _figures(40, 1, 12.0, None), level=1, model="dispatch_priority"
+            ),
+            "priority_same_model": _burst(1.0, 0.2, _figures(40, 0, 90.0, None), level=1),
         },
     }
 
@@ -81,7 +93,8 @@ def test_open_loop_targets_read_the_probe_the_generator_and_recovery() -> None:
     level_1 = by_name["level 1 under level-2 open-loop bulk at 1.5x: refused"]
     assert (level_1.measured, level_1.met) == (1.0, False)
     ratio = by_name["level 1 under level-2 open-loop bulk at 1.5x: p99 / unloaded p99"]
-    assert ratio.measured == pytest.approx(4.0) and ratio.met is False
+    assert ratio.measured == pytest.approx(4.0) and ratio.met is False  # the lane's, 12 / 3
+    assert level_1.model == ratio.model == "dispatch_priority"
 
 
 def test_a_burst_whose_generator_fell_behind_has_no_verdict() -> None:
@@ -158,6 +171,9 @@ def test_the_report_shows_rounds_open_loop_and_storms_apart_from_the_targets() -
     assert "Cores: server on cores 1, load on cores 0." in text
     assert "0.40 / 12.00 (**INVALID**)" in text
     assert "| 3x, level 2 | 1,500 |" in text and "not recovered" in text
+    assert "level 1 on dispatch_priority p50" in text and "level 1 on dispatch_fused p50" in text
+    assert "| 1.5x bulk, level-1 probe on the bulk's model | 1,500 |" in text
+    assert "L1 dispatch_priority: 40 / 1" in text
     assert "**INVALID** (generator fell behind" in text
     targets_part, storms_part = text.split("## Closed-loop storms (robustness, not targets)")
     storm = "overload c=512: refusal p99"

@@ -1,0 +1,51 @@
+"""The priority lane: `DispatchClient` sends level-1 windows to `dispatch_priority`, whose own
+stubs run at the server's CPU priority, above `dispatch_fused`'s (docs/operations.md)."""
+
+from __future__ import annotations
+
+import os
+
+from dispatch_client import DispatchClient
+from dispatch_service.ops.server import TritonServer
+from dispatch_service.ops.stubs import stub_models
+from triton_helpers import metric_series, sim_window
+
+LANE = "dispatch_priority"
+
+
+def successes(triton: TritonServer, model: str) -> float:
+    series = metric_series(triton.metrics_url, "nv_inference_request_success")
+    return sum(value for labels, value in series if labels.get("model") == model)
+
+
+def test_level_1_windows_go_to_the_lane_and_the_others_to_the_entry_point_wiring(
+    triton: TritonServer,
+) -> None:
+    """Which model answers each level (the answers themselves: test_routing_parity)."""
+    window = sim_window(11, 6, 40)
+    before = {model: successes(triton, model) for model in (LANE, "dispatch_fused")}
+    answers = {}
+    for level in (1, 2, 3):
+        with DispatchClient.grpc(
+            triton.grpc_url, model_name="dispatch_fused", priority=level
+        ) as client:
+            answers[level] = client.dispatch(window).orders
+    assert successes(triton, LANE) - before[LANE] == 1
+    assert successes(triton, "dispatch_fused") - before["dispatch_fused"] == 2
+    assert answers[1] == answers[2] == answers[3]
+
+
+def test_the_lanes_stubs_run_at_the_servers_priority_and_dispatch_fused_s_below(
+    triton: TritonServer,
+) -> None:
+    assert triton.process is not None
+    server_nice = os.getpriority(os.PRIO_PROCESS, triton.process.pid)
+    models = stub_models(triton.process.pid)
+    nice = {
+        model: sorted(
+            os.getpriority(os.PRIO_PROCESS, pid) for pid, m in models.items() if m == model
+        )
+        for model in (LANE, "dispatch_fused")
+    }
+    assert nice[LANE] == [server_nice] * 2
+    assert nice["dispatch_fused"] == [max(server_nice, 10)] * 4

@@ -1,13 +1,13 @@
-"""Routing changed live through one file the launcher writes and both entry points read.
+"""Routing changed live through one file the launcher writes and every entry point reads.
 
 A fleet replica's launcher (`ops.fleet_apply`) writes the routing of the state it serves to
 the file named by ``DISPATCH_ROUTING_FILE`` in the server's environment (a folder only the
 launcher's user can write), after the versions that routing names are loaded and only after
-the signed state verified. `dispatch_router` and `dispatch_fused` look at the file once per
-`execute` (one ``stat``) and route every window after it by its settings: a routing change
-reloads no model. The file sets every `RouterSettings` field but ``cpu_scoring``, which stays
-the model config's (the GPU monitor sets it, `ops.gpu`). Without the file, the model config's
-routing is served, as on a server without a fleet state.
+the signed state verified. `dispatch_router`, `dispatch_fused` and `dispatch_priority` look at
+the file once per `execute` (one ``stat``) and route every window after it by its settings: a
+routing change reloads no model. The file sets every `RouterSettings` field but
+``cpu_scoring``, which stays the model config's (the GPU monitor sets it, `ops.gpu`). Without
+the file, the model config's routing is served, as on a server without a fleet state.
 
 A file that cannot be read or breaks a rule is not used: the routing read last stays in force
 (`LiveRouting.poll` reports the refusal once per content).

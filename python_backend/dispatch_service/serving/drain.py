@@ -3,10 +3,11 @@
 On SIGTERM the launcher turns its readiness false, then closes this gate: it creates the file
 named by ``DISPATCH_DRAIN_FILE`` in the server's environment (in a folder only the launcher's
 user can write). From then on the models where a window enters the server --
-`feature_encoder`, the first step of the `dispatch` and `dispatch_features` ensembles, and
-`dispatch_fused` -- answer each new request UNAVAILABLE (retryable: the window has not been
-worked, and a client sends it again, to another replica behind a load balancer), while the
-windows already past that point finish. The launcher stops Triton once those are done.
+`feature_encoder`, the first step of the `dispatch` and `dispatch_features` ensembles,
+`dispatch_fused` and `dispatch_priority` -- answer each new request UNAVAILABLE (retryable:
+the window has not been worked, and a client sends it again, to another replica behind a
+load balancer), while the windows already past that point finish. The launcher stops Triton
+once those are done.
 
 Without it, Triton 2.51 keeps accepting while it stops: a drain under continuous traffic never
 became quiet, ran into its timeout, and Triton then answered every request NOT_FOUND ("no

@@ -1,4 +1,5 @@
-"""The Triton bridge of `dispatch_fused`: a window's tensors in, `dispatch`'s answer out.
+"""The Triton bridge of `dispatch_fused` and of its priority lane `dispatch_priority` (the same
+model on stubs of its own): a window's tensors in, `dispatch`'s answer out.
 
 The work is `fused.FusedDispatch`'s; this module reads the request tensors, records the
 metrics the encoder, router and resolver record in the ensemble (same families, labelled

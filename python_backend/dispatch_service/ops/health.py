@@ -91,8 +91,13 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
     try:
         # One send per probe: the verdict is what the server answers now, and the supervisor
         # already probes again on its own schedule.
+        # The entry point named, not the priority lane a level-1 window would go to.
         client = DispatchClient(
-            transport, model_name=model, priority=PROBE_PRIORITY, retry=NO_RETRY
+            transport,
+            model_name=model,
+            priority=PROBE_PRIORITY,
+            retry=NO_RETRY,
+            priority_lane=None,
         )
         with client as c:
             result = c.dispatch(window)

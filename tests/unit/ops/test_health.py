@@ -64,6 +64,7 @@ class _Client:
         model_name: str,
         priority: int | None = None,
         retry: RetryPolicy | None = None,
+        priority_lane: str | None = "lane",
     ) -> None:
         _Client.priorities.append(priority)
         _Client.retries.append(retry)
@@ -98,6 +99,33 @@ def test_probes_go_first_in_line_and_say_when_they_failed_for_want_of_capacity(
     assert not result.ok and result.busy is busy
     assert _Client.priorities == [health.PROBE_PRIORITY] == [1]
     assert _Client.retries == [NO_RETRY]  # a probe's verdict is one send
+
+
+class _Recorder:
+    """A transport that records the model each window is sent to, and refuses it."""
+
+    models: ClassVar[list[str]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def infer(self, model_name: str, *args: Any, **kwargs: Any) -> Any:
+        _Recorder.models.append(model_name)
+        raise DispatchServerError("Exceeds maximum queue size", "StatusCode.UNAVAILABLE")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("model", ["dispatch", "dispatch_fused", "dispatch_priority"])
+def test_a_probe_reaches_the_entry_point_it_names_not_the_priority_lane(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """The probe is a level-1 window, which DispatchClient would send to the lane."""
+    monkeypatch.setattr(health, "GrpcTransport", _Recorder)
+    _Recorder.models = []
+    assert health.probe("127.0.0.1:1", model, timeout_s=0.5).busy
+    assert _Recorder.models == [model]
 
 
 def test_the_probe_window_is_the_simulated_window_it_was_made_from() -> None:

@@ -36,7 +36,7 @@ from dispatch_service.core.metrics import (
 )
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.pipeline.step_metrics import capacity_conflicts
-from dispatch_service.routing.settings import FUSED_MODEL_NAME
+from dispatch_service.routing.settings import IN_PROCESS_ROUTING_MODELS
 from triton_helpers import infer_grpc, sim_window
 
 DEADLINE_S = 45.0  # before `patience`: a bound on the test's run time, never on the server
@@ -314,11 +314,12 @@ def test_metric_names_and_labels(
     for name, model in models.items():
         series = prometheus.query(name)
         assert series, name
-        # dispatch_fused runs the same steps and records the same families under its name
+        # dispatch_fused and its lane run the same steps and record the same families under
+        # their own names
         assert model in {sample["metric"]["model"] for sample in series}, name
         for sample in series:
             labels = sample["metric"]
-            assert labels["model"] in {model, FUSED_MODEL_NAME}, labels
+            assert labels["model"] in {model, *IN_PROCESS_ROUTING_MODELS}, labels
             assert labels["version"] == "1", labels
 
     for name, buckets in (

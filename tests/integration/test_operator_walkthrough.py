@@ -270,7 +270,7 @@ def test_keygen_sign_all_and_verify(signed: Walk) -> None:
     sign_all = signed.outputs["sign-all"]
     assert sign_all.returncode == 0, sign_all.stderr
     assert "signed dispatch_router version 1: 1 file\n" in sign_all.stdout
-    assert f"signed 6 version folders of 5 models in {signed.repository}" in sign_all.stdout
+    assert f"signed 7 version folders of 6 models in {signed.repository}" in sign_all.stdout
 
     verify = signed.outputs["verify"]
     assert verify.returncode == 0, verify.stdout + verify.stderr

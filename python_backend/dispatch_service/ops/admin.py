@@ -293,8 +293,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         "serving_versions": list(served),
         "router": dataclasses.asdict(settings),
         **{
-            name: None if settings is None else dataclasses.asdict(settings)
-            for name, settings in followers.items()
+            name: None if follower is None else dataclasses.asdict(follower)
+            for name, follower in followers.items()
         },
         "routed": routed_line(settings),
         "routed_by_city": {

@@ -90,8 +90,8 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
     transport = GrpcTransport(grpc_url, timeout_s=timeout_s, parameters={PROBE_PARAMETER: True})
     try:
         # One send per probe: the verdict is what the server answers now, and the supervisor
-        # already probes again on its own schedule.
-        # The entry point named, not the priority lane a level-1 window would go to.
+        # already probes again on its own schedule. To the entry point named, not to the
+        # priority lane a level-1 window would go to.
         client = DispatchClient(
             transport,
             model_name=model,

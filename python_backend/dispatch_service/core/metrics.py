@@ -209,7 +209,8 @@ class BackgroundMetrics:
     """Records into another sink from a thread of its own, off the request path.
 
     Each value recorded into Triton costs the stub a round trip to the server; here a request
-    only queues its observations, and a daemon thread drains the queue every `interval_s`,
+    only queues its observations, and a daemon thread drains the queue `interval_s` after the
+    first observation it has not yet recorded (an idle stub's thread sleeps until one comes),
     adding up the counters of the batch (one update per series instead of one per request)
     and keeping at most `histogram_samples` values per histogram series, a uniform random
     choice (`sample_histograms`), before recording: the cost of metrics stays bounded however
@@ -243,14 +244,21 @@ class BackgroundMetrics:
         self.on_error = on_error
         self._queue: deque[Observation] = deque(maxlen=max_queued)
         self._stop = threading.Event()
+        self._queued = threading.Event()  # set by `record`, cleared before each flush
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
         self._thread.start()
 
     def record(self, observations: Iterable[Observation]) -> None:
         self._queue.extend(observations)  # deque.extend is atomic under the GIL
+        self._queued.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._queued.wait()
+            if self._stop.wait(self.interval_s):
+                return
+            # Cleared before draining: what a request queues from here on sets it again.
+            self._queued.clear()
             self.flush()
 
     def flush(self) -> None:
@@ -269,6 +277,7 @@ class BackgroundMetrics:
 
     def close(self) -> None:
         self._stop.set()
+        self._queued.set()
         self._thread.join()
         self.flush()
         close = getattr(self.inner, "close", None)

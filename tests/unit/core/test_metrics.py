@@ -189,6 +189,30 @@ def test_background_metrics_reach_the_sink_within_the_interval() -> None:
         sink.close()
 
 
+def test_an_idle_background_thread_sleeps_until_something_is_recorded() -> None:
+    """An idle stub's metrics thread does not wake every interval (18 stubs on two cores)."""
+
+    class Counted(BackgroundMetrics):
+        flushes = 0
+
+        def flush(self) -> None:
+            Counted.flushes += 1
+            super().flush()
+
+    inner = SlowCounting()
+    sink = Counted(inner, interval_s=0.005)
+    try:
+        time.sleep(0.2)  # 40 intervals
+        assert Counted.flushes == 0
+        sink.record([Observation(CAPACITY_CONFLICTS, 1.0)])
+        deadline = time.monotonic() + 5.0
+        while not inner.calls and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert inner.counter(CAPACITY_CONFLICTS) == 1.0
+    finally:
+        sink.close()
+
+
 def test_background_metrics_need_a_positive_interval_and_sample() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         BackgroundMetrics(NullMetrics(), interval_s=0)

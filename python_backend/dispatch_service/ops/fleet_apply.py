@@ -1,7 +1,7 @@
 """One server made to serve a fleet state, through its own repository API.
 
 `switch_state` loads the scoring versions the state names next to the served ones (each
-folder verified first), then writes the state's routing to the file both entry points read
+folder verified first), then writes the state's routing to the file every entry point reads
 (`routing.live`); from its return every request is served as the state says.
 `retire_versions` then unloads what the state no longer names, which no request reaches any
 more. The watcher (`fleet_watch`) decides when; this module only does.
@@ -86,7 +86,7 @@ def switch_state(
 
     Order: load the new versions next to the served ones (every folder verified first; a
     refusal raises ApplyRefusedError before anything changed), then write the routing to
-    ``routing_file``, which both entry points read at their next `execute` (`routing.live`):
+    ``routing_file``, which every entry point reads at its next `execute` (`routing.live`):
     a routing change reloads no model.
     ModelControlError: the server refused or did not answer (the caller tries again).
     """

@@ -4,7 +4,7 @@ The launcher (``--state-store DIR`` or ``DISPATCH_STATE_STORE``) reads the store
 (`fleet_state`) every ``poll_s`` (0.25 s) and, when its bytes changed, verifies it with the
 launcher's trusted keys and applies it through its own server's repository API
 (`fleet_apply.switch_state`: the versions it names loaded, then its routing written to the
-file both entry points read, `routing.live`).
+file every entry point reads, `routing.live`).
 From then on the replica reports the new revision; the versions the document no longer
 names, which no request reaches any more, are unloaded after that (`retire_versions`). The
 first document is applied before the launcher reports ready, so a replica that starts or

@@ -237,8 +237,9 @@ def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxrunt
     """dispatch_model (dynamic batching, one instance) takes 16 requests sent at once in
     fewer executions, and still answers each request's rows as ONNX Runtime does alone.
 
-    Whether two requests meet in the queue depends on timing: a burst that happened to be
-    served one by one is sent again, at most three bursts in all."""
+    A large request goes first, so the instance is busy while the 16 arrive. Whether they
+    meet in the queue still depends on timing: a burst that happened to be served one by one
+    is sent again, at most three bursts in all."""
     import onnxruntime as ort
 
     from dispatch_service.core.paths import MODEL_REPOSITORY
@@ -250,6 +251,10 @@ def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxrunt
         str(model_layout(MODEL_REPOSITORY, SCORING_MODEL).onnx(1)),
         providers=["CPUExecutionProvider"],
     )
+    # The most rows one execution takes (max_batch_size): the 16 then wait their turn.
+    blocker = grpc_inputs(
+        {"PAIR_FEATURES": np.resize(features, (32768, features.shape[1]))}, batch=False
+    )
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     bursts = []
     try:
@@ -260,14 +265,23 @@ def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxrunt
                 np.ascontiguousarray(features[rng.permutation(len(features))[: 1500 + 97 * i]])
                 for i in range(16)
             ]
+            # Built before the burst, so the requests leave back to back and meet in the queue.
+            inputs = [grpc_inputs({"PAIR_FEATURES": rows}, batch=False) for rows in requests]
+            busy: list[Any] = []
             before = _model_counts(grpc_client, "dispatch_model")
+            client.async_infer(
+                "dispatch_model",
+                blocker,
+                lambda result, error, out=busy: out.append((result, error)),
+                model_version="1",
+            )
             pending: list[list[Any]] = []
-            for rows in requests:
+            for request in inputs:
                 results: list[Any] = []
                 pending.append(results)
                 client.async_infer(
                     "dispatch_model",
-                    grpc_inputs({"PAIR_FEATURES": rows}, batch=False),  # pair rows are its batch
+                    request,  # pair rows are its batch
                     lambda result, error, out=results: out.append((result, error)),
                     model_version="1",
                 )
@@ -279,13 +293,17 @@ def test_concurrent_scoring_requests_are_batched_and_each_answered_like_onnxrunt
                 np.testing.assert_allclose(
                     result.as_numpy("PAIR_OBJECTIVES"), expected, rtol=1e-5, atol=1e-5
                 )
+            _wait(busy)
+            assert busy[0][1] is None, busy[0][1]
             after = _model_counts(grpc_client, "dispatch_model")
+            # The requests of the burst, the large one included, and their executions.
             bursts.append((after[0] - before[0], after[1] - before[1]))
-            assert bursts[-1][0] == len(requests)
-            if bursts[-1][1] < len(requests):
+            assert bursts[-1][0] == len(requests) + 1
+            if bursts[-1][1] < bursts[-1][0]:
                 break
     finally:
         client.close()
+    print(f"\ndispatch_model (requests, executions) per burst: {bursts}")
     assert bursts[-1][1] < bursts[-1][0], f"(requests, executions) per burst: {bursts}"
 
 

@@ -73,8 +73,11 @@ PRIORITY_FACTOR: Final = 1.5  # the bulk rate under which the level-1 trickle is
 BULK_LEVEL: Final = 2
 PRIORITY_LEVEL: Final = 1
 REFERENCE_CONCURRENCY: Final = 64
-# Level 1 sent to the bulk's own model (Triton's queue order only), beside the lane's figures.
-SAME_MODEL_PROBE: Final = "probe_level_1_same_model"
+# The unloaded probes' keys: level 2, level 1 where a client sends it, and level 1 sent to the
+# bulk's own model (Triton's queue order only), beside the lane's figures.
+BULK_PROBE: Final = f"probe_level_{BULK_LEVEL}"
+PRIORITY_PROBE: Final = f"probe_level_{PRIORITY_LEVEL}"
+SAME_MODEL_PROBE: Final = f"{PRIORITY_PROBE}_same_model"
 SAME_MODEL_BURST: Final = "priority_same_model"
 _START_S: Final = 60.0  # the most a probe process may take to start (imports, connect)
 
@@ -178,8 +181,8 @@ def probes_of(model: str, lane: str | None) -> dict[str, Probe]:
     """The unloaded probes: level 2 on `model`, level 1 where a client sends it (the lane,
     or `model` without one) and, beside a lane, level 1 on `model` itself."""
     probes = {
-        f"probe_level_{BULK_LEVEL}": Probe(model, BULK_LEVEL),
-        f"probe_level_{PRIORITY_LEVEL}": Probe(lane or model, PRIORITY_LEVEL),
+        BULK_PROBE: Probe(model, BULK_LEVEL),
+        PRIORITY_PROBE: Probe(lane or model, PRIORITY_LEVEL),
     }
     if lane:
         probes[SAME_MODEL_PROBE] = Probe(model, PRIORITY_LEVEL)
@@ -226,13 +229,17 @@ def measure(
         return out
     normal = {key: normal_latency_ms(out["unloaded"][key]["accepted_p99_ms"]) for key in probes}
     bursts: dict[str, Any] = {}
-    level_2 = f"probe_level_{BULK_LEVEL}"
     for factor in FACTORS:
         say(f"open loop: {factor:g}x capacity ({factor * capacity:,.0f}/s), level-2 probe")
         bursts[f"{factor:g}x"] = _burst(
-            url, model, plan, factor * capacity, probe=probes[level_2], normal_ms=normal[level_2]
+            url,
+            model,
+            plan,
+            factor * capacity,
+            probe=probes[BULK_PROBE],
+            normal_ms=normal[BULK_PROBE],
         )
-    trickles = {"priority": f"probe_level_{PRIORITY_LEVEL}"}
+    trickles = {"priority": PRIORITY_PROBE}
     if lane:
         trickles[SAME_MODEL_BURST] = SAME_MODEL_PROBE
     for name, key in trickles.items():

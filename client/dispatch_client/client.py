@@ -10,7 +10,7 @@ contract drift shows up as an error, not as results attached to the wrong order.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -19,6 +19,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
+from dispatch_client.outcomes import (
+    DEFAULT_OUTCOMES_URL,
+    OutcomeReceipt,
+    OutcomeReport,
+    report_outcomes,
+)
 from dispatch_client.priority import PREMIUM, PriorityMap, check_deadline_ms, check_priority
 from dispatch_client.retry import DEFAULT_RETRY, RetryPolicy, RetryThrottle
 from dispatch_client.transport import (
@@ -391,6 +397,18 @@ class DispatchClient(Closing):
             exc.request_id = rid
             raise
         return DispatchResult(result.orders, rid)
+
+    def report_outcomes(
+        self,
+        outcomes: Iterable[OutcomeReport | dict[str, Any]],
+        *,
+        url: str = DEFAULT_OUTCOMES_URL,
+        key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> OutcomeReceipt:
+        """Tell the server what became of the orders it decided (`outcomes.report_outcomes`:
+        ``url`` is the launcher's HTTP service, not Triton's; ``key`` the outcome key)."""
+        return report_outcomes(outcomes, url=url, key=key, timeout_s=timeout_s)
 
     def close(self) -> None:
         self.transport.close()

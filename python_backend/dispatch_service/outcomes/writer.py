@@ -1,0 +1,193 @@
+"""Decision records written off the request path: a bounded queue and a batch writer.
+
+An entry point calls `DecisionWriter.submit` with the `AnsweredWindow` of each answered
+window: a non-blocking put of a reference, nothing else on the request's thread. A
+thread of the writer turns queued windows into records (`records.decision_records`) and
+writes them in batches, one transaction per batch. Nothing the store does reaches a
+request: when the queue is full the window's records are dropped at once, and when the
+store is down, slow past its lock timeout or refuses a write, the batch is dropped; both
+are counted by reason (`WriterCounts`, the ``dispatch_decision_records_total`` metric
+through ``on_counts``). A store that failed is opened again after `REOPEN_AFTER_S`.
+
+One writer per process (a Python-backend stub is a process of its own): each opens its
+own connection to the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from dispatch_service.outcomes.records import AnsweredWindow, DecisionRecord, decision_records
+from dispatch_service.outcomes.store import OutcomeStore
+
+__all__ = [
+    "DEFAULT_BATCH_WINDOWS",
+    "DEFAULT_QUEUE_WINDOWS",
+    "REOPEN_AFTER_S",
+    "DecisionWriter",
+    "WriterCounts",
+]
+
+# Windows the queue holds (a c=64 burst of windows many times over); beyond: dropped.
+DEFAULT_QUEUE_WINDOWS: Final = 4096
+# Windows per transaction at most (a busy writer batches more, an idle one writes at once).
+DEFAULT_BATCH_WINDOWS: Final = 256
+# After a failure the store is reopened no sooner than this; batches meanwhile are dropped.
+REOPEN_AFTER_S: Final = 1.0
+
+
+@dataclass(frozen=True)
+class WriterCounts:
+    """Orders (one decision record each), by what became of them."""
+
+    written: int = 0  # stored now
+    duplicate: int = 0  # already stored under the same decision id (a resent request)
+    dropped_queue_full: int = 0
+    dropped_store_error: int = 0
+
+    def __add__(self, other: WriterCounts) -> WriterCounts:
+        return WriterCounts(
+            self.written + other.written,
+            self.duplicate + other.duplicate,
+            self.dropped_queue_full + other.dropped_queue_full,
+            self.dropped_store_error + other.dropped_store_error,
+        )
+
+
+class _NotReopenedError(Exception):
+    """The store failed less than REOPEN_AFTER_S ago: the batch is dropped unwritten."""
+
+
+class DecisionWriter:
+    """The bounded queue and its writer thread (started at construction)."""
+
+    def __init__(
+        self,
+        open_store: Callable[[], OutcomeStore],
+        *,
+        max_queued: int = DEFAULT_QUEUE_WINDOWS,
+        batch_windows: int = DEFAULT_BATCH_WINDOWS,
+        on_counts: Callable[[WriterCounts], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``on_counts`` gets each change of the counts (from the writer's thread, or from
+        `submit` for a drop); ``on_error`` each store failure."""
+        self._open_store = open_store
+        self._queue: queue.Queue[AnsweredWindow | None] = queue.Queue(maxsize=max_queued)
+        self.batch_windows = batch_windows
+        self.on_counts = on_counts
+        self.on_error = on_error
+        self.clock = clock
+        self._counts = WriterCounts()
+        self._counts_lock = threading.Lock()
+        self._store: OutcomeStore | None = None
+        self._failed_at: float | None = None
+        self._idle = threading.Condition()
+        self._pending = 0  # windows submitted and not yet written or dropped
+        self._thread = threading.Thread(target=self._run, name="decision-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def counts(self) -> WriterCounts:
+        with self._counts_lock:
+            return self._counts
+
+    def _count(self, change: WriterCounts) -> None:
+        with self._counts_lock:
+            self._counts = self._counts + change
+        if self.on_counts is not None:
+            with contextlib.suppress(Exception):  # a metrics failure must not stop the writer
+                self.on_counts(change)
+
+    def submit(self, window: AnsweredWindow) -> bool:
+        """Queue the window's records; False (and counted) when the queue is full."""
+        with self._idle:
+            self._pending += 1
+        try:
+            self._queue.put_nowait(window)
+        except queue.Full:
+            self._done(1)
+            self._count(WriterCounts(dropped_queue_full=len(window.order_ids)))
+            return False
+        return True
+
+    def _done(self, windows: int) -> None:
+        with self._idle:
+            self._pending -= windows
+            if self._pending <= 0:
+                self._idle.notify_all()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every submitted window is written or dropped; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending <= 0, timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued (up to ``timeout_s``), stop the thread, close the store."""
+        self.flush(timeout_s)
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=1.0)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < self.batch_windows:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._write(batch)
+                    self._close_store()
+                    return
+                batch.append(item)
+            self._write(batch)
+        self._close_store()
+
+    def _write(self, batch: list[AnsweredWindow]) -> None:
+        orders = sum(len(window.order_ids) for window in batch)
+        try:
+            records: list[DecisionRecord] = []
+            for window in batch:
+                records.extend(decision_records(window))
+            store = self._store_now()
+            written = store.write_decisions(records, recorded_at=self.clock())
+        except Exception as exc:
+            if not isinstance(exc, _NotReopenedError):
+                self._failed(exc)
+            self._count(WriterCounts(dropped_store_error=orders))
+        else:
+            self._count(WriterCounts(written=written, duplicate=len(records) - written))
+        finally:
+            self._done(len(batch))
+
+    def _store_now(self) -> OutcomeStore:
+        if self._store is None:
+            if self._failed_at is not None and self.clock() - self._failed_at < REOPEN_AFTER_S:
+                raise _NotReopenedError()
+            self._store = self._open_store()
+        return self._store
+
+    def _failed(self, exc: Exception) -> None:
+        self._failed_at = self.clock()
+        if self.on_error is not None:
+            with contextlib.suppress(Exception):  # a logging failure must not stop the writer
+                self.on_error(exc)
+        self._close_store()
+
+    def _close_store(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            with contextlib.suppress(Exception):  # it failed already
+                store.close()

@@ -38,7 +38,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV" || die "python -m venv failed (Debian: apt-get install python3.11-venv)"
 fi
 stamp=$VENV/.setup-stamp
-want=$(cat pyproject.toml contract/pyproject.toml client/pyproject.toml requirements/constraints.txt | sha256sum | cut -c1-16)
+want=$(cat VERSION pyproject.toml contract/pyproject.toml client/pyproject.toml requirements/constraints.txt | sha256sum | cut -c1-16)
 gpu=no
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu=yes
 want="$want-gpu=$gpu"

@@ -4,9 +4,11 @@
                     [--weights L,O,C] [--version-tag TAG] [--request-id ID]
                     [--deadline-ms MS] [--priority LEVEL] [--priority-map FILE]
                     [--priority-lane MODEL] [--retries N] [FILE|-]
+    dispatch-client --version
 
 ``--url`` takes ``host:port``, ``http://host:port`` (the same) or ``https://host:port``
-(TLS; the server's certificate is checked against the system's CA roots). ``grpc-shm`` is
+(TLS; the server's certificate is checked against the system's CA roots); the port is
+required (``127.0.0.1`` alone is refused, exit 2). ``grpc-shm`` is
 gRPC with the tensors in system shared memory (server on the same host, no TLS); its regions
 are sized for the window read and released before the command exits, also on Ctrl-C or
 SIGTERM. Registering them needs the server's shared-memory key: the environment variable
@@ -59,6 +61,7 @@ from dispatch_client.transport import (
 )
 from dispatch_client.window_json import window_document, window_from_dict
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PRIORITY_LANE_MODEL_NAME
+from dispatch_contract.version import add_version_argument
 
 __all__ = [
     "EXIT_INPUT",
@@ -154,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         "as invalid (HTTP 400, gRPC INVALID_ARGUMENT); 1 the server failed or could not be "
         "reached. Errors are one line on stderr, ending with the request id once sent.",
     )
+    add_version_argument(parser)
     parser.add_argument(
         "--url",
         help=f"server host:port, http://host:port or https://host:port (TLS, certificate "

@@ -10,8 +10,9 @@ shared memory registered with the server.
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -21,12 +22,14 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.priority import request_options
+from dispatch_contract.version import UrlError, split_host_port
 
 __all__ = [
     "DEFAULT_GRPC_URL",
     "DEFAULT_HTTP_URL",
     "DEFAULT_TIMEOUT_S",
     "URL_SCHEMES",
+    "WRONG_PORT_HINTS",
     "GrpcTransport",
     "HttpTransport",
     "Transport",
@@ -78,7 +81,8 @@ def split_url(url: str) -> tuple[str, bool]:
     tritonclient wants host:port and fails obscurely on a scheme, so the scheme is taken off
     here: ``http://`` means plain text (as no scheme does), ``https://`` means TLS with the
     server's certificate checked against the system's CA roots. The scheme says TLS or not;
-    the protocol (HTTP or gRPC) stays the caller's choice. A path is refused.
+    the protocol (HTTP or gRPC) stays the caller's choice. A path, or a missing port, is
+    refused.
     """
     text = url.strip()
     tls = False
@@ -86,10 +90,12 @@ def split_url(url: str) -> tuple[str, bool]:
         if text.lower().startswith(scheme):
             text, tls = text[len(scheme) :].rstrip("/"), scheme == "https://"
             break
-    if not text or "://" in text or "/" in text:
+    try:
+        split_host_port(text)  # the port too: "127.0.0.1" alone is refused
+    except UrlError:
         raise ValueError(
             f"url must be host:port, http://host:port or https://host:port, got {url!r}"
-        )
+        ) from None
     return text, tls
 
 
@@ -102,6 +108,16 @@ def _server_error(exc: InferenceServerException) -> DispatchServerError:
     message = exc.message() or str(exc) or "the server returned an error without a message"
     status = exc.status()
     return DispatchServerError(str(message), None if status is None else str(status))
+
+
+# What a request in one protocol sent to the other's port is told (Triton's HTTP port speaks
+# HTTP/1.1, 8000 by default; its gRPC port HTTP/2, 8001 by default).
+WRONG_PORT_HINTS: Final = {
+    "http": f": is this Triton's gRPC port? Send HTTP to its HTTP port "
+    f"({DEFAULT_HTTP_URL} by default) or use the gRPC protocol",
+    "grpc": f": is this Triton's HTTP port? Send gRPC to its gRPC port "
+    f"({DEFAULT_GRPC_URL} by default) or use the HTTP protocol",
+}
 
 
 def grpc_error(
@@ -119,7 +135,8 @@ def grpc_error(
             f"no answer from {url} over gRPC within {timeout_s:g} s", timed_out=True
         )
     if status == "StatusCode.UNAVAILABLE" and "failed to connect" in text.lower():
-        return DispatchConnectionError(f"cannot reach {url} over gRPC: {text}")
+        hint = WRONG_PORT_HINTS["grpc"] if "Failed parsing HTTP/2" in text else ""
+        return DispatchConnectionError(f"cannot reach {url} over gRPC: {text}{hint}")
     return _server_error(exc)
 
 
@@ -191,6 +208,11 @@ class HttpTransport:
         except OSError as exc:
             reason = exc.strerror or str(exc) or type(exc).__name__
             raise DispatchConnectionError(f"cannot reach {self.url} over HTTP: {reason}") from exc
+        except http.client.HTTPException as exc:  # an answer that is not HTTP/1.1
+            raise DispatchConnectionError(
+                f"{self.url} did not answer in HTTP ({type(exc).__name__}: {exc})"
+                f"{WRONG_PORT_HINTS['http']}"
+            ) from exc
         return _outputs(result, output_names)
 
     def close(self) -> None:

@@ -1,145 +1,200 @@
-"""The launcher's own HTTP endpoint: ``/livez`` and ``/readyz`` (200 or 503), ``/healthz``
-(the supervisor's snapshot as JSON), ``/metrics`` (Prometheus text) and, with a control gate,
-the ``/v2/...`` control requests (`control_gate`)."""
+"""The launcher's one HTTP service (aiohttp, on a thread with its own event loop):
+
+- ``/livez`` and ``/readyz``: 200 or 503, for the process manager's probes;
+- ``/healthz``: the supervisor's snapshot and the build (`launcher_metrics.build_info`) as
+  JSON, 200 while ready, else 503;
+- ``/metrics``: the launcher's `prometheus_client` registry (`launcher_metrics`);
+- with a control gate, the ``/v2/...`` control requests (`control_gate`): bodies over
+  `MAX_CONTROL_BODY_BYTES` are refused before they are read;
+- ``extra_routes``: more routes from other parts of the launcher (aiohttp route
+  definitions, e.g. ``web.get("/outcomes", handler)``), mounted before the service starts.
+
+Handlers that may block (the gate forwards to Triton, a scrape runs collectors that take
+locks) run in the loop's thread pool, so a slow load never holds up a probe.
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from dispatch_service.ops.control_gate import MAX_CONTROL_BODY_BYTES, ControlGate, GateAnswer
+from aiohttp import web
+from prometheus_client.registry import CollectorRegistry
 
-__all__ = ["HealthVerdicts", "launcher_metrics", "serve_health"]
+from dispatch_service.ops.control_gate import MAX_CONTROL_BODY_BYTES, ControlGate, GateAnswer
+from dispatch_service.ops.launcher_metrics import build_info, exposition
+
+__all__ = ["HealthService", "HealthVerdicts", "serve_health"]
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+_START_TIMEOUT_S = 30.0
 
 
 class HealthVerdicts(Protocol):
-    """What the endpoint serves (`supervisor.Supervisor`)."""
+    """What the service serves (`supervisor.Supervisor`)."""
 
     def live(self) -> bool: ...
     def ready(self) -> bool: ...
     def snapshot(self) -> dict[str, Any]: ...
-    def metrics_text(self) -> str: ...
+
+
+class HealthService:
+    """A started service: its address, and `stop` (which waits for the thread to end)."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        loop: asyncio.AbstractEventLoop,
+        thread: threading.Thread,
+        address: tuple[str, int],
+    ) -> None:
+        self._runner = runner
+        self._loop = loop
+        self._thread = thread
+        self.address = address
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{host}:{port}"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Close the listener and open connections, then end the loop's thread."""
+        if not self._thread.is_alive():
+            return
+        done = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        try:
+            done.result(timeout_s)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout_s)
+
+
+def _text(status: int, text: str) -> web.Response:
+    return web.Response(status=status, text=text, content_type="text/plain")
+
+
+def _gate_response(answer: GateAnswer) -> web.Response:
+    return web.Response(
+        status=answer.status, body=answer.body, headers={"Content-Type": answer.content_type}
+    )
+
+
+def health_app(
+    verdicts: HealthVerdicts,
+    registry: CollectorRegistry,
+    gate: ControlGate | None = None,
+    extra_routes: Sequence[web.AbstractRouteDef] = (),
+) -> web.Application:
+    """The service's application (`serve_health` runs it)."""
+
+    async def livez(_: web.Request) -> web.Response:
+        ok = await asyncio.to_thread(verdicts.live)
+        return _text(200 if ok else 503, "live\n" if ok else "dead\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok = await asyncio.to_thread(verdicts.ready)
+        return _text(200 if ok else 503, "ready\n" if ok else "not ready\n")
+
+    async def healthz(_: web.Request) -> web.Response:
+        snap = await asyncio.to_thread(verdicts.snapshot)
+        body = {**snap, "build": build_info()}
+        return web.json_response(body, status=200 if snap["ready"] else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        text = await asyncio.to_thread(exposition, registry)
+        return web.Response(text=text, headers={"Content-Type": PROMETHEUS_TEXT})
+
+    async def control(request: web.Request) -> web.Response:
+        if gate is None:
+            return _text(404, "not found\n")
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        body: bytes | None = None
+        if request.method == "POST":
+            length = request.content_length
+            if length is not None and length > MAX_CONTROL_BODY_BYTES:
+                text = f"Content-Length: a number up to {MAX_CONTROL_BODY_BYTES} bytes"
+                response = _gate_response(GateAnswer.error(413, text))
+                response.force_close()  # the body is never read
+                return response
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:  # chunked, past the cap
+                text = f"body: up to {MAX_CONTROL_BODY_BYTES} bytes"
+                return _gate_response(GateAnswer.error(413, text))
+        answer = await asyncio.to_thread(
+            gate.handle, request.method, request.raw_path, headers, body
+        )
+        return _gate_response(answer)
+
+    app = web.Application(client_max_size=MAX_CONTROL_BODY_BYTES)
+    app.add_routes(
+        [
+            web.get("/livez", livez),
+            web.get("/readyz", readyz),
+            web.get("/healthz", healthz),
+            web.get("/metrics", metrics),
+            *extra_routes,
+            web.get("/v2{tail:.*}", control),
+            web.post("/v2{tail:.*}", control),
+        ]
+    )
+    return app
 
 
 def serve_health(
-    supervisor: HealthVerdicts, host: str, port: int, gate: ControlGate | None = None
-) -> ThreadingHTTPServer:
-    """Serve the verdicts (and the ``gate``'s requests) on ``host:port`` from threads of
-    their own; returns the server (its ``shutdown`` ends it)."""
+    verdicts: HealthVerdicts,
+    host: str,
+    port: int,
+    gate: ControlGate | None = None,
+    *,
+    registry: CollectorRegistry,
+    extra_routes: Sequence[web.AbstractRouteDef] = (),
+) -> HealthService:
+    """Serve `health_app` on ``host:port`` (0: a free port) from a thread of its own; returns
+    once it listens. A port that is taken raises `OSError` here."""
+    app = health_app(verdicts, registry, gate, extra_routes)
+    loop = asyncio.new_event_loop()
+    # A stop waits this long for requests in flight (a scrape, a probe; a gate load that
+    # takes longer is cut off: the launcher is stopping its server anyway).
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+    started = threading.Event()
+    failure: list[BaseException] = []
+    address: list[tuple[str, int]] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = 30.0  # a client that stops sending mid-request loses its connection
+    async def start() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        bound = runner.addresses[0]
+        address.append((str(bound[0]), int(bound[1])))
 
-        def do_POST(self) -> None:
-            if gate is None:
-                self._send(404, b"not found\n", "text/plain")
-                return
-            length = self.headers.get("Content-Length", "0")
-            if not length.isdigit() or int(length) > MAX_CONTROL_BODY_BYTES:
-                self.close_connection = True
-                text = f"Content-Length: a number up to {MAX_CONTROL_BODY_BYTES} bytes"
-                self._send_gate(GateAnswer.error(413, text))
-                return
-            body = self.rfile.read(int(length))
-            self._send_gate(gate.handle("POST", self.path, self._headers(), body))
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(start())
+        except BaseException as exc:  # the port taken, most often: raised in serve_health
+            failure.append(exc)
+            started.set()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+            return
+        started.set()
+        try:
+            loop.run_forever()
+        finally:  # connections the cleanup left (a client that never sent its request)
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if gate is not None and path.startswith("/v2"):
-                self._send_gate(gate.handle("GET", self.path, self._headers(), None))
-            elif path == "/livez":
-                ok = supervisor.live()
-                self._send(200 if ok else 503, b"live\n" if ok else b"dead\n", "text/plain")
-            elif path == "/readyz":
-                ok = supervisor.ready()
-                body = b"ready\n" if ok else b"not ready\n"
-                self._send(200 if ok else 503, body, "text/plain")
-            elif path == "/healthz":
-                snap = supervisor.snapshot()
-                code = 200 if snap["ready"] else 503
-                self._send(code, json.dumps(snap).encode(), "application/json")
-            elif path == "/metrics":
-                self._send(200, supervisor.metrics_text().encode(), "text/plain; version=0.0.4")
-            else:
-                self._send(404, b"not found\n", "text/plain")
-
-        def _headers(self) -> dict[str, str]:
-            return {name.lower(): value for name, value in self.headers.items()}
-
-        def _send_gate(self, answer: GateAnswer) -> None:
-            self._send(answer.status, answer.body, answer.content_type)
-
-        def _send(self, code: int, body: bytes, kind: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    http = ThreadingHTTPServer((host, port), Handler)
-    http.daemon_threads = True
-    thread = threading.Thread(target=http.serve_forever, name="health-http", daemon=True)
+    thread = threading.Thread(target=run, name="health-http", daemon=True)
     thread.start()
-    return http
-
-
-def launcher_metrics(snap: dict[str, Any], entry_points: Sequence[str]) -> str:
-    """The launcher's own Prometheus text from a supervisor snapshot (`Supervisor.snapshot`)."""
-    lines = [
-        "# HELP dispatch_launcher_stub_restarts_total Python-backend stubs found dead "
-        "and their model reloaded by the launcher.",
-        "# TYPE dispatch_launcher_stub_restarts_total counter",
-    ]
-    lines += [
-        f'dispatch_launcher_stub_restarts_total{{model="{m}"}} {n}'
-        for m, n in sorted(snap["stub_restarts"].items())
-    ]
-    lines += [
-        "# HELP dispatch_launcher_ready 1 when every entry point answers a small window.",
-        "# TYPE dispatch_launcher_ready gauge",
-        f"dispatch_launcher_ready {int(snap['ready'])}",
-        "# HELP dispatch_launcher_server_restarts_total Servers restarted after a failed "
-        "deep check.",
-        "# TYPE dispatch_launcher_server_restarts_total counter",
-        f"dispatch_launcher_server_restarts_total {snap['server_restarts']}",
-        "# HELP dispatch_launcher_degraded 1 while the entry point answers its probe only "
-        "through a fallback (the scoring model away or failing).",
-        "# TYPE dispatch_launcher_degraded gauge",
-    ]
-    degraded = snap["degraded"]
-    lines += [
-        f'dispatch_launcher_degraded{{entry_point="{m}"}} {int(m in degraded)}'
-        for m in entry_points
-    ]
-    lines += [
-        "# HELP dispatch_launcher_fallback_level The fallback level of the entry point's "
-        "last probe answer (0: the chosen model version scored it).",
-        "# TYPE dispatch_launcher_fallback_level gauge",
-    ]
-    lines += [
-        f'dispatch_launcher_fallback_level{{entry_point="{m}"}} {degraded.get(m, 0)}'
-        for m in entry_points
-    ]
-    lines += [
-        "# HELP dispatch_launcher_unhealed 1 while a model's instances are not all back "
-        "(its reload refused or failing); the server is not ready meanwhile.",
-        "# TYPE dispatch_launcher_unhealed gauge",
-    ]
-    lines += [f'dispatch_launcher_unhealed{{model="{m}"}} 1' for m in sorted(snap["unhealed"])]
-    lines += [
-        "# HELP dispatch_launcher_probes_total Deep-check windows sent to the entry point "
-        "(counted by Triton's nv_inference_* like any request; the project's own metrics "
-        "leave them out).",
-        "# TYPE dispatch_launcher_probes_total counter",
-    ]
-    lines += [
-        f'dispatch_launcher_probes_total{{entry_point="{m}"}} {n}'
-        for m, n in sorted(snap["probes"].items())
-    ]
-    return "\n".join(lines) + "\n"
+    if not started.wait(_START_TIMEOUT_S):
+        raise OSError(f"the health endpoint did not start on {host}:{port}")
+    if failure:
+        thread.join()
+        raise failure[0]
+    return HealthService(runner, loop, thread, address[0])

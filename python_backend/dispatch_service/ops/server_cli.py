@@ -27,6 +27,7 @@ from dispatch_contract.keys import (
     SHM_KEY_HEADER,
     read_key,
 )
+from dispatch_contract.version import add_version_argument
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError
 from dispatch_service.ops import fleet_watch
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Serve the dispatch model repository (loopback, control endpoints locked)"
     )
+    add_version_argument(parser, "dispatch_service.ops.server")
     parser.add_argument(
         "--venv",
         type=Path,
@@ -283,7 +285,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return 1
     verifier = server.load_verifier()
     monitor = gpu_monitor.start_gpu_monitor(
-        server.http_url, gpu_settings, options.admin_key, act=args.profile == "gpu"
+        server.http_url, gpu_settings, options.admin_key, act=args.profile == "gpu", serve=False
     )
     # The fleet's state (--state-store) is applied before ready: a new replica joins in it.
     watcher = fleet_watch.watcher_from_args(
@@ -315,6 +317,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         )
         supervisor = Supervisor(server, settings, event_printer(out), verifier, gate=gate)
         supervisor.start()
+        monitor.export_to(supervisor.registry)  # the GPU series on the health port's /metrics
         crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
         supervisor.metric_sources.append(crashes.start().metrics_text)
         if watcher is not None:

@@ -38,7 +38,7 @@ while inference hangs, and fails in-flight ensemble requests when stopped. So th
   when a stub is SIGKILLed while it holds a shared-memory lock); under ``exit`` the
   launcher exits with Triton's status;
 - serves the verdicts on its own HTTP port: ``/livez`` and ``/readyz`` (200 or 503),
-  ``/healthz`` (JSON detail) and ``/metrics`` (Prometheus text);
+  ``/healthz`` (JSON detail, the build) and ``/metrics`` (one prometheus_client registry);
 - on SIGTERM turns readiness false, after ``drain_grace_s`` closes the entry points' gate (new
   windows refused UNAVAILABLE, `serving.drain`), waits until what was accepted is done
   (`drain_and_stop`), bounded by ``drain_timeout_s``, then stops Triton.
@@ -59,12 +59,14 @@ import time
 import urllib.error
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from http.server import ThreadingHTTPServer
 from typing import Any
+
+from aiohttp import web
 
 from dispatch_service.ops.control_gate import ControlGate
 from dispatch_service.ops.health import Probe, deep_check
-from dispatch_service.ops.health_endpoint import launcher_metrics, serve_health
+from dispatch_service.ops.health_endpoint import HealthService, serve_health
+from dispatch_service.ops.launcher_metrics import exposition, launcher_registry
 from dispatch_service.ops.model_control import (
     ModelControlError,
     load_model,
@@ -132,13 +134,18 @@ class Supervisor(StubHealing):
         self._restarted_at: list[float] = []  # monotonic times of the policy's restarts
         self._live: dict[str, dict[str, Any]] = {}  # LIVE_MODELS' configs at the last good check
         self._threads: list[threading.Thread] = []
-        self._http: ThreadingHTTPServer | None = None
+        self._http: HealthService | None = None
         # More Prometheus text for `/metrics` (each called per scrape), e.g. the launcher's
         # crash counter (`ops.restart.CrashCounter.metrics_text`).
         self.metric_sources: list[Callable[[], str]] = []
         # More fields for `/healthz` (each called per request), e.g. the fleet state served.
         self.detail_sources: dict[str, Callable[[], Any]] = {}
 
+        # The one registry `/metrics` serves: the supervisor's series, the build, the text of
+        # `metric_sources`; other parts register collectors of their own (the GPU monitor's).
+        self.registry = launcher_registry(self.snapshot, self.models, self.metric_sources)
+        # More routes for the health port (aiohttp route definitions), added before `start`.
+        self.routes: list[web.AbstractRouteDef] = []
     # -- verdicts -------------------------------------------------------------------------
     def live(self) -> bool:
         with self._lock:
@@ -190,8 +197,7 @@ class Supervisor(StubHealing):
             }
 
     def metrics_text(self) -> str:
-        own = launcher_metrics(self.snapshot(), self.models)
-        return own + "".join(source() for source in self.metric_sources)
+        return exposition(self.registry)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Supervisor:
@@ -206,16 +212,14 @@ class Supervisor(StubHealing):
     @property
     def health_url(self) -> str:
         assert self._http is not None
-        host, port = self._http.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._http.url
 
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=10)
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.stop()
 
     def drain_and_stop(self) -> float:
         """Readiness false, after ``drain_grace_s`` the entry points' gate closed (new
@@ -449,5 +453,10 @@ class Supervisor(StubHealing):
     # -- HTTP -----------------------------------------------------------------------------
     def _serve_http(self) -> None:
         self._http = serve_health(
-            self, self.settings.health_host, self.settings.health_port, self.gate
+            self,
+            self.settings.health_host,
+            self.settings.health_port,
+            self.gate,
+            registry=self.registry,
+            extra_routes=self.routes,
         )

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
+import threading
 from collections.abc import Sequence
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -15,7 +19,8 @@ from dispatch_client.cli import EXIT_INPUT, EXIT_OK, EXIT_SERVER, main
 from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.retry import DEFAULT_RETRY
-from dispatch_client.transport import Transport
+from dispatch_client.transport import WRONG_PORT_HINTS, Transport
+from dispatch_contract.version import product_version
 
 Array = np.ndarray[Any, Any]
 EXAMPLE = Path(__file__).resolve().parents[3] / "client" / "examples" / "window_small.json"
@@ -216,7 +221,17 @@ def test_urls_take_an_http_or_https_scheme(
     transport.close()
 
 
-@pytest.mark.parametrize("url", ["ftp://localhost:8000", "http://localhost:8000/v2", "http://"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://localhost:8000",
+        "http://localhost:8000/v2",
+        "http://",
+        "127.0.0.1",
+        "http://127.0.0.1",
+        "localhost:99999",
+    ],
+)
 def test_other_urls_are_bad_input(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", url, str(EXAMPLE)]) == EXIT_INPUT
     assert one_error_line(capsys.readouterr().err) == (
@@ -379,3 +394,36 @@ def test_retries_out_of_range_is_a_usage_error(
     assert main(["--retries", value, str(EXAMPLE)], transport_factory=server) == EXIT_INPUT
     assert one_error_line(capsys.readouterr().err) == f"--retries: must be within 0..9, got {value}"
     assert server.request_ids == []
+
+
+def test_version_prints_the_product_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == EXIT_OK  # not an abbreviation of --version-tag
+    assert capsys.readouterr().out == f"dispatch-client {product_version()}\n"
+
+
+def test_http_sent_to_a_grpc_port_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # a real gRPC server
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert main(["--url", f"127.0.0.1:{port}", "--retries", "0", str(EXAMPLE)]) == 1
+    finally:
+        server.stop(None)
+    assert WRONG_PORT_HINTS["http"] in one_error_line(capsys.readouterr().err)
+
+
+def test_grpc_sent_to_an_http_port_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)  # a real HTTP server
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        args = ["--protocol", "grpc", "--url", url, "--retries", "0", "--timeout", "5"]
+        assert main([*args, str(EXAMPLE)]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert WRONG_PORT_HINTS["grpc"] in one_error_line(capsys.readouterr().err)

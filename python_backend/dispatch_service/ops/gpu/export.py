@@ -1,7 +1,6 @@
-"""Prometheus export of the GPU monitor: its own endpoint (prometheus_client), read at each
-scrape from the monitor's snapshot, so nothing is recorded on the request path.
-
-Imported only when the endpoint starts: prometheus_client costs the launcher 0.25 s.
+"""Prometheus export of the GPU monitor, read at each scrape from the monitor's snapshot, so
+nothing is recorded on the request path: a collector for the launcher's registry
+(`MonitorCollector`), or an endpoint of its own for a monitor run alone (`serve_metrics`).
 """
 
 from __future__ import annotations

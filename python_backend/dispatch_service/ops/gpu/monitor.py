@@ -5,11 +5,11 @@ The launcher (`ops.server`) starts it with one call, `start_gpu_monitor`, after 
 ready. It can also run beside a server it did not start (the NGC image's tritonserver):
 ``python -m dispatch_service.ops.gpu.monitor --url HOST:PORT``.
 
-Metrics: the launcher has no metrics endpoint of its own and Triton's (:8002) belongs to
-the server process, so the monitor serves its own with prometheus_client on
-``metrics_port`` (default 8004, loopback unless ``metrics_host`` says otherwise); the series
-are listed in `export.METRIC_NAMES`. On a host without NVML it says "no GPU" once (log line and
-``dispatch_gpu_monitor_gpus 0``) and samples nothing more.
+Metrics (the series are listed in `export.METRIC_NAMES`): under the launcher they join the
+launcher's own registry (`RunningMonitor.export_to`), served on its HTTP port (8003) beside
+its other series; run alone, the monitor serves them itself with prometheus_client on
+``metrics_port`` (default 8004, loopback unless ``metrics_host`` says otherwise). On a host
+without NVML it says "no GPU" once (a log line) and samples and exports nothing more.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatch_service.ops.gpu.fallback import DeviceLevel, FallbackController, Transition
 from dispatch_service.ops.gpu.health import HealthTracker, describe
@@ -37,6 +37,9 @@ from dispatch_service.ops.gpu.sampling import (
 )
 from dispatch_service.ops.gpu.settings import GpuMonitorSettings
 from dispatch_service.ops.gpu.snapshot import MonitorSnapshot
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
 
 __all__ = [
     "GpuMonitor",
@@ -160,6 +163,14 @@ class RunningMonitor:
     monitor: GpuMonitor
     server: Any = None  # the WSGI server of the metrics endpoint
 
+    def export_to(self, registry: CollectorRegistry) -> None:
+        """Serve the series through ``registry`` (the launcher's): nothing on a host
+        without a GPU, as on the monitor's own endpoint."""
+        if not self.monitor.no_gpu:
+            from dispatch_service.ops.gpu.export import MonitorCollector
+
+            registry.register(MonitorCollector(self.monitor))
+
     @property
     def metrics_url(self) -> str | None:
         if self.server is None:
@@ -181,11 +192,14 @@ def start_gpu_monitor(
     admin_key: str | None = None,
     sampler: GpuSampler | None = None,
     act: bool = True,
+    *,
+    serve: bool = True,
 ) -> RunningMonitor:
     """Start monitoring the node's GPUs for the server at `http_url` (the launcher's call).
 
     ``sampler`` None: NVML (None on a CPU host: "no GPU" once, nothing else). ``act``
-    False (the cpu profile): observe and export, never reload the model.
+    False (the cpu profile): observe and export, never reload the model. ``serve`` False:
+    no endpoint of its own (the launcher exports through its registry: `export_to`).
     """
     if sampler is None:
         prober = ContextProber(settings.context_probe_period_s, settings.context_probe_timeout_s)
@@ -195,7 +209,7 @@ def start_gpu_monitor(
         controller = FallbackController(http_url, settings, admin_key)
     monitor = GpuMonitor(sampler, settings, controller)
     server = None
-    if settings.metrics_port and not monitor.no_gpu:
+    if serve and settings.metrics_port and not monitor.no_gpu:
         from dispatch_service.ops.gpu.export import serve_metrics  # prometheus_client: 0.25 s
 
         try:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, TextIO
 
+from dispatch_contract.keys import ADMIN_KEY_ENV, KeyFileError, read_key
 from dispatch_contract.version import add_version_argument
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.signing import (
@@ -199,7 +200,6 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{name}: loads (after the restricted models)", file=out)
     for name, reason in plan.refused.items():
         print(f"{name}: REFUSED: {reason}", file=out)
-    add_version_argument(parser)
     unsigned = [v for v in plan.refused_versions if v.outcome in UNSIGNED]
     if unsigned:  # the usual cause on a fresh checkout; tampering is never "fixed" by signing
         print(
@@ -330,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         "folders).",
         formatter_class=_HelpWithDefaults,
     )
+    add_version_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, text: str) -> argparse.ArgumentParser:

@@ -139,13 +139,14 @@ class Supervisor(StubHealing):
         # crash counter (`ops.restart.CrashCounter.metrics_text`).
         self.metric_sources: list[Callable[[], str]] = []
         # More fields for `/healthz` (each called per request), e.g. the fleet state served.
-        self.detail_sources: dict[str, Callable[[], Any]] = {}
-
         # The one registry `/metrics` serves: the supervisor's series, the build, the text of
         # `metric_sources`; other parts register collectors of their own (the GPU monitor's).
         self.registry = launcher_registry(self.snapshot, self.models, self.metric_sources)
         # More routes for the health port (aiohttp route definitions), added before `start`.
         self.routes: list[web.AbstractRouteDef] = []
+        # More fields for `/healthz` (each called per request), e.g. the fleet state served.
+        self.detail_sources: dict[str, Callable[[], Any]] = {}
+
     # -- verdicts -------------------------------------------------------------------------
     def live(self) -> bool:
         with self._lock:

@@ -25,7 +25,7 @@ class FakeServer:
     def start(self, timeout_s: float = 0) -> object:
         return self
 
-    def stop(self, timeout_s: float = 0) -> None:
+    def stop(self, timeout_s: float = 0, *, graceful: bool = True) -> None:
         pass
 
 
@@ -41,7 +41,7 @@ class CountingServer(FakeServer):
         self.calls.append("start")
         return self
 
-    def stop(self, timeout_s: float = 0) -> None:
+    def stop(self, timeout_s: float = 0, *, graceful: bool = True) -> None:
         self.calls.append("stop")
 
 

@@ -40,6 +40,9 @@ class ChildService:
         self.log_path = log_path
         self.name = name
         self.process: subprocess.Popen[bytes] | None = None
+        # Pids of the processes this object was asked to stop while they ran: their signal
+        # deaths are stops, not crashes (`restart.CrashCounter`).
+        self.stopped_pids: set[int] = set()
 
     def spawn(
         self,
@@ -93,17 +96,23 @@ class ChildService:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = 20.0, *, graceful: bool = True) -> None:
+        """SIGTERM the group and wait ``timeout_s``, then SIGKILL it; without ``graceful``,
+        SIGKILL at once (nothing left to finish)."""
         process, self.process = self.process, None
         if process is None:
             return
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
+            self.stopped_pids.add(process.pid)  # before the signal: never taken for a crash
+            if graceful:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+            else:
                 os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=timeout_s)
+            process.wait(timeout=max(timeout_s, 5.0))
         end_process_group(process.pid)  # what a crash or the stop left of its group
 
     def __exit__(

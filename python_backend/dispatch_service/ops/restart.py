@@ -18,10 +18,11 @@ command line (a patched release, e.g. the NGC image) keeps `exit` for its proces
 unless told otherwise.
 
 `CrashCounter` watches the server's process (each one a restart puts in place) and counts
-every exit by a crash signal -- SIGSEGV, SIGABRT (2.51's `boost::interprocess::
-lock_exception` abort), SIGBUS, SIGFPE, SIGILL -- as ``dispatch_launcher_server_crashes_total
-{signal=...}`` on the launcher's `/metrics`, with one ``server_crashed`` event line each.
-A stop the launcher asks for (SIGTERM, SIGKILL after the exit timeout) is no crash. A
+every death by a signal -- SIGSEGV, SIGABRT (2.51's `boost::interprocess::lock_exception`
+abort), SIGKILL (the OOM killer, a `kill -9`), SIGTERM from anyone else, ... -- as
+``dispatch_launcher_server_crashes_total{signal=...}`` on the launcher's `/metrics`, with one
+``server_crashed`` event line each. Only a stop the launcher asked for (its SIGTERM, its
+SIGKILL after the exit timeout: `ChildService.stopped_pids`) is no crash. A
 Triton that caught a crash signal but did not die of it counts too: 2.51's handler prints
 ``Signal (11) received.`` and may then hang (seen once under the burst: the deep check then
 declared it dead and the launcher killed it), so the server's log is read as it grows, and
@@ -63,12 +64,15 @@ SIGNAL_LINE = re.compile(rb"^Signal \((\d+)\) received\.", re.MULTILINE)
 
 
 class WatchedServer(Protocol):
-    """What the counter needs of `server.TritonServer`: its current process and its log."""
+    """What the counter needs of `server.TritonServer`: its current process, its log, and
+    the pids it stopped itself."""
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None: ...
     @property
     def log_path(self) -> Path: ...
+    @property
+    def stopped_pids(self) -> set[int]: ...
 
 
 def end_process_group(pgid: int) -> None:
@@ -122,15 +126,17 @@ def default_on_dead(requested: str | None, tritonserver: Path | None) -> OnDead:
 
 
 def crash_signal(returncode: int | None) -> str | None:
-    """The crash signal's name (``SIGSEGV``) a process's exit status shows, or None: still
-    running, a normal exit, or a stop asked for (SIGTERM, SIGKILL, SIGINT). A status of
-    128 + n (a shell's report of signal n) counts as that signal too."""
+    """The name (``SIGSEGV``, ``SIGKILL``) of the signal a process's exit status shows it died
+    of, or None: still running or a normal exit. A status of 128 + n (a shell's report of
+    signal n) counts as that signal too. Whether the launcher asked for it is the caller's
+    to know (`CrashCounter`)."""
     if returncode is None:
         return None
     number = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
-    if number in CRASH_SIGNALS:
-        return signal.Signals(number).name
-    return None
+    try:
+        return signal.Signals(number).name if number > 0 else None
+    except ValueError:
+        return f"signal {number}"
 
 
 class CrashCounter:
@@ -188,6 +194,8 @@ class CrashCounter:
         if code is None or process.pid in self._judged:
             return
         self._judged.add(process.pid)
+        if process.pid in self.server.stopped_pids:
+            return  # the launcher stopped it
         name = crash_signal(code)
         if name is not None:
             self._count(process, name, "exit")
@@ -240,7 +248,7 @@ class CrashCounter:
         counts.setdefault("SIGSEGV", 0)
         lines = [
             "# HELP dispatch_launcher_server_crashes_total Triton processes that died of a "
-            "crash signal (each restarted under --on-dead restart).",
+            "signal the launcher did not send (each restarted under --on-dead restart).",
             "# TYPE dispatch_launcher_server_crashes_total counter",
         ]
         lines += [

@@ -196,12 +196,12 @@ class TritonServer(ChildService):
         self.shm_prefix = new_shm_prefix()
         self.entry_points: list[Probe] = []  # the last deep check of required_models
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = 20.0, *, graceful: bool = True) -> None:
         """Stop the server, then remove the Python backend regions it left behind. Triton 2.51
         sometimes leaves one (4 MiB) in /dev/shm: one after each full integration-test run,
         not reproduced by any test module alone. With the server gone, nothing uses the
         prefix."""
-        super().stop(timeout_s)
+        super().stop(timeout_s, graceful=graceful)
         if self.shm_dir.is_dir():
             for region in self.shm_dir.glob(f"{self.shm_prefix}*"):
                 region.unlink(missing_ok=True)

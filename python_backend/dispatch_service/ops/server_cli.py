@@ -198,11 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         "with --tritonserver; docs/security.md)",
     )
     parser.add_argument(
-        "--max-restarts",
+        "--max-failed-starts",
         type=int,
         default=5,
-        help="with --on-dead restart: after this many restarts within 10 minutes, stop and "
-        "exit 3 instead (default %(default)s)",
+        help="with --on-dead restart: after this many restarts in a row whose server never "
+        "became ready, stop and exit 3 (a crash after ready is always restarted; "
+        "default %(default)s)",
     )
     parser.add_argument(
         "--drain-timeout",
@@ -257,8 +258,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_restarts < 0:
-        parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.max_failed_starts < 1:
+        parser.error(f"--max-failed-starts must be >= 1, got {args.max_failed_starts}")
     gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -301,7 +302,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     health_port = args.metrics_port + 1 if args.health_port is None else args.health_port
     settings = SupervisorSettings(
         on_dead=default_on_dead(args.on_dead, args.tritonserver),
-        max_restarts=args.max_restarts,
+        max_failed_starts=args.max_failed_starts,
         drain_timeout_s=args.drain_timeout,
         health_host=args.host,
         health_port=health_port,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -22,6 +24,7 @@ from typing import Any
 
 from dispatch_service.core.signing import verify_version
 from dispatch_service.ops.health import deep_check
+from dispatch_service.ops.host import STUB_NAME, proc_stat
 from dispatch_service.ops.model_control import (
     ModelControlError,
     load_model,
@@ -37,6 +40,7 @@ from dispatch_service.ops.stubs import (
     stub_deaths,
     stub_model_files,
     stub_versions,
+    zombie_stubs,
 )
 from dispatch_service.ops.supervisor_state import (
     SupervisedServer,
@@ -48,6 +52,7 @@ from dispatch_service.routing.settings import SCORING_MODEL_NAME
 
 __all__ = [
     "HEAL_RETRY_WAITS_S",
+    "LEAK_QUIET_S",
     "RELOAD_RETRY_WAITS_S",
     "RELOAD_TIMEOUT_S",
     "UNVERIFIED_CODE",
@@ -65,6 +70,10 @@ RELOAD_RETRY_WAITS_S = (1.0, 3.0)
 HEAL_RETRY_WAITS_S = (1.0, 2.0, 4.0, 8.0)
 
 UNVERIFIED_CODE = "running code that does not verify"
+
+# A server holding dead stubs for `stub_leak_max_age_s` is restarted only once no stub has
+# died for this long: not in the middle of what is killing them.
+LEAK_QUIET_S = 10.0
 
 # A reload's load request waits this long at most: 2.51 never finishes a load one of whose
 # new stubs died while it started, and the watcher must not wait on it for minutes (the
@@ -91,6 +100,8 @@ class StubHealing:
         self._unverified: dict[int, str] = {}  # stub pid -> model, running unverified code
         self._heal_due: dict[str, float] = {}  # model -> when to recover it again
         self._heal_tries: Counter[str] = Counter()
+        self._leak_since: float | None = None  # when the server first held a dead stub
+        self._last_death = float("-inf")
 
     def _reset_healing(self) -> None:
         """A new server: the old one's heals, stale and unverified stubs went with it."""
@@ -98,6 +109,7 @@ class StubHealing:
         self._heal_tries.clear()
         self._stale.clear()
         self._unverified.clear()
+        self._leak_since = None
 
     def _event(self, event: str, **fields: Any) -> None:
         self.report(json.dumps({"event": event, **fields}, sort_keys=True))
@@ -105,6 +117,66 @@ class StubHealing:
     def _current_stubs(self) -> dict[int, StubKey]:
         process = self.server.process
         return {} if process is None else stub_versions(process.pid)
+
+    def _stubs_alive(self) -> bool:
+        """Whether every stub that serves, as of the last look, still runs: read at each
+        readiness question, so a stub that died since the last poll makes the server not
+        ready at once (a dead stub is a zombie: Triton never reaps it)."""
+        process = self.server.process
+        if process is None:
+            return True  # no server: its own verdicts say so
+        stale = set(self._stale)
+        for pid in list(self._stubs):
+            if pid in stale:
+                continue
+            stat = proc_stat(Path("/proc") / str(pid))
+            if stat is None or stat.state == "Z" or stat.parent != process.pid:
+                return False
+        return True
+
+    def _end_stale(self, pids: set[int]) -> None:
+        """End the replaced instances' stubs a reload left running: they serve nothing and
+        hold their memory (4 wrapped-shape requests took dispatch_fused from 4 stubs and
+        587 MiB to 16 and 2,327 MiB). Triton 2.51 never ends them once one of their model's
+        stubs died, nor an unload of that model (it stays UNLOADING). Each stays a zombie,
+        holding no memory, until the server is restarted (`_leak_restart_reason`)."""
+        process = self.server.process
+        if process is None:
+            return
+        ended = []
+        for pid in sorted(pids):
+            stat = proc_stat(Path("/proc") / str(pid))
+            if stat is None or stat.parent != process.pid or not STUB_NAME.startswith(stat.name):
+                continue  # gone, or no longer this server's stub
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
+        if ended:
+            self._event("stale_stubs_ended", pids=ended)
+
+    def _leak_restart_reason(self) -> str | None:
+        """Why the server must be restarted to release its dead stubs, or None. 2.51 keeps
+        every dead stub as a zombie (and ~1.6 MB of its own memory per reload after a
+        death) until it exits: at `stub_leak_limit` of them, or after `stub_leak_max_age_s`
+        with none dying for LEAK_QUIET_S, a clean restart releases them."""
+        process = self.server.process
+        if process is None or process.poll() is not None:
+            return None
+        zombies = len(zombie_stubs(process.pid))
+        with self._lock:
+            self.state.leaked_stubs = zombies
+        if not zombies:
+            self._leak_since = None
+            return None
+        now = time.monotonic()
+        self._leak_since = self._leak_since or now
+        limit, max_age = self.settings.stub_leak_limit, self.settings.stub_leak_max_age_s
+        if zombies >= limit:
+            return f"{zombies} dead stubs held by tritonserver (limit {limit})"
+        age = now - self._leak_since
+        if age >= max_age and now - self._last_death >= LEAK_QUIET_S:
+            return f"dead stubs held by tritonserver for {age:.0f} s (limit {max_age:.0f} s)"
+        return None
 
     def _watch_stubs(self) -> None:
         while not self._stop.wait(self.settings.poll_s):
@@ -130,6 +202,11 @@ class StubHealing:
         self._stubs = now
         self._check_code(started, now)
         deaths = self._deaths(lost, now) if lost else {}
+        if deaths is None:
+            # Triton does not say what it serves (a crashing or overloaded server): judge
+            # these losses at the next look; the deep check judges the server meanwhile.
+            self._stubs = {**lost, **now}
+            return
         self._stale &= set(now)
         retired = sorted(pid for pid in lost if not any(pid in d for d in deaths.values()))
         if retired:
@@ -191,9 +268,13 @@ class StubHealing:
         self._unverified[pid] = model
         self._event("unverified_code_running", pid=pid, **fields)
 
-    def _deaths(self, lost: dict[int, StubKey], now: dict[int, StubKey]) -> dict[str, list[int]]:
-        """`stub_deaths` with what Triton says now; when it cannot say, every loss counts
-        (the reload is what a dead stub needs, and the deep check watches the rest)."""
+    def _deaths(
+        self, lost: dict[int, StubKey], now: dict[int, StubKey]
+    ) -> dict[str, list[int]] | None:
+        """`stub_deaths` with what Triton says now; None when it cannot say. A server dying
+        of a crash loses its stubs while its process still runs: counted as deaths, they
+        were reloaded into the restarted server on the same port (15 stub restarts counted
+        after one short-deadline crash on a loaded host)."""
         url, key = self.server.http_url, self.server.admin_key
         timeout = self.settings.check_timeout_s
         try:
@@ -203,7 +284,7 @@ class StubHealing:
                 if entry.get("state") == "READY" and "version" in entry
             }
         except ModelControlError:
-            ready = set(lost.values())
+            return None
         instances = {}
         for model in sorted({model for model, _ in lost.values()}):
             # Not loaded any more (then not READY either): stub_deaths assumes one instance.
@@ -256,6 +337,8 @@ class StubHealing:
 
     def _recover(self, model: str, pids: list[int]) -> None:
         retry = model in self._heal_due
+        if pids:
+            self._last_death = time.monotonic()
         with self._lock:
             self.state.recovering[model] = float("inf")
             if not retry:
@@ -321,8 +404,10 @@ class StubHealing:
         now = self._current_stubs()
         if loaded:
             # The replaced instances' stubs that are still running serve nothing (2.51
-            # never ends them once one of their model's stubs died).
-            self._stale |= before & set(now)
+            # never ends them once one of their model's stubs died): ended here.
+            replaced = before & set(now)
+            self._stale |= replaced
+            self._end_stale(replaced)
         # This model's stubs as they are now; the others' as last seen, so that a stub of
         # another model that died during this recovery is still found at the next look.
         self._stubs = {

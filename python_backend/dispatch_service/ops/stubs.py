@@ -15,6 +15,7 @@ __all__ = [
     "stub_model_files",
     "stub_models",
     "stub_versions",
+    "zombie_stubs",
 ]
 
 StubKey = tuple[str, str]  # (model, version folder)
@@ -53,6 +54,23 @@ def stub_model_files(parent_pid: int, proc: Path = Path("/proc")) -> dict[int, P
             continue
         found[int(entry.name)] = Path(argv[1].decode(errors="replace"))
     return found
+
+
+def zombie_stubs(parent_pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of ``parent_pid``'s dead stubs it has not reaped (state Z). A zombie has no
+    command line left: it is known by its command name, the stub's cut to 15 bytes."""
+    found = []
+    for entry in proc.glob("[0-9]*"):
+        stat = proc_stat(entry)
+        if (
+            stat is not None
+            and stat.state == "Z"
+            and stat.parent == parent_pid
+            and STUB_NAME.startswith(stat.name)
+            and stat.name
+        ):
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def instance_count(config: dict[str, Any]) -> int:

@@ -32,7 +32,9 @@ while inference hangs, and fails in-flight ensemble requests when stopped. So th
   declared dead and the policy applies (``exit``: stop it and exit non-zero for the process
   manager; ``restart``: stop and start it again, then load back the configs `deploy` and
   `rollback` set live -- the scoring versions, the routing of the router and the in-process
-  routing models -- as the last good check read them, so a restart does not end a rollout).
+  routing models -- as the last good check read them, so a restart does not end a rollout;
+  a crash after ready, whatever caused it, is restarted every time, and only a server that
+  cannot start again, ``max_failed_starts`` times in a row, is given up).
   Under ``restart`` a Triton process that has exited is restarted at the next check,
   without that wait (2.51 aborts with ``boost::interprocess::lock_exception`` now and then
   when a stub is SIGKILLed while it holds a shared-memory lock); under ``exit`` the
@@ -52,8 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
 import threading
 import time
 import urllib.error
@@ -131,7 +131,10 @@ class Supervisor(StubHealing):
         self.dead = threading.Event()
         self._init_healing()
         self._successes: dict[str, float] = {}
-        self._restarted_at: list[float] = []  # monotonic times of the policy's restarts
+        # Restarts in a row whose new server never became ready: only these count against
+        # `max_failed_starts` (a crash after ready, however often traffic causes it, never
+        # stops the service).
+        self._failed_starts = 0
         self._live: dict[str, dict[str, Any]] = {}  # LIVE_MODELS' configs at the last good check
         self._threads: list[threading.Thread] = []
         self._http: HealthService | None = None
@@ -152,9 +155,11 @@ class Supervisor(StubHealing):
         with self._lock:
             return not self.state.dead_reason
 
+        """Ready as of the last checks, and every serving stub still running now."""
     def ready(self) -> bool:
         with self._lock:
-            return self._ready_locked()
+            ready = self._ready_locked()
+        return ready and self._stubs_alive()
 
     def _ready_locked(self) -> bool:
         s = self.state
@@ -162,10 +167,11 @@ class Supervisor(StubHealing):
             s.ready and not s.draining and not s.recovering and not s.unhealed and not s.dead_reason
         )
 
+        stubs_alive = self._stubs_alive()
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             s = self.state
-            ready = self._ready_locked()
+            ready = self._ready_locked() and stubs_alive
             status = (
                 "dead"
                 if s.dead_reason
@@ -193,6 +199,8 @@ class Supervisor(StubHealing):
                 ],
                 "stub_restarts": dict(s.restarts),
                 "probes": dict(s.probes),
+                "leaked_stubs": s.leaked_stubs,
+                "leak_restarts": s.leak_restarts,
                 "server_restarts": s.server_restarts,
                 **{name: source() for name, source in self.detail_sources.items()},
             }
@@ -269,11 +277,7 @@ class Supervisor(StubHealing):
         drained = time.monotonic() - start
         self._event("drain_finished", seconds=round(drained, 3), quiet=quiet)
         self.stop()
-        process = self.server.process
-        if gated and quiet and process is not None and process.poll() is None:
-            with contextlib.suppress(OSError):
-                os.killpg(process.pid, signal.SIGKILL)
-        self.server.stop()
+        self.server.stop(graceful=not (gated and quiet))
         return drained
 
     def _close_gate(self) -> bool:
@@ -300,12 +304,18 @@ class Supervisor(StubHealing):
         settings = self.settings
         with self._lock:
             if self.state.draining or self.state.restarting:
+        leak = self._leak_restart_reason()
+        if leak is not None:
+            return self._restart_for_leaks(leak)
                 return True
         process = self.server.process
         code = None if process is None else process.poll()
         if code is not None:
             if settings.on_dead == "exit":
                 return True  # the launcher exits with Triton's own status (`server_cli.main`)
+        if process is None and settings.on_dead == "restart":
+            # The last restart's start failed (`_restart` stopped what it began): try again.
+            return self._dead("tritonserver not running (the last start failed)", silent=0.0)
             return self._dead(f"tritonserver exited with {code}", silent=0.0)
         started = time.monotonic()
         # The counters are read beside the probes, not after them: a stopped server costs
@@ -382,22 +392,13 @@ class Supervisor(StubHealing):
                 self._event("live_config_restore_failed", model=model, error=str(exc))
 
     def _dead(self, reason: str, silent: float) -> bool:
-        """Apply the policy to a dead server; False when the launcher gives it up."""
+        """Apply the policy to a dead server; False when the launcher gives it up: under
+        ``exit`` at once, under ``restart`` only after `max_failed_starts` restarts in a row
+        whose server never became ready (`_restart`)."""
         self._event("server_dead", silent_s=round(silent, 1), reason=reason)
-        settings = self.settings
-        if settings.on_dead == "restart":
-            now = time.monotonic()
-            recent = [t for t in self._restarted_at if now - t < settings.restart_window_s]
-            self._restarted_at = recent
-            if len(recent) < settings.max_restarts:
-                self._restarted_at.append(now)
-                self._restart()
-                return not self.dead.is_set()
-            reason = (
-                f"{reason} (given up: {len(recent)} restarts in the last "
-                f"{settings.restart_window_s:.0f} s)"
-            )
-            self._event("restart_limit", restarts=len(recent))
+        if self.settings.on_dead == "restart":
+            self._restart()
+            return not self.dead.is_set()
         with self._lock:
             self.state.dead_reason = reason
         self.dead.set()
@@ -425,21 +426,31 @@ class Supervisor(StubHealing):
 
         return {p.model for p in probes if not p.ok and p.busy and progressed(p.model)}
 
+        """Stop the server and start it again, then load back the live configs. A start that
+        fails leaves the server stopped and not ready (the next check tries again, after
+        `failed_start_wait_s`); after `max_failed_starts` in a row the launcher gives up:
+        a server that cannot start is for the process manager's back-off and a person. A
+        start that reaches ready clears that count, so crashes caused by traffic, however
+        many, never stop the service."""
     def _restart(self) -> None:
         with self._lock:
             self.state.restarting = True
+        failed: Exception | None = None
             self.state.ready = False
         try:
             start_again(self.server)  # stop, start; waits out ports the old one still holds
             self._restore_live()  # its reloads end stubs too: still inside `restarting`
-        except Exception as exc:  # cannot come back: give up like `exit`
-            with self._lock:
-                self.state.dead_reason = f"restart failed: {exc}"
-            self.dead.set()
-            return
+        except Exception as exc:
+            failed = exc
+            with contextlib.suppress(Exception):
+                self.server.stop()  # what the failed start left (`start` stops on most)
         finally:
             self._stubs = self._current_stubs()
             with self._lock:
+        if failed is not None:
+            self._start_failed(failed)
+            return
+        self._failed_starts = 0
                 self.state.restarting = False
         with self._lock:
             self.state.server_restarts += 1
@@ -450,6 +461,37 @@ class Supervisor(StubHealing):
         with self._lock:
             self.state.ready = True
         self._event("server_restarted")
+    def _restart_for_leaks(self, reason: str) -> bool:
+        """Restart a server that holds too many dead stubs (`_leak_restart_reason`): not
+        ready first, for ``drain_grace_s``, so a load balancer moves away before the stop."""
+        self._event("server_restart_for_leaks", reason=reason)
+        with self._lock:
+            self.state.ready = False
+            self.state.leak_restarts += 1
+        self._stop.wait(self.settings.drain_grace_s)
+        self._restart()
+        return not self.dead.is_set()
+
+    def _start_failed(self, exc: Exception) -> None:
+        self._failed_starts += 1
+        limit = self.settings.max_failed_starts
+        if self._failed_starts < limit:
+            wait = self.settings.failed_start_wait_s
+            self._event(
+                "restart_failed",
+                error=str(exc)[-2000:],
+                failed_starts=self._failed_starts,
+                retry_in_s=wait,
+            )
+            self._stop.wait(wait)
+            return
+        self._event("restart_limit", failed_starts=self._failed_starts, error=str(exc)[-2000:])
+        with self._lock:
+            self.state.dead_reason = (
+                f"restart failed {self._failed_starts} times in a row (given up): {exc}"
+            )
+        self.dead.set()
+
 
     # -- HTTP -----------------------------------------------------------------------------
     def _serve_http(self) -> None:

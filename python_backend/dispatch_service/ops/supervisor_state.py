@@ -33,7 +33,7 @@ class SupervisedServer(Protocol):
     def required_models(self) -> tuple[str, ...]: ...
 
     def start(self, timeout_s: float = ...) -> object: ...
-    def stop(self, timeout_s: float = ...) -> None: ...
+    def stop(self, timeout_s: float = ..., *, graceful: bool = ...) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,17 @@ class SupervisorSettings:
     # dead_after_s + check_every_s + check_timeout_s = 9 s, inside the 10 s target.
     dead_after_s: float = 6.0
     on_dead: DeadPolicy = "exit"
-    # `restart` gives up like `exit` after this many restarts within restart_window_s: a
-    # server that keeps dying is for the process manager's back-off and a person, not a loop.
-    max_restarts: int = 5
-    restart_window_s: float = 600.0
+    # `restart` gives up like `exit` after this many restarts in a row whose server never
+    # became ready (a server that cannot start is for the process manager's back-off and a
+    # person), each tried again after failed_start_wait_s. Crashes after ready never count.
+    max_failed_starts: int = 5
+    failed_start_wait_s: float = 2.0
+    # Triton 2.51 never ends a model's replaced instances once one of its stubs died, nor
+    # reaps the dead stubs: the replaced stubs are ended by the supervisor, and the server is
+    # restarted cleanly once it holds this many dead stubs, or any for stub_leak_max_age_s
+    # (with no stub death in the last LEAK_QUIET_S).
+    stub_leak_limit: int = 16
+    stub_leak_max_age_s: float = 120.0
     drain_timeout_s: float = 30.0
     # On SIGTERM, readiness turns false this long before the entry points refuse new windows.
     drain_grace_s: float = 1.0
@@ -79,3 +86,5 @@ class SupervisorState:
     # models whose instances are not all back (a reload refused or failing): not ready
     unhealed: dict[str, str] = field(default_factory=dict)
     probes: Counter[str] = field(default_factory=Counter)  # deep-check windows sent
+    leaked_stubs: int = 0  # dead stubs the server holds (unreaped), at the last look
+    leak_restarts: int = 0  # clean server restarts that released them

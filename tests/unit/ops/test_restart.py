@@ -56,12 +56,12 @@ def test_an_unknown_policy_is_refused() -> None:
         (None, None),  # still running
         (0, None),
         (1, None),
-        (-signal.SIGTERM, None),  # a stop the launcher asked for
-        (-signal.SIGKILL, None),  # the stop's last resort after the exit timeout
-        (-signal.SIGINT, None),
+        (-signal.SIGTERM, "SIGTERM"),
+        (-signal.SIGKILL, "SIGKILL"),  # an OOM kill
+        (128 + signal.SIGKILL, "SIGKILL"),
     ],
 )
-def test_only_crash_signals_count(code: int | None, name: str | None) -> None:
+def test_every_signal_death_is_named(code: int | None, name: str | None) -> None:
     assert crash_signal(code) == name
 
 
@@ -69,6 +69,7 @@ class FakeServer:
     def __init__(self, log_path: Path = Path("/nonexistent/server.log")) -> None:
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = log_path
+        self.stopped_pids: set[int] = set()
 
 
 def dying(sig: signal.Signals) -> subprocess.Popen[bytes]:
@@ -90,7 +91,8 @@ def test_each_crashed_process_is_counted_once_by_signal() -> None:
     counter.check()  # the same dead process again: not counted twice
     # A restart replaced the next one between two polls: still judged by its status.
     server.process = dying(signal.SIGABRT)
-    server.process = dying(signal.SIGTERM)  # a stop the launcher asked for
+    server.process = dying(signal.SIGTERM)
+    server.stopped_pids.add(server.process.pid)  # a stop the launcher asked for
     counter.check()
     counter.check()
     assert dict(counter.crashes) == {"SIGSEGV": 1}
@@ -115,6 +117,7 @@ def test_a_process_replaced_after_a_poll_is_judged_at_the_next() -> None:
         alive.send_signal(signal.SIGSEGV)
         alive.wait(timeout=30)
         server.process = dying(signal.SIGTERM)  # the restart's new process (stopped)
+        server.stopped_pids.add(server.process.pid)
         counter.check()
     finally:
         if alive.poll() is None:
@@ -148,6 +151,30 @@ def test_the_watch_thread_counts_and_stops() -> None:
     finally:
         counter.stop()
     assert counter.total() == 1
+
+
+def test_a_kill_9_counts_as_sigkill_and_the_launchers_own_stop_does_not(tmp_path: Path) -> None:
+    """An OOM kill is a SIGKILL: it left the crash counter at 0 (issue 44). The launcher's
+    own stop signals the group too, and must not count."""
+    server = ChildService(tmp_path / "child.log", "sleeper")
+    events: list[dict[str, object]] = []
+    counter = CrashCounter(server, events.append)
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    server.spawn(sleep, dict(os.environ))
+    counter.check()
+    server.stop(timeout_s=5)  # SIGTERM from the launcher
+    server.spawn(sleep, dict(os.environ))
+    counter.check()
+    server.stop(graceful=False)  # the drain's SIGKILL
+    server.spawn(sleep, dict(os.environ))
+    counter.check()
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGKILL)  # someone else's kill -9
+    server.process.wait(timeout=30)
+    counter.check()
+    server.stop()
+    assert dict(counter.crashes) == {"SIGKILL": 1}
+    assert [(e["event"], e["signal"]) for e in events] == [("server_crashed", "SIGKILL")]
 
 
 def test_a_crash_signal_triton_caught_and_lived_on_counts_once(tmp_path: Path) -> None:
@@ -184,6 +211,7 @@ def test_a_restarted_servers_new_log_is_read_from_its_start(tmp_path: Path) -> N
     server = FakeServer(log)
     counter = CrashCounter(server, lambda event: None)
     server.process = dying(signal.SIGTERM)
+    server.stopped_pids.add(server.process.pid)
     counter.check()
     log.write_bytes(b"Signal (6) received.\n")  # the next process's log, shorter
     server.process = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -108,11 +108,11 @@ def test_keys_from_the_environment_win_and_images_refuse_to_run_without(
         resolve_keys(launcher_args(tmp_path, "--no-create-keys"), io.StringIO())
 
 
-def test_a_negative_restart_limit_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failed_start_limit_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
-        main(["--on-dead", "restart", "--max-restarts", "-1", "--tritonserver", "/nonexistent"])
+        main(["--on-dead", "restart", "--max-failed-starts", "0", "--tritonserver", "/nonexistent"])
     assert stopped.value.code == 2
-    assert "--max-restarts must be >= 0, got -1" in capsys.readouterr().err
+    assert "--max-failed-starts must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_events_into_a_closed_pipe_do_not_stop_the_launcher() -> None:

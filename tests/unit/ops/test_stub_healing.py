@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,7 @@ from dispatch_service.core.repository_layout import ENCODER_MODEL, SCORING_MODEL
 from dispatch_service.core.settings import RELOAD_MARK_PARAMETER
 from dispatch_service.core.signing import TrustedKeys, generate_private_key, sign_version
 from dispatch_service.ops.model_control import ModelControlError
+from dispatch_service.ops.stubs import zombie_stubs
 from dispatch_service.ops.supervisor import Supervisor
 from dispatch_service.ops.supervisor_state import SupervisorSettings
 from dispatch_service.ops.verified_load import LoadVerifier
@@ -45,9 +50,12 @@ def test_the_stubs_of_a_crashed_server_are_not_counted_as_stub_deaths(
 def test_stubs_are_left_alone_while_the_restart_policy_replaces_the_server(
     supervisor: Supervisor,
 ) -> None:
-    """A new server's stubs come and go while it starts: none of that is a stub death."""
+    """A new server's stubs come and go while it starts: none of that is a stub death. Nor
+    is a stub lost while Triton cannot say what it serves (a server dying of a crash: its
+    process still runs, its stubs are gone): that loss is judged at the next look."""
     events: list[str] = []
     supervisor.report = events.append
+    repo = StandInRepository(_stub_repository_files())
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as running:
         try:
             supervisor.server.process = running  # type: ignore[misc]
@@ -55,12 +63,19 @@ def test_stubs_are_left_alone_while_the_restart_policy_replaces_the_server(
             supervisor._stubs = {4242: ("feature_encoder", "1")}
             supervisor._check_stubs()
             assert events == [] and supervisor.state.restarts == Counter()
-            supervisor.state.restarting = False  # the same look outside a restart: a death
+            supervisor.state.restarting = False  # outside a restart, Triton not answering
             supervisor._check_stubs()
-            assert supervisor.state.restarts == Counter({"feature_encoder": 1})
-            assert any('"stub_died"' in event for event in events)
+            assert events == [] and supervisor.state.restarts == Counter()
+            assert supervisor._stubs == {4242: ("feature_encoder", "1")}  # kept for the next
+            # The next look, Triton answering that the version serves: a death.
+            repo.index = [{"name": "feature_encoder", "version": "1", "state": "READY"}]
+            supervisor.server.http_url = repo.url  # type: ignore[misc]
+            supervisor._check_stubs()
+            died = [json.loads(e) for e in events if '"stub_died"' in e]
+            assert died[0]["pids"] == [4242] and supervisor.state.restarts["feature_encoder"]
         finally:
             running.kill()
+            repo.close()
 
 
 def _stub_repository_files() -> dict[str, dict[str, object]]:
@@ -84,6 +99,9 @@ def _recovering_watcher(
     monkeypatch.setattr(
         "dispatch_service.ops.stub_healing.deep_check", lambda *a: ok_probes("dispatch")
     )
+    # The stand-in stubs are numbers, not processes: readiness by live stubs is tested
+    # apart (test_a_stub_dead_since_the_last_look_makes_the_server_not_ready_at_once).
+    monkeypatch.setattr(watcher, "_stubs_alive", lambda: True)
     return repo, watcher
 
 
@@ -374,6 +392,7 @@ def test_a_stub_running_code_that_does_not_verify_keeps_the_server_not_ready(
         verifier=LoadVerifier(repository, trusted),
     )
     watcher.server.process = running  # type: ignore[misc]
+    monkeypatch.setattr(watcher, "_stubs_alive", lambda: True)  # stand-in stubs
     uploaded = model_layout(tmp_path, "folderXYZ").python_model(1)
     uploaded.parent.mkdir(parents=True)
     uploaded.write_text("import os\n")
@@ -418,3 +437,120 @@ def test_two_stubs_found_dead_at_one_look_count_as_two_deaths_healed_by_one_relo
         )
     finally:
         repo.close()
+
+
+class _StubParent:
+    """A process standing in for tritonserver: two children named like Python-backend stubs
+    (a link named after the stub to `sleep`), never reaped, as 2.51 never reaps a dead one."""
+
+    def __init__(self, folder: Path) -> None:
+        stub = folder / "triton_python_backend_stub"
+        stub.symlink_to("/bin/sleep")
+        script = (
+            "import subprocess, sys, time\n"
+            f"kids = [subprocess.Popen([{str(stub)!r}, '60']) for _ in range(2)]\n"
+            "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True
+        )
+        assert self.process.stdout is not None
+        self.children = [int(pid) for pid in self.process.stdout.readline().split()]
+
+    def kill_child(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(500):  # bounded: until it is a zombie
+            if zombie_stubs(self.process.pid).count(pid):
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"{pid} did not become a zombie")
+
+    def close(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+@pytest.fixture
+def stub_parent(tmp_path: Path) -> Iterator[_StubParent]:
+    parent = _StubParent(tmp_path)
+    try:
+        yield parent
+    finally:
+        parent.close()
+
+
+def test_a_stub_dead_since_the_last_look_makes_the_server_not_ready_at_once(
+    stub_parent: _StubParent,
+) -> None:
+    """/readyz answered 200 for 0.07-0.33 s with a stub missing: between two polls. Readiness
+    looks at the serving stubs each time it is asked."""
+    server = CountingServer()
+    server.process = stub_parent.process  # type: ignore[assignment]
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=lambda line: None)
+    first, second = stub_parent.children
+    watcher._stubs = {first: ("dispatch_fused", "1"), second: ("dispatch_fused", "1")}
+    assert watcher.ready()
+    stub_parent.kill_child(first)  # no poll of the stubs since
+    assert not watcher.ready() and not watcher.snapshot()["ready"]
+    watcher._stale = {first}  # a replaced instance's stub, ended on purpose: serves nothing
+    assert watcher.ready()
+
+
+def test_replaced_stubs_are_ended_and_only_this_servers(stub_parent: _StubParent) -> None:
+    events: list[dict[str, Any]] = []
+    server = CountingServer()
+    server.process = stub_parent.process  # type: ignore[assignment]
+    watcher = Supervisor(
+        server, SupervisorSettings(health_port=0), report=lambda e: events.append(json.loads(e))
+    )
+    first, second = stub_parent.children
+    with subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL) as stranger:  # not ours
+        try:
+            watcher._end_stale({first, stranger.pid})
+            assert stranger.poll() is None
+        finally:
+            stranger.kill()
+    for _ in range(500):  # bounded
+        if first in zombie_stubs(stub_parent.process.pid):
+            break
+        time.sleep(0.01)
+    assert zombie_stubs(stub_parent.process.pid) == [first]
+    assert events == [{"event": "stale_stubs_ended", "pids": [first]}]
+
+
+def test_a_server_holding_dead_stubs_is_restarted_at_the_limit_or_after_their_age(
+    stub_parent: _StubParent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2.51 never reaps a dead stub nor frees what a reload after a death costs it: 1,000
+    wrapped-shape requests would leave 1,000 zombies. A clean restart releases them."""
+    monkeypatch.setattr(
+        "dispatch_service.ops.supervisor.deep_check", lambda *a: ok_probes("dispatch")
+    )
+    server = CountingServer()
+    server.process = stub_parent.process  # type: ignore[assignment]
+    events: list[dict[str, Any]] = []
+    settings = SupervisorSettings(
+        health_port=0, stub_leak_limit=2, stub_leak_max_age_s=3600.0, drain_grace_s=0.0
+    )
+    watcher = Supervisor(server, settings, report=lambda e: events.append(json.loads(e)))
+    first, second = stub_parent.children
+    assert watcher._leak_restart_reason() is None
+    stub_parent.kill_child(first)
+    assert watcher._leak_restart_reason() is None  # one, just now
+    assert watcher.snapshot()["leaked_stubs"] == 1
+    watcher._last_death = time.monotonic()
+    watcher.settings = replace(settings, stub_leak_max_age_s=0.0)
+    assert watcher._leak_restart_reason() is None  # old enough, but a stub died just now
+    watcher._last_death -= 60.0
+    assert "for 0 s" in str(watcher._leak_restart_reason())
+    watcher.settings = settings
+    stub_parent.kill_child(second)
+    assert "2 dead stubs held by tritonserver (limit 2)" in str(watcher._leak_restart_reason())
+    assert watcher._check_health()
+    assert server.calls == ["stop", "start"]
+    snapshot = watcher.snapshot()
+    assert snapshot["leak_restarts"] == 1 and snapshot["server_restarts"] == 1
+    assert [e["event"] for e in events][:1] == ["server_restart_for_leaks"]

@@ -201,22 +201,63 @@ def test_a_failed_reading_of_the_live_configs_keeps_the_last_one() -> None:
         repo.close()
 
 
-def test_the_restart_policy_gives_up_after_max_restarts_in_its_window() -> None:
+def test_crashes_after_ready_never_spend_the_restart_budget() -> None:
+    """Traffic crashed the embedded 2.51 six times in six bursts and the launcher, at its old
+    limit of 5 restarts in 10 minutes, exited 3: the service was gone. A restart that
+    reaches ready never counts."""
     server = CountingServer()
-    events: list[str] = []
-    settings = SupervisorSettings(health_port=0, on_dead="restart", max_restarts=2)
-    watcher = Supervisor(server, settings, report=events.append)
-    assert watcher._dead("dispatch: FAILED", silent=6.0)
-    assert watcher._dead("dispatch: FAILED", silent=6.0)
-    assert not watcher._dead("dispatch: FAILED", silent=6.0)  # the third death: given up
-    assert server.calls == ["stop", "start"] * 2 and watcher.state.server_restarts == 2
+    settings = SupervisorSettings(health_port=0, on_dead="restart", max_failed_starts=2)
+    watcher = Supervisor(server, settings, report=lambda line: None)
+    for _ in range(20):
+        assert watcher._dead("tritonserver exited with -11", silent=0.0)
+    assert server.calls == ["stop", "start"] * 20 and watcher.state.server_restarts == 20
+    assert not watcher.dead.is_set() and watcher.live() and watcher.ready()
+
+
+class _FailingStarts(CountingServer):
+    """A server whose next ``failures`` starts fail, as one that cannot start would."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def start(self, timeout_s: float = 0) -> object:
+        super().start(timeout_s)
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("dispatch_fused: stub failed to start")
+        return self
+
+
+def test_a_server_that_cannot_start_is_given_up_after_max_failed_starts_in_a_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_probe(*args: object) -> list[Probe]:
+        raise AssertionError("probed a server that is not running")
+
+    monkeypatch.setattr("dispatch_service.ops.supervisor.deep_check", no_probe)
+    events: list[dict[str, Any]] = []
+    settings = SupervisorSettings(
+        health_port=0, on_dead="restart", max_failed_starts=3, failed_start_wait_s=0.0
+    )
+    # Two failed starts, then one that works: the count starts again.
+    server = _FailingStarts(failures=2)
+    watcher = Supervisor(server, settings, report=lambda line: events.append(json.loads(line)))
+    assert watcher._dead("tritonserver exited with -11", silent=0.0)
+    assert not watcher.ready() and not watcher.dead.is_set()
+    # The next check finds no process (the failed start stopped it) and starts again at once.
+    assert watcher._check_health() and not watcher.ready()
+    assert watcher._check_health() and watcher.ready()
+    assert [e["failed_starts"] for e in events if e["event"] == "restart_failed"] == [1, 2]
+    # Three failures in a row: given up, with the cause.
+    server.failures = 3
+    assert watcher._dead("tritonserver exited with -11", silent=0.0)
+    assert watcher._check_health()
+    assert not watcher._check_health()
     assert watcher.dead.is_set() and not watcher.live()
-    assert "given up: 2 restarts in the last 600 s" in watcher.snapshot()["dead_reason"]
-    assert any('"restart_limit"' in event for event in events)
-    # Restarts older than the window no longer count.
-    watcher = Supervisor(server, settings, report=events.append)
-    watcher._restarted_at = [time.monotonic() - 601.0] * 2
-    assert watcher._dead("dispatch: FAILED", silent=6.0) and not watcher.dead.is_set()
+    reason = watcher.snapshot()["dead_reason"]
+    assert "restart failed 3 times in a row" in reason and "stub failed to start" in reason
+    assert events[-1]["event"] == "restart_limit"
 
 
 def fallback_probes(*models: str, level: int = 2) -> list[Probe]:
@@ -306,14 +347,15 @@ class _GatedServer(FakeServer):
     def close_gate(self) -> None:
         self.gate_closed = True
 
-    def stop(self, timeout_s: float = 0) -> None:
+    def stop(self, timeout_s: float = 0, *, graceful: bool = True) -> None:
         self.stopped = True
+        self.graceful = graceful
 
 
 def test_a_drain_under_continuous_traffic_closes_the_gate_ends_quiet_and_kills_triton() -> None:
     """Refused requests keep coming (and queue at the gate) while nothing accepted is left:
-    the drain ends after quiet_s, not at its timeout, and Triton is killed at once -- a
-    graceful stop of 2.51 would answer NOT_FOUND while unloading."""
+    the drain ends after quiet_s, not at its timeout, and Triton is stopped at once (not
+    gracefully) -- a graceful stop of 2.51 would answer NOT_FOUND while unloading."""
     with subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
     ) as triton:
@@ -325,12 +367,12 @@ def test_a_drain_under_continuous_traffic_closes_the_gate_ends_quiet_and_kills_t
         watcher = Supervisor(server, settings, report=lambda e: events.append(json.loads(e)))
         try:
             watcher.drain_and_stop()
-            assert triton.wait(timeout=10) == -9  # SIGKILL
         finally:
             triton.kill()
             server.httpd.shutdown()
             server.httpd.server_close()
-    assert server.gate_closed and server.stopped and not watcher.ready()
+    assert server.gate_closed and server.stopped and not server.graceful
+    assert not watcher.ready()
     (finished,) = [e for e in events if e["event"] == "drain_finished"]
     assert finished["quiet"] is True  # ended once quiet, not by its timeout
 

@@ -17,6 +17,7 @@ from typing import Final
 __all__ = [
     "CONFIG_FILE",
     "DISPATCH_ENSEMBLE",
+    "DRIFT_REFERENCE_FILE",
     "ENCODER_MODEL",
     "FEATURES_ENSEMBLE",
     "FUSED_MODEL",
@@ -57,6 +58,8 @@ MODEL_NAMES: Final = (
 CONFIG_FILE: Final = "config.pbtxt"
 PROFILES_FOLDER: Final = "configs"  # <profile>.pbtxt, chosen by --model-config-name
 ONNX_FILE: Final = "model.onnx"
+# A scoring version's training reference for drift monitoring (`pipeline.drift`).
+DRIFT_REFERENCE_FILE: Final = "drift_reference.json"
 PYTHON_MODEL_FILE: Final = "model.py"
 WARMUP_FOLDER: Final = "warmup"  # one raw file per input tensor (model_warmup)
 

@@ -18,6 +18,7 @@ from dispatch_contract import DISPATCH_ENSEMBLE_INPUTS
 from dispatch_service.core.metrics import (
     CANDIDATES_PER_ORDER,
     CAPACITY_CONFLICTS,
+    DECISION_RECORDS,
     ENCODER_LATENCY,
     RESOLVER_LATENCY,
     VALIDATION_REJECTIONS,
@@ -25,6 +26,8 @@ from dispatch_service.core.metrics import (
     Observation,
 )
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
+from dispatch_service.outcomes.writer import DecisionWriter
+from dispatch_service.pipeline.drift import DRIFT_METRICS, DriftMonitor, drift_monitor
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.pipeline.step_metrics import encoder_observations, resolver_observations
 from dispatch_service.routing.live import LiveRouting
@@ -35,6 +38,11 @@ from dispatch_service.routing.metrics import (
 )
 from dispatch_service.routing.settings import FusedSettings, settings_record
 from dispatch_service.serving.backend_log import log_event
+from dispatch_service.serving.decision_log import (
+    decision_writer,
+    fused_answered_window,
+    log_decision,
+)
 from dispatch_service.serving.drain import DrainGate, draining_responses
 from dispatch_service.serving.live_routing import follow_live_routing, live_routing_file
 from dispatch_service.serving.probe import is_probe
@@ -57,8 +65,10 @@ FUSED_METRICS = (
     RESOLVER_LATENCY,
     CAPACITY_CONFLICTS,
     *FUSED_ROUTING_METRICS,
+    DECISION_RECORDS,
     VALIDATION_REJECTIONS,
     *GEOCODING_METRICS,
+    *DRIFT_METRICS,
 )
 
 
@@ -78,9 +88,13 @@ class FusedDispatchAdapter(TritonResponder):
         version: str = "",
         instance: str = "",
         routing_file: str = "",
+        drift: DriftMonitor | None = None,
     ) -> None:
         super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
         self.dispatch = dispatch
+        # Decision records, off the request path (`serving.decision_log`); None: off.
+        self.decisions: DecisionWriter | None = None
+        self.drift = drift  # counts scored pairs per reference bin (`pipeline.drift`)
         self.input_names = tuple(spec.name for spec in DISPATCH_ENSEMBLE_INPUTS)
         # The config's routing until the launcher's file says otherwise (`routing.live`).
         self.live = (
@@ -99,7 +113,11 @@ class FusedDispatchAdapter(TritonResponder):
             )
 
     def finalize(self) -> None:
+        if self.decisions is not None:
+            self.decisions.close()
         super().finalize()
+        if self.drift is not None:
+            self.drift.close()
         self.dispatch.encoder.close()
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
@@ -115,6 +133,14 @@ class FusedDispatchAdapter(TritonResponder):
         geocoding = self.dispatch.encoder.geocoder.observations()
         if not is_probe(request):  # the launcher's deep check is no user traffic
             self.record(fused_observations(result) + geocoding)
+            log_decision(
+                self.decisions,
+                request,
+                self.model_name,
+                lambda request_id: fused_answered_window(request_id, self.model_name, result),
+            )
+            if self.drift is not None:
+                self.drift.observe_routed(result.city, result.encoded, result.routed)
         log_failed_calls(self, request, result.routed, self.dispatch.settings.scoring_model)
         return self.response(result.outputs)
 
@@ -139,20 +165,26 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
     version = str(args.get("model_version", ""))
     instance = str(args.get("model_instance_name", ""))
     repository = Path(args["model_repository"]).parent
-    dispatch = FusedDispatch.from_repository(
-        repository,
-        settings,
-        trusted=model_trust(),
-    )
+    trusted = model_trust()
+    dispatch = FusedDispatch.from_repository(repository, settings, trusted=trusted)
+    metrics = triton_metrics(pb_utils, name, version, FUSED_METRICS)
+
+    def no_reference(reason: str) -> None:
+        log_event(pb_utils, "warn", event="drift_unmonitored", model=name, error=reason)
+
     adapter = FusedDispatchAdapter(
         pb_utils,
         name,
         dispatch,
-        metrics=triton_metrics(pb_utils, name, version, FUSED_METRICS),
+        metrics=metrics,
         version=version,
         instance=instance,
         routing_file=live_routing_file(),
+        drift=drift_monitor(
+            repository, settings.scoring_model, metrics, trusted=trusted, on_error=no_reference
+        ),
     )
+    adapter.decisions = decision_writer(pb_utils, name, adapter.record)
     adapter.follow_routing()
     adapter.loaded()
     log_event(

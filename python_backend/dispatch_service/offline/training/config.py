@@ -18,6 +18,7 @@ __all__ = [
     "LOG_FEATURES",
     "STREAM_HOLDOUT",
     "STREAM_INIT",
+    "STREAM_REFERENCE",
     "STREAM_SHUFFLE",
     "STREAM_TRAIN",
     "TrainConfig",
@@ -48,6 +49,8 @@ def log_feature_matrix() -> NDArray[np.float32]:
 
 # Independent random streams derived from the one seed.
 STREAM_TRAIN, STREAM_HOLDOUT, STREAM_INIT, STREAM_SHUFFLE = range(4)
+# The drift reference's windows of the registered cities training does not draw from.
+STREAM_REFERENCE: Final = 4
 # Log-space clamps before Exp: a wild feature row yields a large but finite answer.
 LOG_ETA_RANGE: Final = (math.log(0.5), math.log(600.0))
 LOG_COST_RANGE: Final = (math.log(0.5), math.log(1000.0))

@@ -22,6 +22,11 @@ from dispatch_service.offline.training.config import (
     TrainConfig,
 )
 from dispatch_service.offline.training.data import build_dataset
+from dispatch_service.offline.training.drift_reference import (
+    build_reference,
+    reference_datasets,
+    write_reference,
+)
 from dispatch_service.offline.training.export import (
     IR_VERSION,
     OPSET,
@@ -56,7 +61,8 @@ def train_and_export(
     version: int = 1,
     reference: Path | None = None,
 ) -> TrainResult:
-    """Simulate, train, check and write model.onnx, feature_layout.json and the card.
+    """Simulate, train, check and write model.onnx, feature_layout.json, the drift reference
+    and the card.
 
     ``reference``: a served version's folder; its model.onnx is scored on the same held-out
     pairs and the card compares the two.
@@ -100,6 +106,9 @@ def train_and_export(
     (out_dir / "feature_layout.json").write_text(
         json.dumps(layout(config.encoder), indent=2) + "\n"
     )
+    # The deciles live traffic is compared with (`pipeline.drift`), from the same data.
+    drift = build_reference(reference_datasets(config, train), model_bytes, version=version)
+    write_reference(out_dir, drift, config)
 
     card: dict[str, Any] = {
         "model": "dispatch_model",

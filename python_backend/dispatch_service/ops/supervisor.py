@@ -141,7 +141,6 @@ class Supervisor(StubHealing):
         # More Prometheus text for `/metrics` (each called per scrape), e.g. the launcher's
         # crash counter (`ops.restart.CrashCounter.metrics_text`).
         self.metric_sources: list[Callable[[], str]] = []
-        # More fields for `/healthz` (each called per request), e.g. the fleet state served.
         # The one registry `/metrics` serves: the supervisor's series, the build, the text of
         # `metric_sources`; other parts register collectors of their own (the GPU monitor's).
         self.registry = launcher_registry(self.snapshot, self.models, self.metric_sources)
@@ -155,8 +154,8 @@ class Supervisor(StubHealing):
         with self._lock:
             return not self.state.dead_reason
 
-        """Ready as of the last checks, and every serving stub still running now."""
     def ready(self) -> bool:
+        """Ready as of the last checks, and every serving stub still running now."""
         with self._lock:
             ready = self._ready_locked()
         return ready and self._stubs_alive()
@@ -167,8 +166,8 @@ class Supervisor(StubHealing):
             s.ready and not s.draining and not s.recovering and not s.unhealed and not s.dead_reason
         )
 
-        stubs_alive = self._stubs_alive()
     def snapshot(self) -> dict[str, Any]:
+        stubs_alive = self._stubs_alive()
         with self._lock:
             s = self.state
             ready = self._ready_locked() and stubs_alive
@@ -199,9 +198,9 @@ class Supervisor(StubHealing):
                 ],
                 "stub_restarts": dict(s.restarts),
                 "probes": dict(s.probes),
+                "server_restarts": s.server_restarts,
                 "leaked_stubs": s.leaked_stubs,
                 "leak_restarts": s.leak_restarts,
-                "server_restarts": s.server_restarts,
                 **{name: source() for name, source in self.detail_sources.items()},
             }
 
@@ -304,19 +303,19 @@ class Supervisor(StubHealing):
         settings = self.settings
         with self._lock:
             if self.state.draining or self.state.restarting:
+                return True
         leak = self._leak_restart_reason()
         if leak is not None:
             return self._restart_for_leaks(leak)
-                return True
         process = self.server.process
         code = None if process is None else process.poll()
         if code is not None:
             if settings.on_dead == "exit":
                 return True  # the launcher exits with Triton's own status (`server_cli.main`)
+            return self._dead(f"tritonserver exited with {code}", silent=0.0)
         if process is None and settings.on_dead == "restart":
             # The last restart's start failed (`_restart` stopped what it began): try again.
             return self._dead("tritonserver not running (the last start failed)", silent=0.0)
-            return self._dead(f"tritonserver exited with {code}", silent=0.0)
         started = time.monotonic()
         # The counters are read beside the probes, not after them: a stopped server costs
         # one timeout in all.
@@ -426,17 +425,17 @@ class Supervisor(StubHealing):
 
         return {p.model for p in probes if not p.ok and p.busy and progressed(p.model)}
 
+    def _restart(self) -> None:
         """Stop the server and start it again, then load back the live configs. A start that
         fails leaves the server stopped and not ready (the next check tries again, after
         `failed_start_wait_s`); after `max_failed_starts` in a row the launcher gives up:
         a server that cannot start is for the process manager's back-off and a person. A
         start that reaches ready clears that count, so crashes caused by traffic, however
         many, never stop the service."""
-    def _restart(self) -> None:
         with self._lock:
             self.state.restarting = True
-        failed: Exception | None = None
             self.state.ready = False
+        failed: Exception | None = None
         try:
             start_again(self.server)  # stop, start; waits out ports the old one still holds
             self._restore_live()  # its reloads end stubs too: still inside `restarting`
@@ -447,11 +446,11 @@ class Supervisor(StubHealing):
         finally:
             self._stubs = self._current_stubs()
             with self._lock:
+                self.state.restarting = False
         if failed is not None:
             self._start_failed(failed)
             return
         self._failed_starts = 0
-                self.state.restarting = False
         with self._lock:
             self.state.server_restarts += 1
             self.state.last_ok = time.monotonic()
@@ -461,6 +460,7 @@ class Supervisor(StubHealing):
         with self._lock:
             self.state.ready = True
         self._event("server_restarted")
+
     def _restart_for_leaks(self, reason: str) -> bool:
         """Restart a server that holds too many dead stubs (`_leak_restart_reason`): not
         ready first, for ``drain_grace_s``, so a load balancer moves away before the stop."""
@@ -491,7 +491,6 @@ class Supervisor(StubHealing):
                 f"restart failed {self._failed_starts} times in a row (given up): {exc}"
             )
         self.dead.set()
-
 
     # -- HTTP -----------------------------------------------------------------------------
     def _serve_http(self) -> None:

@@ -31,6 +31,13 @@ test-unit: setup ## unit tests only
 test-integration: setup ## integration tests on a live tritonserver
 	$(PY) -m pytest tests/integration
 
+# Issue 45's hostile-client checks at full size, beside `make test` (which runs each small):
+# a model file swapped 0-100 ms after each of 100 load requests on every load path.
+.PHONY: test-hostile
+test-hostile: setup ## the hostile-client checks at full size (about 15 minutes)
+	DISPATCH_SWAP_ATTEMPTS=100 $(PY) -m pytest -s tests/unit/ops/test_repository_copy.py \
+		tests/integration/test_swapped_load.py
+
 lint: setup ## ruff check, ruff format --check, lint-imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -36,6 +36,7 @@ import enum
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ __all__ = [
     "SIGNATURE_FORMAT",
     "SIGNATURE_NAME",
     "TRUSTED_KEYS_ENV",
+    "FolderEntryError",
     "Manifest",
     "Outcome",
     "SigningError",
@@ -64,6 +66,7 @@ __all__ = [
     "Verification",
     "artifact_files",
     "build_manifest",
+    "copy_version",
     "file_digest",
     "generate_private_key",
     "key_id",
@@ -95,6 +98,16 @@ class SigningError(ValueError):
     """A key, a manifest or a folder cannot be used; the message says why."""
 
 
+class FolderEntryError(SigningError):
+    """A version folder holds an entry nothing may load: a symbolic link (what it points to
+    could change without touching the folder) or a file that is not a regular file (a FIFO
+    blocks its reader, a device never ends)."""
+
+    def __init__(self, outcome: Outcome, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
 class Outcome(enum.Enum):
     """How the check of one version folder ended."""
 
@@ -110,6 +123,7 @@ class Outcome(enum.Enum):
     MISSING_FILE = "missing_file"
     UNLISTED_FILE = "unlisted_file"
     SYMLINK = "symlink"
+    IRREGULAR_FILE = "irregular_file"
 
     @property
     def accepted(self) -> bool:
@@ -279,7 +293,7 @@ class Manifest:
 def artifact_files(version_dir: Path) -> list[str]:
     """The signed files of a version folder: sorted relative POSIX paths.
 
-    Raises SigningError on a symbolic link.
+    Raises FolderEntryError on a symbolic link or a file that is not a regular file.
     """
     return sorted(_walk(version_dir, version_dir))
 
@@ -291,10 +305,13 @@ def _walk(root: Path, folder: Path) -> Iterator[str]:
         path = Path(entry.path)
         relative = path.relative_to(root).as_posix()
         if entry.is_symlink():
-            raise SigningError(f"symbolic link {relative} is not allowed in a version folder")
+            message = f"symbolic link {relative} is not allowed in a version folder"
+            raise FolderEntryError(Outcome.SYMLINK, message)
         if entry.is_dir():
             if entry.name not in EXCLUDED_DIRS:
                 yield from _walk(root, path)
+        elif not entry.is_file():
+            raise FolderEntryError(Outcome.IRREGULAR_FILE, f"{relative} is not a regular file")
         elif folder != root or entry.name not in (MANIFEST_NAME, SIGNATURE_NAME):
             yield relative
 
@@ -304,6 +321,36 @@ def file_digest(path: Path) -> str:
     with path.open("rb") as stream:
         while chunk := stream.read(_CHUNK):
             digest.update(chunk)
+    return digest.hexdigest()
+
+
+def copy_version(source_dir: Path, target_dir: Path) -> dict[str, str]:
+    """Copy a version folder's files (artifacts, manifest and signature; no ``__pycache__``)
+    into ``target_dir`` (made here, mode 0700, must not exist), each read once: the SHA-256
+    digests returned are of the bytes written. Verifying the copy (`verify_version`) then
+    judges exactly what was read, whatever happens to the source afterwards.
+
+    Raises FolderEntryError on a symbolic link or a file that is not a regular file;
+    OSError when the source cannot be read."""
+    target_dir.mkdir(mode=0o700, parents=False)
+    names = artifact_files(source_dir)
+    names += [n for n in (MANIFEST_NAME, SIGNATURE_NAME) if (source_dir / n).exists()]
+    return {name: _copy_file(source_dir / name, target_dir / name, name) for name in names}
+
+
+def _copy_file(source: Path, target: Path, name: str) -> str:
+    """Copy one regular file without following a link; the digest of what was written."""
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            raise FolderEntryError(Outcome.IRREGULAR_FILE, f"{name} is not a regular file")
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        out_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(out_fd, "wb") as out:
+            while chunk := stream.read(_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
     return digest.hexdigest()
 
 
@@ -373,8 +420,8 @@ def verify_version(version_dir: Path, trusted: TrustedKeys) -> Verification:
 
     try:
         present = artifact_files(version_dir)
-    except SigningError as exc:
-        return verdict(Outcome.SYMLINK, str(exc))
+    except FolderEntryError as exc:
+        return verdict(exc.outcome, str(exc))
     manifest_path, signature_path = version_dir / MANIFEST_NAME, version_dir / SIGNATURE_NAME
     if not manifest_path.is_file():
         if not present and not signature_path.exists():

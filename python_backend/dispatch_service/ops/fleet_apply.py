@@ -22,7 +22,7 @@ from dispatch_service.ops.model_control import (
     ready_versions,
     with_versions,
 )
-from dispatch_service.ops.verified_load import LoadVerifier, refusal_fields
+from dispatch_service.ops.verified_load import LoadVerifier
 from dispatch_service.routing.live import read_routing_file, write_routing_file
 from dispatch_service.routing.settings import RouterSettings
 
@@ -52,7 +52,7 @@ def _check_verified(verifier: LoadVerifier | None, model: str, config: dict[str,
     check = verifier.check(model, config)
     if check.refused:
         verdict = check.refused[0]
-        fields = refusal_fields(verifier.repository, verdict)
+        fields = verifier.refusal_fields(verdict)
         raise ApplyRefusedError(
             f"{verdict.model} version {verdict.version} refused: {verdict.reason} "
             f"(folder sha256 {fields['folder_sha256']})"

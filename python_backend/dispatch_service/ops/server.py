@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import ClassVar
 
 from dispatch_service.core.backend_shm import tighten_regions
@@ -38,12 +39,12 @@ from dispatch_service.ops.host import (
 )
 from dispatch_service.ops.keys import AccessKeys, new_key
 from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
+from dispatch_service.ops.repository_copy import RepositoryCopy
 from dispatch_service.ops.verified_load import (
     LoadPlan,
     LoadVerifier,
     load_failures,
     plan_load,
-    precompile,
 )
 from dispatch_service.routing.live import ROUTING_FILE_ENV
 from dispatch_service.serving.drain import DRAIN_FILE_ENV
@@ -191,6 +192,10 @@ class TritonServer(ChildService):
         self.runtime = runtime
         self.options = options
         self.load_plan: LoadPlan | None = None  # set by start() when trusted keys are given
+        # With trusted keys, Triton reads the launcher's private copy of the repository, made
+        # of the bytes that were verified (`verified_load.RepositoryCopy`), kept until
+        # `release`: every start and every later load refresh it before Triton reads it.
+        self.repository_copy: RepositoryCopy | None = None
         # The Python backend's region names start with this: unique per server instance
         # (ops.host), so a server removes only its own regions and never another's.
         self.shm_prefix = new_shm_prefix()
@@ -224,6 +229,20 @@ class TritonServer(ChildService):
             folder.mkdir(mode=0o700)
             self._routing_path = folder / "routing.json"
         return self._routing_path
+
+    @property
+    def served_repository(self) -> Path:
+        """The folder Triton reads: the verified copy on a verified server."""
+        copy = self.repository_copy
+        return self.options.model_repository if copy is None else copy.repository
+
+    def release(self) -> None:
+        """Remove what outlives a stop for a restart: the live routing and the repository
+        copy. The launcher is done with this server."""
+        self.remove_routing_file()
+        if self.repository_copy is not None:
+            self.repository_copy.remove()
+            self.repository_copy = None
 
     def remove_routing_file(self) -> None:
         """Remove the live routing's folder: the launcher is done with this server."""
@@ -271,7 +290,7 @@ class TritonServer(ChildService):
         opts = self.options
         args = [
             str(self.runtime.tritonserver),
-            f"--model-repository={opts.model_repository}",
+            f"--model-repository={self.served_repository}",
             f"--backend-directory={self.runtime.backend_dir}",
             f"--http-address={opts.host}",
             f"--grpc-address={opts.host}",
@@ -407,9 +426,15 @@ class TritonServer(ChildService):
             logger.warning(line)
             return [line]
         trusted = TrustedKeys.required_in(opts.trusted_keys)
-        plan = plan_load(opts.model_repository, trusted, opts.profile, opts.load_models)
+        if self.repository_copy is None:
+            self.repository_copy = RepositoryCopy(opts.model_repository, trusted)
+        copy = self.repository_copy
+        copy.trusted = trusted
+        copy.prepare()
+        plan = plan_load(
+            copy.repository, trusted, opts.profile, opts.load_models, verdicts=copy.verdicts
+        )
         self.load_plan = plan
-        precompile(opts.model_repository, plan)
         lines = plan.log_lines()
         for line in lines:
             logger.warning(line)
@@ -459,12 +484,12 @@ class TritonServer(ChildService):
         """Set the load plan to leave out the ``failed`` versions; the lines to log. Raises
         ServerError naming them and their causes when that leaves a model out."""
         opts = self.options
-        trusted = (
-            None if opts.trusted_keys is None else TrustedKeys.from_directory(opts.trusted_keys)
-        )
-        repository, profile, requested = opts.model_repository, opts.profile, opts.load_models
-        before = plan_load(repository, trusted, profile, requested)
-        plan = plan_load(repository, trusted, profile, requested, failed=failed)
+        copy = self.repository_copy
+        trusted = None if copy is None else copy.trusted
+        verdicts = None if copy is None else copy.verdicts
+        repository, profile, requested = self.served_repository, opts.profile, opts.load_models
+        before = plan_load(repository, trusted, profile, requested, verdicts=verdicts)
+        plan = plan_load(repository, trusted, profile, requested, failed=failed, verdicts=verdicts)
         lost = {name: why for name, why in plan.refused.items() if name not in before.refused}
         if lost:
             raise ServerError(
@@ -484,10 +509,10 @@ class TritonServer(ChildService):
     def load_verifier(self) -> LoadVerifier | None:
         """What every load after start is checked with on a verified server (the supervisor's
         reloads, a restart's live configs); None when this server does not verify."""
-        opts = self.options
-        if opts.trusted_keys is None:
+        copy = self.repository_copy
+        if copy is None:
             return None
-        return LoadVerifier(opts.model_repository, TrustedKeys.from_directory(opts.trusted_keys))
+        return LoadVerifier(self.options.model_repository, copy.trusted, copy)
 
     def load_after_start(self) -> None:
         """Load what the plan defers: restricted models with their override, then dependents."""
@@ -520,6 +545,15 @@ class TritonServer(ChildService):
 
     def __enter__(self) -> TritonServer:
         return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        super().__exit__(exc_type, exc, tb)
+        self.release()
 
 
 def _failures_text(failed: dict[tuple[str, int], str]) -> str:

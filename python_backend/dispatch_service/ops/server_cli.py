@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         server.start()
     except (ServerError, FileNotFoundError, SigningError) as exc:
-        server.remove_routing_file()
+        server.release()
         print(f"error: {exc}", file=sys.stderr)
         return 1
     verifier = server.load_verifier()
@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except OSError as exc:  # the health port is taken
         monitor.stop()
         server.stop()
-        server.remove_routing_file()
+        server.release()
         print(f"error: health endpoint on port {health_port}: {exc}", file=sys.stderr)
         return 1
     # Before "ready:": a signal sent as soon as it is read must drain, not kill the launcher
@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         crashes.stop()
         monitor.stop()
         server.stop()  # whatever ended the loop: never leave a Triton behind
-        server.remove_routing_file()
+        server.release()
 
 
 def event_printer(out: TextIO) -> Callable[[str], None]:

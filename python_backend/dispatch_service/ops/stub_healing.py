@@ -244,7 +244,7 @@ class StubHealing:
     def _check_stub_code(self, pid: int, model_py: Path) -> None:
         assert self.verifier is not None
         folder = model_py.parent
-        repository = self.verifier.repository.resolve()
+        repository = self.verifier.served_repository.resolve()
         model = folder.parent.name
         fields: dict[str, Any]
         if folder.parent.parent.resolve() != repository or not folder.name.isdigit():
@@ -264,7 +264,7 @@ class StubHealing:
             verdict = verify_version(folder, self.verifier.trusted)
             if verdict.accepted:
                 return
-            fields = refusal_fields(self.verifier.repository, verdict)
+            fields = refusal_fields(self.verifier.served_repository, verdict)
         self._unverified[pid] = model
         self._event("unverified_code_running", pid=pid, **fields)
 

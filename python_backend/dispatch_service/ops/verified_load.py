@@ -37,24 +37,27 @@ live configs, a deploy's versions, the router's and dispatch_fused's new paramet
 first with `check_load`: the versions the config would serve are verified again from the
 files as they are now, and a refused version is left out or the load is not sent
 (`LoadCheck`); each refusal is logged with the digest of what was found
-(`refusal_fields`).
+(`refusal_fields`). The launcher verifies and Triton reads its private copy of the
+repository (`repository_copy.RepositoryCopy`, behind `LoadVerifier`): what is verified is
+what loads, even when a file of the repository changes right after its check.
 """
 
 from __future__ import annotations
 
-import compileall
 import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dispatch_service.core.model_config import CONFIG_NAME, profile_config_path, read_config_dict
 from dispatch_service.core.repository_layout import ModelLayout
 from dispatch_service.core.settings import parameters_from_model_config
 from dispatch_service.core.signing import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
     Outcome,
     SigningError,
     TrustedKeys,
@@ -71,10 +74,11 @@ __all__ = [
     "LoadPlan",
     "LoadVerifier",
     "ModelEntry",
+    "VerifiedCopy",
     "check_load",
+    "folder_digest",
     "load_failures",
     "plan_load",
-    "precompile",
     "read_config",
     "read_model",
     "refusal_fields",
@@ -238,13 +242,17 @@ def plan_load(
     trusted: TrustedKeys | None,
     profile: str = "cpu",
     requested: Sequence[str] = ("*",),
+    *,
     failed: Mapping[tuple[str, int], str] | None = None,
+    verdicts: Mapping[tuple[str, int], Verification] | None = None,
 ) -> LoadPlan:
     """Verify every version folder of the requested models (and what their ensembles use).
 
     ``trusted`` None: nothing is verified (every version is accepted). ``failed``: versions
     that failed to load in an earlier start (model, version -> cause), left out like a
-    refused one, so that a broken canary does not stop the server (`load_failures`)."""
+    refused one, so that a broken canary does not stop the server (`load_failures`).
+    ``verdicts``: the verdicts a `RepositoryCopy` reached on what it read, used instead of
+    reading the folders again (``repository`` is then the copy)."""
     failed = dict(failed or {})
     models = repository_models(repository, profile)
     names = list(models) if "*" in requested else _closure(models, requested)
@@ -260,7 +268,9 @@ def plan_load(
         if trusted is None:
             accepted = set(entry.versions)
         else:
-            results = [_verify(repository, entry, version, trusted) for version in entry.versions]
+            results = [
+                _verify(repository, entry, version, trusted, verdicts) for version in entry.versions
+            ]
             verifications += results
             accepted = {r.version for r in results if r.accepted}
         broken = {v for (model, v) in failed if model == name}
@@ -318,12 +328,21 @@ def plan_load(
 
 
 def _verify(
-    repository: Path, entry: ModelEntry, version: int, trusted: TrustedKeys
+    repository: Path,
+    entry: ModelEntry,
+    version: int,
+    trusted: TrustedKeys,
+    verdicts: Mapping[tuple[str, int], Verification] | None = None,
 ) -> Verification:
     if entry.is_ensemble:
         return Verification(
             entry.name, version, Outcome.NO_ARTIFACTS, "ensemble: its version folder is not read"
         )
+    if verdicts is not None:
+        found = verdicts.get((entry.name, version))
+        if found is not None:
+            return found
+        return Verification(entry.name, version, Outcome.MISSING_MANIFEST, "not read")
     return verify_version(repository / entry.name / str(version), trusted)
 
 
@@ -351,30 +370,20 @@ def _dependency_order(models: Mapping[str, ModelEntry], names: set[str]) -> tupl
     return tuple(ordered)
 
 
-def precompile(repository: Path, plan: LoadPlan) -> None:
-    """Write the .pyc of every Python file of the versions the plan loads, before Triton.
-
-    A Python-backend stub writes ``__pycache__`` into the version folder when it first
-    imports ``model.py``, after Triton has recorded the folder's time; Triton then takes the
-    model for modified, and the next load that reaches it (a dependent ensemble's load
-    re-reads its steps) reloads it from its files, dropping a version-policy override.
-    Compiled beforehand, nothing in the folder changes once Triton has read it. Skipped
-    silently where the repository is read-only (the stubs cannot write there either).
-    """
-    verified = {(v.model, v.version) for v in plan.verifications if v.accepted}
-    for model, version in sorted(verified):
-        folder = repository / model / str(version)
-        if folder.is_dir():
-            compileall.compile_dir(folder, quiet=2, workers=1)
-
-
 _NAMED_FILE = re.compile(r"file (\S.*)$")
 
 
-def refusal_fields(repository: Path, verification: Verification) -> dict[str, Any]:
-    """What a refusal's log line says of the files found: the folder's digest (SHA-256 over
-    its files' paths and SHA-256 digests, as a manifest would list them) and, where the
-    verdict names one file, that file's SHA-256."""
+def folder_digest(files: Mapping[str, str]) -> str:
+    """SHA-256 over a folder's files' paths and SHA-256 digests, as a manifest lists them."""
+    return hashlib.sha256(json.dumps(dict(files), sort_keys=True).encode()).hexdigest()
+
+
+def refusal_fields(
+    repository: Path, verification: Verification, files: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """What a refusal's log line says of the files found: the folder's digest
+    (`folder_digest`) and, where the verdict names one file, that file's SHA-256. ``files``:
+    the digests of what was read (a `RepositoryCopy`'s), else the folder is read now."""
     folder = repository / verification.model / str(verification.version)
     fields: dict[str, Any] = {
         "model": verification.model,
@@ -382,12 +391,13 @@ def refusal_fields(repository: Path, verification: Verification) -> dict[str, An
         "check": verification.outcome.value,
         "reason": verification.reason,
     }
-    try:
-        files = {name: file_digest(folder / name) for name in artifact_files(folder)}
-    except (OSError, SigningError):
-        files = {}
-    canonical = json.dumps(files, sort_keys=True).encode()
-    fields["folder_sha256"] = hashlib.sha256(canonical).hexdigest()
+    if files is None:
+        try:
+            files = {name: file_digest(folder / name) for name in artifact_files(folder)}
+        except (OSError, SigningError):
+            files = {}
+    files = {n: d for n, d in files.items() if n not in (MANIFEST_NAME, SIGNATURE_NAME)}
+    fields["folder_sha256"] = folder_digest(files)
     named = _NAMED_FILE.search(verification.reason)
     if named and named.group(1) in files:
         fields["file"] = named.group(1)
@@ -447,21 +457,46 @@ def check_load(
     return LoadCheck(model, config, served, refused)
 
 
+class VerifiedCopy(Protocol):
+    """What Triton reads on a verified server (`repository_copy.RepositoryCopy`)."""
+
+    @property
+    def repository(self) -> Path: ...
+
+    def check(self, model: str, config: Mapping[str, Any]) -> LoadCheck: ...
+
+    def files_read(self, model: str, version: int) -> dict[str, str]: ...
+
+
 @dataclass(frozen=True)
 class LoadVerifier:
-    """The repository and keys of a verified server: `check_load` for every load after start."""
+    """The repository and keys of a verified server: `check_load` for every load after start.
+
+    With ``copy`` (the launcher's), each check refreshes the copy Triton reads from what it
+    reads and judges, so the load that follows reads exactly what was verified."""
 
     repository: Path
     trusted: TrustedKeys
+    copy: VerifiedCopy | None = None
+
+    @property
+    def served_repository(self) -> Path:
+        """The folder Triton reads: the launcher's copy, else the repository itself."""
+        return self.repository if self.copy is None else self.copy.repository
 
     def check(self, model: str, config: Mapping[str, Any]) -> LoadCheck:
+        if self.copy is not None:
+            return self.copy.check(model, config)
         return check_load(self.repository, self.trusted, model, config)
+
+    def refusal_fields(self, verdict: Verification) -> dict[str, Any]:
+        """`refusal_fields` of the files the verdict was reached on."""
+        files = None if self.copy is None else self.copy.files_read(verdict.model, verdict.version)
+        return refusal_fields(self.repository, verdict, files)
 
     def refusal_lines(self, check: LoadCheck, event: str = "model_load_refused") -> list[str]:
         """One JSON line per refused version, with the digest of the files found."""
-        return [
-            _line(event, **refusal_fields(self.repository, verdict)) for verdict in check.refused
-        ]
+        return [_line(event, **self.refusal_fields(verdict)) for verdict in check.refused]
 
 
 # Triton's line for a version that did not load, e.g.

@@ -352,6 +352,22 @@ def test_the_launcher_loads_verified_models_then_overrides_then_dependents(
     server = TritonServer(fake_runtime(tmp_path), options, tmp_path / "server.log")
     with server:
         seen = json.loads(report.read_text())
+        served = server.served_repository
+        assert server.repository_copy is not None
+        copy_root = server.repository_copy.root
+        assert stat.S_IMODE(copy_root.stat().st_mode) == 0o700
+        # Triton reads the launcher's copy: the verified bytes, compiled before Triton reads
+        # them; the refused version is an empty folder there, and the source is not written.
+        assert f"--model-repository={served}" in seen["argv"] and served != repo
+        copied = model_layout(served, "scorer")
+        assert (
+            copied.python_model(1).read_bytes()
+            == model_layout(repo, "scorer").python_model(1).read_bytes()
+        )
+        assert list((copied.version(1) / "__pycache__").glob("model.*.pyc"))
+        assert list(copied.version(2).iterdir()) == []
+        assert not (model_layout(repo, "scorer").version(1) / "__pycache__").exists()
+    assert not copy_root.exists()  # removed with the server
     assert [a for a in seen["argv"] if a.startswith("--load-model")] == ["--load-model=encoder"]
     loads = seen["loads"]
     assert [load["path"] for load in loads] == [
@@ -362,9 +378,6 @@ def test_the_launcher_loads_verified_models_then_overrides_then_dependents(
     config = json.loads(loads[0]["body"]["parameters"]["config"])
     assert config["version_policy"] == {"specific": {"versions": [1]}}
     assert loads[1]["body"] == {}
-    # The verified versions are compiled before Triton reads them; the refused one is not.
-    assert list((model_layout(repo, "scorer").version(1) / "__pycache__").glob("model.*.pyc"))
-    assert not (model_layout(repo, "scorer").version(2) / "__pycache__").exists()
     log = server.log_path.read_text()
     assert '"reason": "digest mismatch on file model.py"' in log
     assert '"model": "pinned"' in log and '"event": "model_refused"' in log

@@ -422,6 +422,8 @@ class PairTimes:
 
     travel_minutes: FloatArray  # noisy part: approach + trip legs
     fixed_minutes: FloatArray  # wait, handling, stops, hand-over
+    approach_minutes: FloatArray  # the approach leg's share of travel_minutes
+    pickup_fixed_minutes: FloatArray  # the wait and handling before the pickup
     order_age_minutes: FloatArray
     promised_minutes: FloatArray
     road_km: FloatArray
@@ -500,6 +502,8 @@ def _pair_times(
     return PairTimes(
         travel_minutes=approach.minutes + trip.minutes,
         fixed_minutes=np.asarray(fixed),
+        approach_minutes=np.asarray(approach.minutes),
+        pickup_fixed_minutes=np.asarray(wait + config.pickup_handling_minutes),
         order_age_minutes=age,
         promised_minutes=window.promised_minutes[orders].astype(np.float64),
         road_km=np.asarray(road_km),
@@ -532,11 +536,15 @@ def expected_outcome(
     return np.asarray(eta), np.asarray(ontime), np.asarray(cost)
 
 
+def _noise(t: PairTimes, normals: FloatArray) -> FloatArray:
+    """The travel minutes' multiplicative noise (mean one) for these standard normals."""
+    return np.asarray(np.exp(t.sigma * normals - 0.5 * t.sigma**2))
+
+
 def _realise(
     t: PairTimes, normals: FloatArray, config: CityConfig
 ) -> tuple[FloatArray, BoolArray, FloatArray]:
-    factor = np.exp(t.sigma * normals - 0.5 * t.sigma**2)
-    minutes = t.travel_minutes * factor + t.fixed_minutes
+    minutes = t.travel_minutes * _noise(t, normals) + t.fixed_minutes
     on_time = t.order_age_minutes + minutes <= t.promised_minutes
     cost = t.base_cost + config.pay_per_minute * minutes
     return np.asarray(minutes), np.asarray(on_time), np.asarray(cost)
@@ -617,6 +625,7 @@ class OrderOutcomes:
 
     assigned: BoolArray
     minutes_from_dispatch: FloatArray  # realised delivery minutes; NaN where unassigned
+    pickup_minutes_from_dispatch: FloatArray  # realised pickup minutes; NaN where unassigned
     delivery_minutes: FloatArray  # from creation; unassigned: promise + penalty
     on_time: BoolArray  # unassigned: late
     cost: FloatArray  # CNY; NaN where unassigned
@@ -645,6 +654,10 @@ def order_outcomes(
     delivery[rows] = times.order_age_minutes + minutes
     from_dispatch = np.full(window.num_orders, np.nan)
     from_dispatch[rows] = minutes
+    # The same draw as the delivery: the approach leg is the first part of the travel.
+    pickup = np.full(window.num_orders, np.nan)
+    noise = _noise(times, normals[rows])
+    pickup[rows] = times.approach_minutes * noise + times.pickup_fixed_minutes
     on_time = np.zeros(window.num_orders, dtype=np.bool_)
     on_time[rows] = on_time_rows
     cost = np.full(window.num_orders, np.nan)
@@ -652,6 +665,7 @@ def order_outcomes(
     return OrderOutcomes(
         assigned=assigned >= 0,
         minutes_from_dispatch=from_dispatch,
+        pickup_minutes_from_dispatch=pickup,
         delivery_minutes=delivery,
         on_time=on_time,
         cost=cost,

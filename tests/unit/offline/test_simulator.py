@@ -356,3 +356,15 @@ def test_regimes_keep_their_shape() -> None:
             hour, weekend = local_time(window.dispatch_time, CONFIG.map)
             assert regime.hours[0] <= hour <= regime.hours[1], name
             assert not weekend, name
+
+
+def test_pickup_comes_before_delivery_in_the_simulated_truth() -> None:
+    rng = np.random.default_rng(5)
+    world = sim.city_worlds()["shanghai"]
+    window = sim.generate_window(rng, 20, 60, config=world)
+    assigned = np.array([i % 7 if i % 5 else -1 for i in range(20)])
+    truth = sim.order_outcomes(window, assigned, rng, world)
+    rows = truth.assigned
+    assert (truth.pickup_minutes_from_dispatch[rows] > 0).all()
+    assert (truth.pickup_minutes_from_dispatch[rows] < truth.minutes_from_dispatch[rows]).all()
+    assert np.isnan(truth.pickup_minutes_from_dispatch[~rows]).all()

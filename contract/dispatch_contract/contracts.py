@@ -516,6 +516,13 @@ RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     # Exact ties between orders are broken by their ids, not their rows (the answer
     # must not depend on how the caller lists the window). Optional: without it, by row.
     replace(_WINDOW_SPECS["ORDER_IDS"], optional=True),
+    # What the `dispatch` ensemble's decision records need besides (the resolver ends the
+    # ensemble and records them): the routing key, the window's city and decision time, each
+    # order's fallback level. Optional: a request without them records no decision.
+    replace(ORDER_TEXT, optional=True),
+    replace(WINDOW_CITY, optional=True),
+    replace(WINDOW_FIELDS, optional=True),
+    replace(ORDER_FALLBACK_LEVEL, optional=True),
 )
 # The priority lane: `dispatch_fused` on stubs of its own at the server's CPU priority, with
 # the same tensors and answer. Level-1 windows go there (`DispatchClient` sends them): Triton's

@@ -21,6 +21,7 @@ series per flush (`BackgroundMetrics`): counters stay exact, histogram quantiles
 | dispatch_candidates_per_order | histogram | | window: its mean feasible candidates per order |
 | dispatch_capacity_conflicts_total | counter | | order not given its top-1 rider |
 | dispatch_validation_rejections_total | counter | tensor, rule | rejected request |
+| dispatch_decision_records_total | counter | result | order's decision record (`outcomes.writer`) |
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "CANDIDATE_BUCKETS",
     "CAPACITY_CONFLICTS",
     "CONSTANT_LABELS",
+    "DECISION_RECORDS",
     "ENCODER_LATENCY",
     "HISTOGRAM_SAMPLES_PER_FLUSH",
     "LATENCY_BUCKETS_MS",
@@ -118,6 +120,14 @@ VALIDATION_REJECTIONS: Final = MetricSpec(
     MetricKind.COUNTER,
     "requests rejected as invalid, by tensor and broken rule",
     labels=("tensor", "rule"),
+)
+# Recorded by the entry points' decision writers (`outcomes.writer`), from their thread.
+DECISION_RECORDS: Final = MetricSpec(
+    "dispatch_decision_records_total",
+    MetricKind.COUNTER,
+    "decision records of answered orders, by result: written, duplicate (already stored), "
+    "dropped_queue_full, dropped_store_error, dropped_unreadable",
+    labels=("result",),
 )
 ALL_METRICS: Final = (
     ENCODER_LATENCY,

@@ -27,6 +27,7 @@ from dispatch_service.outcomes.records import DecisionId, DecisionRecord, Outcom
 
 __all__ = [
     "DEFAULT_STORE_FILE",
+    "OUTCOME_STORE_ENV",
     "DecisionFacts",
     "JoinedRow",
     "OutcomeStore",
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 DEFAULT_STORE_FILE: Final = "outcomes.sqlite3"
+# Where the launcher tells the server's stubs to write decision records (a path or URL);
+# unset: the entry points record none.
+OUTCOME_STORE_ENV: Final = "DISPATCH_OUTCOME_STORE"
 
 
 class StoreError(RuntimeError):

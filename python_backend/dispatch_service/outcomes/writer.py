@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from dispatch_service.core.metrics import DECISION_RECORDS, Observation
 from dispatch_service.outcomes.records import AnsweredWindow, DecisionRecord, decision_records
 from dispatch_service.outcomes.store import OutcomeStore
 
@@ -32,6 +33,7 @@ __all__ = [
     "REOPEN_AFTER_S",
     "DecisionWriter",
     "WriterCounts",
+    "writer_observations",
 ]
 
 # Windows the queue holds (a c=64 burst of windows many times over); beyond: dropped.
@@ -49,14 +51,12 @@ class WriterCounts:
     written: int = 0  # stored now
     duplicate: int = 0  # already stored under the same decision id (a resent request)
     dropped_queue_full: int = 0
-    dropped_store_error: int = 0
+    dropped_store_error: int = 0  # the store down, locked past its timeout, or refusing
+    dropped_unreadable: int = 0  # the answered window could not be turned into records
 
     def __add__(self, other: WriterCounts) -> WriterCounts:
         return WriterCounts(
-            self.written + other.written,
-            self.duplicate + other.duplicate,
-            self.dropped_queue_full + other.dropped_queue_full,
-            self.dropped_store_error + other.dropped_store_error,
+            **{name: value + getattr(other, name) for name, value in vars(self).items()}
         )
 
 
@@ -118,6 +118,10 @@ class DecisionWriter:
             return False
         return True
 
+    def count_unreadable(self, orders: int = 1) -> None:
+        """A window whose records could not be built (by its entry point)."""
+        self._count(WriterCounts(dropped_unreadable=orders))
+
     def _done(self, windows: int) -> None:
         with self._idle:
             self._pending -= windows
@@ -156,19 +160,24 @@ class DecisionWriter:
         self._close_store()
 
     def _write(self, batch: list[AnsweredWindow]) -> None:
-        orders = sum(len(window.order_ids) for window in batch)
         try:
             records: list[DecisionRecord] = []
             for window in batch:
-                records.extend(decision_records(window))
-            store = self._store_now()
-            written = store.write_decisions(records, recorded_at=self.clock())
-        except Exception as exc:
-            if not isinstance(exc, _NotReopenedError):
-                self._failed(exc)
-            self._count(WriterCounts(dropped_store_error=orders))
-        else:
-            self._count(WriterCounts(written=written, duplicate=len(records) - written))
+                try:
+                    records.extend(decision_records(window))
+                except Exception:  # one window's arrays cannot be read: only it is lost
+                    self.count_unreadable(len(window.order_ids))
+            if not records:
+                return
+            try:
+                store = self._store_now()
+                written = store.write_decisions(records, recorded_at=self.clock())
+            except Exception as exc:
+                if not isinstance(exc, _NotReopenedError):
+                    self._failed(exc)
+                self._count(WriterCounts(dropped_store_error=len(records)))
+            else:
+                self._count(WriterCounts(written=written, duplicate=len(records) - written))
         finally:
             self._done(len(batch))
 
@@ -191,3 +200,12 @@ class DecisionWriter:
         if store is not None:
             with contextlib.suppress(Exception):  # it failed already
                 store.close()
+
+
+def writer_observations(change: WriterCounts) -> list[Observation]:
+    """A change of the counts as `DECISION_RECORDS` observations (the nonzero ones)."""
+    return [
+        Observation(DECISION_RECORDS, float(value), (("result", name),))
+        for name, value in vars(change).items()
+        if value
+    ]

@@ -87,6 +87,10 @@ class FusedResult:
     encode_ms: float
     resolve_ms: float
     city: str | None = None  # the registry id of the city serving the window
+    # What a decision record reads besides (`outcomes`): the validated window and the
+    # request's objective weights (a copy; None: the defaults).
+    window: DispatchWindow | None = None
+    weights: NDArray[Any] | None = None
 
 
 VersionLoader = Callable[[int], OnnxScorer]
@@ -221,7 +225,14 @@ class FusedDispatch:
         resolve_ms = (time.perf_counter() - scored_at) * 1000.0
         encode_ms = (encoded_at - started) * 1000.0
         return _result(
-            encoded, routed, resolved, encode_ms=encode_ms, resolve_ms=resolve_ms, city=city.id
+            encoded,
+            routed,
+            resolved,
+            encode_ms=encode_ms,
+            resolve_ms=resolve_ms,
+            city=city.id,
+            window=window,
+            weights=inputs.get("OBJECTIVE_WEIGHTS"),
         )
 
     # ---- several windows of one execute ------------------------------------------------------
@@ -276,7 +287,7 @@ class FusedDispatch:
         # The windows where nothing stacks were resolved together: each is charged its share.
         resolve_ms = (time.perf_counter() - started) * 1000.0 / max(len(good), 1)
         results: list[FusedResult | Exception] = []
-        for entry in routed:
+        for inputs, entry in zip(batch, routed, strict=True):
             if isinstance(entry, Exception):
                 results.append(entry)
                 continue
@@ -292,6 +303,8 @@ class FusedDispatch:
                     encode_ms=ready.encode_ms,
                     resolve_ms=resolve_ms,
                     city=ready.city.id,
+                    window=ready.window,
+                    weights=inputs.get("OBJECTIVE_WEIGHTS"),
                 )
             )
         return results
@@ -346,6 +359,8 @@ def _result(
     encode_ms: float,
     resolve_ms: float,
     city: str,
+    window: DispatchWindow,
+    weights: NDArray[Any] | None,
 ) -> FusedResult:
     """`dispatch`'s outputs of one window: the resolver's answer, each order's version and
     fallback level, and where its points came from."""
@@ -361,6 +376,8 @@ def _result(
         encode_ms=encode_ms,
         resolve_ms=resolve_ms,
         city=city,
+        window=window,
+        weights=None if weights is None else np.array(weights, copy=True),
     )
 
 

@@ -17,6 +17,7 @@ from dispatch_contract import CANDIDATE_RIDER_INDEX
 from dispatch_service.core.metrics import (
     CANDIDATES_PER_ORDER,
     CAPACITY_CONFLICTS,
+    DECISION_RECORDS,
     ENCODER_LATENCY,
     RESOLVER_LATENCY,
     VALIDATION_REJECTIONS,
@@ -107,7 +108,8 @@ STEP_OBSERVERS: Final[Mapping[str, StepObserver]] = {
 # The metric families each kind of model exposes (any model may reject a request).
 STEP_METRICS: Final[Mapping[str, tuple[MetricSpec, ...]]] = {
     ENCODER_MODEL: (ENCODER_LATENCY, CANDIDATES_PER_ORDER, VALIDATION_REJECTIONS),
-    RESOLVER_MODEL: (RESOLVER_LATENCY, CAPACITY_CONFLICTS, VALIDATION_REJECTIONS),
+    # the resolver ends the `dispatch` ensemble: it records the decisions (`outcomes`)
+    RESOLVER_MODEL: (RESOLVER_LATENCY, CAPACITY_CONFLICTS, VALIDATION_REJECTIONS, DECISION_RECORDS),
 }
 
 

@@ -227,7 +227,12 @@ class TritonResponder:
             outcomes = run_batch(read.windows) if read.windows else []
         except Exception as exc:
             outcomes = [exc] * len(read.windows)
+        self.answered(requests, read, outcomes)
         return self.answer_outcomes(requests, read, outcomes, answer)
+
+    def answered(self, requests: Sequence[Any], read: ReadBatch, outcomes: Sequence[Any]) -> None:
+        """A subclass's look at one execute's inputs and outcomes before they are answered
+        (topk_resolver records its decisions); nothing here. Must not raise."""
 
     def read_batch(self, requests: Sequence[Any], names: Sequence[str]) -> ReadBatch:
         """`answer_batch`'s first half: each request's named inputs (`arrays`), or its

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,12 +25,14 @@ from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.log_text import describe_error
 from dispatch_service.core.metrics import MetricSpec, MetricsSink, Observation, StepObserver
 from dispatch_service.core.repository_layout import (
+    DISPATCH_ENSEMBLE,
     ENCODER_MODEL,
     RESOLVER_MODEL,
     SCORING_MODEL,
     ModelLayout,
 )
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
+from dispatch_service.outcomes.writer import DecisionWriter
 from dispatch_service.pipeline.encoder_step import FeatureEncoderStep
 from dispatch_service.pipeline.model_step import DispatchModelStep
 from dispatch_service.pipeline.resolver_step import TopKResolverStep
@@ -38,9 +41,14 @@ from dispatch_service.pipeline.step_metrics import STEP_OBSERVERS, encoder_obser
 from dispatch_service.routing.engine import ModelCallError
 from dispatch_service.routing.settings import SCORING_MODEL_NAME
 from dispatch_service.serving.bls import scored_objectives, scoring_request
+from dispatch_service.serving.decision_log import (
+    decision_writer,
+    log_decision,
+    resolver_answered_window,
+)
 from dispatch_service.serving.drain import DrainGate, draining_responses
 from dispatch_service.serving.probe import is_probe
-from dispatch_service.serving.responder import TritonResponder
+from dispatch_service.serving.responder import ReadBatch, TritonResponder
 from dispatch_service.serving.stub_setup import prepare_stub
 from dispatch_service.serving.triton_metrics import triton_metrics
 from dispatch_service.serving.trust import model_trust
@@ -167,9 +175,11 @@ class TritonEncoderAdapter(TritonStepAdapter):
 
 class TritonResolverAdapter(TritonStepAdapter):
     """topk_resolver: the step, re-scoring stacked orders through BLS calls of the version of
-    the scoring model that scored each order (`TopKResolverStep.run` with a ``score``)."""
+    the scoring model that scored each order (`TopKResolverStep.run` with a ``score``). As
+    the `dispatch` ensemble's last step it records its decisions (`serving.decision_log`)."""
 
     step: TopKResolverStep
+    decisions: DecisionWriter | None = None  # None: records are off
 
     def __init__(
         self,
@@ -208,8 +218,31 @@ class TritonResolverAdapter(TritonStepAdapter):
             version=load.version,
             instance=load.instance,
         )
+        adapter.decisions = decision_writer(pb_utils, load.name, adapter.record)
         adapter.loaded()
         return adapter
+
+    def answered(self, requests: Sequence[Any], read: ReadBatch, outcomes: Sequence[Any]) -> None:
+        """Each answered window's decisions to the writer (not the launcher's probes)."""
+        for i, inputs, outcome in zip(read.members, read.windows, outcomes, strict=True):
+            if isinstance(outcome, Exception) or is_probe(requests[i]):
+                continue
+            log_decision(
+                self.decisions,
+                requests[i],
+                DISPATCH_ENSEMBLE,
+                partial(
+                    resolver_answered_window,
+                    entry_point=DISPATCH_ENSEMBLE,
+                    inputs=inputs,
+                    outputs=outcome,
+                ),
+            )
+
+    def finalize(self) -> None:
+        if self.decisions is not None:
+            self.decisions.close()
+        super().finalize()
 
     def run_batch(self, windows: list[dict[str, NDArray[Any] | None]]) -> list[Arrays | Exception]:
         """`TopKResolverStep.run_batch`: the windows where nothing stacks resolved together."""

@@ -89,8 +89,10 @@ def test_window_level_models_batch_one_window_per_request(model: str) -> None:
     dynamic batching on every Python model (an ensemble batches through its steps)."""
     config = load_config(model_layout(REPO, model).config)
     assert config.max_batch_size == contracts.MAX_WINDOW_BATCH
-    # topk_resolver, an internal step, also takes the request's ORDER_IDS: its tie-break.
-    extra = 1 if model == "topk_resolver" else 0
+    # topk_resolver, an internal step, also takes the request's ORDER_IDS (its tie-break) and
+    # what the ensemble's decision records need (ORDER_TEXT, WINDOW_CITY, WINDOW_FIELDS,
+    # ORDER_FALLBACK_LEVEL): tensors between steps, none on the wire.
+    extra = 5 if model == "topk_resolver" else 0
     assert len(config.input) <= contracts.MAX_WIRE_TENSORS + extra
     assert len(config.output) <= contracts.MAX_WIRE_TENSORS
     if config.platform == "ensemble":
@@ -419,6 +421,9 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
     assert router.input_map.pop(city) == city
     assert resolver.model_name == "topk_resolver"
     assert resolver.input_map.pop("ORDER_IDS") == "ORDER_IDS"
+    # nor what the decision records need (a feature-entry window has no decision time)
+    for name in ("ORDER_TEXT", city, "WINDOW_FIELDS", "ORDER_FALLBACK_LEVEL"):
+        assert resolver.input_map.pop(name) == name
     assert list(entry.ensemble_scheduling.step) == after_encoder
     encoder = dispatch.ensemble_scheduling.step[0]
     assert encoder.model_name == "feature_encoder"

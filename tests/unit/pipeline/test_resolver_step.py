@@ -56,7 +56,8 @@ def test_resolver_input_names_end_with_the_optional_ones() -> None:
     names = TopKResolverStep.input_names
     assert names[:2] == ("PAIR_OBJECTIVES", "CANDIDATE_RIDER_INDEX")
     stacking = ("PAIR_FEATURES", "ORDER_MODEL_VERSION", "ORDER_FIELDS")
-    assert names[-5:] == ("OBJECTIVE_WEIGHTS", *stacking, "ORDER_IDS")
+    records = ("ORDER_TEXT", "WINDOW_CITY", "WINDOW_FIELDS", "ORDER_FALLBACK_LEVEL")
+    assert names[-9:] == ("OBJECTIVE_WEIGHTS", *stacking, "ORDER_IDS", *records)
     assert set(names) >= {"RIDER_IDS", "RIDER_FIELDS"}
 
 

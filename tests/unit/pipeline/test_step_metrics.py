@@ -11,6 +11,7 @@ import pytest
 from dispatch_service.core.metrics import (
     CANDIDATES_PER_ORDER,
     CAPACITY_CONFLICTS,
+    DECISION_RECORDS,
     ENCODER_LATENCY,
     RESOLVER_LATENCY,
     VALIDATION_REJECTIONS,
@@ -122,6 +123,7 @@ def test_encoder_and_resolver_observations() -> None:
         RESOLVER_LATENCY,
         CAPACITY_CONFLICTS,
         VALIDATION_REJECTIONS,
+        DECISION_RECORDS,
     )
     assert metrics_of("dispatch_model") == (VALIDATION_REJECTIONS,)
     assert STEP_OBSERVERS["feature_encoder"] is encoder_observations

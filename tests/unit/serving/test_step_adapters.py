@@ -368,6 +368,7 @@ def test_the_resolver_records_capacity_conflicts(tmp_path: Path) -> None:
         "dispatch_resolver_latency_ms",
         "dispatch_capacity_conflicts_total",
         "dispatch_validation_rejections_total",
+        "dispatch_decision_records_total",
     }
 
 

@@ -23,18 +23,28 @@ from dispatch_contract.keys import ADMIN_KEY_HEADER, SHM_KEY_HEADER, KeyFileErro
 __all__ = [
     "ADMIN_GROUPS",
     "ADMIN_KEY_FILE",
+    "OUTCOME_KEY_FILE",
     "SHM_GROUPS",
     "SHM_KEY_FILE",
     "AccessKeys",
     "KeyFileError",
+    "command_line_note",
+    "load_or_create_key",
     "load_or_create_keys",
     "new_key",
+    "proc_hides_processes",
 ]
 
 ADMIN_GROUPS: Final = ("model-repository", "logging", "trace")
 SHM_GROUPS: Final = ("shared-memory",)
 ADMIN_KEY_FILE: Final = "admin.key"
 SHM_KEY_FILE: Final = "shm.key"
+# The outcome service's key (`outcomes.service`): the platform reporting outcomes holds it,
+# never the admin key.
+OUTCOME_KEY_FILE: Final = "outcome.key"
+# /proc mount options under which another user cannot read a process's command line
+# (proc(5): hidepid=1/noaccess, 2/invisible, 4/ptraceable).
+_HIDING: Final = frozenset({"1", "2", "4", "noaccess", "invisible", "ptraceable"})
 
 
 def new_key() -> str:
@@ -81,6 +91,18 @@ def _write_new(path: Path) -> None:
         handle.write(new_key() + "\n")
 
 
+def load_or_create_key(directory: Path, name: str) -> tuple[str, Path | None]:
+    """The key in ``directory / name``, created (mode 0600) when missing; returns it and
+    the file when created now. A file readable by others is refused (KeyFileError)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / name
+    created = None
+    if not path.exists():
+        _write_new(path)
+        created = path
+    return read_key_file(path), created
+
+
 def load_or_create_keys(directory: Path) -> tuple[AccessKeys, list[Path]]:
     """The keys in ``directory`` (admin.key, shm.key), creating any that is missing.
 
@@ -99,3 +121,33 @@ def load_or_create_keys(directory: Path) -> tuple[AccessKeys, list[Path]]:
         shm=read_key_file(directory / SHM_KEY_FILE),
     )
     return keys, created
+
+
+def proc_hides_processes(mounts: str) -> bool:
+    """Whether ``mounts`` (the text of /proc/self/mounts) mounts /proc with a ``hidepid``
+    that keeps other users from reading a process's command line."""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == "/proc" and fields[2] == "proc":
+            options = dict(o.partition("=")[::2] for o in fields[3].split(","))
+            return options.get("hidepid", "0") in _HIDING
+    return False
+
+
+def command_line_note(mounts: str, uid: int) -> str:
+    """One line for the launcher's start: Triton 2.51 takes its keys only as command-line
+    flags (``--http-restricted-api``, ``--grpc-restricted-protocol``; no file or environment
+    form), so who on this host can read /proc/<pid>/cmdline can load models that run as
+    ``uid``; how to close it."""
+    where = "Triton's keys are on its command line (/proc/<pid>/cmdline)"
+    if proc_hides_processes(mounts):
+        return (
+            f"note: {where}: /proc is mounted with hidepid, so only uid {uid} and root can "
+            "read them; run the server as a user of its own"
+            + (" (it runs as root now)" if uid == 0 else "")
+        )
+    return (
+        f"note: {where}: any local user can read them here and load code that runs as uid "
+        f"{uid}. Close it: mount -o remount,hidepid=invisible /proc (hidepid=2), and run the "
+        "server as a user of its own (containers: a PID namespace of its own does it)"
+    )

@@ -40,6 +40,7 @@ from dispatch_service.ops.keys import (
     SHM_KEY_FILE,
     AccessKeys,
     KeyFileError,
+    command_line_note,
     load_or_create_keys,
 )
 from dispatch_service.ops.restart import CrashCounter, default_on_dead
@@ -253,6 +254,14 @@ def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptio
     )
 
 
+def _proc_mounts() -> str:
+    """The mount table (how /proc is mounted decides who reads Triton's command line)."""
+    try:
+        return Path("/proc/self/mounts").read_text()
+    except OSError:
+        return ""
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """`make serve`: start the server in the foreground and print the endpoints."""
     out = out or sys.stdout
@@ -278,6 +287,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     if exposed:
         print(f"warning: exposing {'; '.join(exposed)}: {EXPOSURE_RISKS}", file=sys.stderr)
     print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True, file=out)
+    print(command_line_note(_proc_mounts(), os.geteuid()), file=out)
     try:
         server.start()
     except (ServerError, FileNotFoundError, SigningError) as exc:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
 import pytest
 
-from dispatch_service.ops.keys import KeyFileError, load_or_create_keys
+from dispatch_service.ops.keys import (
+    KeyFileError,
+    command_line_note,
+    load_or_create_keys,
+    proc_hides_processes,
+)
+from other_user import as_other_user, needs_root
 
 
 def test_missing_keys_are_created_private_and_reused(tmp_path: Path) -> None:
@@ -35,3 +42,50 @@ def test_equal_keys_are_refused(tmp_path: Path) -> None:
         (tmp_path / name).chmod(0o600)
     with pytest.raises(ValueError, match="differ"):
         load_or_create_keys(tmp_path)
+
+
+# ---- who can read the keys on Triton's command line --------------------------------------
+
+PLAIN_PROC = "sysfs /sys sysfs rw 0 0\nproc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
+
+
+@pytest.mark.parametrize("hidepid", ["1", "2", "4", "noaccess", "invisible", "ptraceable"])
+def test_a_proc_mounted_with_hidepid_hides_the_command_line(hidepid: str) -> None:
+    mounts = f"proc /proc proc rw,relatime,hidepid={hidepid},gid=0 0 0\n"
+    assert proc_hides_processes(mounts)
+    note = command_line_note(mounts, 1001)
+    assert "only uid 1001 and root" in note and "as root" not in note
+    assert "it runs as root now" in command_line_note(mounts, 0)
+
+
+@pytest.mark.parametrize(
+    "mounts",
+    [
+        PLAIN_PROC,
+        "proc /proc proc rw,hidepid=0 0 0\n",
+        "proc /other/proc proc rw,hidepid=2 0 0\n",  # not the /proc processes are read from
+        "",
+    ],
+)
+def test_without_hidepid_the_start_says_who_can_read_the_keys_and_how_to_close_it(
+    mounts: str,
+) -> None:
+    assert not proc_hides_processes(mounts)
+    note = command_line_note(mounts, 0)
+    assert "any local user can read them" in note and "uid 0" in note
+    assert "hidepid=invisible" in note and "a user of its own" in note
+
+
+@needs_root
+def test_what_the_note_says_is_true_here() -> None:
+    """A second uid reads this process's command line exactly when the note says so."""
+    mounts = Path("/proc/self/mounts").read_text()
+    me = os.getpid()
+
+    def read_cmdline() -> bool:
+        try:
+            return bool(Path(f"/proc/{me}/cmdline").read_bytes())
+        except OSError:
+            return False
+
+    assert as_other_user(read_cmdline) is not proc_hides_processes(mounts)

@@ -34,6 +34,7 @@ from dispatch_service.ops.verified_load import (
     plan_load,
     read_config,
 )
+from other_user import as_other_user, needs_root
 
 CONFIG = 'name: "scorer"\nbackend: "python"\nmax_batch_size: 8\n'
 SIGNED = b"VERSION = 1\n"
@@ -199,3 +200,26 @@ def test_files_removed_from_the_source_leave_the_copy(copy: RepositoryCopy, repo
     (layout.warmup / "ORDERS").unlink()
     copy.check("scorer", read_config(repo / "scorer"))
     assert not (model_layout(copy.repository, "scorer").warmup / "ORDERS").exists()
+
+
+@needs_root
+def test_another_user_can_neither_read_nor_write_the_copy(copy: RepositoryCopy) -> None:
+    copy.prepare()
+    code = model_layout(copy.repository, "scorer").python_model(1)
+
+    def attempts() -> dict[str, bool]:
+        done = {}
+        for name, action in (
+            ("list", lambda: list(copy.root.iterdir())),
+            ("read", code.read_bytes),
+            ("write", lambda: code.write_bytes(CHANGED)),
+        ):
+            try:
+                action()
+                done[name] = True
+            except PermissionError:
+                done[name] = False
+        return done
+
+    assert as_other_user(attempts) == {"list": False, "read": False, "write": False}
+    assert served_code(copy) == SIGNED

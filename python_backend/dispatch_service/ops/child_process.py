@@ -16,11 +16,14 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Final
 
 from dispatch_service.ops.host import die_with_parent
 from dispatch_service.ops.restart import end_process_group
 
-__all__ = ["ChildService", "ServerError"]
+__all__ = ["PRIVATE_UMASK", "ChildService", "ServerError"]
+
+PRIVATE_UMASK: Final = 0o077
 
 
 class ServerError(RuntimeError):
@@ -31,7 +34,8 @@ class ChildService:
     """A child process in its own process group, its output in a log file.
 
     Readiness is an HTTP URL answering 200; stopping signals the whole group (SIGTERM, then
-    SIGKILL), so helper processes such as Triton's backend stubs go with it. Its own group
+    SIGKILL), so helper processes such as Triton's backend stubs go with it. It runs with
+    umask 077 (`PRIVATE_UMASK`), its own children too. Its own group
     shields the child from signals sent to ours, so it is told to stop when its parent dies
     (`host.die_with_parent`): a killed launcher never leaves a Triton behind.
     """
@@ -63,6 +67,10 @@ class ChildService:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
+                # Private from the first byte: what the child creates (Triton's and its
+                # stubs' shared-memory regions in /dev/shm) is never open to another user,
+                # not even for the moment before it could be made private.
+                umask=PRIVATE_UMASK,
             )
 
     @staticmethod

@@ -52,10 +52,12 @@ __all__ = [
     "find_leftovers",
     "is_loopback",
     "new_shm_prefix",
+    "orphaned_servers",
     "ports_in_use",
     "prefix_owner",
     "proc_stat",
     "process_ended",
+    "stop_orphaned_servers",
 ]
 
 SHM_PREFIX_ROOT: Final = "dispatchsrv_"
@@ -273,6 +275,49 @@ def find_leftovers(shm_dir: Path = Path("/dev/shm"), proc: Path = Path("/proc"))
         if owner is not None and not _alive(owner):
             stubs.append(int(entry.name))
     return Leftovers(tuple(sorted(regions)), tuple(sorted(stubs)))
+
+
+_PORT_FLAGS: Final = ("--http-port=", "--grpc-port=", "--metrics-port=")
+
+
+def orphaned_servers(ports: Iterable[int], proc: Path = Path("/proc")) -> list[int]:
+    """Pids of the tritonservers a launcher of this repository started (their shared-memory
+    prefix names it) whose launcher is gone, listening on any of ``ports``: after a
+    `kill -9` of the launcher its Triton, told to stop (`die_with_parent`), still held the
+    gRPC and metrics ports for about 8 s while it unloaded, and a new start was refused."""
+    wanted = {str(port) for port in ports}
+    found = []
+    for entry in proc.glob("[0-9]*"):
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not argv or not argv[0].endswith("tritonserver"):
+            continue
+        owner = next((prefix_owner(a) for a in argv if SHM_PREFIX_ROOT in a), None)
+        if owner is None or _alive(owner):
+            continue
+        listening = {a.split("=", 1)[1] for a in argv if a.startswith(_PORT_FLAGS)}
+        if listening & wanted and not process_ended(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def stop_orphaned_servers(
+    ports: Iterable[int], timeout_s: float = 15.0, proc: Path = Path("/proc")
+) -> list[str]:
+    """Kill the process group of each `orphaned_servers` on ``ports`` (its stubs with it) and
+    wait for each to end, up to ``timeout_s``; one line per server."""
+    lines = []
+    for pid in orphaned_servers(ports, proc):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # its own session: the group is its pid
+        except (ProcessLookupError, PermissionError):
+            continue
+        ended = process_ended(pid, timeout_s, proc)
+        state = "stopped" if ended else f"still running after {timeout_s:.0f} s"
+        lines.append(f"orphaned tritonserver pid {pid} (its launcher is gone) {state}")
+    return lines
 
 
 def clean_leftovers(leftovers: Leftovers) -> list[str]:

@@ -36,6 +36,7 @@ from dispatch_service.ops.host import (
     find_leftovers,
     new_shm_prefix,
     ports_in_use,
+    stop_orphaned_servers,
 )
 from dispatch_service.ops.keys import AccessKeys, new_key
 from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
@@ -367,10 +368,13 @@ class TritonServer(ChildService):
                 "locked behind their keys)."
             )
         ports = self.options.ports
+        # A server of this repository whose launcher died holds the ports for seconds
+        # while it stops: ended first, so a start right after a `kill -9` succeeds.
+        lines = stop_orphaned_servers((ports.http, ports.grpc, ports.metrics))
         busy = ports_in_use(opts.host, (ports.http, ports.grpc, ports.metrics))
         if busy:
             raise ServerError(describe_ports(opts.host, busy))
-        lines = clean_leftovers(find_leftovers(self.shm_dir))
+        lines += clean_leftovers(find_leftovers(self.shm_dir))
         for line in lines:
             logger.warning(line)
         return lines

@@ -43,7 +43,7 @@ from dispatch_service.ops.keys import (
     command_line_note,
     load_or_create_keys,
 )
-from dispatch_service.ops.restart import CrashCounter, default_on_dead
+from dispatch_service.ops.restart import CrashCounter, default_on_dead, end_process_group
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.ops.supervisor import Supervisor
 from dispatch_service.ops.supervisor_state import SupervisorSettings
@@ -58,8 +58,12 @@ __all__ = [
     "resolve_keys",
     "run_until_stopped",
     "stop_on_signals",
+    "stop_regardless",
 ]
 
+# A drain ends within drain_timeout_s, then Triton stops gracefully within its exit timeout
+# (10 s) plus the stop's own wait: past this margin the launcher stops regardless.
+STOP_MARGIN_S: Final = 25.0
 EXIT_DEAD: Final = 3  # the deep check failed for dead_after_s: let the process manager restart us
 
 
@@ -409,9 +413,34 @@ def run_until_stopped(
             server.stop()
             print(f"error: tritonserver exited with {code}:\n{server.log_tail()}", file=sys.stderr)
             return int(code or 1)
+    # Whatever the drain waits on, the launcher exits: past the drain's own bound and
+    # Triton's exit timeout, the server's group is killed and the launcher exits 1.
+    settings = supervisor.settings
+    watchdog = stop_regardless(server, settings.drain_timeout_s + STOP_MARGIN_S)
     drained = supervisor.drain_and_stop()
+    watchdog.cancel()
     event_printer(out)(f"tritonserver stopped (drained {drained:.1f} s)")
     return 0
+
+
+def stop_regardless(server: TritonServer, after_s: float) -> threading.Timer:
+    """A timer that, unless cancelled, kills the server's process group and exits the
+    launcher at once (status 1) ``after_s`` from now: a stop always stops."""
+
+    def give_up() -> None:
+        print(
+            f"error: the drain did not end in {after_s:.0f} s: killing tritonserver",
+            file=sys.stderr,
+        )
+        process = server.process
+        if process is not None:
+            end_process_group(process.pid)
+        os._exit(1)
+
+    timer = threading.Timer(after_s, give_up)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 if __name__ == "__main__":

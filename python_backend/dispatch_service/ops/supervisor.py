@@ -168,6 +168,11 @@ class Supervisor(StubHealing):
 
     def snapshot(self) -> dict[str, Any]:
         stubs_alive = self._stubs_alive()
+        # Outside the lock: a source may wait on a lock of its own (the fleet watcher's,
+        # held while it applies a revision, a load that may take a minute), and a snapshot
+        # holding this lock meanwhile stalled the drain (no ``drain_started`` after SIGTERM
+        # for 60 s and more) and every readiness answer.
+        details = {name: source() for name, source in self.detail_sources.items()}
         with self._lock:
             s = self.state
             ready = self._ready_locked() and stubs_alive
@@ -201,7 +206,7 @@ class Supervisor(StubHealing):
                 "server_restarts": s.server_restarts,
                 "leaked_stubs": s.leaked_stubs,
                 "leak_restarts": s.leak_restarts,
-                **{name: source() for name, source in self.detail_sources.items()},
+                **details,
             }
 
     def metrics_text(self) -> str:
@@ -242,9 +247,9 @@ class Supervisor(StubHealing):
         timeout stops Triton gracefully instead (its exit timeout lets the rest finish).
         Without a gate (a server that has none) the old rule applies: nothing pending and
         nothing completing."""
+        self._event("drain_started", timeout_s=self.settings.drain_timeout_s)
         with self._lock:
             self.state.draining = True
-        self._event("drain_started", timeout_s=self.settings.drain_timeout_s)
         start = time.monotonic()
         deadline = start + self.settings.drain_timeout_s
         # Readiness false first, new windows still served for a moment: a load balancer

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,12 @@ from dispatch_service.ops.host import (
     find_leftovers,
     is_loopback,
     new_shm_prefix,
+    orphaned_servers,
     ports_in_use,
     prefix_owner,
     proc_stat,
     process_ended,
+    stop_orphaned_servers,
 )
 
 
@@ -215,3 +218,46 @@ def test_proc_stat_reads_name_state_and_parent(tmp_path: Path) -> None:
     assert proc_stat(tmp_path / "11") is None  # gone
     mine = proc_stat(Path(f"/proc/{os.getpid()}"))
     assert mine is not None and mine.parent == os.getppid() and mine.state in "RS"
+
+
+def _fake_triton(folder: Path, launcher_pid: int, grpc_port: int) -> subprocess.Popen[bytes]:
+    """A process whose command line is a tritonserver's of this repository (the
+    shared-memory prefix names its launcher), in a session of its own."""
+    binary = folder / "bin" / "tritonserver"
+    binary.parent.mkdir(exist_ok=True)
+    if not binary.exists():
+        binary.symlink_to(sys.executable)
+    prefix = new_shm_prefix(launcher_pid)
+    return subprocess.Popen(
+        [
+            str(binary),
+            "-c",
+            "import time; time.sleep(60)",
+            f"--backend-config=python,shm-region-prefix-name={prefix}",
+            "--http-port=1",
+            f"--grpc-port={grpc_port}",
+        ],
+        start_new_session=True,
+    )
+
+
+def test_a_server_whose_launcher_died_is_found_by_its_ports_and_stopped(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    orphan = _fake_triton(tmp_path, gone.pid, 45123)
+    owned = _fake_triton(tmp_path, os.getpid(), 45123)  # its launcher (this test) lives
+    try:
+        for _ in range(100):  # bounded: until its command line is readable
+            if orphaned_servers([45123]):
+                break
+            threading.Event().wait(0.05)
+        assert orphaned_servers([45123]) == [orphan.pid]
+        assert orphaned_servers([45124]) == []  # other ports: another server's business
+        lines = stop_orphaned_servers([45124, 45123])
+        assert lines == [f"orphaned tritonserver pid {orphan.pid} (its launcher is gone) stopped"]
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert owned.poll() is None
+    finally:
+        for process in (orphan, owned):
+            process.kill()
+            process.wait(timeout=30)

@@ -314,3 +314,23 @@ def test_stopping_a_server_whose_process_already_died_ends_its_group(tmp_path: P
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_child_and_its_children_create_files_private_from_the_first_byte(
+    tmp_path: Path,
+) -> None:
+    """A second local user polling /dev/shm opened 6 of the backend's regions before they
+    were made private: the server (and so its stubs) starts with umask 077 instead."""
+    child = ChildService(tmp_path / "child.log", "umask")
+    grandchild = f"open({str(tmp_path / 'made_by_grandchild')!r}, 'w').close()"
+    script = (
+        "import subprocess, sys\n"
+        f"open({str(tmp_path / 'made_by_child')!r}, 'w').close()\n"
+        f"subprocess.run([sys.executable, '-c', {grandchild!r}], check=True)\n"
+    )
+    child.spawn([sys.executable, "-c", script], dict(os.environ))
+    assert child.process is not None
+    assert child.process.wait(timeout=30) == 0, child.log_tail()
+    child.stop()
+    for name in ("made_by_child", "made_by_grandchild"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name

@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from fake_tritonserver import FAKE_READY_SERVER, write_script
 
+from dispatch_service.ops.host import process_ended
 from dispatch_service.ops.keys import KeyFileError
 from dispatch_service.ops.server import Ports
 from dispatch_service.ops.server_cli import build_parser, event_printer, main, resolve_keys
@@ -198,3 +200,27 @@ def test_a_signal_sent_on_ready_drains_the_launcher(
     ]
     assert code == 0, out.getvalue()
     assert "tritonserver stopped" in out.getvalue()
+
+
+def test_a_drain_that_never_ends_still_stops_the_server_and_the_launcher(tmp_path: Path) -> None:
+    """A launcher stuck in its drain (3 of 9 SIGTERMs printed no drain_started in 60 s) is
+    ended by `stop_regardless`: its server's group killed, the launcher exited 1."""
+    pid_file = tmp_path / "server.pid"
+    script = f"""
+import os, sys, time
+from pathlib import Path
+from dispatch_service.ops.child_process import ChildService
+from dispatch_service.ops.server_cli import stop_regardless
+server = ChildService(Path({str(tmp_path / "child.log")!r}), "sleeper")
+server.spawn([sys.executable, "-c", "import time; time.sleep(120)"], dict(os.environ))
+Path({str(pid_file)!r}).write_text(str(server.process.pid))
+stop_regardless(server, 0.5)
+time.sleep(120)  # a drain that never ends
+"""
+    launcher = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert launcher.returncode == 1, launcher.stderr
+    assert "the drain did not end in 0 s: killing tritonserver" in launcher.stderr
+    child = int(pid_file.read_text())
+    assert process_ended(child, timeout_s=10)

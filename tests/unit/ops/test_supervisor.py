@@ -388,3 +388,30 @@ def test_the_deep_checks_windows_are_counted_apart(
     assert supervisor._check_health() and supervisor._check_health()
     assert supervisor.snapshot()["probes"] == {"dispatch": 2}
     assert 'dispatch_launcher_probes_total{entry_point="dispatch"} 2' in supervisor.metrics_text()
+
+
+def test_a_slow_healthz_field_holds_up_neither_readiness_nor_the_drain(
+    supervisor: Supervisor,
+) -> None:
+    """The fleet watcher's ``/healthz`` field waits on the watcher's lock, held while it
+    applies a revision (a load that may take a minute): a snapshot taken meanwhile held the
+    supervisor's lock too, and SIGTERM printed no ``drain_started`` for 60 s."""
+    release = threading.Event()
+    supervisor.detail_sources["fleet_state"] = lambda: release.wait(30)
+    scrape = threading.Thread(target=supervisor.snapshot, daemon=True)
+    scrape.start()
+    try:
+        answered = threading.Event()
+
+        def ask() -> None:
+            supervisor.ready()
+            supervisor.live()
+            with supervisor._lock:
+                supervisor.state.draining = True
+            answered.set()
+
+        threading.Thread(target=ask, daemon=True).start()
+        assert answered.wait(10), "readiness and the drain waited on a /healthz field"
+    finally:
+        release.set()
+        scrape.join(timeout=30)

@@ -31,14 +31,25 @@ class DispatchInputError(ValueError):
 
     `code` is a short stable key of the rule (one of `RULE_CODES`) for metrics and logs,
     named by the raise site itself: the message is for people and may change wording
-    without moving a metric. The Triton adapter turns the error into an INVALID_ARG error
-    for that request only.
+    without moving a metric. `row` (the offending row, where one is) goes into the message
+    only: `tensor` and `code` label a metric, so neither may carry it. The Triton adapter
+    turns the error into an INVALID_ARG error for that request only.
     """
 
-    def __init__(self, tensor: str, rule: str, code: str) -> None:
+    def __init__(self, tensor: str, rule: str, code: str, *, row: int | None = None) -> None:
         if code not in RULE_CODES:
             raise ValueError(f"unknown rule code {code!r}; use one of {', '.join(RULE_CODES)}")
         self.tensor = tensor
         self.rule = rule
         self.code = code
-        super().__init__(f"{tensor}: {rule}")
+        self.row = row
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = self.tensor if self.row is None else f"{self.tensor} row {self.row}"
+        return f"{where}: {self.rule}"
+
+    def rename(self, tensor: str) -> None:
+        """Name the error by ``tensor`` instead (the wire column that carried the value)."""
+        self.tensor = tensor
+        self.args = (self._message(),)

@@ -250,7 +250,7 @@ class CityRegistry:
                 f"lies in {self.cities[found].id}, the window's first point in "
                 f"{self.cities[expected].id}: a window is served in one city"
             )
-        raise DispatchInputError(f"{tensor} row {row}", reason, "city")
+        raise DispatchInputError(tensor, reason, "city", row=row)
 
     def _named_city(self, window: DispatchWindow) -> City | None:
         if window.city is None:

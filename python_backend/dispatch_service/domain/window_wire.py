@@ -273,8 +273,7 @@ def window_from_wire(
         if wire is None:
             raise
         # the same rule and code, named by the column that carried the value
-        exc.tensor = wire
-        exc.args = (f"{wire}: {exc.rule}",)
+        exc.rename(wire)
         raise
 
 

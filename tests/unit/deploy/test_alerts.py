@@ -4,9 +4,12 @@
 beside it by docker-compose.yml). Every expression may name only the metrics the service's
 code exports (found in its source: metric specs, metric families, hand-written `# TYPE`
 lines), Triton's standard `nv_*` metrics, or Prometheus's own `up`. Every alert has a
-`docs/runbook.md` entry (a `###` heading with its name) and every entry an alert. Where
-`promtool` is installed (the Debian package `make setup` installs), the rules are also
-checked and unit-tested by it.
+`docs/runbook.md` entry (a `###` heading with its name) and every entry an alert. Every alert
+has a `promtool test rules` case that fires it and one that does not, in
+`deploy/prometheus/tests/<group>.test.yml` (one file per group), run where `promtool` is
+installed (the Debian package `make setup` installs). The Kubernetes PrometheusRule is
+rendered from the same file, and the rules' `job` matchers name jobs both compose's
+Prometheus and the ServiceMonitor produce.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,8 @@ PROMETHEUS = ROOT / "deploy" / "prometheus"
 ALERTS = PROMETHEUS / "alerts.yml"
 CONFIG = PROMETHEUS / "prometheus.yml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
+# Where docs/runbook.md is published: the base of every alert's runbook_url (alerts.yml).
+RUNBOOK_BASE = "https://runbooks.example.com/triton-dispatch/runbook.md"
 SOURCES = (ROOT / "python_backend", ROOT / "client", ROOT / "contract")
 
 # Triton 2.51's standard metrics (per model and version; GPU, CPU and pool gauges).
@@ -162,7 +168,8 @@ def test_every_rule_is_a_well_formed_alert() -> None:
         assert rule["expr"].strip(), name
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
         assert rule["annotations"]["summary"], name
-        assert rule["annotations"]["runbook"] == f"docs/runbook.md#{name.lower()}", name
+        assert rule["annotations"]["runbook_url"] == f"{RUNBOOK_BASE}#{name.lower()}", name
+        assert set(rule["annotations"]) == {"summary", "runbook_url"}, name
     names = [rule["alert"] for rule in found]
     assert len(names) == len(set(names)), "an alert name is used twice"
 
@@ -211,53 +218,75 @@ def test_promtool_accepts_the_rules_and_config() -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-PROMTOOL_TESTS = """
-rule_files: [{alerts}]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
-      - series: 'dispatch_launcher_ready{{instance="a"}}'
-        values: '1 1 0 0 0 0 0'
-      - series: 'dispatch_router_orders_total{{model="dispatch_router",level="0",pid="1"}}'
-        values: '0+100x10'
-      - series: 'dispatch_router_orders_total{{model="dispatch_router",level="2",pid="1"}}'
-        values: '0+10x10'
-    alert_rule_test:
-      - eval_time: 3m
-        alertname: DispatchNotReady
-        exp_alerts: []
-      - eval_time: 5m
-        alertname: DispatchNotReady
-        exp_alerts:
-          - exp_labels: {{severity: critical, instance: a}}
-            exp_annotations:
-              summary: a has not been ready for 2 minutes
-              runbook: docs/runbook.md#dispatchnotready
-      - eval_time: 10m
-        alertname: DispatchRuleBasedDispatch
-        exp_alerts:
-          - exp_labels: {{severity: critical, model: dispatch_router}}
-            exp_annotations:
-              summary: >-
-                More than 1 % of orders in dispatch_router are dispatched by the
-                rule-based fallback
-              runbook: docs/runbook.md#dispatchrulebaseddispatch
-      - eval_time: 10m
-        alertname: DispatchModelFallback
-        exp_alerts: []
-"""
+PROMTOOL_CASES = sorted((PROMETHEUS / "tests").glob("*.test.yml"))
+
+
+def groups() -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
+    return found
+
+
+def test_each_group_has_its_promtool_file_and_every_alert_a_case_that_fires() -> None:
+    assert [path.name for path in PROMTOOL_CASES] == sorted(
+        f"{group['name']}.test.yml" for group in groups()
+    )
+    for group, path in zip(
+        sorted(groups(), key=lambda g: str(g["name"])), PROMTOOL_CASES, strict=True
+    ):
+        cases = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert cases["rule_files"] == ["../alerts.yml"], path.name
+        checks = [check for test in cases["tests"] for check in test["alert_rule_test"]]
+        fires = {check["alertname"] for check in checks if check["exp_alerts"]}
+        quiet = {check["alertname"] for check in checks if not check["exp_alerts"]}
+        alerts = {rule["alert"] for rule in group["rules"]}
+        assert fires == alerts, f"{path.name}: alerts without a firing case"
+        assert quiet == alerts, f"{path.name}: alerts without a quiet case"
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
-def test_alerts_fire_on_the_series_they_watch(tmp_path: Path) -> None:
-    tests = tmp_path / "alerts_test.yml"
-    tests.write_text(PROMTOOL_TESTS.format(alerts=ALERTS), encoding="utf-8")
+def test_promtool_unit_tests_of_every_alert_pass() -> None:
     done = subprocess.run(
-        [str(PROMTOOL), "test", "rules", str(tests)],
+        [str(PROMTOOL), "test", "rules", *map(str, PROMTOOL_CASES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("SUCCESS") == len(PROMTOOL_CASES), done.stdout
+
+
+def test_the_prometheus_rule_is_rendered_from_the_rule_file() -> None:
+    rendered = ROOT / "deploy" / "k8s" / "base" / "prometheusrule.yaml"
+    document = yaml.safe_load(rendered.read_text(encoding="utf-8"))
+    assert document["kind"] == "PrometheusRule"
+    assert document["spec"]["groups"] == groups()
+    done = subprocess.run(
+        [sys.executable, str(PROMETHEUS / "prometheus_rule.py"), "--check"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr
+
+
+def test_job_matchers_name_jobs_that_compose_and_kubernetes_both_scrape() -> None:
+    config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    compose_jobs = {job["job_name"] for job in config["scrape_configs"]}
+    monitor = yaml.safe_load(
+        (ROOT / "deploy" / "k8s" / "base" / "servicemonitor.yaml").read_text(encoding="utf-8")
+    )
+    # prometheus-operator names a ServiceMonitor's job after the Service unless a relabeling
+    # sets it: each endpoint sets it here.
+    kubernetes_jobs = {
+        relabel["replacement"]
+        for endpoint in monitor["spec"]["endpoints"]
+        for relabel in endpoint.get("relabelings", [])
+        if relabel.get("targetLabel") == "job"
+    }
+    assert len(kubernetes_jobs) == len(monitor["spec"]["endpoints"])
+    named = {job for rule in rules() for job in re.findall(r'\bjob="([^"]+)"', rule["expr"])}
+    assert named == {"triton", "dispatch-launcher"}
+    assert named <= compose_jobs & kubernetes_jobs
+    assert not any(re.search(r"\bjob\s*=~", rule["expr"]) for rule in rules())

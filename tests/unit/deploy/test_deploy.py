@@ -100,12 +100,32 @@ TRITON_METRICS = frozenset(
         "nv_pinned_memory_pool_total_bytes",
     }
 )
+# The launcher's series (its health port), as a started launcher serves them: its supervisor's
+# registry with the fleet watcher's and the crash counter's series.
+LAUNCHER_METRICS = frozenset(
+    {
+        "dispatch_build_info",
+        "dispatch_launcher_ready",
+        "dispatch_launcher_degraded",
+        "dispatch_launcher_fallback_level",
+        "dispatch_launcher_unhealed",
+        "dispatch_launcher_probes_total",
+        "dispatch_launcher_stub_restarts_total",
+        "dispatch_launcher_server_restarts_total",
+        "dispatch_launcher_server_crashes_total",
+        "dispatch_launcher_fleet_state_revision",
+        "dispatch_launcher_fleet_state_refused",
+        "dispatch_launcher_fleet_state_applies_total",
+        "dispatch_launcher_fleet_state_refusals_total",
+    }
+)
 # The project's custom metrics (Python models through pb_utils.MetricFamily), as the library
 # defines them: a panel can only read what some model records.
 PROJECT_METRICS = frozenset(
     (
         *(spec.name for spec in (*ALL_METRICS, *ROUTER_METRICS, *FUSED_ROUTING_METRICS)),
         *GPU_MONITOR_METRICS,
+        *LAUNCHER_METRICS,
     )
 )
 # What the dashboard must show.
@@ -127,6 +147,12 @@ DASHBOARD_REQUIRED = frozenset(
         "dispatch_gpu_unhealthy_reason",
         "dispatch_gpu_samples_over_threshold",
         "dispatch_device_fallback_level",
+        # readiness, fleet revision, restarts and crashes per pod (the launcher's port)
+        "dispatch_launcher_ready",
+        "dispatch_launcher_fleet_state_revision",
+        "dispatch_launcher_server_restarts_total",
+        "dispatch_launcher_server_crashes_total",
+        "dispatch_launcher_stub_restarts_total",
     }
 )
 
@@ -767,6 +793,7 @@ def test_overlay_resources_are_valid_kubernetes(overlay: str) -> None:
             "HorizontalPodAutoscaler",
             "PersistentVolumeClaim",
             "PodDisruptionBudget",
+            "PrometheusRule",
             "Service",
             "Service",
             "ServiceMonitor",
@@ -775,7 +802,8 @@ def test_overlay_resources_are_valid_kubernetes(overlay: str) -> None:
     for resource in resources:
         assert resource["metadata"]["namespace"] == "dispatch"
         if resource["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # a CRD: checked in test_service_monitor_scrapes_the_metrics_port
+            continue  # CRDs: test_service_monitor_scrapes_triton_and_the_launcher and
+            # test_the_alert_rules_ship_as_a_prometheus_rule
         kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
 
 
@@ -795,6 +823,12 @@ def test_overlay_runs_the_matching_image_and_profile(overlay: str) -> None:
     container = triton_container(resources)
     # The image's entrypoint carries the server flags; the manifests must not fork them.
     assert "command" not in container and "args" not in container
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_image_tags_carry_the_product_version(overlay: str) -> None:
+    tag = str(triton_container(rendered(overlay))["image"]).rsplit(":", 1)[-1]
+    assert tag == f"{(ROOT / 'VERSION').read_text().strip()}-{overlay}"
 
 
 def test_gpu_overlay_pins_pods_to_gpu_nodes_with_one_gpu() -> None:
@@ -900,11 +934,14 @@ def test_service_pdb_and_hpa_point_at_the_deployment(overlay: str) -> None:
         "http": 8000,
         "grpc": 8001,
         "metrics": 8002,
+        "health": 8003,
     }
     for p in ports.values():
         assert named_port(container, p["targetPort"]) == p["port"]
     headless = one(resources, "Service", "dispatch-triton-headless")
     assert headless["spec"]["clusterIP"] == "None"
+    # each replica's health port by pod address (dispatch-admin --replica)
+    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]}["health"] == 8003
     assert labels_match(headless["spec"]["selector"], pod_labels)
 
     pdb = one(resources, "PodDisruptionBudget")
@@ -926,27 +963,45 @@ def test_service_pdb_and_hpa_point_at_the_deployment(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_service_monitor_scrapes_the_metrics_port(overlay: str) -> None:
+def test_service_monitor_scrapes_triton_and_the_launcher(overlay: str) -> None:
+    """Triton's metrics port and the launcher's health port (its /metrics carries the
+    launcher's series and the GPU monitor's: tests/unit/ops/test_gpu_monitor.py), each
+    through exactly one Service, each under the `job` the alert rules name."""
     resources = rendered(overlay)
     monitor = one(resources, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert set(monitor["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
     selector = monitor["spec"]["selector"]["matchLabels"]
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert set(endpoint) <= {"port", "path", "scheme", "interval", "scrapeTimeout"}
-    assert endpoint["path"] == "/metrics"
-    assert re.fullmatch(r"\d+s", endpoint["interval"])
-    assert int(endpoint["scrapeTimeout"][:-1]) < int(endpoint["interval"][:-1])
-    scraped = [
-        service
-        for service in resources
-        if service["kind"] == "Service"
-        and labels_match(selector, service["metadata"].get("labels", {}))
-        and any(p["name"] == endpoint["port"] for p in service["spec"]["ports"])
-    ]
-    assert len(scraped) == 1, "exactly one Service is scraped (no double counting)"
-    (port,) = [p for p in scraped[0]["spec"]["ports"] if p["name"] == endpoint["port"]]
-    assert port["port"] == server_ports(entrypoint(dockerfile_for(overlay))).metrics
+    launch = image_launch(dockerfile_for(overlay))
+    ports = server_ports(image_triton_command(dockerfile_for(overlay)))
+    scraped: dict[int, str] = {}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert set(endpoint) <= {
+            *("port", "path", "scheme", "interval", "scrapeTimeout", "relabelings"),
+        }
+        assert endpoint["path"] == "/metrics"
+        assert re.fullmatch(r"\d+s", endpoint["interval"])
+        assert int(endpoint["scrapeTimeout"][:-1]) < int(endpoint["interval"][:-1])
+        services = [
+            service
+            for service in resources
+            if service["kind"] == "Service"
+            and labels_match(selector, service["metadata"].get("labels", {}))
+            and any(p["name"] == endpoint["port"] for p in service["spec"]["ports"])
+        ]
+        assert len(services) == 1, "exactly one Service is scraped (no double counting)"
+        (port,) = [p for p in services[0]["spec"]["ports"] if p["name"] == endpoint["port"]]
+        (job,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+        scraped[port["port"]] = job["replacement"]
+    assert scraped == {ports.metrics: "triton", launch.health_port: "dispatch-launcher"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_alert_rules_ship_as_a_prometheus_rule(overlay: str) -> None:
+    rule = one(rendered(overlay), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    alerts = load_yaml(DEPLOY / "prometheus" / "alerts.yml")
+    assert rule["spec"]["groups"] == alerts["groups"]
 
 
 def test_adapter_rule_serves_queue_time_per_request() -> None:

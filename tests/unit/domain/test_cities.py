@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.core.metrics import rejection_observation
 from dispatch_service.domain.cities import (
     DEFAULT_REGISTRY,
     CitySettings,
@@ -78,6 +79,9 @@ def test_a_point_outside_every_city_is_named() -> None:
     assert str(caught.value) == (
         "ORDER_FIELDS[dropoff_lat, dropoff_lon] row 2: lies outside every city's service area"
     )
+    # The metric's labels stay bounded: the tensor and the rule, never the row.
+    labels = dict(rejection_observation(caught.value).labels)
+    assert labels == {"tensor": "ORDER_FIELDS[dropoff_lat, dropoff_lon]", "rule": "city"}
 
 
 def test_a_window_in_two_cities_is_refused_at_its_first_stray_point() -> None:

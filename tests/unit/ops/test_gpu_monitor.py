@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dispatch_service.ops.gpu.export import METRIC_NAMES, MonitorCollector, serve_metrics
 from dispatch_service.ops.gpu.fallback import DeviceLevel
 from dispatch_service.ops.gpu.health import HealthState
-from dispatch_service.ops.gpu.monitor import GpuMonitor, start_gpu_monitor
+from dispatch_service.ops.gpu.monitor import GpuMonitor, RunningMonitor, start_gpu_monitor
 from dispatch_service.ops.gpu.sampling import (
     ContextProber,
     GpuSample,
@@ -290,9 +290,27 @@ def test_a_taken_metrics_port_does_not_stop_the_monitor(caplog: pytest.LogCaptur
     assert any("gpu_monitor_metrics_unavailable" in r.message for r in caplog.records)
 
 
-def test_the_monitor_and_the_launcher_health_endpoint_default_to_different_ports() -> None:
-    # Both run in the launcher process: on one port the second would fail to bind.
-    from dispatch_service.ops.gpu.settings import GpuMonitorSettings
-    from dispatch_service.ops.supervisor_state import SupervisorSettings
+def test_under_the_launcher_the_series_are_served_on_its_health_port(supervisor: Any) -> None:
+    """The launcher starts its monitor without an endpoint of its own (`serve=False`) and
+    adds the collector to its registry: every series is on the health port's /metrics."""
+    settings = GpuMonitorSettings(act=False, sample_period_s=0.01)
+    running = start_gpu_monitor(
+        "127.0.0.1:1", settings, sampler=ScriptedSampler([[calm(0)]]), serve=False
+    )
+    try:
+        assert running.metrics_url is None  # no port 8004
+        running.export_to(supervisor.registry)
+        with urllib.request.urlopen(f"{supervisor.health_url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    finally:
+        running.stop()
+    families = {family.name for family in text_string_to_metric_families(text)}
+    counters = {name.removesuffix("_total") for name in METRIC_NAMES}
+    assert counters <= families
+    assert {"dispatch_launcher_ready", "dispatch_build_info"} <= families
 
-    assert GpuMonitorSettings().metrics_port != SupervisorSettings().health_port
+
+def test_a_host_without_a_gpu_adds_no_series() -> None:
+    registry = CollectorRegistry()
+    RunningMonitor(GpuMonitor(None, GpuMonitorSettings(act=False))).export_to(registry)
+    assert generate_latest(registry) == b""

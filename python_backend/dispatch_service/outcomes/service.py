@@ -13,7 +13,7 @@ control of the server. The key is compared in constant time. A report is read up
 `ingest.ingest_report` on a thread of its own (the store is blocking), so a slow store
 slows only the reports. Every refusal names its reason (`dispatch_contract.outcomes`).
 
-Housekeeping (`OutcomeService.housekeep`, every `HOUSEKEEPING_INTERVAL_S` while mounted):
+Housekeeping (`OutcomeService.start_housekeeping`: every `HOUSEKEEPING_INTERVAL_S`):
 the retention period and size bound (`StoreLimits`) applied, and the quality figures
 recomputed over the outcomes received in the last `QUALITY_WINDOW_S`.
 """
@@ -25,7 +25,7 @@ import hmac
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -116,6 +116,8 @@ class OutcomeService:
         self.tally = _Tally()
         self.quality: dict[QualityKey, QualityFigures] = {}
         self.store_errors = 0
+        self._stop = threading.Event()
+        self._housekeeper: threading.Thread | None = None
 
     # ---- the store, on its thread ----------------------------------------------------------
 
@@ -134,6 +136,11 @@ class OutcomeService:
         return await loop.run_in_executor(self._executor, self._with_store, work)
 
     def close(self) -> None:
+        """Stop the housekeeping and close the store."""
+        self._stop.set()
+        if self._housekeeper is not None:
+            self._housekeeper.join(timeout=10.0)
+
         def close() -> None:
             if self._store is not None:
                 self._store.close()
@@ -171,9 +178,14 @@ class OutcomeService:
         )
         if (request.content_length or 0) > MAX_OUTCOME_BODY_BYTES:
             return self._refused(413, *too_large)
-        body = await request.content.read(MAX_OUTCOME_BODY_BYTES + 1)
-        if len(body) > MAX_OUTCOME_BODY_BYTES:
-            return self._refused(413, *too_large)
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.read(65_536):  # a chunked body has no length
+            size += len(chunk)
+            if size > MAX_OUTCOME_BODY_BYTES:
+                return self._refused(413, *too_large)
+            chunks.append(chunk)
+        body = b"".join(chunks)
         now = self.clock()
         try:
             answer: ReportAnswer = await self._on_store(
@@ -218,22 +230,20 @@ class OutcomeService:
 
         try:
             self.quality = self._executor.submit(self._with_store, work).result()
-        except StoreError:
+        except Exception:  # the store down (or closing): the next round tries again
             self.store_errors += 1
 
-    async def housekeeping(self, app: web.Application) -> AsyncIterator[None]:
-        """An aiohttp cleanup context: housekeeping every HOUSEKEEPING_INTERVAL_S while the
-        app runs, the store closed after."""
-        loop = asyncio.get_running_loop()
+    def start_housekeeping(self, interval_s: float = HOUSEKEEPING_INTERVAL_S) -> None:
+        """`housekeep` now and every ``interval_s`` from a thread of its own, until `close`."""
 
-        async def every() -> None:
+        def run() -> None:
             while True:
-                await loop.run_in_executor(None, self.housekeep)
-                await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+                self.housekeep()
+                if self._stop.wait(interval_s):
+                    return
 
-        task = asyncio.ensure_future(every())
-        yield
-        task.cancel()
+        self._housekeeper = threading.Thread(target=run, name="outcome-housekeeping", daemon=True)
+        self._housekeeper.start()
 
     # ---- Prometheus ------------------------------------------------------------------------
 
@@ -293,9 +303,8 @@ class _OutcomeCollector(Collector):
 
 
 def serve_outcomes(service: OutcomeService) -> web.Application:
-    """The service's routes as an app of their own, with its housekeeping (run it with
-    `aiohttp.web.run_app` or an AppRunner)."""
+    """The service's routes as an app of their own (run it with `aiohttp.web.run_app` or an
+    AppRunner; `OutcomeService.start_housekeeping` beside it)."""
     app = web.Application(client_max_size=MAX_OUTCOME_BODY_BYTES + 1)
     app.add_routes(service.routes())
-    app.cleanup_ctx.append(service.housekeeping)
     return app

@@ -1,0 +1,132 @@
+"""The decision writer: records written off the caller's thread, in batches; a full queue
+or a failing store drops records and counts them, and `submit` never waits for the store."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from dispatch_service.core.metrics import DECISION_RECORDS, InMemoryMetrics
+from dispatch_service.outcomes.records import DecisionId, DecisionRecord
+from dispatch_service.outcomes.sql_store import SqliteStore, open_store
+from dispatch_service.outcomes.store import OutcomeStore
+from dispatch_service.outcomes.writer import (
+    REOPEN_AFTER_S,
+    DecisionWriter,
+    WriterCounts,
+    writer_observations,
+)
+
+from .outcome_helpers import answered_window
+
+
+def test_every_submitted_window_is_written_once(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    metrics = InMemoryMetrics()
+    writer = DecisionWriter(
+        lambda: open_store(path), on_counts=lambda c: metrics.record(writer_observations(c))
+    )
+    for n in range(50):
+        assert writer.submit(answered_window(f"req-{n}", orders=4))
+    writer.submit(answered_window("req-0", orders=4))  # the same request again
+    assert writer.flush()
+    writer.close()
+    assert writer.counts == WriterCounts(written=200, duplicate=4)
+    assert metrics.counter(DECISION_RECORDS, result="written") == 200
+    assert metrics.counter(DECISION_RECORDS, result="duplicate") == 4
+    store = open_store(path)
+    assert store.counts().decisions == 200
+    assert DecisionId("req-49", "o3") in store.decisions([DecisionId("req-49", "o3")])
+
+
+def test_a_store_that_cannot_open_drops_and_counts(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    errors: list[Exception] = []
+    writer = DecisionWriter(lambda: open_store(blocker / "o.sqlite3"), on_error=errors.append)
+    for n in range(5):
+        assert writer.submit(answered_window(f"req-{n}", orders=3))
+    assert writer.flush()
+    writer.close()
+    assert writer.counts.dropped_store_error == 15
+    assert writer.counts.written == 0
+    assert errors  # logged by the stub
+
+
+class GatedStore:
+    """A real SQLite store whose writes wait for ``gate``: a store that has become slow."""
+
+    def __init__(self, path: Path, gate: threading.Event) -> None:
+        self.inner = SqliteStore(path)
+        self.url = self.inner.url
+        self.gate = gate
+        self.entered = threading.Event()
+
+    def write_decisions(self, records: Sequence[DecisionRecord], *, recorded_at: float) -> int:
+        self.entered.set()
+        self.gate.wait()
+        return self.inner.write_decisions(records, recorded_at=recorded_at)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_slow_store_fills_the_queue_and_submit_does_not_wait(tmp_path: Path) -> None:
+    gate = threading.Event()
+    store = GatedStore(tmp_path / "o.sqlite3", gate)
+    writer = DecisionWriter(lambda: store, max_queued=8, batch_windows=4)  # type: ignore[arg-type,return-value]
+    assert writer.submit(answered_window("first", orders=2))
+    assert store.entered.wait(10.0)  # the writer now waits inside the store
+    accepted = [writer.submit(answered_window(f"req-{n}", orders=2)) for n in range(20)]
+    assert accepted == [True] * 8 + [False] * 12  # the bounded queue, then drops
+    assert writer.counts.dropped_queue_full == 24
+    gate.set()
+    assert writer.flush()
+    writer.close()
+    assert writer.counts.written == 2 + 16
+    assert open_store(tmp_path / "o.sqlite3").counts().decisions == 18
+
+
+class FailingThenWorking:
+    """Opens fail until ``healthy`` is set, then a real store opens."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.healthy = False
+        self.opens = 0
+
+    def __call__(self) -> OutcomeStore:
+        self.opens += 1
+        if not self.healthy:
+            raise ConnectionError("store down")
+        return open_store(self.path)
+
+
+def test_the_store_is_reopened_after_a_pause(tmp_path: Path) -> None:
+    now = [1000.0]
+    opener = FailingThenWorking(tmp_path / "o.sqlite3")
+    writer = DecisionWriter(opener, clock=lambda: now[0])
+    writer.submit(answered_window("a", orders=1))
+    assert writer.flush()
+    opener.healthy = True
+    writer.submit(answered_window("b", orders=1))  # within the pause: dropped, not opened
+    assert writer.flush()
+    assert opener.opens == 1
+    now[0] += REOPEN_AFTER_S
+    writer.submit(answered_window("c", orders=1))
+    assert writer.flush()
+    writer.close()
+    assert opener.opens == 2
+    assert writer.counts == WriterCounts(written=1, dropped_store_error=2)
+
+
+def test_a_window_that_cannot_be_read_is_counted_alone(tmp_path: Path) -> None:
+    writer = DecisionWriter(lambda: open_store(tmp_path / "o.sqlite3"))
+    bad = answered_window("bad", orders=2)
+    object.__setattr__(bad, "assigned_objectives", bad.assigned_objectives[:1])  # wrong shape
+    writer.submit(bad)
+    writer.submit(answered_window("good", orders=2))
+    assert writer.flush()
+    writer.close()
+    assert writer.counts == WriterCounts(written=2, dropped_unreadable=2)

@@ -47,6 +47,7 @@ from dispatch_service.ops.verified_load import (
     load_failures,
     plan_load,
 )
+from dispatch_service.outcomes.store import OUTCOME_STORE_ENV
 from dispatch_service.routing.live import ROUTING_FILE_ENV
 from dispatch_service.serving.drain import DRAIN_FILE_ENV
 
@@ -165,6 +166,9 @@ class ServerOptions:
     # Both entry points route by a file the launcher writes (`routing.live`): a fleet
     # replica's, which changes routing without reloading a model. False: the configs' routing.
     live_routing: bool = False
+    # Where the entry points write their decision records (`outcomes`): an SQLite file or a
+    # PostgreSQL URL, handed to the stubs in their environment. None: no records.
+    outcome_store: str | None = None
 
     def __post_init__(self) -> None:
         self.admin_key = self.admin_key or new_key()
@@ -345,6 +349,9 @@ class TritonServer(ChildService):
         if self.options.trusted_keys is not None:
             env[TRUSTED_KEYS_ENV] = str(self.options.trusted_keys.resolve())
         env[DRAIN_FILE_ENV] = str(self.drain_file())
+        env.pop(OUTCOME_STORE_ENV, None)
+        if self.options.outcome_store:
+            env[OUTCOME_STORE_ENV] = self.options.outcome_store
         env.pop(ROUTING_FILE_ENV, None)
         routing = self.routing_file()
         if routing is not None:

@@ -43,6 +43,11 @@ from dispatch_service.ops.keys import (
     command_line_note,
     load_or_create_keys,
 )
+from dispatch_service.ops.outcome_launch import (
+    add_outcome_arguments,
+    outcome_service_from_args,
+    outcome_store_from_args,
+)
 from dispatch_service.ops.restart import CrashCounter, default_on_dead, end_process_group
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.ops.supervisor import Supervisor
@@ -235,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gpu_monitor.add_gpu_monitor_arguments(parser)
     fleet_watch.add_arguments(parser)
+    add_outcome_arguments(parser)
     return parser
 
 
@@ -255,6 +261,7 @@ def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptio
         required_models=tuple(m for m in args.require.split(",") if m.strip()),
         extra_args=tuple(args.triton_arg),
         live_routing=args.state_store is not None,
+        outcome_store=outcome_store_from_args(args),
     )
 
 
@@ -277,6 +284,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         keys = resolve_keys(args, out)
+        outcomes = outcome_service_from_args(args, out)
     except (KeyFileError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -331,6 +339,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             report=event_printer(out),
         )
         supervisor = Supervisor(server, settings, event_printer(out), verifier, gate=gate)
+        if outcomes is not None:  # POST /v1/outcomes, GET /v1/quality, the quality gauges
+            supervisor.routes.extend(outcomes.routes())
+            supervisor.registry.register(outcomes.collector())
+            outcomes.start_housekeeping()
         supervisor.start()
         monitor.export_to(supervisor.registry)  # the GPU series on the health port's /metrics
         crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
@@ -360,6 +372,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if watcher is not None:
             watcher.stop()
         crashes.stop()
+        if outcomes is not None:
+            outcomes.close()
         monitor.stop()
         server.stop()  # whatever ended the loop: never leave a Triton behind
         server.release()

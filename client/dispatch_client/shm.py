@@ -76,7 +76,13 @@ from dispatch_client.shm_pool import (
     ShmRegionPool,
     SystemShmBackend,
 )
-from dispatch_client.transport import DEFAULT_GRPC_URL, DEFAULT_TIMEOUT_S, grpc_error, split_url
+from dispatch_client.transport import (
+    DEFAULT_GRPC_URL,
+    DEFAULT_TIMEOUT_S,
+    grpc_channel_args,
+    grpc_error,
+    split_url,
+)
 from dispatch_contract import spec_by_name
 
 # The transport, and (re-exported) the layout and region names callers already import here.
@@ -142,7 +148,9 @@ class GrpcShmTransport(Closing):
             backend = CudaShmBackend(headers=headers)
         elif isinstance(backend, str):
             raise ValueError(f"backend must be 'system', 'cuda' or a RegionBackend: {backend!r}")
-        self._client: Any = grpcclient.InferenceServerClient(url=self.url)
+        self._client: Any = grpcclient.InferenceServerClient(
+            url=self.url, channel_args=grpc_channel_args()
+        )
         try:
             self.pool = ShmRegionPool(
                 backend,

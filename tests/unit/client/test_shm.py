@@ -447,7 +447,7 @@ class ShmServer:
     fail_with: ClassVar[BaseException | None] = None
     top_k: ClassVar[int] = 2
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, channel_args: object = None) -> None:
         self.url = url
 
     def register_system_shared_memory(self, name: str, key: str, byte_size: int) -> None:

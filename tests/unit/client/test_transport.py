@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_client.connect import make_transport
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
-from dispatch_client.transport import GrpcTransport, HttpTransport
+from dispatch_client.transport import GrpcTransport, HttpTransport, grpc_channel_args
 
 Array = np.ndarray[Any, Any]
 
@@ -106,7 +106,7 @@ def test_http_uses_binary_outputs_and_the_timeouts() -> None:
 def test_grpc_passes_its_deadline() -> None:
     GrpcTransport("h:8001", timeout_s=4.5).infer("dispatch", INPUTS, ["OUT"])
     [client] = StubClient.instances
-    assert client.kwargs == {"url": "h:8001"}
+    assert client.kwargs == {"url": "h:8001", "channel_args": grpc_channel_args()}
     assert client.requests[0][3] == {"client_timeout": 4.5, "request_id": ""}
 
 
@@ -207,10 +207,10 @@ def test_http_and_https_schemes_are_taken_off_and_https_means_tls() -> None:
     GrpcTransport("https://h:8001")
     plain_http, plain_grpc, tls_http, tls_grpc = StubClient.instances
     assert plain_http.kwargs["url"] == "h:8000" and "ssl" not in plain_http.kwargs
-    assert plain_grpc.kwargs == {"url": "h:8001"}
+    assert plain_grpc.kwargs == {"url": "h:8001", "channel_args": grpc_channel_args()}
     assert tls_http.kwargs["url"] == "h:443" and tls_http.kwargs["ssl"] is True
     assert tls_http.kwargs["ssl_context_factory"] is not None  # verifies certificates
-    assert tls_grpc.kwargs == {"url": "h:8001", "ssl": True}
+    assert tls_grpc.kwargs == {"url": "h:8001", "channel_args": grpc_channel_args(), "ssl": True}
 
 
 def test_the_request_id_goes_out_as_tritons_request_id() -> None:

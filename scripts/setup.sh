@@ -14,11 +14,13 @@ die() { printf '[setup] FAILED: %s\n' "$*" >&2; exit 1; }
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found on PATH; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"
 
 # System libraries: the Python-backend stub embeds libpython3.11; perf_analyzer needs libb64;
-# the metrics integration test scrapes the server with a real prometheus.
+# the metrics integration test scrapes the server with a real prometheus; the outcome store's
+# tests and benchmark start a throwaway PostgreSQL (perf/postgres_server.py).
 need_apt=()
 ldconfig -p | grep -q 'libpython3.11.so.1.0' || need_apt+=(libpython3.11)
 ldconfig -p | grep -q 'libb64.so.0d' || need_apt+=(libb64-0d)
 command -v prometheus >/dev/null || need_apt+=(prometheus)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing Debian packages: ${need_apt[*]}"
@@ -29,7 +31,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     die "missing system packages ${need_apt[*]}: run as root or 'sudo apt-get install ${need_apt[*]}'"
   fi
 else
-  say "system packages present (libpython3.11, libb64, prometheus $(prometheus --version 2>&1 | head -1 | awk '{print $3}'))"
+  say "system packages present (libpython3.11, libb64, prometheus $(prometheus --version 2>&1 | head -1 | awk '{print $3}'), postgresql)"
 fi
 
 # The venv, reinstalled only when the pins change.

@@ -77,6 +77,10 @@ class Launcher:
             # Not the default (metrics port + 1): on a busy host that port may be taken by
             # some connection's local end, and a fresh-clone CI run saw the start fail so.
             extra = (*extra, "--health-port", str(free_port()))
+        if "--outcome-store" not in extra and "--no-outcomes" not in extra:
+            # The decision records of this launcher's windows stay with its log, out of the
+            # checkout's state folder (the default).
+            extra = (*extra, "--outcome-store", str(log.parent / "outcomes.sqlite3"))
         argv = [
             sys.executable,
             "-m",

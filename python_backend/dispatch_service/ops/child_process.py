@@ -7,8 +7,10 @@ The launcher's tritonserver (`server.TritonServer`) is one; the benchmarks' Fast
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import stat
 import subprocess
 import time
 import urllib.error
@@ -19,11 +21,56 @@ from types import TracebackType
 from typing import Final
 
 from dispatch_service.ops.host import die_with_parent
-from dispatch_service.ops.restart import end_process_group
 
-__all__ = ["PRIVATE_UMASK", "ChildService", "ServerError"]
+__all__ = [
+    "LOG_READ_BYTES",
+    "LOG_TAIL_BYTES",
+    "PRIVATE_UMASK",
+    "ChildService",
+    "ServerError",
+    "end_process_group",
+    "read_log",
+]
 
 PRIVATE_UMASK: Final = 0o077
+
+
+# The most of a child's log read at once: a tail for a message, the part of a growing log
+# read per poll (`restart.CrashCounter`). A log is never read whole: it may be huge.
+LOG_TAIL_BYTES: Final = 64 << 10
+LOG_READ_BYTES: Final = 4 << 20
+
+
+def read_log(path: Path, offset: int = 0, limit: int = LOG_READ_BYTES) -> tuple[bytes, int]:
+    """(up to ``limit`` bytes of ``path`` from ``offset``, the file's size); a negative
+    ``offset`` counts from the end. (b"", 0) when it is absent, unreadable or no regular
+    file: a FIFO or a device is never read (opened without blocking, refused by its type),
+    as where the log goes to /dev/stdout."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b"", 0
+    try:
+        status = os.fstat(handle)
+        if not stat.S_ISREG(status.st_mode):
+            return b"", 0
+        size = status.st_size
+        start = max(0, size + offset) if offset < 0 else min(offset, size)
+        return os.pread(handle, min(limit, size - start), start), size
+    except OSError:
+        return b"", 0
+    finally:
+        os.close(handle)
+
+
+def end_process_group(pgid: int) -> None:
+    """SIGKILL whatever is left of a stopped or crashed server's process group (the server
+    runs in a session of its own). Once, after a SIGSEGV under the deadline burst, 2.51 left
+    a child it had forked just before (one thread, stuck on a lock before its exec, with
+    Triton's signal handlers, so SIGTERM did nothing) holding all three listening sockets:
+    every later start on those ports was refused until it was killed by hand."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 class ServerError(RuntimeError):
@@ -98,11 +145,10 @@ class ChildService:
     def log_tail(self, lines: int = 40) -> str:
         if self.log_path.exists() and not self.log_path.is_file():
             return f"(log goes to {self.log_path})"  # e.g. /dev/stdout in the images
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
+        data, size = read_log(self.log_path, -LOG_TAIL_BYTES)
+        if not size:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 20.0, *, graceful: bool = True) -> None:
         """SIGTERM the group and wait ``timeout_s``, then SIGKILL it; without ``graceful``,

@@ -31,8 +31,6 @@ each process counts at most once, by its log or by its exit status.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import signal
 import subprocess
@@ -42,6 +40,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
+
+from dispatch_service.ops.child_process import LOG_READ_BYTES, end_process_group, read_log
 
 __all__ = [
     "CRASH_SIGNALS",
@@ -73,16 +73,6 @@ class WatchedServer(Protocol):
     def log_path(self) -> Path: ...
     @property
     def stopped_pids(self) -> set[int]: ...
-
-
-def end_process_group(pgid: int) -> None:
-    """SIGKILL whatever is left of a stopped or crashed server's process group (the server
-    runs in a session of its own). Once, after a SIGSEGV under the deadline burst, 2.51 left
-    a child it had forked just before (one thread, stuck on a lock before its exec, with
-    Triton's signal handlers, so SIGTERM did nothing) holding all three listening sockets:
-    every later start on those ports was refused until it was killed by hand."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 class RestartableServer(Protocol):
@@ -201,18 +191,17 @@ class CrashCounter:
             self._count(process, name, "exit")
 
     def _read_log(self, process: subprocess.Popen[bytes]) -> None:
-        """Count a crash signal Triton reports catching (a process that may live on, hung)."""
-        try:
-            with self.server.log_path.open("rb") as log:
-                log.seek(0, 2)
-                size = log.tell()
-                if size < self._log_offset:  # a new log (a restart truncated it)
-                    self._log_offset = 0
-                log.seek(self._log_offset)
-                added = log.read(size - self._log_offset)
-        except OSError:
-            return
-        added = added[: added.rfind(b"\n") + 1]  # whole lines only: the rest comes next time
+        """Count a crash signal Triton reports catching (a process that may live on, hung).
+        At most `LOG_READ_BYTES` a poll, whole lines only; a log that is no regular file is
+        not read (`read_log`)."""
+        added, size = read_log(self.server.log_path, self._log_offset)
+        if size < self._log_offset:  # a new log (a restart truncated it)
+            self._log_offset = 0
+            added, size = read_log(self.server.log_path, 0)
+        end = added.rfind(b"\n") + 1  # whole lines only: the rest comes next time
+        if not end and len(added) >= LOG_READ_BYTES:
+            end = len(added)  # one line longer than a read: skip past it
+        added = added[:end]
         self._log_offset += len(added)
         for match in SIGNAL_LINE.finditer(added):
             number = int(match.group(1))

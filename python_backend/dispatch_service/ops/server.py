@@ -26,7 +26,12 @@ from typing import ClassVar
 from dispatch_service.core.backend_shm import tighten_regions
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, TrustedKeys
-from dispatch_service.ops.child_process import ChildService, ServerError
+from dispatch_service.ops.child_process import (
+    LOG_READ_BYTES,
+    ChildService,
+    ServerError,
+    read_log,
+)
 from dispatch_service.ops.health import Probe, deep_check, explain_missing
 from dispatch_service.ops.host import (
     EXPOSURE_RISKS,
@@ -511,11 +516,9 @@ class TritonServer(ChildService):
         return [line for line in plan.log_lines() if '"model_version_failed"' in line]
 
     def log_text(self) -> str:
-        """Triton's whole log so far ("" when it goes elsewhere, e.g. /dev/stdout)."""
-        try:
-            return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
-        except OSError:
-            return ""
+        """The last `LOG_READ_BYTES` of Triton's log ("" when it goes elsewhere, e.g.
+        /dev/stdout): a start's load failures are at its end."""
+        return read_log(self.log_path, -LOG_READ_BYTES)[0].decode(errors="replace")
 
     def load_verifier(self) -> LoadVerifier | None:
         """What every load after start is checked with on a verified server (the supervisor's

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch_service.ops.child_process import ChildService
+from dispatch_service.ops.child_process import LOG_READ_BYTES, ChildService, read_log
 from dispatch_service.ops.restart import (
     EMBEDDED_ON_DEAD,
     CrashCounter,
@@ -334,3 +334,31 @@ def test_a_child_and_its_children_create_files_private_from_the_first_byte(
     child.stop()
     for name in ("made_by_child", "made_by_grandchild"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name
+
+
+def test_the_log_is_read_a_bounded_part_at_a_time_and_never_when_not_a_file(
+    tmp_path: Path,
+) -> None:
+    """A 1 GiB log (one endless line) is read LOG_READ_BYTES a poll, never whole; a FIFO in
+    its place neither blocks the counter nor is read."""
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        out.truncate(1 << 30)  # sparse: 1 GiB of zeros, no newline
+    server = FakeServer(log)
+    counter = CrashCounter(server, lambda event: None)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as running:
+        try:
+            server.process = running
+            counter.check()
+            assert counter._log_offset == LOG_READ_BYTES
+            counter.check()
+            assert counter._log_offset == 2 * LOG_READ_BYTES
+            log.unlink()
+            os.mkfifo(log)
+            done = threading.Event()
+            threading.Thread(target=lambda: (counter.check(), done.set()), daemon=True).start()
+            assert done.wait(10), "the counter blocked on a FIFO"
+            assert read_log(log) == (b"", 0)
+            assert counter.total() == 0
+        finally:
+            running.kill()

@@ -9,6 +9,7 @@ The protobuf modules are imported on first use: importing this module costs noth
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Final
 
@@ -17,6 +18,8 @@ from dispatch_service.core.settings import parameters_from_model_config
 
 __all__ = [
     "CONFIG_NAME",
+    "ModelConfigError",
+    "check_repository_configs",
     "config_parameters",
     "ensemble_steps",
     "profile_config_path",
@@ -34,12 +37,45 @@ def profile_config_path(model_dir: Path, profile: str | None = None) -> Path:
     return ModelLayout(Path(model_dir)).profile_config(profile)
 
 
+class ModelConfigError(ValueError):
+    """A config file Triton could not read: one line naming the model, the file, the place
+    and protobuf's reason (never a chained traceback)."""
+
+
+def _model_name(path: Path) -> str:
+    """The model a config file belongs to: its folder (``<model>/configs/<profile>.pbtxt``
+    belongs to ``<model>``)."""
+    folder = path.parent
+    return folder.parent.name if folder.name == "configs" else folder.name
+
+
 def read_model_config(path: Path) -> Any:
-    """The config file as a `model_config_pb2.ModelConfig` message (to inspect or edit)."""
+    """The config file as a `model_config_pb2.ModelConfig` message (to inspect or edit);
+    `ModelConfigError` when protobuf cannot read it."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    return text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
+    path = Path(path)
+    try:
+        return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    except (text_format.ParseError, UnicodeDecodeError) as exc:
+        reason = " ".join(str(exc).split())
+        place = re.match(r"(\d+):(\d+) : ", reason)  # ParseError's "LINE:COLUMN : reason"
+        if place is not None:
+            reason = f"line {place[1]}, column {place[2]}: {reason[place.end() :]}"
+        raise ModelConfigError(
+            f"model {_model_name(path)!r}: {path} is not a valid model config: {reason}"
+        ) from None
+
+
+def check_repository_configs(repository: Path, profile: str | None = None) -> None:
+    """Read the config of every model folder of ``repository`` that Triton would read under
+    ``--model-config-name=<profile>``; the first that does not parse raises
+    `ModelConfigError` (before a server is started on it, which would log the reason among
+    a hundred lines and fail on the ensembles that use the model)."""
+    for folder in sorted(Path(repository).iterdir()):
+        if folder.is_dir() and (folder / CONFIG_FILE).is_file():
+            read_model_config(profile_config_path(folder, profile))
 
 
 def write_model_config(path: Path, config: Any) -> None:

@@ -40,6 +40,7 @@ from typing import Final, TextIO
 
 from dispatch_contract.keys import ADMIN_KEY_ENV, KeyFileError, read_key
 from dispatch_contract.version import add_version_argument
+from dispatch_service.core.model_config import ModelConfigError
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.signing import (
     TRUSTED_KEYS_ENV,
@@ -454,6 +455,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except LifecycleError as exc:
         print(f"{args.command} failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except ModelConfigError as exc:  # a config.pbtxt that does not parse: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

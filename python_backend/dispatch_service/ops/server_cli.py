@@ -28,6 +28,7 @@ from dispatch_contract.keys import (
     read_key,
 )
 from dispatch_contract.version import add_version_argument
+from dispatch_service.core.model_config import ModelConfigError, check_repository_configs
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError
 from dispatch_service.ops import fleet_watch
@@ -57,6 +58,7 @@ __all__ = [
     "ADMIN_KEY_ENV",
     "EXIT_DEAD",
     "build_parser",
+    "default_log_path",
     "event_printer",
     "main",
     "options_from_args",
@@ -154,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log",
         type=Path,
-        default=REPO_ROOT / ".triton" / "server.log",
-        help="tritonserver's log file (default %(default)s)",
+        default=None,
+        help="tritonserver's log file (default .triton/server-HTTP_PORT.log: one per local "
+        "server, so replicas on one host never write into one file)",
     )
     parser.add_argument(
         "--tritonserver",
@@ -244,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_log_path(http_port: int) -> Path:
+    """Where a local server logs without ``--log``: a file per HTTP port (two replicas on
+    one host writing one file interleave and lose lines)."""
+    return REPO_ROOT / ".triton" / f"server-{http_port}.log"
+
+
 def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptions:
     """The server options a launcher command line asks for (images and tests read it too).
 
@@ -278,6 +287,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.log = args.log or default_log_path(args.http_port)
     if args.max_failed_starts < 1:
         parser.error(f"--max-failed-starts must be >= 1, got {args.max_failed_starts}")
     gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
@@ -286,6 +296,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         keys = resolve_keys(args, out)
         outcomes = outcome_service_from_args(args, out)
     except (KeyFileError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:  # a broken config: one line naming it, not a server that fails on its ensembles
+        check_repository_configs(args.model_repository, args.profile)
+    except ModelConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     options = options_from_args(args, keys)

@@ -261,7 +261,7 @@ class SqlStore:
                     "SELECT d.model_version, d.city, d.fallback_level, d.entry_point, "
                     "d.decided_at, d.created_at, d.promised_minutes, d.assigned_rider, "
                     "d.eta_minutes, d.ontime_probability, d.cost, o.status, o.picked_up_at, "
-                    "o.delivered_at, o.rider_id FROM decisions d JOIN outcomes o "
+                    "o.delivered_at, o.rider_id, d.recorded_at FROM decisions d JOIN outcomes o "
                     "ON d.request_id = o.request_id AND d.order_id = o.order_id "
                     "WHERE o.received_at >= ?"
                 ),
@@ -286,6 +286,7 @@ class SqlStore:
                 picked_up_at=r[12],
                 delivered_at=r[13],
                 rider_id=r[14],
+                recorded_at=float(r[15]),
             )
             for r in self._run(read)
         ]

@@ -94,6 +94,10 @@ class JoinedRow:
     picked_up_at: float | None
     delivered_at: float | None
     rider_id: str | None
+    # when the store recorded the decision (the writer's clock, seconds after the answer):
+    # what splits decisions by when they were made on the server's clock, whatever
+    # DISPATCH_TIME the client sent (a rollout's steps)
+    recorded_at: float = 0.0
 
 
 class OutcomeStore(Protocol):

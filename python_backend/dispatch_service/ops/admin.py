@@ -67,6 +67,7 @@ from dispatch_service.ops.model_lifecycle import (
     sign_repository,
 )
 from dispatch_service.ops.verified_load import plan_load
+from dispatch_service.outcomes.cli import add_quality_command
 from dispatch_service.routing.settings import IN_PROCESS_ROUTING_MODELS
 
 __all__ = [
@@ -436,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_options(status)
     fleet_admin.add_store_options(status, writes=False, trusted=True)
     status.set_defaults(handler=cmd_status)
+    add_quality_command(command)
     return parser
 
 

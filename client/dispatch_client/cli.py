@@ -5,6 +5,7 @@
                     [--deadline-ms MS] [--priority LEVEL] [--priority-map FILE]
                     [--priority-lane MODEL] [--retries N] [FILE|-]
     dispatch-client --version
+    dispatch-client report-outcomes [--url URL] [--key-file FILE] [FILE|-]   (`outcomes_cli`)
 
 ``--url`` takes ``host:port``, ``http://host:port`` (the same) or ``https://host:port``
 (TLS; the server's certificate is checked against the system's CA roots); the port is
@@ -50,6 +51,7 @@ from dispatch_client.client import DEFAULT_MODEL_NAME, DispatchClient
 from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchError, DispatchServerError, WindowJSONError, one_line
 from dispatch_client.keys import KeyFileError
+from dispatch_client.outcomes_cli import REPORT_OUTCOMES_COMMAND, report_outcomes_main
 from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
 from dispatch_client.retry import DEFAULT_RETRY, MAX_ATTEMPTS
 from dispatch_client.shm import ShmCapacity
@@ -269,7 +271,11 @@ def _read(path: str) -> bytes:
 def main(
     argv: list[str] | None = None, *, transport_factory: TransportFactory | None = None
 ) -> int:
-    """Run the CLI; returns the exit code. `transport_factory` lets tests skip the network."""
+    """Run the CLI; returns the exit code. `transport_factory` lets tests skip the network.
+    ``dispatch-client report-outcomes ...`` is `outcomes_cli`'s."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [REPORT_OUTCOMES_COMMAND]:
+        return report_outcomes_main(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except _UsageError as exc:

@@ -372,3 +372,27 @@ def test_quality_is_served_with_the_key(running: Running) -> None:
     (sample,) = gauges["dispatch_quality_eta_mae"].samples
     assert sample.labels == {"model_version": "1", "city": "shanghai", "fallback_level": "0"}
     assert sample.value == pytest.approx(10.0)
+
+
+def test_the_command_line_reports_a_file(
+    running: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dispatch_client import cli
+
+    key_file = tmp_path / "outcome.key"
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    records = tmp_path / "outcomes.json"
+    records.write_text(json.dumps({"outcomes": [delivered("req-7", "o0", "r0")]}))
+    argv = ["report-outcomes", "--url", running.url, "--key-file", str(key_file), str(records)]
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == {"stored": 1, "duplicates": 0, "refused": []}
+    records.write_text(json.dumps([delivered("req-7", "o1", "r0")]))  # a plain list
+    assert cli.main(argv) == 2  # refused: named in the output
+    (refused,) = json.loads(capsys.readouterr().out)["refused"]
+    assert refused["reason"] == "rider_not_assigned"
+    key_file.write_text("wrong\n")
+    assert cli.main(argv) == 1
+    assert "wrong_key" in capsys.readouterr().err
+    records.write_text("{not json")
+    assert cli.main(argv) == 2

@@ -12,6 +12,7 @@ delivery must name the assigned rider, and an outcome already stored is either t
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,14 +98,18 @@ class ReportAnswer:
 # ---- the shape of one record -----------------------------------------------------------
 
 
+# Control characters (C0, DEL) and lone surrogates (JSON's "\\ud800") are no part of an id.
+_NOT_IN_IDS: Final = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
 def _check_id(value: str) -> str:
-    size = len(value.encode("utf-8", "surrogatepass"))
+    if _NOT_IN_IDS.search(value) is not None:
+        raise PydanticCustomError("bad_id", "must not contain control characters")
+    size = len(value.encode("utf-8"))
     if not 1 <= size <= MAX_OUTCOME_ID_BYTES:
         raise PydanticCustomError(
             "bad_id", f"must be 1..{MAX_OUTCOME_ID_BYTES} UTF-8 bytes, got {size}"
         )
-    if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in value):
-        raise PydanticCustomError("bad_id", "must not contain control characters")
     return value
 
 
@@ -287,11 +292,13 @@ def store_outcomes(
     """The shape-checked records checked against their decisions, the good ones stored."""
     answer = ReportAnswer()
     seen: set[DecisionId] = set()
-    candidates: list[tuple[int, Outcome]] = []
+    candidates: list[tuple[int, DecisionId, Outcome]] = []
     for index, item in enumerate(parsed):
         if isinstance(item, Refusal):
             answer.refused.append(item)
-        elif item.decision_id in seen:
+            continue
+        key = item.decision_id
+        if key in seen:
             answer.refused.append(
                 _refuse(
                     index,
@@ -301,14 +308,14 @@ def store_outcomes(
                 )
             )
         else:
-            seen.add(item.decision_id)
-            candidates.append((index, item))
-    ids = [outcome.decision_id for _, outcome in candidates]
+            seen.add(key)
+            candidates.append((index, key, item))
+    ids = [key for _, key, _ in candidates]
     decisions = store.decisions(ids)
     stored = store.outcomes([i for i in ids if i in decisions])
     fresh: list[Outcome] = []
-    for index, outcome in candidates:
-        decision = decisions.get(outcome.decision_id)
+    for index, key, outcome in candidates:
+        decision = decisions.get(key)
         if decision is None:
             answer.refused.append(
                 _refuse(
@@ -323,7 +330,7 @@ def store_outcomes(
         if problem is not None:
             answer.refused.append(_refuse(index, outcome, *problem))
             continue
-        previous = stored.get(outcome.decision_id)
+        previous = stored.get(key)
         if previous is None:
             fresh.append(outcome)
         elif previous.same_as(outcome):

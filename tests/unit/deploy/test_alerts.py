@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dispatch_service.outcomes.service import QUALITY_GAUGES
+
 ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 ALERTS = PROMETHEUS / "alerts.yml"
@@ -67,6 +69,7 @@ PROMQL_WORDS = frozenset(
         *("rate", "irate", "increase", "delta", "idelta", "deriv", "changes", "resets"),
         *("abs", "absent", "absent_over_time", "ceil", "floor", "round", "clamp"),
         *("clamp_min", "clamp_max", "histogram_quantile", "label_replace", "label_join"),
+        *("ln", "exp", "sqrt"),
         *("vector", "scalar", "time", "timestamp", "sort", "sort_desc", "predict_linear"),
         *("avg_over_time", "min_over_time", "max_over_time", "sum_over_time"),
         *("count_over_time", "last_over_time", "present_over_time", "inf", "nan", "e"),
@@ -95,8 +98,20 @@ def exported_metrics() -> frozenset[str]:
     return frozenset(names)
 
 
-EXPORTED = exported_metrics()
+# Families named in a loop, which the source scan cannot read: the outcome service's
+# quality gauges, one per figure.
+LOOPED = frozenset(f"dispatch_quality_{name}" for name in QUALITY_GAUGES)
+EXPORTED = exported_metrics() | LOOPED
 KNOWN = EXPORTED | TRITON_METRICS | PROMETHEUS_METRICS
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    """The rules that record a series (``level:metric:operations`` names) for the alerts."""
+    document = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
+    return [rule for group in document["groups"] for rule in group["rules"] if "record" in rule]
+
+
+RECORDED = frozenset(str(rule["record"]) for rule in recording_rules())
 
 
 def metric_names(expr: str) -> set[str]:
@@ -118,8 +133,9 @@ def metric_names(expr: str) -> set[str]:
 
 
 def rules() -> list[dict[str, Any]]:
+    """The alerting rules."""
     document = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
-    return [rule for group in document["groups"] for rule in group["rules"]]
+    return [rule for group in document["groups"] for rule in group["rules"] if "alert" in rule]
 
 
 def runbook_entries() -> list[str]:
@@ -176,11 +192,22 @@ def test_every_rule_is_a_well_formed_alert() -> None:
 
 def test_every_alert_reads_only_exported_metrics() -> None:
     unknown = {
-        rule["alert"]: sorted(metric_names(rule["expr"]) - KNOWN)
+        rule["alert"]: sorted(metric_names(rule["expr"]) - KNOWN - RECORDED)
         for rule in rules()
-        if metric_names(rule["expr"]) - KNOWN
+        if metric_names(rule["expr"]) - KNOWN - RECORDED
     }
     assert unknown == {}
+
+
+def test_every_recorded_series_is_named_by_convention_and_read_from_before() -> None:
+    """A recording rule reads exported metrics and the series recorded above it only."""
+    earlier: set[str] = set()
+    for rule in recording_rules():
+        name = rule["record"]
+        assert re.fullmatch(r"dispatch:[a-z_]+(:[a-z0-9_]+)?", name), name
+        assert metric_names(rule["expr"]) - KNOWN - earlier == set(), name
+        assert name not in earlier, f"{name} recorded twice"
+        earlier.add(name)
 
 
 def test_every_alert_has_a_runbook_entry_and_every_entry_an_alert() -> None:
@@ -238,7 +265,7 @@ def test_each_group_has_its_promtool_file_and_every_alert_a_case_that_fires() ->
         checks = [check for test in cases["tests"] for check in test["alert_rule_test"]]
         fires = {check["alertname"] for check in checks if check["exp_alerts"]}
         quiet = {check["alertname"] for check in checks if not check["exp_alerts"]}
-        alerts = {rule["alert"] for rule in group["rules"]}
+        alerts = {rule["alert"] for rule in group["rules"] if "alert" in rule}
         assert fires == alerts, f"{path.name}: alerts without a firing case"
         assert quiet == alerts, f"{path.name}: alerts without a quiet case"
 

@@ -47,6 +47,7 @@ from dispatch_service.outcomes.store import OutcomeStore, StoreError, StoreLimit
 
 __all__ = [
     "HOUSEKEEPING_INTERVAL_S",
+    "OUTCOME_SERIES",
     "QUALITY_PATH",
     "QUALITY_WINDOW_S",
     "OutcomeService",
@@ -67,6 +68,14 @@ QUALITY_GAUGES: Final = {
     "delivery_minutes": "mean minutes from decision to delivery",
     "cost": "mean predicted cost of the assigned pair, CNY",
 }
+_RECEIVED: Final = "dispatch_outcomes_received"
+_STORE_ERRORS: Final = "dispatch_outcome_store_errors"
+# Every series the collector exports, as Prometheus names them (counters end in _total).
+OUTCOME_SERIES: Final = (
+    f"{_RECEIVED}_total",
+    f"{_STORE_ERRORS}_total",
+    *(f"dispatch_quality_{name}" for name in QUALITY_GAUGES),
+)
 
 
 @dataclass
@@ -274,7 +283,7 @@ class _OutcomeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         tally = self.service.tally
         received = CounterMetricFamily(
-            "dispatch_outcomes_received",
+            _RECEIVED,
             "outcome records received, by result (stored, duplicate, refused) and refusal reason",
             labels=["result", "reason"],
         )
@@ -285,7 +294,7 @@ class _OutcomeCollector(Collector):
                 received.add_metric(["refused", str(reason)], count)
         yield received
         errors = CounterMetricFamily(
-            "dispatch_outcome_store_errors", "outcome store failures seen by the outcome service"
+            _STORE_ERRORS, "outcome store failures seen by the outcome service"
         )
         errors.add_metric([], self.service.store_errors)
         yield errors

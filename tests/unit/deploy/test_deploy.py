@@ -36,11 +36,12 @@ from kustomize_subset import (
     render,
 )
 
-from dispatch_service.core.metrics import ALL_METRICS
+from dispatch_service.core.metrics import ALL_METRICS, DECISION_RECORDS
 from dispatch_service.ops.gpu.export import METRIC_NAMES as GPU_MONITOR_METRICS
 from dispatch_service.ops.keys import AccessKeys
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.ops.server_cli import build_parser, options_from_args
+from dispatch_service.outcomes.service import OUTCOME_SERIES
 from dispatch_service.routing.metrics import (
     FALLBACK_ORDERS,
     FUSED_ROUTING_METRICS,
@@ -117,6 +118,7 @@ LAUNCHER_METRICS = frozenset(
         "dispatch_launcher_fleet_state_refused",
         "dispatch_launcher_fleet_state_applies_total",
         "dispatch_launcher_fleet_state_refusals_total",
+        *OUTCOME_SERIES,
     }
 )
 # The project's custom metrics (Python models through pb_utils.MetricFamily), as the library
@@ -124,6 +126,7 @@ LAUNCHER_METRICS = frozenset(
 PROJECT_METRICS = frozenset(
     (
         *(spec.name for spec in (*ALL_METRICS, *ROUTER_METRICS, *FUSED_ROUTING_METRICS)),
+        DECISION_RECORDS.name,
         *GPU_MONITOR_METRICS,
         *LAUNCHER_METRICS,
     )
@@ -153,6 +156,14 @@ DASHBOARD_REQUIRED = frozenset(
         "dispatch_launcher_server_restarts_total",
         "dispatch_launcher_server_crashes_total",
         "dispatch_launcher_stub_restarts_total",
+        # live quality from outcomes, and the decision records behind it (docs/outcomes.md)
+        DECISION_RECORDS.name,
+        "dispatch_outcomes_received_total",
+        "dispatch_quality_eta_mae",
+        "dispatch_quality_eta_bias",
+        "dispatch_quality_brier",
+        "dispatch_quality_ece",
+        "dispatch_quality_late_rate",
     }
 )
 

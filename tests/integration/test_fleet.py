@@ -5,7 +5,12 @@ COPY of the model repository; `dispatch-admin deploy --state-store` writes a can
 every replica applies it and a canary user gets the canary version on each of them; one
 replica is killed, the canary share changes, and a replica added after that serves the new
 revision before it says ready; a tampered document changes no replica (each reports the
-refusal, `dispatch-admin` exits 2); a rollback under steady load drops no request.
+refusal, `dispatch-admin` exits 2) until the runbook's fix, `restore --revision N`; a rollback
+under steady load drops no request. Then every lifecycle command (deploy, canary, shadow,
+promote, rollback, per city, restore): after each, `status` exits 0 and every entry point of
+every replica answers 100 users with the versions the revision gives them; an entry point
+made to route otherwise makes `status` exit 1; the scoring model unloaded on a replica
+(orders at level 2) is loaded again by the runbook's fix, a `rollback`.
 """
 
 from __future__ import annotations
@@ -26,14 +31,18 @@ from launcher_helpers import EXAMPLE, Launcher, free_port, signed_repository
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.retry import NO_RETRY
 from dispatch_service.ops import admin
-from dispatch_service.ops.fleet_state import StateStore
+from dispatch_service.ops.fleet_state import FleetState, StateStore
+from dispatch_service.ops.model_control import ready_versions, unload_model
 from dispatch_service.ops.server import Ports
+from dispatch_service.routing.live import ROUTING_FILE_ENV, write_routing_file
 from dispatch_service.routing.policy import user_buckets
+from dispatch_service.routing.settings import RouterSettings
 
 START_TIMEOUT_S = 300  # a loaded 2-core machine takes minutes to load every model
 CONVERGE_TIMEOUT_S = 60  # generous: the assertions are on the outcome, not the time
 STABLE, CANARY = 1, 2
 USERS = [f"user-{n}" for n in range(400)]
+ENTRY_POINTS = ("dispatch", "dispatch_fused", "dispatch_priority")
 
 
 @dataclass
@@ -41,7 +50,27 @@ class Replica:
     launcher: Launcher
     ports: Ports
     health_port: int
+    key_dir: Path
     lines: list[str] = field(default_factory=list)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def admin_key(self) -> str:
+        return (self.key_dir / "admin.key").read_text().strip()
+
+    @property
+    def priority_key(self) -> str:
+        return (self.key_dir / "priority.key").read_text().strip()
+
+    def routing_file(self) -> Path:
+        """The live routing file its launcher writes (named in Triton's environment)."""
+        (server,) = self.launcher.children("tritonserver")
+        environ = Path(f"/proc/{server}/environ").read_bytes().split(b"\0")
+        (entry,) = (e for e in environ if e.startswith(ROUTING_FILE_ENV.encode() + b"="))
+        return Path(entry.split(b"=", 1)[1].decode())
 
     @property
     def grpc_url(self) -> str:
@@ -110,7 +139,7 @@ class Fleet:
                 "--model-repository", str(self.repository), "--trusted-keys", str(self.trusted),
                 "--state-store", str(self.store), "--health-port", str(health),
             )  # fmt: skip
-            replica = Replica(launcher, ports, health)
+            replica = Replica(launcher, ports, health, self.root / f"keys-{n}")
             self.replicas.append(replica)
             started.append(replica)
         for replica in started:
@@ -166,6 +195,7 @@ def until(what: str, check: Any, timeout_s: float = CONVERGE_TIMEOUT_S) -> float
 
 def window_for(users: list[str]) -> Any:
     document = json.loads(EXAMPLE.read_text())
+    document.pop("model_version_tag", None)  # route by user, whatever the example forces
     orders = document["orders"]
     document["orders"] = []
     for n, user in enumerate(users):
@@ -177,7 +207,9 @@ def window_for(users: list[str]) -> Any:
 
 
 def versions_by_user(replica: Replica, model: str, users: list[str]) -> dict[str, int]:
-    with DispatchClient.grpc(replica.grpc_url, model_name=model, retry=NO_RETRY) as client:
+    with DispatchClient.grpc(
+        replica.grpc_url, model_name=model, retry=NO_RETRY, priority_key=replica.priority_key
+    ) as client:
         result = client.dispatch(window_for(users))
     return {
         user: int(order.model_version or 0)
@@ -278,12 +310,23 @@ def test_a_tampered_document_changes_no_replica_and_each_says_why(fleet: Fleet) 
         refusals = [r.fleet()["refusals"] for r in fleet.live()]
         time.sleep(2.0)  # several polls: the same bytes are not tried again
         assert [r.fleet()["refusals"] for r in fleet.live()] == refusals
-    finally:
+        # The runbook's fix for DispatchFleetStateRefused, as written: history, restore.
+        code, text = fleet.admin(
+            "history", "--state-store", str(fleet.store), "--trusted-keys", str(fleet.trusted)
+        )
+        assert code == 2  # the stored document does not verify; the kept ones are listed
+        assert [r["revision"] for r in json.loads(text)["revisions"]] == [1, 2]
+        code, text = fleet.write("restore", "--revision", "2", "--wait-s", "60")
+        assert code == 0, text
+        assert "wrote revision 3" in text
+    except BaseException:
         store.write(good)
-    until(
-        "every replica is current again",
-        lambda: all(r.fleet()["status"] == "current" for r in fleet.live()),
-    )
+        raise
+    for replica in fleet.live():
+        detail = replica.fleet()
+        assert (detail["status"], detail["revision"], detail["refused"]) == ("current", 3, None)
+        assert "dispatch_launcher_fleet_state_refused 0" in replica.metrics()
+    assert fleet.status()[0] == 0
 
 
 class Load:
@@ -326,12 +369,140 @@ def test_a_rollback_under_load_drops_no_request(fleet: Fleet) -> None:
         code, text = fleet.write("rollback", "--unload-canary")
         written = time.monotonic()
         assert code == 0, text
-        until("every replica serves revision 3", lambda: serving(fleet, 3))
+        until("every replica serves revision 4", lambda: serving(fleet, 4))
         seconds = time.monotonic() - written
         time.sleep(1.0)
-    print(f"rollback: every replica on revision 3 {seconds:.1f} s; {load.sent} requests")
+    print(f"rollback: every replica on revision 4 {seconds:.1f} s; {load.sent} requests")
     assert load.errors == []
     assert load.sent > 0
     canary_users, _ = sample_users(30)
     for replica in fleet.live():
         assert set(versions_by_user(replica, "dispatch", canary_users).values()) == {STABLE}
+
+
+def expected(routing: RouterSettings, users: list[str]) -> dict[str, int]:
+    """By hand: a user whose bucket lies below the canary's share gets the canary version
+    (the example window has no city: the global routing)."""
+    buckets = user_buckets(users)
+    return {
+        u: routing.canary_version if b < routing.canary_percent else routing.stable_version
+        for u, b in zip(users, buckets, strict=True)
+    }
+
+
+def assert_fleet_routes(fleet: Fleet, routing: RouterSettings) -> None:
+    """status exits 0 (each replica and entry point on the stored revision), and every entry
+    point of every replica answers 100 users with the versions ``routing`` gives them."""
+    code, status = fleet.status()
+    assert code == 0, status
+    for replica in status["replicas"]:
+        if replica["state"] != "gone":
+            assert replica["state"] == "current" and replica["entry_point_problems"] == []
+    users = USERS[:100]
+    wanted = expected(routing, users)
+    for replica in fleet.live():
+        for model in ENTRY_POINTS:
+            assert versions_by_user(replica, model, users) == wanted, (replica.grpc_url, model)
+
+
+def stored_routing(fleet: Fleet) -> RouterSettings:
+    signed = StateStore(fleet.store).current(admin_trusted(fleet))
+    assert signed is not None
+    return signed.state.routing
+
+
+def admin_trusted(fleet: Fleet) -> Any:
+    from dispatch_service.core.signing import TrustedKeys
+
+    return TrustedKeys.from_directory(fleet.trusted)
+
+
+def test_every_lifecycle_command_routes_every_entry_point_as_status_says(fleet: Fleet) -> None:
+    steps: list[tuple[tuple[str, ...], RouterSettings]] = [
+        (("deploy", "--version", "2", "--canary-percent", "20"), RouterSettings(1, 2, 20)),
+        (("canary", "--percent", "50"), RouterSettings(1, 2, 50)),
+        (("shadow", "--version", "2", "--percent", "30"), RouterSettings(1, 2, 50, 30)),
+        (("promote",), RouterSettings(2, 0, 0)),
+        (("deploy", "--version", "1", "--canary-percent", "40"), RouterSettings(2, 1, 40)),
+        (("rollback",), RouterSettings(2, 0, 0)),
+        (("canary", "--percent", "10", "--city", "beijing"), None),  # no canary: refused
+        (("deploy", "--version", "1", "--canary-percent", "100", "--city", "beijing"), None),
+    ]
+    for argv, routing in steps:
+        code, text = fleet.write(*argv, "--note", "lifecycle test", "--wait-s", "60")
+        if routing is None and argv[0] == "canary":
+            assert code == 1, text  # beijing has no canary: nothing written
+            continue
+        assert code == 0, (argv, text)
+        stored = stored_routing(fleet)
+        if routing is not None:
+            assert (stored.stable_version, stored.canary_version) == (
+                routing.stable_version,
+                routing.canary_version,
+            ), argv
+            assert (stored.canary_percent, stored.shadow_percent) == (
+                routing.canary_percent,
+                routing.shadow_percent,
+            ), argv
+        # The example window has no city: a beijing route leaves its answers alone.
+        assert_fleet_routes(fleet, stored)
+    assert stored_routing(fleet).for_city("beijing").canary_percent == 100
+    code, text = fleet.write("promote", "--city", "beijing", "--wait-s", "60")
+    assert code == 0, text
+    promoted = stored_routing(fleet)
+    assert promoted.for_city("beijing").stable_version == 1 and promoted.stable_version == 2
+    assert_fleet_routes(fleet, promoted)
+    code, text = fleet.admin(
+        "history", "--state-store", str(fleet.store), "--trusted-keys", str(fleet.trusted)
+    )
+    (first,) = (
+        r
+        for r in json.loads(text)["revisions"]
+        if r["note"].startswith("deploy version 2 as canary at 20%")
+    )
+    code, text = fleet.write("restore", "--revision", str(first["revision"]), "--wait-s", "60")
+    assert code == 0, text
+    assert_fleet_routes(fleet, RouterSettings(1, 2, 20))
+
+
+def test_status_exits_1_while_an_entry_point_routes_otherwise(fleet: Fleet) -> None:
+    replica = fleet.live()[0]
+    signed = StateStore(fleet.store).current(admin_trusted(fleet))
+    assert signed is not None
+    other = FleetState(signed.state.revision, (1, 2), RouterSettings(1, 2, 90))
+    write_routing_file(replica.routing_file(), other.routing, other.revision)
+
+    def differs() -> bool:
+        code, status = fleet.status()
+        states = {r["health_url"]: r["state"] for r in status["replicas"]}
+        return code == 1 and states[replica.health_url] == "entry_points_differ"
+
+    until("status says the entry points differ", differs)
+    _, status = fleet.status()
+    (entry,) = (r for r in status["replicas"] if r["health_url"] == replica.health_url)
+    assert entry["revision"] == signed.state.revision  # the launcher's own revision holds
+    assert any("dispatch_router" in p for p in entry["entry_point_problems"])
+    # The next revision puts every entry point back on the document's routing.
+    code, text = fleet.write("rollback", "--wait-s", "60")
+    assert code == 0, text
+    assert_fleet_routes(fleet, stored_routing(fleet))
+
+
+def test_rule_based_dispatch_clears_with_a_rollback(fleet: Fleet) -> None:
+    """DispatchRuleBasedDispatch's condition (no version answers: level 2) on one replica,
+    then its runbook fix as written: `dispatch-admin rollback`."""
+    replica = fleet.live()[0]
+    unload_model(replica.http_url, "dispatch_model", replica.admin_key, 120)
+    assert ready_versions(replica.http_url, "dispatch_model", replica.admin_key) == ()
+    with DispatchClient.grpc(replica.grpc_url, retry=NO_RETRY) as client:
+        levels = {int(o.fallback_level) for o in client.dispatch(window_for(USERS[:8])).orders}
+    assert levels == {2}
+    code, text = fleet.write("rollback", "--wait-s", "60")
+    assert code == 0, text
+    detail = replica.fleet()
+    assert detail["status"] == "current" and detail["refused"] is None
+    assert ready_versions(replica.http_url, "dispatch_model", replica.admin_key) != ()
+    with DispatchClient.grpc(replica.grpc_url, retry=NO_RETRY) as client:
+        levels = {int(o.fallback_level) for o in client.dispatch(window_for(USERS[:8])).orders}
+    assert levels == {0}
+    assert_fleet_routes(fleet, stored_routing(fleet))

@@ -1,14 +1,11 @@
-"""Signed models on a live server: verified start, restricted endpoints, deploy and rollback.
+"""Signed models on a live server: verified start, restricted endpoints, every load path.
 
 A server of its own (module scope, its own free ports) over a COPY of the model repository in
 tmp_path, signed there with a throwaway key; the committed repository is never touched. In the
 copy, dispatch_model serves versions 1 and 3 (``version_policy``), and version 3 -- a signed
 copy of version 2 -- has one byte of its model.onnx flipped after signing. So the server
-starts with dispatch_model version 1 only, and version 2 is on disk, signed, not served: what
-`dispatch-admin deploy` puts live.
-
-Background load: a thread sends dispatch windows over gRPC while deploy or rollback runs and
-counts every error; deploy and rollback must drop nothing.
+starts with dispatch_model version 1 only, and version 2 is on disk, signed, not served.
+Routing versions (deploy, promote, rollback) is the fleet's: tests/integration/test_fleet.py.
 """
 
 from __future__ import annotations
@@ -16,13 +13,9 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import threading
-import time
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -49,7 +42,7 @@ from dispatch_service.ops.model_control import (
     repository_index,
     with_versions,
 )
-from dispatch_service.ops.router_control import read_fused_settings, read_router_settings
+from dispatch_service.ops.router_control import read_router_settings
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from triton_helpers import OUTPUT_NAMES, grpc_inputs, sim_window
 
@@ -57,9 +50,6 @@ ADMIN_KEY = "lifecycle-test-admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
 MODEL = SCORING_MODEL
 TAMPERED = 3
-# A server call that takes longer has hung: fail the test instead of waiting on.
-CALL_TIMEOUT_S = 60
-REQUEST_TIMEOUT_S = 30
 CANARY = 2
 
 
@@ -68,18 +58,6 @@ class Lifecycle:
     server: TritonServer
     repository: Path
     trusted_keys: Path
-
-    def admin(self, *argv: str) -> tuple[int, str]:
-        out = io.StringIO()
-        return admin.main(list(argv), out=out), out.getvalue()
-
-    def deploy(self, version: int, percent: int) -> tuple[int, str]:
-        return self.admin(
-            "deploy", "--model", MODEL, "--version", str(version),
-            "--canary-percent", str(percent), "--url", self.server.http_url,
-            "--admin-key", ADMIN_KEY, "--trusted-keys", str(self.trusted_keys),
-            "--model-repository", str(self.repository), "--timeout-s", str(CALL_TIMEOUT_S),
-        )  # fmt: skip
 
 
 def flip_byte(path: Path) -> None:
@@ -151,79 +129,9 @@ def lifecycle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lifecycle]:
     print(f"lifecycle tritonserver log: {server.log_path}")
 
 
-# ---- background load ---------------------------------------------------------------------
+# ---- one window --------------------------------------------------------------------------
 
 ROUTING_OUTPUTS = (ORDER_MODEL_VERSION.name, ORDER_FALLBACK_LEVEL.name)
-
-
-@dataclass
-class BackgroundLoad:
-    """Sends dispatch windows over gRPC from a thread until stopped (at most ``limit``)."""
-
-    grpc_url: str
-    limit: int = 5000
-    sent: int = 0
-    errors: list[str] = field(default_factory=list)
-    versions: Counter[int] = field(default_factory=Counter)  # orders per scoring version
-    fallbacks: Counter[int] = field(default_factory=Counter)  # orders per fallback level
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _first: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def _run(self) -> None:
-        windows = [sim_window(seed=900 + i, orders=8, riders=40) for i in range(4)]
-        outputs = [grpcclient.InferRequestedOutput(n) for n in (*OUTPUT_NAMES, *ROUTING_OUTPUTS)]
-        client = grpcclient.InferenceServerClient(self.grpc_url)
-        try:
-            while not self._stop.is_set() and self.sent < self.limit:
-                window = windows[self.sent % len(windows)]
-                try:
-                    result = client.infer(
-                        "dispatch",
-                        grpc_inputs(window),
-                        outputs=outputs,
-                        client_timeout=REQUEST_TIMEOUT_S,
-                    )
-                    # [1, B]: one window per request
-                    self.versions.update(result.as_numpy(ORDER_MODEL_VERSION.name)[0].tolist())
-                    self.fallbacks.update(result.as_numpy(ORDER_FALLBACK_LEVEL.name)[0].tolist())
-                except InferenceServerException as exc:
-                    self.errors.append(str(exc))
-                self.sent += 1
-                self._first.set()
-        finally:
-            client.close()
-            self._first.set()
-
-    def __enter__(self) -> BackgroundLoad:
-        self._thread = threading.Thread(target=self._run, name="dispatch-load", daemon=True)
-        self._thread.start()
-        assert self._first.wait(timeout=60), "no answer to the first background request"
-        return self
-
-    def until(self, more: int) -> None:
-        """Let ``more`` further requests finish; stop waiting at the first error or after
-        ``CALL_TIMEOUT_S`` (a hung server must fail the test, not stall it)."""
-        target = self.sent + more
-        deadline = time.monotonic() + CALL_TIMEOUT_S
-        while (
-            self.sent < target
-            and not self.errors
-            and self._thread is not None
-            and self._thread.is_alive()
-            and time.monotonic() < deadline
-        ):
-            self._thread.join(timeout=0.05)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
 
 
 def dispatch_once(
@@ -321,101 +229,3 @@ def test_a_load_without_the_admin_key_is_refused_and_with_it_accepted(
         assert client.is_model_ready("topk_resolver")
     load_model(server.http_url, "topk_resolver", admin_key=ADMIN_KEY)
     assert ready_versions(server.http_url, "topk_resolver", ADMIN_KEY) == (1,)
-
-
-def test_deploy_of_a_tampered_version_fails_and_the_old_keeps_serving(
-    lifecycle: Lifecycle, capsys: pytest.CaptureFixture[str]
-) -> None:
-    url = lifecycle.server.http_url
-    settings_before = read_router_settings(url)
-    versions_before = ready_versions(url, MODEL, ADMIN_KEY)
-    code, _ = lifecycle.deploy(TAMPERED, 50)
-    assert code == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert err[0].startswith(
-        f"deploy failed: {MODEL} version {TAMPERED} refused: digest mismatch on file model.onnx "
-        "(model.onnx sha256 "
-    )
-    assert read_router_settings(url) == settings_before
-    assert ready_versions(url, MODEL, ADMIN_KEY) == versions_before
-    assert set(dispatch_once(lifecycle)[ORDER_FALLBACK_LEVEL.name].tolist()) == {0}
-
-
-def test_deploy_and_rollback_under_load_drop_no_request(lifecycle: Lifecycle) -> None:
-    url = lifecycle.server.http_url
-    with BackgroundLoad(lifecycle.server.grpc_url) as deploy_load:
-        code, text = lifecycle.deploy(CANARY, 50)
-        deploy_load.until(40)
-    assert code == 0, text
-    assert ready_versions(url, MODEL, ADMIN_KEY) == (1, CANARY)
-    settings = read_router_settings(url)
-    assert (settings.stable_version, settings.canary_version) == (1, CANARY)
-    assert settings.canary_percent == 50
-    print(
-        f"deploy under load: {deploy_load.sent} requests, {len(deploy_load.errors)} errors, "
-        f"orders by version {dict(deploy_load.versions)}, "
-        f"by fallback level {dict(deploy_load.fallbacks)}"
-    )
-    assert deploy_load.errors == []
-    assert deploy_load.versions[CANARY] > 0  # the canary serves once routed
-
-    with BackgroundLoad(lifecycle.server.grpc_url) as rollback_load:
-        code, text = rollback(lifecycle)
-        rollback_load.until(40)
-    assert code == 0, text
-    assert f"(canary {CANARY} no longer routed); loaded versions [1, {CANARY}]" in text
-    assert_true_state(lifecycle, (1, CANARY))
-    with BackgroundLoad(lifecycle.server.grpc_url) as unload_load:
-        code, text = rollback(lifecycle, "--unload-canary")
-        unload_load.until(40)
-    assert code == 0, text
-    assert f"(there was no canary); loaded versions [1] (unloaded [{CANARY}])" in text
-    assert_true_state(lifecycle, (1,))
-    for load in (rollback_load, unload_load):
-        print(
-            f"rollback under load: {load.sent} requests, {len(load.errors)} errors, "
-            f"orders by version {dict(load.versions)}, "
-            f"by fallback level {dict(load.fallbacks)}"
-        )
-        assert load.errors == []
-    answer = dispatch_once(lifecycle)
-    assert set(answer[ORDER_MODEL_VERSION.name].tolist()) == {1}
-
-
-def test_rollback_in_the_other_order_leaves_the_same_true_state(lifecycle: Lifecycle) -> None:
-    code, text = lifecycle.deploy(CANARY, 50)
-    assert code == 0, text
-    assert_true_state(lifecycle, (1, CANARY), canary=CANARY)
-    code, text = rollback(lifecycle, "--unload-canary")
-    assert code == 0, text
-    assert f"(canary {CANARY} no longer routed); loaded versions [1] (unloaded [{CANARY}])" in text
-    assert_true_state(lifecycle, (1,))
-    code, text = rollback(lifecycle)
-    assert code == 0, text
-    assert text.strip().endswith("(there was no canary); loaded versions [1]")
-    assert_true_state(lifecycle, (1,))
-
-
-def rollback(lifecycle: Lifecycle, *extra: str) -> tuple[int, str]:
-    return lifecycle.admin(
-        "rollback", "--url", lifecycle.server.http_url, "--admin-key", ADMIN_KEY,
-        "--timeout-s", str(CALL_TIMEOUT_S), *extra,
-    )  # fmt: skip
-
-
-def assert_true_state(lifecycle: Lifecycle, served: tuple[int, ...], canary: int = 0) -> None:
-    """status, the server and both entry points tell the same story."""
-    url = lifecycle.server.http_url
-    code, text = lifecycle.admin("status", "--url", url, "--admin-key", ADMIN_KEY)
-    assert code == 0, text
-    status = json.loads(text)
-    assert status["serving_versions"] == list(served) and status["disagreements"] == []
-    assert status["dispatch_fused"] == status["router"]
-    assert ready_versions(url, MODEL, ADMIN_KEY) == served
-    router = read_router_settings(url)
-    assert read_fused_settings(url, ADMIN_KEY) == router
-    assert router.scoring_versions == served and router.canary_version == canary
-    if not canary:
-        assert (router.canary_percent, router.shadow_percent) == (0, 0)
-        assert status["routed"] == "stable version 1 only"

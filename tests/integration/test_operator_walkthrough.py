@@ -4,10 +4,11 @@ Every step runs the documented command as a subprocess, the way an operator type
 `dispatch-admin keygen` (HOME pointed at tmp_path, so its default ``~/keys``), ``make
 sign-all``, `dispatch-admin verify`, the launcher that ``make serve`` runs (with trusted keys
 and an admin key, on free ports, over a signed COPY of the repository: the committed one is
-never touched), `dispatch-admin deploy`, `status`, `rollback` in both orders, a second
-launcher on the same ports -- and checks its output, then the server's own state, read apart
-from `dispatch-admin`: the versions Triton reports READY, the routing parameters the router
-and `dispatch_fused` run with, and which version a ``canary``-tagged window is scored by.
+never touched, following its own fleet store as `make serve` does: a fleet of one), the
+routing commands `deploy`, `status`, `canary`, `shadow`, `promote`, `rollback`, `history`,
+`restore`, a second launcher on the same ports -- and checks its output, then the server's own
+state, read apart from `dispatch-admin`: the versions Triton reports READY and which version
+each of 100 users' orders is scored by on every entry point.
 
 The tests are steps of one walk and run in file order on one server.
 """
@@ -30,14 +31,20 @@ from typing import Any
 
 import pytest
 
+from dispatch_client import DispatchClient, window_from_json
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import MANIFEST_NAME, SIGNATURE_NAME
-from dispatch_service.ops.model_control import model_config, ready_versions
+from dispatch_service.ops.model_control import ready_versions
 from dispatch_service.ops.server import Ports
+from dispatch_service.routing.policy import user_buckets
 
 ADMIN_KEY = "walkthrough-admin-key"
+PRIORITY_KEY = "walkthrough-priority-key"
+LANE_KEY = ("--priority-key", PRIORITY_KEY)
 MODEL = "dispatch_model"
 STABLE, CANARY = 1, 2
+USERS = [f"user-{n}" for n in range(100)]
+ENTRY_POINTS = ("dispatch", "dispatch_fused", "dispatch_priority")
 BIN = Path(sys.prefix) / "bin"
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_two_orders.json"
 START_TIMEOUT_S = 300  # a loaded 2-core machine takes minutes to load every model
@@ -133,9 +140,21 @@ class Walk:
             cwd=REPO_ROOT,
         )
 
+    @property
+    def store(self) -> Path:
+        return self.root / "fleet"
+
     def admin(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        server = ("--url", self.control_url, "--admin-key", ADMIN_KEY)
-        return self.run(str(BIN / "dispatch-admin"), *argv, *server)
+        store = ("--state-store", str(self.store), "--trusted-keys", str(self.trusted))
+        return self.run(str(BIN / "dispatch-admin"), *argv, *store)
+
+    def change(self, *argv: str) -> str:
+        """A routing command as the docs write it, waiting for the replica to follow."""
+        signing = ("--key", str(self.home / "keys" / "ops.key"), "--wait-s", "60")
+        repository = ("--model-repository", str(self.repository))
+        done = self.admin(*argv, *signing, *repository)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
 
     def status(self) -> dict[str, Any]:
         done = self.admin("status")
@@ -188,7 +207,7 @@ def signed(walk: Walk) -> Walk:
 @pytest.fixture(scope="module")
 def served(signed: Walk) -> Walk:
     """The verified start: the launcher with trusted keys and an admin key."""
-    extra = ("--trusted-keys", str(signed.trusted), "--admin-key", ADMIN_KEY)
+    extra = ("--trusted-keys", str(signed.trusted), "--admin-key", ADMIN_KEY, *LANE_KEY)
     signed.launcher = Launcher.start(serve_argv(signed, "server.log", *extra), signed.env)
     return signed
 
@@ -219,42 +238,47 @@ def serve_argv(walk: Walk, log: str, *extra: str) -> list[str]:
         str(BIN / "python"), "-m", "dispatch_service.ops.server",
         "--model-repository", str(walk.repository),
         "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
-        "--metrics-port", str(ports.metrics), "--log", str(walk.root / log), *extra,
+        "--metrics-port", str(ports.metrics), "--log", str(walk.root / log),
+        "--state-store", str(walk.store), *extra,
     ]  # fmt: skip
 
 
-def server_state(walk: Walk) -> dict[str, Any]:
-    """What the server itself says: READY versions, routing parameters, a canary window."""
-    routing = {}
-    for model in ("dispatch_router", "dispatch_fused"):
-        parameters = model_config(walk.http_url, model, 30.0).get("parameters", {})
-        routing[model] = {
-            key: int(parameters[key]["string_value"])
-            for key in ("stable_version", "canary_version", "canary_percent")
-            if key in parameters
-        }
-    done = walk.client("--version-tag", "canary", str(EXAMPLE))
-    assert done.returncode == 0, done.stderr
-    scored_by = {order["model_version"] for order in json.loads(done.stdout)["orders"]}
-    return {
-        "ready": list(ready_versions(walk.control_url, MODEL, ADMIN_KEY, 30.0)),
-        "routing": routing,
-        "canary_window_scored_by": scored_by,
-    }
+def versions_by_user(walk: Walk, model: str) -> dict[str, int]:
+    """The version each of `USERS` is scored by on ``model``: one window of 100 orders."""
+    document = json.loads(EXAMPLE.read_text())
+    document.pop("model_version_tag", None)  # route by user, whatever the example forces
+    order = document["orders"][0]
+    document["orders"] = [{**order, "id": f"order-{n}", "user_id": u} for n, u in enumerate(USERS)]
+    with DispatchClient.grpc(
+        f"127.0.0.1:{walk.ports.grpc}", model_name=model, priority_key=PRIORITY_KEY
+    ) as client:
+        result = client.dispatch(window_from_json(json.dumps(document)))
+    return {u: int(o.model_version or 0) for u, o in zip(USERS, result.orders, strict=True)}
 
 
-def assert_status_agrees(walk: Walk, canary: int, percent: int, ready: list[int]) -> None:
-    status, state = walk.status(), server_state(walk)
-    assert status["disagreements"] == []
-    assert status["serving_versions"] == state["ready"] == ready
-    router = status["router"]
-    assert (router["stable_version"], router["canary_version"]) == (STABLE, canary)
-    assert router["canary_percent"] == percent
-    for model, routing in state["routing"].items():
-        assert routing.get("canary_version", 0) == canary, model
-        assert routing.get("canary_percent", 0) == percent, model
-    # The "canary" tag scores with the canary version while one runs, else the stable one.
-    assert state["canary_window_scored_by"] == {canary or STABLE}
+def expected_versions(stable: int, canary: int, percent: int) -> dict[str, int]:
+    """By hand: a user whose bucket is below the share gets the canary."""
+    buckets = user_buckets(USERS)
+    return {u: canary if b < percent else stable for u, b in zip(USERS, buckets, strict=True)}
+
+
+def assert_routes(walk: Walk, stable: int, canary: int, percent: int, ready: list[int]) -> None:
+    """status says the replica and each entry point route by the stored revision, and every
+    entry point answers each user with the version that revision gives them."""
+    status = walk.status()
+    assert status["converged"] is True
+    (replica,) = status["replicas"]
+    assert replica["state"] == "current" and replica["entry_point_problems"] == []
+    assert replica["revision"] == status["document"]["revision"]
+    assert sorted(replica["entry_points"]) == sorted((*ENTRY_POINTS[1:], "dispatch_router"))
+    wanted = expected_versions(stable, canary, percent)
+    for model in ENTRY_POINTS:
+        assert versions_by_user(walk, model) == wanted, model
+    ready_now = lambda: list(ready_versions(walk.control_url, MODEL, ADMIN_KEY, 30.0))  # noqa: E731
+    deadline = time.monotonic() + 30  # versions no longer named are unloaded 1 s after
+    while ready_now() != ready and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ready_now() == ready
 
 
 # ---- the walk --------------------------------------------------------------------------
@@ -293,65 +317,57 @@ def test_the_verified_start_says_ready_and_both_entry_points_answer(served: Walk
             "order-1001",
             "order-1002",
         ]
-    # The committed configs: both versions served, the canary slot at 0 %.
-    assert_status_agrees(served, canary=CANARY, percent=0, ready=[STABLE, CANARY])
+    # No document yet: the repository's routing, every user on the stable version.
+    status = served.status()
+    assert status["document"]["revision"] is None
+    assert [r["state"] for r in status["replicas"]] == ["current"]
+    for model in ENTRY_POINTS:
+        assert set(versions_by_user(served, model).values()) == {STABLE}, model
 
 
 def test_deploy_routes_the_canary_and_status_says_so(served: Walk) -> None:
-    done = served.admin(
-        "deploy", "--model", MODEL, "--version", str(CANARY), "--canary-percent", "50",
-        "--trusted-keys", str(served.trusted), "--model-repository", str(served.repository),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"{MODEL} version {CANARY}: ok: 5 files verified (key ")
-    assert lines[1].startswith(f"{MODEL} version {STABLE}: ok: 5 files verified (key ")
-    assert lines[-1] == f"deployed {MODEL} version {CANARY} as canary at 50% (stable {STABLE})"
-    assert_status_agrees(served, canary=CANARY, percent=50, ready=[STABLE, CANARY])
-    routed = f"stable version {STABLE}, canary version {CANARY} for 50% of users"
-    assert served.status()["routed"] == routed
+    out = served.change(
+        "deploy", "--version", str(CANARY), "--canary-percent", "50", "--note", "first canary"
+    )
+    lines = out.splitlines()
+    assert re.match(rf"{MODEL} version {STABLE}: ok: \d+ files verified \(key ", lines[0])
+    assert re.match(rf"{MODEL} version {CANARY}: ok: \d+ files verified \(key ", lines[1])
+    assert f"wrote revision 1 to {served.store}/fleet-state.json: deploy version {CANARY} " in out
+    assert lines[-1] == "revision 1 routed by 1 of 1 replicas"
+    assert_routes(served, STABLE, CANARY, 50, ready=[STABLE, CANARY])
+    routed = f"stable version {STABLE}, canary version {CANARY} for 50%"
+    assert served.status()["document"]["routed"] == routed
+
+
+def test_the_canary_share_and_shadow_change_by_revision(served: Walk) -> None:
+    served.change("canary", "--percent", "20")
+    assert_routes(served, STABLE, CANARY, 20, ready=[STABLE, CANARY])
+    served.change("shadow", "--version", str(CANARY), "--percent", "50")
+    assert_routes(served, STABLE, CANARY, 20, ready=[STABLE, CANARY])
+    assert "50% shadow-scored by 2" in served.status()["document"]["routed"]
 
 
 def test_rollback_with_unload_in_one_step(served: Walk) -> None:
-    done = served.admin("rollback", "--unload-canary")
+    out = served.change("rollback", "--unload-canary")
+    assert "wrote revision 4" in out and "rollback with unload" in out
+    assert_routes(served, STABLE, 0, 0, ready=[STABLE])
+
+
+def test_deploy_again_then_promote(served: Walk) -> None:
+    served.change("deploy", "--version", str(CANARY), "--canary-percent", "25")
+    assert_routes(served, STABLE, CANARY, 25, ready=[STABLE, CANARY])
+    served.change("promote", "--unload")
+    assert_routes(served, CANARY, 0, 0, ready=[CANARY])
+
+
+def test_history_and_restore_bring_back_a_known_good_revision(served: Walk) -> None:
+    done = served.admin("history")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == (
-        f"rolled back {MODEL}: every order routed to stable version {STABLE} (canary {CANARY} "
-        f"no longer routed); loaded versions [{STABLE}] (unloaded [{CANARY}])"
-    )
-    assert_status_agrees(served, canary=0, percent=0, ready=[STABLE])
-
-
-def test_deploy_again_after_the_unload(served: Walk) -> None:
-    done = served.admin(
-        "deploy", "--model", MODEL, "--version", str(CANARY), "--canary-percent", "25",
-        "--trusted-keys", str(served.trusted), "--model-repository", str(served.repository),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert f"loaded {MODEL} versions [{STABLE}, {CANARY}]" in done.stdout
-    assert_status_agrees(served, canary=CANARY, percent=25, ready=[STABLE, CANARY])
-
-
-def test_rollback_then_unload_in_two_steps_routing(served: Walk) -> None:
-    done = served.admin("rollback")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(
-        f"rolled back {MODEL}: every order routed to stable version {STABLE} (canary {CANARY} "
-        f"no longer routed); loaded versions [{STABLE}, {CANARY}]; {CANARY} still loaded"
-    )
-    # Routed back; version 2 stays loaded, and status says both.
-    assert_status_agrees(served, canary=0, percent=0, ready=[STABLE, CANARY])
-
-
-def test_rollback_then_unload_in_two_steps_unload(served: Walk) -> None:
-    done = served.admin("rollback", "--unload-canary")
-    assert done.returncode == 0, done.stderr
-    # No canary is routed any more, but version 2 was still loaded: it goes now.
-    assert done.stdout.strip() == (
-        f"rolled back {MODEL}: every order routed to stable version {STABLE} (there was no "
-        f"canary); loaded versions [{STABLE}] (unloaded [{CANARY}])"
-    )
-    assert_status_agrees(served, canary=0, percent=0, ready=[STABLE])
+    kept = json.loads(done.stdout)["revisions"]
+    assert [r["revision"] for r in kept] == [1, 2, 3, 4, 5, 6]
+    assert kept[0]["note"] == f"deploy version {CANARY} as canary at 50%: first canary"
+    served.change("restore", "--revision", "4")
+    assert_routes(served, STABLE, 0, 0, ready=[STABLE])
 
 
 def test_a_second_serve_on_the_same_ports_refuses_and_the_first_keeps_serving(
@@ -360,7 +376,7 @@ def test_a_second_serve_on_the_same_ports_refuses_and_the_first_keeps_serving(
     # The operator runs the same command again: same ports, same log file.
     log = served.root / "server.log"
     before = log.stat().st_size
-    extra = ("--trusted-keys", str(served.trusted), "--admin-key", ADMIN_KEY)
+    extra = ("--trusted-keys", str(served.trusted), "--admin-key", ADMIN_KEY, *LANE_KEY)
     second = Launcher.start(serve_argv(served, "server.log", *extra), served.env)
     second.process.wait(timeout=START_TIMEOUT_S)
     assert second.stop() == 1

@@ -4,16 +4,15 @@ repository state the control plane makes.
 
 Randomized windows (sizes, users, weights) and tags (none, stable, canary, each version, an
 unknown version) go through every entry point in three states (and, with the canary, all at
-once as well, so that the windows of one execute share their calls), reached with the operator's
-own tools: one version (``rollback --unload-canary``), stable + canary with shadow traffic
-(versions loaded, then `apply_router_settings` as ``deploy`` does), and after a plain
-``rollback`` that keeps the old canary loaded. Its own server: it changes the server's state.
+once as well, so that the windows of one execute share their calls), reached the way a fleet
+replica's launcher applies a revision (`fleet_apply.switch_state`: versions loaded, the live
+routing file written, left-over versions retired): one version (``rollback --unload-canary``),
+stable + canary with shadow traffic (``deploy``, ``shadow``), and after a plain ``rollback``
+that keeps the old canary loaded. Its own server: it changes the server's state.
 """
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,23 +20,18 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from fleet_helpers import apply_revision
 
+from dispatch_contract.keys import PRIORITY_KEY_HEADER
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import city_worlds, generate_window
-from dispatch_service.ops import admin
-from dispatch_service.ops.model_control import (
-    load_model,
-    model_config,
-    ready_versions,
-    with_versions,
-)
-from dispatch_service.ops.router_control import (
-    apply_router_settings,
-    read_fused_settings,
-    read_router_settings,
-)
+from dispatch_service.ops.fleet_state import FleetState
+from dispatch_service.ops.model_control import ready_versions
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.routing.settings import IN_PROCESS_ROUTING_MODELS, RouterSettings
+from dispatch_service.routing.settings import (
+    IN_PROCESS_ROUTING_MODELS,
+    RouterSettings,
+)
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, sim_window
 
 ADMIN_KEY = "parity-test-key"
@@ -50,16 +44,14 @@ Arrays = dict[str, np.ndarray[Any, Any]]
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     log = tmp_path_factory.mktemp("parity") / "server.log"
     options = ServerOptions(
-        ports=Ports.free(), admin_key=ADMIN_KEY, extra_args=("--exit-timeout-secs=3",)
+        ports=Ports.free(),
+        admin_key=ADMIN_KEY,
+        extra_args=("--exit-timeout-secs=3",),
+        live_routing=True,
     )
     with TritonServer(TritonRuntime.from_venv(), options, log) as started:
         yield started
     print(f"parity tritonserver log: {log}")
-
-
-def admin_cli(*argv: str) -> tuple[int, str]:
-    out = io.StringIO()
-    return admin.main(list(argv), out=out), out.getvalue()
 
 
 def random_request(rng: np.random.Generator, tag: str | None) -> Arrays:
@@ -75,6 +67,11 @@ def random_request(rng: np.random.Generator, tag: str | None) -> Arrays:
     return tensors
 
 
+def lane_key(server: TritonServer) -> dict[str, str]:
+    """The priority key's header, which the priority lane asks of every window."""
+    return {PRIORITY_KEY_HEADER: str(server.priority_key)}
+
+
 def assert_parity(server: TritonServer, seed: int) -> dict[tuple[str | None, int, int], int]:
     """Every output equal from both entry points; returns (tag, version, level) -> orders."""
     rng = np.random.default_rng(seed)
@@ -85,7 +82,9 @@ def assert_parity(server: TritonServer, seed: int) -> dict[tuple[str | None, int
                 tensors = random_request(rng, tag)
                 ensemble = infer_grpc(client, tensors, "dispatch", ROUTED_OUTPUT_NAMES)
                 for model in IN_PROCESS_ROUTING_MODELS:
-                    got = infer_grpc(client, tensors, model, ROUTED_OUTPUT_NAMES)
+                    got = infer_grpc(
+                        client, tensors, model, ROUTED_OUTPUT_NAMES, headers=lane_key(server)
+                    )
                     for name in ROUTED_OUTPUT_NAMES:
                         np.testing.assert_array_equal(
                             got[name],
@@ -116,7 +115,9 @@ def assert_city_parity(server: TritonServer, seed: int) -> dict[tuple[str, str |
                 tensors.update(window_to_wire(window))  # the tag and weights: random_request
                 ensemble = infer_grpc(client, tensors, "dispatch", ROUTED_OUTPUT_NAMES)
                 for model in IN_PROCESS_ROUTING_MODELS:
-                    got = infer_grpc(client, tensors, model, ROUTED_OUTPUT_NAMES)
+                    got = infer_grpc(
+                        client, tensors, model, ROUTED_OUTPUT_NAMES, headers=lane_key(server)
+                    )
                     for name in ROUTED_OUTPUT_NAMES:
                         np.testing.assert_array_equal(
                             got[name], ensemble[name], err_msg=f"{model} {name}, {city}, tag {tag}"
@@ -139,7 +140,7 @@ def assert_concurrent_answers_alike(server: TritonServer, seed: int) -> None:
     def one(job: tuple[str, Arrays]) -> Arrays:
         model, tensors = job
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
-            return infer_grpc(client, tensors, model, ROUTED_OUTPUT_NAMES)
+            return infer_grpc(client, tensors, model, ROUTED_OUTPUT_NAMES, headers=lane_key(server))
 
     for model in ("dispatch", *IN_PROCESS_ROUTING_MODELS):
         jobs = [(model, tensors) for tensors in requests]
@@ -155,35 +156,21 @@ def routes(seen: dict[tuple[str | None, int, int], int], tag: str | None) -> set
     return {(version, level) for (t, version, level) in seen if t == tag}
 
 
-def assert_status_agrees(server: TritonServer, served: tuple[int, ...]) -> None:
-    url = server.http_url
-    code, text = admin_cli("status", "--url", url, "--admin-key", ADMIN_KEY)
-    assert code == 0, text
-    status = json.loads(text)
-    assert status["serving_versions"] == list(served) and status["disagreements"] == []
-    assert ready_versions(url, MODEL, ADMIN_KEY) == served
-    for model in IN_PROCESS_ROUTING_MODELS:
-        assert status[model] == status["router"], model
-        assert read_fused_settings(url, ADMIN_KEY, model=model) == read_router_settings(url)
-
-
 def test_every_entry_point_answers_alike_in_every_repository_state(server: TritonServer) -> None:
     url = server.http_url
     # State 1: one version (the operator's rollback --unload-canary from the shipped state).
-    code, text = admin_cli("rollback", "--url", url, "--admin-key", ADMIN_KEY, "--unload-canary")
-    assert code == 0, text
-    assert_status_agrees(server, (1,))
+    apply_revision(server, FleetState(1, (1,), RouterSettings(1)), ADMIN_KEY)
+    assert ready_versions(url, MODEL, ADMIN_KEY) == (1,)
     seen = assert_parity(server, seed=1)
     for tag in (None, "stable", "canary", "1"):
         assert routes(seen, tag) == {(1, 0)}, tag
     assert routes(seen, "2") == routes(seen, "7") == {(1, 1)}  # not served: stable retries
 
-    # State 2: stable + canary at 50 % with shadow traffic, as deploy leaves it.
-    config = model_config(url, MODEL)
-    load_model(url, MODEL, with_versions(config, (1, 2)), admin_key=ADMIN_KEY)
-    canary = RouterSettings(1, 2, 50, shadow_percent=50, scoring_versions=(1, 2))
-    apply_router_settings(url, canary, admin_key=ADMIN_KEY)
-    assert_status_agrees(server, (1, 2))
+    # State 2: stable + canary at 50 % with shadow traffic (deploy, then shadow).
+    apply_revision(
+        server, FleetState(2, (1, 2), RouterSettings(1, 2, 50, shadow_percent=50)), ADMIN_KEY
+    )
+    assert ready_versions(url, MODEL, ADMIN_KEY) == (1, 2)
     seen = assert_parity(server, seed=2)
     assert routes(seen, None) == {(1, 0), (2, 0)}  # users split between the versions
     assert routes(seen, "canary") == routes(seen, "2") == {(2, 0)}
@@ -192,10 +179,8 @@ def test_every_entry_point_answers_alike_in_every_repository_state(server: Trito
     assert_concurrent_answers_alike(server, seed=4)
 
     # State 3: a plain rollback keeps version 2 loaded: routed nowhere, reachable by its tag.
-    code, text = admin_cli("rollback", "--url", url, "--admin-key", ADMIN_KEY)
-    assert code == 0, text
-    assert "canary 2 no longer routed); loaded versions [1, 2]; 2 still loaded" in text
-    assert_status_agrees(server, (1, 2))
+    apply_revision(server, FleetState(3, (1, 2), RouterSettings(1)), ADMIN_KEY)
+    assert ready_versions(url, MODEL, ADMIN_KEY) == (1, 2)
     seen = assert_parity(server, seed=3)
     for tag in (None, "stable", "canary", "1"):
         assert routes(seen, tag) == {(1, 0)}, tag
@@ -203,9 +188,8 @@ def test_every_entry_point_answers_alike_in_every_repository_state(server: Trito
     assert routes(seen, "7") == {(1, 1)}
 
     # State 4: per-city routes: each window routed with its city's settings.
-    per_city = read_router_settings(url).with_route("beijing", canary_version=2, canary_percent=100)
-    apply_router_settings(url, per_city, admin_key=ADMIN_KEY)
-    assert_status_agrees(server, (1, 2))
+    per_city = RouterSettings(1).with_route("beijing", canary_version=2, canary_percent=100)
+    apply_revision(server, FleetState(4, (1, 2), per_city), ADMIN_KEY)
     by_city = assert_city_parity(server, seed=5)
     assert by_city[("beijing", None)] == by_city[("beijing", "canary")] == {(2, 0)}
     assert by_city[("beijing", "stable")] == {(1, 0)}

@@ -1,18 +1,27 @@
-"""`dispatch-admin deploy|rollback|status --state-store DIR`: the fleet's commands.
+"""`dispatch-admin`'s routing commands: every change a signed revision of the fleet state.
 
-With ``--state-store`` (or ``DISPATCH_STATE_STORE``) ``deploy`` and ``rollback`` change no
-server: they write the next revision of the fleet's signed state document (`fleet_state`),
-which every replica's launcher applies (`fleet_watch`). ``deploy`` verifies the signatures of
-every version the document names and runs the golden check first, as the one-server deploy
-does; the document is signed with ``--key FILE`` (or the PEM text in ``DISPATCH_SIGNING_KEY``),
-whose public key must be among ``--trusted-keys``, the keys the replicas verify it with.
-``--wait-s S`` waits until every registered replica serves the new revision.
+    deploy   --version N [--canary-percent P] [--city ID]   a canary (signature + golden check)
+    canary   --percent P [--city ID]                        the canary's share of users
+    shadow   --version N --percent P                        a share of requests also scored by N
+    promote  [--city ID] [--unload]                         the canary becomes stable
+    rollback [--city ID] [--unload-canary]                  the stable version only
+    restore  --revision N                                   re-sign a kept revision as the next
+    history                                                 the kept revisions
+    status   [--replica HOST:PORT ...]                      what every entry point routes by
+
+The writers change no server: each writes the next revision of the store's signed document
+(`fleet_revisions.write_revision`, with ``--note`` added to what changed), which every
+replica's launcher applies (`fleet_watch`); a single `make serve` follows its own store,
+``.triton/fleet``. The document is signed with ``--key FILE`` (or the PEM text in
+``DISPATCH_SIGNING_KEY``), whose public key must be among ``--trusted-keys``, the keys the
+replicas verify it with. ``--wait-s S`` waits until every replica's entry points route by it.
 
 ``status`` verifies the stored document and asks every replica it can find -- registered in
 the store, or named with ``--replica HOST:PORT`` (a launcher's health endpoint) -- which
-revision it serves; one JSON document. Exit codes: 0 every replica serves the document's
-revision, 1 one does not (behind, refusing or unreachable) or a check failed, 2 usage or a
-stored document that does not verify (bad signature, unsigned, unknown key, broken rule).
+revision it serves and which routing each of its entry points reads now; one JSON document.
+Exit codes: 0 every replica and entry point routes by the document's revision, 1 one does not
+(behind, refusing, unreachable, an entry point on other routing) or a check failed, 2 usage
+or a stored document that does not verify.
 """
 
 from __future__ import annotations
@@ -22,14 +31,14 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from dispatch_contract.version import host_port_argument
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import ENCODER_MODEL, model_layout
 from dispatch_service.core.settings import (
     SettingsError,
@@ -41,41 +50,45 @@ from dispatch_service.core.signing import (
     Outcome,
     SigningError,
     TrustedKeys,
-    key_id,
     load_private_key,
     verify_version,
 )
 from dispatch_service.domain.cities import CitySettings, RegistryError
+from dispatch_service.ops.fleet_revisions import (
+    Change,
+    StoredDocumentError,
+    canary_share,
+    deployed,
+    promoted,
+    restore_revision,
+    rolled_back,
+    shadowed,
+    write_revision,
+)
 from dispatch_service.ops.fleet_state import (
     STATE_STORE_ENV,
     FleetState,
-    ReplicaReport,
     SignedState,
     StateError,
     StateStore,
-    deployed,
     initial_state,
-    rolled_back,
-    sign_state,
 )
+from dispatch_service.ops.fleet_status import fleet_status
 from dispatch_service.ops.verified_load import read_config
-from dispatch_service.routing.settings import RouterSettings
+from dispatch_service.routing.live import routing_digest
+from dispatch_service.routing.settings import SCORING_MODEL_NAME, RouterSettings
 
 __all__ = [
-    "GONE_AFTER_S",
+    "DEFAULT_STATE_STORE",
+    "ROUTING_COMMANDS",
     "SIGNING_KEY_ENV",
-    "add_store_options",
-    "cmd_deploy",
-    "cmd_rollback",
-    "cmd_status",
-    "fleet_status",
-    "replica_detail",
+    "add_commands",
+    "routed",
 ]
 
 SIGNING_KEY_ENV: Final = "DISPATCH_SIGNING_KEY"
-# A registered replica unreachable and silent this long has left the fleet (killed, scaled
-# in): listed as gone, not waited for.
-GONE_AFTER_S: Final = 10.0
+# `make serve`'s store (relative to the checkout, where the Makefile runs).
+DEFAULT_STATE_STORE: Final = ".triton/fleet"
 _EXIT_OK, _EXIT_FAILED, _EXIT_USAGE = 0, 1, 2
 
 
@@ -85,39 +98,6 @@ class _UsageError(Exception):
 
 class _FailedError(Exception):
     """Exit 1: a check failed or the fleet did not converge."""
-
-
-def add_store_options(command: argparse.ArgumentParser, *, writes: bool, trusted: bool) -> None:
-    """The store options of deploy, rollback (``writes``) and status."""
-    command.add_argument(
-        "--state-store",
-        default=os.environ.get(STATE_STORE_ENV) or None,
-        help="the fleet's state folder: write (or read) the signed document there instead "
-        f"of calling one server (env {STATE_STORE_ENV})",
-    )
-    if trusted:
-        command.add_argument(
-            "--trusted-keys", help=f"folder of trusted *.pub keys (else env {TRUSTED_KEYS_ENV})"
-        )
-    if writes:
-        command.add_argument(
-            "--key", help=f"signing key PEM file for the document (else env {SIGNING_KEY_ENV})"
-        )
-        command.add_argument(
-            "--wait-s",
-            type=float,
-            default=0.0,
-            help="with --state-store: wait this long for every registered replica to serve "
-            "the new revision (0: do not wait)",
-        )
-    else:
-        command.add_argument(
-            "--replica",
-            action="append",
-            default=[],
-            help="a replica's health endpoint HOST:PORT to ask (repeatable), besides those "
-            "registered in the store",
-        )
 
 
 def _guard(command: str, run: Callable[[], int]) -> int:
@@ -134,17 +114,14 @@ def _guard(command: str, run: Callable[[], int]) -> int:
 def _trusted(args: argparse.Namespace) -> TrustedKeys:
     directory = args.trusted_keys or os.environ.get(TRUSTED_KEYS_ENV)
     if not directory:
-        raise _UsageError(
-            f"--trusted-keys DIR (or {TRUSTED_KEYS_ENV}) is required with --state-store"
-        )
+        raise _UsageError(f"--trusted-keys DIR (or {TRUSTED_KEYS_ENV}) is required")
     try:
         return TrustedKeys.required_in(Path(directory))
     except SigningError as exc:
         raise _UsageError(str(exc)) from None
 
 
-def _signing_key(args: argparse.Namespace, trusted: TrustedKeys) -> Ed25519PrivateKey:
-    """The document's signing key; it must be one the replicas trust."""
+def _signing_key(args: argparse.Namespace) -> Ed25519PrivateKey:
     if args.key is not None:
         try:
             pem = Path(args.key).read_bytes()
@@ -155,43 +132,17 @@ def _signing_key(args: argparse.Namespace, trusted: TrustedKeys) -> Ed25519Priva
     else:
         raise _UsageError(f"--key FILE or the environment variable {SIGNING_KEY_ENV} is required")
     try:
-        key = load_private_key(pem)
+        return load_private_key(pem)
     except SigningError as exc:
         raise _UsageError(f"signing key: {exc}") from None
-    kid = key_id(key.public_key())
-    if kid not in trusted.keys:
-        raise _UsageError(f"signing key {kid} is not among the trusted keys: replicas would refuse")
-    return key
 
 
 def _store(args: argparse.Namespace) -> StateStore:
     return StateStore(Path(args.state_store))
 
 
-def _stored(store: StateStore, trusted: TrustedKeys) -> SignedState | None:
-    try:
-        return store.current(trusted)
-    except StateError as exc:
-        raise _UsageError(f"{store.document} does not verify: {exc}; nothing written") from None
-    except OSError as exc:
-        raise _UsageError(f"cannot read {store.document}: {exc}") from None
-
-
-def _base(store: StateStore, trusted: TrustedKeys, args: argparse.Namespace) -> FleetState:
-    """The stored state, or the repository files' (revision 0) when none is stored yet."""
-    signed = _stored(store, trusted)
-    if signed is not None:
-        return signed.state
-    try:
-        return initial_state(Path(args.model_repository), getattr(args, "profile", "cpu"))
-    except (StateError, OSError, ValueError) as exc:
-        raise _UsageError(
-            f"no document in the store, and the repository's routing: {exc}"
-        ) from None
-
-
 def _city(city: str | None, repository: Path) -> str | None:
-    """``city`` when the repository's city registry holds it (UsageError otherwise)."""
+    """``city`` when the repository's city registry holds it (usage error otherwise)."""
     if city is None:
         return None
     try:
@@ -205,24 +156,20 @@ def _city(city: str | None, repository: Path) -> str | None:
     return city
 
 
-def _verify_versions(repository: Path, state: FleetState, trusted: TrustedKeys) -> list[str]:
-    """Every version the document names must verify here, as on each replica."""
+def _verify_versions(
+    repository: Path, model: str, versions: tuple[int, ...], trusted: TrustedKeys
+) -> list[str]:
+    """Each of ``versions`` must verify here, as on each replica; one line per version."""
     lines = []
-    for version in state.versions:
-        folder = repository / state.model / str(version)
+    for version in versions:
+        folder = repository / model / str(version)
         if not folder.is_dir():
-            raise _FailedError(f"{state.model} version {version}: no folder {folder}")
+            raise _FailedError(f"{model} version {version}: no folder {folder}")
         verdict = verify_version(folder, trusted)
         if verdict.outcome is not Outcome.VERIFIED:
-            raise _FailedError(f"{state.model} version {version} refused: {verdict.reason}")
+            raise _FailedError(f"{model} version {version} refused: {verdict.reason}")
         lines.append(verdict.line())
     return lines
-
-
-def _write(store: StateStore, state: FleetState, key: Ed25519PrivateKey, out: TextIO) -> None:
-    store.write(sign_state(state, key))
-    print(f"wrote revision {state.revision} to {store.document}: {state.note}", file=out)
-    print(f"routed: {routed(state.routing)}; versions {list(state.versions)}", file=out)
 
 
 def routed(settings: RouterSettings) -> str:
@@ -230,11 +177,73 @@ def routed(settings: RouterSettings) -> str:
     line = f"stable version {settings.stable_version}"
     if settings.canary_version and settings.canary_percent:
         line += f", canary version {settings.canary_version} for {settings.canary_percent}%"
-    if settings.shadow_percent:
-        line += f", {settings.shadow_percent}% shadow-scored"
+    if settings.shadow_percent and settings.canary_version:
+        line += f", {settings.shadow_percent}% shadow-scored by {settings.canary_version}"
     for route in settings.city_routes:
         line += f"; {route.city}: " + ", ".join(f"{k}={v}" for k, v in route.values().items())
     return line
+
+
+# -- the writers ------------------------------------------------------------------------------
+
+
+def _write(
+    args: argparse.Namespace,
+    out: TextIO,
+    change: Change,
+    what: str,
+    check: Callable[[FleetState, FleetState], None] | None = None,
+    *,
+    trusted: TrustedKeys,
+    read: Callable[[FleetState], tuple[int, ...]] = lambda base: (),
+) -> int:
+    """Write ``change`` as the next revision (note: ``what``, then ``--note``), report it,
+    then wait for the fleet when asked."""
+    store = _store(args)
+    repository = Path(args.model_repository)
+    note = f"{what}: {args.note}" if args.note else what
+
+    def checked(base: FleetState, proposed: FleetState) -> None:
+        """The versions the revision adds must verify here, as they will on each replica
+        (a change that only routes among served versions verifies nothing), and those
+        ``check`` reads (``read``)."""
+        added = {v for v in proposed.versions if v not in base.versions}
+        versions = tuple(sorted(added | set(read(base))))
+        for line in _verify_versions(repository, proposed.model, versions, trusted):
+            print(line, file=out)
+        if check is not None:
+            check(base, proposed)
+
+    key = _signing_key(args)
+    try:
+        signed = write_revision(
+            store,
+            change,
+            note,
+            key,
+            trusted=trusted,
+            initial=lambda: initial_state(repository),
+            check=checked,
+        )
+    except StoredDocumentError as exc:
+        raise _UsageError(f"{exc}; nothing written") from None
+    except StateError as exc:
+        if exc.code == "unknown_key":  # the signer: the replicas would refuse its revision
+            raise _UsageError(str(exc)) from None
+        raise _FailedError(str(exc)) from None
+    except OSError as exc:
+        raise _UsageError(f"{store.path}: {exc}") from None
+    return _written(store, trusted, signed, args.wait_s, out)
+
+
+def _written(
+    store: StateStore, trusted: TrustedKeys, signed: SignedState, wait_s: float, out: TextIO
+) -> int:
+    """Say what was written, then wait for the fleet when asked."""
+    state = signed.state
+    print(f"wrote revision {state.revision} to {store.document}: {state.note}", file=out)
+    print(f"routed: {routed(state.routing)}; versions {list(state.versions)}", file=out)
+    return _wait(store, trusted, signed, wait_s, out)
 
 
 def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
@@ -242,12 +251,11 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
         # Imported here: the golden check loads ONNX Runtime and the pipeline.
         from dispatch_service.ops.golden import GoldenSettings, check_candidate
 
-        store, trusted = _store(args), _trusted(args)
-        key = _signing_key(args, trusted)
+        if args.model != SCORING_MODEL_NAME:
+            raise _UsageError(f"deploy supports {SCORING_MODEL_NAME}, not {args.model}")
         repository = Path(args.model_repository)
-        if args.model != "dispatch_model":
-            raise _UsageError(f"deploy supports dispatch_model, not {args.model}")
         city = _city(args.city, repository)
+        trusted = _trusted(args)
         try:
             golden_settings = GoldenSettings(
                 min_top1_agreement=args.min_top1_agreement,
@@ -255,117 +263,152 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
             )
         except ValueError as exc:
             raise _UsageError(str(exc)) from None
-        with store.locked():
-            base = _base(store, trusted, args)
-            try:
-                state = deployed(base, args.version, args.canary_percent, city)
-            except StateError as exc:
-                raise _FailedError(str(exc)) from None
-            for line in _verify_versions(repository, state, trusted):
-                print(line, file=out)
+
+        def golden(base: FleetState, proposed: FleetState) -> None:
             stable = base.routing.for_city(city).stable_version
             try:
-                golden = check_candidate(repository, args.version, stable, golden_settings)
+                report = check_candidate(repository, args.version, stable, golden_settings)
             except Exception as exc:  # an artifact ONNX Runtime cannot run fails the check
                 raise _FailedError(
                     f"golden check could not run version {args.version}: {exc}"
                 ) from None
-            print(golden.summary(), file=out)
-            if not golden.passed:
-                raise _FailedError(f"golden check failed: {'; '.join(golden.problems)}")
-            _write(store, state, key, out)
-        return _wait(store, state.revision, args.wait_s, out)
+            print(report.summary(), file=out)
+            if not report.passed:
+                raise _FailedError(f"golden check failed: {'; '.join(report.problems)}")
+
+        where = f" in {city}" if city else ""
+        what = f"deploy version {args.version} as canary at {args.canary_percent}%{where}"
+        change = deployed(args.version, args.canary_percent, city)
+
+        def read(base: FleetState) -> tuple[int, ...]:  # by the golden check: verified first
+            return (base.routing.for_city(city).stable_version, args.version)
+
+        return _write(args, out, change, what, golden, trusted=trusted, read=read)
 
     return _guard("deploy", run)
 
 
+def cmd_canary(args: argparse.Namespace, out: TextIO) -> int:
+    def run() -> int:
+        city = _city(args.city, Path(args.model_repository))
+        where = f" in {city}" if city else ""
+        what = f"canary share {args.percent}%{where}"
+        return _write(args, out, canary_share(args.percent, city), what, trusted=_trusted(args))
+
+    return _guard("canary", run)
+
+
+def cmd_shadow(args: argparse.Namespace, out: TextIO) -> int:
+    def run() -> int:
+        what = f"shadow {args.percent}% of requests with version {args.version}"
+        return _write(args, out, shadowed(args.version, args.percent), what, trusted=_trusted(args))
+
+    return _guard("shadow", run)
+
+
+def cmd_promote(args: argparse.Namespace, out: TextIO) -> int:
+    def run() -> int:
+        city = _city(args.city, Path(args.model_repository))
+        where = f" in {city}" if city else ""
+        what = f"promote the canary to stable{where}{' with unload' if args.unload else ''}"
+        return _write(args, out, promoted(city, args.unload), what, trusted=_trusted(args))
+
+    return _guard("promote", run)
+
+
 def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
-        store, trusted = _store(args), _trusted(args)
-        key = _signing_key(args, trusted)
         city = _city(args.city, Path(args.model_repository))
-        with store.locked():
-            base = _base(store, trusted, args)
-            try:
-                state = rolled_back(base, city, args.unload_canary)
-            except StateError as exc:
-                raise _FailedError(str(exc)) from None
-            _write(store, state, key, out)
-        return _wait(store, state.revision, args.wait_s, out)
+        where = f" in {city}" if city else ""
+        what = f"rollback{where}{' with unload' if args.unload_canary else ''}"
+        return _write(
+            args, out, rolled_back(city, args.unload_canary), what, trusted=_trusted(args)
+        )
 
     return _guard("rollback", run)
 
 
-def replica_detail(health_url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    """The ``fleet_state`` field of a launcher's ``/healthz`` (None when it cannot answer)."""
-    url = health_url if "://" in health_url else f"http://{health_url}"
-    try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=timeout_s) as response:
-            body = response.read()
-    except urllib.error.HTTPError as exc:  # 503 while not ready: the detail is still there
-        body = exc.read()
-    except (urllib.error.URLError, OSError):
-        return None
-    try:
-        detail = json.loads(body).get("fleet_state")
-    except (ValueError, AttributeError):
-        return None
-    return detail if isinstance(detail, dict) else {"status": "not_following_a_store"}
+def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
+    def run() -> int:
+        store, trusted = _store(args), _trusted(args)
+        key = _signing_key(args)
+        note = f"restore revision {args.revision}" + (f": {args.note}" if args.note else "")
+        repository = Path(args.model_repository)
 
+        def verified(kept: FleetState) -> None:  # its versions' files may have changed since
+            for line in _verify_versions(repository, kept.model, kept.versions, trusted):
+                print(line, file=out)
 
-def fleet_status(
-    store: StateStore, revision: int | None, extra: list[str], timeout_s: float = 2.0
-) -> list[dict[str, Any]]:
-    """Every replica found (registered or named) and how it stands against ``revision``."""
-    reports: dict[str, ReplicaReport | None] = {r.health_url: r for r in store.replicas()}
-    for url in extra:
-        reports.setdefault(url if "://" in url else f"http://{url}", None)
-    found = []
-    for url, report in sorted(reports.items()):
-        detail = replica_detail(url, timeout_s)
-        entry: dict[str, Any] = {"health_url": url}
-        if report is not None:
-            entry["replica"] = report.replica
-        if detail is None:
-            silent = None if report is None else time.time() - report.seen
-            gone = silent is not None and silent > GONE_AFTER_S
-            entry["state"] = "gone" if gone else "unreachable"
-        else:
-            served = detail.get("revision")
-            entry.update(
-                revision=served,
-                digest=detail.get("digest"),
-                status=detail.get("status"),
-                refused=detail.get("refused"),
+        try:
+            signed = restore_revision(
+                store, args.revision, key, trusted=trusted, note=note, check=verified
             )
-            entry["state"] = (
-                "current"
-                if served == revision
-                else "refusing"
-                if detail.get("refused")
-                else "behind"
-            )
-        found.append(entry)
-    return found
+        except StateError as exc:
+            if exc.code == "unknown_key":
+                raise _UsageError(str(exc)) from None
+            raise _FailedError(str(exc)) from None
+        except OSError as exc:
+            raise _UsageError(f"{store.path}: {exc}") from None
+        return _written(store, trusted, signed, args.wait_s, out)
+
+    return _guard("restore", run)
 
 
-def _wait(store: StateStore, revision: int, wait_s: float, out: TextIO) -> int:
+def cmd_history(args: argparse.Namespace, out: TextIO) -> int:
+    """The kept revisions, oldest first, one JSON document; the one stored now is marked."""
+
+    def run() -> int:
+        store, trusted = _store(args), _trusted(args)
+        try:
+            current = store.current(trusted)
+            current_error = ""
+        except (StateError, OSError) as exc:
+            current, current_error = None, str(exc)
+        revisions = []
+        for kept in store.history(trusted):
+            entry: dict[str, Any] = {"revision": kept.revision}
+            if kept.signed is None:
+                entry["refused"] = kept.error
+            else:
+                state = kept.signed.state
+                entry.update(
+                    note=state.note,
+                    key_id=kept.signed.key_id,
+                    digest=kept.signed.short,
+                    versions=list(state.versions),
+                    routed=routed(state.routing),
+                    stored=current is not None and current.digest == kept.signed.digest,
+                )
+            revisions.append(entry)
+        document: dict[str, Any] = {"store": str(store.path), "revisions": revisions}
+        if current_error:
+            document["stored_refused"] = current_error
+        print(json.dumps(document, indent=2, sort_keys=True), file=out)
+        return _EXIT_USAGE if current_error else _EXIT_OK
+
+    return _guard("history", run)
+
+
+def _wait(
+    store: StateStore, trusted: TrustedKeys, signed: SignedState, wait_s: float, out: TextIO
+) -> int:
     if wait_s <= 0:
         return _EXIT_OK
+    revision = signed.state.revision
     deadline = time.monotonic() + wait_s
     while True:
-        replicas = [r for r in fleet_status(store, revision, []) if r["state"] != "gone"]
+        replicas = [r for r in fleet_status(store, signed, []) if r["state"] != "gone"]
         current = [r for r in replicas if r["state"] == "current"]
         if len(current) == len(replicas) or time.monotonic() >= deadline:
             break
         time.sleep(0.25)
-    print(f"revision {revision} served by {len(current)} of {len(replicas)} replicas", file=out)
+    print(f"revision {revision} routed by {len(current)} of {len(replicas)} replicas", file=out)
     if len(current) != len(replicas):
         lagging = ", ".join(
             f"{r['health_url']} ({r['state']})" for r in replicas if r not in current
         )
         raise _FailedError(
-            f"not every replica serves revision {revision} after {wait_s} s: {lagging}"
+            f"not every replica routes by revision {revision} after {wait_s} s: {lagging}"
         )
     return _EXIT_OK
 
@@ -375,7 +418,6 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         store, trusted = _store(args), _trusted(args)
         document: dict[str, Any] = {"path": str(store.document)}
         code = _EXIT_OK
-        revision: int | None = None
         try:
             signed = store.current(trusted)
         except (StateError, OSError) as exc:
@@ -383,10 +425,10 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
             document["refused"] = str(exc)
             code = _EXIT_USAGE
         if signed is not None:
-            revision = signed.state.revision
             document.update(
-                revision=revision,
+                revision=signed.state.revision,
                 digest=signed.short,
+                routing=routing_digest(signed.state.routing),
                 key_id=signed.key_id,
                 note=signed.state.note,
                 versions=list(signed.state.versions),
@@ -394,9 +436,9 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
             )
         elif code == _EXIT_OK:
             document["revision"] = None  # nothing stored yet: the replicas serve their files
-        replicas = fleet_status(store, revision, list(args.replica))
+        replicas = fleet_status(store, signed, list(args.replica))
         counted = [r for r in replicas if r["state"] != "gone"]
-        converged = all(r["state"] == "current" for r in counted)
+        converged = bool(counted) and all(r["state"] == "current" for r in counted)
         result = {
             "store": str(store.path),
             "document": document,
@@ -409,3 +451,111 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         return code
 
     return _guard("status", run)
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+# Every command that changes routing, each through `write_revision` (or `restore_revision`).
+ROUTING_COMMANDS: Final = ("deploy", "canary", "shadow", "promote", "rollback", "restore")
+
+
+def add_commands(
+    command: Callable[[str, str], argparse.ArgumentParser], golden_defaults: tuple[float, float]
+) -> None:
+    """Add the routing commands with ``command(name, help)`` (`admin.build_parser`'s)."""
+    city_help = "a registered city id: change only its route (default: every city)"
+    trusted_help = f"folder of trusted *.pub keys (else env {TRUSTED_KEYS_ENV})"
+
+    def store_options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--state-store",
+            default=os.environ.get(STATE_STORE_ENV) or DEFAULT_STATE_STORE,
+            help=f"the fleet's state folder, `make serve`'s by default (env {STATE_STORE_ENV})",
+        )
+        parser.add_argument("--trusted-keys", help=trusted_help)
+
+    def writer(name: str, text: str) -> argparse.ArgumentParser:
+        parser = command(name, text)
+        store_options(parser)
+        parser.add_argument(
+            "--key", help=f"signing key PEM file for the document (else env {SIGNING_KEY_ENV})"
+        )
+        parser.add_argument("--note", default="", help="why: kept with the revision")
+        parser.add_argument(
+            "--wait-s",
+            type=float,
+            default=0.0,
+            help="wait this long for every replica's entry points to route by the new "
+            "revision (0: do not wait; exit 1 if they do not)",
+        )
+        parser.add_argument(
+            "--model-repository",
+            default=str(MODEL_REPOSITORY),
+            help="the versions' folders (verified) and city registry",
+        )
+        return parser
+
+    deploy = writer("deploy", "verify and check a version, then route a share of users to it")
+    deploy.add_argument("--version", type=int, required=True, help="the canary version")
+    deploy.add_argument(
+        "--canary-percent", type=int, default=10, help="share of users routed to the canary"
+    )
+    deploy.add_argument("--city", help=city_help)
+    deploy.add_argument("--model", default=SCORING_MODEL_NAME, help="the routed model")
+    deploy.add_argument(
+        "--min-top1-agreement",
+        type=float,
+        default=golden_defaults[0],
+        help="golden check: least share of orders with the same best rider",
+    )
+    deploy.add_argument(
+        "--max-eta-diff-minutes",
+        type=float,
+        default=golden_defaults[1],
+        help="golden check: largest mean |ETA difference|",
+    )
+    deploy.set_defaults(handler=cmd_deploy)
+
+    canary = writer("canary", "change the canary's share of users")
+    canary.add_argument("--percent", type=int, required=True, help="share of users (0..100)")
+    canary.add_argument("--city", help=city_help)
+    canary.set_defaults(handler=cmd_canary)
+
+    shadow = writer("shadow", "also score a share of requests with a version, to compare")
+    shadow.add_argument("--version", type=int, required=True, help="the shadow version")
+    shadow.add_argument("--percent", type=int, required=True, help="share of requests (0..100)")
+    shadow.set_defaults(handler=cmd_shadow)
+
+    promote = writer("promote", "make the canary the stable version for every user")
+    promote.add_argument("--city", help=city_help)
+    promote.add_argument("--unload", action="store_true", help="unload versions no longer routed")
+    promote.set_defaults(handler=cmd_promote)
+
+    rollback = writer("rollback", "every order on the stable version: no canary, no shadow")
+    rollback.add_argument("--city", help=city_help)
+    rollback.add_argument(
+        "--unload-canary", action="store_true", help="unload versions no longer routed"
+    )
+    rollback.set_defaults(handler=cmd_rollback)
+
+    restore = writer("restore", "re-sign a kept revision as the next revision")
+    restore.add_argument("--revision", type=int, required=True, help="a revision `history` lists")
+    restore.set_defaults(handler=cmd_restore)
+
+    history = command("history", "the revisions the store keeps, as one JSON document")
+    store_options(history)
+    history.set_defaults(handler=cmd_history)
+
+    status = command(
+        "status", "the stored revision and what every replica's entry points route by, as JSON"
+    )
+    store_options(status)
+    status.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        type=host_port_argument,
+        help="a replica's health endpoint HOST:PORT to ask (repeatable), besides those "
+        "registered in the store",
+    )
+    status.set_defaults(handler=cmd_status)

@@ -22,7 +22,7 @@ from dispatch_service.ops.model_control import (
     ready_versions,
     with_versions,
 )
-from dispatch_service.ops.verified_load import LoadVerifier
+from dispatch_service.ops.verified_load import LoadVerifier, read_config
 from dispatch_service.routing.live import read_routing_file, write_routing_file
 from dispatch_service.routing.settings import RouterSettings
 
@@ -78,6 +78,7 @@ def switch_state(
     verifier: LoadVerifier | None,
     *,
     routing_file: Path,
+    profile: str = "cpu",
     timeout_s: float = APPLY_TIMEOUT_S,
 ) -> Switch:
     """Make the server route by ``state``: from its return every request is served as the
@@ -97,7 +98,9 @@ def switch_state(
     routed = _routing_in(routing_file) == state.routing
     if served == wanted and routed:
         return Switch(False, model, None, seconds)
-    config = model_config(http_url, model, timeout_s)
+    config = _config(
+        http_url, model, served, verifier=verifier, profile=profile, timeout_s=timeout_s
+    )
     union = tuple(sorted({*served, *wanted}))
     loading = with_versions(config, union)
     _check_verified(verifier, model, loading)
@@ -115,6 +118,28 @@ def switch_state(
         seconds["route"] = round(time.monotonic() - clock, 3)
     retire = None if union == wanted else with_versions(config, wanted)
     return Switch(True, model, retire, seconds)
+
+
+def _config(
+    http_url: str,
+    model: str,
+    served: tuple[int, ...],
+    *,
+    verifier: LoadVerifier | None,
+    profile: str,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The configuration to load ``model`` with: the one it runs with; while no version is
+    served (unloaded, or every version failed) Triton has none to give, so the repository's
+    file (``profile``'s), which the load's verification then covers like any other."""
+    if served or verifier is None:
+        return model_config(http_url, model, timeout_s)
+    try:
+        return read_config(verifier.repository / model, profile)
+    except (OSError, ValueError) as exc:
+        raise ModelControlError(
+            f"{model} is not loaded and its config cannot be read: {exc}"
+        ) from None
 
 
 def _routing_in(routing_file: Path) -> RouterSettings | None:

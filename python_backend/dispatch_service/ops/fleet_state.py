@@ -18,7 +18,11 @@ also registers itself under ``replicas/<id>.json`` with the revision it serves
 (`ReplicaReport`), so `dispatch-admin status` can find every replica.
 
 Writes replace the file atomically (a temporary file renamed over it), under an exclusive
-lock of ``.lock`` so that two writers never build on the same revision.
+lock of ``.lock`` so that two writers never build on the same revision, and keep a copy of
+each of the last `KEEP_REVISIONS` under ``revisions/`` (`StateStore.history`): a tampered or
+lost document is replaced by re-signing one (`fleet_revisions.restore_revision`). Every read
+of a stored file checks first that it is a regular file of at most `MAX_DOCUMENT_BYTES`
+(`read_regular`): a FIFO, a device or a huge file in its place is refused unread.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -48,14 +53,14 @@ from dispatch_service.routing.settings import (
     ROUTER_MODEL_NAME,
     SCORING_MODEL_NAME,
     RouterSettings,
-    format_city_routes,
-    parse_city_routes,
 )
 
 __all__ = [
     "ENVELOPE_FORMAT",
+    "KEEP_REVISIONS",
+    "MAX_DOCUMENT_BYTES",
     "REPLICAS_DIR",
-    "ROUTING_FIELDS",
+    "REVISIONS_DIR",
     "STATE_FILE",
     "STATE_FORMAT",
     "STATE_STORE_ENV",
@@ -64,31 +69,27 @@ __all__ = [
     "SignedState",
     "StateError",
     "StateStore",
-    "deployed",
+    "StoredRevision",
+    "claimed_revision",
     "initial_state",
-    "rolled_back",
+    "read_regular",
     "sign_state",
     "verify_state",
 ]
 
 STATE_FILE: Final = "fleet-state.json"
 REPLICAS_DIR: Final = "replicas"
-STATE_FORMAT: Final = "dispatch-fleet-state/1"
+STATE_FORMAT: Final = "dispatch-fleet-state/2"
 ENVELOPE_FORMAT: Final = "dispatch-fleet-state-signed/1"
 # The launcher's and dispatch-admin's default store when no --state-store is given.
 STATE_STORE_ENV: Final = "DISPATCH_STATE_STORE"
-# The `RouterSettings` fields the document sets; cpu_scoring stays each node's own.
-ROUTING_FIELDS: Final = (
-    "stable_version",
-    "canary_version",
-    "canary_percent",
-    "shadow_percent",
-    "bls_timeout_ms",
-    "city_routes",
-)
 _STATE_KEYS: Final = frozenset({"format", "revision", "model", "versions", "routing", "note"})
 _ENVELOPE_KEYS: Final = frozenset({"format", "algorithm", "key_id", "signature", "state"})
-_MAX_DOCUMENT_BYTES: Final = 1 << 20
+MAX_DOCUMENT_BYTES: Final = 1 << 20
+# Signed revisions the store keeps beside the document (``revisions/<revision>.json``): a
+# tampered or lost document is replaced by re-signing one of them (`restored`).
+KEEP_REVISIONS: Final = 20
+REVISIONS_DIR: Final = "revisions"
 _REPLICA_ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
@@ -138,8 +139,8 @@ class FleetState:
         return dataclasses.replace(self.routing, cpu_scoring=cpu_scoring)
 
     def to_dict(self) -> dict[str, Any]:
-        routing = {name: getattr(self.routing, name) for name in ROUTING_FIELDS}
-        routing["city_routes"] = format_city_routes(self.routing.city_routes)
+        routing = self.routing.to_document()
+        del routing["scoring_versions"]  # the document's ``versions``
         return {
             "format": STATE_FORMAT,
             "revision": self.revision,
@@ -176,28 +177,15 @@ class FleetState:
             raise StateError("state: note must be a string")
         model = document.get("model", SCORING_MODEL_NAME)
         routing = document.get("routing")
-        if not isinstance(routing, dict):
-            raise StateError("state: routing must be an object")
-        extra = sorted(set(routing) - set(ROUTING_FIELDS))
-        if extra:
-            raise StateError(f"state: routing: unknown field(s) {', '.join(extra)}")
-        values: dict[str, Any] = {}
-        for name, value in routing.items():
-            if name == "city_routes":
-                if not isinstance(value, str):
-                    raise StateError("state: routing.city_routes must be a string")
-                try:
-                    values[name] = parse_city_routes(value)
-                except SettingsError as exc:
-                    raise StateError(f"state: routing.city_routes: {exc}", "rule") from None
-            elif isinstance(value, bool) or not isinstance(value, int):
-                raise StateError(f"state: routing.{name} must be an integer, got {value!r}")
-            else:
-                values[name] = value
+        if isinstance(routing, dict) and "scoring_versions" in routing:
+            raise StateError("state: routing.scoring_versions is the document's versions")
         try:
-            settings = RouterSettings(**values)
-        except ValueError as exc:
-            raise StateError(f"state: routing: {exc}", "rule") from None
+            settings = RouterSettings.from_document(
+                {**routing, "scoring_versions": []} if isinstance(routing, dict) else routing,
+                "state: routing",
+            )
+        except SettingsError as exc:
+            raise StateError(str(exc), "rule") from None
         return cls(int(revision), tuple(sorted(set(versions))), settings, str(model), note)
 
 
@@ -238,8 +226,8 @@ def verify_state(data: bytes, trusted: TrustedKeys) -> SignedState:
     StateError codes: ``malformed`` (not an envelope), ``unsigned`` (no signature),
     ``unknown_key``, ``bad_signature`` (tampered or another key's), ``rule`` (a signed state
     that breaks a rule)."""
-    if len(data) > _MAX_DOCUMENT_BYTES:
-        raise StateError(f"document is larger than {_MAX_DOCUMENT_BYTES} bytes")
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise StateError(f"document is larger than {MAX_DOCUMENT_BYTES} bytes")
     try:
         envelope = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -295,47 +283,70 @@ def initial_state(repository: Path, profile: str = "cpu") -> FleetState:
     return FleetState(0, versions, routing, note="the repository's files")
 
 
-def deployed(
-    state: FleetState, version: int, canary_percent: int, city: str | None = None
-) -> FleetState:
-    """The next revision: ``version`` served and routed as the canary (in ``city`` only)."""
-    if not 0 <= canary_percent <= 100:
-        raise StateError(f"canary_percent must lie in [0, 100], got {canary_percent}", "rule")
-    stable = state.routing.for_city(city).stable_version
-    if version == stable:
-        raise StateError(f"version {version} is the stable version already", "rule")
+@dataclass(frozen=True)
+class StoredRevision:
+    """One revision the store keeps: ``signed`` when it verifies, else ``error`` says why."""
+
+    revision: int
+    signed: SignedState | None
+    error: str = ""
+
+
+def claimed_revision(data: bytes) -> int | None:
+    """The revision a document claims, verified or not (None where it cannot be read): what
+    a refusal reports, and what the next revision must exceed."""
     try:
-        routing = state.routing.with_route(
-            city, canary_version=version, canary_percent=canary_percent
+        envelope = json.loads(data)
+        state = json.loads(envelope["state"]) if "state" in envelope else envelope
+        revision = state.get("revision")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return revision if isinstance(revision, int) and not isinstance(revision, bool) else None
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of ``path`` (symbolic links followed, as a ConfigMap mount has them), read
+    only when it is a regular file of at most ``limit`` bytes. FileNotFoundError when absent
+    (returns b""); StateError ``not_regular`` / ``too_large`` naming the file otherwise.
+    Checked before the open (a device is never opened) and again on the open descriptor
+    (a swap in between is caught); the read stops at ``limit`` + 1 bytes whatever happens."""
+    try:
+        before = os.stat(path)
+    except FileNotFoundError:
+        return b""
+    _check_regular(path, before, limit)
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return b""
+    try:
+        _check_regular(path, os.fstat(handle), limit)
+        with os.fdopen(handle, "rb", closefd=False) as stream:
+            data = stream.read(limit + 1)
+    finally:
+        os.close(handle)
+    if len(data) > limit:
+        raise StateError(f"{path}: larger than {limit} bytes; not read", "too_large")
+    return data
+
+
+def _check_regular(path: Path, status: os.stat_result, limit: int) -> None:
+    if not stat.S_ISREG(status.st_mode):
+        kind = _FILE_KINDS.get(stat.S_IFMT(status.st_mode), "not a regular file")
+        raise StateError(f"{path}: {kind}, not a regular file; not read", "not_regular")
+    if status.st_size > limit:
+        raise StateError(
+            f"{path}: {status.st_size} bytes, larger than {limit}; not read", "too_large"
         )
-    except ValueError as exc:
-        raise StateError(f"the new routing breaks a rule: {exc}", "rule") from None
-    where = f" in {city}" if city else ""
-    return FleetState(
-        state.revision + 1,
-        tuple(sorted({*state.versions, version})),
-        routing,
-        note=f"deploy version {version} as canary at {canary_percent}%{where}",
-    )
 
 
-def rolled_back(state: FleetState, city: str | None = None, unload: bool = False) -> FleetState:
-    """The next revision: every order (of ``city``) on its stable version, no canary (and,
-    globally, no shadow); with ``unload`` only the versions still routed stay served."""
-    try:
-        routing = state.routing.with_route(city, canary_version=0, canary_percent=0)
-    except ValueError as exc:
-        raise StateError(f"the new routing breaks a rule: {exc}", "rule") from None
-    if city is None:
-        routing = dataclasses.replace(routing, shadow_percent=0)
-    versions = routing.routed_versions() if unload else state.versions
-    where = f" in {city}" if city else ""
-    return FleetState(
-        state.revision + 1,
-        versions,
-        dataclasses.replace(routing, scoring_versions=()),
-        note=f"rollback{where}{' with unload' if unload else ''}",
-    )
+_FILE_KINDS: Final = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
 
 
 @dataclass(frozen=True)
@@ -378,11 +389,11 @@ class StateStore:
 
     def read(self) -> bytes | None:
         """The stored document's bytes; None when there is none yet (no file, or an empty
-        one: a ConfigMap key exported before any deploy)."""
-        try:
-            data = self.document.read_bytes()
-        except FileNotFoundError:
-            return None
+        one: a ConfigMap key exported before any deploy). StateError (codes ``not_regular``,
+        ``too_large``) before a byte is read from anything but a regular file of at most
+        `MAX_DOCUMENT_BYTES`: a FIFO would block the reader, a device or a huge file fill
+        its memory."""
+        data = read_regular(self.document, MAX_DOCUMENT_BYTES)
         return data or None
 
     def current(self, trusted: TrustedKeys) -> SignedState | None:
@@ -401,9 +412,63 @@ class StateStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def write(self, data: bytes) -> None:
-        """Replace the document atomically (readers see the old or the new file whole)."""
+    def write(self, data: bytes, revision: int | None = None) -> None:
+        """Replace the document atomically (readers see the old or the new file whole); with
+        its ``revision``, keep a copy under ``revisions/`` too (the last `KEEP_REVISIONS`)."""
+        if revision is not None:
+            _atomic_write(self._revision_path(revision), data)
+            for old in self._revision_files()[:-KEEP_REVISIONS]:
+                with contextlib.suppress(OSError):
+                    old[1].unlink()
         _atomic_write(self.document, data)
+
+    def _revision_path(self, revision: int) -> Path:
+        return self.path / REVISIONS_DIR / f"{revision:010d}.json"
+
+    def _revision_files(self) -> list[tuple[int, Path]]:
+        folder = self.path / REVISIONS_DIR
+        if not folder.is_dir():
+            return []
+        found = [(int(p.stem), p) for p in folder.glob("*.json") if p.stem.isdigit()]
+        return sorted(found)
+
+    def history(self, trusted: TrustedKeys) -> list[StoredRevision]:
+        """The kept revisions, oldest first, each verified (a copy that does not verify is
+        listed with its refusal, never used)."""
+        found = []
+        for number, path in self._revision_files():
+            try:
+                data = read_regular(path, MAX_DOCUMENT_BYTES)
+                signed: SignedState | None = verify_state(data, trusted)
+                error = ""
+            except (StateError, OSError) as exc:
+                signed, error = None, str(exc)
+            if signed is not None and signed.state.revision != number:
+                error = f"holds revision {signed.state.revision}, not {number}"
+                signed = None
+            found.append(StoredRevision(number, signed, error))
+        return found
+
+    def revision(self, number: int, trusted: TrustedKeys) -> SignedState:
+        """Kept revision ``number``, verified; StateError when it is not kept or is bad."""
+        for kept in self.history(trusted):
+            if kept.revision == number:
+                if kept.signed is None:
+                    raise StateError(f"kept revision {number} does not verify: {kept.error}")
+                return kept.signed
+        kept_numbers = [kept.revision for kept in self.history(trusted)]
+        raise StateError(f"revision {number} is not kept (kept: {kept_numbers})", "not_kept")
+
+    def next_revision(self) -> int:
+        """One above every revision the store has seen: the document's (whatever it claims,
+        so a replica never refuses the next as stale) and every kept one."""
+        seen = [number for number, _ in self._revision_files()]
+        with contextlib.suppress(OSError, StateError):
+            data = self.read()
+            claimed = None if data is None else claimed_revision(data)
+            if claimed is not None:
+                seen.append(claimed)
+        return max(seen, default=0) + 1
 
     def register(self, report: ReplicaReport) -> None:
         """Write this replica's report; OSError where the store is read-only."""

@@ -49,14 +49,17 @@ from dispatch_service.ops.fleet_state import (
     SignedState,
     StateError,
     StateStore,
+    claimed_revision,
     verify_state,
 )
 from dispatch_service.ops.model_control import ModelControlError
 from dispatch_service.ops.supervisor import Supervisor
 from dispatch_service.ops.verified_load import LoadVerifier
+from dispatch_service.routing.live import read_entry_points
 
 __all__ = [
     "REGISTER_EVERY_S",
+    "RETRIED_REFUSALS",
     "RETRY_WAITS_S",
     "FleetWatcher",
     "add_arguments",
@@ -69,6 +72,9 @@ logger = logging.getLogger(__name__)
 # these waits, then left alone until the document changes or the server restarts.
 RETRY_WAITS_S: Final = (2.0, 5.0, 15.0)
 REGISTER_EVERY_S: Final = 2.0
+# Refusals whose cause lies outside the document (a server that failed every try, a
+# version's files that did not verify): the same bytes are tried again (`_refuse`).
+RETRIED_REFUSALS: Final = frozenset({"apply_failed", "version_refused"})
 # From a routing change to the unload of the versions it left: longer than any `execute` that
 # read the routing before the change takes (a router call's own timeout is 2 s at most by
 # default; those calls fall back to the stable version if the unload still catches one).
@@ -111,6 +117,7 @@ class FleetWatcher:
         routing_file: Path,
         verifier: LoadVerifier | None = None,
         poll_s: float = 0.25,
+        profile: str = "cpu",
         report: Callable[[str], None] = logger.warning,
     ) -> None:
         self.store = store
@@ -120,6 +127,7 @@ class FleetWatcher:
         self.routing_file = routing_file
         self.verifier = verifier
         self.poll_s = poll_s
+        self.profile = profile  # the configs the server selects (a model loaded anew)
         self.report = report
         self.state = _WatchState()
         self.replica = ""  # set by `attach`: its id in the store's replicas folder
@@ -147,10 +155,16 @@ class FleetWatcher:
             self._restarts_seen = restarts
             self._reapply = self.state.applied is not None
             self._retry_at, self._retries = None, 0
+            refused = self.state.refused
+            if refused is not None and refused.code in RETRIED_REFUSALS:
+                self._seen = None  # its cause may have been the old server: try it again
         if self._reapply and not self._apply_again():
             return
         try:
             data = self.store.read()
+        except StateError as exc:  # not a regular file, or too large: refused unread
+            self._refuse_unread(exc)
+            return
         except OSError as exc:
             data = None
             self._event("fleet_state_unreadable", error=str(exc))
@@ -167,6 +181,18 @@ class FleetWatcher:
             return
         self._seen = digest
         self._consider(data, digest)
+
+    def _refuse_unread(self, error: StateError) -> None:
+        """A document refused before a byte was read; reported once per file seen."""
+        try:
+            status = os.stat(self.store.document)
+            seen = f"unread:{status.st_dev}:{status.st_ino}:{status.st_size}:{status.st_mtime_ns}"
+        except OSError:
+            seen = f"unread:{error}"
+        if seen == self._seen:
+            return
+        self._seen = seen
+        self._refuse(seen, None, str(error), error.code)
 
     def _apply_again(self) -> bool:
         """Apply the served revision to a restarted server (whatever the store holds now:
@@ -202,7 +228,7 @@ class FleetWatcher:
         try:
             signed = verify_state(data, self.trusted)
         except StateError as exc:
-            self._refuse(digest, _revision_of(data), str(exc), exc.code)
+            self._refuse(digest, claimed_revision(data), str(exc), exc.code)
             return
         applied = self.state.applied
         if applied is not None and signed.digest == applied.digest:
@@ -251,7 +277,12 @@ class FleetWatcher:
 
     def _switch(self, state: FleetState) -> Switch:
         return switch_state(
-            self.http_url, self.admin_key, state, self.verifier, routing_file=self.routing_file
+            self.http_url,
+            self.admin_key,
+            state,
+            self.verifier,
+            routing_file=self.routing_file,
+            profile=self.profile,
         )
 
     def _retire(self, switch: Switch, revision: int) -> None:
@@ -269,8 +300,15 @@ class FleetWatcher:
             self._event("fleet_state_retired", revision=revision, seconds=seconds)
 
     def _refuse(self, digest: str, revision: int | None, reason: str, code: str) -> None:
+        """Keep the last good revision and say why. A refusal whose cause lies outside the
+        document (`RETRIED_REFUSALS`) is tried again every `RETRY_WAITS_S`[-1] and at once
+        after a server restart, reported once while it lasts."""
+        retried = code in RETRIED_REFUSALS
+        self._retry_at = time.monotonic() + RETRY_WAITS_S[-1] if retried else None
+        known = self.state.refused
+        if retried and known is not None and (known.digest, known.code) == (digest, code):
+            return
         refusal = _Refusal(str(self.store.document), digest, reason, code, revision, time.time())
-        self._retry_at = None
         with self._lock:
             self.state.refused = refusal
             self.state.refusals += 1
@@ -290,7 +328,6 @@ class FleetWatcher:
                 "fleet_state_apply_failed", revision=revision, error=reason, retry_in_s=wait
             )
             return
-        self._retries = 0
         self._refuse(
             digest,
             revision,
@@ -308,6 +345,7 @@ class FleetWatcher:
     # -- the replica's report -------------------------------------------------------------
     def detail(self) -> dict[str, Any]:
         """The ``fleet_state`` field of ``/healthz``."""
+        entry_points = read_entry_points(self.routing_file)
         with self._lock:
             s = self.state
             applied = s.applied
@@ -321,6 +359,7 @@ class FleetWatcher:
                 "refused": None if s.refused is None else s.refused.to_dict(),
                 "applies": s.applies,
                 "refusals": s.refusals,
+                "entry_points": entry_points,
             }
 
     def metrics_text(self) -> str:
@@ -416,17 +455,6 @@ class FleetWatcher:
             self.store.unregister(self.replica)
 
 
-def _revision_of(data: bytes) -> int | None:
-    """The revision a refused document claims, where it can be read (for the report)."""
-    try:
-        envelope = json.loads(data)
-        state = json.loads(envelope["state"]) if "state" in envelope else envelope
-        revision = state.get("revision")
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-    return revision if isinstance(revision, int) and not isinstance(revision, bool) else None
-
-
 def _label(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
@@ -465,6 +493,7 @@ def watcher_from_args(
         trusted,
         routing_file=routing_file,
         verifier=verifier,
+        profile=str(getattr(args, "profile", "cpu")),
         report=report,
     )
     watcher.poll()  # before ready: the current revision or its refusal

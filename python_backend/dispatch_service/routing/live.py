@@ -15,45 +15,57 @@ A file that cannot be read or breaks a rule is not used: the routing read last s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 import tempfile
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from dispatch_service.core.settings import SettingsError
-from dispatch_service.routing.settings import RouterSettings
+from dispatch_service.routing.settings import ROUTING_DOCUMENT_FIELDS, RouterSettings
 
 __all__ = [
+    "ENTRY_POINTS_DIR",
     "LIVE_ROUTING_FIELDS",
     "ROUTING_FILE_ENV",
     "LiveChange",
     "LiveRouting",
+    "read_entry_points",
     "read_routing_file",
+    "routing_digest",
+    "write_entry_point",
     "write_routing_file",
 ]
 
 ROUTING_FILE_ENV: Final = "DISPATCH_ROUTING_FILE"
 # The fields the file sets; ``cpu_scoring`` is each node's own (the model config's).
-LIVE_ROUTING_FIELDS: Final = tuple(
-    f.name for f in fields(RouterSettings) if f.name != "cpu_scoring"
-)
+LIVE_ROUTING_FIELDS: Final = ROUTING_DOCUMENT_FIELDS
 _MAX_FILE_BYTES: Final = 1 << 20
-_FILE_FORMAT: Final = "dispatch-live-routing/1"
+_FILE_FORMAT: Final = "dispatch-live-routing/2"
+# Beside the routing file: one report per entry-point process of the routing it reads now
+# (`write_entry_point`), which the launcher relays (`read_entry_points`) to status.
+ENTRY_POINTS_DIR: Final = "entry-points"
+_MAX_REPORT_BYTES: Final = 4096
 _UNREADABLE: Final = (-1, -1, -1)  # `LiveRouting._seen` while the file cannot be looked at
+
+
+def routing_digest(settings: RouterSettings) -> str:
+    """12 hex digits naming ``settings``' routing (`LIVE_ROUTING_FIELDS`, not the node's own
+    ``cpu_scoring``): what an entry point reports it routes by, and what status compares
+    with the fleet document's."""
+    text = json.dumps(settings.to_document(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def write_routing_file(path: Path, settings: RouterSettings, revision: int) -> None:
     """Replace the file at ``path`` with ``settings``' routing, atomically (a reader sees the
     old file or the new one, never a part); mode 0600."""
-    parameters = settings.to_parameters()
-    document = {
-        "format": _FILE_FORMAT,
-        "revision": revision,
-        "parameters": {name: parameters[name] for name in LIVE_ROUTING_FIELDS},
-    }
+    document = {"format": _FILE_FORMAT, "revision": revision, "routing": settings.to_document()}
     handle, temporary = tempfile.mkstemp(prefix=".routing-", dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
@@ -67,28 +79,32 @@ def write_routing_file(path: Path, settings: RouterSettings, revision: int) -> N
 def read_routing_file(path: Path, base: RouterSettings) -> tuple[RouterSettings, int]:
     """``base`` with the file's routing in place, and the file's revision. OSError when the
     file cannot be read; SettingsError (a ValueError) naming the field and rule it breaks."""
-    with path.open("rb") as handle:
-        data = handle.read(_MAX_FILE_BYTES + 1)
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):  # a FIFO would block every request
+            raise SettingsError(f"{path.name}: not a regular file")
+        with os.fdopen(handle, "rb", closefd=False) as stream:
+            data = stream.read(_MAX_FILE_BYTES + 1)
+    finally:
+        os.close(handle)
     if len(data) > _MAX_FILE_BYTES:
         raise SettingsError(f"{path.name}: larger than {_MAX_FILE_BYTES} bytes")
     try:
         document = json.loads(data)
     except ValueError as exc:
         raise SettingsError(f"{path.name}: not JSON ({exc})") from None
-    if not isinstance(document, dict) or document.get("format") != _FILE_FORMAT:
+    if not isinstance(document, dict) or set(document) != {"format", "revision", "routing"}:
+        raise SettingsError(f"{path.name}: must hold exactly format, revision, routing")
+    if document.get("format") != _FILE_FORMAT:
         raise SettingsError(f"{path.name}: format must be {_FILE_FORMAT!r}")
-    revision, parameters = document.get("revision"), document.get("parameters")
+    revision = document.get("revision")
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
         raise SettingsError(f"{path.name}: revision must be an int >= 0, got {revision!r}")
-    if not isinstance(parameters, dict) or set(parameters) != set(LIVE_ROUTING_FIELDS):
-        raise SettingsError(f"{path.name}: parameters must set exactly {LIVE_ROUTING_FIELDS}")
-    if not all(isinstance(value, str) for value in parameters.values()):
-        raise SettingsError(f"{path.name}: parameters must be strings")
+    routing = RouterSettings.from_document(document.get("routing"), f"{path.name}: routing")
     try:
-        settings = RouterSettings.from_parameters({**base.to_parameters(), **parameters})
-    except ValueError as exc:  # SettingsError included
+        return replace(routing, cpu_scoring=base.cpu_scoring), revision
+    except ValueError as exc:
         raise SettingsError(f"{path.name}: {exc}") from None
-    return settings, revision
 
 
 @dataclass(frozen=True)
@@ -122,12 +138,24 @@ class LiveRouting:
         self.check = check
         self.settings = base
         self.revision: int | None = None
+        self.error = ""  # why the file's content now is not in force ("" when it is)
         self._seen: tuple[int, int, int] | None = None
+        self._lock = threading.Lock()  # the request path and the idle watch poll alike
+
+    @property
+    def routing(self) -> str:
+        """`routing_digest` of the routing in force from the file; "" while the config's."""
+        return "" if self.revision is None else routing_digest(self.settings)
 
     def poll(self) -> LiveChange | None:
         """Look at the file (one ``stat``); read it when it changed. None: nothing changed."""
         if self.path is None:
             return None
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> LiveChange | None:
+        assert self.path is not None
         try:
             status = self.path.stat()
         except FileNotFoundError:
@@ -145,9 +173,70 @@ class LiveRouting:
             self.check(settings)
         except (OSError, ValueError) as exc:
             return self._refused(seen, str(exc))
-        self.settings, self.revision = settings, revision
+        self.settings, self.revision, self.error = settings, revision, ""
         return LiveChange(settings, revision)
 
     def _refused(self, seen: tuple[int, int, int], error: str) -> LiveChange:
-        self._seen = seen
+        self._seen, self.error = seen, error
         return LiveChange(self.settings, self.revision, error)
+
+
+def write_entry_point(live: LiveRouting, model: str, instance: str) -> None:
+    """Report, beside the routing file, what this process of ``model`` routes by now: the
+    file's revision and routing digest (None and "": its config's), and why the file's
+    content is not in force (``error``). Replaced atomically; nothing without a file."""
+    if live.path is None:
+        return
+    folder = live.path.parent / ENTRY_POINTS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    report = {
+        "model": model,
+        "instance": instance,
+        "pid": os.getpid(),
+        "revision": live.revision,
+        "routing": live.routing,
+        "error": live.error,
+    }
+    handle, temporary = tempfile.mkstemp(prefix=".report-", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(report, out, sort_keys=True)
+        os.replace(temporary, folder / f"{model}.{os.getpid()}.json")
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_entry_points(routing_file: Path) -> dict[str, list[dict[str, Any]]]:
+    """The reports of the entry-point processes alive now, by model (`write_entry_point`);
+    a report of a process that is gone is removed, an unreadable one left out."""
+    folder = routing_file.parent / ENTRY_POINTS_DIR
+    found: dict[str, list[dict[str, Any]]] = {}
+    try:
+        paths = sorted(folder.glob("*.json"))
+    except OSError:
+        return found
+    for path in paths:
+        try:
+            status = path.lstat()
+            if not stat.S_ISREG(status.st_mode) or status.st_size > _MAX_REPORT_BYTES:
+                continue
+            report = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(report, dict) or not isinstance(report.get("pid"), int):
+            continue
+        if not _alive(report["pid"]):
+            path.unlink(missing_ok=True)
+            continue
+        found.setdefault(str(report.get("model")), []).append(report)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: it routes nothing)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text.rpartition(")")[2].split()[:1] != ["Z"]

@@ -28,6 +28,7 @@ __all__ = [
     "PRIORITY_MODEL_NAME",
     "ROUTER_MODEL_NAME",
     "ROUTING_BUCKETS",
+    "ROUTING_DOCUMENT_FIELDS",
     "SCORING_MODEL_NAME",
     "CityRoute",
     "FusedSettings",
@@ -51,6 +52,17 @@ ROUTER_MODEL_NAME: Final = ROUTER_MODEL
 SCORING_MODEL_NAME: Final = SCORING_MODEL  # the versioned ONNX model routing picks among
 # The settings a city may set for its own windows (`CityRoute`); the others are global.
 CITY_ROUTE_FIELDS: Final = ("stable_version", "canary_version", "canary_percent")
+# The fields of the routing's JSON form (`RouterSettings.to_document`): every field but
+# ``cpu_scoring``, which each node's GPU monitor sets for itself.
+ROUTING_DOCUMENT_FIELDS: Final = (
+    "stable_version",
+    "canary_version",
+    "canary_percent",
+    "shadow_percent",
+    "bls_timeout_ms",
+    "scoring_versions",
+    "city_routes",
+)
 # A city in the `city_routes` text: a word without its separators (the ids themselves are the
 # registry's, `domain.cities`; the models check the routes' cities against it, `check_cities`).
 _CITY_WORD: Final = re.compile(r"^[^\s:;,=]+$")
@@ -194,6 +206,55 @@ class RouterSettings:
         out["city_routes"] = format_city_routes(self.city_routes)
         return out
 
+    def to_document(self) -> dict[str, Any]:
+        """The routing as JSON (`ROUTING_DOCUMENT_FIELDS`; city routes as objects): the one
+        form the fleet document, the live routing file, status and the CLI use."""
+        return {
+            "stable_version": self.stable_version,
+            "canary_version": self.canary_version,
+            "canary_percent": self.canary_percent,
+            "shadow_percent": self.shadow_percent,
+            "bls_timeout_ms": self.bls_timeout_ms,
+            "scoring_versions": list(self.scoring_versions),
+            "city_routes": [{"city": r.city, **r.values()} for r in self.city_routes],
+        }
+
+    @classmethod
+    def from_document(cls, document: Any, where: str = "routing") -> RouterSettings:
+        """`to_document`'s form back (every field required, none other); SettingsError
+        naming ``where``, the field and the rule it breaks."""
+        if not isinstance(document, dict):
+            raise SettingsError(f"{where} must be an object")
+        unknown = sorted(set(document) - set(ROUTING_DOCUMENT_FIELDS))
+        if unknown:
+            raise SettingsError(
+                f"{where}: unknown field(s) {', '.join(unknown)} "
+                f"(fields: {', '.join(ROUTING_DOCUMENT_FIELDS)})"
+            )
+        missing = [name for name in ROUTING_DOCUMENT_FIELDS if name not in document]
+        if missing:
+            raise SettingsError(f"{where}: missing field(s) {', '.join(missing)}")
+        values: dict[str, Any] = {}
+        for name in ROUTING_DOCUMENT_FIELDS[:5]:
+            values[name] = _whole(document[name], f"{where}.{name}")
+        versions = document["scoring_versions"]
+        if not isinstance(versions, list):
+            raise SettingsError(f"{where}.scoring_versions must be a list of version numbers")
+        values["scoring_versions"] = tuple(
+            sorted({_whole(v, f"{where}.scoring_versions[{i}]") for i, v in enumerate(versions)})
+        )
+        routes = document["city_routes"]
+        if not isinstance(routes, list):
+            raise SettingsError(f"{where}.city_routes must be a list of objects")
+        values["city_routes"] = tuple(
+            _route_from_document(route, f"{where}.city_routes[{i}]")
+            for i, route in enumerate(routes)
+        )
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise SettingsError(f"{where}: {exc}") from None
+
     def for_city(self, city: str | None) -> RouterSettings:
         """The settings in force for a window of ``city`` (a registry id): its route's values
         in place of the global ones; without a route (or city), these settings."""
@@ -244,6 +305,27 @@ class RouterSettings:
     def serves(self, version: int) -> bool:
         """Whether the scoring model serves ``version`` as far as these settings know."""
         return version >= 1 and (not self.scoring_versions or version in self.scoring_versions)
+
+
+def _whole(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingsError(f"{where} must be a whole number, got {value!r}")
+    return value
+
+
+def _route_from_document(route: Any, where: str) -> CityRoute:
+    if not isinstance(route, dict) or not isinstance(route.get("city"), str):
+        raise SettingsError(f'{where} must be an object with a city id ("city")')
+    unknown = sorted(set(route) - {"city", *CITY_ROUTE_FIELDS})
+    if unknown:
+        raise SettingsError(
+            f"{where} ({route['city']}): unknown field(s) {', '.join(unknown)}; "
+            f"a city sets {', '.join(CITY_ROUTE_FIELDS)}"
+        )
+    values = {
+        name: _whole(route[name], f"{where}.{name}") for name in CITY_ROUTE_FIELDS if name in route
+    }
+    return CityRoute(route["city"], **values)
 
 
 @lru_cache(maxsize=1024)

@@ -206,7 +206,7 @@ def test_help_shows_every_default(command: str, capsys: pytest.CaptureFixture[st
         "sign": [f"(default: {MODEL_REPOSITORY})"],
         "sign-repository": [f"(default: {MODEL_REPOSITORY})"],
         "verify": ["(default: cpu)"],
-        "deploy": ["(default: 10)", "(default: 300.0)", "(default: dispatch_model)"],
+        "deploy": ["(default: 10)", "(default: .triton/fleet)", "(default: dispatch_model)"],
     }[command]
     for default in expected:
         assert default in text

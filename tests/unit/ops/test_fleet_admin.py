@@ -1,15 +1,19 @@
-"""`dispatch-admin rollback|status --state-store`: what is written, what is refused, exit codes.
+"""`dispatch-admin`'s routing commands: what is written, what is refused, exit codes.
 
-No server: the store is a folder, the replicas are reports in it (and a health endpoint that
-answers nothing). `deploy --state-store` runs the golden check: the fleet integration test
-covers it.
+No Triton: the store is a folder, the replicas are reports in it and, where a replica must
+answer, a health endpoint serving a `/healthz` written here (what a launcher says of its
+entry points). The lifecycle against live replicas: tests/integration/test_fleet.py.
 """
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
+import shutil
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,7 @@ from dispatch_service.core.signing import (
     load_private_key,
     private_key_pem,
     public_key_pem,
+    sign_version,
 )
 from dispatch_service.ops import admin
 from dispatch_service.ops.fleet_state import (
@@ -29,6 +34,7 @@ from dispatch_service.ops.fleet_state import (
     StateStore,
     sign_state,
 )
+from dispatch_service.routing.live import routing_digest
 from dispatch_service.routing.settings import RouterSettings
 
 
@@ -64,6 +70,11 @@ def stored(store: Path, keys: tuple[Path, Path]) -> FleetState:
     signed = StateStore(store).current(TrustedKeys.from_directory(keys[1]))
     assert signed is not None
     return signed.state
+
+
+def stored_versions(store: Path, keys: tuple[Path, Path], revision: int) -> tuple[int, ...]:
+    trusted = TrustedKeys.from_directory(keys[1])
+    return StateStore(store).revision(revision, trusted).state.versions
 
 
 def test_rollback_writes_the_next_signed_revision(tmp_path: Path, keys: tuple[Path, Path]) -> None:
@@ -110,6 +121,25 @@ def test_a_tampered_document_is_never_built_on(tmp_path: Path, keys: tuple[Path,
     code, document = status(store, keys)
     assert code == 2
     assert "bad signature" in str(document["document"])
+    # The runbook's fix: re-sign the known good revision as the next one (its versions'
+    # folders verified first: a signed copy of them).
+    repository = tmp_path / "repository"
+    for version in stored_versions(store, keys, 1):
+        folder = repository / "dispatch_model" / str(version)
+        shutil.copytree(MODEL_REPOSITORY / "dispatch_model" / str(version), folder)
+        sign_version(folder, load_private_key(keys[0].read_bytes()))
+    code, text = run(
+        "restore", "--state-store", str(store), "--key", str(keys[0]),
+        "--trusted-keys", str(keys[1]), "--revision", "1",
+        "--model-repository", str(repository),
+    )  # fmt: skip
+    assert code == 0, text
+    restored = stored(store, keys)
+    assert restored.revision == 8 and restored.note == "restore revision 1"  # above the 7
+    code, history = run("history", "--state-store", str(store), "--trusted-keys", str(keys[1]))
+    kept = json.loads(history)["revisions"]
+    assert code == 0 and [r["revision"] for r in kept] == [1, 8]
+    assert [r["stored"] for r in kept] == [False, True]
 
 
 def test_status_lists_every_replica_and_exits_1_while_one_is_not_current(
@@ -118,7 +148,7 @@ def test_status_lists_every_replica_and_exits_1_while_one_is_not_current(
     store = tmp_path / "store"
     assert rollback(store, keys)[0] == 0
     code, document = status(store, keys)
-    assert code == 0 and document["replicas"] == [] and document["converged"] is True
+    assert code == 1 and document["replicas"] == [] and document["converged"] is False
     # A registered replica that answers nothing: unreachable while its report is fresh,
     # gone (not counted) once silent.
     report = ReplicaReport("host:1", "http://127.0.0.1:1", 1, "", "current", time.time())
@@ -134,9 +164,84 @@ def test_status_lists_every_replica_and_exits_1_while_one_is_not_current(
     replicas = document["replicas"]
     assert isinstance(replicas, list)
     assert [r["state"] for r in replicas] == ["gone"]
-    assert code == 0
+    assert code == 1  # no replica routes by the document
 
 
-def test_one_server_or_the_fleet_must_be_named() -> None:
-    code, _ = run("status")
-    assert code == 2
+class _Launcher:
+    """A health endpoint answering `/healthz` with the ``fleet_state`` it is given: what a
+    launcher says of its revision and of each entry-point process (no Triton here)."""
+
+    def __init__(self) -> None:
+        self.fleet_state: dict[str, object] = {}
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps({"fleet_state": owner.fleet_state}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def launcher() -> Iterator[_Launcher]:
+    served = _Launcher()
+    yield served
+    served.server.shutdown()
+    served.server.server_close()
+
+
+def test_status_compares_each_entry_point_with_the_document(
+    tmp_path: Path, keys: tuple[Path, Path], launcher: _Launcher
+) -> None:
+    store = tmp_path / "store"
+    assert rollback(store, keys)[0] == 0
+    state = stored(store, keys)
+    digest = routing_digest(state.routing)
+
+    def entry(pid: int, revision: int | None, routing: str, error: str = "") -> dict[str, object]:
+        return {"pid": pid, "revision": revision, "routing": routing, "error": error}
+
+    launcher.fleet_state = {
+        "revision": 1,
+        "status": "current",
+        "entry_points": {
+            "dispatch_router": [entry(10, 1, digest)],
+            "dispatch_fused": [entry(11, 1, digest), entry(12, 1, digest)],
+        },
+    }
+    code, document = status(store, keys, "--replica", launcher.url)
+    replicas = document["replicas"]
+    assert isinstance(replicas, list)
+    assert code == 0 and replicas[0]["state"] == "current"
+    # One process of dispatch_fused still routes by its config: the replica differs.
+    launcher.fleet_state["entry_points"] = {
+        "dispatch_router": [entry(10, 1, digest)],
+        "dispatch_fused": [entry(11, 1, digest), entry(12, None, "")],
+    }
+    code, document = status(store, keys, "--replica", launcher.url)
+    replicas = document["replicas"]
+    assert isinstance(replicas, list)
+    assert code == 1 and replicas[0]["state"] == "entry_points_differ"
+    assert replicas[0]["entry_point_problems"] == [
+        "dispatch_fused pid 12 routes by revision None (routing its config's)"
+    ]
+    launcher.fleet_state["entry_points"] = {"dispatch_router": [entry(10, 1, digest, "bad")]}
+    code, document = status(store, keys, "--replica", launcher.url)
+    assert code == 1
+    launcher.fleet_state = {"revision": 0, "status": "current", "entry_points": {}}
+    code, document = status(store, keys, "--replica", launcher.url)
+    replicas = document["replicas"]
+    assert isinstance(replicas, list)
+    assert code == 1 and replicas[0]["state"] == "behind"

@@ -123,3 +123,30 @@ def test_a_routing_file_that_cannot_be_written_is_a_server_failure_tried_again(
     with pytest.raises(ModelControlError, match="Permission denied"):
         switch(server, FleetState(2, (1,), RouterSettings(1, 0, 0, shadow_percent=5)))
     assert server.routing == FleetState(1, (1,), STABLE_ONLY).routing  # unchanged
+
+
+def test_an_unloaded_scoring_model_is_loaded_from_its_config_file(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no version served Triton has no config to give ("'dispatch_model' has no
+    available versions"): the repository's file is loaded, with the state's versions."""
+    from dispatch_service.core.paths import MODEL_REPOSITORY
+    from dispatch_service.ops.verified_load import LoadCheck, LoadVerifier
+
+    class Verifier(LoadVerifier):
+        def check(self, model: str, config: Any) -> LoadCheck:
+            checked.append((model, config["version_policy"]))
+            return LoadCheck(model, config, (1,))
+
+    def no_config(url: str, model: str, timeout_s: float) -> dict[str, Any]:
+        raise ModelControlError("Request for unknown model: 'dispatch_model' has no available")
+
+    checked: list[tuple[str, Any]] = []
+    server.versions = ()
+    monkeypatch.setattr(fleet_apply, "model_config", no_config)
+    verifier = Verifier(MODEL_REPOSITORY, None)  # type: ignore[arg-type]
+    state = FleetState(2, (1,), STABLE_ONLY)
+    done = switch_state("u", None, state, verifier, routing_file=server.routing_file)
+    assert server.calls[0] == ("load", (1,))
+    assert checked == [("dispatch_model", {"specific": {"versions": [1]}})]
+    assert done.changed and done.retire is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import resource
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,9 @@ from dispatch_service.ops.fleet_state import (
     ReplicaReport,
     StateError,
     StateStore,
-    deployed,
+    claimed_revision,
     initial_state,
-    rolled_back,
+    read_regular,
     sign_state,
     verify_state,
 )
@@ -128,7 +130,15 @@ def _signed_document(document: dict[str, object]) -> bytes:
         ("versions", [1], r"must include every routed version \(missing \[2\]\)"),
         ("routing", {"canary_percent": 101}, "canary_percent must be within"),
         ("routing", {"cpu_scoring": 1}, "unknown field"),
-        ("routing", {"city_routes": "beijing"}, "city_routes"),
+        ("routing", {"city_routes": "beijing:canary_percent=5"}, "city_routes must be a list"),
+        (
+            "routing",
+            {"city_routes": [{"city": "beijing", "share": 5}]},
+            r"unknown field\(s\) share",
+        ),
+        ("routing", {"city_routes": [{"city": "beijing", "canary_percent": "5"}]}, "whole number"),
+        ("routing", {"scoring_versions": [1, 2]}, "the document's versions"),
+        ("routing", {"stable_version": None}, "stable_version must be a whole number"),
         ("unknown", 1, "unknown field"),
         ("format", "other/1", "format must be"),
     ],
@@ -146,31 +156,15 @@ def test_a_signed_state_that_breaks_a_rule_names_the_field(
         verify_state(_signed_document(document), TRUSTED)
 
 
-def test_deploy_and_rollback_make_the_next_revisions() -> None:
-    base = FleetState(0, (1,), RouterSettings())
-    canary = deployed(base, 2, 10)
-    assert canary.revision == 1
-    assert canary.versions == (1, 2)
-    assert (canary.routing.canary_version, canary.routing.canary_percent) == (2, 10)
-    assert "canary at 10%" in canary.note
-    back = rolled_back(canary)
-    assert back.revision == 2
-    assert back.routing.canary_version == 0 and back.versions == (1, 2)
-    assert rolled_back(canary, unload=True).versions == (1,)
-    with pytest.raises(StateError, match="stable version already"):
-        deployed(base, 1, 10)
-    with pytest.raises(StateError, match="canary_percent"):
-        deployed(base, 2, 101)
-
-
-def test_a_city_deploy_changes_that_city_only() -> None:
-    base = FleetState(3, (1,), RouterSettings())
-    canary = deployed(base, 2, 50, city="beijing")
-    assert canary.routing.canary_version == 0
-    assert canary.routing.for_city("beijing").canary_version == 2
-    back = rolled_back(canary, city="beijing", unload=True)
-    assert back.routing.for_city("beijing").canary_version == 0
-    assert back.versions == (1,)
+def test_city_routes_are_stored_as_objects() -> None:
+    wanted = FleetState(
+        1,
+        (1, 2),
+        RouterSettings(city_routes=(CityRoute("beijing", canary_version=2, canary_percent=5),)),
+    )
+    routing = wanted.to_dict()["routing"]
+    assert routing["city_routes"] == [{"city": "beijing", "canary_version": 2, "canary_percent": 5}]
+    assert verify_state(sign_state(wanted, KEY), TRUSTED).state == wanted
 
 
 def test_the_initial_state_is_what_the_files_serve() -> None:
@@ -195,3 +189,63 @@ def test_the_store_writes_atomically_and_lists_replicas(tmp_path: Path) -> None:
     assert store.replicas() == [report]
     with pytest.raises(StateError, match="replica id"):
         store.register(ReplicaReport("../x", "", None, "", "current", 0.0))
+
+
+def test_the_store_keeps_the_last_revisions_and_lists_them_verified(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "fleet")
+    for revision in range(1, 26):
+        store.write(sign_state(state(revision), KEY), revision)
+    kept = store.history(TRUSTED)
+    assert [k.revision for k in kept] == list(range(6, 26))  # KEEP_REVISIONS = 20
+    assert all(k.signed is not None for k in kept)
+    assert store.revision(24, TRUSTED).state.revision == 24
+    with pytest.raises(StateError, match="not kept"):
+        store.revision(3, TRUSTED)
+    copy = store.path / "revisions" / f"{25:010d}.json"
+    copy.write_bytes(copy.read_bytes().replace(b"revision", b"revisiom"))
+    assert store.history(TRUSTED)[-1].signed is None
+    store.document.write_text('{"state": "{\\"revision\\": 90}"}')
+    assert claimed_revision(store.document.read_bytes()) == 90
+    assert store.next_revision() == 91  # above what a tampered document claims
+
+
+def _rss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge", "folder"])
+def test_only_a_bounded_regular_file_is_read(tmp_path: Path, kind: str) -> None:
+    """A FIFO (would block), /dev/zero (endless), a 1 GiB file (sparse: no disk) and a folder
+    in the document's place: refused by name before a byte is read; peak RSS unchanged."""
+    store = StateStore(tmp_path / "fleet")
+    store.path.mkdir()
+    if kind == "fifo":
+        os.mkfifo(store.document)
+    elif kind == "device":
+        store.document.symlink_to("/dev/zero")
+    elif kind == "huge":
+        with store.document.open("wb") as out:
+            out.truncate(1 << 30)
+    else:
+        store.document.mkdir()
+    before = _rss_kib()
+    with pytest.raises(StateError) as refused:
+        store.read()
+    assert _rss_kib() - before < 16 * 1024  # far below the 1 GiB a whole read would take
+    expected = {
+        "fifo": "a FIFO",
+        "device": "a character device",
+        "huge": "larger than",
+        "folder": "a folder",
+    }
+    assert expected[kind] in str(refused.value) and str(store.document) in str(refused.value)
+    assert refused.value.code == ("too_large" if kind == "huge" else "not_regular")
+
+
+def test_a_regular_file_at_the_limit_is_read_and_one_byte_more_is_not(tmp_path: Path) -> None:
+    path = tmp_path / "doc"
+    path.write_bytes(b"x" * 100)
+    assert read_regular(path, 100) == b"x" * 100
+    with pytest.raises(StateError, match="larger than 99"):
+        read_regular(path, 99)
+    assert read_regular(tmp_path / "absent", 100) == b""

@@ -7,6 +7,7 @@ here is which documents the watcher applies, refuses or tries again, and what it
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -172,11 +173,61 @@ def test_a_server_failure_is_retried_after_a_bounded_backoff(
     watch.poll()
     assert watch.detail()["status"] == "retrying"
     watch.poll()
-    watch.poll()  # the retries are spent: refused, not tried again
+    watch.poll()  # the retries are spent: refused (the alert's condition), reported once
     assert watch.detail()["refused"]["code"] == "apply_failed"
-    server.fail = None
+    refusals = watch.detail()["refusals"]
     watch.poll()
+    assert watch.detail()["refusals"] == refusals and server.applied == []
+    server.fail = None  # the cause is gone: the same bytes are tried again, and applied
+    watch.poll()
+    assert server.applied == [1]
+    assert watch.detail()["status"] == "current" and watch.detail()["refused"] is None
+
+
+def test_a_refused_revision_is_tried_again_at_once_after_a_server_restart(
+    tmp_path: Path, server: Server
+) -> None:
+    StateStore(tmp_path).write(document(1))
+    server.fail = ApplyRefusedError("dispatch_model version 2 refused: digest mismatch")
+    watch = watcher(tmp_path)
+    restarts = [0]
+    watch._restarts = lambda: restarts[0]
+    watch.poll()
+    assert watch.detail()["refused"]["code"] == "version_refused"
+    server.fail = None
+    watch.poll()  # not due yet (RETRY_WAITS_S[-1])
     assert server.applied == []
+    restarts[0] = 1
+    watch.poll()
+    assert server.applied == [1] and watch.detail()["status"] == "current"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "huge"])
+def test_a_document_that_is_no_bounded_regular_file_is_refused_and_the_watch_goes_on(
+    tmp_path: Path, server: Server, kind: str
+) -> None:
+    store = StateStore(tmp_path)
+    store.write(document(1))
+    watch = watcher(tmp_path)
+    watch.poll()
+    store.document.unlink()
+    if kind == "fifo":
+        os.mkfifo(store.document)
+    elif kind == "device":
+        store.document.symlink_to("/dev/zero")
+    else:
+        with store.document.open("wb") as out:
+            out.truncate(1 << 30)
+    watch.poll()
+    detail = watch.detail()
+    assert detail["status"] == "refused" and detail["revision"] == 1
+    assert detail["refused"]["code"] == ("too_large" if kind == "huge" else "not_regular")
+    watch.poll()
+    assert watch.detail()["refusals"] == 1  # reported once
+    store.document.unlink()
+    store.write(document(2))
+    watch.poll()
+    assert server.applied == [1, 2] and watch.detail()["status"] == "current"
 
 
 def test_an_empty_file_counts_as_no_document(tmp_path: Path, server: Server) -> None:

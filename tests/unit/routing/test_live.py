@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.routing.live import (
+    ENTRY_POINTS_DIR,
     LIVE_ROUTING_FIELDS,
     LiveRouting,
+    read_entry_points,
     read_routing_file,
+    routing_digest,
+    write_entry_point,
     write_routing_file,
 )
 from dispatch_service.routing.settings import CityRoute, RouterSettings
@@ -74,8 +79,8 @@ def test_without_a_path_the_config_is_served() -> None:
     ("text", "reason"),
     [
         ("{not json", "not JSON"),
-        ('{"format": "other", "revision": 1, "parameters": {}}', "format must be"),
-        ("[]", "format must be"),
+        ('{"format": "other", "revision": 1, "routing": {}}', "format must be"),
+        ("[]", "must hold exactly format, revision, routing"),
         ("revision", "not JSON"),
     ],
 )
@@ -94,27 +99,28 @@ def test_a_file_that_cannot_be_read_keeps_the_last_good_routing(
     assert live.poll() is None  # reported once per content
 
 
-def _document(path: Path, **parameters: str) -> None:
+def _document(path: Path, **routing: object) -> None:
     write_routing_file(path, CANARY, revision=3)
     document = json.loads(path.read_text(encoding="utf-8"))
-    document["parameters"].update(parameters)
+    document["routing"].update(routing)
     path.write_text(json.dumps(document), encoding="utf-8")
 
 
 @pytest.mark.parametrize(
-    ("parameters", "reason"),
+    ("routing", "reason"),
     [
-        ({"canary_percent": "101"}, "canary_percent"),
-        ({"canary_percent": "ten"}, "canary_percent"),
-        ({"city_routes": "atlantis:canary_percent=5"}, "atlantis"),
-        ({"cpu_scoring": "1"}, "parameters must set exactly"),
+        ({"canary_percent": 101}, "canary_percent"),
+        ({"canary_percent": "10"}, "routing.canary_percent must be a whole number"),
+        ({"city_routes": [{"city": "atlantis", "canary_percent": 5}]}, "atlantis"),
+        ({"city_routes": "beijing:canary_percent=5"}, "city_routes must be a list"),
+        ({"cpu_scoring": 1}, "unknown field(s) cpu_scoring"),
     ],
 )
 def test_a_file_breaking_a_rule_is_refused_naming_it(
-    tmp_path: Path, parameters: dict[str, str], reason: str
+    tmp_path: Path, routing: dict[str, object], reason: str
 ) -> None:
     path = tmp_path / "routing.json"
-    _document(path, **parameters)
+    _document(path, **routing)
 
     def registered(settings: RouterSettings) -> None:
         settings.check_cities(["beijing", "shanghai"])
@@ -123,26 +129,58 @@ def test_a_file_breaking_a_rule_is_refused_naming_it(
     change = live.poll()
     assert change is not None and reason in change.error
     assert live.settings == CONFIG
+    assert live.error == change.error and live.routing == ""
 
 
-def test_a_missing_parameter_and_a_non_string_value_are_refused(tmp_path: Path) -> None:
+def test_a_missing_field_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "routing.json"
     write_routing_file(path, CANARY, revision=3)
     document = json.loads(path.read_text(encoding="utf-8"))
-    del document["parameters"]["shadow_percent"]
+    del document["routing"]["shadow_percent"]
     path.write_text(json.dumps(document), encoding="utf-8")
-    with pytest.raises(SettingsError, match="parameters must set exactly"):
-        read_routing_file(path, CONFIG)
-    document["parameters"]["shadow_percent"] = 5
-    path.write_text(json.dumps(document), encoding="utf-8")
-    with pytest.raises(SettingsError, match="must be strings"):
+    with pytest.raises(SettingsError, match=r"missing field\(s\) shadow_percent"):
         read_routing_file(path, CONFIG)
 
 
-def test_a_removed_file_keeps_the_routing_in_force(tmp_path: Path) -> None:
+def test_a_fifo_in_the_files_place_is_refused_without_blocking(tmp_path: Path) -> None:
     path = tmp_path / "routing.json"
-    write_routing_file(path, CANARY, revision=1)
+    os.mkfifo(path)
     live = LiveRouting(str(path), CONFIG)
+    change = live.poll()
+    assert change is not None and "not a regular file" in change.error
+    assert live.settings == CONFIG
+
+
+def test_each_process_reports_the_routing_it_reads_and_dead_ones_are_dropped(
+    tmp_path: Path,
+) -> None:
+    """`write_entry_point` / `read_entry_points`: what status sees of each entry point."""
+    path = tmp_path / "routing.json"
+    live = LiveRouting(str(path), CONFIG)
+    write_entry_point(live, "dispatch_router", "dispatch_router_0")
+    reports = read_entry_points(path)
+    assert reports == {
+        "dispatch_router": [
+            {
+                "model": "dispatch_router",
+                "instance": "dispatch_router_0",
+                "pid": os.getpid(),
+                "revision": None,
+                "routing": "",
+                "error": "",
+            }
+        ]
+    }
+    write_routing_file(path, CANARY, revision=4)
     live.poll()
-    os.unlink(path)
-    assert live.poll() is None and live.settings.canary_version == 2
+    write_entry_point(live, "dispatch_router", "dispatch_router_0")
+    (report,) = read_entry_points(path)["dispatch_router"]
+    assert report["revision"] == 4 and report["routing"] == routing_digest(CANARY)
+    gone = tmp_path / ENTRY_POINTS_DIR / "dispatch_fused.999999999.json"
+    gone.write_text(json.dumps({"model": "dispatch_fused", "pid": 999999999}))
+    assert "dispatch_fused" not in read_entry_points(path) and not gone.exists()
+
+
+def test_the_routing_digest_names_the_routing_not_the_nodes_cpu_scoring() -> None:
+    assert routing_digest(CANARY) == routing_digest(replace(CANARY, cpu_scoring=1))
+    assert routing_digest(CANARY) != routing_digest(replace(CANARY, canary_percent=11))

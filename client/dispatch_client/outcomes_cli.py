@@ -23,6 +23,7 @@ from typing import Any, Final
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError, one_line
 from dispatch_client.keys import KeyFileError, read_key_file
 from dispatch_client.outcomes import DEFAULT_OUTCOMES_URL, report_outcomes
+from dispatch_contract.version import host_port_argument
 
 __all__ = ["REPORT_OUTCOMES_COMMAND", "report_outcomes_main"]
 
@@ -40,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--url",
         default=DEFAULT_OUTCOMES_URL,
+        type=host_port_argument,
         help="the launcher's HTTP service (default %(default)s)",
     )
     parser.add_argument("--key-file", type=Path, default=None, help="the outcome key (mode 0600)")

@@ -19,6 +19,7 @@ __all__ = [
     "DISTRIBUTION",
     "UrlError",
     "add_version_argument",
+    "host_port_argument",
     "product_version",
     "split_host_port",
 ]
@@ -55,3 +56,17 @@ def split_host_port(address: str) -> tuple[str, int]:
     if match is None or not 0 < port < 65536:
         raise UrlError(f"expected host:port with a port in 1-65535, got {address!r}")
     return match.group("host"), port
+
+
+def host_port_argument(text: str) -> str:
+    """An argparse ``type`` for an address option: ``host:port`` or ``http(s)://host:port``
+    as given; anything else is a usage error naming the rule (exit 2)."""
+    address = text.strip()
+    for scheme in ("http://", "https://"):
+        if address.lower().startswith(scheme):
+            address = address[len(scheme) :].rstrip("/")
+    try:
+        split_host_port(address)
+    except UrlError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

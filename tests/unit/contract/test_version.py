@@ -12,6 +12,7 @@ import pytest
 from dispatch_contract.version import (
     UrlError,
     add_version_argument,
+    host_port_argument,
     product_version,
     split_host_port,
 )
@@ -60,3 +61,14 @@ def test_anything_else_is_refused_naming_it(address: str) -> None:
     with pytest.raises(UrlError, match="expected host:port") as refused:
         split_host_port(address)
     assert repr(address) in str(refused.value)
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1:8003", "http://10.0.0.5:8003", "https://a.b:443/"])
+def test_the_argument_type_takes_an_address_with_or_without_a_scheme(text: str) -> None:
+    assert host_port_argument(text) == text
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1", "http://127.0.0.1", "ftp://a:1", "a:1/v2"])
+def test_the_argument_type_refuses_what_names_no_port(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected host:port"):
+        host_port_argument(text)

@@ -314,3 +314,19 @@ def test_a_host_without_a_gpu_adds_no_series() -> None:
     registry = CollectorRegistry()
     RunningMonitor(GpuMonitor(None, GpuMonitorSettings(act=False))).export_to(registry)
     assert generate_latest(registry) == b""
+
+
+def test_run_alone_it_takes_host_port_and_says_its_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dispatch_contract.version import product_version
+    from dispatch_service.ops.gpu.monitor import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["--url", "127.0.0.1"])  # no port
+    assert refused.value.code == 2
+    assert "expected host:port" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.endswith(f" {product_version()}\n")

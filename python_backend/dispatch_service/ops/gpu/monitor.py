@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dispatch_contract.version import add_version_argument, host_port_argument
 from dispatch_service.ops.gpu.fallback import DeviceLevel, FallbackController, Transition
 from dispatch_service.ops.gpu.health import HealthTracker, describe
 from dispatch_service.ops.gpu.sampling import (
@@ -265,9 +266,16 @@ def gpu_monitor_settings(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the monitor beside a server it did not start, until SIGTERM / Ctrl-C."""
-    parser = argparse.ArgumentParser(description="GPU monitor and device-level fallback")
+    parser = argparse.ArgumentParser(
+        prog="python -m dispatch_service.ops.gpu.monitor",
+        description="GPU monitor and device-level fallback",
+    )
+    add_version_argument(parser)
     parser.add_argument(
-        "--url", required=True, help="the launcher's control endpoint (health port), host:port"
+        "--url",
+        required=True,
+        type=host_port_argument,
+        help="the launcher's control endpoint (health port), host:port",
     )
     parser.add_argument("--admin-key", default=None, help="model-repository key, if any")
     parser.add_argument("--observe-only", action="store_true", help="never reload the model")

@@ -9,8 +9,9 @@
 - ``extra_routes``: more routes from other parts of the launcher (aiohttp route
   definitions, e.g. ``web.get("/outcomes", handler)``), mounted before the service starts.
 
-Handlers that may block (the gate forwards to Triton, a scrape runs collectors that take
-locks) run in the loop's thread pool, so a slow load never holds up a probe.
+Handlers that may block run in threads: the gate's requests (a load may take minutes) in a
+pool of their own, the probes and scrapes (collectors take locks) in the loop's default
+pool, so loads in flight never hold up a probe.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -29,6 +31,8 @@ from dispatch_service.ops.launcher_metrics import build_info, exposition
 __all__ = ["HealthService", "HealthVerdicts", "serve_health"]
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+# Control requests served at once (more wait for a thread); Triton loads one model at a time.
+CONTROL_THREADS = 4
 _START_TIMEOUT_S = 30.0
 
 
@@ -87,8 +91,10 @@ def health_app(
     registry: CollectorRegistry,
     gate: ControlGate | None = None,
     extra_routes: Sequence[web.AbstractRouteDef] = (),
+    control_pool: Executor | None = None,
 ) -> web.Application:
-    """The service's application (`serve_health` runs it)."""
+    """The service's application (`serve_health` runs it); ``control_pool`` runs the gate's
+    requests (None: the loop's default pool)."""
 
     async def livez(_: web.Request) -> web.Response:
         ok = await asyncio.to_thread(verdicts.live)
@@ -124,8 +130,8 @@ def health_app(
             except web.HTTPRequestEntityTooLarge:  # chunked, past the cap
                 text = f"body: up to {MAX_CONTROL_BODY_BYTES} bytes"
                 return _gate_response(GateAnswer.error(413, text))
-        answer = await asyncio.to_thread(
-            gate.handle, request.method, request.raw_path, headers, body
+        answer = await asyncio.get_running_loop().run_in_executor(
+            control_pool, gate.handle, request.method, request.raw_path, headers, body
         )
         return _gate_response(answer)
 
@@ -155,7 +161,8 @@ def serve_health(
 ) -> HealthService:
     """Serve `health_app` on ``host:port`` (0: a free port) from a thread of its own; returns
     once it listens. A port that is taken raises `OSError` here."""
-    app = health_app(verdicts, registry, gate, extra_routes)
+    control_pool = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="health-control")
+    app = health_app(verdicts, registry, gate, extra_routes, control_pool)
     loop = asyncio.new_event_loop()
     # A stop waits this long for requests in flight (a scrape, a probe; a gate load that
     # takes longer is cut off: the launcher is stopping its server anyway).
@@ -179,6 +186,7 @@ def serve_health(
             started.set()
             loop.run_until_complete(runner.cleanup())
             loop.close()
+            control_pool.shutdown(wait=False)
             return
         started.set()
         try:
@@ -189,6 +197,7 @@ def serve_health(
                 task.cancel()
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
+            control_pool.shutdown(wait=False, cancel_futures=True)
 
     thread = threading.Thread(target=run, name="health-http", daemon=True)
     thread.start()

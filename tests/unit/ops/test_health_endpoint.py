@@ -136,3 +136,41 @@ def test_the_control_gate_answers_posts_and_v2_gets_and_caps_the_body(
     finally:
         http.stop()
     assert sent == [("POST", "/v2/repository/index"), ("GET", "/v2/models/x/config")]
+
+
+def test_control_requests_in_flight_never_hold_up_the_probes(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    """Loads take minutes on a real server: while every control thread waits on one, the
+    probes and /metrics still answer."""
+    import threading
+
+    from dispatch_service.ops.health_endpoint import CONTROL_THREADS
+
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def slow_triton(method: str, path: str, body: bytes | None, *, admin: bool) -> GateAnswer:
+        entered.release()
+        release.wait(60)
+        return GateAnswer(200, b"{}")
+
+    gate = ControlGate("k", slow_triton, repository=tmp_path)
+    http = serve_health(supervisor, "127.0.0.1", 0, gate, registry=supervisor.registry)
+    calls = [
+        threading.Thread(target=http_get, args=(f"{http.url}/v2/models/m{n}/config",))
+        for n in range(CONTROL_THREADS + 2)
+    ]
+    try:
+        for call in calls:
+            call.start()
+        for _ in range(CONTROL_THREADS):
+            assert entered.acquire(timeout=30)  # every control thread is taken
+        assert http_get(f"{http.url}/readyz")[0] == 200
+        assert http_get(f"{http.url}/livez")[0] == 200
+        assert http_get(f"{http.url}/metrics")[0] == 200
+    finally:
+        release.set()
+        for call in calls:
+            call.join(30)
+        http.stop()

@@ -259,3 +259,51 @@ def test_pack_order_text_drops_trailing_empty_columns() -> None:
         [b"u1", b"", b"", b""],
         [b"u2", b"", b"", "上海".encode()],
     ]
+
+
+@pytest.mark.parametrize(("seed", "orders", "riders"), [(0, 1, 20), (1, 1, 1), (2, 64, 200)])
+def test_the_usual_request_builds_the_window_the_full_checks_build(
+    seed: int, orders: int, riders: int
+) -> None:
+    """A WGS-84 request without addresses takes the short path (`_usual_window`); its
+    window is the one the full checks of the unpacked tensors build, byte for byte."""
+    tensors = window_to_wire(generate_window(np.random.default_rng(seed), orders, riders))
+    got = window_from_wire(tensors)
+    expected = window_from_tensors(window_tensors_from_wire(tensors))
+    assert_same_window(got, expected)
+    for name in ("pickup", "dropoff", "rider_position", "rider_load", "rider_equipment"):
+        value = getattr(got, name)
+        assert value.flags.c_contiguous, name
+        assert value.tobytes() == getattr(expected, name).tobytes(), name
+    assert not np.shares_memory(got.pickup, tensors["ORDER_FIELDS"])
+
+
+@pytest.mark.parametrize(
+    ("column", "row", "value", "named"),
+    [
+        ("ORDER_FIELDS", (0, 5), 1e-50, "ORDER_FIELDS[promised_minutes]"),  # 0 as FP32
+        ("ORDER_FIELDS", (0, 4), 2e9, "ORDER_FIELDS[created_at]"),  # after the dispatch time
+        ("ORDER_FIELDS", (0, 6), 1 << 20, "ORDER_FIELDS[constraints]"),
+        ("ORDER_FIELDS", (0, 1), 181.0, "ORDER_FIELDS[pickup_lat, pickup_lon]"),
+        ("RIDER_FIELDS", (2, 4), 3.0, "RIDER_FIELDS[vehicle]"),
+        ("RIDER_FIELDS", (2, 2), 1001.0, "RIDER_FIELDS[load]"),
+        ("RIDER_FIELDS", (2, 5), -1.0, "RIDER_FIELDS[equipment]"),
+        ("WINDOW_FIELDS", (0,), 1.5e9 + 0.5, "WINDOW_FIELDS[dispatch_time]"),
+    ],
+)
+def test_a_usual_request_breaking_a_value_rule_gets_the_full_checks_error(
+    column: str, row: tuple[int, ...], value: float, named: str
+) -> None:
+    tensors = window_to_wire(generate_window(np.random.default_rng(4), 3, 5))
+    tensors[column][row] = value
+    with pytest.raises(DispatchInputError) as caught:
+        window_from_wire(tensors)
+    assert caught.value.tensor == named
+
+
+def test_repeated_ids_on_the_usual_path_are_refused() -> None:
+    tensors = window_to_wire(generate_window(np.random.default_rng(5), 3, 5))
+    tensors["RIDER_IDS"][4] = tensors["RIDER_IDS"][1]
+    with pytest.raises(DispatchInputError) as caught:
+        window_from_wire(tensors)
+    assert str(caught.value) == "RIDER_IDS: ids must be unique, row 4 repeats row 1"

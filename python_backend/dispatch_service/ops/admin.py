@@ -39,7 +39,7 @@ from dispatch_service.core.signing import (
     sign_version,
     write_key_pair,
 )
-from dispatch_service.ops import fleet_admin
+from dispatch_service.ops import fleet_admin, rollout_admin
 from dispatch_service.ops.golden import GoldenSettings
 from dispatch_service.ops.model_lifecycle import LifecycleError, UsageError, sign_repository
 from dispatch_service.ops.verified_load import plan_load
@@ -250,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         (GoldenSettings.min_top1_agreement, GoldenSettings.max_mean_eta_diff_minutes),
     )
     add_quality_command(command)
+    rollout_admin.add_commands(command)
     return parser
 
 

@@ -24,15 +24,25 @@ from dispatch_service.core.signing import TrustedKeys, private_key_pem
 from dispatch_service.ops import admin, fleet_admin, model_control
 from dispatch_service.ops.fleet_admin import ROUTING_COMMANDS
 from dispatch_service.ops.fleet_state import StateStore
+from dispatch_service.ops.rollout_admin import ROLLOUT_ROUTING_COMMANDS
 from dispatch_service.routing import live
 
 OPS = Path(admin.__file__).parent
 
 
+def _choices(parser: argparse.ArgumentParser, prefix: str = "") -> list[str]:
+    """Every command, a group's actions each on its own (``rollout start``)."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                nested = _choices(sub, f"{prefix}{name} ")
+                found += nested or [f"{prefix}{name}"]
+    return found
+
+
 def commands() -> list[str]:
-    parser = admin.build_parser()
-    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return list(sub.choices)
+    return _choices(admin.build_parser())
 
 
 @pytest.fixture
@@ -57,6 +67,8 @@ def test_every_command_changes_routing_only_through_one_revision(
     store, trusted = StateStore(store_dir), TrustedKeys.from_directory(trusted_dir)
     fleet = ["--state-store", str(store_dir), "--trusted-keys", str(trusted_dir)]
     write = [*fleet, "--key", str(key), "--model-repository", str(fleet_repo)]
+    outcomes = ["--outcome-store", str(tmp_path / "outcomes.sqlite")]
+    routing_commands = {*ROUTING_COMMANDS, *ROLLOUT_ROUTING_COMMANDS}
     cases: list[tuple[str, list[str]]] = [
         ("keygen", ["--out", str(tmp_path / "keys")]),
         ("sign", ["--model", "dispatch_model", "--version", "1", "--key", str(key),
@@ -72,6 +84,13 @@ def test_every_command_changes_routing_only_through_one_revision(
         ("promote", [*write, "--unload"]),
         ("rollback", [*write]),
         ("restore", [*write, "--revision", "1"]),
+        ("rollout start", [*write, *outcomes, "--version", "2", "--steps", "10,100"]),
+        ("rollout status", [*fleet, *outcomes]),
+        ("rollout run", [*write, *outcomes, "--once"]),  # no outcomes yet: it holds
+        ("rollout pause", [*fleet, *outcomes]),
+        ("rollout resume", [*fleet, *outcomes]),
+        ("rollout abort", [*write, *outcomes]),
+        ("experiment report", [*outcomes, "--treatment-version", "2"]),
     ]  # fmt: skip
     assert sorted(name for name, _ in cases) == sorted(commands())
 
@@ -87,9 +106,9 @@ def test_every_command_changes_routing_only_through_one_revision(
         before = [k.revision for k in store.history(trusted)]
         document = store.read()
         out = io.StringIO()
-        code = admin.main([name, *argv], out=out)
+        code = admin.main([*name.split(), *argv], out=out)
         after = [k.revision for k in store.history(trusted)]
-        if name in ROUTING_COMMANDS:
+        if name in routing_commands:
             assert code == 0, (name, out.getvalue())
             assert len(after) == len(before) + 1, name
             current = store.current(trusted)
@@ -97,7 +116,7 @@ def test_every_command_changes_routing_only_through_one_revision(
         else:
             assert code in (0, 1), (name, out.getvalue())  # status: 1, no replica answers
             assert after == before and store.read() == document, name
-    assert len(store.history(trusted)) == len(ROUTING_COMMANDS)
+    assert len(store.history(trusted)) == len(routing_commands)
 
 
 def test_no_module_of_the_cli_imports_the_config_override_path() -> None:

@@ -1,22 +1,24 @@
 """The city registry: where the service operates, each city's clock and map, and which city
 a window lies in.
 
-The registry is one JSON file the operator edits (the shipped one: `DEFAULT_REGISTRY`). Per
-city: an id (also the `city` label of the metrics), a name and aliases (an adcode, the
-local name: what ORDER_TEXT's city column may carry), the service area (a closed polygon of
-[lat, lon] WGS-84 points), the time zone, and the map as the encoder needs it: the typical
-free-flow speed per vehicle, the road circuity, and the barriers (rivers, railways, ring
-roads) with the points where they can be crossed. `registry_from_dict` refuses a registry
-that breaks a rule, naming the entry.
+The registry is one GeoJSON file (RFC 7946: [lon, lat] WGS-84, a FeatureCollection any GIS
+tool opens) the operator edits; the shipped one is `DEFAULT_REGISTRY`. Per city one Polygon
+feature, its service area, whose properties say the rest (the id, also the `city` label of
+the metrics; a name and aliases, what ORDER_TEXT's city column may carry; the time zone;
+the centre; the typical free-flow speed per vehicle and the road circuity), one LineString
+feature per barrier (river, railway, ring road) and one Point feature per place a barrier
+can be crossed. `registry_file` reads it through a schema (pydantic); `registry_from_dict`
+refuses a registry that breaks one of the project's rules, naming the entry.
 
 A window is served by the one city all its points lie in (`CityRegistry.locate`): never by
-a model answer for a place the registry does not cover.
+a model answer for a place the registry does not cover. The areas are shapely polygons,
+prepared once, tested a whole window at a time (`shapely.contains_xy`).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,11 +27,18 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
+import shapely
 from numpy.typing import NDArray
 
 from dispatch_contract import Vehicle
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain import geo, planar
+from dispatch_service.domain.registry_file import (
+    BarrierEntry,
+    CityEntry,
+    RegistryError,
+    registry_entries,
+)
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.domain.window_wire import wire_name
 
@@ -48,14 +57,13 @@ __all__ = [
     "registry_from_dict",
 ]
 
-DEFAULT_REGISTRY: Final = Path(__file__).resolve().parent / "data" / "cities.json"
+DEFAULT_REGISTRY: Final = Path(__file__).resolve().parent / "data" / "cities.geojson"
 BARRIER_KINDS: Final = ("river", "railway", "ring_road")
 # A crossing must lie on its barrier's course within this distance (the file rounds
 # coordinates; 1e-5 degrees is about a metre).
 CROSSING_TOLERANCE_KM: Final = 0.05
 # The `city` label of a window routed without a city (features sent by the caller).
 NO_CITY: Final = "none"
-_CITY_ID: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _VEHICLE_NAMES: Final = tuple(v.name.lower() for v in Vehicle)
 
 FloatArray = NDArray[np.float64]
@@ -69,10 +77,6 @@ class CitySettings:
 
     def registry(self) -> CityRegistry:
         return load_registry(self.city_registry) if self.city_registry else default_registry()
-
-
-class RegistryError(ValueError):
-    """The registry breaks a rule; the message names the entry (``cities[1] beijing: ...``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,15 +141,20 @@ class City:
     road_circuity: float  # road km per straight km
     barriers: tuple[Barrier, ...]
     network: RoadNetwork = field(init=False, repr=False)
+    # The area as a prepared shapely polygon of (lon, lat): x east, y north, as in GeoJSON.
+    shape: shapely.Polygon = field(init=False, repr=False)
     bounds: FloatArray = field(init=False, repr=False)  # [4] lat, lon low, lat, lon high
     inner: FloatArray = field(init=False, repr=False)  # [4] a box inside the area, likewise
     _zone: ZoneInfo = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_zone", ZoneInfo(self.timezone))
+        shape = shapely.Polygon(self.area[:, ::-1])
+        shapely.prepare(shape)
+        object.__setattr__(self, "shape", shape)
         lo, hi = self.area.min(axis=0), self.area.max(axis=0)
         object.__setattr__(self, "bounds", np.concatenate((lo, hi)))
-        object.__setattr__(self, "inner", planar.inner_box(self.area))
+        object.__setattr__(self, "inner", _inner_box(shape))
         object.__setattr__(self, "network", RoadNetwork.of(self.barriers))
 
     def plane(self, latlon: FloatArray) -> FloatArray:
@@ -159,14 +168,23 @@ class City:
         return 0 if offset is None else int(offset.total_seconds())
 
     def contains(self, latlon: FloatArray) -> NDArray[np.bool_]:
-        """[n]: which [lat, lon] points lie inside the service area."""
-        lo, hi = self.bounds[:2], self.bounds[2:]
-        boxed = np.all((latlon >= lo) & (latlon <= hi), axis=1)
-        inside = np.zeros(latlon.shape[0], dtype=np.bool_)
-        rows = np.flatnonzero(boxed)
-        if rows.size:
-            inside[rows] = planar.inside_polygon(latlon[rows], self.area)
-        return inside
+        """[n]: which [lat, lon] points lie inside the service area (a point on its border
+        does not)."""
+        return np.asarray(shapely.contains_xy(self.shape, latlon[:, 1], latlon[:, 0]))
+
+
+def _inner_box(area: shapely.Polygon) -> FloatArray:
+    """[4] (lat low, lon low, lat high, lon high): the square inside the area's largest
+    inscribed circle, a box every point of which lies inside the area; `locate`'s quick
+    test (four float comparisons) for the usual window."""
+    circle = shapely.maximum_inscribed_circle(area)
+    centre, edge = shapely.get_coordinates(circle)
+    half = 0.999 * math.dist(centre, edge) / math.sqrt(2.0)
+    box = np.array([centre[1] - half, centre[0] - half, centre[1] + half, centre[0] + half])
+    # the box must lie inside by shapely's own test, not by this construction alone
+    if not area.contains(shapely.box(box[1], box[0], box[3], box[2])):
+        return np.array([1.0, 1.0, 0.0, 0.0])  # empty: every window takes the full test
+    return box
 
 
 @dataclass(frozen=True, eq=False)
@@ -295,7 +313,7 @@ def _point_name(window: DispatchWindow, index: int) -> tuple[str, int]:
 
 
 def load_registry(path: Path | str = DEFAULT_REGISTRY) -> CityRegistry:
-    """The registry in a JSON file; RegistryError naming the file and the broken entry."""
+    """The registry in a GeoJSON file; RegistryError naming the file and the broken entry."""
     path = Path(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -318,21 +336,17 @@ def default_registry() -> CityRegistry:
 
 
 def registry_from_dict(document: Any, source: str = "") -> CityRegistry:
-    if not isinstance(document, dict) or not isinstance(document.get("cities"), list):
-        raise RegistryError("must be an object with a list 'cities'")
-    entries = document["cities"]
+    """The registry of a GeoJSON FeatureCollection (`registry_file.registry_document`'s
+    layout)."""
+    entries = registry_entries(document)
     if not entries:
-        raise RegistryError("'cities' is empty: a service needs at least one city")
+        raise RegistryError("no service_area feature: a service needs at least one city")
     cities: list[City] = []
     for number, entry in enumerate(entries):
-        label = f"cities[{number}]"
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-            label += f" {entry['id']}"
         try:
             cities.append(_city(entry))
-        except (KeyError, TypeError, ValueError) as exc:
-            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise RegistryError(f"{label}: {detail}") from None
+        except ValueError as exc:
+            raise RegistryError(f"cities[{number}] {entry.id}: {exc}") from None
     _check_distinct(cities)
     return CityRegistry(cities=tuple(cities), source=source)
 
@@ -350,93 +364,70 @@ def _check_distinct(cities: Sequence[City]) -> None:
     for i, first in enumerate(cities):
         for j in range(i + 1, len(cities)):
             second = cities[j]
-            if planar.polygons_overlap(first.area, second.area):
+            # interiors meeting in an area (DE-9IM "2********"): borders may touch
+            if shapely.relate_pattern(first.shape, second.shape, "2********"):
                 raise RegistryError(
                     f"cities[{j}] {second.id}: its service area overlaps {first.id}'s"
                 )
 
 
-def _points(value: Any, what: str, at_least: int) -> FloatArray:
-    array = np.asarray(value, dtype=np.float64)
-    if array.ndim != 2 or array.shape[1] != 2 or array.shape[0] < at_least:
-        raise ValueError(f"{what} must be a list of at least {at_least} [lat, lon] points")
-    if not np.isfinite(array).all():
-        raise ValueError(f"{what} holds a value that is not a finite number")
-    if (np.abs(array[:, 0]) > 90.0).any() or (np.abs(array[:, 1]) > 180.0).any():
-        raise ValueError(f"{what} holds a point outside [-90, 90] x [-180, 180]")
-    return array
-
-
-def _city(entry: Mapping[str, Any]) -> City:
-    city_id = entry["id"]
-    if not isinstance(city_id, str) or not _CITY_ID.match(city_id):
-        raise ValueError("id must be 1-32 lower-case letters, digits or '_', starting a letter")
-    if city_id == NO_CITY:
+def _city(entry: CityEntry) -> City:
+    if entry.id == NO_CITY:
         raise ValueError(f"id {NO_CITY!r} is reserved: the metrics' label of no city")
-    name = entry["name"]
-    aliases = entry.get("aliases", [])
-    if not isinstance(name, str) or not name:
-        raise ValueError("name must be a non-empty string")
-    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
-        raise ValueError("aliases must be a list of non-empty strings")
-    timezone = entry["timezone"]
     try:
-        ZoneInfo(timezone)
+        ZoneInfo(entry.timezone)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ValueError(f"timezone {timezone!r} is not a known IANA time zone") from None
-    area = _points(entry["area"], "area", 4)
+        raise ValueError(f"timezone {entry.timezone!r} is not a known IANA time zone") from None
+    area = entry.area
+    if area.shape[0] < 4:
+        raise ValueError("area must be a ring of at least 4 [lon, lat] points")
     if not np.array_equal(area[0], area[-1]):
         raise ValueError("area is an open polygon: its last point must repeat its first")
-    centre = _points([entry["centre"]], "centre", 1)[0]
-    if not planar.inside_polygon(centre[None, :], area)[0]:
+    shape = shapely.Polygon(area[:, ::-1])
+    if not shapely.is_valid(shape):
+        raise ValueError(f"area is not a simple polygon: {shapely.is_valid_reason(shape)}")
+    if not shapely.contains_xy(shape, entry.centre[1], entry.centre[0]):
         raise ValueError("centre lies outside the city's area")
-    speeds = entry["speeds_kmh"]
-    if not isinstance(speeds, Mapping) or sorted(speeds) != sorted(_VEHICLE_NAMES):
+    speeds = entry.speeds_kmh
+    if sorted(speeds) != sorted(_VEHICLE_NAMES):
         raise ValueError(f"speeds_kmh must give km/h for each of {', '.join(_VEHICLE_NAMES)}")
     speed_array = np.array([float(speeds[v]) for v in _VEHICLE_NAMES])
     if not (np.isfinite(speed_array).all() and (speed_array > 0).all()):
         raise ValueError("speeds_kmh must be positive numbers")
-    circuity = float(entry["road_circuity"])
-    if not 1.0 <= circuity <= 3.0:
+    if not 1.0 <= entry.road_circuity <= 3.0:
         raise ValueError("road_circuity must lie within [1, 3]")
-    origin = (float(centre[0]), float(centre[1]))
-    barriers = [
-        _barrier(item, number, origin) for number, item in enumerate(entry.get("barriers", []))
-    ]
+    barriers = [_barrier(item, number, entry.centre) for number, item in enumerate(entry.barriers)]
     ids = [barrier.id for barrier in barriers]
     if len(set(ids)) != len(ids):
         raise ValueError("barrier ids must be unique within the city")
     return City(
-        id=city_id,
-        name=name,
-        aliases=tuple(aliases),
-        timezone=timezone,
-        centre=origin,
+        id=entry.id,
+        name=entry.name,
+        aliases=entry.aliases,
+        timezone=entry.timezone,
+        centre=entry.centre,
         area=area,
         speeds_kmh=speed_array,
-        road_circuity=circuity,
+        road_circuity=float(entry.road_circuity),
         barriers=tuple(barriers),
     )
 
 
-def _barrier(entry: Mapping[str, Any], number: int, origin: tuple[float, float]) -> Barrier:
-    label = f"barriers[{number}]"
-    barrier_id = entry["id"]
-    if not isinstance(barrier_id, str) or not barrier_id:
-        raise ValueError(f"{label}: id must be a non-empty string")
-    label += f" {barrier_id}"
-    kind = entry["kind"]
-    if kind not in BARRIER_KINDS:
+def _barrier(entry: BarrierEntry, number: int, origin: tuple[float, float]) -> Barrier:
+    label = f"barriers[{number}] {entry.id}"
+    if entry.kind not in BARRIER_KINDS:
         raise ValueError(f"{label}: kind must be one of {', '.join(BARRIER_KINDS)}")
-    course_ll = _points(entry["course"], f"{label}: course", 2)
-    crossings_ll = _points(entry["crossings"], f"{label}: crossings", 1)
-    course = np.stack(geo.en_offset_km(course_ll[:, 0], course_ll[:, 1], origin), axis=1)
-    crossings = np.stack(geo.en_offset_km(crossings_ll[:, 0], crossings_ll[:, 1], origin), axis=1)
-    off = planar.distance_to_polyline(crossings, course)
+    if entry.crossings.shape[0] == 0:
+        raise ValueError(f"{label}: a barrier needs at least one crossing (a Point feature)")
+    course = np.stack(geo.en_offset_km(entry.course[:, 0], entry.course[:, 1], origin), axis=1)
+    crossings = np.stack(
+        geo.en_offset_km(entry.crossings[:, 0], entry.crossings[:, 1], origin), axis=1
+    )
+    off = shapely.distance(shapely.points(crossings), shapely.LineString(course))
     if (off > CROSSING_TOLERANCE_KM).any():
         at = int(np.argmax(off > CROSSING_TOLERANCE_KM))
         raise ValueError(
             f"{label}: crossing {at} lies {off[at]:.2f} km off the barrier's course "
             f"(at most {CROSSING_TOLERANCE_KM} km)"
         )
-    return Barrier(id=barrier_id, kind=kind, course=course, crossings=crossings)
+    return Barrier(id=entry.id, kind=entry.kind, course=course, crossings=crossings)

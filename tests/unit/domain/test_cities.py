@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import shapely
 
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.metrics import rejection_observation
@@ -29,6 +30,20 @@ DOCUMENT = json.loads(DEFAULT_REGISTRY.read_text())
 
 def _document() -> dict[str, Any]:
     return copy.deepcopy(DOCUMENT)
+
+
+def _area(document: dict[str, Any], number: int) -> dict[str, Any]:
+    """The service area feature of the registry's city ``number``."""
+    areas = [f for f in document["features"] if f["properties"]["feature"] == "service_area"]
+    return areas[number]
+
+
+def _city_features(document: dict[str, Any], city: str, kind: str) -> list[dict[str, Any]]:
+    return [
+        f
+        for f in document["features"]
+        if f["properties"]["city"] == city and f["properties"]["feature"] == kind
+    ]
 
 
 def _window(city: str, seed: int = 0) -> DispatchWindow:
@@ -125,69 +140,176 @@ def _refused(document: dict[str, Any]) -> str:
 
 def test_overlapping_areas_refuse_the_registry_naming_the_entry() -> None:
     document = _document()
-    document["cities"][1]["area"] = document["cities"][0]["area"]
-    document["cities"][1]["centre"] = document["cities"][0]["centre"]
+    _area(document, 1)["geometry"] = _area(document, 0)["geometry"]
+    _area(document, 1)["properties"]["centre"] = _area(document, 0)["properties"]["centre"]
     assert _refused(document) == "cities[1] beijing: its service area overlaps shanghai's"
+
+
+def test_areas_that_only_share_a_border_do_not_overlap() -> None:
+    document = _document()
+    # Beijing's area moved to share Shanghai's eastern edge (x = 121.85) and nothing more.
+    ring = [[121.85, 31.0], [122.3, 31.0], [122.3, 31.4], [121.85, 31.4], [121.85, 31.0]]
+    _area(document, 1)["geometry"] = {"type": "Polygon", "coordinates": [ring]}
+    _area(document, 1)["properties"]["centre"] = [122.0, 31.2]
+    document["features"] = [
+        f
+        for f in document["features"]
+        if f["properties"]["city"] != "beijing" or f["properties"]["feature"] == "service_area"
+    ]
+    assert registry_from_dict(document).get("beijing").contains(np.array([[31.2, 122.0]]))[0]
 
 
 def test_an_open_polygon_is_refused() -> None:
     document = _document()
-    document["cities"][2]["area"] = document["cities"][2]["area"][:-1]
+    ring = _area(document, 2)["geometry"]["coordinates"][0]
+    _area(document, 2)["geometry"]["coordinates"][0] = ring[:-1]
     assert _refused(document).startswith("cities[2] shenzhen: area is an open polygon")
 
 
 def test_a_crossing_off_its_barrier_is_refused() -> None:
     document = _document()
-    crossing = document["cities"][3]["barriers"][0]["crossings"][1]
-    crossing[0] += 0.02  # about 2.2 km north
+    crossings = [
+        f for f in _city_features(document, "chengdu", "crossing")
+        if f["properties"]["barrier"] == "jin_river"
+    ]  # fmt: skip
+    crossings[1]["geometry"]["coordinates"][1] += 0.02  # about 2.2 km north
     message = _refused(document)
     assert message.startswith("cities[3] chengdu: barriers[0] jin_river: crossing 1 lies ")
     assert "off the barrier's course" in message
 
 
+def _set(key: str, value: Any) -> Any:
+    return lambda document: _area(document, 0)["properties"].update({key: value})
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (lambda c: c.update(timezone="Mars/Olympus"), "is not a known IANA time zone"),
-        (lambda c: c.update(id="Shanghai!"), "id must be"),
-        (lambda c: c.pop("speeds_kmh"), "missing field 'speeds_kmh'"),
-        (lambda c: c.update(road_circuity=0.5), "road_circuity must lie within [1, 3]"),
-        (lambda c: c.update(centre=[0.0, 0.0]), "centre lies outside the city's area"),
-        (lambda c: c["barriers"][0].update(kind="canal"), "kind must be one of"),
+        (_set("timezone", "Mars/Olympus"), "is not a known IANA time zone"),
+        (_set("city", "Shanghai!"), "id must be"),
+        (lambda d: _area(d, 0)["properties"].pop("speeds_kmh"), "missing field 'speeds_kmh'"),
+        (_set("road_circuity", 0.5), "road_circuity must lie within [1, 3]"),
+        (_set("centre", [0.0, 0.0]), "centre lies outside the city's area"),
+        (
+            lambda d: _city_features(d, "shanghai", "barrier")[0]["properties"].update(
+                kind="canal"
+            ),
+            "kind must be one of",
+        ),
+        (_set("aliases", "上海"), "aliases: Input should be a valid list"),
+        (_set("speeds_kmh", {"ebike": 15.0, "car": 30.0}), "speeds_kmh must give km/h for"),
+        (
+            lambda d: _area(d, 0)["geometry"]["coordinates"][0].insert(1, [121.9, 31.6]),
+            "area is not a simple polygon: Self-intersection",
+        ),
+        (
+            lambda d: _area(d, 0)["geometry"]["coordinates"].append(
+                [[121.4, 31.1], [121.5, 31.1], [121.5, 31.2], [121.4, 31.1]]
+            ),
+            "area must be one ring (no holes)",
+        ),
     ],
 )
 def test_a_bad_entry_is_named_with_its_rule(change: Any, reason: str) -> None:
     document = _document()
-    change(document["cities"][0])
+    change(document)
     message = _refused(document)
     assert message.startswith("cities[0]") and reason in message
 
 
+def test_a_registry_in_lat_lon_order_is_refused_by_its_first_point() -> None:
+    """GeoJSON's positions are [lon, lat] (RFC 7946); the old [lat, lon] order puts
+    Shanghai's latitude 121 out of range, and the registry says so at the first city."""
+    document = _document()
+    for feature in document["features"]:
+        geometry = feature["geometry"]
+        if geometry["type"] == "Polygon":
+            geometry["coordinates"] = [[p[::-1] for p in ring] for ring in geometry["coordinates"]]
+    message = _refused(document)
+    assert message.startswith("cities[0] shanghai: coordinates.0.0 holds a point outside")
+
+
+@pytest.mark.parametrize(
+    ("document", "reason"),
+    [
+        ({"cities": []}, "must be a GeoJSON FeatureCollection: missing field 'type'"),
+        (
+            {"type": "FeatureCollection", "features": []},
+            "no service_area feature: a service needs at least one city",
+        ),
+        (
+            {
+                "type": "FeatureCollection",
+                "features": [
+                    {"type": "Feature", "geometry": {}, "properties": {"feature": "lake"}}
+                ],
+            },
+            "features[0]: properties.feature must be one of service_area, barrier, crossing",
+        ),
+    ],
+)
+def test_a_document_that_is_no_registry_is_refused(document: Any, reason: str) -> None:
+    assert _refused(document) == reason
+
+
+def test_a_barrier_or_crossing_of_no_city_or_barrier_is_refused() -> None:
+    document = _document()
+    _city_features(document, "beijing", "crossing")[0]["properties"]["barrier"] = "third_ring"
+    assert _refused(document) == "a crossing names barrier 'third_ring' of beijing: no such barrier"
+    document = _document()
+    _city_features(document, "beijing", "barrier")[0]["properties"]["city"] = "tianjin"
+    assert _refused(document) == "a barrier or crossing names city 'tianjin', which has no area"
+
+
 def test_a_name_two_cities_claim_is_refused_at_the_second() -> None:
     document = _document()
-    document["cities"][0]["aliases"].append("北京")
+    _area(document, 0)["properties"]["aliases"].append("北京")
     assert _refused(document) == "cities[1] beijing: name '北京' is already shanghai's"
 
 
 def test_a_registry_file_is_read_and_its_errors_name_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "cities.json"
+    path = tmp_path / "cities.geojson"
     document = _document()
-    document["cities"] = document["cities"][:2]
+    document["features"] = [
+        f for f in document["features"] if f["properties"]["city"] in ("shanghai", "beijing")
+    ]
     path.write_text(json.dumps(document))
     assert CitySettings(city_registry=str(path)).registry().ids == ("shanghai", "beijing")
     assert CitySettings().registry() is default_registry()
     path.write_text("{not json")
     with pytest.raises(RegistryError, match=f"city registry {path}: "):
         load_registry(path)
-    path.write_text(json.dumps({"cities": []}))
-    with pytest.raises(RegistryError, match="'cities' is empty"):
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": []}))
+    with pytest.raises(RegistryError, match="no service_area feature"):
         load_registry(path)
 
 
 def test_the_no_city_label_is_no_citys_id() -> None:
     document = _document()
-    document["cities"][3]["id"] = "none"
+    for feature in document["features"]:
+        if feature["properties"]["city"] == "chengdu":
+            feature["properties"]["city"] = "none"
     assert "is reserved" in _refused(document)
+
+
+def test_the_shipped_file_is_geojson_a_gis_reader_places_correctly() -> None:
+    """GEOS's own GeoJSON reader (not this module's schema) reads the file; its x is the
+    longitude: each area holds its city's centre as (lon, lat) and its counter-clockwise
+    exterior follows RFC 7946's right-hand rule."""
+    collection = shapely.from_geojson(DEFAULT_REGISTRY.read_text())
+    parts = shapely.get_parts(collection)
+    areas = [part for part in parts if part.geom_type == "Polygon"]
+    assert len(areas) == 4
+    assert {part.geom_type for part in parts} == {"Polygon", "LineString", "Point"}
+    landmarks = {  # (lon, lat) of a well-known place in each city
+        "shanghai": (121.4737, 31.2304),  # People's Square
+        "beijing": (116.3972, 39.9163),  # the Forbidden City
+        "shenzhen": (114.0579, 22.5431),  # Futian
+        "chengdu": (104.0657, 30.6595),  # Tianfu Square
+    }
+    for area, (lon, lat) in zip(areas, landmarks.values(), strict=True):
+        assert area.contains(shapely.Point(lon, lat))
+        assert shapely.is_ccw(area.exterior)
 
 
 def _where(window: DispatchWindow) -> set[str | None]:

@@ -333,7 +333,7 @@ def test_features_of_a_hand_made_window() -> None:
     assert row["rider_load_ratio"] == pytest.approx(1.0 / 3.0)
     assert (row["vehicle_ebike"], row["vehicle_motorbike"], row["vehicle_car"]) == (0.0, 1.0, 0.0)
     # The map: the rider 1.1 km north stays west of the Huangpu; the trip 4.76 km due east
-    # crosses it, best through the crossing at (east 1.6, north 1.0) km (cities.json), and a
+    # crosses it, best through the crossing at (east 1.6, north 1.0) km (cities.geojson), and a
     # motorbike runs 24 km/h on roads 1.3 times the straight line.
     trip_km = 4.7557
     detour = np.hypot(1.6, 1.0) + np.hypot(trip_km - 1.6, 1.0) - trip_km
@@ -349,8 +349,9 @@ def test_features_of_a_hand_made_window() -> None:
 def _city_in(timezone_name: str) -> Any:
     """Shanghai's registry entry under another time zone."""
     document = json.loads(DEFAULT_REGISTRY.read_text())
-    entry = next(city for city in document["cities"] if city["id"] == "shanghai")
-    return registry_from_dict({"cities": [{**entry, "timezone": timezone_name}]}).cities[0]
+    features = [f for f in document["features"] if f["properties"]["city"] == "shanghai"]
+    features[0]["properties"]["timezone"] = timezone_name  # the service area comes first
+    return registry_from_dict({**document, "features": features}).cities[0]
 
 
 def test_time_features_follow_the_citys_time_zone_and_weekday() -> None:

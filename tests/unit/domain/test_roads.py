@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 from dispatch_service.domain import roads
 from dispatch_service.domain.cities import City, registry_from_dict
+from dispatch_service.domain.registry_file import BarrierEntry, CityEntry, registry_document
 
 CENTRE = (30.0, 110.0)
 KM_LAT = 1.0 / 111.19508  # degrees of latitude per km (mean Earth radius)
@@ -20,35 +19,36 @@ def _ll(east_km: float, north_km: float) -> list[float]:
     return [lat, lon]
 
 
-def _city(**changes: Any) -> City:
+def _city() -> City:
     """A square city 40 km wide: a river along east = 0 crossed at north -5 and +5, and a
     ring road around the square 2 km wide at the centre, crossed at its east side."""
     ring = [(-2.0, -2.0), (2.0, -2.0), (2.0, 2.0), (-2.0, 2.0), (-2.0, -2.0)]
-    entry = {
-        "id": "square",
-        "name": "Square",
-        "timezone": "Etc/UTC",
-        "centre": list(CENTRE),
-        "area": [_ll(e, n) for e, n in [(-20, -20), (20, -20), (20, 20), (-20, 20), (-20, -20)]],
-        "speeds_kmh": {"ebike": 15.0, "motorbike": 20.0, "car": 30.0},
-        "road_circuity": 1.5,
-        "barriers": [
-            {
-                "id": "river",
-                "kind": "river",
-                "course": [_ll(0.0, -30.0), _ll(0.0, 30.0)],
-                "crossings": [_ll(0.0, -5.0), _ll(0.0, 5.0)],
-            },
-            {
-                "id": "ring",
-                "kind": "ring_road",
-                "course": [_ll(e, n) for e, n in ring],
-                "crossings": [_ll(2.0, 0.0)],
-            },
-        ],
-    }
-    entry.update(changes)
-    return registry_from_dict({"cities": [entry]}).cities[0]
+    square = [(-20, -20), (20, -20), (20, 20), (-20, 20), (-20, -20)]
+    entry = CityEntry(
+        id="square",
+        name="Square",
+        aliases=(),
+        timezone="Etc/UTC",
+        centre=CENTRE,
+        area=np.array([_ll(e, n) for e, n in square]),
+        speeds_kmh={"ebike": 15.0, "motorbike": 20.0, "car": 30.0},
+        road_circuity=1.5,
+        barriers=(
+            BarrierEntry(
+                id="river",
+                kind="river",
+                course=np.array([_ll(0.0, -30.0), _ll(0.0, 30.0)]),
+                crossings=np.array([_ll(0.0, -5.0), _ll(0.0, 5.0)]),
+            ),
+            BarrierEntry(
+                id="ring",
+                kind="ring_road",
+                course=np.array([_ll(e, n) for e, n in ring]),
+                crossings=np.array([_ll(2.0, 0.0)]),
+            ),
+        ),
+    )
+    return registry_from_dict(registry_document([entry])).cities[0]
 
 
 def test_a_leg_across_the_river_goes_through_the_best_crossing() -> None:

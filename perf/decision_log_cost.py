@@ -6,10 +6,11 @@ SQLite store (`ServerOptions.outcome_store`), one without; rounds alternate betw
 small windows at ``--concurrency`` (default 64) over HTTP with the binary tensor extension
 (`perf.loadgen`). Every request carries its own request id, as `DispatchClient` sends them
 (a window without one is not recorded, so perf_analyzer, which sends none, cannot measure
-this). Prints each round and the median throughput ratio on / off; writes a JSON report.
+this). Prints each round and the median throughput ratio on / off; writes a JSON report
+(`perf/reports/decision-log-cost-<time>.json`).
 
     python -m perf.decision_log_cost [--rounds 5] [--requests 3000] [--concurrency 64]
-                                     [--out perf/decision_log_cost.json]
+                                     [--out FILE]
 
 Not a test. The figure is only as quiet as the host: say what else ran.
 """
@@ -31,6 +32,7 @@ from dispatch_contract import batched, spec_by_name
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from perf.bodies import OUTPUT_NAMES, RequestBody, triton_infer_path
 from perf.loadgen import LoadPlan, run_load
+from perf.outcomes_bench import report_path
 from perf.windows import SIZES, simulated_windows
 
 __all__ = ["bodies_with_ids", "main"]
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=3000, help="per round and server")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("perf/decision_log_cost.json"))
+    parser.add_argument("--out", type=Path, default=None, help="default: perf/reports/")
     args = parser.parse_args(argv)
     runtime = TritonRuntime.from_venv()
     folder = Path(tempfile.mkdtemp(prefix="decision-log-cost-"))
@@ -117,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         "decisions_recorded": recorded,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"median throughput on/off {report['median_ratio_on_off']}; report: {args.out}")
+    out = args.out or report_path("decision-log-cost")
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"median throughput on/off {report['median_ratio_on_off']}; report: {out}")
     return 0
 
 

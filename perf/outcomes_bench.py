@@ -8,13 +8,14 @@ already holding ``--decisions`` decision records. Every outcome is a delivery by
 assigned rider with valid times, so every one is stored: nothing is refused early.
 
     python -m perf.outcomes_bench [--decisions 200000] [--report-size 1000] [--rounds 3]
-                                  [--backend sqlite,postgres] [--out perf/outcomes_report.json]
+                                  [--backend sqlite,postgres] [--out FILE]
 
 PostgreSQL runs on a throwaway server on this host (`perf.postgres_server`), so it shares
 the machine's cores with the benchmark (its server processes are not pinned). The report
-(JSON) has, per backend, outcomes/s per round and the median, and the decision-write rate
-of the set-up (the `DecisionWriter`'s batches of 256 windows x 8 orders). Not a test: it
-asserts nothing; `--min-rate` only makes the exit code say whether SQLite met a target.
+(JSON, `perf/reports/outcomes-<time>.json`) has, per backend, outcomes/s per round and the
+median, and the decision-write rate of the set-up (the `DecisionWriter`'s batches of 256
+windows x 8 orders). Not a test: it asserts nothing; `--min-rate` only makes the exit code
+say whether SQLite met a target.
 """
 
 from __future__ import annotations
@@ -33,16 +34,24 @@ from typing import Any
 
 import numpy as np
 
+from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.outcomes.ingest import ingest_report
 from dispatch_service.outcomes.records import AnsweredWindow, decision_records
 from dispatch_service.outcomes.sql_store import open_store
 from dispatch_service.outcomes.store import OutcomeStore
 from perf.postgres_server import throwaway_postgres
 
-__all__ = ["main", "measure"]
+__all__ = ["main", "measure", "report_path"]
 
 DECIDED_AT = 1_709_500_000.0
 ORDERS_PER_WINDOW = 8
+
+
+def report_path(kind: str) -> Path:
+    """``perf/reports/<kind>-<UTC time>.json``: run outputs stay out of git."""
+    folder = REPO_ROOT / "perf" / "reports"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{kind}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
 
 
 def window(request_id: str) -> AnsweredWindow:
@@ -136,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-size", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", default="sqlite,postgres")
-    parser.add_argument("--out", type=Path, default=Path("perf/outcomes_report.json"))
+    parser.add_argument("--out", type=Path, default=None, help="default: perf/reports/")
     parser.add_argument("--min-rate", type=float, default=10_000.0, help="SQLite's target")
     args = parser.parse_args(argv)
     cpu = sorted(os.sched_getaffinity(0))[-1]
@@ -169,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             print("postgres", result["postgres"], flush=True)
     result["host"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"report: {args.out}")
+    out = args.out or report_path("outcomes")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"report: {out}")
     sqlite = result.get("sqlite")
     return 0 if sqlite is None or sqlite["median_outcomes_per_s"] >= args.min_rate else 1
 

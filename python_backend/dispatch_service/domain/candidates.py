@@ -127,11 +127,16 @@ def ranked_exactly(
     alone or with others; a group's ids are read only where two of its distances tie."""
     orders = np.array([len(p) for p in pickups], dtype=np.int64)
     width = np.array([len(r) for r in rows], dtype=np.int64)
-    per_order = np.repeat(width, orders)  # each order is paired with every rider of its group
-    pair_order = np.repeat(np.arange(per_order.size), per_order)
-    rider_start = np.repeat(np.repeat(np.cumsum(width) - width, orders), per_order)
-    pair_start = np.repeat(np.cumsum(per_order) - per_order, per_order)
-    pair_rider = rider_start + (np.arange(pair_order.size) - pair_start)
+    if len(pickups) == 1:  # one group (a window alone): every order with every rider
+        (b,), (m,) = orders.tolist(), width.tolist()
+        pair_order = np.repeat(np.arange(b), m)
+        pair_rider = np.tile(np.arange(m), b)
+    else:
+        per_order = np.repeat(width, orders)  # each order paired with every rider of its group
+        pair_order = np.repeat(np.arange(per_order.size), per_order)
+        rider_start = np.repeat(np.repeat(np.cumsum(width) - width, orders), per_order)
+        pair_start = np.repeat(np.cumsum(per_order) - per_order, per_order)
+        pair_rider = rider_start + (np.arange(pair_order.size) - pair_start)
     pickup, position, row = joined(pickups), joined(riders), joined(rows)
     dist = geo.haversine_km(
         position[pair_rider, 0], position[pair_rider, 1],

@@ -99,7 +99,7 @@ class Resolution:
                     self.topk_cost,
                 ),
                 axis=-1,
-            ).astype(np.float32),
+            ).astype(np.float32, copy=False),
             "ASSIGNED_RIDER_INDEX": self.assigned_rider_index,
             "ASSIGNED_SCORE": self.assigned_score,
             ASSIGNED_OBJECTIVES.name: self.assigned_objectives,

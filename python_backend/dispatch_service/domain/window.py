@@ -8,6 +8,7 @@ path `window_batch`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -339,6 +340,10 @@ def check_objective_weights(weights: NDArray[np.float64]) -> NDArray[np.float64]
     `parse_objective_weights` (the wire) and the resolver both apply it, so a request and a
     direct library call are judged alike. Returns ``weights`` unchanged.
     """
+    if weights.shape == (len(OBJECTIVES),):
+        values = weights.tolist()  # three floats: plain comparisons, no numpy calls
+        if all(0.0 <= value < math.inf for value in values) and sum(values) > 0.0:
+            return weights  # False above for NaN, infinity and any negative weight
     if weights.shape != (len(OBJECTIVES),):
         raise DispatchInputError(
             "OBJECTIVE_WEIGHTS",

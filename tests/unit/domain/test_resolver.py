@@ -900,3 +900,28 @@ def test_windows_of_different_widths_are_not_checked_together() -> None:
     windows = [_window_tensors(rng, 6), _window_tensors(rng, 4)]
     assert checked_together(windows, ResolverSettings()) is None
     assert checked_together([], ResolverSettings()) == []
+
+
+@pytest.mark.parametrize(
+    ("row", "column", "value", "rule"),
+    [
+        (4, 0, np.nan, "must be finite on valid pairs, got NaN or infinity (row 4)"),
+        (3, 1, np.inf, "must be finite on valid pairs, got NaN or infinity (row 3)"),
+        (2, 0, -1.0, "ETA minutes must be >= 0 on valid pairs (row 2)"),
+        (5, 2, -0.5, "cost must be >= 0 on valid pairs (row 5)"),
+    ],
+)
+def test_a_bad_objective_on_a_valid_pair_is_named_by_row(
+    row: int, column: int, value: float, rule: str
+) -> None:
+    from dispatch_service.domain.resolver_inputs import checked_objectives
+
+    objectives = np.full((6, 3), 1.0, dtype=np.float32)
+    objectives[1] = [np.nan, -1.0, -1.0]  # a padded pair: never checked
+    objectives[row, column] = value
+    valid = np.array([[True, False, True], [True, True, True]])
+    with pytest.raises(DispatchInputError) as caught:
+        checked_objectives(objectives, valid)
+    assert caught.value.rule == rule
+    objectives[row, column] = 1.0
+    assert checked_objectives(objectives, valid)[0, 1].tolist() == [0.0, 0.0, 0.0]

@@ -594,10 +594,12 @@ def test_given_objective_weights_are_returned_as_float64() -> None:
         (np.array([[0.4, 0.4, 0.2]], dtype=np.float32), "must have shape [3], got (1, 3)"),
         (np.array([0.4, np.nan, 0.2], dtype=np.float32), "must be finite"),
         (np.array([0.4, np.inf, 0.2], dtype=np.float32), "must be finite"),
+        (np.array([0.4, -np.inf, 0.2], dtype=np.float32), "must be finite"),
+        (np.array([-0.0, 0.0, 0.0], dtype=np.float32), "must be >= 0 with a positive sum"),
         (np.array([0.6, -0.1, 0.5], dtype=np.float32), "must be >= 0 with a positive sum"),
         (np.array([0.0, 0.0, 0.0], dtype=np.float32), "must be >= 0 with a positive sum"),
     ],
-    ids=["fp64", "int32", "short", "2d", "nan", "inf", "negative", "zero-sum"],
+    ids=["fp64", "int32", "short", "2d", "nan", "inf", "-inf", "-zero-sum", "negative", "zero-sum"],
 )
 def test_bad_objective_weights_are_rejected(value: NDArray[Any], rule: str) -> None:
     with pytest.raises(DispatchInputError) as info:

@@ -8,7 +8,7 @@ the outputs, the pair features and the scored objectives. `tests/unit/pipeline/
 test_window_answers.py` answers the stored windows with the code of the day and compares
 digests, byte for byte.
 
-`python -m perf.window_answers tests/unit/pipeline/data/window_answers` re-records (run it
+`python -m perf.window_answers tests/unit/pipeline/data/window_answers.npz` re-records (run it
 with the code whose answers are the reference, before a change).
 """
 
@@ -164,9 +164,12 @@ def mismatches(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("path", type=Path, help="where to write PATH.npz and PATH.json")
+    parser.add_argument(
+        "path", type=Path, help="the windows go to PATH.npz, their digests beside it (.json)"
+    )
     args = parser.parse_args(argv)
-    print(f"{record(args.path)} windows recorded to {args.path}.npz / .json")
+    stored = args.path.with_suffix(".npz")
+    print(f"{record(args.path)} windows recorded to {stored} and {stored.with_suffix('.json')}")
     return 0
 
 

@@ -10,6 +10,7 @@ library's order: positions are turned here, once, each way.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ __all__ = [
     "RegistryError",
     "registry_document",
     "registry_entries",
+    "registry_text",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -303,3 +305,17 @@ def registry_document(entries: Sequence[CityEntry], *, about: str = "") -> dict[
 
 def _positions(points: Any) -> list[list[float]]:
     return [[float(x), float(y)] for x, y in np.asarray(points, dtype=np.float64)]
+
+
+def registry_text(document: Mapping[str, Any]) -> str:
+    """A registry document as the shipped file is written: one feature a line, so that a
+    change to one city's map is a change to its lines."""
+    head = {key: value for key, value in document.items() if key != "features"}
+    lines = [
+        f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}"
+        for key, value in head.items()
+    ]
+    features = [f"  {json.dumps(feature, ensure_ascii=False)}" for feature in document["features"]]
+    return (
+        "{\n" + ",\n".join([*lines, ' "features": [\n' + ",\n".join(features) + "\n ]"]) + "\n}\n"
+    )

@@ -146,6 +146,8 @@ def can_stack(windows: Sequence[ResolverWindow]) -> list[bool]:
     are each window's own, in blocks."""
     if len(windows) == 1:  # one window (dispatch_fused's `run`): no blocks to shift
         (window,) = windows
+        if window.candidates.shape[0] < 2:  # one order: no rider is listed twice
+            return [False]
         listed = window.candidates[window.candidates >= 0].astype(np.int64)
         return [bool((slot_counts(listed, window.spare) >= 2).any())]
     if not windows:
@@ -238,13 +240,13 @@ def stage_checked(
     """`stage_stack_aware` of a window already checked (`ResolverWindow.checked`): ``base``
     its PAIR_OBJECTIVES [B*N, 3] as FP32, ``checked`` them as `ResolverWindow.objectives`
     returned them."""
+    current = base.copy()
+    if not can_stack([window])[0]:
+        return Unstacked(window, checked, current)  # nobody can take two new orders
     width = window.candidates.shape[1]
     flat = window.candidates.reshape(-1)
     valid = np.flatnonzero(flat >= 0)
     pair_riders = flat[valid]
-    current = base.copy()
-    if not can_stack([window])[0]:
-        return Unstacked(window, checked, current)  # nobody can take two new orders
     # Each valid pair at every slot of its rider (`domain.slots`: c_r = min(spare_r, deg_r)).
     slots = slot_edges(pair_riders, window.spare)
     depth = int(slots.rank.max()) + 1

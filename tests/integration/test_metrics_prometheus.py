@@ -11,15 +11,8 @@ polls with a deadline scaled to the host; Prometheus is stopped at the end.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from patience import wait_for
+from prometheus_helpers import Prometheus, running_prometheus
 from tritonclient.utils import InferenceServerException
 
 from dispatch_service.core.metrics import (
@@ -52,117 +46,18 @@ TRITON_METRICS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
-
-
 def _poll(what: str, check: Callable[[], bool], deadline_s: float = DEADLINE_S) -> None:
     wait_for(check, what, deadline_s, 0.25)
-
-
-@dataclass
-class Prometheus:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """Instant query; the result vector (metric labels and value)."""
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        answer = _get_json(url)
-        assert answer["status"] == "success", answer
-        result: list[dict[str, Any]] = answer["data"]["result"]
-        return result
-
-    def value(self, promql: str) -> float:
-        """Sum of an instant query's samples; 0 when there are none (not yet created)."""
-        return sum(float(sample["value"][1]) for sample in self.query(promql))
-
-    def by_labels(self, promql: str, *labels: str) -> dict[tuple[str, ...], float]:
-        return {
-            tuple(sample["metric"].get(label, "") for label in labels): float(sample["value"][1])
-            for sample in self.query(promql)
-        }
-
-    def names(self) -> set[str]:
-        answer = _get_json(f"{self.url}/api/v1/label/__name__/values")
-        return set(answer["data"])
-
-    def log_tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
 
 
 @pytest.fixture(scope="module")
 def prometheus(
     triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Prometheus]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail(
-            "prometheus is not installed (Debian package `prometheus`): run `make setup`",
-            pytrace=False,
-        )
     work = tmp_path_factory.mktemp("prometheus")
-    target = urllib.parse.urlsplit(triton.metrics_url)
-    config = work / "prometheus.yml"
-    config.write_text(
-        json.dumps(  # JSON is YAML
-            {
-                "global": {"scrape_interval": f"{SCRAPE_S:.0f}s", "scrape_timeout": "1s"},
-                "scrape_configs": [
-                    {
-                        "job_name": "triton",
-                        "metrics_path": target.path,
-                        "static_configs": [{"targets": [target.netloc]}],
-                    }
-                ],
-            }
-        )
-    )
-    port = _free_port()
-    log = work / "prometheus.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={work / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=1h",
-                "--log.level=warn",
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    server = Prometheus(f"http://127.0.0.1:{port}", process, log)
-    try:
-
-        def ready() -> bool:
-            if process.poll() is not None:
-                raise AssertionError(f"prometheus exited:\n{server.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
-                    return bool(response.status == 200)
-            except (urllib.error.URLError, OSError):
-                return False
-
-        _poll("prometheus ready", ready)
+    with running_prometheus(work, {"triton": triton.metrics_url}, SCRAPE_S) as server:
         _poll("first scrape of the server", lambda: server.value('up{job="triton"}') == 1.0)
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
 
 
 def _counts(prom: Prometheus) -> dict[str, Any]:

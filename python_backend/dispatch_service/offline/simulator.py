@@ -7,7 +7,10 @@ the simulator plays the real cities. It is deliberately richer than straight-lin
 - each city (`city_world`) is its registry entry's map (`domain.cities`: service area,
   barriers and crossings, free-flow speeds, road circuity; simulated, not surveyed) plus
   what only the world knows: where orders and riders cluster, how congestion spreads, what
-  a crossing costs in minutes;
+  a crossing costs in minutes. The four shipped cities' knobs are written out below; any
+  other registered city gets a world built from its entry alone (`entry_world`: several
+  demand centres placed from the area's shape, spreads and congestion scaled to its size),
+  so a city added to the registry is simulated, trained on or evaluated without code;
 - positions are worked in the city's east/north km plane around its centre;
 - roads are straight lines times the map's circuity; a leg whose ends lie on different
   sides of a barrier (river, railway, ring road) goes through that barrier's best crossing
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
+import shapely
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import ndtr
 
@@ -75,6 +79,7 @@ __all__ = [
     "city_world",
     "city_worlds",
     "congestion",
+    "entry_world",
     "evaluate_assignment",
     "expected_outcome",
     "generate_regime_window",
@@ -219,8 +224,8 @@ class CityConfig:
 DEFAULT_CITY: Final = CityConfig()
 
 # What only the simulated world knows of each shipped city, beyond its map: where orders
-# and riders cluster and how wide, and how congestion spreads. A registered city without an
-# entry gets Shanghai's knobs around its own centre and inside its own area.
+# and riders cluster and how wide, and how congestion spreads. Any other registered city's
+# world is built from its registry entry (`entry_world`).
 _WORLDS: Final[dict[str, dict[str, Any]]] = {
     "shanghai": {},
     "beijing": {
@@ -293,21 +298,83 @@ _WORLDS: Final[dict[str, dict[str, Any]]] = {
 
 
 def city_world(city: City) -> CityConfig:
-    """The simulated world of a registered city: its map and its world's knobs."""
-    knobs = dict(_WORLDS.get(city.id, {}))
+    """The simulated world of a registered city: its map and its world's knobs (the shipped
+    cities' from `_WORLDS`, any other city's built from its registry entry: `entry_world`)."""
     if city.id not in _WORLDS:
-        lo, hi = city.area.min(axis=0), city.area.max(axis=0)
-        pad = (hi - lo) * 0.2  # a box well inside a convex-enough area
-        lat_box = (float(lo[0] + pad[0]), float(hi[0] - pad[0]))
-        lon_box = (float(lo[1] + pad[1]), float(hi[1] - pad[1]))
-        knobs = {
-            "lat_range": lat_box,
-            "lon_range": lon_box,
-            "core_lat_range": lat_box,
-            "core_lon_range": lon_box,
-            "hot_spots": ((city.centre[0], city.centre[1], 1.0),),
-        }
-    return CityConfig(map=city, **knobs)
+        return entry_world(city)
+    return CityConfig(map=city, **_WORLDS[city.id])
+
+
+# A new city's demand centres: one per this many km² of service area, within these bounds.
+_KM2_PER_CENTRE: Final = 120.0
+_CENTRES: Final = (4, 10)
+
+
+def entry_world(city: City) -> CityConfig:
+    """A plausible world for a city known only by its registry entry.
+
+    The map (area, barriers and crossings, speeds, circuity) is the entry's. What only the
+    world knows is drawn from the area's shape, the same way for every city:
+
+    - where points fall: the largest box around the centre that the area holds (shapely's
+      test), the core 10 % smaller;
+    - demand centres: the city's centre (weight 1.5) and one more per ~120 km² of area (4 to
+      10 in all), each the point of a 40 x 40 grid over the area that is farthest from the
+      centres chosen so far, discounted by its distance from the city centre (a Gaussian of
+      0.45 x the area's equivalent radius R): spread over the city, across its barriers,
+      denser towards the middle; a centre's weight falls from 1.5 with its distance;
+    - spreads and congestion scaled to the city: orders within clip(0.1 R, 1, 2) km of a
+      centre, riders twice as wide, congestion's central bump clip(0.4 R, 5, 14) km wide.
+
+    The rest (promises, rates, fleet mix, noise) are the defaults the shipped cities share.
+    """
+    plane_area = shapely.Polygon(city.plane(city.area))
+    radius_km = float(np.sqrt(plane_area.area / np.pi))
+    box = _inner_box_around_centre(city)
+    lat_pad, lon_pad = 0.05 * (box[2] - box[0]), 0.05 * (box[3] - box[1])
+    count = int(np.clip(round(plane_area.area / _KM2_PER_CENTRE), *_CENTRES))
+    grid_lat, grid_lon = np.meshgrid(
+        np.linspace(box[0], box[2], 40), np.linspace(box[1], box[3], 40)
+    )
+    grid = np.stack((grid_lat.ravel(), grid_lon.ravel()), axis=1)
+    grid = grid[city.contains(grid)]
+    grid_km = city.plane(grid)
+    prior = np.exp(-0.5 * (np.linalg.norm(grid_km, axis=1) / (0.45 * radius_km)) ** 2)
+    chosen_km = [np.zeros(2)]
+    spots = [(city.centre[0], city.centre[1], 1.5)]
+    for _ in range(count - 1):
+        gap = np.min(np.linalg.norm(grid_km[:, None, :] - np.asarray(chosen_km)[None], axis=2), 1)
+        best = int(np.argmax(gap * prior))
+        chosen_km.append(grid_km[best])
+        weight = 1.5 * float(
+            np.exp(-0.5 * (np.linalg.norm(grid_km[best]) / (0.5 * radius_km)) ** 2)
+        )
+        spots.append((float(grid[best, 0]), float(grid[best, 1]), round(max(weight, 0.4), 3)))
+    spread = float(np.clip(0.1 * radius_km, 1.0, 2.0))
+    return CityConfig(
+        map=city,
+        lat_range=(float(box[0]), float(box[2])),
+        lon_range=(float(box[1]), float(box[3])),
+        core_lat_range=(float(box[0] + lat_pad), float(box[2] - lat_pad)),
+        core_lon_range=(float(box[1] + lon_pad), float(box[3] - lon_pad)),
+        hot_spots=tuple(spots),
+        order_spot_spread_km=spread,
+        rider_spot_spread_km=2.0 * spread,
+        zone_centre_sigma_km=float(np.clip(0.4 * radius_km, 5.0, 14.0)),
+    )
+
+
+def _inner_box_around_centre(city: City) -> FloatArray:
+    """[4] (lat low, lon low, lat high, lon high): the area's bounding box shrunk towards
+    the centre, 2.5 % of it a step, until the area holds it (shapely's test)."""
+    lo, hi = city.area.min(axis=0), city.area.max(axis=0)
+    centre = np.asarray(city.centre)
+    for step in range(40):
+        keep = 1.0 - 0.025 * step
+        low, high = centre + (lo - centre) * keep, centre + (hi - centre) * keep
+        if city.shape.contains(shapely.box(low[1], low[0], high[1], high[0])):
+            return np.concatenate((low, high))
+    raise ValueError(f"{city.id}: no box around the centre fits inside the service area")
 
 
 def city_worlds(registry: CityRegistry | None = None) -> dict[str, CityConfig]:

@@ -368,3 +368,65 @@ def test_pickup_comes_before_delivery_in_the_simulated_truth() -> None:
     assert (truth.pickup_minutes_from_dispatch[rows] > 0).all()
     assert (truth.pickup_minutes_from_dispatch[rows] < truth.minutes_from_dispatch[rows]).all()
     assert np.isnan(truth.pickup_minutes_from_dispatch[~rows]).all()
+
+
+def _new_city() -> Any:
+    """A city the simulator has no knobs for: an L-shaped area (about 50 x 50 km less a
+    quarter) near Guilin, a river north to south through it crossed at two bridges."""
+    from dispatch_service.domain.cities import registry_from_dict
+    from dispatch_service.domain.registry_file import BarrierEntry, CityEntry, registry_document
+
+    ring = [(25.05, 110.05), (25.05, 110.55), (25.30, 110.55), (25.30, 110.30), (25.50, 110.30),
+            (25.50, 110.05), (25.05, 110.05)]  # fmt: skip
+    entry = CityEntry(
+        id="guilin",
+        name="Guilin",
+        aliases=(),
+        timezone="Asia/Shanghai",
+        centre=(25.20, 110.25),
+        area=np.array(ring),
+        speeds_kmh={"ebike": 14.0, "motorbike": 21.0, "car": 26.0},
+        road_circuity=1.8,
+        barriers=(
+            BarrierEntry(
+                id="li_river",
+                kind="river",
+                course=np.array([[25.00, 110.20], [25.55, 110.20]]),
+                crossings=np.array([[25.15, 110.20], [25.40, 110.20]]),
+            ),
+        ),
+    )
+    return registry_from_dict(registry_document([entry]))
+
+
+def test_a_city_known_by_its_entry_alone_gets_a_world_drawn_from_its_shape() -> None:
+    from dispatch_service.domain import roads
+
+    registry = _new_city()
+    city = registry.get("guilin")
+    world = sim.city_world(city)
+    assert world.map is city
+    corners = np.array([[lat, lon] for lat in world.lat_range for lon in world.lon_range])
+    assert city.contains(corners).all()
+    spots = np.asarray([s[:2] for s in world.hot_spots])
+    # ~1,900 km² of area: one centre per 120 km², at most 10; all inside, none twice
+    assert len(spots) == 10 and city.contains(spots).all()
+    assert len({tuple(np.round(spot, 4)) for spot in spots}) == 10
+    assert world.hot_spots[0] == (25.20, 110.25, 1.5)
+    # demand on both banks: some centres are across the river from the city centre
+    centre = np.zeros((len(spots), 2))
+    crossed = roads.leg_roads(city, centre, city.plane(spots)).crossings
+    assert 0 < int(crossed.sum()) < len(spots)
+    # sizes scaled to the city (equivalent radius about 25 km), not Shanghai's
+    assert world.order_spot_spread_km == 2.0 and world.rider_spot_spread_km == 4.0
+    assert 9.0 < world.zone_centre_sigma_km < 11.0
+
+
+@pytest.mark.parametrize("regime", sorted(sim.REGIMES))
+def test_every_window_of_a_new_citys_world_lies_in_that_city(regime: str) -> None:
+    registry = _new_city()
+    world = sim.city_world(registry.get("guilin"))
+    rng = np.random.default_rng(7)
+    for _ in range(6):
+        window = sim.generate_regime_window(rng, sim.REGIMES[regime], world)
+        assert registry.locate(window).id == "guilin"

@@ -58,7 +58,7 @@ from perf.overload_bench import OpenLoopPlan, measure_pinned
 from perf.pa import PerfAnalyzer
 from perf.report import render_report
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, MODELS, BenchResults, Series, entry_key
-from perf.rounds import LIMIT, run_rounds
+from perf.rounds import LIMIT, MIN_ROUNDS, run_rounds
 from perf.sessions import FastApiSession, TritonSession
 from perf.stats import request_budget
 from perf.targets import TARGET_CONCURRENCY, summary
@@ -142,7 +142,7 @@ FULL = Plan(
     geocoding_windows=10,
     open_loop_seconds=10.0,
     open_loop_tail_s=3.0,
-    rounds=3,
+    rounds=MIN_ROUNDS,
     round_seconds=3.0,
 )
 
@@ -164,7 +164,7 @@ QUICK = Plan(
     geocoding_windows=3,
     open_loop_seconds=2.0,
     open_loop_tail_s=1.5,
-    rounds=3,
+    rounds=MIN_ROUNDS,
     round_seconds=1.0,
 )
 
@@ -282,7 +282,12 @@ class Bench:
             raise RuntimeError("tritonserver is not running")
         plan = OpenLoopPlan(self.plan.open_loop_seconds, self.plan.open_loop_tail_s)
         self.results.open_loop = measure_pinned(
-            triton.endpoints.grpc, process.pid, FUSED_MODEL_NAME, plan, say=self.say
+            triton.endpoints.grpc,
+            process.pid,
+            FUSED_MODEL_NAME,
+            plan,
+            say=self.say,
+            priority_key=triton.server.priority_key,
         )
 
     def rounds_phase(self) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ from numpy.typing import NDArray
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype, serialize_byte_tensor
 
-from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched
+from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, PRIORITY_LANE_MODEL_NAME, batched
+from dispatch_contract.keys import PRIORITY_KEY_ENV, PRIORITY_KEY_HEADER
 from perf.overload import grpc_inputs, refusal_reason
 from perf.windows import SIZES, simulated_windows
 
@@ -229,7 +231,10 @@ def probe_process(
     client = grpcclient.InferenceServerClient(url)
     inputs = grpc_inputs(simulated_windows(SIZES["small"], ())[0])
     outputs = _outputs()
-    client.infer(model, inputs, outputs=outputs)  # connect; not measured
+    # The priority lane serves only windows sent with the server's priority key.
+    key = os.environ.get(PRIORITY_KEY_ENV, "")
+    headers = {PRIORITY_KEY_HEADER: key} if key and model == PRIORITY_LANE_MODEL_NAME else None
+    client.infer(model, inputs, outputs=outputs, headers=headers)  # connect; not measured
     answers.put("ready")
     start, stop = commands.get(timeout=120)
     sends: list[Send] = []
@@ -241,7 +246,14 @@ def probe_process(
                 time.sleep(wait)
             sent, reason = time.monotonic(), ""
             try:
-                client.infer(model, inputs, outputs=outputs, priority=level, client_timeout=60)
+                client.infer(
+                    model,
+                    inputs,
+                    outputs=outputs,
+                    priority=level,
+                    client_timeout=60,
+                    headers=headers,
+                )
             except InferenceServerException as exc:
                 reason = _refused(exc)
             latency = (time.monotonic() - sent) * 1000.0

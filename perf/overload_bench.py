@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from typing import Any, Final
 import tritonclient.grpc as grpcclient
 
 from dispatch_contract import PRIORITY_LANE_MODEL_NAME
+from dispatch_contract.keys import PRIORITY_KEY_ENV
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from perf.open_loop import (
     Send,
@@ -261,9 +263,11 @@ def measure_pinned(
     say: Callable[[str], None] = print,
     split: CoreSplit | None = None,
     lane: str | None = PRIORITY_LANE_MODEL_NAME,
+    priority_key: str | None = None,
 ) -> dict[str, Any]:
     """Pin the server's process tree to its cores, run `measure` in a child process under
-    `taskset` on the load's cores, then give the server every core back."""
+    `taskset` on the load's cores, then give the server every core back. ``priority_key``:
+    the server's, which the lane's probe sends (through the child's environment)."""
     split = split or split_cores()
     everything = sorted(set(split.server) | set(split.load))
     with tempfile.TemporaryDirectory(prefix="dispatch-open-loop-") as tmp:
@@ -280,7 +284,8 @@ def measure_pinned(
         say(f"open loop: {split.describe()} ({len(pinned)} server processes pinned)")
         try:
             limit = 10 * (plan.seconds + plan.tail_s) + 300
-            subprocess.run(command, cwd=REPO_ROOT, check=True, timeout=limit)
+            env = {**os.environ, **({PRIORITY_KEY_ENV: priority_key} if priority_key else {})}
+            subprocess.run(command, cwd=REPO_ROOT, check=True, timeout=limit, env=env)
             figures: dict[str, Any] = json.loads(out.read_text())
         finally:
             if split.pinned:
@@ -300,7 +305,14 @@ def _serve_and_measure(model: str, plan: OpenLoopPlan, lane: str | None) -> dict
         process = triton.server.process
         if process is None:
             raise RuntimeError("tritonserver did not start")
-        return measure_pinned(triton.endpoints.grpc, process.pid, model, plan, lane=lane)
+        return measure_pinned(
+            triton.endpoints.grpc,
+            process.pid,
+            model,
+            plan,
+            lane=lane,
+            priority_key=triton.server.priority_key,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

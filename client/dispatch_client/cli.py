@@ -45,12 +45,13 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 from dispatch_client.client import DEFAULT_MODEL_NAME, DispatchClient
 from dispatch_client.connect import ProtocolName, make_transport
 from dispatch_client.errors import DispatchError, DispatchServerError, WindowJSONError, one_line
-from dispatch_client.keys import KeyFileError
+from dispatch_client.keys import KeyFileError, read_key_file
 from dispatch_client.outcomes_cli import REPORT_OUTCOMES_COMMAND, report_outcomes_main
 from dispatch_client.priority import PriorityMap, check_deadline_ms, check_priority
 from dispatch_client.retry import DEFAULT_RETRY, MAX_ATTEMPTS
@@ -227,6 +228,13 @@ def _parser() -> argparse.ArgumentParser:
         "default: %(default)s)",
     )
     parser.add_argument(
+        "--priority-key-file",
+        metavar="FILE",
+        help="the server's priority key (mode 0600), which level 1 needs (else "
+        "$DISPATCH_PRIORITY_KEY, else the file named by $DISPATCH_PRIORITY_KEY_FILE; "
+        "without it a level-1 window goes out at level 2)",
+    )
+    parser.add_argument(
         "--retries",
         type=int,
         default=DEFAULT_RETRY.attempts - 1,
@@ -315,6 +323,12 @@ def main(
         capacity = ShmCapacity.for_window(window) if protocol == "grpc-shm" else None
         return make_transport(protocol, url, timeout_s=timeout_s, shm_capacity=capacity)
 
+    try:
+        priority_key = (
+            None if args.priority_key_file is None else read_key_file(Path(args.priority_key_file))
+        )
+    except KeyFileError as exc:
+        return _fail(f"--priority-key-file: {exc}", EXIT_INPUT)
     factory = transport_factory or default_factory
     try:
         transport = factory(args.protocol, args.url, args.timeout)
@@ -336,6 +350,7 @@ def main(
             priorities=priorities,
             retry=retry,
             priority_lane=args.priority_lane or None,
+            priority_key=priority_key,
         ) as client:
             result = client.dispatch(window, request_id=args.request_id)
     except DispatchError as exc:

@@ -19,13 +19,20 @@ from numpy.typing import ArrayLike, NDArray
 
 from dispatch_client.closing import Closing
 from dispatch_client.errors import DispatchError, DispatchServerError
+from dispatch_client.keys import PRIORITY_KEY_ENV, read_key
 from dispatch_client.outcomes import (
     DEFAULT_OUTCOMES_URL,
     OutcomeReceipt,
     OutcomeReport,
     report_outcomes,
 )
-from dispatch_client.priority import PREMIUM, PriorityMap, check_deadline_ms, check_priority
+from dispatch_client.priority import (
+    PREMIUM,
+    STANDARD,
+    PriorityMap,
+    check_deadline_ms,
+    check_priority,
+)
 from dispatch_client.retry import DEFAULT_RETRY, RetryPolicy, RetryThrottle
 from dispatch_client.transport import (
     DEFAULT_GRPC_URL,
@@ -184,6 +191,7 @@ class DispatchClient(Closing):
         priorities: PriorityMap | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         priority_lane: str | None = PRIORITY_LANE_MODEL_NAME,
+        priority_key: str | None = None,
     ) -> None:
         """`deadline_ms`: the longest a window may wait in the server's queue before it is
         refused (UNAVAILABLE), (0, 60000] ms; None keeps the model's default timeout.
@@ -194,6 +202,10 @@ class DispatchClient(Closing):
         (the server's `dispatch_priority`: the same answer on stubs of its own, so a busy
         server does not make it wait for bulk windows); None sends every window to
         `model_name`.
+        `priority_key`: the server's priority key (else ``$DISPATCH_PRIORITY_KEY``, else the
+        file named by ``$DISPATCH_PRIORITY_KEY_FILE``): level 1 is an entitlement, so
+        without it a level-1 window goes out at level 2 to `model_name` (the lane refuses a
+        window without the key; `dispatch_contract.keys`).
         `retry`: how a refusal without work (UNAVAILABLE, no connection) is sent again, with
         jittered backoff (`RetryPolicy`; `NO_RETRY` raises the first refusal); the client's
         `RetryThrottle` stops retries while most of its sends are refused.
@@ -204,6 +216,7 @@ class DispatchClient(Closing):
         self.priority = None if priority is None else check_priority(priority)
         self.priorities = priorities
         self.priority_lane = priority_lane
+        self.priority_key = read_key(priority_key, PRIORITY_KEY_ENV) or ""
         self.retry = retry
         self.retry_throttle = RetryThrottle()
 
@@ -219,6 +232,7 @@ class DispatchClient(Closing):
         priorities: PriorityMap | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         priority_lane: str | None = PRIORITY_LANE_MODEL_NAME,
+        priority_key: str | None = None,
     ) -> DispatchClient:
         return cls(
             HttpTransport(url, timeout_s=timeout_s),
@@ -228,6 +242,7 @@ class DispatchClient(Closing):
             priorities=priorities,
             retry=retry,
             priority_lane=priority_lane,
+            priority_key=priority_key,
         )
 
     @classmethod
@@ -242,6 +257,7 @@ class DispatchClient(Closing):
         priorities: PriorityMap | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         priority_lane: str | None = PRIORITY_LANE_MODEL_NAME,
+        priority_key: str | None = None,
     ) -> DispatchClient:
         return cls(
             GrpcTransport(url, timeout_s=timeout_s),
@@ -251,6 +267,7 @@ class DispatchClient(Closing):
             priorities=priorities,
             retry=retry,
             priority_lane=priority_lane,
+            priority_key=priority_key,
         )
 
     def dispatch(
@@ -286,13 +303,21 @@ class DispatchClient(Closing):
                 raise ValueError(f"window tensors lack {name}")
         options = self._request_options(present if not wire else {})
         model = self.model_name
-        if self.priority_lane and options.get("priority") == PREMIUM:
-            model = self.priority_lane
+        if options.get("priority") == PREMIUM:
+            if not self.priority_key:
+                options["priority"] = STANDARD  # level 1 needs the key
+            elif self.priority_lane:
+                # The lane is the precedence: its windows wait at its default level (its
+                # level 1 holds 4 windows, which any caller may fill).
+                model = self.priority_lane
+                del options["priority"]
+        if self.priority_key and model in (self.priority_lane, PRIORITY_LANE_MODEL_NAME):
+            options["priority_key"] = self.priority_key  # only the lane asks for it
         return self._call(model, inputs, request_id, options=options)
 
-    def _request_options(self, window: Mapping[str, ArrayLike]) -> dict[str, int]:
+    def _request_options(self, window: Mapping[str, ArrayLike]) -> dict[str, Any]:
         """Triton's request priority and queue timeout, only those the caller set."""
-        options: dict[str, int] = {}
+        options: dict[str, Any] = {}
         level = self.priority
         if level is None and self.priorities is not None:
             level = self.priorities.level_of(window)
@@ -375,7 +400,7 @@ class DispatchClient(Closing):
         request_id: str | None,
         order_ids: ArrayLike | None = None,
         *,
-        options: Mapping[str, int] | None = None,
+        options: Mapping[str, Any] | None = None,
         output_names: tuple[str, ...] = OUTPUT_NAMES,
     ) -> DispatchResult:
         """One window (batch dimension 1) under one id, with the caller's priority and

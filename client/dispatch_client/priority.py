@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dispatch_contract import OrderConstraint
+from dispatch_contract.keys import PRIORITY_KEY_HEADER
 
 __all__ = [
     "BULK",
@@ -121,12 +122,17 @@ class PriorityMap:
         return level
 
 
-def request_options(priority: int = 0, timeout_us: int = 0) -> dict[str, Any]:
-    """tritonclient's `infer` keywords for a priority and a queue timeout, only those set
-    (0 leaves the model's default level and timeout)."""
+def request_options(
+    priority: int = 0, timeout_us: int = 0, priority_key: str = ""
+) -> dict[str, Any]:
+    """tritonclient's `infer` keywords for a priority, a queue timeout and the priority key
+    (a header, `dispatch_contract.keys`), only those set (0 leaves the model's default level
+    and timeout)."""
     options: dict[str, Any] = {}
     if priority:
         options["priority"] = priority
     if timeout_us:
         options["timeout"] = timeout_us
+    if priority_key:
+        options["headers"] = {PRIORITY_KEY_HEADER: priority_key}
     return options

@@ -179,9 +179,10 @@ class GrpcShmTransport(Closing):
         request_id: str = "",
         priority: int = 0,
         timeout_us: int = 0,
+        priority_key: str = "",
     ) -> dict[str, NDArray[Any]]:
         """One request through a borrowed region set; raises before sending if it won't fit.
-        `priority` and `timeout_us` as in `Transport.infer`."""
+        `priority`, `timeout_us` and `priority_key` as in `Transport.infer`."""
         wire = {name: tensor_bytes(np.asarray(value)) for name, value in inputs.items()}
         in_slots = plan_slots(
             [(name, data.size) for name, (_, data) in wire.items()],
@@ -214,7 +215,7 @@ class GrpcShmTransport(Closing):
                     outputs=wanted,
                     client_timeout=self.timeout_s,
                     request_id=request_id,
-                    **request_options(priority, timeout_us),
+                    **request_options(priority, timeout_us, priority_key),
                 )
             except InferenceServerException as exc:
                 raise grpc_error(exc, self.url, self.timeout_s) from exc

@@ -49,8 +49,9 @@ class Transport(Protocol):
     """Sends one inference request and returns the named outputs as numpy arrays.
 
     `priority` (0: the model's default level) and `timeout_us` (0: the model's default queue
-    timeout) are Triton's request priority and queue deadline; `DispatchClient` passes them
-    only when the caller set them, so a transport without them still serves plain calls.
+    timeout) are Triton's request priority and queue deadline; `priority_key` (header
+    ``dispatch-priority-key``) entitles a window to the priority lane. `DispatchClient` passes
+    them only when set, so a transport without them still serves plain calls.
     """
 
     def infer(
@@ -62,6 +63,7 @@ class Transport(Protocol):
         request_id: str = "",
         priority: int = 0,
         timeout_us: int = 0,
+        priority_key: str = "",
     ) -> dict[str, NDArray[Any]]:
         """Run `model_name` on `inputs`; raise DispatchServerError/DispatchConnectionError.
 
@@ -184,6 +186,7 @@ class HttpTransport:
         request_id: str = "",
         priority: int = 0,
         timeout_us: int = 0,
+        priority_key: str = "",
     ) -> dict[str, NDArray[Any]]:
         """Send the inputs as binary tensors and ask for binary outputs (no JSON floats)."""
         request = []
@@ -199,7 +202,7 @@ class HttpTransport:
                 request,
                 outputs=wanted,
                 request_id=request_id,
-                **request_options(priority, timeout_us),
+                **request_options(priority, timeout_us, priority_key),
             )
         except InferenceServerException as exc:
             raise _server_error(exc) from exc
@@ -276,6 +279,7 @@ class GrpcTransport:
         request_id: str = "",
         priority: int = 0,
         timeout_us: int = 0,
+        priority_key: str = "",
     ) -> dict[str, NDArray[Any]]:
         """One unary call bounded by `timeout_s`."""
         request = []
@@ -293,7 +297,7 @@ class GrpcTransport:
                 client_timeout=self.timeout_s,
                 request_id=request_id,
                 **({"parameters": self.parameters} if self.parameters else {}),
-                **request_options(priority, timeout_us),
+                **request_options(priority, timeout_us, priority_key),
             )
         except InferenceServerException as exc:
             raise grpc_error(exc, self.url, self.timeout_s) from exc

@@ -12,6 +12,12 @@ never holds the admin key. Tools take a key as an argument, else from ``<NAME>``
 environment, else from the file named by ``<NAME>_FILE`` (the launcher writes such files,
 mode 0600, when it creates keys). Over gRPC Triton expects the header under the prefix
 ``triton-grpc-protocol-``.
+
+A third key is an entitlement, not a lock on an endpoint group: the priority key. Only a
+window sent with it (header ``dispatch-priority-key``, the same name over HTTP and gRPC,
+which Triton hands the model as a request parameter; or that request parameter itself) is
+served by the priority lane `dispatch_priority`. The launcher hands the stubs only its
+SHA-256 (``DISPATCH_PRIORITY_KEY_SHA256`` in their environment).
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ __all__ = [
     "ADMIN_KEY_FILE_ENV",
     "ADMIN_KEY_HEADER",
     "GRPC_HEADER_PREFIX",
+    "PRIORITY_KEY_DIGEST_ENV",
+    "PRIORITY_KEY_ENV",
+    "PRIORITY_KEY_FILE_ENV",
+    "PRIORITY_KEY_HEADER",
     "SHM_KEY_ENV",
     "SHM_KEY_FILE_ENV",
     "SHM_KEY_HEADER",
@@ -43,6 +53,11 @@ ADMIN_KEY_ENV: Final = "DISPATCH_ADMIN_KEY"
 ADMIN_KEY_FILE_ENV: Final = "DISPATCH_ADMIN_KEY_FILE"
 SHM_KEY_ENV: Final = "DISPATCH_SHM_KEY"
 SHM_KEY_FILE_ENV: Final = "DISPATCH_SHM_KEY_FILE"
+# Lower case: a gRPC metadata key, and the request parameter Triton forwards it as.
+PRIORITY_KEY_HEADER: Final = "dispatch-priority-key"
+PRIORITY_KEY_ENV: Final = "DISPATCH_PRIORITY_KEY"
+PRIORITY_KEY_FILE_ENV: Final = "DISPATCH_PRIORITY_KEY_FILE"
+PRIORITY_KEY_DIGEST_ENV: Final = "DISPATCH_PRIORITY_KEY_SHA256"
 
 
 class KeyFileError(ValueError):

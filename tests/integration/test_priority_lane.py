@@ -27,7 +27,10 @@ def test_level_1_windows_go_to_the_lane_and_the_others_to_the_entry_point_wiring
     answers = {}
     for level in (1, 2, 3):
         with DispatchClient.grpc(
-            triton.grpc_url, model_name="dispatch_fused", priority=level
+            triton.grpc_url,
+            model_name="dispatch_fused",
+            priority=level,
+            priority_key=triton.priority_key,
         ) as client:
             answers[level] = client.dispatch(window).orders
     assert successes(triton, LANE) - before[LANE] == 1

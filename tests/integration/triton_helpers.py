@@ -71,10 +71,11 @@ def infer_grpc(
     model: str = "dispatch",
     output_names: Sequence[str] = OUTPUT_NAMES,
     batch: bool = True,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray[Any, Any]]:
     inputs = grpc_inputs(tensors, batch)
     outputs = [grpcclient.InferRequestedOutput(n) for n in output_names]
-    result = client.infer(model, inputs, outputs=outputs)
+    result = client.infer(model, inputs, outputs=outputs, headers=headers)
     return {name: result.as_numpy(name)[0] for name in output_names}
 
 

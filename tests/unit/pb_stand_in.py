@@ -6,6 +6,7 @@ so unit tests pass these instead. Shared by the adapter, router, fused and metri
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -136,14 +137,19 @@ class FakeRequest:
         inputs: Mapping[str, NDArray[Any] | None],
         request_id: str = "",
         cancelled: bool = False,
+        parameters: Mapping[str, Any] | None = None,
     ) -> None:
         self.tensors = {name: value for name, value in inputs.items() if value is not None}
+        self._parameters = dict(parameters or {})  # Triton hands them over as JSON text
         self._id = request_id
         self._cancelled = cancelled
         self.cancel_asks = 0  # each ask is a round trip from the stub to the server
 
     def request_id(self) -> str:
         return self._id
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
 
     def is_cancelled(self) -> bool:
         self.cancel_asks += 1

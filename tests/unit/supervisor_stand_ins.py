@@ -20,6 +20,7 @@ class FakeServer:
     http_url = grpc_url = "127.0.0.1:1"
     metrics_url = "http://127.0.0.1:1/metrics"
     admin_key = "k"
+    priority_key = "p"
     required_models = ("dispatch",)
 
     def start(self, timeout_s: float = 0) -> object:

@@ -42,8 +42,9 @@ __all__ = [
 PROBE_WINDOW_FILE = "data/probe_window.json"
 PROBE_ORDERS = 2
 PROBE_RIDERS = 4
-# Probes go at the highest priority level: under overload they wait behind no bulk window.
-PROBE_PRIORITY = 1
+# Probes go at the standard level: ahead of every bulk window, and out of level 1, whose
+# queue holds 4 windows that any caller may fill (docs/operations.md).
+PROBE_PRIORITY = 2
 _BUSY_STATUSES = UNAVAILABLE_STATUSES | {"StatusCode.DEADLINE_EXCEEDED"}
 
 
@@ -79,9 +80,12 @@ class Probe:
         return f"{self.model}: {state} ({self.seconds * 1000:.0f} ms)"
 
 
-def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
+def probe(
+    grpc_url: str, model: str, timeout_s: float = 2.0, priority_key: str | None = None
+) -> Probe:
     """Send the probe window to ``model``; ok when a full answer, scored by the chosen model
-    version (no fallback), comes within the deadline."""
+    version (no fallback), comes within the deadline. ``priority_key``: the server's, which
+    the priority lane asks of every window (`dispatch_contract.keys`)."""
     start = time.monotonic()
     window = probe_window()
     busy = False
@@ -98,6 +102,7 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
             priority=PROBE_PRIORITY,
             retry=NO_RETRY,
             priority_lane=None,
+            priority_key=priority_key,
         )
         with client as c:
             result = c.dispatch(window)
@@ -119,13 +124,18 @@ def probe(grpc_url: str, model: str, timeout_s: float = 2.0) -> Probe:
     return Probe(model, ok, detail, time.monotonic() - start, busy, fallback)
 
 
-def deep_check(grpc_url: str, models: Sequence[str], timeout_s: float = 2.0) -> list[Probe]:
+def deep_check(
+    grpc_url: str,
+    models: Sequence[str],
+    timeout_s: float = 2.0,
+    priority_key: str | None = None,
+) -> list[Probe]:
     """One probe per entry point, all at once (a hung server costs one deadline, not one
     per entry point); results in the order of ``models``."""
     if len(models) <= 1:
-        return [probe(grpc_url, model, timeout_s) for model in models]
+        return [probe(grpc_url, model, timeout_s, priority_key) for model in models]
     with ThreadPoolExecutor(max_workers=len(models), thread_name_prefix="probe") as pool:
-        return list(pool.map(lambda model: probe(grpc_url, model, timeout_s), models))
+        return list(pool.map(lambda model: probe(grpc_url, model, timeout_s, priority_key), models))
 
 
 def explain_missing(

@@ -7,10 +7,15 @@ co-located clients that need shared memory never hold the admin key. Inference, 
 metadata, model config and statistics stay open to callers on the bound address.
 With no key given, `make serve` creates both (random, files of mode 0600) instead of
 running open; tests and benchmarks get fresh random keys per server.
+
+The third key, the priority key, locks no endpoint group: it entitles a window to the
+priority lane (`dispatch_contract.keys`). Triton forwards its header to the models as a
+request parameter (``--*-header-forward-pattern``); the lane's stubs compare its SHA-256.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from collections.abc import Sequence
@@ -18,12 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from dispatch_contract.keys import ADMIN_KEY_HEADER, SHM_KEY_HEADER, KeyFileError, read_key_file
+from dispatch_contract.keys import (
+    ADMIN_KEY_HEADER,
+    PRIORITY_KEY_HEADER,
+    SHM_KEY_HEADER,
+    KeyFileError,
+    read_key_file,
+)
 
 __all__ = [
     "ADMIN_GROUPS",
     "ADMIN_KEY_FILE",
     "OUTCOME_KEY_FILE",
+    "PRIORITY_KEY_FILE",
     "SHM_GROUPS",
     "SHM_KEY_FILE",
     "AccessKeys",
@@ -39,6 +51,7 @@ ADMIN_GROUPS: Final = ("model-repository", "logging", "trace")
 SHM_GROUPS: Final = ("shared-memory",)
 ADMIN_KEY_FILE: Final = "admin.key"
 SHM_KEY_FILE: Final = "shm.key"
+PRIORITY_KEY_FILE: Final = "priority.key"
 # The outcome service's key (`outcomes.service`): the platform reporting outcomes holds it,
 # never the admin key.
 OUTCOME_KEY_FILE: Final = "outcome.key"
@@ -54,17 +67,27 @@ def new_key() -> str:
 
 @dataclass(frozen=True)
 class AccessKeys:
-    """The two keys; a fresh pair by default, so a server is never started open."""
+    """The keys; fresh ones by default, so a server is never started open (and a priority
+    lane nobody was given the key of serves nobody but the launcher's probes)."""
 
     admin: str = field(default_factory=new_key, repr=False)
     shm: str = field(default_factory=new_key, repr=False)
+    priority: str = field(default_factory=new_key, repr=False)
 
     def __post_init__(self) -> None:
-        for name, key in (("admin", self.admin), ("shm", self.shm)):
+        named = (("admin", self.admin), ("shm", self.shm), ("priority", self.priority))
+        for name, key in named:
             if not key or any(c.isspace() or c in ",:=" for c in key):
                 raise ValueError(f"the {name} key must be non-empty, without spaces or ',:='")
         if self.admin == self.shm:
             raise ValueError("the shared-memory key must differ from the admin key")
+        if self.priority in (self.admin, self.shm):
+            raise ValueError("the priority key must differ from the admin and shm keys")
+
+    @property
+    def priority_digest(self) -> str:
+        """What the lane's stubs get of the priority key: its SHA-256 (hex)."""
+        return hashlib.sha256(self.priority.encode()).hexdigest()
 
     def triton_args(self, unlocked: Sequence[str] = ()) -> list[str]:
         """tritonserver flags restricting every control group (but ``unlocked``), over HTTP
@@ -82,6 +105,10 @@ class AccessKeys:
                 continue
             spec = f"{','.join(groups)}:{header}={key}"
             args += [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
+        # The priority key's header reaches the models as a request parameter.
+        forward = f"^{PRIORITY_KEY_HEADER}$"
+        args += [f"--http-header-forward-pattern={forward}"]
+        args += [f"--grpc-header-forward-pattern={forward}"]
         return args
 
 
@@ -104,14 +131,15 @@ def load_or_create_key(directory: Path, name: str) -> tuple[str, Path | None]:
 
 
 def load_or_create_keys(directory: Path) -> tuple[AccessKeys, list[Path]]:
-    """The keys in ``directory`` (admin.key, shm.key), creating any that is missing.
+    """The keys in ``directory`` (admin.key, shm.key, priority.key), creating any that is
+    missing.
 
     Returns the keys and the files created now. Files readable by others are refused
     (KeyFileError), as are two equal keys (ValueError).
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     created = []
-    for name in (ADMIN_KEY_FILE, SHM_KEY_FILE):
+    for name in (ADMIN_KEY_FILE, SHM_KEY_FILE, PRIORITY_KEY_FILE):
         path = directory / name
         if not path.exists():
             _write_new(path)
@@ -119,6 +147,7 @@ def load_or_create_keys(directory: Path) -> tuple[AccessKeys, list[Path]]:
     keys = AccessKeys(
         admin=read_key_file(directory / ADMIN_KEY_FILE),
         shm=read_key_file(directory / SHM_KEY_FILE),
+        priority=read_key_file(directory / PRIORITY_KEY_FILE),
     )
     return keys, created
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar
 
+from dispatch_contract.keys import PRIORITY_KEY_DIGEST_ENV, PRIORITY_KEY_ENV, PRIORITY_KEY_FILE_ENV
 from dispatch_service.core.backend_shm import tighten_regions
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, TrustedKeys
@@ -147,6 +148,9 @@ class ServerOptions:
     # `shm-key`). None: a fresh random key for this server, readable from `options`.
     admin_key: str | None = None
     shm_key: str | None = None
+    # Entitles a window to the priority lane (`dispatch_contract.keys`); the lane's stubs
+    # get its SHA-256. None: a fresh key only the launcher's probes hold.
+    priority_key: str | None = None
     # A directory of trusted *.pub keys: only models whose versions verify are loaded
     # (dispatch_service.ops.verified_load). None: every model loads unverified (a warning).
     trusted_keys: Path | None = None
@@ -178,12 +182,13 @@ class ServerOptions:
     def __post_init__(self) -> None:
         self.admin_key = self.admin_key or new_key()
         self.shm_key = self.shm_key or new_key()
+        self.priority_key = self.priority_key or new_key()
         self.access_keys  # noqa: B018 -- validates the pair now, not at start
 
     @property
     def access_keys(self) -> AccessKeys:
-        assert self.admin_key is not None and self.shm_key is not None
-        return AccessKeys(admin=self.admin_key, shm=self.shm_key)
+        assert self.admin_key and self.shm_key and self.priority_key
+        return AccessKeys(admin=self.admin_key, shm=self.shm_key, priority=self.priority_key)
 
 
 class TritonServer(ChildService):
@@ -281,6 +286,11 @@ class TritonServer(ChildService):
         return self.options.admin_key
 
     @property
+    def priority_key(self) -> str | None:
+        """The priority key the deep checks send to the priority lane."""
+        return self.options.priority_key
+
+    @property
     def required_models(self) -> tuple[str, ...]:
         return tuple(self.options.required_models)
 
@@ -354,6 +364,10 @@ class TritonServer(ChildService):
         if self.options.trusted_keys is not None:
             env[TRUSTED_KEYS_ENV] = str(self.options.trusted_keys.resolve())
         env[DRAIN_FILE_ENV] = str(self.drain_file())
+        # The stubs check the priority key by its digest; the key itself stays out.
+        for name in (PRIORITY_KEY_ENV, PRIORITY_KEY_FILE_ENV):
+            env.pop(name, None)
+        env[PRIORITY_KEY_DIGEST_ENV] = self.options.access_keys.priority_digest
         env.pop(OUTCOME_STORE_ENV, None)
         if self.options.outcome_store:
             env[OUTCOME_STORE_ENV] = self.options.outcome_store
@@ -406,7 +420,7 @@ class TritonServer(ChildService):
         models = tuple(self.options.required_models)
         if not models:
             return
-        self.entry_points = deep_check(self.grpc_url, models, timeout_s)
+        self.entry_points = deep_check(self.grpc_url, models, timeout_s, self.priority_key)
         failed = [p.model for p in self.entry_points if not p.ok]
         if not failed:
             return

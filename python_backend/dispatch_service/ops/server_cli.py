@@ -23,6 +23,9 @@ from typing import Final, TextIO
 from dispatch_contract.keys import (
     ADMIN_KEY_ENV,
     ADMIN_KEY_HEADER,
+    PRIORITY_KEY_ENV,
+    PRIORITY_KEY_FILE_ENV,
+    PRIORITY_KEY_HEADER,
     SHM_KEY_ENV,
     SHM_KEY_HEADER,
     read_key,
@@ -38,6 +41,7 @@ from dispatch_service.ops.gpu import monitor as gpu_monitor
 from dispatch_service.ops.host import EXPOSURE_RISKS
 from dispatch_service.ops.keys import (
     ADMIN_KEY_FILE,
+    PRIORITY_KEY_FILE,
     SHM_KEY_FILE,
     AccessKeys,
     KeyFileError,
@@ -79,8 +83,16 @@ def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
     created in) the key folder, so no start runs open. Prints where the keys are."""
     admin = read_key(args.admin_key, ADMIN_KEY_ENV, file=args.admin_key_file)
     shm = read_key(args.shm_key, SHM_KEY_ENV, file=args.shm_key_file)
+    priority = read_key(args.priority_key, PRIORITY_KEY_ENV, file=args.priority_key_file)
     if admin and shm:
-        return AccessKeys(admin=admin, shm=shm)
+        if not priority:
+            print(
+                f"no priority key ({PRIORITY_KEY_ENV}, {PRIORITY_KEY_FILE_ENV}): the priority "
+                "lane dispatch_priority serves no client",
+                file=out,
+            )
+            return AccessKeys(admin=admin, shm=shm)
+        return AccessKeys(admin=admin, shm=shm, priority=priority)
     if args.no_create_keys:
         missing = [name for name, key in (("admin", admin), ("shared-memory", shm)) if not key]
         raise KeyFileError(
@@ -90,7 +102,9 @@ def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
     stored, created = load_or_create_keys(args.key_dir)
     for path in created:
         print(f"created key file {path} (mode 0600)", file=out)
-    keys = AccessKeys(admin=admin or stored.admin, shm=shm or stored.shm)
+    keys = AccessKeys(
+        admin=admin or stored.admin, shm=shm or stored.shm, priority=priority or stored.priority
+    )
     if not admin:
         print(
             f"admin key (model-repository, logging, trace at the launcher's health port; "
@@ -102,6 +116,13 @@ def resolve_keys(args: argparse.Namespace, out: TextIO) -> AccessKeys:
         print(
             f"shared-memory key (header {SHM_KEY_HEADER!r}): {args.key_dir / SHM_KEY_FILE}  "
             f"-> export {SHM_KEY_ENV}_FILE=...",
+            file=out,
+        )
+    if not priority:
+        print(
+            f"priority key (the priority lane dispatch_priority; header "
+            f"{PRIORITY_KEY_HEADER!r}): {args.key_dir / PRIORITY_KEY_FILE}  "
+            f"-> export {PRIORITY_KEY_FILE_ENV}=...",
             file=out,
         )
     return keys
@@ -189,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--shm-key-file", type=Path, default=None, help="file (mode 0600)")
     parser.add_argument(
+        "--priority-key",
+        default=None,
+        help=f"the key that entitles a window to the priority lane (else {PRIORITY_KEY_ENV}, "
+        f"else the file named by {PRIORITY_KEY_FILE_ENV}, else KEY_DIR/priority.key, created "
+        "when missing; with --no-create-keys and none given, the lane serves no client)",
+    )
+    parser.add_argument("--priority-key-file", type=Path, default=None, help="file (mode 0600)")
+    parser.add_argument(
         "--key-dir",
         type=Path,
         default=REPO_ROOT / ".triton" / "keys",
@@ -266,6 +295,7 @@ def options_from_args(args: argparse.Namespace, keys: AccessKeys) -> ServerOptio
         expose=args.expose,
         admin_key=None,
         shm_key=keys.shm,
+        priority_key=keys.priority,
         trusted_keys=None if args.trusted_keys is None else Path(args.trusted_keys),
         required_models=tuple(m for m in args.require.split(",") if m.strip()),
         extra_args=tuple(args.triton_arg),

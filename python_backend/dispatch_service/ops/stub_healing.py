@@ -441,7 +441,12 @@ class StubHealing:
         with self._lock:
             self.state.unhealed.pop(model, None)
             self.state.recovering[model] = time.monotonic()
-        probes = deep_check(self.server.grpc_url, self.models, self.settings.check_timeout_s)
+        probes = deep_check(
+            self.server.grpc_url,
+            self.models,
+            self.settings.check_timeout_s,
+            self.server.priority_key,
+        )
         with self._lock:
             self.state.last_probes = probes
             self.state.probes.update(p.model for p in probes)

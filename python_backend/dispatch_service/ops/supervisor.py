@@ -326,7 +326,12 @@ class Supervisor(StubHealing):
         # one timeout in all.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="counters") as pool:
             reading = pool.submit(self._read_successes)
-            probes = deep_check(self.server.grpc_url, self.models, settings.check_timeout_s)
+            probes = deep_check(
+                self.server.grpc_url,
+                self.models,
+                settings.check_timeout_s,
+                self.server.priority_key,
+            )
             excused = self._shedding(probes, reading.result())
         now = time.monotonic()
         healthy = all(p.ok or p.model in excused for p in probes)

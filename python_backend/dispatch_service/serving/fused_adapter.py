@@ -10,6 +10,7 @@ fails the other requests of the call.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from dispatch_service.core.metrics import (
     MetricsSink,
     Observation,
 )
+from dispatch_service.core.repository_layout import PRIORITY_MODEL
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
 from dispatch_service.outcomes.writer import DecisionWriter
 from dispatch_service.pipeline.drift import DRIFT_METRICS, DriftMonitor, drift_monitor
@@ -50,7 +52,12 @@ from dispatch_service.serving.responder import TritonResponder
 from dispatch_service.serving.router_adapter import log_failed_calls
 from dispatch_service.serving.stub_setup import prepare_stub
 from dispatch_service.serving.triton_metrics import triton_metrics
-from dispatch_service.serving.trust import model_trust
+from dispatch_service.serving.trust import (
+    PRIORITY_REFUSED,
+    PriorityEntitlement,
+    model_trust,
+    priority_entitlement,
+)
 
 __all__ = [
     "FUSED_METRICS",
@@ -92,6 +99,11 @@ class FusedDispatchAdapter(TritonResponder):
     ) -> None:
         super().__init__(pb_utils, model_name, version=version, instance=instance, metrics=metrics)
         self.dispatch = dispatch
+        # The priority lane's: only windows sent with the priority key (`serving.trust`).
+        self.entitlement: PriorityEntitlement | None = None
+        # Triton's warm-up executions, which carry no key, come first, before the instance
+        # takes any client's window (`warmup_executions`).
+        self.warmup_left = 0
         # Decision records, off the request path (`serving.decision_log`); None: off.
         self.decisions: DecisionWriter | None = None
         self.drift = drift  # counts scored pairs per reference bin (`pipeline.drift`)
@@ -127,7 +139,31 @@ class FusedDispatchAdapter(TritonResponder):
         if self.drain_gate.closed():
             return draining_responses(self, requests)
         self.follow_routing()
+        if self.entitlement is not None:
+            if self.warmup_left <= 0:
+                return self._answer_entitled(requests, self.entitlement)
+            self.warmup_left -= 1  # Triton's warm-up: no key, and before any client's window
         return self.answer_batch(requests, self.input_names, self.dispatch.run_batch, self._answer)
+
+    def _answer_entitled(
+        self, requests: Sequence[Any], entitlement: PriorityEntitlement
+    ) -> list[Any]:
+        """The lane: a window without the priority key is refused INVALID_ARG, unworked (its
+        check costs a hash, so a flood of them holds the lane's stubs briefly); the others
+        run as one batch."""
+        admitted = [entitlement.admits(request) for request in requests]
+        chosen = [request for request, ok in zip(requests, admitted, strict=True) if ok]
+        answers = iter(
+            self.answer_batch(chosen, self.input_names, self.dispatch.run_batch, self._answer)
+            if chosen
+            else []
+        )
+        message = f"{self.model_name}: {PRIORITY_REFUSED}"
+        code = self.pb.TritonError.INVALID_ARG
+        return [
+            next(answers) if ok else self.error(request, message, code)
+            for request, ok in zip(requests, admitted, strict=True)
+        ]
 
     def _answer(self, request: Any, result: FusedResult) -> Any:
         geocoding = self.dispatch.encoder.geocoder.observations()
@@ -143,6 +179,13 @@ class FusedDispatchAdapter(TritonResponder):
                 self.drift.observe_routed(result.city, result.encoded, result.routed)
         log_failed_calls(self, request, result.routed, self.dispatch.settings.scoring_model)
         return self.response(result.outputs)
+
+
+def warmup_executions(config: dict[str, Any]) -> int:
+    """How many executions Triton runs on a new instance to warm it up: one per warm-up
+    sample and count (a count of 0 runs it once), all before the instance is given any
+    client's request."""
+    return sum(max(1, int(sample.get("count", 0))) for sample in config.get("model_warmup", []))
 
 
 def fused_observations(result: FusedResult) -> list[Observation]:
@@ -185,6 +228,9 @@ def fused_adapter_for(pb_utils: Any, args: dict[str, str]) -> FusedDispatchAdapt
         ),
     )
     adapter.decisions = decision_writer(pb_utils, name, adapter.record)
+    if name == PRIORITY_MODEL:
+        adapter.entitlement = priority_entitlement()
+        adapter.warmup_left = warmup_executions(json.loads(args["model_config"]))
     adapter.follow_routing()
     adapter.loaded()
     log_event(

@@ -23,7 +23,7 @@ class Options:
     """A transport that answers an empty K and remembers each call's options."""
 
     def __init__(self) -> None:
-        self.options: list[dict[str, int]] = []
+        self.options: list[dict[str, Any]] = []
         self.models: list[str] = []
 
     def infer(
@@ -33,7 +33,7 @@ class Options:
         output_names: Sequence[str],
         *,
         request_id: str = "",
-        **options: int,
+        **options: Any,
     ) -> dict[str, Array]:
         self.options.append(options)
         self.models.append(model_name)
@@ -67,6 +67,7 @@ def window(users: Sequence[str], constraints: Sequence[int] | None = None) -> di
     return window_from_dict({"dispatch_time": 1764400000, "orders": orders, "riders": riders})
 
 
+KEY = "the-priority-key"
 TENANTS = PriorityMap(default=STANDARD, tenants={"premium-co": PREMIUM, "redispatch": BULK})
 
 
@@ -78,17 +79,21 @@ def test_nothing_set_sends_no_options_so_the_model_defaults_apply() -> None:
 
 def test_the_most_urgent_order_sets_the_window_level() -> None:
     transport = Options()
-    client = DispatchClient(transport, priorities=TENANTS)
+    client = DispatchClient(transport, priorities=TENANTS, priority_key=KEY)
     client.dispatch(window(["redispatch"]))
     client.dispatch(window(["redispatch", "someone"]))
     client.dispatch(window(["redispatch", "premium-co"]))
     client.dispatch(window(["redispatch"], constraints=[8]))  # a PRIORITY order
-    assert [o["priority"] for o in transport.options] == [BULK, STANDARD, PREMIUM, PREMIUM]
+    # Level 1 goes to the lane, at the lane's default level.
+    assert [o.get("priority") for o in transport.options] == [BULK, STANDARD, None, None]
+    assert transport.models == ["dispatch", "dispatch", "dispatch_priority", "dispatch_priority"]
 
 
 def test_level_1_windows_go_to_the_priority_lane_and_the_others_to_the_entry_point() -> None:
     transport = Options()
-    client = DispatchClient(transport, model_name="dispatch_fused", priorities=TENANTS)
+    client = DispatchClient(
+        transport, model_name="dispatch_fused", priorities=TENANTS, priority_key=KEY
+    )
     client.dispatch(window(["redispatch"]))
     client.dispatch(window(["premium-co"]))
     client.dispatch(window(["someone"], constraints=[8]))  # a PRIORITY order
@@ -99,15 +104,41 @@ def test_level_1_windows_go_to_the_priority_lane_and_the_others_to_the_entry_poi
         "dispatch_priority",
         "dispatch_fused",
     ]
-    assert [o["priority"] for o in transport.options] == [BULK, PREMIUM, PREMIUM, STANDARD]
-    DispatchClient(transport, priority=PREMIUM).dispatch(window(["u"]))
+    assert [o.get("priority") for o in transport.options] == [BULK, None, None, STANDARD]
+    # The key goes only to the lane.
+    assert [o.get("priority_key") for o in transport.options] == [None, KEY, KEY, None]
+    DispatchClient(transport, priority=PREMIUM, priority_key=KEY).dispatch(window(["u"]))
     DispatchClient(transport).dispatch(window(["u"], constraints=[8]))  # no level asked for
     assert transport.models[4:] == ["dispatch_priority", "dispatch"]
 
 
+def test_without_the_priority_key_a_level_1_window_goes_out_at_level_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Level 1 is an entitlement: without the key a client sends its level-1 windows at
+    level 2 to its entry point (the lane would refuse them)."""
+    monkeypatch.delenv("DISPATCH_PRIORITY_KEY", raising=False)
+    monkeypatch.delenv("DISPATCH_PRIORITY_KEY_FILE", raising=False)
+    transport = Options()
+    DispatchClient(transport, priority=PREMIUM).dispatch(window(["u"]))
+    assert transport.models == ["dispatch"] and transport.options == [{"priority": STANDARD}]
+    # The key from the environment, or from the file it names (mode 0600).
+    monkeypatch.setenv("DISPATCH_PRIORITY_KEY", "from-env")
+    DispatchClient(transport, priority=PREMIUM).dispatch(window(["u"]))
+    monkeypatch.delenv("DISPATCH_PRIORITY_KEY")
+    key_file = tmp_path / "priority.key"
+    key_file.write_text("from-file\n")
+    key_file.chmod(0o600)
+    monkeypatch.setenv("DISPATCH_PRIORITY_KEY_FILE", str(key_file))
+    DispatchClient(transport, priority=PREMIUM).dispatch(window(["u"]))
+    assert transport.models[1:] == ["dispatch_priority", "dispatch_priority"]
+    assert [o.get("priority_key") for o in transport.options[1:]] == ["from-env", "from-file"]
+
+
 def test_without_a_lane_a_level_1_window_goes_to_the_entry_point() -> None:
     transport = Options()
-    DispatchClient(transport, priority=PREMIUM, priority_lane=None).dispatch(window(["u"]))
+    client = DispatchClient(transport, priority=PREMIUM, priority_lane=None, priority_key=KEY)
+    client.dispatch(window(["u"]))
     assert transport.models == ["dispatch"] and transport.options == [{"priority": PREMIUM}]
 
 
@@ -169,17 +200,40 @@ def test_the_cli_refuses_bad_options_before_sending(
     assert sent == []
 
 
-def test_the_cli_sends_the_deadline_and_the_level(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_sends_the_deadline_and_the_level(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     transport = Options()
+    key_file = tmp_path / "priority.key"
+    key_file.write_text(KEY)
+    key_file.chmod(0o600)
     code = main(
-        ["--deadline-ms", "150", "--priority", "1", str(EXAMPLE)],
+        [
+            "--deadline-ms",
+            "150",
+            "--priority",
+            "1",
+            "--priority-key-file",
+            str(key_file),
+            str(EXAMPLE),
+        ],
         transport_factory=lambda *args: transport,
     )
     assert code == 0
-    assert transport.options == [{"priority": 1, "timeout_us": 150_000}]
+    assert transport.options == [{"timeout_us": 150_000, "priority_key": KEY}]
     assert transport.models == ["dispatch_priority"]
     code = main(
-        ["--priority", "1", "--priority-lane", "", "--model", "dispatch_fused", str(EXAMPLE)],
+        [
+            "--priority",
+            "1",
+            "--priority-key-file",
+            str(key_file),
+            "--priority-lane",
+            "",
+            "--model",
+            "dispatch_fused",
+            str(EXAMPLE),
+        ],
         transport_factory=lambda *args: transport,
     )
     assert code == 0 and transport.models[1:] == ["dispatch_fused"]

@@ -65,6 +65,7 @@ class _Client:
         priority: int | None = None,
         retry: RetryPolicy | None = None,
         priority_lane: str | None = "lane",
+        priority_key: str | None = None,
     ) -> None:
         _Client.priorities.append(priority)
         _Client.retries.append(retry)
@@ -97,7 +98,7 @@ def test_probes_go_first_in_line_and_say_when_they_failed_for_want_of_capacity(
     _Client.priorities, _Client.retries, _Client.error = [], [], error
     result = health.probe("127.0.0.1:1", "dispatch_fused", timeout_s=0.5)
     assert not result.ok and result.busy is busy
-    assert _Client.priorities == [health.PROBE_PRIORITY] == [1]
+    assert _Client.priorities == [health.PROBE_PRIORITY] == [2]
     assert _Client.retries == [NO_RETRY]  # a probe's verdict is one send
 
 
@@ -121,7 +122,8 @@ class _Recorder:
 def test_a_probe_reaches_the_entry_point_it_names_not_the_priority_lane(
     monkeypatch: pytest.MonkeyPatch, model: str
 ) -> None:
-    """The probe is a level-1 window, which DispatchClient would send to the lane."""
+    """The probe names its entry point; DispatchClient would send a level-1 window to the
+    lane."""
     monkeypatch.setattr(health, "GrpcTransport", _Recorder)
     _Recorder.models = []
     assert health.probe("127.0.0.1:1", model, timeout_s=0.5).busy

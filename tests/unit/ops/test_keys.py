@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dispatch_service.ops.keys import (
+    AccessKeys,
     KeyFileError,
     command_line_note,
     load_or_create_keys,
@@ -20,11 +22,12 @@ from other_user import as_other_user, needs_root
 def test_missing_keys_are_created_private_and_reused(tmp_path: Path) -> None:
     folder = tmp_path / "keys"
     keys, created = load_or_create_keys(folder)
-    assert sorted(p.name for p in created) == ["admin.key", "shm.key"]
+    assert sorted(p.name for p in created) == ["admin.key", "priority.key", "shm.key"]
     for path in created:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert keys.admin != keys.shm and len(keys.admin) >= 40
+    assert keys.priority not in (keys.admin, keys.shm) and len(keys.priority) >= 40
     again, created_again = load_or_create_keys(folder)
     assert again == keys and created_again == []
 
@@ -89,3 +92,14 @@ def test_what_the_note_says_is_true_here() -> None:
             return False
 
     assert as_other_user(read_cmdline) is not proc_hides_processes(mounts)
+
+
+def test_the_priority_key_entitles_through_a_forwarded_header_and_its_digest() -> None:
+    keys = AccessKeys(admin="a", shm="s", priority="p-key")
+    args = keys.triton_args()
+    assert "--http-header-forward-pattern=^dispatch-priority-key$" in args
+    assert "--grpc-header-forward-pattern=^dispatch-priority-key$" in args
+    assert not any("p-key" in arg for arg in args)  # never on Triton's command line
+    assert keys.priority_digest == hashlib.sha256(b"p-key").hexdigest()
+    with pytest.raises(ValueError, match="priority key must differ"):
+        AccessKeys(admin="a", shm="s", priority="a")

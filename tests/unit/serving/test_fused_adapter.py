@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from numpy.typing import NDArray
 
 from dispatch_contract import batched
+from dispatch_contract.keys import PRIORITY_KEY_DIGEST_ENV, PRIORITY_KEY_HEADER
 from dispatch_service.core.metrics import (
     CANDIDATES_PER_ORDER,
     ENCODER_LATENCY,
@@ -18,7 +20,12 @@ from dispatch_service.core.metrics import (
     VALIDATION_REJECTIONS,
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.repository_layout import FUSED_MODEL, SCORING_MODEL, model_layout
+from dispatch_service.core.repository_layout import (
+    FUSED_MODEL,
+    PRIORITY_MODEL,
+    SCORING_MODEL,
+    model_layout,
+)
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -178,3 +185,77 @@ def test_the_stub_lowers_its_priority_as_configured_and_limits_blas(
     assert stub_blas_limits == ["blas", "blas"]
     with pytest.raises(SettingsError, match="stub_nice"):
         fused_adapter_for(pb, args(stub_nice="-5"))
+
+
+# ---- the priority lane: level 1 is an entitlement -----------------------------------------
+
+KEY = "the-priority-key"
+
+
+def lane_args() -> dict[str, str]:
+    lane = model_layout(MODEL_REPOSITORY, PRIORITY_MODEL)
+    return args() | {
+        "model_name": PRIORITY_MODEL,
+        "model_instance_name": f"{PRIORITY_MODEL}_0",
+        "model_repository": str(lane.folder),
+    }
+
+
+def test_the_lane_refuses_a_window_without_the_priority_key_unworked(
+    pb: FakePbUtils, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(PRIORITY_KEY_DIGEST_ENV, hashlib.sha256(KEY.encode()).hexdigest())
+    adapter = fused_adapter_for(pb, lane_args())
+    sent = batched(window(1))
+    keyed = {PRIORITY_KEY_HEADER: KEY}
+    requests = [
+        FakeRequest(sent, request_id="none"),
+        FakeRequest(sent, request_id="keyed", parameters=keyed),
+        FakeRequest(sent, request_id="wrong", parameters={PRIORITY_KEY_HEADER: "guess"}),
+        FakeRequest(sent, request_id="not-text", parameters={PRIORITY_KEY_HEADER: 7}),
+        FakeRequest(sent, request_id="keyed-2", parameters=keyed),
+    ]
+    responses = execute(adapter, *requests)
+    expected = DispatchPipeline.from_repository().run(window(1))
+    for index in (1, 4):
+        got = responses[index].outputs()["ASSIGNED_RIDER_INDEX"][0]
+        np.testing.assert_array_equal(got, expected["ASSIGNED_RIDER_INDEX"])
+    for index in (0, 2, 3):
+        error = responses[index].error()
+        assert error.code() == "INVALID_ARG"
+        assert error.message().startswith("dispatch_priority: the priority lane takes only")
+        assert "'dispatch-priority-key'" in error.message()
+
+
+def test_without_the_launchers_digest_the_lane_is_closed(
+    pb: FakePbUtils, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PRIORITY_KEY_DIGEST_ENV, raising=False)
+    adapter = fused_adapter_for(pb, lane_args())
+    keyed = FakeRequest(batched(window(1)), parameters={PRIORITY_KEY_HEADER: KEY})
+    (response,) = execute(adapter, keyed)
+    assert response.error().code() == "INVALID_ARG"
+
+
+def test_dispatch_fused_asks_no_key(pb: FakePbUtils, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PRIORITY_KEY_DIGEST_ENV, hashlib.sha256(KEY.encode()).hexdigest())
+    adapter = fused_adapter_for(pb, args())
+    (response,) = execute(adapter, FakeRequest(batched(window(1))))
+    assert not response.has_error()
+
+
+def test_the_lane_serves_tritons_warm_up_before_any_client_without_the_key(
+    pb: FakePbUtils, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton warms a new instance up (samples without a key) before it gives the instance
+    any client's window: those executions, one per sample and count, are served."""
+    monkeypatch.setenv(PRIORITY_KEY_DIGEST_ENV, hashlib.sha256(KEY.encode()).hexdigest())
+    config = json.loads(lane_args()["model_config"])
+    config["model_warmup"] = [{"name": "a", "count": 2}, {"name": "b"}]
+    adapter = fused_adapter_for(pb, lane_args() | {"model_config": json.dumps(config)})
+    sent = batched(window(1))
+    for _ in range(3):  # a count of 2, and a sample without one: once
+        (response,) = execute(adapter, FakeRequest(sent))
+        assert not response.has_error()
+    (response,) = execute(adapter, FakeRequest(sent))
+    assert response.error().code() == "INVALID_ARG"

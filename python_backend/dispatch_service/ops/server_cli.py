@@ -248,6 +248,20 @@ def build_parser() -> argparse.ArgumentParser:
         "default %(default)s)",
     )
     parser.add_argument(
+        "--stub-leak-limit",
+        type=int,
+        default=16,
+        help="restart Triton cleanly once it holds this many dead Python-backend stubs "
+        "(2.51 never reaps them; default %(default)s)",
+    )
+    parser.add_argument(
+        "--stub-leak-max-age",
+        type=float,
+        default=120.0,
+        help="... or once it has held any for this many seconds, with no stub death in the "
+        "last 10 s (default %(default)s)",
+    )
+    parser.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -320,6 +334,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args.log = args.log or default_log_path(args.http_port)
     if args.max_failed_starts < 1:
         parser.error(f"--max-failed-starts must be >= 1, got {args.max_failed_starts}")
+    if args.stub_leak_limit < 1 or args.stub_leak_max_age < 0:
+        parser.error("--stub-leak-limit must be >= 1 and --stub-leak-max-age >= 0")
     gpu_settings = gpu_monitor.gpu_monitor_settings(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -370,6 +386,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     settings = SupervisorSettings(
         on_dead=default_on_dead(args.on_dead, args.tritonserver),
         max_failed_starts=args.max_failed_starts,
+        stub_leak_limit=args.stub_leak_limit,
+        stub_leak_max_age_s=args.stub_leak_max_age,
         drain_timeout_s=args.drain_timeout,
         health_host=args.host,
         health_port=health_port,

@@ -32,11 +32,13 @@ test-integration: setup ## integration tests on a live tritonserver
 	$(PY) -m pytest tests/integration
 
 # Issue 45's hostile-client checks at full size, beside `make test` (which runs each small):
-# a model file swapped 0-100 ms after each of 100 load requests on every load path.
+# a model file swapped 0-100 ms after each of 100 load requests on every load path; 192
+# callers without the priority key flooding level 1.
 .PHONY: test-hostile
-test-hostile: setup ## the hostile-client checks at full size (about 15 minutes)
-	DISPATCH_SWAP_ATTEMPTS=100 $(PY) -m pytest -s tests/unit/ops/test_repository_copy.py \
-		tests/integration/test_swapped_load.py
+test-hostile: setup ## the hostile-client checks at full size (about 20 minutes)
+	DISPATCH_SWAP_ATTEMPTS=100 DISPATCH_FLOODERS=192 $(PY) -m pytest -s \
+		tests/unit/ops/test_repository_copy.py tests/integration/test_swapped_load.py \
+		tests/integration/test_priority_entitlement.py
 
 lint: setup ## ruff check, ruff format --check, lint-imports
 	$(VENV)/bin/ruff check .

@@ -11,7 +11,16 @@ Policies (each sees the same windows and, through common random numbers, the sam
   configured from the repository's config.pbtxt, the ONNX model in ONNX Runtime with the
   served session options -- with stack-aware re-scoring (`pipeline.stacking`);
 - ``oracle``: the simulator's noise-free expectations (stack-aware too) over 32 candidates
-  per order, solved exactly by the resolver. Not deployable: it reads the ground truth.
+  per order, solved exactly by the resolver under the request's OBJECTIVE_WEIGHTS: the best
+  the project's own weighted objective can do. Not deployable: it reads the ground truth;
+- ``minutes_oracle``: what users feel, optimised alone: the most orders served, then the
+  least expected delivery minutes (from creation, an unassigned order at its promise plus
+  the penalty, as the report counts it), over every feasible pair of the window. Exact for
+  the rider-slot model (scipy's linear_sum_assignment on orders x rider slots, the k-th slot
+  of a rider priced at k orders of extra load); the simulator then stacks a rider's orders
+  in creation order, which can only cost more than the slot order the solver chose. The gap
+  between the two oracles is what the weights cost in minutes (and buy in cost and
+  lateness); the gap between a model and ``oracle`` is what prediction error costs.
 """
 
 from __future__ import annotations
@@ -23,12 +32,19 @@ from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.optimize import linear_sum_assignment
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
 from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
-from dispatch_service.domain.features import EncodedWindow, EncoderSettings, encode_window
+from dispatch_service.domain.feasibility import spare_slots
+from dispatch_service.domain.features import (
+    EncodedWindow,
+    EncoderSettings,
+    encode_window,
+    feasible_mask,
+)
 from dispatch_service.domain.scoring import ResolverSettings
 from dispatch_service.domain.window import DispatchWindow, check_objective_weights
 from dispatch_service.offline import baseline, simulator
@@ -38,12 +54,14 @@ from dispatch_service.pipeline.steps import DispatchModelStep
 
 __all__ = [
     "BASELINE",
+    "MINUTES_ORACLE",
     "ORACLE_CANDIDATES",
     "Decision",
     "Policy",
     "Weights",
     "default_policies",
     "distance_matching_policy",
+    "minutes_oracle_policy",
     "model_policy",
     "nearest_rider_policy",
     "oracle_policy",
@@ -51,6 +69,7 @@ __all__ = [
 ]
 
 BASELINE: Final = "rule_eta"  # the policy every interval is taken against
+MINUTES_ORACLE: Final = "minutes_oracle"
 ORACLE_CANDIDATES: Final = 32
 Weights = tuple[float, float, float]  # OBJECTIVE_WEIGHTS: latency, on-time, cost
 
@@ -210,6 +229,35 @@ def oracle_policy(
 
 
 _LOAD_COLUMN: Final = PAIR_FEATURE_NAMES.index("rider_load")
+# The minutes oracle's prices: an order left unassigned costs this much more than any
+# assignment's minutes (so the most orders come first), a forbidden pair more again.
+_UNSERVED_MINUTES: Final = 1e6
+_FORBIDDEN_MINUTES: Final = 1e9
+
+
+def minutes_oracle_policy(window: DispatchWindow, city: simulator.CityConfig) -> Decision:
+    """The most orders, then the least expected delivery minutes: every feasible pair of the
+    window priced by the simulator's expectations, one column per rider slot (the k-th at k
+    orders of extra load), one private "unassigned" column per order."""
+    num_orders = window.num_orders
+    spare = np.minimum(spare_slots(window.rider_load, window.rider_capacity), num_orders)
+    slot_rider = np.repeat(np.arange(window.num_riders), spare)
+    slot_extra = np.arange(slot_rider.size) - np.repeat(np.cumsum(spare) - spare, spare)
+    orders, slots = np.nonzero(feasible_mask(window)[:, slot_rider])
+    eta, _, _ = simulator.expected_outcome(
+        window, orders, slot_rider[slots], city, extra_load=slot_extra[slots]
+    )
+    age = (window.dispatch_time - window.created_at.astype(np.float64)) / 60.0
+    minutes = np.full((num_orders, slot_rider.size), _FORBIDDEN_MINUTES)
+    minutes[orders, slots] = age[orders] + eta
+    unserved = np.full((num_orders, num_orders), _FORBIDDEN_MINUTES)
+    penalty = window.promised_minutes.astype(np.float64) + simulator.UNASSIGNED_PENALTY_MINUTES
+    np.fill_diagonal(unserved, _UNSERVED_MINUTES + penalty)
+    rows, cols = linear_sum_assignment(np.concatenate((minutes, unserved), axis=1))
+    assigned = np.full(num_orders, -1, dtype=np.int64)
+    served = cols < slot_rider.size
+    assigned[rows[served]] = slot_rider[cols[served]]
+    return Decision(assigned)
 
 
 def default_policies(
@@ -225,4 +273,5 @@ def default_policies(
         BASELINE: rule_eta_policy(repository, weights),
         **{name: model_policy(path, repository, weights) for name, path in models.items()},
         "oracle": oracle_policy(repository, weights=weights),
+        MINUTES_ORACLE: minutes_oracle_policy,
     }

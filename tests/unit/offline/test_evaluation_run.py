@@ -69,6 +69,7 @@ def test_evaluate_counts_every_order_and_is_deterministic() -> None:
             "rule_eta",
             "model_v1",
             "oracle",
+            "minutes_oracle",
         }
         for metrics in regime["policies"].values():
             assert 0.0 <= metrics["late_rate"] <= 1.0
@@ -76,8 +77,20 @@ def test_evaluate_counts_every_order_and_is_deterministic() -> None:
         assert calibration["dispatched"]["pairs"] <= regime["orders"]
         low, high = calibration["dispatched"]["eta_bias_ci"]
         assert low <= calibration["dispatched"]["eta_bias"] <= high
+        # both oracles serve the most orders; the gap split adds up by construction
+        policies = regime["policies"]
+        assert (
+            policies["minutes_oracle"]["unassigned"] == policies["distance_matching"]["unassigned"]
+        )
+        split = regime["gap_split"]
+        weights = split["weights_price"]["mean_delivery"][0]
+        prediction = split["prediction_price"]["model_v1"]["mean_delivery"][0]
+        total = policies["model_v1"]["mean_delivery"] - policies["minutes_oracle"]["mean_delivery"]
+        assert weights + prediction == pytest.approx(total, abs=1e-9)
     report = evaluation.render_report(first, {"model_v1": ("shanghai",)})
     assert "| model_v1 |" in report and "## Targets: model_v1" in report
+    assert "### shanghai: the two oracles" in report
+    assert "trained cities: captures >= 85 % of the delivery-minutes oracle's gain" in report
     assert "trained on shanghai; held out: chengdu" in report
     assert "held-out cities: captures >= 70 %" in report
 

@@ -144,7 +144,8 @@ def test_triton_down_clears_on_the_launchers_restart(
     served: Served, prometheus: Prometheus
 ) -> None:
     """DispatchTritonDown: Triton crashed (here SIGKILL, as the OOM killer sends). **Do**:
-    the launcher's restart (`--on-dead restart`, the images' policy) clears it."""
+    the launcher's restart (`--on-dead restart`, the images' policy) clears it; the restart
+    raises DispatchServerRestarts (which clears 30 minutes later, by its window)."""
     wait_until_clear(prometheus, "DispatchTritonDown", "DispatchNotReady")
     os.kill(served.tritonserver(), signal.SIGKILL)
     wait_for(
@@ -152,6 +153,12 @@ def test_triton_down_clears_on_the_launchers_restart(
     )
     wait_until_clear(prometheus, "DispatchTritonDown", "DispatchNotReady", within_s=240)
     assert status(f"{served.health_url}/readyz") == 200
+    wait_for(
+        lambda: firing(prometheus, "DispatchServerRestarts"),
+        "DispatchServerRestarts's condition after the restart",
+        30,
+        0.5,
+    )
 
 
 def test_launcher_down_clears_when_the_process_manager_restarts_it(

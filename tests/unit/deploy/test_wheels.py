@@ -152,11 +152,11 @@ def test_client_installs_alone_and_imports_in_a_clean_venv(
 
 
 # Imports the library needs only with an extra, each only where that extra is used: the
-# `server` extra's GPU monitor, the `train` extra's ONNX export, the offline evaluation's
+# `server` extra's GPU monitor (NVML; prometheus_client is a dependency: the launcher's HTTP
+# service serves its registry), the `train` extra's ONNX export, the offline evaluation's
 # plots (matplotlib, a `dev` tool imported inside `write_plots`), and setuptools'
 # pkg_resources, which the gazetteer stands in for where it is absent.
 OPTIONAL_IMPORTS = {
-    "prometheus_client": ("server", "dispatch_service.ops.gpu"),
     "pynvml": ("server", "dispatch_service.ops.gpu"),
     "onnx": ("train", "dispatch_service.offline.training"),
     "matplotlib": ("dev", "dispatch_service.offline"),

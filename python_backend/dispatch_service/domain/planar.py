@@ -2,12 +2,14 @@
 the encoder's request path that is not shapely's.
 
 A leg crosses a barrier when it cuts an odd number of the barrier's segments (the
-project's rule, `domain.roads`). Here every leg is tested against every segment of a
-city's map at once, in a few matrix products over (east_km, north_km): a small window's
-21 legs against its map's few dozen segments cost about a tenth of what building the legs
-as shapely geometries and querying an STRtree does, and a large window's 32k legs stay one
-pass. Service areas, their overlaps, the crossings' distance to their course and the
-registry's schema are shapely's and pydantic's (`domain.cities`).
+project's rule, `domain.roads`; a barrier may end inside the area, as a river at its
+confluence, so "which side" is not enough). Here every leg is tested against every segment
+of a city's map at once, in a few matrix products over (east_km, north_km). shapely has no
+vectorised count of a line's crossings: building a small window's 21 legs as geometries and
+querying an STRtree of Beijing's 21 segments took 3.4 times this module's CPU time (123 vs
+36 us), and a per-leg `intersection` is one GEOS call per leg and barrier. Service areas,
+their overlaps, the crossings' distance to their course and the registry's schema are
+shapely's and pydantic's (`domain.cities`, `domain.registry_file`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from perf.results import BenchResults
-from perf.rounds import LIMIT, ROUND_ORDER, ROUND_RATIOS, round_ratio
+from perf.rounds import FLOOR, LIMIT, ROUND_ORDER, ROUND_RATIOS, round_ratio
 from perf.target import Target
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
 
 _ROUND_LABELS = {
     "fused_grpc": "dispatch_fused gRPC (perf_analyzer)",
+    FLOOR: "no-work floor gRPC (perf_analyzer)",
     "fastapi_json": "FastAPI window JSON (perf.loadgen)",
     "grpc": "dispatch gRPC (perf_analyzer)",
     LIMIT: "in-process limit (2 processes)",

@@ -6,22 +6,26 @@ Pure: reads a `perf.results.BenchResults`, measures nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from perf.overload import MIXED_RUN, OVERLOAD_RUN, REFERENCE_RUN
-from perf.results import ENSEMBLE_MODEL, FUSED_MODEL, MODELS, BenchResults, entry_key
+from perf.results import ENSEMBLE_MODEL, FUSED_MODEL, BenchResults, entry_key
+from perf.rounds import FASTAPI_RATIO, FLOOR_RATIO
 from perf.serving_targets import open_loop_targets, round_spread, single_window_targets
 from perf.target import Target, at_level, divide
 
 __all__ = [
+    "FLOOR_C1_EXTRA_MS",
+    "FLOOR_THROUGHPUT_SHARE",
+    "IN_PROCESS_P50_MS",
     "TARGET_CONCURRENCY",
     "OverloadFigures",
     "Ratio",
     "Target",
     "compute_ratios",
     "compute_targets",
-    "model_targets",
-    "scheduler_targets",
+    "goal_targets",
+    "storm_checks",
     "summary",
 ]
 
@@ -152,65 +156,89 @@ def compute_ratios(results: BenchResults) -> list[Ratio]:
 
 TARGET_CONCURRENCY = 64
 
+# Today's goals (issue 49); older ones are retired from the table (git history keeps them).
+# In process, 1 thread, no serving: each size's p50 at most this (ms).
+IN_PROCESS_P50_MS: Final = {"small": 0.25, "medium": 2.0, "large": 33.0}
+FLOOR_THROUGHPUT_SHARE: Final = 0.8  # small c=64 dispatch_fused windows/s / the floor's
+FLOOR_C1_EXTRA_MS: Final = 0.3  # small c=1 dispatch_fused p50 at most the floor's p50 + this
 
-def model_targets(results: BenchResults, model: str) -> list[Target]:
-    """The targets for one Triton model (same goals for both entry points)."""
-    grpc, shm = entry_key("grpc", model), entry_key("grpc_shm", model)
-    c1 = _at(results, grpc, "small", 1)
-    c64 = _at(results, grpc, "small", TARGET_CONCURRENCY)
+
+def goal_targets(results: BenchResults) -> list[Target]:
+    """Today's goals, each beside the no-work floor measured the same way where one is:
+    the library in process per size, small c=64 throughput against the floor's (the median
+    over the alternating rounds where they measured the floor) and small c=1 p50 over the
+    floor's."""
+    fused = entry_key("grpc", FUSED_MODEL)
+    fused1 = _at(results, fused, "small", 1)
+    fused64 = _at(results, fused, "small", TARGET_CONCURRENCY)
     fast64 = _at(results, "fastapi_json", "small", TARGET_CONCURRENCY)
-    arrays64 = _at(results, "fastapi_arrays", "small", TARGET_CONCURRENCY)
-    limit = results.limits.get("small")
-    large = _at(results, grpc, "large", 1)
-    large_shm = _at(results, shm, "large", 1)
-    tput64 = c64.throughput_per_s if c64 else None
-    vs_arrays = _div(tput64, arrays64.throughput_per_s if arrays64 else None)
+    floor1, floor64 = (results.floor.get(f"c{c}") for c in (1, TARGET_CONCURRENCY))
+    floor1_p50 = floor1.get("p50_ms") if isinstance(floor1, dict) else None
+    floor_tput = floor64.get("throughput_per_s") if isinstance(floor64, dict) else None
+    fused_tput = fused64.throughput_per_s if fused64 else None
+    vs_fastapi = _div(fused_tput, fast64.throughput_per_s if fast64 else None)
+    fastapi_rounds = round_spread(results, FASTAPI_RATIO) if results.rounds else None
+    fastapi_detail = (
+        f"against FastAPI window JSON: {fastapi_rounds.describe()}"
+        if fastapi_rounds is not None
+        else (f"against FastAPI window JSON: {vs_fastapi:.2f}x" if vs_fastapi is not None else "")
+    )
+    floor_detail = (
+        f"no-work floor: {floor_tput:,.0f} windows/s"
+        if floor_tput
+        else (f"no-work floor: {floor64}" if floor64 else "")  # why it failed
+    )
+    small_limit = results.limits.get("small")
+    alone_p50 = small_limit.single.p50_ms if small_limit else None
+    fused1_p50 = fused1.p50_ms if fused1 else None
+    over_floor = (
+        fused1_p50 - floor1_p50 if fused1_p50 is not None and floor1_p50 is not None else None
+    )
+    c1_detail = "; ".join(
+        part
+        for part in (
+            f"p50 {fused1_p50:.2f} ms" if fused1_p50 is not None else "",
+            f"no-work floor p50 {floor1_p50:.2f} ms" if floor1_p50 is not None else "",
+            f"in process (1 thread, no serving) {alone_p50:.2f} ms" if alone_p50 else "",
+        )
+        if part
+    )
+    in_process = []
+    for size, goal in IN_PROCESS_P50_MS.items():
+        stats = results.limits.get(size)
+        in_process.append(
+            Target(
+                f"{size}, in process, 1 thread: p50",
+                FUSED_MODEL,
+                stats.single.p50_ms if stats else None,
+                goal,
+                True,
+                " ms",
+                "the library with no serving (`perf.limit`); stage by stage: "
+                "`python -m perf.window_cost`",
+            )
+        )
     return [
-        Target("small, gRPC, c=1: p50", model, c1.p50_ms if c1 else None, 2.0, True, " ms"),
-        Target("small, gRPC, c=1: p99", model, c1.p99_ms if c1 else None, 5.0, True, " ms"),
+        *in_process,
         Target(
-            "small, gRPC, c=64: throughput / FastAPI",
-            model,
-            _div(tput64, fast64.throughput_per_s if fast64 else None),
-            3.0,
-            False,
-            "x",
-            "FastAPI with window JSON at c=64 (same windows)"
-            + (f"; vs FastAPI base64 arrays: {vs_arrays:.2f}x" if vs_arrays is not None else ""),
+            "small, gRPC, c=64: throughput / no-work floor",
+            FUSED_MODEL,
+            *_over_rounds(
+                results,
+                FLOOR_RATIO,
+                _div(fused_tput, floor_tput),
+                FLOOR_THROUGHPUT_SHARE,
+                "; ".join(part for part in (floor_detail, fastapi_detail) if part),
+            ),
         ),
         Target(
-            "small, gRPC, c=64: throughput / in-process limit",
-            model,
-            _div(tput64, limit.multi_windows_per_s if limit else None),
-            0.6,
-            False,
-            "x",
-            "limit: DispatchPipeline in 2 worker processes, no serving",
-        ),
-        Target(
-            "small, gRPC, c=64: p99 / p50",
-            model,
-            _div(c64.p99_ms, c64.p50_ms) if c64 else None,
-            3.0,
-            True,
-            "x",
-        ),
-        Target(
-            "large, gRPC, c=1: p99",
-            model,
-            large.p99_ms if large else None,
-            100.0,
+            "small, gRPC, c=1: p50 over the no-work floor's",
+            FUSED_MODEL,
+            over_floor,
+            FLOOR_C1_EXTRA_MS,
             True,
             " ms",
-            "one 1,000 x 5,000 window at a time",
-        ),
-        Target(
-            "large, c=1: gRPC + system shm p50 / plain gRPC p50",
-            model,
-            _div(large_shm.p50_ms if large_shm else None, large.p50_ms if large else None),
-            0.7,
-            True,
-            "x",
+            c1_detail,
         ),
     ]
 
@@ -304,95 +332,14 @@ def _idle_detail(idle: dict[str, Any]) -> str:
     return f"one window in process (perf.idle_cost), CPU: {runs}" if runs else ""
 
 
-def scheduler_targets(results: BenchResults) -> list[Target]:
-    """The scheduler's targets: batching, latency at c=1 and behaviour under overload."""
-    grpc_fused, grpc_ensemble = entry_key("grpc", FUSED_MODEL), entry_key("grpc", ENSEMBLE_MODEL)
-    fused1 = _at(results, grpc_fused, "small", 1)
-    fused64 = _at(results, grpc_fused, "small", TARGET_CONCURRENCY)
-    ensemble64 = _at(results, grpc_ensemble, "small", TARGET_CONCURRENCY)
-    fast64 = _at(results, "fastapi_json", "small", TARGET_CONCURRENCY)
-    limit = results.limits.get("small")
-    floor64 = results.floor.get(f"c{TARGET_CONCURRENCY}")
-    floor_tput = floor64.get("throughput_per_s") if isinstance(floor64, dict) else None
-    fused_tput = fused64.throughput_per_s if fused64 else None
-    fast_tput = fast64.throughput_per_s if fast64 else None
+def storm_checks(results: BenchResults) -> list[Target]:
+    """The closed-loop storms (`perf.overload.BENCH_RUNS`): robustness checks reported apart
+    from the targets (the server stays up, refuses rather than queues, serves level 1 and
+    the next request), each beside the no-work floor under the same runs."""
     fig = OverloadFigures.of(results.overload)
-    # The no-work floor under the same runs: what this host allows a model that does nothing.
     floor_overload = results.floor.get("overload")
     bare = OverloadFigures.of(floor_overload if isinstance(floor_overload, dict) else {})
-    floor_detail = (
-        f"no-work floor of the contract: {floor_tput:,.0f} windows/s"
-        if floor_tput
-        else (f"no-work floor of the contract: {floor64}" if floor64 else "")  # why it failed
-    )
-    floor1 = results.floor.get("c1")
-    floor1_p50 = floor1.get("p50_ms") if isinstance(floor1, dict) else None
-    alone_p50 = limit.single.p50_ms if limit else None
-    idle = results.floor.get("idle_cost")
-    # Serving a window costs at least the floor's serving plus the window's own work, which
-    # runs no faster in the stub than in a hot loop in process: their sum bounds c=1 below.
-    c1_detail = "; ".join(
-        part
-        for part in (
-            f"no-work floor p50: {floor1_p50:.2f} ms" if floor1_p50 is not None else "",
-            f"in-process p50 (1 thread, no serving): {alone_p50:.2f} ms" if alone_p50 else "",
-            f"their sum, a lower bound: {floor1_p50 + alone_p50:.2f} ms"
-            if floor1_p50 is not None and alone_p50
-            else "",
-            _idle_detail(idle) if isinstance(idle, dict) else "",
-        )
-        if part
-    )
-    vs_fastapi = _over_rounds(
-        results, "dispatch_fused / FastAPI", _div(fused_tput, fast_tput), 2.0, floor_detail
-    )
-    vs_limit = _over_rounds(
-        results,
-        "dispatch_fused / in-process limit",
-        _div(fused_tput, limit.multi_windows_per_s if limit else None),
-        1.0,
-        "limit: DispatchPipeline in 2 worker processes, no serving",
-    )
-    ensemble_vs_fastapi = _over_rounds(
-        results,
-        "dispatch / FastAPI",
-        _div(ensemble64.throughput_per_s if ensemble64 else None, fast_tput),
-        1.0,
-        "",
-    )
     return [
-        Target(
-            "small, gRPC, c=64: throughput / FastAPI",
-            FUSED_MODEL,
-            *vs_fastapi,
-        ),
-        Target(
-            "small, gRPC, c=64: throughput / in-process limit",
-            FUSED_MODEL,
-            *vs_limit,
-        ),
-        Target(
-            "small, gRPC, c=64: throughput / FastAPI",
-            ENSEMBLE_MODEL,
-            *ensemble_vs_fastapi,
-        ),
-        Target(
-            "small, gRPC, c=1: p50",
-            FUSED_MODEL,
-            fused1.p50_ms if fused1 else None,
-            1.2,
-            True,
-            " ms",
-            c1_detail,
-        ),
-        Target(
-            "small, gRPC, c=1: p99",
-            FUSED_MODEL,
-            fused1.p99_ms if fused1 else None,
-            3.0,
-            True,
-            " ms",
-        ),
         Target(
             "overload c=512: accepted p99 / p99 at c=64",
             FUSED_MODEL,
@@ -471,7 +418,9 @@ def _over_rounds(
     level, said so in the detail."""
     found = round_spread(results, ratio) if results.rounds else None
     if found is None:
-        note = "one level of the sweep (no alternating rounds)" if single is not None else ""
+        note = (
+            "one level of the sweep (not in the alternating rounds)" if single is not None else ""
+        )
         return single, goal, False, "x", "; ".join(part for part in (note, detail) if part)
     sweep = f"the sweep's one level: {single:.2f}x" if single is not None else ""
     text = "; ".join(part for part in (found.describe(), sweep, detail) if part)
@@ -507,16 +456,15 @@ def _overload_detail(level: dict[str, Any]) -> str:
 
 
 def compute_targets(results: BenchResults) -> list[Target]:
-    """Every target for both models: the ensemble's row, then dispatch_fused's, per target;
-    then the scheduler's (its closed-loop storm rows are robustness checks, not targets),
-    the single-window comparisons and the open-loop overload (`perf.serving_targets`)."""
-    ensemble, fused = (model_targets(results, model) for model in MODELS)
-    paired = [target for pair in zip(ensemble, fused, strict=True) for target in pair]
+    """Today's targets, all `dispatch_fused`'s: the library in process and against the
+    no-work floor (`goal_targets`), single windows against FastAPI and in process, and the
+    open-loop overload (`perf.serving_targets`); then the closed-loop storms, robustness
+    checks reported apart (`storm_checks`)."""
     return [
-        *paired,
-        *scheduler_targets(results),
+        *goal_targets(results),
         *single_window_targets(results),
         *open_loop_targets(results),
+        *storm_checks(results),
     ]
 
 

@@ -46,9 +46,8 @@ from perf.pa import (
 )
 from perf.report import render_report
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, FUSED_MODEL, BenchResults, Series
-from perf.serving_targets import open_loop_targets, single_window_targets
 from perf.stats import LevelStats, LimitStats, level_stats, request_budget
-from perf.targets import compute_ratios, compute_targets, scheduler_targets, summary
+from perf.targets import compute_ratios, compute_targets, goal_targets, storm_checks, summary
 from perf.tuning import append_log, metric_key, noise_percent, tuning_entry
 from perf.variants import (
     TUNING_LOG,
@@ -639,36 +638,53 @@ def test_ratios() -> None:
     assert models[:14] == ["dispatch", "dispatch_fused"] * 7
 
 
-def test_targets() -> None:
-    all_targets = compute_targets(_results())[:14]
-    assert [t.model for t in all_targets] == ["dispatch", "dispatch_fused"] * 7
-    assert [t.name for t in all_targets[::2]] == [t.name for t in all_targets[1::2]]
-    targets = {t.name: t for t in all_targets if t.model == "dispatch"}
-    assert targets["small, gRPC, c=1: p50"].met is True
-    assert targets["small, gRPC, c=1: p99"].met is True
-    fastapi = targets["small, gRPC, c=64: throughput / FastAPI"]
-    assert fastapi.measured == pytest.approx(4.0) and fastapi.met is True
-    limit = targets["small, gRPC, c=64: throughput / in-process limit"]
-    assert limit.measured == pytest.approx(1000 / 1500) and limit.met is True
-    assert targets["small, gRPC, c=64: p99 / p50"].measured == pytest.approx(2.5)
-    assert targets["large, gRPC, c=1: p99"].met is False
-    assert targets["large, c=1: gRPC + system shm p50 / plain gRPC p50"].met is True
-    fused = {t.name: t for t in all_targets if t.model == "dispatch_fused"}
-    assert fused["small, gRPC, c=1: p50"].measured == pytest.approx(1.5)
-    assert fused["small, gRPC, c=1: p99"].met is True
-    assert fused["small, gRPC, c=64: throughput / FastAPI"].measured == pytest.approx(4.8)
-    assert fused["small, gRPC, c=64: throughput / in-process limit"].measured == pytest.approx(0.8)
-    assert fused["small, gRPC, c=64: p99 / p50"].measured == pytest.approx(4.0)
-    assert fused["small, gRPC, c=64: p99 / p50"].met is False
-    assert fused["large, gRPC, c=1: p99"].met is True
-    shm = fused["large, c=1: gRPC + system shm p50 / plain gRPC p50"]
-    assert shm.measured == pytest.approx(0.9) and shm.met is False
+def test_targets_are_today_s_goals_only() -> None:
+    results = _results()
+    results.floor = {
+        "c1": _row(1, 1500.0, 0.62, 0.9).to_dict(),
+        "c64": _row(64, 2000.0, 10.0, 12.0).to_dict(),
+    }
+    by_name = {t.name: t for t in compute_targets(results) if not t.robustness}
+    assert {t.model for t in by_name.values()} == {"dispatch_fused"}
+    # In process, 1 thread, per size (no medium limit measured here).
+    small = by_name["small, in process, 1 thread: p50"]
+    assert (small.measured, small.goal, small.met) == (1.2, "<= 0.25 ms", False)
+    assert by_name["medium, in process, 1 thread: p50"].met is None
+    large = by_name["large, in process, 1 thread: p50"]
+    assert (large.measured, large.goal, large.met) == (65.0, "<= 33 ms", False)
+    # Against the floor: c=64 throughput (one sweep level: no rounds here) and c=1 p50.
+    c64 = by_name["small, gRPC, c=64: throughput / no-work floor"]
+    assert c64.measured == pytest.approx(1200 / 2000) and c64.goal == ">= 0.8x"
+    assert c64.met is False
+    assert c64.detail == (
+        "one level of the sweep (not in the alternating rounds); no-work floor: 2,000 "
+        "windows/s; against FastAPI window JSON: 4.80x"
+    )
+    c1 = by_name["small, gRPC, c=1: p50 over the no-work floor's"]
+    assert c1.measured == pytest.approx(1.5 - 0.62) and c1.goal == "<= 0.3 ms"
+    assert c1.met is False
+    assert c1.detail == (
+        "p50 1.50 ms; no-work floor p50 0.62 ms; in process (1 thread, no serving) 1.20 ms"
+    )
+    # Kept (met today): single windows against FastAPI and in process, the open loop.
+    assert "large, c=1: gRPC p50 / in-process p50" in by_name
+    assert "open loop 1.5x: refusal p99 at the probe" in by_name
+    # Retired goals are no longer in the table.
+    for retired in (
+        "small, gRPC, c=1: p50",
+        "large, gRPC, c=1: p99",
+        "small, gRPC, c=64: p99 / p50",
+    ):
+        assert retired not in by_name
     empty = compute_targets(BenchResults("s", "quick"))
-    nothing = BenchResults("s", "quick")
-    serving = single_window_targets(nothing) + open_loop_targets(nothing)
-    assert len(empty) == 14 + len(scheduler_targets(nothing)) + len(serving)
     assert all(t.met is None and t.measured is None for t in empty)
-    assert targets["large, gRPC, c=1: p99"].goal == "<= 100 ms"
+
+
+def test_a_c1_goal_over_the_floor_is_met_within_its_margin() -> None:
+    results = _results()
+    results.floor = {"c1": _row(1, 1500.0, 1.3, 1.9).to_dict()}
+    (c1,) = [t for t in goal_targets(results) if t.name.startswith("small, gRPC, c=1")]
+    assert c1.measured == pytest.approx(0.2) and c1.met is True  # 1.5 ms against 1.3 + 0.3
 
 
 def _overload_level(accepted: int, refused: int, p99: float, full_refusal_p99: float | None) -> Any:
@@ -686,7 +702,7 @@ def _overload_level(accepted: int, refused: int, p99: float, full_refusal_p99: f
     }
 
 
-def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
+def test_storm_checks_read_the_overload_runs() -> None:
     results = _results()
     results.floor = {
         "c1": _row(1, 1500.0, 0.62, 0.9).to_dict(),
@@ -717,26 +733,9 @@ def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
             "probe_level_3": _overload_level(10, 90, 300.0, 12.0),
         },
     }
-    by_name = {(t.name, t.model): t for t in scheduler_targets(results)}
+    by_name = {(t.name, t.model): t for t in storm_checks(results)}
     fused = "dispatch_fused"
-    vs_fastapi = by_name["small, gRPC, c=64: throughput / FastAPI", fused]
-    assert vs_fastapi.measured == pytest.approx(1200 / 250) and vs_fastapi.met is True
-    assert "6,000 windows/s" in vs_fastapi.detail  # the no-work floor beside it
-    # Beside c=1: the floor's p50, the in-process p50 (the limit's 1 thread: 1.2 ms), their
-    # sum (0.62 + 1.2, a lower bound) and one window's CPU hot and after an idle wait.
-    assert by_name["small, gRPC, c=1: p50", fused].detail == (
-        "no-work floor p50: 0.62 ms; in-process p50 (1 thread, no serving): 1.20 ms; "
-        "their sum, a lower bound: 1.82 ms; one window in process (perf.idle_cost), CPU: "
-        "850 us after 0 ms idle, 1,510 us after 2 ms idle"
-    )
-    assert by_name["small, gRPC, c=64: throughput / in-process limit", fused].measured == (
-        pytest.approx(1200 / 1500)
-    )
-    assert by_name["small, gRPC, c=64: throughput / FastAPI", "dispatch"].measured == (
-        pytest.approx(1000 / 250)
-    )
-    assert by_name["small, gRPC, c=1: p50", fused].met is False  # 1.5 ms > 1.2 ms
-    assert by_name["small, gRPC, c=1: p99", fused].met is True  # 2.5 ms <= 3 ms
+    assert all(t.robustness for t in by_name.values())
     # Against the same generator at c=64, not perf_analyzer's p99 (200 ms): same client.
     accepted = by_name["overload c=512: accepted p99 / p99 at c=64", fused]
     assert accepted.measured == pytest.approx(600 / 250) and accepted.met is True
@@ -751,7 +750,7 @@ def test_scheduler_targets_read_the_overload_runs_and_the_floor() -> None:
     urgent = by_name["mixed overload: level-1 p99 / p99 at c=64", fused]
     assert urgent.measured == pytest.approx(400 / 250) and urgent.met is True
     assert "probe outside the generator: 1.50x" in urgent.detail
-    assert all(t.met is None for t in scheduler_targets(BenchResults("s", "quick")))
+    assert all(t.met is None for t in storm_checks(BenchResults("s", "quick")))
 
 
 def test_overload_targets_show_the_no_work_floor_under_the_same_runs() -> None:
@@ -779,7 +778,7 @@ def test_overload_targets_show_the_no_work_floor_under_the_same_runs() -> None:
     }
     results.overload = {label: dict(run) for label, run in runs.items()}
     results.floor = {"overload": runs}
-    by_name = {t.name: t for t in scheduler_targets(results)}
+    by_name = {t.name: t for t in storm_checks(results)}
     accepted = by_name["overload c=512: accepted p99 / p99 at c=64"]
     assert accepted.measured == pytest.approx(29.0)  # 580 / 20
     assert accepted.detail.endswith("the no-work floor under the same load: 29.00x")
@@ -791,20 +790,21 @@ def test_overload_targets_show_the_no_work_floor_under_the_same_runs() -> None:
     assert urgent.detail.endswith("the no-work floor under the same load: 15.00x")  # 300 / 20
     # Without the floor's runs nothing is added.
     results.floor = {}
-    assert all("no-work floor under" not in t.detail for t in scheduler_targets(results))
+    assert all("no-work floor under" not in t.detail for t in storm_checks(results))
 
 
 def test_targets_of_one_model_do_not_use_the_other_models_series() -> None:
     results = _results()
     results.series = [s for s in results.series if not s.entry.startswith("fused_")]
-    fused = [t for t in compute_targets(results) if t.model == "dispatch_fused"]
-    assert all(t.measured is None and t.met is None for t in fused)
+    served = [t for t in compute_targets(results) if "gRPC" in t.name]
+    assert served and all(t.measured is None and t.met is None for t in served)
 
 
 def test_summary_round_trip() -> None:
     results = _results()
     document = json.loads(json.dumps(summary(results)))
-    assert document["targets"][0]["met"] is True
+    assert document["targets"][0]["name"] == "small, in process, 1 thread: p50"
+    assert document["targets"][0]["met"] is False  # 1.2 ms against 0.25 ms
     assert document["targets"][1]["model"] == "dispatch_fused"
     assert "dispatch_fused" in document["server_breakdown_fused"]["small"]
     fused_series = [s for s in document["series"] if s["model"] == "dispatch_fused"]
@@ -821,8 +821,9 @@ def test_render_report() -> None:
     for heading in ("## Targets", "## Ratios", "## In-process limit", "## small", "## large"):
         assert heading in text
     assert "![small](small.png)" in text
-    assert "| large, gRPC, c=1: p99 | `dispatch` | <= 100 ms | 120.00 ms | **not met** |" in text
-    assert "| large, gRPC, c=1: p99 | `dispatch_fused` | <= 100 ms | 90.00 ms | met |" in text
+    small = "| small, in process, 1 thread: p50 | `dispatch_fused` | <= 0.25 ms | 1.20 ms |"
+    assert small + " **not met** |" in text
+    assert "| large, gRPC, c=1: p99 |" not in text  # a retired goal
     assert "| ours / limit, throughput | `dispatch_fused` | 0.80 | 0.50 |" in text
     assert "| fused / ensemble, latency | `dispatch_fused / dispatch` | 0.83 | 0.88 |" in text
     assert "| Triton gRPC, dispatch_fused | 64 | 1,200.0 | 1,200 | 50.00 |" in text
@@ -895,6 +896,7 @@ def test_a_floor_that_failed_says_why_beside_the_target() -> None:
     # A floor run that failed (perf_analyzer timed out at c=64) is reported, not left out.
     results = _results()
     results.floor = {"c64": "failed: timed out after 120 s"}
-    by_name = {(t.name, t.model): t for t in scheduler_targets(results)}
-    detail = by_name["small, gRPC, c=64: throughput / FastAPI", "dispatch_fused"].detail
-    assert detail.endswith("no-work floor of the contract: failed: timed out after 120 s")
+    by_name = {t.name: t for t in goal_targets(results)}
+    target = by_name["small, gRPC, c=64: throughput / no-work floor"]
+    assert target.measured is None
+    assert "no-work floor: failed: timed out after 120 s" in target.detail

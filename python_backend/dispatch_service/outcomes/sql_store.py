@@ -202,10 +202,13 @@ class SqlStore:
             for start in range(0, len(unique), _LOOKUP_CHUNK):
                 chunk = unique[start : start + _LOOKUP_CHUNK]
                 values = ", ".join(["(?, ?)"] * len(chunk))
+                # A join, so that each id is one primary-key search (SQLite scans the whole
+                # table for `(request_id, order_id) IN (VALUES ...)`).
                 cursor.execute(
                     self._sql(
-                        f"SELECT request_id, order_id, {columns} FROM {table} "
-                        f"WHERE (request_id, order_id) IN (VALUES {values})"
+                        f"WITH wanted (r, o) AS (VALUES {values}) "
+                        f"SELECT t.request_id, t.order_id, {columns} FROM wanted "
+                        f"JOIN {table} t ON t.request_id = wanted.r AND t.order_id = wanted.o"
                     ),
                     [part for key in chunk for part in key],
                 )

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from dispatch_client.errors import DispatchConnectionError, DispatchServerError
 from dispatch_client.priority import request_options
-from dispatch_contract.version import UrlError, split_host_port
+from dispatch_contract.version import URL_SCHEMES, UrlError, split_address
 
 __all__ = [
     "DEFAULT_GRPC_URL",
@@ -76,9 +76,6 @@ class Transport(Protocol):
         ...
 
 
-URL_SCHEMES = ("http://", "https://")
-
-
 def split_url(url: str) -> tuple[str, bool]:
     """``host:port``, ``http://host:port`` or ``https://host:port`` -> (host:port, TLS?).
 
@@ -88,19 +85,12 @@ def split_url(url: str) -> tuple[str, bool]:
     the protocol (HTTP or gRPC) stays the caller's choice. A path, or a missing port, is
     refused.
     """
-    text = url.strip()
-    tls = False
-    for scheme in URL_SCHEMES:
-        if text.lower().startswith(scheme):
-            text, tls = text[len(scheme) :].rstrip("/"), scheme == "https://"
-            break
     try:
-        split_host_port(text)  # the port too: "127.0.0.1" alone is refused
+        return split_address(url)  # the port too: "127.0.0.1" alone is refused
     except UrlError:
         raise ValueError(
             f"url must be host:port, http://host:port or https://host:port, got {url!r}"
         ) from None
-    return text, tls
 
 
 def check_url(url: str) -> str:

@@ -17,14 +17,17 @@ from typing import Final
 
 __all__ = [
     "DISTRIBUTION",
+    "URL_SCHEMES",
     "UrlError",
     "add_version_argument",
     "host_port_argument",
     "product_version",
+    "split_address",
     "split_host_port",
 ]
 
 DISTRIBUTION: Final = "dispatch-contract"
+URL_SCHEMES: Final = ("http://", "https://")
 # A host (a name, IPv4, or [IPv6]), ":" and a port: what every --url and --replica is.
 _HOST_PORT: Final = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
 
@@ -58,15 +61,23 @@ def split_host_port(address: str) -> tuple[str, int]:
     return match.group("host"), port
 
 
-def host_port_argument(text: str) -> str:
-    """An argparse ``type`` for an address option: ``host:port`` or ``http(s)://host:port``
-    as given; anything else is a usage error naming the rule (exit 2)."""
-    address = text.strip()
-    for scheme in ("http://", "https://"):
+def split_address(text: str) -> tuple[str, bool]:
+    """``host:port``, ``http://host:port`` (the same) or ``https://host:port`` -> (host:port,
+    TLS?); a trailing slash is dropped; anything else raises `UrlError`."""
+    address, tls = text.strip(), False
+    for scheme in URL_SCHEMES:
         if address.lower().startswith(scheme):
-            address = address[len(scheme) :].rstrip("/")
+            address, tls = address[len(scheme) :].rstrip("/"), scheme == "https://"
+            break
+    split_host_port(address)
+    return address, tls
+
+
+def host_port_argument(text: str) -> str:
+    """An argparse ``type`` for an address option (`split_address`'s forms), kept as given;
+    anything else is a usage error naming the rule (exit 2)."""
     try:
-        split_host_port(address)
+        split_address(text)
     except UrlError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

@@ -14,6 +14,7 @@ from dispatch_contract.version import (
     add_version_argument,
     host_port_argument,
     product_version,
+    split_address,
     split_host_port,
 )
 
@@ -72,3 +73,15 @@ def test_the_argument_type_takes_an_address_with_or_without_a_scheme(text: str) 
 def test_the_argument_type_refuses_what_names_no_port(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="expected host:port"):
         host_port_argument(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("localhost:8000", ("localhost:8000", False)),
+        ("HTTP://localhost:8000/", ("localhost:8000", False)),
+        ("https://triton.example:443", ("triton.example:443", True)),
+    ],
+)
+def test_an_address_is_split_into_host_port_and_tls(text: str, expected: tuple[str, bool]) -> None:
+    assert split_address(text) == expected

@@ -62,8 +62,14 @@ def add_outcome_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def outcome_store_from_args(args: argparse.Namespace) -> str | None:
-    """The store the entry points write to (None: --no-outcomes)."""
-    return None if args.no_outcomes else str(args.outcome_store)
+    """The store the entry points write to (None: --no-outcomes); a file as an absolute
+    path, since the stubs do not run in the launcher's working directory."""
+    if args.no_outcomes:
+        return None
+    store = str(args.outcome_store)
+    if store.startswith(("postgresql://", "postgres://")):
+        return store
+    return str(Path(store.removeprefix("sqlite://")).resolve())
 
 
 def outcome_service_from_args(args: argparse.Namespace, out: TextIO) -> OutcomeService | None:

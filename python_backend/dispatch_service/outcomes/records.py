@@ -68,8 +68,9 @@ class DecisionRecord:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of one decision (checked: `ingest.check_report`). ``ended_at`` is the
-    cancellation or reassignment time; ``rider_id`` the delivering (or new) rider."""
+    """What became of one decision (its shape checked by `ingest.parse_outcome`).
+    ``ended_at`` is the cancellation or reassignment time; ``rider_id`` the delivering (or
+    new) rider."""
 
     request_id: str
     order_id: str

@@ -165,7 +165,10 @@ class OutcomeService:
 
     def _refused(self, status: int, reason: RefusalReason, detail: str) -> web.Response:
         self.tally.refuse(reason)
-        return web.json_response({"error": str(reason), "detail": detail}, status=status)
+        response = web.json_response({"error": str(reason), "detail": detail}, status=status)
+        if status == 413:
+            response.force_close()  # the rest of the body is never read
+        return response
 
     def _key_refusal(self, request: web.Request) -> web.Response | None:
         given = request.headers.get(OUTCOME_KEY_HEADER)

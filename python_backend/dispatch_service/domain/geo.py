@@ -129,6 +129,18 @@ def _bit_split(precision: int) -> tuple[int, int]:
     return total // 2, (total + 1) // 2
 
 
+def _grid(precision: int) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+    """(half range, cells, cell size, last cell, cells per degree) per axis (lat, lon) of a
+    precision's geohash grid: built once per precision at import, not on every call."""
+    lat_bits, lon_bits = _bit_split(precision)
+    half = np.array([90.0, 180.0])
+    cells = np.array([float(1 << lat_bits), float(1 << lon_bits)])
+    return half, cells, 2.0 * half / cells, cells - 1.0, cells / (2.0 * half)
+
+
+_GRIDS: Final = {precision: _grid(precision) for precision in range(1, MAX_GEOHASH_PRECISION + 1)}
+
+
 def _quantise(latlon: FloatArray, precision: int) -> NDArray[np.int64]:
     """[n, 2] cell indices (lat, lon) as produced by geohash bisection, ``value > mid`` up.
 
@@ -138,13 +150,9 @@ def _quantise(latlon: FloatArray, precision: int) -> NDArray[np.int64]:
     are on the encoder's per-window path. An edge ``k * step - half_range`` is exact in
     float64 (``step`` is 45 or 90 times a power of two and ``k < 2**30``).
     """
-    lat_bits, lon_bits = _bit_split(precision)
-    half = np.array([90.0, 180.0])
-    cells = np.array([float(1 << lat_bits), float(1 << lon_bits)])
-    step = 2.0 * half / cells
-    top = cells - 1.0
+    half, _, step, top, per_degree = _GRIDS[precision]
     # fmax/fmin rather than clip: NaN lands in cell 0 and infinities at the ends.
-    q = np.fmin(np.fmax(np.floor((latlon + half) * (cells / (2.0 * half))), 0.0), top)
+    q = np.fmin(np.fmax(np.floor((latlon + half) * per_degree), 0.0), top)
     q -= (q > 0.0) & (latlon <= q * step - half)
     q += (q < top) & (latlon > (q + 1.0) * step - half)
     return q.astype(np.int64)
@@ -248,9 +256,7 @@ def cell_centre_latlon(latlon: FloatArray, precision: int = 5) -> FloatArray:
     """`geohash_cell_centre` for an [n, 2] array of [lat, lon]; returns [n, 2] centres."""
     _check_precision(precision)
     q = _quantise(latlon, precision)
-    lat_bits, lon_bits = _bit_split(precision)
-    half = np.array([90.0, 180.0])
-    cells = np.array([float(1 << lat_bits), float(1 << lon_bits)])
+    half, cells = _GRIDS[precision][:2]
     return np.asarray(half * (2.0 * q.astype(np.float64) + 1.0 - cells) / cells)
 
 

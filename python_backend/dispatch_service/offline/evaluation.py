@@ -403,6 +403,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--regimes", default=",".join(simulator.REGIMES))
     parser.add_argument("--cities", default="", help="registered city ids (default: every one)")
+    parser.add_argument(
+        "--registry",
+        default="",
+        help="city registry file (default: the shipped one); cities the simulator has no "
+        "knobs for get a world from their entry",
+    )
     parser.add_argument("--versions", default="1,2", help="dispatch_model versions to judge")
     parser.add_argument(
         "--weights",
@@ -436,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         regimes=tuple(args.regimes.split(",")),
         weights=(weights[0], weights[1], weights[2]),
         cities=tuple(c for c in args.cities.split(",") if c),
+        registry=args.registry,
     )
     summary = evaluate(default_policies(models, repository, config.weights), config)
     trained = {name: training_cities(path) for name, path in models.items()}

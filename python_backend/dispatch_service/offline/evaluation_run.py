@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.domain.cities import load_registry
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline import simulator
 from dispatch_service.offline.evaluation_policies import (
@@ -70,6 +71,9 @@ class EvaluationConfig:
     # OBJECTIVE_WEIGHTS the scored policies resolve with (`default_policies`): the default,
     # or what a caller would send, to judge the policies under another objective.
     weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS
+    # A registry file whose cities are judged ("" = the shipped one): a city added to a copy
+    # is simulated from its entry alone (`simulator.entry_world`) and judged as held out.
+    registry: str = ""
 
 
 def regime_windows(
@@ -242,7 +246,7 @@ def evaluate(
     """Every policy on every regime's windows in every city: the JSON summary the report
     renders (per city, per regime)."""
     config = config or EvaluationConfig()
-    worlds = simulator.city_worlds()
+    worlds = simulator.city_worlds(load_registry(config.registry) if config.registry else None)
     cities = config.cities or tuple(worlds)
     return {
         "setup": _setup(config, cities),
@@ -298,6 +302,7 @@ def _setup(config: EvaluationConfig, cities: Sequence[str]) -> dict[str, Any]:
         "unassigned_penalty_minutes": simulator.UNASSIGNED_PENALTY_MINUTES,
         "baseline": BASELINE,
         "objective_weights": list(config.weights),
+        "registry": config.registry or "shipped",
     }
 
 

@@ -144,3 +144,30 @@ def test_the_weights_choice_follows_the_stated_objective(tmp_path: Path) -> None
     assert f"the default {default} is that choice" in evaluation.weights_table(made)
     made["chosen"] = "0.1,0.1,0.8"
     assert f"the default {default} is NOT that choice" in evaluation.weights_table(made)
+
+
+def test_a_registry_of_new_cities_is_judged_from_their_entries() -> None:
+    """`--registry`: the shipped evaluation registry's two new cities (a river city from the
+    OSM test extract, a high-circuity one) are simulated from their entries alone and every
+    order of their windows is counted."""
+    from dispatch_service.core.paths import REPO_ROOT
+    from dispatch_service.domain.cities import load_registry
+
+    path = REPO_ROOT / "evaluation" / "registries" / "new_cities.geojson"
+    registry = load_registry(path)
+    assert registry.ids[-2:] == ("wuhan", "guilin")
+    assert registry.get("guilin").road_circuity == 1.8
+    config = evaluation_run.EvaluationConfig(
+        windows=1, regimes=("night",), cities=("wuhan", "guilin"), registry=str(path)
+    )
+    policies = {
+        "rule_eta": evaluation_policies.rule_eta_policy(),
+        "distance_matching": evaluation_policies.distance_matching_policy,
+        "model_v1": evaluation_policies.model_policy(V1),
+    }
+    summary = evaluation_run.evaluate(policies, config)
+    assert summary["setup"]["registry"] == str(path)
+    for city in ("wuhan", "guilin"):
+        night = summary["cities"][city]["regimes"]["night"]
+        assert night["orders"] == simulator.REGIMES["night"].num_orders
+        assert 0.0 <= night["policies"]["model_v1"]["late_rate"] <= 1.0

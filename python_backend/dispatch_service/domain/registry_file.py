@@ -76,8 +76,8 @@ def _lon_lat(point: tuple[float, float]) -> tuple[float, float]:
     return point
 
 
-# RFC 7946 positions: [lon, lat] (an altitude, where given, is ignored by the schema's
-# strictness: a position is exactly two finite numbers here).
+# RFC 7946 positions: [lon, lat], two finite numbers (the registry is flat: an altitude is
+# refused).
 Position = Annotated[
     tuple[
         Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]
@@ -87,7 +87,8 @@ Position = Annotated[
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a geometry's other members (a bbox a GIS tool wrote) are not the registry's
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class _Polygon(_Strict):

@@ -137,6 +137,32 @@ evaluate: setup ## every policy in every city and regime, every order counted (e
 shadow-cost: setup ## latency cost of shadow scoring
 	$(PY) -m perf.shadow_cost
 
+# A live city against a running server (`make serve` in another terminal): the simulator
+# plays CITIES (SPEED simulated seconds per wall second) through dispatch_fused and reports
+# every outcome to the launcher's /v1/outcomes with the key in OUTCOME_KEY_FILE; it stops
+# after ORDERS answered orders (docs/outcomes.md). SCENARIO changes one city's world, e.g.
+# make live-city SCENARIO=speeds-30:city=chengdu:from-minute=30
+CITIES ?= shanghai,chengdu
+ORDERS ?= 2000
+SPEED ?= 60
+OUTCOME_KEY_FILE ?= .triton/keys/outcome.key
+.PHONY: live-city live-city-full live-city-alerts
+live-city: setup ## play simulated cities against a running server, outcomes reported late (CITIES, ORDERS, SCENARIO)
+	$(PY) -m dispatch_service.offline.live_city --url 127.0.0.1:$(GRPC_PORT) \
+		--outcomes-url http://127.0.0.1:$(or $(HEALTH_PORT),$(shell echo $$(($(METRICS_PORT) + 1)))) \
+		--outcome-key-file $(OUTCOME_KEY_FILE) --cities $(CITIES) --orders $(ORDERS) \
+		--speed $(SPEED) $(if $(SCENARIO),--scenario $(SCENARIO))
+
+# The live-city integration test at 20,000 orders on a server of its own: every answered
+# order has one decision record and every outcome is joined (about 15 minutes on 2 cores).
+live-city-full: setup ## the live-city count test at 20,000 orders
+	LIVE_CITY_ORDERS=20000 $(PY) -m pytest -s tests/integration/test_live_city.py -k one_decision
+
+# The alerts against a changed world: speeds -30 % and an unlisted barrier in Chengdu, 70 %
+# fewer riders in Beijing, each a run with its series through promtool (about 5 minutes each).
+live-city-alerts: setup ## the live-city runs whose recorded series must fire a changed city's alerts
+	LIVE_CITY_SCENARIOS=1 $(PY) -m pytest -s tests/integration/test_live_city.py -k changed_city
+
 # One line per target, from the "## " note on its rule line.
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | \

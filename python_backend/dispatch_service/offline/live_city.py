@@ -73,6 +73,7 @@ __all__ = [
     "main",
     "parse_scenario",
     "run_live_city",
+    "simulated_start",
     "unlisted_barrier",
 ]
 
@@ -81,6 +82,10 @@ DEFAULT_SERIES_PREFIXES: Final = ("dispatch_drift_", "dispatch_quality_")
 # Simulated time starts at a local hour this many days (at least) before the wall clock.
 _DAYS_BACK: Final = 2
 _REASSIGN_AFTER_S: Final = 60.0  # the platform reassigns an order the service left unassigned
+# An outcome refused as an unknown decision is sent again this much later, this many times:
+# the server records decisions off the request path, so a fast report may come first.
+_RETRY_AFTER_S: Final = 60.0
+_RETRIES: Final = 3
 
 
 @dataclass(frozen=True)
@@ -249,7 +254,8 @@ class LiveCityRun:
     orders_answered: int = 0
     orders_assigned: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)  # by status
-    reported: int = 0
+    reported: int = 0  # outcomes sent, each once (resent ones in `resent`)
+    resent: int = 0
     stored: int = 0
     duplicates: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # by reason
@@ -262,8 +268,9 @@ class LiveCityRun:
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
-            name: (dict(value) if isinstance(value, Counter) else value)
-            for name, value in dataclasses.asdict(self).items()
+            item.name: (dict(value) if isinstance(value, Counter) else value)
+            for item in dataclasses.fields(self)
+            for value in (getattr(self, item.name),)
         }
 
 
@@ -273,6 +280,7 @@ class _Pending:
     seq: int
     report: OutcomeReport = field(compare=False)
     city: str = field(compare=False)
+    tries: int = field(default=0, compare=False)
 
 
 def simulated_start(config: LiveCityConfig, now: float) -> int:
@@ -298,6 +306,7 @@ class _Play:
         *,
         ledger: TextIO | None,
         recorder: SeriesRecorder | None,
+        on_minute: Callable[[float], None] | None,
         clock: Callable[[], float],
         sleep: Callable[[float], None],
     ) -> None:
@@ -306,6 +315,7 @@ class _Play:
         self.report = report
         self.ledger = ledger
         self.recorder = recorder
+        self.on_minute = on_minute
         self.clock = clock
         self.sleep = sleep
         worlds = simulator.city_worlds()
@@ -401,31 +411,35 @@ class _Play:
         if not due:
             return
         records = [item.report for item in due]
-        self.run.reported += len(records)
+        self.run.reported += sum(1 for item in due if item.tries == 0)
+        self.run.resent += sum(1 for item in due if item.tries > 0)
         try:
             receipt = self.report(records)
         except DispatchError as exc:
             self.run.report_errors[type(exc).__name__] += len(records)
-            self._write_ledger(due, None, str(exc))
+            self._write_ledger([(item, str(exc)) for item in due])
             return
         self.run.stored += receipt.stored
         self.run.duplicates += receipt.duplicates
         refused = {item.index: item.reason for item in receipt.refused}
-        for reason in refused.values():
-            self.run.refused[reason] += 1
-        self._write_ledger(due, refused, None)
+        results: list[tuple[_Pending, str]] = []
+        for index, item in enumerate(due):
+            reason = refused.get(index)
+            if reason == "unknown_decision" and item.tries < _RETRIES:
+                again = _Pending(item.due + _RETRY_AFTER_S, item.seq, item.report, item.city)
+                again.tries = item.tries + 1
+                heapq.heappush(self.pending, again)
+                continue
+            if reason is not None:
+                self.run.refused[reason] += 1
+            results.append((item, reason or "accepted"))
+        self._write_ledger(results)
 
-    def _write_ledger(
-        self, due: list[_Pending], refused: dict[int, str] | None, error: str | None
-    ) -> None:
+    def _write_ledger(self, results: list[tuple[_Pending, str]]) -> None:
         if self.ledger is None:
             return
-        for index, item in enumerate(due):
-            entry = {
-                **item.report.to_json_dict(),
-                "city": item.city,
-                "result": error or (refused or {}).get(index, "accepted"),
-            }
+        for item, result in results:
+            entry = {**item.report.to_json_dict(), "city": item.city, "result": result}
             self.ledger.write(json.dumps(entry) + "\n")
 
     def play(self) -> LiveCityRun:
@@ -452,12 +466,17 @@ class _Play:
                     self.realise(city, window, world, rid, answer)
                 self.run.minutes = minute + 1
                 self.flush(start + (minute + 1) * 60.0)
+                if self.on_minute is not None:
+                    self.on_minute(start + (minute + 1) * 60.0)
                 if self.recorder is not None:
                     self.recorder.scrape()
                     self.run.scrapes = self.recorder.scrapes
                 if self.run.orders_answered >= config.orders:
                     break
-        self.flush(math.inf)
+        while self.pending:  # the rest, now; a decision not yet recorded gets a second later
+            self.flush(math.inf)
+            if self.pending:
+                self.sleep(1.0)
         self.run.wall_s = round(self.clock() - started, 3)
         return self.run
 
@@ -470,16 +489,27 @@ def run_live_city(
     outcome_key: str | None = None,
     ledger: TextIO | None = None,
     recorder: SeriesRecorder | None = None,
+    on_minute: Callable[[float], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> LiveCityRun:
     """Play ``config`` against the server behind ``client``, reporting outcomes to
-    ``outcomes_url``; returns the counts."""
+    ``outcomes_url``; returns the counts. ``on_minute`` is told the simulated time at the
+    end of each simulated minute, after its outcomes were reported and before the scrape."""
 
     def report(records: list[OutcomeReport]) -> OutcomeReceipt:
         return report_outcomes(records, url=outcomes_url, key=outcome_key)
 
-    play = _Play(config, client, report, ledger=ledger, recorder=recorder, clock=clock, sleep=sleep)
+    play = _Play(
+        config,
+        client,
+        report,
+        ledger=ledger,
+        recorder=recorder,
+        on_minute=on_minute,
+        clock=clock,
+        sleep=sleep,
+    )
     return play.play()
 
 

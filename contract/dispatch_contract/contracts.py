@@ -18,6 +18,7 @@ __all__ = [
     "ASSIGNED_OBJECTIVES",
     "CANDIDATE_RIDER_INDEX",
     "CONTRACT_VERSION",
+    "DECISION_RECORD_INPUTS",
     "DEFAULT_OBJECTIVE_WEIGHTS",
     "DISPATCH_ENSEMBLE_INPUTS",
     "DISPATCH_ENSEMBLE_OUTPUTS",
@@ -506,6 +507,15 @@ STACKING_INPUTS: Final[tuple[TensorSpec, ...]] = (
     replace(ORDER_MODEL_VERSION, optional=True),
     replace(ORDER_FIELDS, optional=True),  # created_at column
 )
+# What the `dispatch` ensemble's decision records need besides (the resolver ends the
+# ensemble and records them): the routing key, the window's city and decision time, each
+# order's fallback level. Optional: a request without them records no decision.
+DECISION_RECORD_INPUTS: Final[tuple[TensorSpec, ...]] = (
+    replace(ORDER_TEXT, optional=True),
+    replace(WINDOW_CITY, optional=True),
+    replace(WINDOW_FIELDS, optional=True),
+    replace(ORDER_FALLBACK_LEVEL, optional=True),
+)
 RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     PAIR_OBJECTIVES,
     CANDIDATE_RIDER_INDEX,
@@ -516,13 +526,7 @@ RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
     # Exact ties between orders are broken by their ids, not their rows (the answer
     # must not depend on how the caller lists the window). Optional: without it, by row.
     replace(_WINDOW_SPECS["ORDER_IDS"], optional=True),
-    # What the `dispatch` ensemble's decision records need besides (the resolver ends the
-    # ensemble and records them): the routing key, the window's city and decision time, each
-    # order's fallback level. Optional: a request without them records no decision.
-    replace(ORDER_TEXT, optional=True),
-    replace(WINDOW_CITY, optional=True),
-    replace(WINDOW_FIELDS, optional=True),
-    replace(ORDER_FALLBACK_LEVEL, optional=True),
+    *DECISION_RECORD_INPUTS,
 )
 # The priority lane: `dispatch_fused` on stubs of its own at the server's CPU priority, with
 # the same tensors and answer. Level-1 windows go there (`DispatchClient` sends them): Triton's

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_contract import STACKING_INPUTS
+from dispatch_contract import DECISION_RECORD_INPUTS, STACKING_INPUTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.domain.window_wire import window_to_wire
@@ -64,9 +64,10 @@ def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, N
     scored = pipeline.model.run(encoded)
     available: Mapping[str, NDArray[Any]] = {**window, **encoded, **scored}
     # Without the stacking inputs: a stack-aware warm-up would make BLS calls of a
-    # dispatch_model that may still be loading; the resolution itself is the same code.
-    stacking = {spec.name for spec in STACKING_INPUTS}
-    resolver = [n for n in pipeline.resolver.input_names if n in available and n not in stacking]
+    # dispatch_model that may still be loading; the resolution itself is the same code. Nor
+    # the decision records' inputs: a warm-up is no decision (and records none).
+    left_out = {spec.name for spec in (*STACKING_INPUTS, *DECISION_RECORD_INPUTS)}
+    resolver = [n for n in pipeline.resolver.input_names if n in available and n not in left_out]
     return {
         "feature_encoder": {n: available[n] for n in pipeline.encoder.input_names if n in window},
         "topk_resolver": {n: available[n] for n in resolver},

@@ -181,6 +181,10 @@ def cover_maximum_assignment(
     """
     if candidates.shape[0] == 0 or candidates.shape[1] == 0:
         return candidates
+    if candidates.shape[0] == 1:  # one order: served by its lists iff a listed rider has room
+        listed_riders = candidates[0][candidates[0] >= 0]
+        if listed_riders.size == 0 or bool((spare[listed_riders] > 0).any()):
+            return candidates  # what the greedy rounds below find, in a few calls
     first = _greedy(candidates, spare)
     listed = candidates[:, 0] >= 0  # lists are nearest first, pads last
     served = int(np.count_nonzero(first >= 0))

@@ -146,3 +146,21 @@ def test_the_amendment_does_not_depend_on_how_the_window_is_listed(seed: int) ->
     for _ in range(3):
         orders, riders = rng.permutation(num_orders), rng.permutation(num_riders)
         assert amended_by_ids(seed, orders, riders) == expected
+
+
+@pytest.mark.parametrize(
+    ("listed", "spare", "expected"),
+    [
+        ([[0, 1]], [0, 1, 1], [[0, 1]]),  # the second listed rider has room: kept
+        ([[2, 0]], [0, 0, 1], [[2, 0]]),  # the first one has: kept
+        ([[0, 1]], [0, 0, 0], [[0, 1]]),  # nobody has room: kept
+        ([[-1, -1]], [1, 1, 1], [[-1, -1]]),  # nobody listed (none feasible): kept
+    ],
+)
+def test_a_one_order_window_keeps_its_list_when_a_listed_rider_has_room_or_none_has(
+    listed: list[list[int]], spare: list[int], expected: list[list[int]]
+) -> None:
+    candidates = np.array(listed, dtype=np.int32)
+    feasible = np.ones((1, 3), dtype=bool)
+    out = cover_maximum_assignment(candidates, lambda: feasible, np.array(spare, dtype=np.int64))
+    assert out.tolist() == expected

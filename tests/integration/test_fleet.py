@@ -54,11 +54,8 @@ class Replica:
     lines: list[str] = field(default_factory=list)
 
     @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.ports.http}"
-
-    @property
     def admin_key(self) -> str:
+        """For its launcher's control endpoint (`health_url`), as an operator sends it."""
         return (self.key_dir / "admin.key").read_text().strip()
 
     @property
@@ -492,8 +489,8 @@ def test_rule_based_dispatch_clears_with_a_rollback(fleet: Fleet) -> None:
     """DispatchRuleBasedDispatch's condition (no version answers: level 2) on one replica,
     then its runbook fix as written: `dispatch-admin rollback`."""
     replica = fleet.live()[0]
-    unload_model(replica.http_url, "dispatch_model", replica.admin_key, 120)
-    assert ready_versions(replica.http_url, "dispatch_model", replica.admin_key) == ()
+    unload_model(replica.health_url, "dispatch_model", replica.admin_key, 120)
+    assert ready_versions(replica.health_url, "dispatch_model", replica.admin_key) == ()
     with DispatchClient.grpc(replica.grpc_url, retry=NO_RETRY) as client:
         levels = {int(o.fallback_level) for o in client.dispatch(window_for(USERS[:8])).orders}
     assert levels == {2}
@@ -501,7 +498,7 @@ def test_rule_based_dispatch_clears_with_a_rollback(fleet: Fleet) -> None:
     assert code == 0, text
     detail = replica.fleet()
     assert detail["status"] == "current" and detail["refused"] is None
-    assert ready_versions(replica.http_url, "dispatch_model", replica.admin_key) != ()
+    assert ready_versions(replica.health_url, "dispatch_model", replica.admin_key) != ()
     with DispatchClient.grpc(replica.grpc_url, retry=NO_RETRY) as client:
         levels = {int(o.fallback_level) for o in client.dispatch(window_for(USERS[:8])).orders}
     assert levels == {0}

@@ -25,6 +25,8 @@ __all__ = [
 
 # Bit of RIDER_EQUIPMENT that says the rider carries a thermal box.
 THERMAL_EQUIPMENT_BIT: Final = 1
+# The order bits `meets_hard_constraints` reads.
+_HARD_BITS: Final = int(OrderConstraint.THERMAL_BOX) | int(OrderConstraint.LARGE_ITEM)
 
 
 def meets_hard_constraints(
@@ -49,9 +51,14 @@ def feasible(
     """Element-wise (numpy broadcasting): hard constraints met and load below capacity."""
     load = np.asarray(rider_load, dtype=np.int64)
     capacity = np.asarray(rider_capacity, dtype=np.int64)
-    return np.asarray(
-        meets_hard_constraints(constraints, rider_equipment, rider_vehicle) & (load < capacity)
-    )
+    room = load < capacity
+    if (
+        type(constraints) is int
+        and not constraints & _HARD_BITS
+        and np.shape(rider_equipment) == np.shape(rider_vehicle) == room.shape
+    ):  # an order with no hard constraint (the encoder's usual one): room alone decides
+        return np.asarray(room)
+    return np.asarray(meets_hard_constraints(constraints, rider_equipment, rider_vehicle) & room)
 
 
 def spare_slots(rider_load: ArrayLike, rider_capacity: ArrayLike) -> NDArray[np.int64]:

@@ -130,3 +130,17 @@ def test_spare_slots_is_capacity_less_load_and_never_negative() -> None:
     got = spare_slots(np.array([0, 1, 3, 5], dtype=np.int32), np.array([2, 3, 3, 4]))
     assert got.dtype == np.int64
     assert got.tolist() == [2, 2, 0, 0]
+
+
+def test_an_order_without_hard_constraints_is_judged_by_room_alone() -> None:
+    load, capacity = np.array([0, 1, 2], np.int32), np.array([1, 1, 3], np.int32)
+    equipment, vehicle = np.array([0, 1, 0], np.int32), np.array([0, 2, 1], np.int32)
+    fragile = int(OrderConstraint.FRAGILE)  # a soft bit: no rider is ruled out by it
+    for plain in (0, fragile):
+        assert feasible(plain, equipment, vehicle, load, capacity).tolist() == [True, False, True]
+    thermal = int(OrderConstraint.THERMAL_BOX)
+    assert feasible(thermal, equipment, vehicle, load, capacity).tolist() == [False] * 3
+    large = int(OrderConstraint.LARGE_ITEM)
+    assert feasible(large, equipment, vehicle, load, capacity).tolist() == [False] * 3
+    # one order against a [1, R] row of riders: the shape broadcasting gives, as before
+    assert feasible(0, equipment[None], vehicle[None], load, capacity).shape == (1, 3)

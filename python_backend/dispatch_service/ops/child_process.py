@@ -114,9 +114,9 @@ class ChildService:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
-                # Private from the first byte: what the child creates (Triton's and its
-                # stubs' shared-memory regions in /dev/shm) is never open to another user,
-                # not even for the moment before it could be made private.
+                # What the child creates with a default mode is its owner's alone. Triton
+                # 2.51's Python backend sets its shared-memory regions to 0644 explicitly
+                # all the same (docs/operations.md), so this does not close that.
                 umask=PRIVATE_UMASK,
             )
 

@@ -17,6 +17,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# How long a start waits for the ports of an orphaned server it stopped to be free.
+ORPHAN_PORTS_WAIT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -397,13 +401,19 @@ class TritonServer(ChildService):
         # A server of this repository whose launcher died holds the ports for seconds
         # while it stops: ended first, so a start right after a `kill -9` succeeds.
         lines = stop_orphaned_servers((ports.http, ports.grpc, ports.metrics))
-        busy = ports_in_use(opts.host, (ports.http, ports.grpc, ports.metrics))
-        if busy:
-            raise ServerError(describe_ports(opts.host, busy))
-        lines += clean_leftovers(find_leftovers(self.shm_dir))
         for line in lines:
             logger.warning(line)
-        return lines
+        busy = ports_in_use(opts.host, (ports.http, ports.grpc, ports.metrics))
+        deadline = time.monotonic() + ORPHAN_PORTS_WAIT_S
+        while busy and lines and time.monotonic() < deadline:  # going with the orphan
+            time.sleep(0.2)
+            busy = ports_in_use(opts.host, (ports.http, ports.grpc, ports.metrics))
+        if busy:
+            raise ServerError(describe_ports(opts.host, busy))
+        cleaned = clean_leftovers(find_leftovers(self.shm_dir))
+        for line in cleaned:
+            logger.warning(line)
+        return lines + cleaned
 
     def start(self, timeout_s: float = 120.0) -> TritonServer:
         self.runtime.check()

@@ -319,8 +319,8 @@ def test_stopping_a_server_whose_process_already_died_ends_its_group(tmp_path: P
 def test_a_child_and_its_children_create_files_private_from_the_first_byte(
     tmp_path: Path,
 ) -> None:
-    """A second local user polling /dev/shm opened 6 of the backend's regions before they
-    were made private: the server (and so its stubs) starts with umask 077 instead."""
+    """The server and its stubs start with umask 077: what they create with a default mode
+    is never open to another local user, not even for a moment."""
     child = ChildService(tmp_path / "child.log", "umask")
     grandchild = f"open({str(tmp_path / 'made_by_grandchild')!r}, 'w').close()"
     script = (

@@ -15,6 +15,12 @@ from dispatch_service.core.model_config import (
     read_model_config,
 )
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import (
+    ROUTER_MODEL,
+    SCORING_MODEL,
+    model_layout,
+    models_in,
+)
 from dispatch_service.ops import admin, server_cli
 
 BROKEN_LINE = "this is { not valid\n"
@@ -25,24 +31,23 @@ def broken_repository(tmp_path: Path) -> Path:
     """The committed configs (no model files), dispatch_router's with a line protobuf
     cannot read appended."""
     root = tmp_path / "repo"
-    for folder in MODEL_REPOSITORY.iterdir():
-        if (folder / "config.pbtxt").is_file():
-            target = root / folder.name
-            target.mkdir(parents=True)
-            shutil.copy(folder / "config.pbtxt", target / "config.pbtxt")
-            if (folder / "configs").is_dir():
-                shutil.copytree(folder / "configs", target / "configs")
-    config = root / "dispatch_router" / "config.pbtxt"
+    for source in models_in(MODEL_REPOSITORY):
+        target = model_layout(root, source.folder.name)
+        target.folder.mkdir(parents=True)
+        shutil.copy(source.config, target.config)
+        if source.profile("gpu").parent.is_dir():
+            shutil.copytree(source.profile("gpu").parent, target.profile("gpu").parent)
+    config = model_layout(root, ROUTER_MODEL).config
     config.write_text(config.read_text() + BROKEN_LINE)
     return root
 
 
 def _broken_line_number(repository: Path) -> int:
-    return len((repository / "dispatch_router" / "config.pbtxt").read_text().splitlines())
+    return len(model_layout(repository, ROUTER_MODEL).config.read_text().splitlines())
 
 
 def test_the_reader_names_model_file_line_and_reason(broken_repository: Path) -> None:
-    path = broken_repository / "dispatch_router" / "config.pbtxt"
+    path = model_layout(broken_repository, ROUTER_MODEL).config
     with pytest.raises(ModelConfigError) as caught:
         read_model_config(path)
     line = _broken_line_number(broken_repository)
@@ -56,10 +61,10 @@ def test_the_reader_names_model_file_line_and_reason(broken_repository: Path) ->
 def test_the_repository_check_reads_what_the_profile_reads(broken_repository: Path) -> None:
     with pytest.raises(ModelConfigError, match="dispatch_router"):
         check_repository_configs(broken_repository, "cpu")
-    good = broken_repository / "dispatch_router" / "config.pbtxt"
+    good = model_layout(broken_repository, ROUTER_MODEL).config
     good.write_text(good.read_text().replace(BROKEN_LINE, ""))
     check_repository_configs(broken_repository, "cpu")  # every file parses
-    profile = broken_repository / "dispatch_model" / "configs" / "gpu.pbtxt"
+    profile = model_layout(broken_repository, SCORING_MODEL).profile("gpu")
     profile.write_text("max_batch_size: lots\n")
     check_repository_configs(broken_repository, "cpu")  # the cpu profile never reads it
     with pytest.raises(

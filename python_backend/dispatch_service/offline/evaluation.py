@@ -294,7 +294,8 @@ def render_report(summary: dict[str, Any], models: Mapping[str, Sequence[str]]) 
                 "32 candidates, the request's weights); `minutes_oracle` serves the most "
                 "orders and then minimises expected delivery minutes over every feasible "
                 "pair, what users feel. A model's distance to the minutes oracle is the "
-                "weights' price plus prediction error's:",
+                "weights' price (with what the 32-candidate limit costs) plus prediction "
+                "error's:",
                 "",
                 gap_table(data["regimes"]),
             ]

@@ -348,8 +348,9 @@ def _gap_split(per_window: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     """A policy's distance to the minutes oracle in two parts, each with its 95 % interval
     over windows: the weights' price (the project-objective oracle less the minutes oracle:
     what optimising the weighted objective rather than minutes costs in minutes, and what it
-    buys in cost and lateness) and prediction error's (the policy less the project-objective
-    oracle, both under the same weights)."""
+    buys in cost and lateness; it includes what the oracle's 32-candidate limit costs) and
+    prediction error's (the policy less the project-objective oracle, both under the same
+    weights)."""
 
     def diff(first: str, second: str, key: str) -> NDArray[np.float64]:
         return np.asarray(per_window[first][key], dtype=np.float64) - np.asarray(

@@ -8,7 +8,7 @@ to the column that carried the value, so a v2 caller reads where to look.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -280,6 +280,14 @@ _RIDER_LIMITS: Final = np.asarray(
     [_INTEGER_SOURCES[RIDER_FIELD_SOURCES[at][0]][1] for at in _RIDER_WHOLE.tolist()]
 )
 _PROMISED: Final = ORDER_FIELD_COLUMNS.index("promised_minutes")
+_USUAL_TENSORS: Final = (
+    ORDER_FIELDS.name,
+    RIDER_FIELDS.name,
+    WINDOW_FIELDS.name,
+    ORDER_TEXT.name,
+    "ORDER_IDS",
+    "RIDER_IDS",
+)
 
 
 def _pair_at(columns: tuple[str, ...], lat: str, lon: str) -> slice:
@@ -300,17 +308,10 @@ def _usual_window(inputs: Mapping[str, Any], limits: WindowLimits) -> DispatchWi
     dozen numpy calls; None when anything differs, and `window_from_wire` then checks rule
     by rule, naming the first one broken. The window is the one the full checks build, field
     for field and byte for byte: the same conversions of the same columns."""
-    orders = inputs.get(ORDER_FIELDS.name)
-    riders = inputs.get(RIDER_FIELDS.name)
-    fields = inputs.get(WINDOW_FIELDS.name)
-    text = inputs.get(ORDER_TEXT.name)
-    order_ids = inputs.get("ORDER_IDS")
-    rider_ids = inputs.get("RIDER_IDS")
-    arrays = (orders, riders, fields, text, order_ids, rider_ids)
+    arrays = [inputs.get(name) for name in _USUAL_TENSORS]
     if not all(type(array) is np.ndarray for array in arrays):
         return None
-    assert orders is not None and riders is not None and fields is not None  # for mypy
-    assert text is not None and order_ids is not None and rider_ids is not None
+    orders, riders, fields, text, order_ids, rider_ids = cast(list[NDArray[Any]], arrays)
     num_orders, num_riders = orders.shape[0], riders.shape[0]
     if (
         orders.dtype != np.float64
@@ -339,24 +340,24 @@ def _usual_window(inputs: Mapping[str, Any], limits: WindowLimits) -> DispatchWi
     order_whole, rider_whole = orders[:, _ORDER_WHOLE], riders[:, _RIDER_WHOLE]
     if not (_all_whole(order_whole, _ORDER_LIMITS) and _all_whole(rider_whole, _RIDER_LIMITS)):
         return None
-    ids = [utf8_as_sent(column.tolist(), 1, limits.max_id_bytes) for column in (
-        order_ids, text[:, 0], rider_ids
-    )]  # fmt: skip
-    order_ids, user_ids, rider_ids = ids
-    if order_ids is None or user_ids is None or rider_ids is None:
+    order_keys, user_keys, rider_keys = (
+        utf8_as_sent(column.tolist(), 1, limits.max_id_bytes)
+        for column in (order_ids, text[:, 0], rider_ids)
+    )
+    if order_keys is None or user_keys is None or rider_keys is None:
         return None
-    if not (ids_distinct(order_ids) and ids_distinct(rider_ids)):
+    if not (ids_distinct(order_keys) and ids_distinct(rider_keys)):
         return None
     load, capacity, vehicle, equipment = np.ascontiguousarray(rider_whole.T, dtype=np.int32)
     window = DispatchWindow(
-        order_ids=order_ids,
-        order_user_ids=user_ids,
+        order_ids=order_keys,
+        order_user_ids=user_keys,
         pickup=orders[:, _PICKUP].copy(),
         dropoff=orders[:, _DROPOFF].copy(),
         created_at=order_whole[:, 0].astype(np.int64),
         promised_minutes=orders[:, _PROMISED].astype(np.float32),
         constraints=order_whole[:, 1].astype(np.int32),
-        rider_ids=rider_ids,
+        rider_ids=rider_keys,
         rider_position=riders[:, _POSITION].copy(),
         rider_load=load,
         rider_capacity=capacity,

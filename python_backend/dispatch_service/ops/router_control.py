@@ -1,4 +1,10 @@
-"""Read and change the canary settings of a running server's `dispatch_router`, live.
+"""Read and change the config parameters a running server's routing models load with, live:
+the GPU monitor's path (`ops.gpu`) to the node's own ``cpu_scoring``.
+
+Not the way to route: routing changes as a signed fleet revision (`fleet_revisions`), which
+the launcher writes to the live routing file; once written, every entry point routes by that
+file and takes only ``cpu_scoring`` from its config (`routing.live`). `dispatch-admin` has
+no other way to route.
 
 The in-process routing models (`IN_PROCESS_ROUTING_MODELS`: dispatch_fused, the one-process
 entry point, and dispatch_priority, its priority lane) route with the same settings: each

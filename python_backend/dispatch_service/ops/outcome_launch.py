@@ -17,10 +17,14 @@ from typing import TextIO
 
 from dispatch_contract.keys import read_key
 from dispatch_contract.outcomes import OUTCOME_KEY_ENV, OUTCOME_KEY_HEADER
-from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.ops.keys import OUTCOME_KEY_FILE, load_or_create_key
 from dispatch_service.outcomes.service import OutcomeService
-from dispatch_service.outcomes.store import DEFAULT_STORE_FILE, OUTCOME_STORE_ENV, StoreLimits
+from dispatch_service.outcomes.store import (
+    DEFAULT_STORE_PATH,
+    OUTCOME_STORE_ENV,
+    StoreLimits,
+    store_address,
+)
 
 __all__ = ["add_outcome_arguments", "outcome_service_from_args", "outcome_store_from_args"]
 
@@ -30,8 +34,7 @@ DAY_S = 86_400.0
 def add_outcome_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--outcome-store",
-        default=os.environ.get(OUTCOME_STORE_ENV)
-        or str(REPO_ROOT / ".triton" / DEFAULT_STORE_FILE),
+        default=os.environ.get(OUTCOME_STORE_ENV) or str(DEFAULT_STORE_PATH),
         help="where decisions and outcomes are kept: an SQLite file, or a postgresql:// URL "
         f"shared by a fleet (env {OUTCOME_STORE_ENV}; default %(default)s)",
     )
@@ -64,12 +67,7 @@ def add_outcome_arguments(parser: argparse.ArgumentParser) -> None:
 def outcome_store_from_args(args: argparse.Namespace) -> str | None:
     """The store the entry points write to (None: --no-outcomes); a file as an absolute
     path, since the stubs do not run in the launcher's working directory."""
-    if args.no_outcomes:
-        return None
-    store = str(args.outcome_store)
-    if store.startswith(("postgresql://", "postgres://")):
-        return store
-    return str(Path(store.removeprefix("sqlite://")).resolve())
+    return None if args.no_outcomes else store_address(args.outcome_store)
 
 
 def outcome_service_from_args(args: argparse.Namespace, out: TextIO) -> OutcomeService | None:

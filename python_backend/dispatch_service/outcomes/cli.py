@@ -20,11 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Final, TextIO
 
-from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.outcomes.quality import QualityFigures, QualityKey, live_quality
 from dispatch_service.outcomes.service import quality_json
 from dispatch_service.outcomes.sql_store import open_store
-from dispatch_service.outcomes.store import DEFAULT_STORE_FILE, OUTCOME_STORE_ENV, StoreError
+from dispatch_service.outcomes.store import DEFAULT_STORE_PATH, OUTCOME_STORE_ENV, StoreError
 
 __all__ = ["add_quality_command", "cmd_quality", "quality_table"]
 
@@ -41,8 +40,7 @@ def add_quality_command(command: CommandFactory) -> None:
     )
     quality.add_argument(
         "--store",
-        default=os.environ.get(OUTCOME_STORE_ENV)
-        or str(REPO_ROOT / ".triton" / DEFAULT_STORE_FILE),
+        default=os.environ.get(OUTCOME_STORE_ENV) or str(DEFAULT_STORE_PATH),
         help=f"the outcome store: an SQLite file or a postgresql:// URL (env {OUTCOME_STORE_ENV})",
     )
     quality.add_argument(

@@ -28,6 +28,8 @@ from dispatch_service.outcomes.store import (
     StoreCounts,
     StoreError,
     StoreLimits,
+    is_postgres_url,
+    store_address,
 )
 
 __all__ = ["PostgresStore", "SqlStore", "SqliteStore", "open_store"]
@@ -411,7 +413,5 @@ def open_store(url: str | Path) -> OutcomeStore:
     """The store at ``url`` (a PostgreSQL URL, else an SQLite file), schema migrated.
 
     Raises StoreError when it cannot be opened or migrated."""
-    text = str(url)
-    if text.startswith(("postgresql://", "postgres://")):
-        return PostgresStore(text)
-    return SqliteStore(Path(text.removeprefix("sqlite://")))
+    address = store_address(url)
+    return PostgresStore(address) if is_postgres_url(address) else SqliteStore(Path(address))

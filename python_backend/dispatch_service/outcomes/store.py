@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Protocol
 
 from dispatch_contract.outcomes import OutcomeStatus
+from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.outcomes.records import DecisionId, DecisionRecord, Outcome
 
 __all__ = [
     "DEFAULT_STORE_FILE",
+    "DEFAULT_STORE_PATH",
     "OUTCOME_STORE_ENV",
     "DecisionFacts",
     "JoinedRow",
@@ -34,9 +37,14 @@ __all__ = [
     "StoreCounts",
     "StoreError",
     "StoreLimits",
+    "is_postgres_url",
+    "store_address",
 ]
 
 DEFAULT_STORE_FILE: Final = "outcomes.sqlite3"
+# The launcher's and `dispatch-admin quality`'s default: the checkout's state folder.
+DEFAULT_STORE_PATH: Final = REPO_ROOT / ".triton" / DEFAULT_STORE_FILE
+_POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 # Where the launcher tells the server's stubs to write decision records (a path or URL);
 # unset: the entry points record none.
 OUTCOME_STORE_ENV: Final = "DISPATCH_OUTCOME_STORE"
@@ -133,3 +141,16 @@ class OutcomeStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def is_postgres_url(address: str | Path) -> bool:
+    return str(address).startswith(_POSTGRES_SCHEMES)
+
+
+def store_address(address: str | Path) -> str:
+    """A store's address as every process reads it alike: a PostgreSQL URL as given, an
+    SQLite file (``sqlite://`` optional) as an absolute path."""
+    text = str(address)
+    if is_postgres_url(text):
+        return text
+    return str(Path(text.removeprefix("sqlite://")).resolve())

@@ -307,6 +307,8 @@ class FleetWatcher:
         self._retry_at = time.monotonic() + RETRY_WAITS_S[-1] if retried else None
         known = self.state.refused
         if retried and known is not None and (known.digest, known.code) == (digest, code):
+            with self._lock:
+                self.state.status = "refused"  # tried again, refused again: said once
             return
         refusal = _Refusal(str(self.store.document), digest, reason, code, revision, time.time())
         with self._lock:

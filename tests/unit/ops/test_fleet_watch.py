@@ -178,6 +178,7 @@ def test_a_server_failure_is_retried_after_a_bounded_backoff(
     refusals = watch.detail()["refusals"]
     watch.poll()
     assert watch.detail()["refusals"] == refusals and server.applied == []
+    assert watch.detail()["status"] == "refused"
     server.fail = None  # the cause is gone: the same bytes are tried again, and applied
     watch.poll()
     assert server.applied == [1]

@@ -44,6 +44,7 @@ class CountingServer(FakeServer):
 
     def stop(self, timeout_s: float = 0, *, graceful: bool = True) -> None:
         self.calls.append("stop")
+        self.process = None  # as a real server's stop lets go of its process
 
 
 class StandInRepository:

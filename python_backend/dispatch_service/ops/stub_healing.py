@@ -119,12 +119,15 @@ class StubHealing:
         return {} if process is None else stub_versions(process.pid)
 
     def _stubs_alive(self) -> bool:
-        """Whether every stub that serves, as of the last look, still runs: read at each
-        readiness question, so a stub that died since the last poll makes the server not
-        ready at once (a dead stub is a zombie: Triton never reaps it)."""
+        """Whether Triton and every stub that serves, as of the last look, still run: read
+        at each readiness question, so a server or stub that died since the last check
+        makes the server not ready at once (a dead stub is a zombie: Triton never reaps
+        it). A crash at a burst's tail answered /readyz 200 for up to a second after it."""
         process = self.server.process
         if process is None:
             return True  # no server: its own verdicts say so
+        if process.poll() is not None:
+            return False
         stale = set(self._stale)
         for pid in list(self._stubs):
             if pid in stale:

@@ -506,7 +506,7 @@ def test_replaced_stubs_are_ended_and_only_this_servers(stub_parent: _StubParent
     watcher = Supervisor(
         server, SupervisorSettings(health_port=0), report=lambda e: events.append(json.loads(e))
     )
-    first, second = stub_parent.children
+    first, _second = stub_parent.children
     with subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL) as stranger:  # not ours
         try:
             watcher._end_stale({first, stranger.pid})
@@ -554,3 +554,15 @@ def test_a_server_holding_dead_stubs_is_restarted_at_the_limit_or_after_their_ag
     snapshot = watcher.snapshot()
     assert snapshot["leak_restarts"] == 1 and snapshot["server_restarts"] == 1
     assert [e["event"] for e in events][:1] == ["server_restart_for_leaks"]
+
+
+def test_a_server_that_died_since_the_last_check_is_not_ready_at_once(tmp_path: Path) -> None:
+    """A crash at a short-deadline burst's tail answered /readyz 200 until the next check."""
+    server = CountingServer()
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=lambda line: None)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as triton:
+        server.process = triton  # type: ignore[assignment]
+        assert watcher.ready()
+        triton.send_signal(signal.SIGSEGV)
+        triton.wait(timeout=30)
+        assert not watcher.ready() and not watcher.snapshot()["ready"]

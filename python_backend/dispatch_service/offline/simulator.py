@@ -53,7 +53,7 @@ import shapely
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import ndtr
 
-from dispatch_contract import OrderConstraint
+from dispatch_contract import OrderConstraint, Vehicle
 from dispatch_service.domain import geo, roads
 from dispatch_service.domain.cities import City, CityRegistry, default_registry
 from dispatch_service.domain.feasibility import THERMAL_EQUIPMENT_BIT, feasible, spare_slots
@@ -324,9 +324,13 @@ def entry_world(city: City) -> CityConfig:
       0.45 x the area's equivalent radius R): spread over the city, across its barriers,
       denser towards the middle; a centre's weight falls from 1.5 with its distance;
     - spreads and congestion scaled to the city: orders within clip(0.1 R, 1, 2) km of a
-      centre, riders twice as wide, congestion's central bump clip(0.4 R, 5, 14) km wide.
+      centre, riders twice as wide, congestion's central bump clip(0.4 R, 5, 14) km wide;
+    - promises quoted for the city's roads: the minutes per straight km scaled from the
+      default world's by the road circuity and the motorbike's free-flow speed (a platform
+      quotes each city its own way; Shanghai's quote would be late in a slower city).
 
-    The rest (promises, rates, fleet mix, noise) are the defaults the shipped cities share.
+    The rest (rates, fleet mix, noise, the promise's base) are the defaults the shipped
+    cities share.
     """
     plane_area = shapely.Polygon(city.plane(city.area))
     radius_km = float(np.sqrt(plane_area.area / np.pi))
@@ -361,6 +365,17 @@ def entry_world(city: City) -> CityConfig:
         order_spot_spread_km=spread,
         rider_spot_spread_km=2.0 * spread,
         zone_centre_sigma_km=float(np.clip(0.4 * radius_km, 5.0, 14.0)),
+        promise_per_km=DEFAULT_CITY.promise_per_km * _road_minutes_per_km(city, DEFAULT_CITY.map),
+    )
+
+
+def _road_minutes_per_km(city: City, reference: City) -> float:
+    """How many times longer a straight km takes by motorbike on ``city``'s roads than on
+    ``reference``'s (circuity over free-flow speed)."""
+    motorbike = Vehicle.MOTORBIKE
+    return float(
+        (city.road_circuity / city.speeds_kmh[motorbike])
+        / (reference.road_circuity / reference.speeds_kmh[motorbike])
     )
 
 

@@ -420,6 +420,8 @@ def test_a_city_known_by_its_entry_alone_gets_a_world_drawn_from_its_shape() -> 
     # sizes scaled to the city (equivalent radius about 25 km), not Shanghai's
     assert world.order_spot_spread_km == 2.0 and world.rider_spot_spread_km == 4.0
     assert 9.0 < world.zone_centre_sigma_km < 11.0
+    # promises for its roads: Shanghai's 3.2 min a straight km x (1.8 / 21) / (1.3 / 24)
+    assert world.promise_per_km == pytest.approx(5.0637, abs=1e-4)
 
 
 @pytest.mark.parametrize("regime", sorted(sim.REGIMES))

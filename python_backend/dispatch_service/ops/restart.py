@@ -166,6 +166,12 @@ class CrashCounter:
         with self._lock:
             return sum(self.crashes.values())
 
+    def current_crashed(self) -> bool:
+        """Whether the server's current process has been counted as crashed: its log says
+        it caught a crash signal, and 2.51 may then hang, alive, before it exits."""
+        process = self.server.process
+        return process is not None and process.pid in self._counted
+
     def check(self) -> None:
         """One poll: judge the watched process if it exited, read what its log added, and
         watch the current one."""

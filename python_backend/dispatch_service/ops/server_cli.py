@@ -410,6 +410,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         monitor.export_to(supervisor.registry)  # the GPU series on the health port's /metrics
         crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
         supervisor.metric_sources.append(crashes.start().metrics_text)
+        supervisor.crash_seen = crashes.current_crashed
         if watcher is not None:
             watcher.follow(supervisor)
     except OSError as exc:  # the health port is taken

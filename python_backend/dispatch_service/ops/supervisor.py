@@ -148,6 +148,9 @@ class Supervisor(StubHealing):
         self.routes: list[web.AbstractRouteDef] = []
         # More fields for `/healthz` (each called per request), e.g. the fleet state served.
         self.detail_sources: dict[str, Callable[[], Any]] = {}
+        # Whether the running server has been seen catching a crash signal (it may live on,
+        # hung, for a while): not ready meanwhile (`restart.CrashCounter.current_crashed`).
+        self.crash_seen: Callable[[], bool] = lambda: False
 
     # -- verdicts -------------------------------------------------------------------------
     def live(self) -> bool:
@@ -158,7 +161,7 @@ class Supervisor(StubHealing):
         """Ready as of the last checks, and every serving stub still running now."""
         with self._lock:
             ready = self._ready_locked()
-        return ready and self._stubs_alive()
+        return ready and self._stubs_alive() and not self.crash_seen()
 
     def _ready_locked(self) -> bool:
         s = self.state
@@ -167,7 +170,7 @@ class Supervisor(StubHealing):
         )
 
     def snapshot(self) -> dict[str, Any]:
-        stubs_alive = self._stubs_alive()
+        stubs_alive = self._stubs_alive() and not self.crash_seen()
         # Outside the lock: a source may wait on a lock of its own (the fleet watcher's,
         # held while it applies a revision, a load that may take a minute), and a snapshot
         # holding this lock meanwhile stalled the drain (no ``drain_started`` after SIGTERM

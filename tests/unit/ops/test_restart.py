@@ -362,3 +362,23 @@ def test_the_log_is_read_a_bounded_part_at_a_time_and_never_when_not_a_file(
             assert counter.total() == 0
         finally:
             running.kill()
+
+
+def test_a_server_that_caught_a_crash_signal_and_lives_on_is_said_crashed(tmp_path: Path) -> None:
+    """2.51 prints "Signal (11) received." and may hang before it exits: readiness must not
+    wait for the exit (`Supervisor.crash_seen`)."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"I1203 started\n")
+    server = FakeServer(log)
+    counter = CrashCounter(server, lambda event: None)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as hung:
+        try:
+            server.process = hung
+            counter.check()
+            assert not counter.current_crashed()
+            with log.open("ab") as out:
+                out.write(b"Signal (11) received.\n")
+            counter.check()
+            assert counter.current_crashed()
+        finally:
+            hung.kill()

@@ -415,3 +415,9 @@ def test_a_slow_healthz_field_holds_up_neither_readiness_nor_the_drain(
     finally:
         release.set()
         scrape.join(timeout=30)
+
+
+def test_a_server_seen_catching_a_crash_signal_is_not_ready(supervisor: Supervisor) -> None:
+    assert supervisor.ready()
+    supervisor.crash_seen = lambda: True
+    assert not supervisor.ready() and not supervisor.snapshot()["ready"]

@@ -1,13 +1,16 @@
 """Server-side canary, shadow traffic and the fallback chain on a live server.
 
-These tests change the server's state (router settings, loaded dispatch_model versions), so
-they run against their own server (module scope, own free ports, an admin key), never the
-session server the other integration tests share. Every test puts back what it changed.
+These tests change the server's state (its routing, loaded dispatch_model versions), so they
+run against their own server (module scope, own free ports, an admin key), never the session
+server the other integration tests share. Routing changes as on every replica: a revision
+applied through the live routing file (`fleet_helpers.apply_revision`). Every test puts back
+what it changed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -23,28 +26,25 @@ from dispatch_service.domain import geo
 from dispatch_service.domain.features import feasible_mask
 from dispatch_service.domain.window import window_from_tensors, window_to_tensors
 from dispatch_service.offline.simulator import generate_window
+from dispatch_service.ops.fleet_state import FleetState
 from dispatch_service.ops.model_control import (
-    ModelControlError,
     load_model,
     model_config,
     ready_versions,
     unload_model,
     with_versions,
 )
-from dispatch_service.ops.router_control import (
-    RouterControlError,
-    apply_router_settings,
-    read_router_settings,
-    router_config_with,
-)
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.routing.settings import FUSED_MODEL_NAME, RouterSettings
+from dispatch_service.routing.live import read_entry_points, write_routing_file
+from dispatch_service.routing.settings import FUSED_MODEL_NAME, CityRoute, RouterSettings
+from fleet_helpers import apply_revision
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http, metric_series
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 ADMIN_KEY = "canary-test-key"
 SHIPPED = RouterSettings(stable_version=1, canary_version=2, scoring_versions=(1, 2))
 METRICS_SETTLE_S = 0.2  # four flushes of the models' metrics thread
+_REVISIONS = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     log = tmp_path_factory.mktemp("canary") / "server.log"
     # A refused load leaves Triton counting one live model at exit: wait 3 s for it, not 10.
     options = ServerOptions(
-        ports=Ports.free(), admin_key=ADMIN_KEY, extra_args=("--exit-timeout-secs=3",)
+        ports=Ports.free(),
+        admin_key=ADMIN_KEY,
+        extra_args=("--exit-timeout-secs=3",),
+        live_routing=True,
     )
     with TritonServer(runtime, options, log) as started:
         yield started
@@ -68,19 +71,18 @@ def client(server: TritonServer) -> Iterator[httpclient.InferenceServerClient]:
 
 
 @pytest.fixture
-def router(server: TritonServer) -> Iterator[str]:
-    """The server's HTTP address; the shipped router settings are back after the test."""
-    assert read_router_settings(server.http_url) == SHIPPED
+def router(server: TritonServer) -> Iterator[TritonServer]:
+    """The server; routed back to the shipped settings after the test."""
     try:
-        yield server.http_url
+        yield server
     finally:
-        if read_router_settings(server.http_url) != SHIPPED:
-            apply_router_settings(server.http_url, SHIPPED, admin_key=ADMIN_KEY)
+        apply(server)
 
 
-def apply(url: str, **changes: int) -> None:
-    settings = dataclasses.replace(SHIPPED, **changes)
-    apply_router_settings(url, settings, admin_key=ADMIN_KEY)
+def apply(server: TritonServer, **changes: int) -> None:
+    """The shipped routing with ``changes``, as the next revision (what a replica applies)."""
+    routing = dataclasses.replace(SHIPPED, **changes)
+    apply_revision(server, FleetState(next(_REVISIONS), (1, 2), routing), ADMIN_KEY)
 
 
 def window(seed: int, orders: int, riders: int, users: int | None = None) -> Arrays:
@@ -151,7 +153,7 @@ def metric_reaches(
 
 
 def test_shipped_settings_send_everyone_to_the_stable_version(
-    router: str, client: httpclient.InferenceServerClient
+    router: TritonServer, client: httpclient.InferenceServerClient
 ) -> None:
     tensors = window(1, 64, 200)
     result = dispatch(client, tensors)
@@ -162,11 +164,10 @@ def test_shipped_settings_send_everyone_to_the_stable_version(
 
 
 def test_a_percentage_change_applies_to_the_next_request_and_sticks_per_user(
-    router: str, client: httpclient.InferenceServerClient
+    router: TritonServer, client: httpclient.InferenceServerClient
 ) -> None:
     tensors = window(2, 1000, 400)
     apply(router, canary_percent=30)
-    assert read_router_settings(router).canary_percent == 30
     first = dispatch(client, tensors)["ORDER_MODEL_VERSION"]
     assert abs(float(np.mean(first == 2)) - 0.30) <= 0.05
     assert set(first.tolist()) == {1, 2}
@@ -189,7 +190,9 @@ def test_a_percentage_change_applies_to_the_next_request_and_sticks_per_user(
     assert np.all(wider[first == 2] == 2), "raising the share moved a canary user back"
 
 
-def test_a_tag_forces_the_version(router: str, client: httpclient.InferenceServerClient) -> None:
+def test_a_tag_forces_the_version(
+    router: TritonServer, client: httpclient.InferenceServerClient
+) -> None:
     tensors = window(4, 40, 150)
     for tag, version in (("canary", 2), ("stable", 1), ("2", 2), ("1", 1)):
         result = dispatch(client, tensors, tag)
@@ -203,19 +206,27 @@ def test_a_tag_forces_the_version(router: str, client: httpclient.InferenceServe
     assert info.value.status() == "400"
 
 
-def test_a_refused_load_keeps_the_old_router_serving(
-    router: str, client: httpclient.InferenceServerClient
+def test_a_refused_routing_file_keeps_the_old_routing(
+    router: TritonServer, client: httpclient.InferenceServerClient
 ) -> None:
     apply(router, canary_percent=20)
-    config = model_config(router, "dispatch_router")
-    bad = router_config_with(config, SHIPPED)
-    bad["parameters"]["canary_percent"] = {"string_value": "150"}
-    with pytest.raises(ModelControlError):
-        load_model(router, "dispatch_router", bad, admin_key=ADMIN_KEY)
-    with pytest.raises(RouterControlError) as refused:  # no admin key: 403
-        apply_router_settings(router, SHIPPED)
-    assert refused.value.status == 403
-    assert read_router_settings(router).canary_percent == 20
+    routing_file = router.routing_file()
+    assert routing_file is not None
+    atlantis = dataclasses.replace(
+        SHIPPED, canary_percent=90, city_routes=(CityRoute("atlantis", canary_percent=5),)
+    )
+    write_routing_file(routing_file, atlantis, 999)  # a city no registry holds
+
+    def refused() -> bool:
+        reports = [r for rs in read_entry_points(routing_file).values() for r in rs]
+        return bool(reports) and all("atlantis" in r["error"] for r in reports)
+
+    deadline = time.monotonic() + 30
+    while not refused():
+        assert time.monotonic() < deadline, read_entry_points(routing_file)
+        time.sleep(0.1)
+    for reports in read_entry_points(routing_file).values():
+        assert {r["revision"] for r in reports} != {999}  # each keeps the revision it had
     result = dispatch(client, window(5, 200, 200))
     assert abs(float(np.mean(result["ORDER_MODEL_VERSION"] == 2)) - 0.20) <= 0.08
 
@@ -224,7 +235,7 @@ def test_a_refused_load_keeps_the_old_router_serving(
 
 
 def test_shadow_scoring_changes_no_answer_and_exports_agreement(
-    router: str, server: TritonServer, client: httpclient.InferenceServerClient
+    router: TritonServer, server: TritonServer, client: httpclient.InferenceServerClient
 ) -> None:
     tensors = window(6, 64, 200)
     plain = dispatch(client, tensors)
@@ -270,10 +281,11 @@ def nearest_feasible(tensors: Arrays) -> np.ndarray[Any, Any]:
 
 
 def test_fallback_chain_under_injected_faults(
-    router: str, server: TritonServer, client: httpclient.InferenceServerClient
+    router: TritonServer, server: TritonServer, client: httpclient.InferenceServerClient
 ) -> None:
+    url = router.http_url
     tensors = window(7, 64, 200)
-    served = model_config(router, "dispatch_model")
+    served = model_config(url, "dispatch_model")
     router_only = {"model": "dispatch_router"}
     levels = {
         lvl: metric(server, "dispatch_router_orders_total", level=lvl, **router_only)
@@ -284,24 +296,24 @@ def test_fallback_chain_under_injected_faults(
         assert dispatch(client, tensors)["ORDER_MODEL_VERSION"].tolist() == [2] * 64
 
         # The canary (version 2) is unloaded: the stable version answers at level 1.
-        load_model(router, "dispatch_model", with_versions(served, [1]), admin_key=ADMIN_KEY)
-        assert ready_versions(router, "dispatch_model", ADMIN_KEY) == (1,)
+        load_model(url, "dispatch_model", with_versions(served, [1]), admin_key=ADMIN_KEY)
+        assert ready_versions(url, "dispatch_model", ADMIN_KEY) == (1,)
         result = dispatch(client, tensors)
         assert result["ORDER_FALLBACK_LEVEL"].tolist() == [1] * 64
         assert result["ORDER_MODEL_VERSION"].tolist() == [1] * 64
         assert_valid(tensors, result)
 
         # No version at all: the rule-based dispatcher answers at level 2, nearest first.
-        unload_model(router, "dispatch_model", admin_key=ADMIN_KEY)
+        unload_model(url, "dispatch_model", admin_key=ADMIN_KEY)
         result = dispatch(client, tensors)
         assert result["ORDER_FALLBACK_LEVEL"].tolist() == [2] * 64
         assert result["ORDER_MODEL_VERSION"].tolist() == [0] * 64
         assert_valid(tensors, result)
         np.testing.assert_array_equal(result["TOPK_RIDER_INDEX"][:, 0], nearest_feasible(tensors))
     finally:  # the served config as an override: a plain load would keep the [1] override
-        load_model(router, "dispatch_model", served, admin_key=ADMIN_KEY)
+        load_model(url, "dispatch_model", served, admin_key=ADMIN_KEY)
 
-    assert ready_versions(router, "dispatch_model", ADMIN_KEY) == (1, 2)
+    assert ready_versions(url, "dispatch_model", ADMIN_KEY) == (1, 2)
     result = dispatch(client, tensors)
     assert result["ORDER_FALLBACK_LEVEL"].tolist() == [0] * 64
     assert result["ORDER_MODEL_VERSION"].tolist() == [2] * 64
@@ -317,7 +329,7 @@ def test_fallback_chain_under_injected_faults(
 
 
 def test_a_live_percentage_change_under_load_drops_no_request(
-    router: str, server: TritonServer
+    router: TritonServer, server: TritonServer
 ) -> None:
     tensors = window(8, 32, 120)
     stop = threading.Event()

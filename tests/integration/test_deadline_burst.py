@@ -13,9 +13,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +28,7 @@ import pytest
 from launcher_helpers import EXAMPLE, Launcher, free_port
 
 from dispatch_client import DispatchClient, window_from_json
-from dispatch_client.errors import DispatchConnectionError
+from dispatch_client.errors import DispatchConnectionError, DispatchError
 from dispatch_service.ops.router_control import (
     apply_router_settings,
     read_fused_settings,
@@ -169,3 +173,93 @@ def test_short_deadline_bursts_never_take_the_service_down(served: Served, model
     assert after.crashes - before.crashes == after.server_restarts - before.server_restarts
     assert after.stub_restarts == before.stub_restarts  # no stub died of it
     assert served.serves_after_any_restart()
+
+
+def _burner(seconds: float) -> subprocess.Popen[bytes]:
+    """A process spinning one core for ``seconds`` (then it exits by itself)."""
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    return subprocess.Popen([sys.executable, "-c", spin])
+
+
+def test_bursts_never_stop_the_service_and_a_client_outside_them_is_served(
+    served: Served,
+) -> None:
+    """6 crashes in 6 bursts once spent the launcher's restart budget (exit 3), and a client
+    with one long-lived channel failed 184 of 245 calls outside the bursts. Bursts of 1,000
+    short-deadline requests to each entry point (2; `make test-hostile`: 10 rounds of the
+    three, beside a CPU burner per core); a DispatchClient sends a window every 0.1 s while
+    no burst runs and the launcher says ready."""
+    full = os.environ.get("DISPATCH_HOSTILE_FULL") == "1"
+    rounds = (
+        [("dispatch", "dispatch_fused", "dispatch_priority")] * 10
+        if full
+        else [
+            ("dispatch",),
+            ("dispatch_fused",),
+        ]
+    )
+    window = window_from_json(EXAMPLE.read_bytes())
+    bursting = threading.Event()
+    stop = threading.Event()
+    outside: Counter[str] = Counter()
+    crash_to_ready: list[float] = []
+
+    def client_outside_bursts() -> None:
+        with DispatchClient.grpc(served.grpc, timeout_s=10) as client:
+            while not stop.wait(0.1):
+                if bursting.is_set() or not wait_ready(served.health, checks=1):
+                    continue
+                try:
+                    client.dispatch(window)
+                    outside["served"] += 1
+                except DispatchError as exc:
+                    outside[f"failed: {exc.message[:80]}"] += 1
+
+    def watch_crashes() -> None:
+        seen = launcher_metrics(served.health).crashes
+        crashed_at: float | None = None
+        while not stop.wait(0.1):
+            try:
+                now = launcher_metrics(served.health)
+            except OSError:
+                continue
+            if now.crashes > seen:
+                seen, crashed_at = now.crashes, crashed_at or time.monotonic()
+            if crashed_at is not None and now.ready:
+                crash_to_ready.append(time.monotonic() - crashed_at)
+                crashed_at = None
+
+    burners = [_burner(3600) for _ in range(os.cpu_count() or 1)] if full else []
+    threads = [
+        threading.Thread(target=t, daemon=True) for t in (client_outside_bursts, watch_crashes)
+    ]
+    for thread in threads:
+        thread.start()
+    before = launcher_metrics(served.health)
+    try:
+        for models in rounds:
+            for model in models:
+                assert wait_ready(served.health, alive=served.launcher_alive)
+                bursting.set()
+                run_burst(served.grpc, BurstSettings(model, requests=1000))
+                bursting.clear()
+                time.sleep(1.5)  # a crash at the burst's tail: seen at the next check
+                assert wait_ready(served.health, alive=served.launcher_alive)
+                time.sleep(2.0)  # the client outside the bursts is served meanwhile
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    after = launcher_metrics(served.health)
+    failed = sum(n for outcome, n in outside.items() if outcome != "served")
+    print(
+        f"\n{sum(map(len, rounds))} bursts: crashes {after.crashes - before.crashes}, restarts "
+        f"{after.server_restarts - before.server_restarts}; ready again after "
+        f"{[round(s, 1) for s in crash_to_ready]} s; outside the bursts {dict(outside)}"
+    )
+    assert served.launcher.process.poll() is None
+    assert outside["served"] > 0
+    assert failed <= 0.01 * sum(outside.values())

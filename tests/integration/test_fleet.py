@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -242,8 +243,13 @@ def test_a_deploy_reaches_every_replica_and_a_user_gets_one_version_everywhere(
             got = versions_by_user(replica, model, canary_users + stable_users)
             assert {got[u] for u in canary_users} == {CANARY}, (replica.health_url, model)
             assert {got[u] for u in stable_users} == {STABLE}, (replica.health_url, model)
+    # Every entry-point process reads the file at its next window or within 0.25 s idle.
+    try:
+        seconds = until("status: every entry point on 1", lambda: fleet.status()[0] == 0)
+    except AssertionError:
+        raise AssertionError(fleet.status()[1]["replicas"]) from None
+    print(f"deploy: status converged {seconds:.1f} s after the replicas reported revision 1")
     code, status = fleet.status()
-    assert code == 0, status
     assert [r["state"] for r in status["replicas"]] == ["current", "current"]
     assert status["document"]["revision"] == 1
     for replica in fleet.live():
@@ -503,3 +509,52 @@ def test_rule_based_dispatch_clears_with_a_rollback(fleet: Fleet) -> None:
         levels = {int(o.fallback_level) for o in client.dispatch(window_for(USERS[:8])).orders}
     assert levels == {0}
     assert_fleet_routes(fleet, stored_routing(fleet))
+
+
+def _rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    (line,) = (row for row in status.splitlines() if row.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.parametrize("kind", ["huge", "fifo", "device"])
+def test_a_document_that_is_no_bounded_regular_file_is_refused_unread(
+    fleet: Fleet, kind: str
+) -> None:
+    """A 1 GiB file (sparse), a FIFO and /dev/zero in the document's place: each replica
+    refuses it with its reason, its launcher's memory does not grow, and its watch goes on
+    (the good document back is served again)."""
+    store = StateStore(fleet.store)
+    if store.read() is None:  # run alone: a first revision to keep serving
+        assert fleet.write("rollback", "--wait-s", "60")[0] == 0
+    good = store.read()
+    assert good is not None
+    rss = {r.health_url: _rss_mib(r.launcher.process.pid) for r in fleet.live()}
+    store.document.unlink()
+    if kind == "huge":
+        with store.document.open("wb") as out:
+            out.truncate(1 << 30)
+    elif kind == "fifo":
+        os.mkfifo(store.document)
+    else:
+        store.document.symlink_to("/dev/zero")
+    code = "too_large" if kind == "huge" else "not_regular"
+    try:
+        until(
+            f"every replica refuses the {kind}",
+            lambda: all((r.fleet()["refused"] or {}).get("code") == code for r in fleet.live()),
+        )
+        for replica in fleet.live():
+            refused = replica.fleet()["refused"]
+            assert str(store.document) in refused["reason"] and "not read" in refused["reason"]
+            grown = _rss_mib(replica.launcher.process.pid) - rss[replica.health_url]
+            assert grown < 64, f"{replica.health_url}: launcher RSS grew {grown:.0f} MiB"
+        status_code, _ = fleet.status()
+        assert status_code == 2
+    finally:
+        store.document.unlink()
+        store.write(good)
+    until(
+        "every replica is current again",
+        lambda: all(r.fleet()["status"] == "current" for r in fleet.live()),
+    )

@@ -20,6 +20,7 @@ Figures are printed (pytest -s); asserts are outcomes: waits poll against `patie
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -81,6 +82,8 @@ class Served:
         self.http = f"127.0.0.1:{self.launcher.ports.http}"
         if not self.launcher.read_until("ready:", patience(240)):
             process = self.launcher.process
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=30)  # its output ended: it is exiting
             error = process.stderr.read() if process.poll() is not None and process.stderr else ""
             self.launcher.stop()
             raise AssertionError("\n".join([*self.launcher.lines, error]))

@@ -14,6 +14,7 @@ import os
 import runpy
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -498,17 +499,41 @@ class TritonServer(ChildService):
         a version refused by its signature is left out, and log the cause
         (``model_version_failed``); when another model cannot do without that version (the
         stable version dispatch_fused reads, a version an ensemble pins) or the model has
-        none left, fail naming the version and its cause."""
+        none left, fail naming the version and its cause.
+
+        A Triton that died of a signal while starting, no version's failure in its log, is
+        started once more, the cause logged (``server_start_retried``): under heavy load
+        2.51 aborted now and then at start (SIGABRT after gRPC's "epoll_wait error: Bad file
+        descriptor"), and passed at the next start."""
         failed: dict[tuple[str, int], str] = {}
+        retried = False
         while True:
             preamble = "".join(f"{n}\n" for n in notes)
             self.spawn(self.command(), self.environment(), preamble=preamble)
+            process = self.process
             try:
                 self.wait_ready(timeout_s)
                 return
             except ServerError as exc:
                 found = load_failures(self.log_text())
                 new = {key: cause for key, cause in found.items() if key not in failed}
+                # Died of a signal by itself (not the stop after a timeout, not an exit).
+                died = process is not None and process.pid not in self.stopped_pids
+                code = process.poll() if died and process is not None else None
+                if not new and not found and not retried and code is not None and code < 0:
+                    retried = True
+                    line = json.dumps(
+                        {
+                            "event": "server_start_retried",
+                            "cause": f"tritonserver died of {signal.Signals(-code).name} "
+                            "while starting",
+                            "log_tail": self.log_tail(5),
+                        }
+                    )
+                    logger.warning(line)
+                    self.stop()
+                    notes = [*notes, line]
+                    continue
                 if not new:
                     if found:
                         raise ServerError(f"{_failures_text(found)}\n{exc}") from None

@@ -415,3 +415,31 @@ def test_ports_in_use_are_refused_before_the_log_is_touched(tmp_path: Path) -> N
             server.start(timeout_s=5)
     assert server.process is None
     assert server.log_path.read_text() == "the first server's log\n"
+
+
+def test_a_start_that_died_of_a_signal_is_retried_once_with_its_cause_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under heavy load 2.51 aborted at start now and then (SIGABRT, gRPC "epoll_wait error:
+    Bad file descriptor"): one more start, the cause logged. A second abort fails."""
+    marker = tmp_path / "aborted-once"
+    script = (
+        f"#!/bin/sh\nif [ ! -e {marker} ]; then touch {marker}; echo 'epoll_wait error'; "
+        f"kill -ABRT $$; fi\nexec {sys.executable} -c '{FAKE_READY_SERVER}' \"$@\"\n"
+    )
+    runtime = make_runtime(tmp_path, script)
+    server = make_server(tmp_path, runtime)
+    os.environ["FAKE_TRITON_REPORT"] = str(tmp_path / "report.json")
+    try:
+        with caplog.at_level("WARNING"), server:
+            assert server.is_ready()
+        retried = [
+            json.loads(r.message) for r in caplog.records if "server_start_retried" in r.message
+        ]
+        assert [r["cause"] for r in retried] == ["tritonserver died of SIGABRT while starting"]
+        always = "#!/bin/sh\necho 'epoll_wait error'\nkill -ABRT $$\n"
+        server = make_server(tmp_path / "again", make_runtime(tmp_path / "again", always))
+        with pytest.raises(ServerError, match="exited with -6"):
+            server.start(timeout_s=60)
+    finally:
+        del os.environ["FAKE_TRITON_REPORT"]

@@ -284,9 +284,9 @@ class _Pending:
 
 
 def simulated_start(config: LiveCityConfig, now: float) -> int:
-    """Unix time of the first simulated minute: ``start_hour`` local (UTC+8, the shipped
-    cities' zone is taken from the first city), whole days back so that the whole run and
-    its deliveries (a day at most) lie before ``now``."""
+    """Unix time of the first simulated minute: ``start_hour`` in the first city's local
+    time, whole days back so that the whole run and its deliveries (a day at most) lie
+    before ``now``."""
     city = default_registry().get(config.cities[0])
     offset = city.utc_offset_s(int(now))
     span_s = config.minutes * 60.0 + 86_400.0
@@ -426,8 +426,9 @@ class _Play:
         for index, item in enumerate(due):
             reason = refused.get(index)
             if reason == "unknown_decision" and item.tries < _RETRIES:
-                again = _Pending(item.due + _RETRY_AFTER_S, item.seq, item.report, item.city)
-                again.tries = item.tries + 1
+                again = _Pending(
+                    item.due + _RETRY_AFTER_S, item.seq, item.report, item.city, item.tries + 1
+                )
                 heapq.heappush(self.pending, again)
                 continue
             if reason is not None:

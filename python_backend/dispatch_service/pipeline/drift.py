@@ -46,6 +46,7 @@ __all__ = [
     "DRIFT_METRICS",
     "DRIFT_QUANTITIES",
     "DRIFT_REFERENCE_SHARE",
+    "MAX_PAIRS_PER_WINDOW",
     "PSI_FLOOR",
     "REFERENCE_BINS",
     "REFERENCE_FORMAT",
@@ -74,12 +75,17 @@ _FEATURE_COLUMNS: Final = tuple(
     i for i, name in enumerate(PAIR_FEATURE_NAMES) if name not in CALENDAR_FEATURES
 )
 _LABELS: Final = ("model_version", "city", "quantity", "bin")
+# A larger window is counted by every k-th of its valid pairs (the pairs run order by order,
+# each order's candidates nearest first: the stride keeps every order and every rank), so
+# that the request path copies a bounded amount whatever the window's size.
+MAX_PAIRS_PER_WINDOW: Final = 512
 
 DRIFT_BIN_PAIRS: Final = MetricSpec(
     "dispatch_drift_bin_pairs_total",
     MetricKind.COUNTER,
-    "scored order-rider pairs by the version that scored them, the window's city, a monitored "
-    "feature or prediction and the bin of its training reference it fell in",
+    "scored order-rider pairs (at most 512 a window, a stride of larger ones) by the version "
+    "that scored them, the window's city, a monitored feature or prediction and the bin of "
+    "its training reference it fell in",
     labels=_LABELS,
 )
 DRIFT_REFERENCE_SHARE: Final = MetricSpec(
@@ -233,7 +239,8 @@ class _Scored:
 class DriftMonitor:
     """Counts scored pairs into their version's reference bins per city.
 
-    `observe` (on the request path) only keeps the window's valid pairs in a bounded queue;
+    `observe` (on the request path) only keeps the window's valid pairs (at most
+    `MAX_PAIRS_PER_WINDOW`) in a bounded queue;
     a thread of its own bins them every `interval_s` and records the counts into ``sink``
     (one counter increment per series and flush, whatever the traffic), and the reference
     shares of a (version, city) the first time it is seen. A version without a readable
@@ -280,6 +287,8 @@ class DriftMonitor:
             return
         slots = np.asarray(candidates).reshape(-1)
         valid = np.flatnonzero(slots >= 0)
+        if valid.size > MAX_PAIRS_PER_WINDOW:
+            valid = valid[:: -(-valid.size // MAX_PAIRS_PER_WINDOW)]
         width = max(int(np.asarray(candidates).shape[-1]), 1)
         versions = np.asarray(order_versions, dtype=np.int32)[valid // width]
         self._queue.append(

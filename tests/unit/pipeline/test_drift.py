@@ -16,6 +16,7 @@ from dispatch_service.pipeline.drift import (
     DRIFT_BIN_PAIRS,
     DRIFT_QUANTITIES,
     DRIFT_REFERENCE_SHARE,
+    MAX_PAIRS_PER_WINDOW,
     CityReference,
     DriftMonitor,
     DriftReference,
@@ -155,3 +156,22 @@ def test_the_thread_flushes_and_close_records_the_rest() -> None:
     )  # fmt: skip
     monitor.close()  # long before the interval: close itself records what is queued
     assert sink.counter(DRIFT_BIN_PAIRS, **_labels("1", "shanghai", "eta_minutes", 1)) == 1.0
+
+
+def test_a_large_window_is_counted_by_a_stride_of_its_pairs() -> None:
+    sink = InMemoryMetrics()
+    monitor = DriftMonitor(sink, lambda version: _reference(version))
+    orders, slots = 40, 32  # 1,280 valid pairs: every 3rd counted (ceil(1280 / 512) = 3)
+    assert MAX_PAIRS_PER_WINDOW == 512
+    features = np.zeros((orders * slots, len(PAIR_FEATURE_NAMES)), dtype=np.float32)
+    features[:, PAIR_FEATURE_NAMES.index("pickup_distance_km")] = np.arange(orders * slots) % 3
+    candidates = np.zeros((orders, slots), dtype=np.int32)
+    objectives = np.zeros((orders * slots, 3), dtype=np.float32)
+    monitor.observe("shanghai", features, candidates, objectives, np.ones(orders, np.int32))
+    monitor.flush()
+    counts = [
+        sink.counter(DRIFT_BIN_PAIRS, **_labels("1", "shanghai", "pickup_distance_km", b))
+        for b in range(3)
+    ]
+    # Pairs 0, 3, 6, ...: 427 of them, every one with pickup_distance_km 0 (bin 0).
+    assert counts == [427.0, 0.0, 0.0]

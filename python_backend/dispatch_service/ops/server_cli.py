@@ -251,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--stub-leak-limit",
         type=int,
         default=16,
-        help="restart Triton cleanly once it holds this many dead Python-backend stubs "
-        "(2.51 never reaps them; default %(default)s)",
+        help="restart Triton cleanly once it holds this many dead or replaced Python-backend "
+        "stubs (2.51 never ends them; default %(default)s)",
     )
     parser.add_argument(
         "--stub-leak-max-age",

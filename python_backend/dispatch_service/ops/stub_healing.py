@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import signal
 import threading
 import time
 from collections import Counter
@@ -24,7 +22,7 @@ from typing import Any
 
 from dispatch_service.core.signing import verify_version
 from dispatch_service.ops.health import deep_check
-from dispatch_service.ops.host import STUB_NAME, proc_stat
+from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.model_control import (
     ModelControlError,
     load_model,
@@ -71,8 +69,8 @@ HEAL_RETRY_WAITS_S = (1.0, 2.0, 4.0, 8.0)
 
 UNVERIFIED_CODE = "running code that does not verify"
 
-# A server holding dead stubs for `stub_leak_max_age_s` is restarted only once no stub has
-# died for this long: not in the middle of what is killing them.
+# A server holding dead or stale stubs for `stub_leak_max_age_s` is restarted only once no
+# stub has died for this long: not in the middle of what is killing them.
 LEAK_QUIET_S = 10.0
 
 # A reload's load request waits this long at most: 2.51 never finishes a load one of whose
@@ -137,48 +135,35 @@ class StubHealing:
                 return False
         return True
 
-    def _end_stale(self, pids: set[int]) -> None:
-        """End the replaced instances' stubs a reload left running: they serve nothing and
-        hold their memory (4 wrapped-shape requests took dispatch_fused from 4 stubs and
-        587 MiB to 16 and 2,327 MiB). Triton 2.51 never ends them once one of their model's
-        stubs died, nor an unload of that model (it stays UNLOADING). Each stays a zombie,
-        holding no memory, until the server is restarted (`_leak_restart_reason`)."""
-        process = self.server.process
-        if process is None:
-            return
-        ended = []
-        for pid in sorted(pids):
-            stat = proc_stat(Path("/proc") / str(pid))
-            if stat is None or stat.parent != process.pid or not STUB_NAME.startswith(stat.name):
-                continue  # gone, or no longer this server's stub
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                ended.append(pid)
-        if ended:
-            self._event("stale_stubs_ended", pids=ended)
-
     def _leak_restart_reason(self) -> str | None:
-        """Why the server must be restarted to release its dead stubs, or None. 2.51 keeps
-        every dead stub as a zombie (and ~1.6 MB of its own memory per reload after a
-        death) until it exits: at `stub_leak_limit` of them, or after `stub_leak_max_age_s`
-        with none dying for LEAK_QUIET_S, a clean restart releases them."""
+        """Why the server must be restarted to release what stub deaths left, or None.
+        2.51 keeps every dead stub as a zombie, never ends the replaced instances' stubs
+        (stale: they serve nothing and keep their memory; 4 wrapped-shape requests took
+        dispatch_fused from 4 stubs and 587 MiB to 16 and 2,327 MiB), nor an unload of
+        their model (it stays UNLOADING), and keeps ~1.6 MB of its own memory per reload
+        after a death, until it exits. Ending the stale stubs ourselves risks the abort
+        2.51 makes when a stub dies holding a shared-memory lock. So at `stub_leak_limit`
+        dead and stale stubs, or after `stub_leak_max_age_s` with none dying for
+        LEAK_QUIET_S, a clean restart releases them all."""
         process = self.server.process
         if process is None or process.poll() is not None:
             return None
-        zombies = len(zombie_stubs(process.pid))
+        leaked = len(zombie_stubs(process.pid)) + len(self._stale)
         with self._lock:
-            self.state.leaked_stubs = zombies
-        if not zombies:
+            self.state.leaked_stubs = leaked
+        if not leaked:
             self._leak_since = None
             return None
         now = time.monotonic()
         self._leak_since = self._leak_since or now
         limit, max_age = self.settings.stub_leak_limit, self.settings.stub_leak_max_age_s
-        if zombies >= limit:
-            return f"{zombies} dead stubs held by tritonserver (limit {limit})"
+        if leaked >= limit:
+            return f"{leaked} dead or stale stubs held by tritonserver (limit {limit})"
         age = now - self._leak_since
         if age >= max_age and now - self._last_death >= LEAK_QUIET_S:
-            return f"dead stubs held by tritonserver for {age:.0f} s (limit {max_age:.0f} s)"
+            return (
+                f"dead or stale stubs held by tritonserver for {age:.0f} s (limit {max_age:.0f} s)"
+            )
         return None
 
     def _watch_stubs(self) -> None:
@@ -407,10 +392,8 @@ class StubHealing:
         now = self._current_stubs()
         if loaded:
             # The replaced instances' stubs that are still running serve nothing (2.51
-            # never ends them once one of their model's stubs died): ended here.
-            replaced = before & set(now)
-            self._stale |= replaced
-            self._end_stale(replaced)
+            # never ends them once one of their model's stubs died).
+            self._stale |= before & set(now)
         # This model's stubs as they are now; the others' as last seen, so that a stub of
         # another model that died during this recovery is still found at the next look.
         self._stubs = {

@@ -475,8 +475,8 @@ class Supervisor(StubHealing):
         self._event("server_restarted")
 
     def _restart_for_leaks(self, reason: str) -> bool:
-        """Restart a server that holds too many dead stubs (`_leak_restart_reason`): not
-        ready first, for ``drain_grace_s``, so a load balancer moves away before the stop."""
+        """Restart a server that holds too many dead or stale stubs (`_leak_restart_reason`):
+        not ready first, for ``drain_grace_s``, so a load balancer moves away before the stop."""
         self._event("server_restart_for_leaks", reason=reason)
         with self._lock:
             self.state.ready = False

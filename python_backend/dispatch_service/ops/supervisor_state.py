@@ -53,8 +53,8 @@ class SupervisorSettings:
     max_failed_starts: int = 5
     failed_start_wait_s: float = 2.0
     # Triton 2.51 never ends a model's replaced instances once one of its stubs died, nor
-    # reaps the dead stubs: the replaced stubs are ended by the supervisor, and the server is
-    # restarted cleanly once it holds this many dead stubs, or any for stub_leak_max_age_s
+    # reaps the dead stubs: the server is restarted cleanly once it holds this many dead or
+    # replaced (stale) stubs, or any for stub_leak_max_age_s
     # (with no stub death in the last LEAK_QUIET_S).
     stub_leak_limit: int = 16
     stub_leak_max_age_s: float = 120.0
@@ -88,5 +88,5 @@ class SupervisorState:
     # models whose instances are not all back (a reload refused or failing): not ready
     unhealed: dict[str, str] = field(default_factory=dict)
     probes: Counter[str] = field(default_factory=Counter)  # deep-check windows sent
-    leaked_stubs: int = 0  # dead stubs the server holds (unreaped), at the last look
+    leaked_stubs: int = 0  # dead (unreaped) and stale stubs the server holds, at the last look
     leak_restarts: int = 0  # clean server restarts that released them

@@ -86,8 +86,8 @@ def checked_objectives(value: ArrayLike, valid: NDArray[np.bool_]) -> NDArray[np
 def check_pair_objectives(values: NDArray[np.float64], rows: NDArray[np.int64]) -> None:
     """Objectives [n, 3] of valid pairs, at PAIR_OBJECTIVES rows ``rows`` (ascending)."""
     name = PAIR_OBJECTIVES.name
-    # One pass for the usual answer: ETA and cost >= 0 (False for NaN) and the on-time
-    # column finite; else the rules in turn, naming the first row that breaks one.
+    # One pass for the usual answer: ETA and cost >= 0 and every value finite; else the
+    # rules in turn, naming the first row that breaks one.
     if (values[:, _NON_NEGATIVE] >= 0).all() and np.isfinite(values).all():
         return
     bad = ~np.isfinite(values).all(axis=1)

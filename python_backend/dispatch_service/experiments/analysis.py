@@ -63,8 +63,8 @@ class Verdict(enum.StrEnum):
 @dataclass(frozen=True)
 class MetricSpec:
     """One compared metric: its accepted worsening (``margin``, in the metric's unit) and the
-    mixture scale ``tau`` (the effect size the test is quickest to see; the margin unless
-    set)."""
+    mixture scale ``tau`` (the effect size the test is quickest to see: a clear breakage,
+    four times the margin unless set)."""
 
     name: str
     margin: float
@@ -81,10 +81,22 @@ class MetricSpec:
 
     @property
     def mixing_scale(self) -> float:
-        return self.margin if self.tau is None else self.tau
+        return TAU_PER_MARGIN * self.margin if self.tau is None else self.tau
+
+    @property
+    def binary(self) -> bool:
+        return self.name in BINARY_METRICS
 
 
 METRIC_NAMES: Final = ("delivery_minutes", "late", "eta_abs_error", "unassigned")
+BINARY_METRICS: Final = ("late", "unassigned")
+# The mixture is quickest to see effects of about tau. The margin itself would be too small
+# a tau: at the first looks of a step (a few hundred orders an arm, a standard error of
+# minutes on delivery minutes) the intervals would be many times wider than the standard
+# error, and a version that breaks deliveries outright would be seen late. Four margins
+# (2 minutes, 4 late points) is the size of a breakage; the intervals of the last looks,
+# where non-inferiority is shown, are then about a tenth wider than with tau = margin.
+TAU_PER_MARGIN: Final = 4.0
 
 # Defaults a delivery platform would choose (docs/experiments.md says why):
 # - delivery minutes, 0.5 min: deliveries take 25-40 minutes and promises carry buffers of
@@ -241,7 +253,7 @@ class Experiment:
         results = {}
         for spec in self.metrics:
             monitor = monitors.get(spec.name) or SequentialMonitor(
-                tau=spec.mixing_scale, alpha=self.alpha_per_metric
+                tau=spec.mixing_scale, alpha=self.alpha_per_metric, binary=spec.binary
             )
             t, c = treatment.get(spec.name), control.get(spec.name)
             monitor = monitor.look(t, c)

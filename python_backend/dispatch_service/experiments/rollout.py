@@ -14,6 +14,8 @@ The rules, at every look:
 
 1. a guardrail declared worse (beyond its margin) rolls back at once, whatever the step's age;
 2. a step is held until both arms have ``min_outcomes`` and ``min_seconds`` have passed;
+   the arms hold only decisions made at least ``maturity_s`` before the latest event the
+   platform reported (their outcomes are in), so a step lasts at least that long;
 3. then the next step's share is written, except that going to 100 % is the promotion, which
    also needs the primary metric shown non-inferior (its interval below its margin).
 """
@@ -59,6 +61,12 @@ DEFAULT_PRIMARY: Final = "delivery_minutes"
 # enough for the normal approximation; 10 minutes spans several dispatch windows per user.
 DEFAULT_MIN_OUTCOMES: Final = 300
 DEFAULT_MIN_SECONDS: Final = 600.0
+# A decision is judged only once its outcome must be in: an order is delivered, cancelled or
+# reassigned within three hours of its dispatch (the simulator's slowest deliveries, a bad
+# assignment at peak, take nearly that), and reported minutes later. Judging younger
+# decisions would compare only the fast deliveries (the slow ones not reported yet), which
+# hides exactly the version that makes deliveries slower.
+DEFAULT_MATURITY_S: Final = 10_800.0
 
 
 class Phase(enum.StrEnum):
@@ -100,6 +108,7 @@ class RolloutPlan:
     primary: str = DEFAULT_PRIMARY
     margins: Mapping[str, float] = field(default_factory=dict)
     alpha: float = DEFAULT_ALPHA
+    maturity_s: float = DEFAULT_MATURITY_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, int) or self.version < 1:
@@ -117,6 +126,8 @@ class RolloutPlan:
             raise ValueError(f"min_outcomes must be >= 1, got {self.min_outcomes}")
         if not (math.isfinite(self.min_seconds) and self.min_seconds >= 0):
             raise ValueError(f"min_seconds must be a number >= 0, got {self.min_seconds}")
+        if not (math.isfinite(self.maturity_s) and self.maturity_s >= 0):
+            raise ValueError(f"maturity_s must be a number >= 0, got {self.maturity_s}")
         for name in (*self.guardrails, self.primary):
             if name not in METRIC_NAMES:
                 raise ValueError(f"metric {name!r}: not one of {', '.join(METRIC_NAMES)}")
@@ -147,6 +158,7 @@ class RolloutPlan:
             "primary": self.primary,
             "margins": dict(self.margins),
             "alpha": self.alpha,
+            "maturity_s": self.maturity_s,
         }
 
     @classmethod
@@ -161,6 +173,7 @@ class RolloutPlan:
             primary=str(data["primary"]),
             margins={str(k): float(v) for k, v in dict(data.get("margins", {})).items()},
             alpha=float(data["alpha"]),
+            maturity_s=float(data.get("maturity_s", DEFAULT_MATURITY_S)),
         )
 
 
@@ -194,6 +207,7 @@ def _monitors_from_dict(plan: RolloutPlan, data: Mapping[str, Any]) -> Experimen
         monitors[spec.name] = SequentialMonitor(
             tau=spec.mixing_scale,
             alpha=experiment.alpha_per_metric,
+            binary=spec.binary,
             interval=Interval(
                 bound(saved.get("estimate"), math.nan),
                 bound(lower, -math.inf),

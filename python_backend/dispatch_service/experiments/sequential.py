@@ -24,12 +24,14 @@ independent across orders and identically distributed within an arm over the exp
 theorem, so a few dozen outcomes per arm at least: `MIN_OUTCOMES_PER_ARM`); the variances
 are the sample variances plugged in, which makes the guarantee asymptotic. The mixing scale
 ``tau`` is the effect size the test is most sensitive to; any ``tau > 0`` keeps the
-guarantee, only the speed of detection depends on it.
+guarantee, only the speed of detection depends on it: a ``tau`` far below the standard
+error of the first looks makes their intervals very wide (``~ V / tau`` instead of
+``~ sqrt(V)``), so a large harm would be seen late.
 
-The running intersection of the intervals is itself a valid confidence sequence (every
-interval of a time-uniform sequence holds at once with probability ``1 - alpha``), so a
-monitor keeps it (`SequentialMonitor`) and the always-valid p-value is the running minimum
-of ``1 / Lambda(0)``.
+Every interval of the sequence holds at once with probability ``1 - alpha``, so the
+interval at the latest look can be acted on whenever it is read (`SequentialMonitor`). For a
+0/1 metric (late, unassigned) the variance is the pooled rate's, smoothed
+(`_variance_of_difference`).
 """
 
 from __future__ import annotations
@@ -122,21 +124,27 @@ class Interval:
     def unbounded(cls, estimate: float = math.nan) -> Interval:
         return cls(estimate, -math.inf, math.inf)
 
-    def intersect(self, other: Interval) -> Interval:
-        """The running intersection; an empty one (possible only when the assumptions fail)
-        keeps the newer interval rather than reporting nothing."""
-        lower, upper = max(self.lower, other.lower), min(self.upper, other.upper)
-        if lower > upper:
-            return other
-        return Interval(other.estimate, lower, upper)
 
-
-def _variance_of_difference(treatment: ArmStats, control: ArmStats) -> float:
+def _variance_of_difference(treatment: ArmStats, control: ArmStats, *, binary: bool) -> float:
+    """``V``: the sample variances, or for a 0/1 metric the pooled rate's ``p(1 - p)`` with
+    one success and one failure added (a rare event, such as an unassigned order, is often
+    absent from the first few hundred outcomes of an arm, and a zero sample variance would
+    make a narrow interval out of no evidence)."""
+    if binary:
+        successes = treatment.mean * treatment.count + control.mean * control.count
+        rate = (successes + 1.0) / (treatment.count + control.count + 2.0)
+        spread = rate * (1.0 - rate)
+        return spread / treatment.count + spread / control.count
     return treatment.variance / treatment.count + control.variance / control.count
 
 
 def mixture_log_likelihood_ratio(
-    treatment: ArmStats, control: ArmStats, *, tau: float, theta0: float = 0.0
+    treatment: ArmStats,
+    control: ArmStats,
+    *,
+    tau: float,
+    theta0: float = 0.0,
+    binary: bool = False,
 ) -> float:
     """``log Lambda(theta0)`` of the mixture SPRT (module docstring); ``-inf`` when an arm is
     too small or has no spread (no evidence either way)."""
@@ -144,7 +152,7 @@ def mixture_log_likelihood_ratio(
         raise ValueError(f"tau must be > 0, got {tau}")
     if min(treatment.count, control.count) < MIN_OUTCOMES_PER_ARM:
         return -math.inf
-    v = _variance_of_difference(treatment, control)
+    v = _variance_of_difference(treatment, control, binary=binary)
     if v <= 0:
         return -math.inf
     t2 = tau * tau
@@ -153,7 +161,7 @@ def mixture_log_likelihood_ratio(
 
 
 def mixture_interval(
-    treatment: ArmStats, control: ArmStats, *, tau: float, alpha: float
+    treatment: ArmStats, control: ArmStats, *, tau: float, alpha: float, binary: bool = False
 ) -> Interval:
     """The ``1 - alpha`` confidence-sequence interval at this look (module docstring)."""
     if not 0 < alpha < 1:
@@ -163,7 +171,7 @@ def mixture_interval(
     if min(treatment.count, control.count) < MIN_OUTCOMES_PER_ARM:
         return Interval.unbounded(treatment.mean - control.mean if control.count else math.nan)
     estimate = treatment.mean - control.mean
-    v = _variance_of_difference(treatment, control)
+    v = _variance_of_difference(treatment, control, binary=binary)
     if v <= 0:  # both arms constant so far: no spread to judge a difference by
         return Interval.unbounded(estimate)
     t2 = tau * tau
@@ -175,22 +183,24 @@ def mixture_interval(
 
 @dataclass(frozen=True)
 class SequentialMonitor:
-    """One metric's running comparison: the intersected interval and the always-valid
-    p-value, updated at each look. Immutable, so a controller can store it between runs."""
+    """One metric's comparison at the latest look: the interval and the p-value ``1 /
+    Lambda(0)``, each valid at whatever look it is read (no running intersection or minimum:
+    those would keep a narrow interval from an early look whose plug-in variance was off).
+    Immutable, so a controller can store it between runs."""
 
     tau: float
     alpha: float
+    binary: bool = False
     interval: Interval = field(default_factory=Interval.unbounded)
     p_value: float = 1.0
     looks: int = 0
 
     def look(self, treatment: ArmStats, control: ArmStats) -> SequentialMonitor:
-        current = mixture_interval(treatment, control, tau=self.tau, alpha=self.alpha)
-        log_ratio = mixture_log_likelihood_ratio(treatment, control, tau=self.tau)
-        p_now = 1.0 if log_ratio <= 0 else math.exp(-log_ratio)
-        return replace(
-            self,
-            interval=self.interval.intersect(current),
-            p_value=min(self.p_value, p_now),
-            looks=self.looks + 1,
+        interval = mixture_interval(
+            treatment, control, tau=self.tau, alpha=self.alpha, binary=self.binary
         )
+        log_ratio = mixture_log_likelihood_ratio(
+            treatment, control, tau=self.tau, binary=self.binary
+        )
+        p_value = 1.0 if log_ratio <= 0 else math.exp(-log_ratio)
+        return replace(self, interval=interval, p_value=p_value, looks=self.looks + 1)

@@ -82,8 +82,13 @@ __all__ = [
     "DEFAULT_STATE_STORE",
     "ROUTING_COMMANDS",
     "SIGNING_KEY_ENV",
+    "AdminUsageError",
     "add_commands",
+    "registered_city",
     "routed",
+    "signing_key",
+    "state_store",
+    "trusted_keys",
 ]
 
 SIGNING_KEY_ENV: Final = "DISPATCH_SIGNING_KEY"
@@ -92,7 +97,7 @@ DEFAULT_STATE_STORE: Final = ".triton/fleet"
 _EXIT_OK, _EXIT_FAILED, _EXIT_USAGE = 0, 1, 2
 
 
-class _UsageError(Exception):
+class AdminUsageError(Exception):
     """Exit 2: arguments, keys, or a stored document that does not verify."""
 
 
@@ -103,7 +108,7 @@ class _FailedError(Exception):
 def _guard(command: str, run: Callable[[], int]) -> int:
     try:
         return run()
-    except _UsageError as exc:
+    except AdminUsageError as exc:
         print(f"usage error: {exc}", file=sys.stderr)
         return _EXIT_USAGE
     except _FailedError as exc:
@@ -111,37 +116,39 @@ def _guard(command: str, run: Callable[[], int]) -> int:
         return _EXIT_FAILED
 
 
-def _trusted(args: argparse.Namespace) -> TrustedKeys:
+def trusted_keys(args: argparse.Namespace) -> TrustedKeys:
     directory = args.trusted_keys or os.environ.get(TRUSTED_KEYS_ENV)
     if not directory:
-        raise _UsageError(f"--trusted-keys DIR (or {TRUSTED_KEYS_ENV}) is required")
+        raise AdminUsageError(f"--trusted-keys DIR (or {TRUSTED_KEYS_ENV}) is required")
     try:
         return TrustedKeys.required_in(Path(directory))
     except SigningError as exc:
-        raise _UsageError(str(exc)) from None
+        raise AdminUsageError(str(exc)) from None
 
 
-def _signing_key(args: argparse.Namespace) -> Ed25519PrivateKey:
+def signing_key(args: argparse.Namespace) -> Ed25519PrivateKey:
     if args.key is not None:
         try:
             pem = Path(args.key).read_bytes()
         except OSError as exc:
-            raise _UsageError(f"cannot read the signing key: {exc}") from None
+            raise AdminUsageError(f"cannot read the signing key: {exc}") from None
     elif os.environ.get(SIGNING_KEY_ENV):
         pem = os.environ[SIGNING_KEY_ENV].encode()
     else:
-        raise _UsageError(f"--key FILE or the environment variable {SIGNING_KEY_ENV} is required")
+        raise AdminUsageError(
+            f"--key FILE or the environment variable {SIGNING_KEY_ENV} is required"
+        )
     try:
         return load_private_key(pem)
     except SigningError as exc:
-        raise _UsageError(f"signing key: {exc}") from None
+        raise AdminUsageError(f"signing key: {exc}") from None
 
 
-def _store(args: argparse.Namespace) -> StateStore:
+def state_store(args: argparse.Namespace) -> StateStore:
     return StateStore(Path(args.state_store))
 
 
-def _city(city: str | None, repository: Path) -> str | None:
+def registered_city(city: str | None, repository: Path) -> str | None:
     """``city`` when the repository's city registry holds it (usage error otherwise)."""
     if city is None:
         return None
@@ -150,9 +157,9 @@ def _city(city: str | None, repository: Path) -> str | None:
         parameters = parameters_from_model_config(read_config(encoder))
         ids = load_settings(CitySettings, parameters).registry().ids
     except (RegistryError, SettingsError, OSError, ValueError) as exc:
-        raise _UsageError(f"--city {city}: the city registry cannot be read: {exc}") from None
+        raise AdminUsageError(f"--city {city}: the city registry cannot be read: {exc}") from None
     if city not in ids:
-        raise _UsageError(f"--city {city}: no registered city has that id ({', '.join(ids)})")
+        raise AdminUsageError(f"--city {city}: no registered city has that id ({', '.join(ids)})")
     return city
 
 
@@ -199,7 +206,7 @@ def _write(
 ) -> int:
     """Write ``change`` as the next revision (note: ``what``, then ``--note``), report it,
     then wait for the fleet when asked."""
-    store = _store(args)
+    store = state_store(args)
     repository = Path(args.model_repository)
     note = f"{what}: {args.note}" if args.note else what
 
@@ -214,7 +221,7 @@ def _write(
         if check is not None:
             check(base, proposed)
 
-    key = _signing_key(args)
+    key = signing_key(args)
     try:
         signed = write_revision(
             store,
@@ -226,13 +233,13 @@ def _write(
             check=checked,
         )
     except StoredDocumentError as exc:
-        raise _UsageError(f"{exc}; nothing written") from None
+        raise AdminUsageError(f"{exc}; nothing written") from None
     except StateError as exc:
         if exc.code == "unknown_key":  # the signer: the replicas would refuse its revision
-            raise _UsageError(str(exc)) from None
+            raise AdminUsageError(str(exc)) from None
         raise _FailedError(str(exc)) from None
     except OSError as exc:
-        raise _UsageError(f"{store.path}: {exc}") from None
+        raise AdminUsageError(f"{store.path}: {exc}") from None
     return _written(store, trusted, signed, args.wait_s, out)
 
 
@@ -252,17 +259,17 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
         from dispatch_service.ops.golden import GoldenSettings, check_candidate
 
         if args.model != SCORING_MODEL_NAME:
-            raise _UsageError(f"deploy supports {SCORING_MODEL_NAME}, not {args.model}")
+            raise AdminUsageError(f"deploy supports {SCORING_MODEL_NAME}, not {args.model}")
         repository = Path(args.model_repository)
-        city = _city(args.city, repository)
-        trusted = _trusted(args)
+        city = registered_city(args.city, repository)
+        trusted = trusted_keys(args)
         try:
             golden_settings = GoldenSettings(
                 min_top1_agreement=args.min_top1_agreement,
                 max_mean_eta_diff_minutes=args.max_eta_diff_minutes,
             )
         except ValueError as exc:
-            raise _UsageError(str(exc)) from None
+            raise AdminUsageError(str(exc)) from None
 
         def golden(base: FleetState, proposed: FleetState) -> None:
             stable = base.routing.for_city(city).stable_version
@@ -290,10 +297,10 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_canary(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
-        city = _city(args.city, Path(args.model_repository))
+        city = registered_city(args.city, Path(args.model_repository))
         where = f" in {city}" if city else ""
         what = f"canary share {args.percent}%{where}"
-        return _write(args, out, canary_share(args.percent, city), what, trusted=_trusted(args))
+        return _write(args, out, canary_share(args.percent, city), what, trusted=trusted_keys(args))
 
     return _guard("canary", run)
 
@@ -301,28 +308,30 @@ def cmd_canary(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_shadow(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
         what = f"shadow {args.percent}% of requests with version {args.version}"
-        return _write(args, out, shadowed(args.version, args.percent), what, trusted=_trusted(args))
+        return _write(
+            args, out, shadowed(args.version, args.percent), what, trusted=trusted_keys(args)
+        )
 
     return _guard("shadow", run)
 
 
 def cmd_promote(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
-        city = _city(args.city, Path(args.model_repository))
+        city = registered_city(args.city, Path(args.model_repository))
         where = f" in {city}" if city else ""
         what = f"promote the canary to stable{where}{' with unload' if args.unload else ''}"
-        return _write(args, out, promoted(city, args.unload), what, trusted=_trusted(args))
+        return _write(args, out, promoted(city, args.unload), what, trusted=trusted_keys(args))
 
     return _guard("promote", run)
 
 
 def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
-        city = _city(args.city, Path(args.model_repository))
+        city = registered_city(args.city, Path(args.model_repository))
         where = f" in {city}" if city else ""
         what = f"rollback{where}{' with unload' if args.unload_canary else ''}"
         return _write(
-            args, out, rolled_back(city, args.unload_canary), what, trusted=_trusted(args)
+            args, out, rolled_back(city, args.unload_canary), what, trusted=trusted_keys(args)
         )
 
     return _guard("rollback", run)
@@ -330,8 +339,8 @@ def cmd_rollback(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
-        store, trusted = _store(args), _trusted(args)
-        key = _signing_key(args)
+        store, trusted = state_store(args), trusted_keys(args)
+        key = signing_key(args)
         note = f"restore revision {args.revision}" + (f": {args.note}" if args.note else "")
         repository = Path(args.model_repository)
 
@@ -345,10 +354,10 @@ def cmd_restore(args: argparse.Namespace, out: TextIO) -> int:
             )
         except StateError as exc:
             if exc.code == "unknown_key":
-                raise _UsageError(str(exc)) from None
+                raise AdminUsageError(str(exc)) from None
             raise _FailedError(str(exc)) from None
         except OSError as exc:
-            raise _UsageError(f"{store.path}: {exc}") from None
+            raise AdminUsageError(f"{store.path}: {exc}") from None
         return _written(store, trusted, signed, args.wait_s, out)
 
     return _guard("restore", run)
@@ -358,7 +367,7 @@ def cmd_history(args: argparse.Namespace, out: TextIO) -> int:
     """The kept revisions, oldest first, one JSON document; the one stored now is marked."""
 
     def run() -> int:
-        store, trusted = _store(args), _trusted(args)
+        store, trusted = state_store(args), trusted_keys(args)
         try:
             current = store.current(trusted)
             current_error = ""
@@ -415,7 +424,7 @@ def _wait(
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
-        store, trusted = _store(args), _trusted(args)
+        store, trusted = state_store(args), trusted_keys(args)
         document: dict[str, Any] = {"path": str(store.document)}
         code = _EXIT_OK
         try:

@@ -35,6 +35,7 @@ from dispatch_service.experiments.analysis import (
 )
 from dispatch_service.experiments.rollout import (
     DEFAULT_GUARDRAILS,
+    DEFAULT_MATURITY_S,
     DEFAULT_MIN_OUTCOMES,
     DEFAULT_MIN_SECONDS,
     DEFAULT_PRIMARY,
@@ -42,12 +43,13 @@ from dispatch_service.experiments.rollout import (
     RolloutPlan,
 )
 from dispatch_service.ops import fleet_admin
-from dispatch_service.ops.fleet_state import STATE_STORE_ENV
+from dispatch_service.ops.fleet_state import STATE_STORE_ENV, initial_state
 from dispatch_service.ops.rollout_controller import (
     DEFAULT_LEASE_S,
     RolloutBook,
     RolloutController,
     RolloutError,
+    mature_rows,
     order_columns,
 )
 from dispatch_service.outcomes.sql_store import open_store
@@ -67,10 +69,6 @@ ROLLOUT_ROUTING_COMMANDS: Final = ("rollout start", "rollout abort")
 _EXIT_OK, _EXIT_FAILED, _EXIT_USAGE = 0, 1, 2
 
 
-class _UsageError(Exception):
-    pass
-
-
 def _default_outcome_store() -> str:
     """`make serve`'s store, as the launcher's ``--outcome-store`` defaults to it."""
     return os.environ.get(OUTCOME_STORE_ENV) or str(REPO_ROOT / ".triton" / DEFAULT_STORE_FILE)
@@ -80,7 +78,9 @@ def _numbers(text: str, kind: Callable[[str], Any], what: str) -> tuple[Any, ...
     try:
         return tuple(kind(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise _UsageError(f"{what}: comma-separated numbers, got {text!r}") from None
+        raise fleet_admin.AdminUsageError(
+            f"{what}: comma-separated numbers, got {text!r}"
+        ) from None
 
 
 def _margins(pairs: list[str]) -> dict[str, float]:
@@ -90,7 +90,9 @@ def _margins(pairs: list[str]) -> dict[str, float]:
         try:
             margins[name.strip()] = float(value)
         except ValueError:
-            raise _UsageError(f"--margin {pair!r}: METRIC=NUMBER, e.g. late=0.01") from None
+            raise fleet_admin.AdminUsageError(
+                f"--margin {pair!r}: METRIC=NUMBER, e.g. late=0.01"
+            ) from None
     return margins
 
 
@@ -98,7 +100,7 @@ def _outcomes(args: argparse.Namespace) -> OutcomeStore:
     try:
         return open_store(args.outcome_store)
     except StoreError as exc:
-        raise _UsageError(f"--outcome-store {args.outcome_store}: {exc}") from None
+        raise fleet_admin.AdminUsageError(f"--outcome-store {args.outcome_store}: {exc}") from None
 
 
 def _known_version(repository: Path, trusted: Any) -> Callable[[int], str | None]:
@@ -115,16 +117,17 @@ def _known_version(repository: Path, trusted: Any) -> Callable[[int], str | None
 
 
 def _controller(args: argparse.Namespace, *, signing: bool) -> RolloutController:
-    trusted = fleet_admin._trusted(args)
-    signer = fleet_admin._signing_key(args) if signing else None
+    trusted = fleet_admin.trusted_keys(args)
+    signer = fleet_admin.signing_key(args) if signing else None
     return RolloutController(
-        state_store=fleet_admin._store(args),
+        state_store=fleet_admin.state_store(args),
         outcomes=_outcomes(args),
         signer=signer,
         trusted=trusted,
         holder=args.holder,
         lease_s=args.lease_s,
         known_version=_known_version(Path(args.model_repository), trusted),
+        initial=lambda: initial_state(Path(args.model_repository)),
     )
 
 
@@ -135,7 +138,7 @@ def _print(document: Any, out: TextIO) -> None:
 def _guarded(name: str, run: Callable[[], int]) -> int:
     try:
         return run()
-    except (_UsageError, fleet_admin._UsageError, ValueError) as exc:
+    except (fleet_admin.AdminUsageError, ValueError) as exc:
         print(f"usage error: {exc}", file=sys.stderr)
         return _EXIT_USAGE
     except RolloutError as exc:
@@ -148,13 +151,14 @@ def cmd_start(args: argparse.Namespace, out: TextIO) -> int:
         plan = RolloutPlan(
             version=args.version,
             steps=_numbers(args.steps, int, "--steps"),
-            city=fleet_admin._city(args.city, Path(args.model_repository)),
+            city=fleet_admin.registered_city(args.city, Path(args.model_repository)),
             min_outcomes=args.min_outcomes,
             min_seconds=args.min_seconds,
             guardrails=tuple(g for g in args.guardrails.split(",") if g),
             primary=args.primary,
             margins=_margins(args.margin),
             alpha=args.alpha,
+            maturity_s=args.maturity_s,
         )
         state = _controller(args, signing=True).start(plan)
         _print(state.to_dict(), out)
@@ -181,7 +185,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
-        book = RolloutBook(fleet_admin._store(args))
+        book = RolloutBook(fleet_admin.state_store(args))
         state = book.load()
         if state is None:
             _print({"rollout": None}, out)
@@ -217,12 +221,13 @@ def cmd_experiment_report(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
         store = _outcomes(args)
         try:
+            joined = mature_rows(
+                store.joined(since=args.since), since=args.since, maturity_s=args.maturity_s
+            )
             rows = [
                 row
-                for row in store.joined(since=args.since)
-                if row.recorded_at >= args.since
-                and (args.city is None or row.city == args.city)
-                and row.fallback_level <= 0
+                for row in joined
+                if (args.city is None or row.city == args.city) and row.fallback_level <= 0
             ]
         finally:
             store.close()
@@ -309,6 +314,12 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None
         "--margin", action="append", default=[], help="METRIC=NUMBER, e.g. late=0.01 (repeat)"
     )
     start.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="the whole rollout's")
+    start.add_argument(
+        "--maturity-s",
+        type=float,
+        default=DEFAULT_MATURITY_S,
+        help="judge a decision only this long after it was made (its outcome is in by then)",
+    )
     start.set_defaults(handler=cmd_start)
 
     run = actions.add_parser("run", help="the controller: look, act, repeat until it ends")
@@ -350,4 +361,10 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None
     report.add_argument("--since", type=float, default=0.0, help="decisions from (unix s)")
     report.add_argument("--margin", action="append", default=[], help="METRIC=NUMBER (repeat)")
     report.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    report.add_argument(
+        "--maturity-s",
+        type=float,
+        default=DEFAULT_MATURITY_S,
+        help="leave out decisions younger than this (their slow deliveries not reported yet)",
+    )
     report.set_defaults(handler=cmd_experiment_report)

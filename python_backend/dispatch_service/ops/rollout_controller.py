@@ -14,8 +14,10 @@ Its own records live beside the fleet document, in ``<state store>/rollout/``:
 
 All three are written under an advisory lock of ``rollout/.lock`` and atomically replaced.
 
-Evidence: the outcomes of the decisions recorded since the step began (the store's clock,
-whatever decision time the client sent), in the plan's city (or every city), the treatment
+Evidence: the outcomes of the decisions recorded since the step began (the server's clock)
+and made at least the plan's maturity before the latest event the platform has reported (its
+own clock: so that slow deliveries are in as well as fast ones; `mature_rows`), in the
+plan's city (or every city), the treatment
 arm scored by the rollout's version and the control arm by the stable version; per order
 (`order_columns`): unassigned, delivery minutes from the order's creation, late (after the
 promise), |predicted ETA - realised minutes from the decision|.
@@ -58,7 +60,7 @@ from dispatch_service.ops.fleet_revisions import (
     rolled_back,
     write_revision,
 )
-from dispatch_service.ops.fleet_state import StateError, StateStore
+from dispatch_service.ops.fleet_state import FleetState, StateError, StateStore
 from dispatch_service.outcomes.store import JoinedRow, OutcomeStore
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "RolloutCollector",
     "RolloutController",
     "RolloutError",
+    "mature_rows",
     "order_columns",
 ]
 
@@ -152,6 +155,19 @@ class RolloutBook:
         return [json.loads(line) for line in lines if line.strip()]
 
 
+def mature_rows(rows: Sequence[JoinedRow], *, since: float, maturity_s: float) -> list[JoinedRow]:
+    """The rows recorded at or after ``since`` (the server's clock) that are old enough for
+    every outcome of their time to be in: decided at least ``maturity_s`` before the latest
+    event the platform has reported (a pickup or a delivery: the platform's own clock, which
+    is the decision times' clock too). Judging younger ones would count only the deliveries
+    that were quick enough to be reported already."""
+    events = [t for row in rows for t in (row.picked_up_at, row.delivered_at) if t is not None]
+    if not events:
+        return []
+    mature = max(events) - maturity_s
+    return [row for row in rows if row.recorded_at >= since and row.decided_at <= mature]
+
+
 def order_columns(rows: Sequence[JoinedRow]) -> dict[str, np.ndarray[Any, Any]]:
     """Per order, the metrics `experiments.analysis` compares (NaN: does not apply)."""
     n = len(rows)
@@ -181,6 +197,8 @@ class RolloutController:
     clock: Callable[[], float] = time.time
     lease_s: float = DEFAULT_LEASE_S
     known_version: Callable[[int], str | None] = lambda version: None
+    # the state a first revision builds on when the store holds none (the repository's files)
+    initial: Callable[[], FleetState] | None = None
 
     def __post_init__(self) -> None:
         self.book = RolloutBook(self.state_store)
@@ -288,14 +306,17 @@ class RolloutController:
             time.sleep(interval_s)
 
     def evidence(self, state: RolloutState) -> tuple[ArmOutcomes, ArmOutcomes]:
-        """The step's arms from the outcome store (decisions recorded since the step began)."""
+        """The step's arms from the outcome store: the decisions recorded since the step
+        began whose outcomes must all be in (`mature_rows`)."""
         stable = self._stable_version(state)
         rows = [
             row
-            for row in self.outcomes.joined(since=state.step_started_at)
-            if row.recorded_at >= state.step_started_at
-            and (state.plan.city is None or row.city == state.plan.city)
-            and row.fallback_level <= 0
+            for row in mature_rows(
+                self.outcomes.joined(since=state.step_started_at),
+                since=state.step_started_at,
+                maturity_s=state.plan.maturity_s,
+            )
+            if (state.plan.city is None or row.city == state.plan.city) and row.fallback_level <= 0
         ]
         treatment = [row for row in rows if row.model_version == state.plan.version]
         control = [row for row in rows if row.model_version == stable]
@@ -338,8 +359,9 @@ class RolloutController:
             raise RolloutError("writing a fleet revision needs the signing key")
         try:
             signed = write_revision(
-                self.state_store, change, note, self.signer, trusted=self.trusted
-            )
+                self.state_store, change, note, self.signer, trusted=self.trusted,
+                initial=self.initial,
+            )  # fmt: skip
         except StateError as exc:
             raise RolloutError(f"fleet revision refused: {exc}") from None
         return int(signed.state.revision)

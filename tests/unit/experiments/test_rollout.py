@@ -40,10 +40,10 @@ def test_an_equal_version_advances_step_by_step_and_is_promoted() -> None:
     for _ in range(10):
         now += 30.0
         # before min_seconds: held whatever the evidence
-        action, held = decide(state, now=now, treatment=_arm(rng, 5000), control=_arm(rng, 5000))
+        action, held = decide(state, now=now, treatment=_arm(rng, 9000), control=_arm(rng, 9000))
         assert action.kind is ActionKind.HOLD and held.step == state.step
         now += 60.0
-        action, state = decide(state, now=now, treatment=_arm(rng, 5000), control=_arm(rng, 5000))
+        action, state = decide(state, now=now, treatment=_arm(rng, 9000), control=_arm(rng, 9000))
         if action.kind is ActionKind.PROMOTE:
             break
         assert action.kind is ActionKind.ADVANCE, action.reason

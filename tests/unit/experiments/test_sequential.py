@@ -4,7 +4,6 @@ instead of the closed form."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -14,7 +13,6 @@ from scipy import integrate, stats
 from dispatch_service.experiments.sequential import (
     MIN_OUTCOMES_PER_ARM,
     ArmStats,
-    Interval,
     SequentialMonitor,
     mixture_interval,
     mixture_log_likelihood_ratio,
@@ -97,24 +95,31 @@ def test_bad_parameters_are_refused_by_name(tau: float, alpha: float, name: str)
         mixture_interval(arm, arm, tau=tau, alpha=alpha)
 
 
-def test_monitor_keeps_the_running_intersection_and_minimum_p_value() -> None:
+def test_monitor_reads_the_latest_look() -> None:
     rng = np.random.default_rng(2)
     monitor = SequentialMonitor(tau=0.5, alpha=0.05)
     t, c = ArmStats(), ArmStats()
-    widths, p_values = [], []
     for _ in range(20):
         t = t.merge(ArmStats.of(rng.normal(1, 2, 50)))
         c = c.merge(ArmStats.of(rng.normal(0, 2, 50)))
         monitor = monitor.look(t, c)
-        widths.append(monitor.interval.upper - monitor.interval.lower)
-        p_values.append(monitor.p_value)
     assert monitor.looks == 20
-    assert all(b <= a for a, b in itertools.pairwise(widths))
-    assert all(b <= a for a, b in itertools.pairwise(p_values))
+    assert monitor.interval == mixture_interval(t, c, tau=0.5, alpha=0.05)
     assert monitor.interval.lower > 0 and monitor.p_value < 0.05  # a 1.0 shift is found
 
 
-def test_an_empty_intersection_keeps_the_newer_interval() -> None:
-    old, new = Interval(0.0, -1.0, 1.0), Interval(3.0, 2.0, 4.0)
-    assert old.intersect(new) == new
-    assert Interval.unbounded().intersect(old) == Interval(0.0, -1.0, 1.0)
+def test_a_rare_event_absent_from_one_arm_still_gets_an_honest_width() -> None:
+    """0 unassigned of 100 against 1 of 1,000: the sample variance of the first arm is 0,
+    the pooled rate with one success and one failure added is (0 + 1 + 1) / (1,100 + 2)."""
+    t, c = ArmStats.of(np.zeros(100)), ArmStats.of(np.r_[np.ones(1), np.zeros(999)])
+    rate = 2 / 1102
+    v = rate * (1 - rate) * (1 / 100 + 1 / 1000)
+    tau, alpha = 0.02, 0.05
+    log_term = math.log(1 / alpha) + 0.5 * math.log((v + tau**2) / v)
+    radius = math.sqrt(2 * v * (v + tau**2) / tau**2 * log_term)
+    interval = mixture_interval(t, c, tau=tau, alpha=alpha, binary=True)
+    assert interval.estimate == pytest.approx(-0.001)
+    assert interval.upper - interval.estimate == pytest.approx(radius)
+    assert interval.lower < 0 < interval.upper  # no "better" from one order
+    narrow = mixture_interval(t, c, tau=tau, alpha=alpha)  # the sample variances
+    assert narrow.upper - narrow.lower < interval.upper - interval.lower

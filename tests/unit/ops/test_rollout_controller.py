@@ -31,7 +31,9 @@ from dispatch_service.routing.settings import RouterSettings
 
 KEY = generate_private_key()
 TRUSTED = TrustedKeys.from_public_keys(KEY.public_key())
-PLAN = RolloutPlan(version=2, steps=(5, 50, 100), min_outcomes=300, min_seconds=60.0)
+PLAN = RolloutPlan(
+    version=2, steps=(5, 50, 100), min_outcomes=300, min_seconds=60.0, maturity_s=30.0
+)
 
 
 class Clock:
@@ -73,12 +75,14 @@ def add_orders(
     at: float,
     late_share: float = 0.1,
     tag: str = "",
+    decided: float | None = None,
 ) -> None:
-    """``n`` delivered orders recorded at ``at`` (the server's clock; their decision times
-    days before, as a live city's): 30 minutes to deliver, promise 40 minutes, ``late_share``
-    of them delivered after the promise (at 50 minutes)."""
+    """``n`` delivered orders recorded at ``at`` (the server's clock) and decided at
+    ``decided`` (the platform's clock; by default days before, as a live city's): 30
+    minutes to deliver, promise 40 minutes, ``late_share`` of them delivered after the
+    promise (at 50 minutes)."""
     records, reports = [], []
-    recorded, at = at, at - 5 * 86_400
+    recorded, at = at, at - 5 * 86_400 if decided is None else decided
     for i in range(n):
         late = rng.random() < late_share
         minutes = 50.0 if late else 30.0 + rng.normal(0, 3)
@@ -156,7 +160,7 @@ def test_a_worse_version_is_rolled_back_at_once(tmp_path: Path, outcomes: Outcom
     ctl.start(PLAN)
     add_orders(outcomes, rng, version=2, n=1500, at=clock.now + 1, late_share=0.3)
     add_orders(outcomes, rng, version=1, n=1500, at=clock.now + 1)
-    clock.now += 5  # long before the step's minimum time
+    clock.now += 31  # the decisions mature, the step's minimum time not yet passed
     action = ctl.tick()
     assert action is not None and action.kind is ActionKind.ROLL_BACK
     assert "late worse by" in action.reason
@@ -262,3 +266,31 @@ def test_every_launcher_exports_the_rollout_it_sees(tmp_path: Path, outcomes: Ou
     assert now[("dispatch_rollout_actions_total", (("action", "roll back"),))] == 0
     clock.now += 31  # the lease ran out: no controller acting
     assert series()[("dispatch_rollout_controller_active", ())] == 0
+
+
+def test_decisions_too_young_for_their_outcomes_are_not_judged(
+    tmp_path: Path, outcomes: OutcomeStore
+) -> None:
+    """A step's fast deliveries are reported before its slow ones: judged early, a version
+    that makes deliveries slower would look no worse. A decision counts once the platform
+    has reported events the plan's maturity (three hours by default) past it."""
+    store, clock, rng = fleet(tmp_path), Clock(), np.random.default_rng(6)
+    ctl = controller(store, outcomes, clock)
+    plan = RolloutPlan(version=2, steps=(5, 50, 100), min_outcomes=300, min_seconds=60.0)
+    assert plan.maturity_s == 3 * 3600
+    ctl.start(plan)
+    platform = 1_700_000_000.0
+    add_orders(outcomes, rng, version=2, n=1500, at=clock.now + 1, late_share=0.3, decided=platform)
+    add_orders(outcomes, rng, version=1, n=1500, at=clock.now + 1, decided=platform)
+    clock.now += 120  # the latest event reported: 50 minutes after these decisions
+    state = ctl.book.load()
+    assert state is not None
+    treatment, control = ctl.evidence(state)
+    assert treatment.orders == control.orders == 0
+    assert ctl.tick().kind is ActionKind.HOLD  # type: ignore[union-attr]
+    # four hours on, on the platform's clock: the first decisions are judged
+    add_orders(outcomes, rng, version=1, n=10, at=clock.now, decided=platform + 4 * 3600, tag="x")
+    clock.now += 1
+    treatment, control = ctl.evidence(state)
+    assert (treatment.orders, control.orders) == (1500, 1500)
+    assert ctl.tick().kind is ActionKind.ROLL_BACK  # type: ignore[union-attr]

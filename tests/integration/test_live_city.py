@@ -38,11 +38,11 @@ from dispatch_client.client import DispatchClient
 from dispatch_service.offline.live_city import (
     LiveCityConfig,
     LiveCityRun,
-    SeriesRecorder,
     parse_scenario,
     run_live_city,
     simulated_start,
 )
+from dispatch_service.offline.metric_series import SeriesRecorder
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.outcomes.records import DecisionId
 from dispatch_service.outcomes.service import OutcomeService, serve_outcomes

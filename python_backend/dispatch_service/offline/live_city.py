@@ -45,7 +45,6 @@ import math
 import re
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,7 +53,6 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from dispatch_client.client import DispatchClient, DispatchResult, new_request_id
 from dispatch_client.errors import DispatchError
@@ -62,6 +60,7 @@ from dispatch_client.outcomes import OutcomeReceipt, OutcomeReport, report_outco
 from dispatch_service.domain.cities import Barrier, City, default_registry
 from dispatch_service.domain.window import DispatchWindow, window_to_tensors
 from dispatch_service.offline import simulator
+from dispatch_service.offline.metric_series import SeriesRecorder
 from dispatch_service.offline.simulator import CityConfig
 from dispatch_service.offline.training.config import TrainConfig
 
@@ -69,7 +68,6 @@ __all__ = [
     "LiveCityConfig",
     "LiveCityRun",
     "Scenario",
-    "SeriesRecorder",
     "main",
     "parse_scenario",
     "run_live_city",
@@ -78,7 +76,6 @@ __all__ = [
 ]
 
 SCENARIO_KINDS: Final = ("speeds", "barrier", "riders")
-DEFAULT_SERIES_PREFIXES: Final = ("dispatch_drift_", "dispatch_quality_")
 # Simulated time starts at a local hour this many days (at least) before the wall clock.
 _DAYS_BACK: Final = 2
 _REASSIGN_AFTER_S: Final = 60.0  # the platform reassigns an order the service left unassigned
@@ -155,58 +152,6 @@ def parse_scenario(text: str, cities: Iterable[str]) -> Scenario:
     if kind != "barrier" and not 0.0 < percent < 100.0:
         raise ValueError(f"scenario {text!r}: N must lie in (0, 100)")
     return Scenario(kind=kind, city=options["city"], from_minute=minute, percent=percent)
-
-
-# ---- recording metrics for promtool -----------------------------------------------------------
-
-
-@dataclass
-class SeriesRecorder:
-    """Samples of a few metric families, one scrape per simulated minute, written as the
-    ``input_series`` of a ``promtool test rules`` file (one step per scrape)."""
-
-    urls: Sequence[str]
-    prefixes: Sequence[str] = DEFAULT_SERIES_PREFIXES
-    timeout_s: float = 10.0
-    series: dict[str, dict[int, float]] = field(default_factory=dict)
-    scrapes: int = 0
-
-    def scrape(self) -> None:
-        step = self.scrapes
-        for url in self.urls:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
-                text = response.read().decode("utf-8")
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if not sample.name.startswith(tuple(self.prefixes)):
-                        continue
-                    labels = ",".join(
-                        f'{name}="{_escape(value)}"'
-                        for name, value in sorted(sample.labels.items())
-                    )
-                    key = f"{sample.name}{{{labels}}}"
-                    self.series.setdefault(key, {})[step] = float(sample.value)
-        self.scrapes += 1
-
-    def input_series(self) -> list[dict[str, str]]:
-        """promtool's input series: a value per step, ``_`` where the series was absent."""
-        out = []
-        for key, values in sorted(self.series.items()):
-            text = " ".join(
-                _number(values[step]) if step in values else "_" for step in range(self.scrapes)
-            )
-            out.append({"series": key, "values": text})
-        return out
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    return repr(float(value))
 
 
 # ---- the run ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from dispatch_service.domain import roads
 from dispatch_service.offline import live_city, simulator
 from dispatch_service.offline.live_city import LiveCityConfig, Scenario, parse_scenario
+from dispatch_service.offline.metric_series import SeriesRecorder
 
 CITIES = ("shanghai", "chengdu")
 
@@ -131,7 +132,7 @@ def test_recorded_series_are_promtool_input_with_gaps(exposition: list[str]) -> 
         'dispatch_drift_bin_pairs_total{city="chengdu",bin="0"} 5\n'
         'dispatch_drift_bin_pairs_total{city="chengdu",bin="1"} 2\n',
     ]
-    recorder = live_city.SeriesRecorder([url])
+    recorder = SeriesRecorder([url])
     recorder.scrape()
     recorder.scrape()
     assert recorder.input_series() == [

@@ -43,7 +43,8 @@ from dispatch_service.experiments.rollout import (
     RolloutPlan,
 )
 from dispatch_service.ops import fleet_admin
-from dispatch_service.ops.fleet_state import STATE_STORE_ENV, initial_state
+from dispatch_service.ops.configmap_publish import ConfigMapPublisher, PublishError
+from dispatch_service.ops.fleet_state import STATE_STORE_ENV, StateStore, initial_state
 from dispatch_service.ops.rollout_controller import (
     DEFAULT_LEASE_S,
     RolloutBook,
@@ -128,7 +129,17 @@ def _controller(args: argparse.Namespace, *, signing: bool) -> RolloutController
         lease_s=args.lease_s,
         known_version=_known_version(Path(args.model_repository), trusted),
         initial=lambda: initial_state(Path(args.model_repository)),
+        publish=_publisher(getattr(args, "publish_configmap", None)),
     )
+
+
+def _publisher(configmap: str | None) -> Callable[[StateStore], None] | None:
+    if configmap is None:
+        return None
+    try:
+        return ConfigMapPublisher.in_cluster(configmap).publish
+    except PublishError as exc:
+        raise fleet_admin.AdminUsageError(f"--publish-configmap {configmap}: {exc}") from None
 
 
 def _print(document: Any, out: TextIO) -> None:
@@ -176,7 +187,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
                 print(json.dumps({"action": str(action.kind), "reason": action.reason}), file=out)
                 out.flush()
             state = controller.book.load()
-            if args.once or (state is not None and state.phase.final):
+            ended = state is not None and state.phase.final
+            if args.once or (ended and not args.forever):
                 return _EXIT_OK
             time.sleep(args.interval_s)
 
@@ -326,6 +338,17 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None
     common(run)
     run.add_argument("--interval-s", type=float, default=5.0, help="between looks")
     run.add_argument("--once", action="store_true", help="one look, then exit")
+    run.add_argument(
+        "--forever",
+        action="store_true",
+        help="keep looking after a rollout ends, for the next one (a controller's pod)",
+    )
+    run.add_argument(
+        "--publish-configmap",
+        metavar="NAME",
+        help="in a Kubernetes pod: write every new revision into this ConfigMap, which the "
+        "launcher pods mount (deploy/k8s/base/rollout-controller.yaml)",
+    )
     run.set_defaults(handler=cmd_run)
 
     status = actions.add_parser("status", help="the step, the evidence, the last actions")

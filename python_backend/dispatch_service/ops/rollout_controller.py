@@ -8,6 +8,8 @@ Its own records live beside the fleet document, in ``<state store>/rollout/``:
   that restarts resumes at the same step with the same running intervals;
 - ``lease.json``: who acts (holder, expiry); a controller acts only while it holds an
   unexpired lease, so two started at once never both write; renewed at every tick;
+- ``published.json``: the last revision published where the replicas read it (Kubernetes'
+  ConfigMap, `configmap_publish`), when the controller publishes;
 - ``audit.jsonl``: one line per action that changed something (start, advance, promote,
   roll back, pause, resume, abort) with its reason, the fleet revision it wrote and the
   evidence at that moment (every metric's arms, interval and verdict).
@@ -29,6 +31,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +55,7 @@ from dispatch_service.experiments.rollout import (
     RolloutState,
     decide,
 )
+from dispatch_service.ops.configmap_publish import PublishError
 from dispatch_service.ops.fleet_revisions import (
     Change,
     canary_share,
@@ -140,6 +144,17 @@ class RolloutBook:
         with self.locked(), (self.folder / "audit.jsonl").open("a") as out:
             out.write(json.dumps(entry, sort_keys=True) + "\n")
 
+    def published(self) -> int | None:
+        """The last revision published (`RolloutController.publish`)."""
+        try:
+            return int(json.loads((self.folder / "published.json").read_text())["revision"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def set_published(self, revision: int) -> None:
+        with self.locked():
+            _atomic_write(self.folder / "published.json", json.dumps({"revision": revision}))
+
     def lease(self) -> dict[str, Any] | None:
         try:
             lease = json.loads((self.folder / "lease.json").read_text())
@@ -199,6 +214,10 @@ class RolloutController:
     known_version: Callable[[int], str | None] = lambda version: None
     # the state a first revision builds on when the store holds none (the repository's files)
     initial: Callable[[], FleetState] | None = None
+    # makes the stored document visible to the replicas where they do not read this folder
+    # (Kubernetes: `configmap_publish`); called at each look while the stored revision is
+    # not the last one published, so a failed publish is tried again
+    publish: Callable[[StateStore], None] | None = None
 
     def __post_init__(self) -> None:
         self.book = RolloutBook(self.state_store)
@@ -259,6 +278,7 @@ class RolloutController:
         now = self.clock()
         if not self.book.claim(self.holder, now=now, lease_s=self.lease_s):
             return None
+        self.publish_stored()
         state = self.book.load()
         if state is None or state.phase.final:
             return None
@@ -283,6 +303,8 @@ class RolloutController:
                 f"rollout of version {plan.version} rolled back: {action.reason}",
             )
         self.book.save(after)
+        if revision is not None:
+            self.publish_stored()
         if action.kind is not ActionKind.HOLD:
             # the figures this step was judged on (an advance starts the next step afresh)
             judged = state.current_experiment().look(treatment, control)
@@ -324,6 +346,21 @@ class RolloutController:
             ArmOutcomes().add_columns(order_columns(treatment)),
             ArmOutcomes().add_columns(order_columns(control)),
         )
+
+    def publish_stored(self) -> None:
+        """Publish the stored document if its revision is not the last one published; a
+        failure is printed and tried again at the next look (the revision stays stored)."""
+        if self.publish is None:
+            return
+        current = self.state_store.current(self.trusted)
+        if current is None or current.state.revision == self.book.published():
+            return
+        try:
+            self.publish(self.state_store)
+        except PublishError as exc:
+            print(f"publishing revision {current.state.revision} failed: {exc}", file=sys.stderr)
+            return
+        self.book.set_published(current.state.revision)
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from prometheus_client import CollectorRegistry, start_http_server
+
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.signing import Outcome, verify_version
 from dispatch_service.experiments.analysis import (
@@ -48,6 +50,7 @@ from dispatch_service.ops.fleet_state import STATE_STORE_ENV, StateStore, initia
 from dispatch_service.ops.rollout_controller import (
     DEFAULT_LEASE_S,
     RolloutBook,
+    RolloutCollector,
     RolloutController,
     RolloutError,
     mature_rows,
@@ -181,6 +184,10 @@ def cmd_start(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
         controller = _controller(args, signing=True)
+        if args.metrics_port is not None:  # the rollout's series, where no launcher reads its store
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(RolloutCollector(controller.book))
+            start_http_server(args.metrics_port, addr=args.metrics_address, registry=registry)
         while True:
             action = controller.tick()
             if action is not None:
@@ -197,7 +204,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
-        book = RolloutBook(fleet_admin.state_store(args))
+        book = RolloutBook(fleet_admin.state_store(args), create=False)
         state = book.load()
         if state is None:
             _print({"rollout": None}, out)
@@ -342,6 +349,16 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None
         "--forever",
         action="store_true",
         help="keep looking after a rollout ends, for the next one (a controller's pod)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve the rollout's Prometheus series (dispatch_rollout_*) on this port",
+    )
+    run.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="the address --metrics-port listens on (0.0.0.0 in a pod, for the PodMonitor)",
     )
     run.add_argument(
         "--publish-configmap",

@@ -94,9 +94,12 @@ def _atomic_write(path: Path, text: str) -> None:
 class RolloutBook:
     """The controller's state, lease and audit trail in the fleet store's folder."""
 
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, *, create: bool = True) -> None:
+        """``create``: make the folder (a writer); a reader (`RolloutCollector`) finds no
+        rollout where there is none, and never writes into a read-only store."""
         self.folder = Path(store.path) / _BOOK
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if create:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

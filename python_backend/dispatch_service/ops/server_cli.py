@@ -37,6 +37,7 @@ from dispatch_service.core.signing import TRUSTED_KEYS_ENV, SigningError
 from dispatch_service.ops import fleet_watch
 from dispatch_service.ops.child_process import ServerError
 from dispatch_service.ops.control_gate import ControlGate, triton_upstream
+from dispatch_service.ops.fleet_state import StateStore
 from dispatch_service.ops.gpu import monitor as gpu_monitor
 from dispatch_service.ops.host import EXPOSURE_RISKS
 from dispatch_service.ops.keys import (
@@ -54,6 +55,7 @@ from dispatch_service.ops.outcome_launch import (
     outcome_store_from_args,
 )
 from dispatch_service.ops.restart import CrashCounter, default_on_dead, end_process_group
+from dispatch_service.ops.rollout_controller import RolloutBook, RolloutCollector
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.ops.supervisor import Supervisor
 from dispatch_service.ops.supervisor_state import SupervisorSettings
@@ -408,6 +410,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             outcomes.start_housekeeping()
         supervisor.start()
         monitor.export_to(supervisor.registry)  # the GPU series on the health port's /metrics
+        if args.state_store is not None:  # the rollout the fleet's store holds, if any
+            book = RolloutBook(StateStore(Path(args.state_store)), create=False)
+            supervisor.registry.register(RolloutCollector(book))
         crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
         supervisor.metric_sources.append(crashes.start().metrics_text)
         supervisor.crash_seen = crashes.current_crashed

@@ -18,16 +18,30 @@ KUBERNETES_VERSION = "1.30"
 def by_kind() -> dict[str, dict]:  # type: ignore[type-arg]
     resources = render(FOLDER)
     kinds = [r["kind"] for r in resources]
-    assert sorted(kinds) == sorted(
-        ["ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim", "Deployment"]
-    )
+    wanted = ["ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim", "Deployment"]
+    assert sorted(kinds) == sorted([*wanted, "PodMonitor"])
     return {r["kind"]: r for r in resources}
 
 
 def test_the_resources_are_valid_kubernetes_in_the_fleets_namespace() -> None:
     for resource in by_kind().values():
         assert resource["metadata"]["namespace"] == "dispatch"
+        if resource["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: test_prometheus_scrapes_the_controllers_metrics_port
         kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+
+
+def test_prometheus_scrapes_the_controllers_metrics_port() -> None:
+    resources = by_kind()
+    monitor, deployment = resources["PodMonitor"], resources["Deployment"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (container,) = pod_containers(deployment)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    args = admin.build_parser().parse_args([*container["command"], *container["args"]][3:])
+    assert ports[endpoint["port"]] == args.metrics_port
+    assert args.metrics_address == "0.0.0.0"
 
 
 def test_one_controller_with_least_privilege() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
+from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
 from dispatch_service.core.signing import (
     TrustedKeys,
     generate_private_key,
@@ -125,8 +126,8 @@ def test_a_tampered_document_is_never_built_on(tmp_path: Path, keys: tuple[Path,
     # folders verified first: a signed copy of them).
     repository = tmp_path / "repository"
     for version in stored_versions(store, keys, 1):
-        folder = repository / "dispatch_model" / str(version)
-        shutil.copytree(MODEL_REPOSITORY / "dispatch_model" / str(version), folder)
+        folder = model_layout(repository, SCORING_MODEL).version(version)
+        shutil.copytree(model_layout(MODEL_REPOSITORY, SCORING_MODEL).version(version), folder)
         sign_version(folder, load_private_key(keys[0].read_bytes()))
     code, text = run(
         "restore", "--state-store", str(store), "--key", str(keys[0]),

@@ -1,6 +1,8 @@
 """The supervisor's watch over its server's Python-backend stubs: a stub that died is
 healed by reloading its model, a model not healed keeps the server not ready and is tried
-again, and on a verified server a stub running code that does not verify is reported.
+again, what deaths leave behind (dead and stale stubs) is released by a clean restart of the
+server once there is too much of it, and on a verified server a stub running code that does
+not verify is reported.
 
 Triton 2.51 never restarts a stub that dies (every request to that instance then fails after
 about 1 s while `/v2/health/ready` stays 200). `StubHealing` is a part of `Supervisor`

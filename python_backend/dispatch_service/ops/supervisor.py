@@ -15,7 +15,9 @@ while inference hangs, and fails in-flight ensemble requests when stopped. So th
   its version is still READY and fewer stubs than the model's instance count serve it
   (`stubs.stub_deaths`); the others are logged as ``stub_retired`` and left alone. Stubs that
   outlive the launcher's own reload are stale (2.51 never ends the replaced instances once
-  one of their model's stubs died) and never count as serving. A model whose instances are
+  one of their model's stubs died) and never count as serving; with the dead stubs 2.51
+  never reaps, they are released by a clean restart at ``stub_leak_limit`` (or after
+  ``stub_leak_max_age_s``: `StubHealing._leak_restart_reason`). A model whose instances are
   not all back after its reload (refused, failing, or a new stub dead again) stays not ready
   (``unhealed``) and is recovered again after a bounded backoff (`HEAL_RETRY_WAITS_S`): every
   death is healed, or the server says it is not ready. On a verified server every reload

@@ -33,9 +33,11 @@ from dispatch_service.core.signing import (
 )
 from dispatch_service.ops.verified_load import LoadCheck, folder_digest, served_versions
 
-__all__ = ["RepositoryCopy"]
+__all__ = ["RepositoryCopy", "remove_orphaned_copies"]
 
 _MODEL_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+# dispatch-repository-<launcher pid>-<random>: a copy whose launcher is gone is removed.
+_PREFIX: Final = "dispatch-repository-"
 
 
 class RepositoryCopy:
@@ -58,7 +60,8 @@ class RepositoryCopy:
     def __init__(self, source: Path, trusted: TrustedKeys) -> None:
         self.source = source
         self.trusted = trusted
-        self.root = Path(tempfile.mkdtemp(prefix="dispatch-repository-"))
+        remove_orphaned_copies()
+        self.root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
         self.repository = self.root / "models"
         self._staging = self.root / "staging"
         self.repository.mkdir(mode=0o700)
@@ -146,6 +149,30 @@ class RepositoryCopy:
             return verdict
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def remove_orphaned_copies(folder: Path | None = None) -> list[Path]:
+    """Remove the copies (ours: same uid, a folder, not a link) whose launcher process is
+    gone, e.g. killed before it could remove its own; the folders removed."""
+    removed = []
+    for path in sorted(Path(folder or tempfile.gettempdir()).glob(f"{_PREFIX}*")):
+        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not pid.isdigit() or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or a process of that pid): kept
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _mirror(source: Path, target: Path, skip: Callable[[Path], bool]) -> None:

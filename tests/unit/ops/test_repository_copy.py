@@ -12,6 +12,8 @@ import hashlib
 import os
 import random
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from dispatch_service.core.signing import (
     generate_private_key,
     sign_version,
 )
-from dispatch_service.ops.repository_copy import RepositoryCopy
+from dispatch_service.ops.repository_copy import RepositoryCopy, remove_orphaned_copies
 from dispatch_service.ops.verified_load import (
     LoadVerifier,
     plan_load,
@@ -223,3 +225,22 @@ def test_another_user_can_neither_read_nor_write_the_copy(copy: RepositoryCopy) 
 
     assert as_other_user(attempts) == {"list": False, "read": False, "write": False}
     assert served_code(copy) == SIGNED
+
+
+def test_a_copy_whose_launcher_is_gone_is_removed_by_the_next_one(
+    repo: Path, trusted: TrustedKeys, tmp_path: Path
+) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = tmp_path / f"dispatch-repository-{gone.pid}-abc"
+    live = tmp_path / f"dispatch-repository-{os.getpid()}-def"
+    for folder in (orphan, live):
+        (folder / "models").mkdir(parents=True)
+    (tmp_path / "dispatch-repository-notapid").mkdir()
+    assert remove_orphaned_copies(tmp_path) == [orphan]
+    assert not orphan.exists() and live.is_dir()
+    made = RepositoryCopy(repo, trusted)  # in the temporary directory: named by its pid
+    try:
+        assert made.root.name.startswith(f"dispatch-repository-{os.getpid()}-")
+    finally:
+        made.remove()

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch_service.outcomes.service import QUALITY_GAUGES
+from dispatch_service.outcomes.service import OUTCOME_SERIES
 
 ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -98,9 +98,9 @@ def exported_metrics() -> frozenset[str]:
     return frozenset(names)
 
 
-# Families named in a loop, which the source scan cannot read: the outcome service's
-# quality gauges, one per figure.
-LOOPED = frozenset(f"dispatch_quality_{name}" for name in QUALITY_GAUGES)
+# Families named in a loop, which the source scan cannot read: the outcome service's series
+# (its quality gauges, one per figure).
+LOOPED = frozenset(OUTCOME_SERIES)
 EXPORTED = exported_metrics() | LOOPED
 KNOWN = EXPORTED | TRITON_METRICS | PROMETHEUS_METRICS
 

@@ -899,6 +899,16 @@ def test_probes_and_ports_match_the_image(overlay: str) -> None:
     for name, key in (("DISPATCH_ADMIN_KEY", "admin-key"), ("DISPATCH_SHM_KEY", "shm-key")):
         assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "dispatch-keys", "key": key}
         assert "value" not in env[name]
+    # Keys a deployment may do without (the lane then serves no client; outcomes are refused)
+    # and the fleet's outcome store: from Secrets too, optional.
+    for name, secret, key in (
+        ("DISPATCH_PRIORITY_KEY", "dispatch-keys", "priority-key"),
+        ("DISPATCH_OUTCOME_KEY", "dispatch-keys", "outcome-key"),
+        ("DISPATCH_OUTCOME_STORE", "dispatch-outcome-store", "url"),
+    ):
+        reference = env[name]["valueFrom"]["secretKeyRef"]
+        assert reference == {"name": secret, "key": key, "optional": True}, name
+        assert "value" not in env[name]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

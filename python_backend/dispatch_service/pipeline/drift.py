@@ -2,8 +2,9 @@
 live pairs per reference bin that Prometheus turns into a population stability index (PSI).
 
 Each `dispatch_model` version folder ships ``drift_reference.json`` (written by the training
-export, `offline.drift_reference`): per registered city and per monitored quantity (the pair
-features but the calendar ones, and the three predictions) the cut points of its reference
+export, `offline.training.drift_reference_cli`): per registered city and per monitored
+quantity (the pair features but the calendar ones, and the three predictions) the cut points
+of its reference
 deciles and the share of reference pairs in each bin. Serving counts each scored pair into
 those bins (`DriftMonitor`, off the request path) and exports the counts as one counter per
 (scoring version, city, quantity, bin), the reference shares as gauges; the recording rules

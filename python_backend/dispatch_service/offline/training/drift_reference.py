@@ -2,9 +2,9 @@
 deciles of its pair features and predictions per registered city, from its training data.
 
 The training export writes it next to model.onnx (`training.run.train_and_export`);
-`offline.drift_reference` writes it into committed version folders without retraining. Each
-city's reference pairs are scored with the version's model.onnx and cut into deciles. A
-registered city the version was not trained on gets windows of its own world from another
+`offline.training.drift_reference_cli` writes it into committed version folders without
+retraining. Each city's reference pairs are scored with the version's model.onnx and cut
+into deciles. A registered city the version was not trained on gets windows of its own world from another
 stream of the same seed, as many as a trained city had. The file is part of the version
 folder, so signing covers it.
 """

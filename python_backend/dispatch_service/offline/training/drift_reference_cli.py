@@ -1,8 +1,8 @@
 """Write ``drift_reference.json`` into committed dispatch_model version folders without
 retraining (`training.drift_reference`; the training export writes it with the model):
 
-    .venv/bin/python -m dispatch_service.offline.drift_reference --version 1 --version 2
-    .venv/bin/python -m dispatch_service.offline.drift_reference --version 1 --check
+    python -m dispatch_service.offline.training.drift_reference_cli --version 1 --version 2
+    python -m dispatch_service.offline.training.drift_reference_cli --version 1 --check
 
 The training windows are regenerated from the version's card (seed, window count and sizes,
 cities: the same `build_dataset` stream, checked against the card's pair count).

@@ -4,9 +4,9 @@ deciles of its pair features and predictions per registered city, from its train
 The training export writes it next to model.onnx (`training.run.train_and_export`);
 `offline.training.drift_reference_cli` writes it into committed version folders without
 retraining. Each city's reference pairs are scored with the version's model.onnx and cut
-into deciles. A registered city the version was not trained on gets windows of its own world from another
-stream of the same seed, as many as a trained city had. The file is part of the version
-folder, so signing covers it.
+into deciles. A registered city the version was not trained on gets windows of its own world
+from another stream of the same seed, as many as a trained city had. The file is part of the
+version folder, so signing covers it.
 """
 
 from __future__ import annotations

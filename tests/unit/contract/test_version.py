@@ -4,6 +4,7 @@ rule of every command-line address (dispatch_contract.version)."""
 from __future__ import annotations
 
 import argparse
+import re
 from importlib import metadata
 from pathlib import Path
 
@@ -19,6 +20,21 @@ from dispatch_contract.version import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_the_changelogs_latest_release_is_the_version_file() -> None:
+    """Keep a Changelog: an Unreleased section, then released versions newest first, each
+    with its date; the newest is the version the packages and images carry."""
+    version = (ROOT / "VERSION").read_text().strip()
+    headings = re.findall(
+        r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", (ROOT / "CHANGELOG.md").read_text(), re.M
+    )
+    assert headings[0] == ("Unreleased", "")
+    released = headings[1:]
+    assert released and all(date for _, date in released)
+    assert released[0][0] == version
+    numbers = [tuple(int(part) for part in name.split(".")) for name, _ in released]
+    assert numbers == sorted(numbers, reverse=True)
 
 
 def test_the_three_distributions_carry_the_version_file() -> None:

@@ -294,3 +294,92 @@ def test_decisions_too_young_for_their_outcomes_are_not_judged(
     treatment, control = ctl.evidence(state)
     assert (treatment.orders, control.orders) == (1500, 1500)
     assert ctl.tick().kind is ActionKind.ROLL_BACK  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["--version", "2", "--steps", "0,100"], 2, "whole percents in 1..100"),
+        (["--version", "2", "--steps", "5,200"], 2, "whole percents in 1..100"),
+        (["--version", "2", "--steps", "50,5,100"], 2, "must increase"),
+        (["--version", "2", "--steps", "five"], 2, "comma-separated numbers"),
+        (["--version", "2", "--margin", "late"], 2, "METRIC=NUMBER"),
+        (["--version", "2", "--guardrails", "happiness"], 2, "metric 'happiness'"),
+        (["--version", "9"], 1, "version 9: no folder"),
+        (["--version", "2", "--city", "atlantis"], 2, "no registered city has that id"),
+    ],
+)
+def test_the_cli_refuses_a_bad_rollout_and_writes_nothing(
+    tmp_path: Path,
+    repo: Path,
+    trusted_dir: Path,
+    signer: object,
+    argv: list[str],
+    code: int,
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dispatch_service.core.signing import private_key_pem
+    from dispatch_service.ops import admin
+
+    key = tmp_path / "ops.key"
+    key.write_bytes(private_key_pem(signer))  # type: ignore[arg-type]
+    store = StateStore(tmp_path / "store")
+    common = [
+        "--state-store", str(store.path), "--trusted-keys", str(trusted_dir), "--key", str(key),
+        "--model-repository", str(repo), "--outcome-store", str(tmp_path / "o.sqlite3"),
+    ]  # fmt: skip
+    assert admin.main(["rollout", "start", *common, *argv]) == code
+    assert message in capsys.readouterr().err
+    assert store.read() is None and not (store.path / "rollout" / "state.json").exists()
+
+
+def test_the_cli_refuses_a_signer_the_replicas_do_not_trust(
+    tmp_path: Path, repo: Path, trusted_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dispatch_service.core.signing import private_key_pem
+    from dispatch_service.ops import admin
+
+    key = tmp_path / "stranger.key"
+    key.write_bytes(private_key_pem(generate_private_key()))
+    store = StateStore(tmp_path / "store")
+    argv = [
+        "rollout", "start", "--version", "2", "--state-store", str(store.path),
+        "--trusted-keys", str(trusted_dir), "--key", str(key), "--model-repository", str(repo),
+        "--outcome-store", str(tmp_path / "o.sqlite3"),
+    ]  # fmt: skip
+    assert admin.main(argv) == 1
+    assert "not among the trusted keys" in capsys.readouterr().err
+    assert store.read() is None
+
+
+def test_the_cli_refuses_an_unsigned_version(
+    tmp_path: Path,
+    repo: Path,
+    trusted_dir: Path,
+    signer: object,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import shutil
+
+    from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
+    from dispatch_service.core.signing import MANIFEST_NAME, SIGNATURE_NAME, private_key_pem
+    from dispatch_service.ops import admin
+
+    scoring = model_layout(repo, SCORING_MODEL)
+    shutil.copytree(
+        scoring.version(2),
+        scoring.version(7),
+        ignore=shutil.ignore_patterns(MANIFEST_NAME, SIGNATURE_NAME),
+    )
+    key = tmp_path / "ops.key"
+    key.write_bytes(private_key_pem(signer))  # type: ignore[arg-type]
+    store = StateStore(tmp_path / "store")
+    argv = [
+        "rollout", "start", "--version", "7", "--state-store", str(store.path),
+        "--trusted-keys", str(trusted_dir), "--key", str(key), "--model-repository", str(repo),
+        "--outcome-store", str(tmp_path / "o.sqlite3"),
+    ]  # fmt: skip
+    assert admin.main(argv) == 1
+    assert "version 7: refused" in capsys.readouterr().err
+    assert store.read() is None

@@ -44,6 +44,14 @@ test-hostile: setup ## the hostile-client checks at full size (about an hour)
 		tests/integration/test_priority_entitlement.py \
 		tests/integration/test_hostile_clients.py tests/integration/test_deadline_burst.py
 
+# A rollout judged on outcomes, live (docs/experiments.md): the live city against a fleet of
+# one, then of two replicas; a deliberately worse version rolled back at its first step, a
+# better one stepped to 100 % and promoted. About 5-10 minutes a fleet on 2 cores.
+.PHONY: test-rollout
+test-rollout: setup ## rollouts judged on outcomes, live, on fleets of one and two replicas
+	ROLLOUT_LIVE=1 ROLLOUT_REPLICAS=1 $(PY) -m pytest -s tests/integration/test_rollout_live.py
+	ROLLOUT_LIVE=1 ROLLOUT_REPLICAS=2 $(PY) -m pytest -s tests/integration/test_rollout_live.py
+
 lint: setup ## ruff check, ruff format --check, lint-imports
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

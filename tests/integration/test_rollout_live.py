@@ -10,8 +10,8 @@ operator between the steps.
 - Then version 3 is made stable by the operator (as a stale or bad stable version would be),
   and version 1 is rolled out: it goes 20 -> 50 -> 100 % and becomes the stable version.
 
-One replica here (a fleet of one, as `make serve` is); ``ROLLOUT_REPLICAS=2`` (`make
-test-rollout`) runs the same with two. The controller runs in this process with short steps
+`make test-rollout` runs it with one replica (a fleet of one, as `make serve` is), then with
+two (``ROLLOUT_REPLICAS=2``). The controller runs in this process with short steps
 (``min_seconds`` 3, ``min_outcomes`` 100; the default maturity, on the live city's clock); the
 decisions it takes are on the outcomes alone.
 """
@@ -49,6 +49,12 @@ from dispatch_service.outcomes.sql_store import open_store
 from .patience import patience, wait_for
 
 REPLICAS = int(os.environ.get("ROLLOUT_REPLICAS", "1"))
+# A run plays the city through two rollouts, each step waiting three simulated hours for
+# its decisions to mature: minutes on two cores. `make test-rollout` runs it (one replica,
+# then two); `make test` leaves it to the unit tests of the controller on real stores.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("ROLLOUT_LIVE") != "1", reason="minutes long: make test-rollout"
+)
 WORSE = 3
 STEPS = (20, 50, 100)
 # The live city's pace: one window a simulated minute, as fast as it can play (the rollout's

@@ -15,8 +15,6 @@ import runpy
 import secrets
 import shutil
 import signal
-import socket
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -27,7 +25,7 @@ from typing import ClassVar
 
 from dispatch_contract.keys import PRIORITY_KEY_DIGEST_ENV, PRIORITY_KEY_ENV, PRIORITY_KEY_FILE_ENV
 from dispatch_service.core.backend_shm import tighten_regions
-from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.signing import TRUSTED_KEYS_ENV, TrustedKeys
 from dispatch_service.ops.child_process import (
     LOG_READ_BYTES,
@@ -49,6 +47,7 @@ from dispatch_service.ops.host import (
 from dispatch_service.ops.keys import AccessKeys, new_key
 from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
 from dispatch_service.ops.repository_copy import RepositoryCopy
+from dispatch_service.ops.triton_runtime import Ports, TritonRuntime
 from dispatch_service.ops.verified_load import (
     LoadPlan,
     LoadVerifier,
@@ -71,73 +70,6 @@ logger = logging.getLogger(__name__)
 
 # How long a start waits for the ports of an orphaned server it stopped to be free.
 ORPHAN_PORTS_WAIT_S = 15.0
-
-
-@dataclass(frozen=True)
-class Ports:
-    http: int = 8000
-    grpc: int = 8001
-    metrics: int = 8002
-
-    @classmethod
-    def free(cls) -> Ports:
-        """Three distinct loopback ports nobody listens on right now."""
-        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
-        try:
-            for sock in sockets:  # held open together, so the three differ
-                sock.bind(("127.0.0.1", 0))
-            http, grpc, metrics = (int(sock.getsockname()[1]) for sock in sockets)
-        finally:
-            for sock in sockets:
-                sock.close()
-        return cls(http, grpc, metrics)
-
-
-@dataclass(frozen=True)
-class TritonRuntime:
-    """Where the server binary, its libraries and the Python backend folder are."""
-
-    tritonserver: Path
-    library_path: Path
-    backend_dir: Path
-    python_bin_dir: Path  # the stub finds numpy & co. through `python3` on PATH
-
-    @classmethod
-    def from_venv(cls, venv: Path | None = None, backend_dir: Path | None = None) -> TritonRuntime:
-        """The wheel's server in ``venv`` (default: the running one) with the backend folder
-        `make setup` lays out (default: `.triton/backends` of this repository)."""
-        venv = venv or Path(sys.prefix)
-        backend_dir = backend_dir or REPO_ROOT / ".triton" / "backends"
-        site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
-        return cls(
-            tritonserver=site / "pytriton" / "tritonserver" / "bin" / "tritonserver",
-            library_path=site / "nvidia_pytriton.libs",
-            backend_dir=backend_dir,
-            python_bin_dir=venv / "bin",
-        )
-
-    @classmethod
-    def from_install(cls, tritonserver: Path, python_bin_dir: Path) -> TritonRuntime:
-        """A stock install such as the NGC image's /opt/tritonserver/bin/tritonserver: its own
-        lib/ and backends/ (which hold the native onnxruntime backend the `gpu` profile uses)."""
-        root = tritonserver.resolve().parent.parent
-        return cls(
-            tritonserver=tritonserver,
-            library_path=root / "lib",
-            backend_dir=root / "backends",
-            python_bin_dir=python_bin_dir,
-        )
-
-    def check(self) -> None:
-        missing = [
-            str(path)
-            for path in (self.tritonserver, self.library_path, self.backend_dir / "python")
-            if not path.exists()
-        ]
-        if missing:
-            raise FileNotFoundError(
-                f"Triton runtime incomplete ({', '.join(missing)} missing): run `make setup`"
-            )
 
 
 @dataclass

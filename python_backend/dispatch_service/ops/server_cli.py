@@ -408,11 +408,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             supervisor.routes.extend(outcomes.routes())
             supervisor.registry.register(outcomes.collector())
             outcomes.start_housekeeping()
-        supervisor.start()
         monitor.export_to(supervisor.registry)  # the GPU series on the health port's /metrics
         if args.state_store is not None:  # the rollout the fleet's store holds, if any
             book = RolloutBook(StateStore(Path(args.state_store)), create=False)
             supervisor.registry.register(RolloutCollector(book))
+        supervisor.start()
         crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
         supervisor.metric_sources.append(crashes.start().metrics_text)
         supervisor.crash_seen = crashes.current_crashed

@@ -1,0 +1,81 @@
+"""Where a tritonserver listens (`Ports`) and which runtime it is (`TritonRuntime`): the
+embedded build of the `nvidia-pytriton` wheel, or a stock install such as the NGC image's.
+`server.TritonServer` starts one from these."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dispatch_service.core.paths import REPO_ROOT
+
+__all__ = ["Ports", "TritonRuntime"]
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Three distinct loopback ports nobody listens on right now."""
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
+        try:
+            for sock in sockets:  # held open together, so the three differ
+                sock.bind(("127.0.0.1", 0))
+            http, grpc, metrics = (int(sock.getsockname()[1]) for sock in sockets)
+        finally:
+            for sock in sockets:
+                sock.close()
+        return cls(http, grpc, metrics)
+
+
+@dataclass(frozen=True)
+class TritonRuntime:
+    """Where the server binary, its libraries and the Python backend folder are."""
+
+    tritonserver: Path
+    library_path: Path
+    backend_dir: Path
+    python_bin_dir: Path  # the stub finds numpy & co. through `python3` on PATH
+
+    @classmethod
+    def from_venv(cls, venv: Path | None = None, backend_dir: Path | None = None) -> TritonRuntime:
+        """The wheel's server in ``venv`` (default: the running one) with the backend folder
+        `make setup` lays out (default: `.triton/backends` of this repository)."""
+        venv = venv or Path(sys.prefix)
+        backend_dir = backend_dir or REPO_ROOT / ".triton" / "backends"
+        site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        return cls(
+            tritonserver=site / "pytriton" / "tritonserver" / "bin" / "tritonserver",
+            library_path=site / "nvidia_pytriton.libs",
+            backend_dir=backend_dir,
+            python_bin_dir=venv / "bin",
+        )
+
+    @classmethod
+    def from_install(cls, tritonserver: Path, python_bin_dir: Path) -> TritonRuntime:
+        """A stock install such as the NGC image's /opt/tritonserver/bin/tritonserver: its own
+        lib/ and backends/ (which hold the native onnxruntime backend the `gpu` profile uses)."""
+        root = tritonserver.resolve().parent.parent
+        return cls(
+            tritonserver=tritonserver,
+            library_path=root / "lib",
+            backend_dir=root / "backends",
+            python_bin_dir=python_bin_dir,
+        )
+
+    def check(self) -> None:
+        missing = [
+            str(path)
+            for path in (self.tritonserver, self.library_path, self.backend_dir / "python")
+            if not path.exists()
+        ]
+        if missing:
+            raise FileNotFoundError(
+                f"Triton runtime incomplete ({', '.join(missing)} missing): run `make setup`"
+            )

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from fleet_helpers import apply_revision
 
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import city_worlds, generate_window
@@ -22,6 +21,7 @@ from dispatch_service.ops.fleet_revisions import deployed, rolled_back
 from dispatch_service.ops.fleet_state import FleetState
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
 from dispatch_service.routing.settings import RouterSettings
+from fleet_helpers import apply_revision
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, metric_series
 
 ADMIN_KEY = "city-routing-test-key"

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from fleet_helpers import apply_revision
 
 from dispatch_contract.keys import PRIORITY_KEY_HEADER
 from dispatch_service.domain.window_wire import window_to_wire
@@ -32,6 +31,7 @@ from dispatch_service.routing.settings import (
     IN_PROCESS_ROUTING_MODELS,
     RouterSettings,
 )
+from fleet_helpers import apply_revision
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, sim_window
 
 ADMIN_KEY = "parity-test-key"

@@ -688,4 +688,3 @@ def test_the_docs_carry_no_history() -> None:
 )
 def test_the_history_check_can_fail(text: str, hits: list[str]) -> None:
     assert _history(text) == hits
-

@@ -93,6 +93,9 @@ class Action:
     kind: ActionKind
     reason: str
     percent: int | None = None  # ADVANCE: the next share
+    # the figures the step was judged on (`Experiment.report`), for the audit trail; an
+    # advance starts the next step's experiment afresh, so the state no longer holds them
+    evidence: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,7 @@ class RolloutState:
                 "kind": str(self.last_action.kind),
                 "reason": self.last_action.reason,
                 "percent": self.last_action.percent,
+                "evidence": list(self.last_action.evidence),
             },
         }
 
@@ -269,7 +273,12 @@ class RolloutState:
             experiment=_monitors_from_dict(plan, data.get("monitors", {})),
             last_action=None
             if action is None
-            else Action(ActionKind(action["kind"]), str(action["reason"]), action.get("percent")),
+            else Action(
+                ActionKind(action["kind"]),
+                str(action["reason"]),
+                action.get("percent"),
+                tuple(action.get("evidence", ())),
+            ),
         )
 
 
@@ -296,9 +305,12 @@ def decide(
     plan = state.plan
     experiment = state.current_experiment().look(treatment, control)
     looked = replace(state, experiment=experiment)
+    judged = tuple(experiment.report())
     breaches = experiment.breaches(plan.guardrails)
     if breaches:
-        action = Action(ActionKind.ROLL_BACK, f"guardrail breached: {_describe(breaches)}")
+        action = Action(
+            ActionKind.ROLL_BACK, f"guardrail breached: {_describe(breaches)}", evidence=judged
+        )
         return action, replace(looked, phase=Phase.ROLLED_BACK, last_action=action)
     waited = now - state.step_started_at
     fewest = min(treatment.orders, control.orders)
@@ -307,6 +319,7 @@ def decide(
             ActionKind.HOLD,
             f"step {state.step + 1} at {state.percent}%: {fewest} of {plan.min_outcomes} "
             f"outcomes per arm, {waited:.0f} of {plan.min_seconds:.0f} s",
+            evidence=judged,
         )
         return action, replace(looked, last_action=action)
     following = plan.steps[state.step + 1]
@@ -317,6 +330,7 @@ def decide(
                 ActionKind.HOLD,
                 f"waiting for {plan.primary} to be shown non-inferior "
                 f"(interval upper {primary.interval.upper:+.4g} >= margin {primary.spec.margin:g})",
+                evidence=judged,
             )
             return action, replace(looked, last_action=action)
         action = Action(
@@ -325,6 +339,7 @@ def decide(
             f"[{primary.interval.lower:+.4g}, {primary.interval.upper:+.4g}]), "
             "no guardrail breached",
             100,
+            evidence=judged,
         )
         return action, replace(
             looked, phase=Phase.PROMOTED, step=len(plan.steps) - 1, last_action=action
@@ -333,6 +348,7 @@ def decide(
         ActionKind.ADVANCE,
         f"no guardrail breached after {fewest} outcomes per arm and {waited:.0f} s",
         following,
+        evidence=judged,
     )
     return action, replace(
         looked,

@@ -31,7 +31,6 @@ from dispatch_service.core.signing import Outcome, verify_version
 from dispatch_service.experiments.analysis import (
     DEFAULT_ALPHA,
     METRIC_NAMES,
-    ArmOutcomes,
     Experiment,
     metric_specs,
 )
@@ -53,8 +52,8 @@ from dispatch_service.ops.rollout_controller import (
     RolloutCollector,
     RolloutController,
     RolloutError,
+    arms,
     mature_rows,
-    order_columns,
 )
 from dispatch_service.outcomes.sql_store import open_store
 from dispatch_service.outcomes.store import (
@@ -240,21 +239,17 @@ def cmd_experiment_report(args: argparse.Namespace, out: TextIO) -> int:
     def run() -> int:
         store = _outcomes(args)
         try:
-            joined = mature_rows(
+            rows = mature_rows(
                 store.joined(since=args.since), since=args.since, maturity_s=args.maturity_s
             )
-            rows = [
-                row
-                for row in joined
-                if (args.city is None or row.city == args.city) and row.fallback_level <= 0
-            ]
         finally:
             store.close()
-        arms = {
-            "treatment": [r for r in rows if r.model_version == args.treatment_version],
-            "control": [r for r in rows if r.model_version == args.control_version],
-        }
-        treatment, control = (ArmOutcomes().add_columns(order_columns(arms[a])) for a in arms)
+        treatment, control = arms(
+            rows,
+            city=args.city,
+            treatment_version=args.treatment_version,
+            control_version=args.control_version,
+        )
         experiment = Experiment(metric_specs(_margins(args.margin)), args.alpha)
         report = experiment.look(treatment, control).report()
         _print(

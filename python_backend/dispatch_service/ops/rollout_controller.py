@@ -73,6 +73,7 @@ __all__ = [
     "RolloutCollector",
     "RolloutController",
     "RolloutError",
+    "arms",
     "mature_rows",
     "order_columns",
 ]
@@ -184,6 +185,22 @@ def mature_rows(rows: Sequence[JoinedRow], *, since: float, maturity_s: float) -
         return []
     mature = max(events) - maturity_s
     return [row for row in rows if row.recorded_at >= since and row.decided_at <= mature]
+
+
+def arms(
+    rows: Sequence[JoinedRow], *, city: str | None, treatment_version: int, control_version: int
+) -> tuple[ArmOutcomes, ArmOutcomes]:
+    """Treatment and control from ``rows``: the orders each version scored itself (fallback
+    answers left out), in ``city`` or every city."""
+    chosen = [r for r in rows if (city is None or r.city == city) and r.fallback_level <= 0]
+    return (
+        ArmOutcomes().add_columns(
+            order_columns([r for r in chosen if r.model_version == treatment_version])
+        ),
+        ArmOutcomes().add_columns(
+            order_columns([r for r in chosen if r.model_version == control_version])
+        ),
+    )
 
 
 def order_columns(rows: Sequence[JoinedRow]) -> dict[str, np.ndarray[Any, Any]]:
@@ -309,15 +326,13 @@ class RolloutController:
         if revision is not None:
             self.publish_stored()
         if action.kind is not ActionKind.HOLD:
-            # the figures this step was judged on (an advance starts the next step afresh)
-            judged = state.current_experiment().look(treatment, control)
             self._record(
                 str(action.kind),
                 action.reason,
                 revision=revision,
                 state=after,
                 now=now,
-                evidence=judged.report(),
+                evidence=list(action.evidence),
             )
         return action
 
@@ -333,21 +348,16 @@ class RolloutController:
     def evidence(self, state: RolloutState) -> tuple[ArmOutcomes, ArmOutcomes]:
         """The step's arms from the outcome store: the decisions recorded since the step
         began whose outcomes must all be in (`mature_rows`)."""
-        stable = self._stable_version(state)
-        rows = [
-            row
-            for row in mature_rows(
-                self.outcomes.joined(since=state.step_started_at),
-                since=state.step_started_at,
-                maturity_s=state.plan.maturity_s,
-            )
-            if (state.plan.city is None or row.city == state.plan.city) and row.fallback_level <= 0
-        ]
-        treatment = [row for row in rows if row.model_version == state.plan.version]
-        control = [row for row in rows if row.model_version == stable]
-        return (
-            ArmOutcomes().add_columns(order_columns(treatment)),
-            ArmOutcomes().add_columns(order_columns(control)),
+        rows = mature_rows(
+            self.outcomes.joined(since=state.step_started_at),
+            since=state.step_started_at,
+            maturity_s=state.plan.maturity_s,
+        )
+        return arms(
+            rows,
+            city=state.plan.city,
+            treatment_version=state.plan.version,
+            control_version=self._stable_version(state),
         )
 
     def publish_stored(self) -> None:

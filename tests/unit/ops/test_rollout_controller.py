@@ -7,14 +7,24 @@ each action is written out by hand."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from dispatch_contract.outcomes import OutcomeStatus
-from dispatch_service.core.signing import TrustedKeys, generate_private_key
+from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
+from dispatch_service.core.signing import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    TrustedKeys,
+    generate_private_key,
+    private_key_pem,
+)
 from dispatch_service.experiments.rollout import ActionKind, Phase, RolloutPlan
+from dispatch_service.ops import admin
 from dispatch_service.ops.fleet_revisions import rolled_back, write_revision
 from dispatch_service.ops.fleet_state import FleetState, StateStore
 from dispatch_service.ops.rollout_controller import (
@@ -296,6 +306,23 @@ def test_decisions_too_young_for_their_outcomes_are_not_judged(
     assert ctl.tick().kind is ActionKind.ROLL_BACK  # type: ignore[union-attr]
 
 
+def start_rollout(tmp_path: Path, repo: Path, trusted_dir: Path, key: Path, *argv: str) -> int:
+    """`dispatch-admin rollout start` on a fresh store beside ``tmp_path``."""
+    return admin.main(
+        [
+            "rollout", "start", "--state-store", str(tmp_path / "store"),
+            "--trusted-keys", str(trusted_dir), "--key", str(key), "--model-repository", str(repo),
+            "--outcome-store", str(tmp_path / "o.sqlite3"), *argv,
+        ]
+    )  # fmt: skip
+
+
+def key_file(tmp_path: Path, key: Any) -> Path:
+    path = tmp_path / "ops.key"
+    path.write_bytes(private_key_pem(key))
+    return path
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
@@ -313,73 +340,42 @@ def test_the_cli_refuses_a_bad_rollout_and_writes_nothing(
     tmp_path: Path,
     repo: Path,
     trusted_dir: Path,
-    signer: object,
+    signer: Any,
     argv: list[str],
     code: int,
     message: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from dispatch_service.core.signing import private_key_pem
-    from dispatch_service.ops import admin
-
-    key = tmp_path / "ops.key"
-    key.write_bytes(private_key_pem(signer))  # type: ignore[arg-type]
-    store = StateStore(tmp_path / "store")
-    common = [
-        "--state-store", str(store.path), "--trusted-keys", str(trusted_dir), "--key", str(key),
-        "--model-repository", str(repo), "--outcome-store", str(tmp_path / "o.sqlite3"),
-    ]  # fmt: skip
-    assert admin.main(["rollout", "start", *common, *argv]) == code
+    key = key_file(tmp_path, signer)
+    assert start_rollout(tmp_path, repo, trusted_dir, key, *argv) == code
     assert message in capsys.readouterr().err
+    store = StateStore(tmp_path / "store")
     assert store.read() is None and not (store.path / "rollout" / "state.json").exists()
 
 
 def test_the_cli_refuses_a_signer_the_replicas_do_not_trust(
     tmp_path: Path, repo: Path, trusted_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dispatch_service.core.signing import private_key_pem
-    from dispatch_service.ops import admin
-
-    key = tmp_path / "stranger.key"
-    key.write_bytes(private_key_pem(generate_private_key()))
-    store = StateStore(tmp_path / "store")
-    argv = [
-        "rollout", "start", "--version", "2", "--state-store", str(store.path),
-        "--trusted-keys", str(trusted_dir), "--key", str(key), "--model-repository", str(repo),
-        "--outcome-store", str(tmp_path / "o.sqlite3"),
-    ]  # fmt: skip
-    assert admin.main(argv) == 1
+    key = key_file(tmp_path, generate_private_key())
+    assert start_rollout(tmp_path, repo, trusted_dir, key, "--version", "2") == 1
     assert "not among the trusted keys" in capsys.readouterr().err
-    assert store.read() is None
+    assert StateStore(tmp_path / "store").read() is None
 
 
 def test_the_cli_refuses_an_unsigned_version(
     tmp_path: Path,
     repo: Path,
     trusted_dir: Path,
-    signer: object,
+    signer: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import shutil
-
-    from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
-    from dispatch_service.core.signing import MANIFEST_NAME, SIGNATURE_NAME, private_key_pem
-    from dispatch_service.ops import admin
-
     scoring = model_layout(repo, SCORING_MODEL)
     shutil.copytree(
         scoring.version(2),
         scoring.version(7),
         ignore=shutil.ignore_patterns(MANIFEST_NAME, SIGNATURE_NAME),
     )
-    key = tmp_path / "ops.key"
-    key.write_bytes(private_key_pem(signer))  # type: ignore[arg-type]
-    store = StateStore(tmp_path / "store")
-    argv = [
-        "rollout", "start", "--version", "7", "--state-store", str(store.path),
-        "--trusted-keys", str(trusted_dir), "--key", str(key), "--model-repository", str(repo),
-        "--outcome-store", str(tmp_path / "o.sqlite3"),
-    ]  # fmt: skip
-    assert admin.main(argv) == 1
+    key = key_file(tmp_path, signer)
+    assert start_rollout(tmp_path, repo, trusted_dir, key, "--version", "7") == 1
     assert "version 7: refused" in capsys.readouterr().err
-    assert store.read() is None
+    assert StateStore(tmp_path / "store").read() is None

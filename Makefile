@@ -31,7 +31,7 @@ test-unit: setup ## unit tests only
 test-integration: setup ## integration tests on a live tritonserver
 	$(PY) -m pytest tests/integration
 
-# Issue 45's hostile-client checks at full size, beside `make test` (which runs each small):
+# The hostile-client checks at full size, beside `make test` (which runs each small):
 # a model file swapped 0-100 ms after each of 100 load requests on every load path; 1,000
 # wrapped-shape requests, /readyz through 5 stub kills, a second user polling /dev/shm
 # through 50 reloads, 50 stops, 10 rounds of short-deadline bursts beside CPU burners, 192

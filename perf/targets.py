@@ -156,7 +156,7 @@ def compute_ratios(results: BenchResults) -> list[Ratio]:
 
 TARGET_CONCURRENCY = 64
 
-# Today's goals (issue 49); older ones are retired from the table (git history keeps them).
+# Today's goals; older ones are retired from the table (git history keeps them).
 # In process, 1 thread, no serving: each size's p50 at most this (ms).
 IN_PROCESS_P50_MS: Final = {"small": 0.25, "medium": 2.0, "large": 33.0}
 FLOOR_THROUGHPUT_SHARE: Final = 0.8  # small c=64 dispatch_fused windows/s / the floor's

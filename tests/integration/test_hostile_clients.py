@@ -1,4 +1,4 @@
-"""The launcher against hostile clients (issue 45), on real servers, loopback only.
+"""The launcher against hostile clients, on real servers, loopback only.
 
 Each test runs small in `make test`; `make test-hostile` sets ``DISPATCH_HOSTILE_FULL=1`` and
 runs the full counts (docs/operations.md):

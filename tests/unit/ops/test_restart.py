@@ -154,7 +154,7 @@ def test_the_watch_thread_counts_and_stops() -> None:
 
 
 def test_a_kill_9_counts_as_sigkill_and_the_launchers_own_stop_does_not(tmp_path: Path) -> None:
-    """An OOM kill is a SIGKILL: it left the crash counter at 0 (issue 44). The launcher's
+    """An OOM kill is a SIGKILL and is counted as a crash. The launcher's
     own stop signals the group too, and must not count."""
     server = ChildService(tmp_path / "child.log", "sleeper")
     events: list[dict[str, object]] = []

@@ -80,6 +80,12 @@ clean: ## remove .venv, .triton and tool caches
 warmup: setup ## regenerate model_repository/*/warmup/
 	$(PY) -m dispatch_service.ops.warmup
 
+# Render dispatch_fused and dispatch_priority (config.pbtxt, 1/model.py) from their one
+# source, dispatch_service.ops.entry_point_configs, and the contract's tensors.
+.PHONY: configs
+configs: setup ## render dispatch_fused's and dispatch_priority's config.pbtxt and model.py
+	$(PY) -m dispatch_service.ops.entry_point_configs
+
 # Sign one model version folder (writes MANIFEST.json + MANIFEST.sig into it):
 #   make sign MODEL=dispatch_model VERSION=2 KEY=path/to/signing.key [REPO=model_repository]
 # Without KEY the private key PEM is read from the environment variable DISPATCH_SIGNING_KEY.

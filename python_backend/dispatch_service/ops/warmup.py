@@ -3,7 +3,8 @@
 Triton's `model_warmup` needs real inputs for our models (random bytes would be rejected
 by validation), read as raw files from `<model>/warmup/`. They are made from one
 deterministic simulator window and committed; a unit test checks they are current.
-Run `python -m dispatch_service.ops.warmup` after changing the contract or the encoder.
+Run `python -m dispatch_service.ops.warmup` after changing the contract or the encoder (and
+`make configs`, which declares the in-process routing models' sample in their configs).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_contract import DECISION_RECORD_INPUTS, STACKING_INPUTS
+from dispatch_contract import DECISION_RECORD_INPUTS, ENCODER_INPUTS, STACKING_INPUTS
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.domain.window_wire import window_to_wire
@@ -30,9 +31,11 @@ __all__ = [
     "WARMUP_ORDERS",
     "WARMUP_RIDERS",
     "WARMUP_SEED",
+    "entry_point_warmup",
     "main",
     "raw_bytes",
     "warmup_tensors",
+    "warmup_window",
     "write_warmup",
 ]
 
@@ -53,12 +56,23 @@ def raw_bytes(array: NDArray[Any]) -> bytes:
     return np.ascontiguousarray(array).tobytes()
 
 
+def warmup_window() -> dict[str, NDArray[Any]]:
+    """The wire tensors of the one simulated window every warm-up sample is made from."""
+    rng = np.random.default_rng(WARMUP_SEED)
+    return window_to_wire(generate_window(rng, WARMUP_ORDERS, WARMUP_RIDERS))
+
+
+def entry_point_warmup(window: Mapping[str, NDArray[Any]] | None = None) -> dict[str, NDArray[Any]]:
+    """The sample of the in-process routing models, and of feature_encoder: the window as a
+    client sends it (the optional tag and weights left out)."""
+    window = warmup_window() if window is None else window
+    return {spec.name: window[spec.name] for spec in ENCODER_INPUTS if spec.name in window}
+
+
 def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, NDArray[Any]]]:
     """Per model, the tensors of one simulated window at each model's inputs (contract v2,
     without the batch dimension: each warmup sample is a batch of 1)."""
-    window = window_to_wire(
-        generate_window(np.random.default_rng(WARMUP_SEED), WARMUP_ORDERS, WARMUP_RIDERS)
-    )
+    window = warmup_window()
     pipeline = DispatchPipeline.from_repository(repository)
     encoded = pipeline.encoder.run(window)
     scored = pipeline.model.run(encoded)
@@ -68,15 +82,13 @@ def warmup_tensors(repository: Path = MODEL_REPOSITORY) -> dict[str, dict[str, N
     # the decision records' inputs: a warm-up is no decision (and records none).
     left_out = {spec.name for spec in (*STACKING_INPUTS, *DECISION_RECORD_INPUTS)}
     resolver = [n for n in pipeline.resolver.input_names if n in available and n not in left_out]
+    sample = entry_point_warmup(window)
     return {
-        "feature_encoder": {n: available[n] for n in pipeline.encoder.input_names if n in window},
+        "feature_encoder": sample,
         "topk_resolver": {n: available[n] for n in resolver},
-        # The in-process routing models take the window as feature_encoder does (their
-        # optional tag left out).
-        **{
-            name: {n: available[n] for n in pipeline.encoder.input_names if n in window}
-            for name in IN_PROCESS_ROUTING_MODELS
-        },
+        # The in-process routing models take the window as feature_encoder does; their
+        # configs are rendered with this sample (`ops.entry_point_configs`).
+        **{name: sample for name in IN_PROCESS_ROUTING_MODELS},
     }
 
 

@@ -17,7 +17,6 @@ from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.repository_layout import (
     DISPATCH_ENSEMBLE,
     ENCODER_MODEL,
-    PRIORITY_MODEL,
     RESOLVER_MODEL,
     ROUTER_MODEL,
     SCORING_MODEL,
@@ -454,28 +453,3 @@ def test_fused_entry_declares_what_dispatch_declares() -> None:
     for path in SCORING.folder.glob("**/*.pbtxt"):
         policy = load_config(path).version_policy.specific.versions
         assert settings.routing.scoring_versions == tuple(policy), path
-
-
-def test_the_priority_lane_is_dispatch_fused_on_its_own_stubs_at_the_servers_priority() -> None:
-    """dispatch_priority differs from dispatch_fused only in its name, its instances and its
-    stubs' niceness: the same tensors, batching, queues, routing, code and warm-up, so a
-    level-1 window gets the same answer, and a routing change (router_control) reaches it."""
-    assert contracts.PRIORITY_LANE_MODEL_NAME == PRIORITY_MODEL
-    fused_layout = model_layout(REPO, FUSED_MODEL_NAME)
-    lane_layout = model_layout(REPO, PRIORITY_MODEL)
-    fused, lane = load_config(fused_layout.config), load_config(lane_layout.config)
-    assert lane.name == PRIORITY_MODEL
-    assert params(lane)["stub_nice"] == "0"
-    assert "stub_nice" not in params(fused)  # the default, 10: below the server and the lane
-    assert [g.count for g in lane.instance_group] == [1, 1]
-    del lane.parameters["stub_nice"]
-    for config in (fused, lane):
-        config.ClearField("name")
-        config.ClearField("instance_group")
-    assert lane == fused
-    names = sorted(path.name for path in fused_layout.warmup.iterdir())
-    assert sorted(path.name for path in lane_layout.warmup.iterdir()) == names
-    for name in names:
-        assert (lane_layout.warmup / name).read_bytes() == (fused_layout.warmup / name).read_bytes()
-    code = fused_layout.python_model().read_text()
-    assert lane_layout.python_model().read_text() == code.replace(FUSED_MODEL_NAME, PRIORITY_MODEL)

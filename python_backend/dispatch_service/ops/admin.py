@@ -21,7 +21,6 @@ key or folder that cannot be read, a stored document that does not verify).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,8 +33,6 @@ from dispatch_service.core.signing import (
     TRUSTED_KEYS_ENV,
     Outcome,
     SigningError,
-    TrustedKeys,
-    load_private_key,
     sign_version,
     write_key_pair,
 )
@@ -77,28 +74,6 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def _trusted(args: argparse.Namespace) -> TrustedKeys:
-    directory = args.trusted_keys or os.environ.get(TRUSTED_KEYS_ENV)
-    if not directory:
-        raise UsageError(f"--trusted-keys DIR (or {TRUSTED_KEYS_ENV}) is required")
-    try:
-        return TrustedKeys.required_in(Path(directory))
-    except SigningError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _signing_key_pem(args: argparse.Namespace) -> bytes:
-    if args.key is not None:
-        try:
-            return Path(args.key).read_bytes()
-        except OSError as exc:
-            raise UsageError(f"cannot read the signing key: {exc}") from None
-    pem = os.environ.get(SIGNING_KEY_ENV)
-    if not pem:
-        raise UsageError(f"--key FILE or the environment variable {SIGNING_KEY_ENV} is required")
-    return pem.encode()
-
-
 def cmd_keygen(args: argparse.Namespace, out: TextIO) -> int:
     directory = Path(args.out).expanduser()
     private_path, public_path = directory / f"{args.name}.key", directory / f"{args.name}.pub"
@@ -113,10 +88,7 @@ def cmd_keygen(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_sign(args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        key = load_private_key(_signing_key_pem(args))
-    except SigningError as exc:
-        raise UsageError(f"signing key: {exc}") from None
+    key = fleet_admin.signing_key(args)
     folder = Path(args.model_repository) / args.model / str(args.version)
     try:
         manifest = sign_version(folder, key)
@@ -130,10 +102,7 @@ def cmd_sign(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_sign_repository(args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        key = load_private_key(_signing_key_pem(args))
-    except SigningError as exc:
-        raise UsageError(f"signing key: {exc}") from None
+    key = fleet_admin.signing_key(args)
     repository = Path(args.repository)
     signed = sign_repository(repository, key)
     for model, version, manifest in signed:
@@ -151,7 +120,7 @@ def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     repository = Path(args.repository)
     if not repository.is_dir():
         raise UsageError(f"{repository} is not a folder")
-    plan = plan_load(repository, _trusted(args), args.profile)
+    plan = plan_load(repository, fleet_admin.trusted_keys(args), args.profile)
     for verdict in plan.verifications:
         print(verdict.line(), file=out)
     for name in plan.startup:
@@ -264,7 +233,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     handler: Callable[[argparse.Namespace, TextIO], int] = args.handler
     try:
         return handler(args, out)
-    except UsageError as exc:
+    except (UsageError, fleet_admin.AdminUsageError) as exc:  # fleet_admin reads the keys
         print(f"usage error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except LifecycleError as exc:

@@ -105,7 +105,32 @@ def test_verify_without_trusted_keys_is_a_usage_error(
 ) -> None:
     monkeypatch.delenv("DISPATCH_TRUSTED_KEYS", raising=False)
     assert run("verify", str(repo))[0] == 2
-    assert "--trusted-keys" in capsys.readouterr().err
+    expected = "usage error: --trusted-keys DIR (or DISPATCH_TRUSTED_KEYS) is required\n"
+    assert capsys.readouterr().err == expected
+
+
+def test_verify_and_fleet_commands_read_trusted_keys_alike(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One reader of the trusted keys (`fleet_admin.trusted_keys`): `verify` and `history`
+    refuse a folder without keys with the same line and exit code."""
+    empty = tmp_path / "no-keys"
+    empty.mkdir()
+    line = f"usage error: no trusted keys (*.pub) in {empty}\n"
+    assert run("verify", str(repo), "--trusted-keys", str(empty))[0] == 2
+    assert capsys.readouterr().err == line
+    store = tmp_path / "fleet"
+    assert run("history", "--state-store", str(store), "--trusted-keys", str(empty))[0] == 2
+    assert capsys.readouterr().err == line
+
+
+def test_sign_with_an_unreadable_key_file_is_a_usage_error(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "absent.key"
+    argv = ["sign", "--model", MODEL, "--version", "2", "--model-repository", str(repo)]
+    assert run(*argv, "--key", str(missing))[0] == 2
+    assert capsys.readouterr().err.startswith("usage error: cannot read the signing key: ")
 
 
 # ---- golden windows ----------------------------------------------------------------------

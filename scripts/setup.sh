@@ -21,8 +21,16 @@ ldconfig -p | grep -q 'libpython3.11.so.1.0' || need_apt+=(libpython3.11)
 ldconfig -p | grep -q 'libb64.so.0d' || need_apt+=(libb64-0d)
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
+# The C compiler builds native/private_shm.c (below); without one as a non-root user, the
+# server runs without it and says so.
+can_apt=no
+[ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && can_apt=yes
+if [ "$can_apt" = yes ]; then
+  command -v cc >/dev/null || need_apt+=(gcc)
+  [ -e /usr/include/dlfcn.h ] || need_apt+=(libc6-dev)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if [ "$can_apt" = yes ]; then
     say "installing Debian packages: ${need_apt[*]}"
     apt-get update -qq >/dev/null || die "apt-get update failed"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null \
@@ -80,6 +88,19 @@ place() { # place SOURCE MODE: into the backend folder under the same name
 place "$PYTRITON/backends/python/libtriton_python.so" 644
 place "$PYTRITON/backends/python/triton_python_backend_utils.py" 644
 place "$PYTRITON/python_backend_stubs/3.11/triton_python_backend_stub" 755
+# The LD_PRELOAD shim that keeps the backend's /dev/shm regions 0600 from their creation
+# (native/private_shm.c; the launcher preloads it into Triton). Replaced by a rename, as
+# above: running servers map it.
+SHIM=$TRITON_HOME/lib/libdispatch_private_shm.so
+mkdir -p "$TRITON_HOME/lib"
+if command -v cc >/dev/null \
+  && cc -shared -fPIC -O2 -Wall -Wextra -Werror -o "$SHIM.tmp.$$" native/private_shm.c -ldl; then
+  if cmp -s "$SHIM.tmp.$$" "$SHIM"; then rm -f "$SHIM.tmp.$$"; else mv -f "$SHIM.tmp.$$" "$SHIM"; fi
+  say "private shared-memory shim: $SHIM"
+else
+  rm -f "$SHIM.tmp.$$"
+  say "WARNING: $SHIM not built (no working C compiler): the Python backend's regions are made 0644 (docs/security.md)"
+fi
 cat > "$TRITON_HOME/env.sh" <<ENV
 # Sourced by the Makefile and the test fixture: how to run this checkout's tritonserver.
 export TRITONSERVER_BIN="$PYTRITON/bin/tritonserver"

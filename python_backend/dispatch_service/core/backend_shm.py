@@ -1,10 +1,11 @@
 """The Python backend's own shared-memory regions, kept from everyone but their server.
 
 Triton 2.51's Python backend makes one region per model instance, ``/dev/shm/<prefix><uuid>``
-(``--backend-config=python,shm-region-prefix-name``), with mode 0644 whatever the umask
-(boost.interprocess sets the mode after creating it), and passes its name to the instance's
-stub on the command line. Any local user could read the requests and answers in it, and a
-holder of the shared-memory key could register it through Triton's shared-memory API and
+(``--backend-config=python,shm-region-prefix-name``), sets it to mode 0644 whatever the umask
+(boost.interprocess chmods it after creating it; the launcher preloads a shim,
+native/private_shm.c, that keeps it 0600), and passes its name to the instance's stub on the
+command line. Without the shim any local user could read the requests and answers in it; and
+a holder of the shared-memory key could register it through Triton's shared-memory API and
 have Triton write into the backend's own arena (a crash, CVE-2025-23319 class).
 
 `seal_own_region`, run in the stub as the model instance initializes (once the server and

@@ -116,7 +116,7 @@ class ChildService:
                 preexec_fn=die_with_parent(),
                 # What the child creates with a default mode is its owner's alone. Triton
                 # 2.51's Python backend sets its shared-memory regions to 0644 explicitly
-                # all the same (docs/operations.md), so this does not close that.
+                # all the same: the shim `TritonServer` preloads keeps them 0600.
                 umask=PRIVATE_UMASK,
             )
 

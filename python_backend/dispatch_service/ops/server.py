@@ -295,6 +295,11 @@ class TritonServer(ChildService):
         env = dict(os.environ)
         env["PATH"] = f"{self.runtime.python_bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["LD_LIBRARY_PATH"] = str(self.runtime.library_path)
+        # The regions the Python backend makes in /dev/shm are born 0600 and stay so
+        # (native/private_shm.c); the stubs inherit the variable.
+        shim = self.runtime.preload()
+        if shim is not None:
+            env["LD_PRELOAD"] = " ".join(filter(None, (str(shim), env.get("LD_PRELOAD"))))
         # The models that read artifacts verify them in their own initialize (every later
         # load included) exactly when this launcher verifies: never on a stray variable.
         env.pop(TRUSTED_KEYS_ENV, None)

@@ -363,6 +363,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"warning: exposing {'; '.join(exposed)}: {EXPOSURE_RISKS}", file=sys.stderr)
     print(f"starting tritonserver (profile {args.profile}), log: {args.log}", flush=True, file=out)
     print(command_line_note(_proc_mounts(), os.geteuid()), file=out)
+    shm_note = runtime.private_shm_note()
+    if shm_note is not None:
+        print(shm_note, file=out)
     try:
         server.start()
     except (ServerError, FileNotFoundError, SigningError) as exc:

@@ -11,7 +11,11 @@ from pathlib import Path
 
 from dispatch_service.core.paths import REPO_ROOT
 
-__all__ = ["Ports", "TritonRuntime"]
+__all__ = ["PRIVATE_SHM_SHIM", "Ports", "TritonRuntime"]
+
+# The LD_PRELOAD shim `make setup` builds from native/private_shm.c: Triton and its stubs
+# then create their /dev/shm regions 0600, where Triton 2.51's Python backend sets 0644.
+PRIVATE_SHM_SHIM = REPO_ROOT / ".triton" / "lib" / "libdispatch_private_shm.so"
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class TritonRuntime:
     library_path: Path
     backend_dir: Path
     python_bin_dir: Path  # the stub finds numpy & co. through `python3` on PATH
+    # Preloaded into Triton (its stubs inherit it) when present: `PRIVATE_SHM_SHIM`.
+    private_shm_shim: Path = PRIVATE_SHM_SHIM
 
     @classmethod
     def from_venv(cls, venv: Path | None = None, backend_dir: Path | None = None) -> TritonRuntime:
@@ -79,3 +85,18 @@ class TritonRuntime:
             raise FileNotFoundError(
                 f"Triton runtime incomplete ({', '.join(missing)} missing): run `make setup`"
             )
+
+    def preload(self) -> Path | None:
+        """The shim to preload into Triton, or None where it was not built."""
+        return self.private_shm_shim if self.private_shm_shim.is_file() else None
+
+    def private_shm_note(self) -> str | None:
+        """A line for the launcher's start when the shim is missing, else None."""
+        if self.preload() is not None:
+            return None
+        return (
+            f"note: {self.private_shm_shim} is missing (make setup builds it with cc): "
+            "Triton 2.51's Python backend makes its shared-memory regions 0644, so a local "
+            "user may open one before its stub seals it; run the server as a user of its own "
+            "or in a container with its own /dev/shm"
+        )

@@ -54,6 +54,7 @@ from dispatch_contract import (
     PRIORITY_LANE_MODEL_NAME,
     ROUTING_INPUTS,
     TOPK_OBJECTIVE_COLUMNS,
+    WINDOW_CITY,
     WINDOW_INPUTS,
     WIRE_DISPATCH_INPUTS,
     LocationSource,
@@ -77,7 +78,8 @@ __all__ = [
 DEFAULT_MODEL_NAME = "dispatch"
 # Contract v2: the resolver's answer (rider indices and objective matrices) plus the
 # router's per-order ORDER_MODEL_VERSION, ORDER_FALLBACK_LEVEL and the encoder's
-# ORDER_LOCATION_SOURCE (the feature-level entry point has no encoder, so not that one).
+# ORDER_LOCATION_SOURCE and WINDOW_CITY (the feature-level entry point has no encoder, so
+# not those two).
 OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS)
 _FEATURE_OUTPUT_NAMES: tuple[str, ...] = tuple(spec.name for spec in FEATURE_ENTRY_OUTPUTS)
 # How the JSON names each ORDER_LOCATION_SOURCE value.
@@ -157,6 +159,9 @@ class DispatchResult:
     """Results in the window's order order (the i-th entry answers the i-th order)."""
 
     orders: tuple[OrderResult, ...]
+    # The id of the registered city that served the window (WINDOW_CITY, e.g. "shanghai");
+    # None when the answer lacks it (`dispatch_features` encodes no window).
+    city: str | None = None
     # The id the request went out with (not part of the JSON answer: it is the caller's).
     request_id: str | None = field(default=None, compare=False)
 
@@ -166,7 +171,9 @@ class DispatchResult:
 
     def to_json_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data; `null` marks an unassigned order."""
-        return {"orders": [o.to_json_dict() for o in self.orders]}
+        data: dict[str, Any] = {} if self.city is None else {"city": self.city}
+        data["orders"] = [o.to_json_dict() for o in self.orders]
+        return data
 
 
 def new_request_id() -> str:
@@ -421,7 +428,7 @@ class DispatchClient(Closing):
         except DispatchError as exc:
             exc.request_id = rid
             raise
-        return DispatchResult(result.orders, rid)
+        return DispatchResult(result.orders, result.city, rid)
 
     def report_outcomes(
         self,
@@ -498,6 +505,7 @@ def parse_dispatch_outputs(
     versions = _optional_output(outputs, "ORDER_MODEL_VERSION", (count,))
     levels = _optional_output(outputs, "ORDER_FALLBACK_LEVEL", (count,))
     sources = _location_sources(outputs, count)
+    city = _optional_output(outputs, WINDOW_CITY.name, (1,))
     results = []
     for row, order_id in enumerate(ids):
         top_k = tuple(
@@ -530,7 +538,7 @@ def parse_dispatch_outputs(
                 dropoff_source=None if sources is None else sources[row][1],
             )
         )
-    return DispatchResult(orders=tuple(results))
+    return DispatchResult(orders=tuple(results), city=None if city is None else _text(city[0]))
 
 
 def _location_sources(outputs: Mapping[str, ArrayLike], count: int) -> list[tuple[str, str]] | None:

@@ -28,9 +28,11 @@ from dispatch_contract import (
     FEATURE_ENTRY_INPUTS,
     MAX_ADDRESS_BYTES,
     MAX_CANDIDATES,
+    MAX_CITY_BYTES,
     MAX_ID_BYTES,
     ORDER_TEXT,
     ORDER_TEXT_COLUMNS,
+    WINDOW_CITY,
     TensorSpec,
 )
 
@@ -144,6 +146,8 @@ def plan_slots(sizes: Sequence[tuple[str, int]], region_bytes: int, direction: s
 def _element_bytes(spec: TensorSpec, id_bytes: int) -> int:
     if spec.name == ORDER_TEXT.name:  # ids, or addresses of up to MAX_ADDRESS_BYTES
         return BYTES_PREFIX + max(id_bytes, MAX_ADDRESS_BYTES)
+    if spec.name == WINDOW_CITY.name:  # a city id, one of the names ORDER_TEXT[city] takes
+        return BYTES_PREFIX + MAX_CITY_BYTES
     return BYTES_PREFIX + id_bytes if spec.triton_dtype == "BYTES" else spec.numpy_dtype.itemsize
 
 

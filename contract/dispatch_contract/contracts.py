@@ -300,13 +300,16 @@ ORDER_LOCATION_SOURCE = TensorSpec(
 )
 
 # The city the encoder found serving the window: dispatch_router routes the
-# window with that city's settings. A request that carries none (dispatch_features, whose
-# client encodes the window) is routed with the global settings.
+# window with that city's settings, and every entry point that encodes the window answers
+# with it (a window no registered city serves is refused, so every answer names one). A
+# request that carries none (dispatch_features, whose client encodes the window) is routed
+# with the global settings.
 WINDOW_CITY = TensorSpec(
     "WINDOW_CITY",
     "BYTES",
     (1,),
-    doc="the id of the registered city serving the window (its routing and metrics label)",
+    doc="the id of the registered city that served the window (`docs/cities.md`; its routing "
+    "and metrics label)",
 )
 
 ENCODER_OUTPUTS: Final = (
@@ -393,7 +396,7 @@ ROUTER_OUTPUTS: Final = (PAIR_OBJECTIVES, *ROUTING_OUTPUTS)
 
 
 # ==== contract v2: what crosses the wire ==================================================
-# At most 8 tensors per request in and out of every window-level model: the window's numbers
+# At most 9 tensors per request in and out of every window-level model: the window's numbers
 # packed into FP64 matrices with the column layouts below, ids as BYTES, answers as rider
 # indices (rows of RIDER_IDS; the client maps them back to ids) and objective matrices.
 # Every window-level model declares `max_batch_size` > 0, so every tensor below is sent with
@@ -533,12 +536,18 @@ RESOLVER_INPUTS: Final[tuple[TensorSpec, ...]] = (
 # priority levels order a queue, but on a busy server a level-1 window sent to `dispatch` or
 # `dispatch_fused` still waits for a free instance and shares its batch with bulk windows.
 PRIORITY_LANE_MODEL_NAME: Final = "dispatch_priority"
-# `dispatch`, `dispatch_fused` and `dispatch_priority`: 8 tensors in, 8 out.
+# `dispatch`, `dispatch_fused` and `dispatch_priority`: 8 tensors in, 9 out.
 WIRE_DISPATCH_INPUTS: Final = (*WIRE_WINDOW_INPUTS, *ROUTING_INPUTS)
-WIRE_DISPATCH_OUTPUTS: Final = (*RESOLVER_OUTPUTS, *ROUTING_OUTPUTS, ORDER_LOCATION_SOURCE)
-MAX_WIRE_TENSORS: Final = 8
+WIRE_DISPATCH_OUTPUTS: Final = (
+    *RESOLVER_OUTPUTS,
+    *ROUTING_OUTPUTS,
+    ORDER_LOCATION_SOURCE,
+    WINDOW_CITY,
+)
+MAX_WIRE_TENSORS: Final = 9
 # The `dispatch` ensemble (and `dispatch_fused`): the packed window plus the optional tag in;
-# the resolver's answer plus the per-order routing outputs out.
+# the resolver's answer, the per-order routing outputs and where the points and the window
+# were located out.
 DISPATCH_ENSEMBLE_INPUTS: Final = WIRE_DISPATCH_INPUTS
 DISPATCH_ENSEMBLE_OUTPUTS: Final = WIRE_DISPATCH_OUTPUTS
 

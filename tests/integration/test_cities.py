@@ -1,5 +1,6 @@
-"""Windows are served in their own city; a window no registered city serves is refused by
-name on every transport and entry point, and the server answers the next one."""
+"""Windows are served in their own city, and every entry point's answer names it; a window no
+registered city serves is refused by name on every transport and entry point, and the server
+answers the next one."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import shapely
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from test_cli import EXAMPLE, run_cli
 from tritonclient.utils import InferenceServerException
 
+from dispatch_client import DispatchClient
+from dispatch_contract import PRIORITY_LANE_MODEL_NAME, CoordSystem
+from dispatch_contract.keys import PRIORITY_KEY_HEADER
+from dispatch_service.domain.cities import DEFAULT_REGISTRY
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline import simulator
 from dispatch_service.ops.server import TritonServer
@@ -83,6 +89,72 @@ def test_a_window_no_city_serves_is_refused_by_name(
     assert words in info.value.message(), info.value.message()
     assert http_client.is_model_ready(model)
     assert _send(transport, clients, good, model)["ASSIGNED_RIDER_INDEX"].shape == (6,)
+
+
+def registry_city_of(window: Arrays) -> str:
+    """The shipped registry file's own answer for a WGS-84 window, read here with shapely and
+    nothing of the server's code: the one service area covering every pickup, drop-off and
+    rider position."""
+    assert window["WINDOW_FIELDS"][1] == CoordSystem.WGS84
+    orders, riders = window["ORDER_FIELDS"], window["RIDER_FIELDS"]
+    lat_lon = np.concatenate([orders[:, 0:2], orders[:, 2:4], riders[:, 0:2]])
+    points = shapely.MultiPoint(lat_lon[:, ::-1])  # GeoJSON positions are [lon, lat]
+    features = json.loads(DEFAULT_REGISTRY.read_text())["features"]
+    covering = [
+        feature["properties"]["city"]
+        for feature in features
+        if feature["properties"]["feature"] == "service_area"
+        and shapely.geometry.shape(feature["geometry"]).covers(points)
+    ]
+    assert len(covering) == 1, covering
+    return str(covering[0])
+
+
+SERVED_CITIES = ("shanghai", "beijing", "chengdu")
+
+
+@pytest.mark.parametrize("model", ["dispatch", FUSED_MODEL_NAME, PRIORITY_LANE_MODEL_NAME])
+@pytest.mark.parametrize("transport", ["grpc", "http-binary", "http-json"])
+def test_every_entry_point_names_the_city_that_served_the_window(
+    transport: str,
+    model: str,
+    triton: TritonServer,
+    http_client: httpclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """WINDOW_CITY of windows drawn in three cities is, for each, the city whose area in the
+    registry file holds all its points."""
+    lane = model == PRIORITY_LANE_MODEL_NAME
+    headers = {PRIORITY_KEY_HEADER: str(triton.priority_key)} if lane else None
+    for city in SERVED_CITIES:
+        window = _window(city, seed=11)
+        expected = registry_city_of(window)
+        if transport == "grpc":
+            answer = infer_grpc(grpc_client, window, model, ROUTED_OUTPUT_NAMES, headers=headers)
+        else:
+            binary = transport == "http-binary"
+            answer = infer_http(
+                http_client, window, model, binary, ROUTED_OUTPUT_NAMES, headers=headers
+            )
+        assert answer["WINDOW_CITY"].tolist() == [expected.encode()], (city, model)
+        assert answer["ASSIGNED_RIDER_INDEX"].shape == (6,)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_client_returns_the_city_that_served_each_window(
+    protocol: str, triton: TritonServer
+) -> None:
+    """`DispatchResult.city` and its JSON, through the client's own transports (level 1 goes
+    to the priority lane with the key, the others to `dispatch`)."""
+    make = DispatchClient.grpc if protocol == "grpc" else DispatchClient.http
+    url = triton.grpc_url if protocol == "grpc" else triton.http_url
+    for level in (1, 2):
+        with make(url, priority=level, priority_key=triton.priority_key) as client:
+            for city in SERVED_CITIES:
+                window = _window(city, seed=12)
+                result = client.dispatch(window)
+                assert result.city == registry_city_of(window), (city, level)
+                assert result.to_json_dict()["city"] == result.city
 
 
 @pytest.mark.parametrize("city", ["beijing", "shenzhen", "chengdu"])

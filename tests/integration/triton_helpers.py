@@ -17,7 +17,8 @@ from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
 OUTPUT_NAMES = [spec.name for spec in RESOLVER_OUTPUTS]
-# The resolver's answer plus the router's per-order ORDER_MODEL_VERSION / ORDER_FALLBACK_LEVEL.
+# The resolver's answer plus the router's per-order ORDER_MODEL_VERSION / ORDER_FALLBACK_LEVEL
+# and the encoder's ORDER_LOCATION_SOURCE and WINDOW_CITY.
 ROUTED_OUTPUT_NAMES = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
 
 
@@ -34,6 +35,7 @@ def infer_http(
     binary: bool = True,
     output_names: Sequence[str] = OUTPUT_NAMES,
     batch: bool = True,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, np.ndarray[Any, Any]]:
     """One window over HTTP; `batch=False` sends the tensors exactly as given."""
     inputs = []
@@ -42,7 +44,7 @@ def infer_http(
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)
     outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in output_names]
-    result = client.infer(model, inputs, outputs=outputs)
+    result = client.infer(model, inputs, outputs=outputs, headers=headers)
     return {name: _as_bytes(result.as_numpy(name))[0] for name in output_names}
 
 

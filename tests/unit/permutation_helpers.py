@@ -17,6 +17,7 @@ Tensors = dict[str, NDArray[Any]]
 ORDER_ROWS = ("ORDER_IDS", "ORDER_TEXT", "ORDER_FIELDS")
 RIDER_ROWS = ("RIDER_IDS", "RIDER_FIELDS")
 RIDER_INDEX_OUTPUTS = ("TOPK_RIDER_INDEX", "ASSIGNED_RIDER_INDEX")
+WINDOW_OUTPUTS = ("WINDOW_CITY",)  # one value per window, not a row per order
 
 
 def regime_windows(seeds: int) -> Iterator[tuple[str, int, Tensors]]:
@@ -54,7 +55,10 @@ def by_ids(
     out = {}
     for name, value in outputs.items():
         value = np.asarray(value)
-        out[name] = ids[value][back] if name in RIDER_INDEX_OUTPUTS else value[back]
+        if name in WINDOW_OUTPUTS:
+            out[name] = value
+        else:
+            out[name] = ids[value][back] if name in RIDER_INDEX_OUTPUTS else value[back]
     return out
 
 

@@ -44,6 +44,7 @@ from dispatch_contract import (
     ORDER_MODEL_VERSION,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
+    WINDOW_CITY,
 )
 from dispatch_service.core.batches import batched_outcomes
 from dispatch_service.core.model_config import config_parameters
@@ -363,13 +364,14 @@ def _result(
     weights: NDArray[Any] | None,
 ) -> FusedResult:
     """`dispatch`'s outputs of one window: the resolver's answer, each order's version and
-    fallback level, and where its points came from."""
+    fallback level, where its points came from and the city that served it."""
     return FusedResult(
         outputs={
             **resolved,
             ORDER_MODEL_VERSION.name: routed.model_version,
             ORDER_FALLBACK_LEVEL.name: routed.fallback_level,
             ORDER_LOCATION_SOURCE.name: encoded[ORDER_LOCATION_SOURCE.name],
+            WINDOW_CITY.name: encoded[WINDOW_CITY.name],
         },
         encoded=encoded,
         routed=routed,

@@ -328,6 +328,26 @@ def test_location_sources_say_per_order_how_each_end_was_found() -> None:
     )
 
 
+def test_the_city_that_served_the_window_is_on_the_result_and_first_in_the_json() -> None:
+    out = outputs()
+    out["WINDOW_CITY"] = np.array([[b"beijing"]], dtype=object)
+    result = DispatchClient(FakeTransport(out)).dispatch(window())
+    assert result.city == "beijing"
+    assert list(result.to_json_dict()) == ["city", "orders"]
+    assert result.to_json_dict()["city"] == "beijing"
+    # the HTTP JSON form carries BYTES as text
+    out["WINDOW_CITY"] = np.array([["chengdu"]], dtype=object)
+    assert DispatchClient(FakeTransport(out)).dispatch(window()).city == "chengdu"
+    out["WINDOW_CITY"] = np.array([[b"beijing", b"shanghai"]], dtype=object)
+    with pytest.raises(DispatchServerError) as info:
+        DispatchClient(FakeTransport(out)).dispatch(window())
+    expected = "malformed response: WINDOW_CITY has shape (2,), expected (1,)"
+    assert info.value.message == expected
+    # an answer without it (the feature-level entry point encodes no window) names no city
+    plain = DispatchClient(FakeTransport(outputs())).dispatch(window())
+    assert plain.city is None and "city" not in plain.to_json_dict()
+
+
 def test_the_version_tag_is_a_known_input() -> None:
     fake = FakeTransport(outputs())
     tensors: dict[str, Any] = dict(window())

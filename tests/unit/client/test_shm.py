@@ -154,6 +154,7 @@ def test_output_region_is_sized_from_orders_k_and_64_byte_ids() -> None:
             ("ORDER_MODEL_VERSION", 2 * 4),  # the routing outputs of `dispatch`
             ("ORDER_FALLBACK_LEVEL", 2 * 4),
             ("ORDER_LOCATION_SOURCE", 2 * 2 * 4),  # the encoder's: how points were found
+            ("WINDOW_CITY", 4 + 64),  # and the city that served the window: an id <= 64 bytes
         ],
         10**6,
         "output",
@@ -497,6 +498,7 @@ class ShmServer:
             "ORDER_MODEL_VERSION": np.ones(n, np.int32),
             "ORDER_FALLBACK_LEVEL": np.zeros(n, np.int32),
             "ORDER_LOCATION_SOURCE": np.zeros((n, 2), np.int32),
+            "WINDOW_CITY": np.array([b"shanghai"], dtype=object),
         }
         answer = {name: value[np.newaxis] for name, value in one_window.items()}
         meta = {}
@@ -550,6 +552,7 @@ def test_the_transport_round_trips_through_shared_memory(shm_server: type[ShmSer
     first = results[0].orders[0]
     assert first.assigned_rider_id == tensors["RIDER_IDS"][0].decode()
     assert [c.rider_id for c in first.top_k] == [first.assigned_rider_id]
+    assert results[0].city == "shanghai"  # the stand-in's WINDOW_CITY, read from its slot
     assert results[0] == results[2]
 
 

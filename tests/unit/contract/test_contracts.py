@@ -84,7 +84,7 @@ WINDOW_LEVEL = (
 
 @pytest.mark.parametrize("model", WINDOW_LEVEL)
 def test_window_level_models_batch_one_window_per_request(model: str) -> None:
-    """Contract v2: at most 8 tensors each way, max_batch_size > 0, ragged batching and
+    """Contract v2: at most 9 tensors each way (8 in), max_batch_size > 0, ragged batching and
     dynamic batching on every Python model (an ensemble batches through its steps)."""
     config = load_config(model_layout(REPO, model).config)
     assert config.max_batch_size == contracts.MAX_WINDOW_BATCH
@@ -408,9 +408,10 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
         assert spec.optional == (declared.optional or spec.name == "ORDER_FIELDS"), spec.name
     dispatch = load_config(model_layout(REPO, DISPATCH_ENSEMBLE).config)
     entry = load_config(model_layout(REPO, contracts.FEATURE_ENTRY_MODEL_NAME).config)
-    # `dispatch`'s answer without what only the encoder knows (how the points were found)
-    located = contracts.ORDER_LOCATION_SOURCE.name
-    assert list(entry.output) == [o for o in dispatch.output if o.name != located]
+    # `dispatch`'s answer without what only the encoder knows (how the points were found,
+    # the city that served the window)
+    located, city = contracts.ORDER_LOCATION_SOURCE.name, contracts.WINDOW_CITY.name
+    assert list(entry.output) == [o for o in dispatch.output if o.name not in (located, city)]
     # the steps after the encoder, mapped exactly as in `dispatch`, but for the order ids
     # `dispatch` hands its resolver as the tie-break between orders (a feature-entry request
     # carries none: its orders are rows) and the window's city its router (none either: the
@@ -418,7 +419,6 @@ def test_feature_entry_skips_only_the_encoder_of_dispatch() -> None:
     after_encoder = list(dispatch.ensemble_scheduling.step)[1:]
     router, resolver = after_encoder
     assert router.model_name == "dispatch_router"
-    city = contracts.WINDOW_CITY.name
     assert router.input_map.pop(city) == city
     assert resolver.model_name == "topk_resolver"
     assert resolver.input_map.pop("ORDER_IDS") == "ORDER_IDS"

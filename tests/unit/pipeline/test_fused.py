@@ -30,7 +30,7 @@ from dispatch_service.core.signing import (
     sign_version,
 )
 from dispatch_service.domain.window_wire import window_to_wire
-from dispatch_service.offline.simulator import generate_window
+from dispatch_service.offline.simulator import city_worlds, generate_window
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.routing.engine import NOT_SERVED
@@ -95,6 +95,22 @@ def test_the_tag_forces_the_canary_version(
     result = run(fused, tensors)
     assert_same_answer(result.outputs, pipelines[2].run(tensors))
     assert (result.outputs["ORDER_MODEL_VERSION"] == 2).all()
+
+
+def test_each_window_is_answered_with_the_city_it_was_drawn_in(fused: FusedDispatch) -> None:
+    """WINDOW_CITY: the simulator drew each window inside one registered city's world; alone
+    and in one batch of windows from four cities, each answer names that city."""
+    worlds = city_worlds()
+    drawn = {
+        city: window_to_wire(generate_window(np.random.default_rng(7), 5, 20, config=world))
+        for city, world in worlds.items()
+    }
+    assert set(drawn) == {"shanghai", "beijing", "shenzhen", "chengdu"}
+    for city, tensors in drawn.items():
+        assert run(fused, tensors).outputs["WINDOW_CITY"].tolist() == [city.encode()]
+    batch = fused.run_batch(list(drawn.values()))
+    answers = [r.outputs["WINDOW_CITY"].tolist() for r in batch if isinstance(r, FusedResult)]
+    assert answers == [[city.encode()] for city in drawn]
 
 
 def test_a_bad_tag_names_the_tensor(fused: FusedDispatch) -> None:

@@ -67,7 +67,10 @@ def assert_identical(got: FusedResult, alone: FusedResult) -> None:
     for name, value in alone.outputs.items():
         assert got.outputs[name].dtype == value.dtype, name
         assert got.outputs[name].shape == value.shape, name
-        assert got.outputs[name].tobytes() == value.tobytes(), name
+        if value.dtype == object:  # WINDOW_CITY: the bytes, not the object pointers
+            assert got.outputs[name].tolist() == value.tolist(), name
+        else:
+            assert got.outputs[name].tobytes() == value.tobytes(), name
 
 
 @pytest.mark.parametrize(

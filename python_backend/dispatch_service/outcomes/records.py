@@ -4,7 +4,7 @@ A decision is named by `DecisionId`: the request id the window was sent under (T
 request id; `DispatchClient` sends a fresh one per window and the same one on a retry)
 and the order's id. An entry point hands the writer one `AnsweredWindow` per answered
 window (references to arrays it owns, nothing computed on the request path);
-`decision_records` turns it into records on the writer's thread.
+`batch_decision_records` turns a batch of them into records on the writer's thread.
 
 Privacy: a record keeps no address, no coordinates and no user id, only the user's routing
 bucket (0..99, `routing.policy.user_buckets`): the bucket is what routing and the analysis
@@ -30,6 +30,7 @@ __all__ = [
     "DecisionId",
     "DecisionRecord",
     "Outcome",
+    "batch_decision_records",
     "decision_records",
 ]
 
@@ -136,48 +137,86 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def _flat(arrays: list[NDArray[Any]], counts: list[int], name: str) -> NDArray[Any]:
+    """The windows' per-order arrays end to end (one value per order, or ValueError)."""
+    if [array.size for array in arrays] != counts:
+        raise ValueError(f"{name}: not one value per order")
+    return np.concatenate(arrays, axis=None)
+
+
+def _rows(arrays: list[NDArray[Any]], counts: list[int], name: str) -> NDArray[Any]:
+    """The windows' per-order rows stacked ([B, n] each, the same n, or ValueError)."""
+    if [array.shape[0] for array in arrays] != counts or any(a.ndim != 2 for a in arrays):
+        raise ValueError(f"{name}: not one row per order")
+    return np.concatenate(arrays, axis=0)
+
+
+_DEFAULT_WEIGHTS = tuple(parse_objective_weights(None).tolist())
+
+
 def decision_records(window: AnsweredWindow) -> list[DecisionRecord]:
     """The window's records, one per order (on the writer's thread, never the request's)."""
-    riders = [_text(r) for r in np.asarray(window.rider_ids, dtype=object).reshape(-1).tolist()]
-    orders = [_text(o) for o in np.asarray(window.order_ids, dtype=object).reshape(-1).tolist()]
-    count = len(orders)
-    buckets = user_buckets(np.asarray(window.user_ids, dtype=object).reshape(-1)).tolist()
-    weights = tuple(float(w) for w in parse_objective_weights(window.weights).tolist())
-    versions = np.asarray(window.model_version).reshape(-1).tolist()
-    levels: Sequence[int] = (
-        [-1] * count
-        if window.fallback_level is None
-        else np.asarray(window.fallback_level).reshape(-1).tolist()
-    )
-    topk = np.asarray(window.topk_rider_index).reshape(count, -1).tolist()
-    assigned = np.asarray(window.assigned_rider_index).reshape(-1).tolist()
-    objectives = np.asarray(window.assigned_objectives, dtype=np.float64).reshape(count, 3)
-    created = np.asarray(window.created_at, dtype=np.float64).reshape(-1).tolist()
-    promised = np.asarray(window.promised_minutes, dtype=np.float64).reshape(-1).tolist()
+    return batch_decision_records([window])
+
+
+def batch_decision_records(windows: Sequence[AnsweredWindow]) -> list[DecisionRecord]:
+    """The records of several windows, in order. Each column is read for all their orders
+    at once (a window holds one order or a few, and numpy costs per call, not per value).
+    Raises ValueError where any window's arrays are not of its orders (`AnsweredWindow`)."""
+    counts = [window.order_ids.size for window in windows]
+    orders = [_text(o) for o in _flat([w.order_ids for w in windows], counts, "order_ids")]
+    buckets = user_buckets(_flat([w.user_ids for w in windows], counts, "user_ids")).tolist()
+    versions = _flat([w.model_version for w in windows], counts, "model_version").tolist()
+    levels = _flat(
+        [
+            np.full(count, -1) if w.fallback_level is None else w.fallback_level
+            for w, count in zip(windows, counts, strict=True)
+        ],
+        counts,
+        "fallback_level",
+    ).tolist()
+    created = _flat([w.created_at for w in windows], counts, "created_at").tolist()
+    promised = _flat([w.promised_minutes for w in windows], counts, "promised_minutes").tolist()
+    assigned = _flat(
+        [w.assigned_rider_index for w in windows], counts, "assigned_rider_index"
+    ).tolist()
+    topk = _rows([w.topk_rider_index for w in windows], counts, "topk_rider_index").tolist()
+    objectives = _rows([w.assigned_objectives for w in windows], counts, "assigned_objectives")
+    if objectives.shape[1] != 3:
+        raise ValueError("assigned_objectives: not 3 objectives per order")
+    figures = objectives.tolist()
     records = []
-    for row in range(count):
-        rider = assigned[row]
-        eta, ontime, cost = (
-            (None, None, None) if rider < 0 else tuple(float(x) for x in objectives[row].tolist())
+    first = 0  # the window's first order among all
+    for window, count in zip(windows, counts, strict=True):
+        riders = window.rider_ids.reshape(-1).tolist()
+        weights = (
+            _DEFAULT_WEIGHTS
+            if window.weights is None
+            else tuple(parse_objective_weights(window.weights).tolist())
         )
-        records.append(
-            DecisionRecord(
-                request_id=window.request_id,
-                order_id=orders[row],
-                decided_at=float(window.dispatch_time),
-                entry_point=window.entry_point,
-                city=window.city,
-                routing_bucket=int(buckets[row]),
-                model_version=int(versions[row]),
-                fallback_level=int(levels[row]),
-                assigned_rider=riders[rider] if rider >= 0 else None,
-                topk_riders=tuple(riders[i] for i in topk[row] if i >= 0),
-                eta_minutes=eta,
-                ontime_probability=ontime,
-                cost=cost,
-                created_at=float(created[row]),
-                promised_minutes=float(promised[row]),
-                weights=(weights[0], weights[1], weights[2]),
+        decided_at = float(window.dispatch_time)
+        for row in range(first, first + count):
+            rider = assigned[row]
+            eta, ontime, cost = (None, None, None) if rider < 0 else figures[row]
+            records.append(
+                DecisionRecord(
+                    request_id=window.request_id,
+                    order_id=orders[row],
+                    decided_at=decided_at,
+                    entry_point=window.entry_point,
+                    city=window.city,
+                    routing_bucket=buckets[row],
+                    model_version=int(versions[row]),
+                    fallback_level=int(levels[row]),
+                    assigned_rider=_text(riders[rider]) if rider >= 0 else None,
+                    topk_riders=tuple(_text(riders[i]) for i in topk[row] if i >= 0),
+                    eta_minutes=eta,
+                    ontime_probability=ontime,
+                    cost=cost,
+                    created_at=float(created[row]),
+                    promised_minutes=float(promised[row]),
+                    weights=weights,
+                )
             )
-        )
+        first += count
     return records

@@ -2,8 +2,11 @@
 
 An entry point calls `DecisionWriter.submit` with the `AnsweredWindow` of each answered
 window: a non-blocking put of a reference, nothing else on the request's thread. A
-thread of the writer turns queued windows into records (`records.decision_records`) and
-writes them in batches, one transaction per batch. Nothing the store does reaches a
+thread of the writer lets windows gather for `WRITE_INTERVAL_S` after the first, turns them
+into records together (`records.batch_decision_records`) and writes them in one
+transaction: a busy stub pays one transaction a few times a second, not one per window
+(each costs its lock, its commit and, with several stubs on one SQLite file, a wait for the
+others' lock and a re-read of the pages they changed). Nothing the store does reaches a
 request: when the queue is full the window's records are dropped at once, and when the
 store is down, slow past its lock timeout or refuses a write, the batch is dropped; both
 are counted by reason (`WriterCounts`, the ``dispatch_decision_records_total`` metric
@@ -24,13 +27,19 @@ from dataclasses import dataclass
 from typing import Final
 
 from dispatch_service.core.metrics import DECISION_RECORDS, Observation
-from dispatch_service.outcomes.records import AnsweredWindow, DecisionRecord, decision_records
+from dispatch_service.outcomes.records import (
+    AnsweredWindow,
+    DecisionRecord,
+    batch_decision_records,
+    decision_records,
+)
 from dispatch_service.outcomes.store import OutcomeStore
 
 __all__ = [
     "DEFAULT_BATCH_WINDOWS",
     "DEFAULT_QUEUE_WINDOWS",
     "REOPEN_AFTER_S",
+    "WRITE_INTERVAL_S",
     "DecisionWriter",
     "WriterCounts",
     "writer_observations",
@@ -38,8 +47,11 @@ __all__ = [
 
 # Windows the queue holds (a c=64 burst of windows many times over); beyond: dropped.
 DEFAULT_QUEUE_WINDOWS: Final = 4096
-# Windows per transaction at most (a busy writer batches more, an idle one writes at once).
+# Windows per transaction at most.
 DEFAULT_BATCH_WINDOWS: Final = 256
+# How long windows gather after the first before they are written (`flush` cuts it short):
+# what a record waits to be readable, and the reciprocal of the transactions per second.
+WRITE_INTERVAL_S: Final = 0.25
 # After a failure the store is reopened no sooner than this; batches meanwhile are dropped.
 REOPEN_AFTER_S: Final = 1.0
 
@@ -73,6 +85,7 @@ class DecisionWriter:
         *,
         max_queued: int = DEFAULT_QUEUE_WINDOWS,
         batch_windows: int = DEFAULT_BATCH_WINDOWS,
+        write_interval_s: float = WRITE_INTERVAL_S,
         on_counts: Callable[[WriterCounts], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
         clock: Callable[[], float] = time.time,
@@ -82,6 +95,7 @@ class DecisionWriter:
         self._open_store = open_store
         self._queue: queue.Queue[AnsweredWindow | None] = queue.Queue(maxsize=max_queued)
         self.batch_windows = batch_windows
+        self.write_interval_s = write_interval_s
         self.on_counts = on_counts
         self.on_error = on_error
         self.clock = clock
@@ -91,6 +105,7 @@ class DecisionWriter:
         self._failed_at: float | None = None
         self._idle = threading.Condition()
         self._pending = 0  # windows submitted and not yet written or dropped
+        self._hurry = threading.Event()  # set while someone waits for the queue to empty
         self._thread = threading.Thread(target=self._run, name="decision-writer", daemon=True)
         self._thread.start()
 
@@ -126,11 +141,15 @@ class DecisionWriter:
         with self._idle:
             self._pending -= windows
             if self._pending <= 0:
+                self._hurry.clear()
                 self._idle.notify_all()
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every submitted window is written or dropped; False on timeout."""
+        """Write what is queued now (no waiting out the interval) and wait until every
+        submitted window is written or dropped; False on timeout."""
         with self._idle:
+            if self._pending > 0:
+                self._hurry.set()
             return self._idle.wait_for(lambda: self._pending <= 0, timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -138,6 +157,7 @@ class DecisionWriter:
         self.flush(timeout_s)
         with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=1.0)
+        self._hurry.set()
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
@@ -145,6 +165,8 @@ class DecisionWriter:
             first = self._queue.get()
             if first is None:
                 break
+            if self._queue.qsize() < self.batch_windows:
+                self._hurry.wait(self.write_interval_s)  # let the batch gather
             batch = [first]
             while len(batch) < self.batch_windows:
                 try:
@@ -161,12 +183,7 @@ class DecisionWriter:
 
     def _write(self, batch: list[AnsweredWindow]) -> None:
         try:
-            records: list[DecisionRecord] = []
-            for window in batch:
-                try:
-                    records.extend(decision_records(window))
-                except Exception:  # one window's arrays cannot be read: only it is lost
-                    self.count_unreadable(len(window.order_ids))
+            records = self._records(batch)
             if not records:
                 return
             try:
@@ -180,6 +197,20 @@ class DecisionWriter:
                 self._count(WriterCounts(written=written, duplicate=len(records) - written))
         finally:
             self._done(len(batch))
+
+    def _records(self, batch: list[AnsweredWindow]) -> list[DecisionRecord]:
+        """The batch's records, built together; where a window's arrays cannot be read,
+        window by window, so that only that window is lost (and counted)."""
+        try:
+            return batch_decision_records(batch)
+        except Exception:  # some window's arrays cannot be read: find which
+            records: list[DecisionRecord] = []
+            for window in batch:
+                try:
+                    records.extend(decision_records(window))
+                except Exception:
+                    self.count_unreadable(len(window.order_ids))
+            return records
 
     def _store_now(self) -> OutcomeStore:
         if self._store is None:

@@ -4,6 +4,7 @@ or a failing store drops records and counts them, and `submit` never waits for t
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -130,3 +131,47 @@ def test_a_window_that_cannot_be_read_is_counted_alone(tmp_path: Path) -> None:
     assert writer.flush()
     writer.close()
     assert writer.counts == WriterCounts(written=2, dropped_unreadable=2)
+
+
+class CountingStore:
+    """A real SQLite store that counts its transactions (write_decisions calls)."""
+
+    def __init__(self, path: Path) -> None:
+        self.inner = SqliteStore(path)
+        self.url = self.inner.url
+        self.batches: list[int] = []
+
+    def write_decisions(self, records: Sequence[DecisionRecord], *, recorded_at: float) -> int:
+        self.batches.append(len(records))
+        return self.inner.write_decisions(records, recorded_at=recorded_at)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_windows_gather_into_one_transaction_and_flush_does_not_wait_the_interval(
+    tmp_path: Path,
+) -> None:
+    store = CountingStore(tmp_path / "o.sqlite3")
+    # an interval far longer than the flush may take: the flush must cut it short
+    writer = DecisionWriter(lambda: store, write_interval_s=3600.0)  # type: ignore[arg-type,return-value]
+    for n in range(30):
+        assert writer.submit(answered_window(f"req-{n}", orders=2))
+    assert writer.flush(timeout_s=30.0)
+    assert store.batches == [60]  # the burst, one transaction
+    writer.submit(answered_window("later", orders=1))
+    writer.close(timeout_s=30.0)
+    assert store.batches == [60, 1]
+    assert writer.counts == WriterCounts(written=61)
+
+
+def test_records_are_written_after_the_interval_without_a_flush(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite3"
+    writer = DecisionWriter(lambda: open_store(path), write_interval_s=0.05)
+    writer.submit(answered_window("req-1", orders=3))
+    deadline = time.monotonic() + 60.0  # a busy host; one interval is 50 ms
+    while writer.counts.written < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writer.counts.written == 3
+    assert open_store(path).counts().decisions == 3
+    writer.close()

@@ -6,7 +6,15 @@ SQLite store (`ServerOptions.outcome_store`), one without; rounds alternate betw
 small windows at ``--concurrency`` (default 64) over HTTP with the binary tensor extension
 (`perf.loadgen`). Every request carries its own request id, as `DispatchClient` sends them
 (a window without one is not recorded, so perf_analyzer, which sends none, cannot measure
-this). Prints each round and the median throughput ratio on / off; writes a JSON report
+this). The store is not emptied between rounds: it grows by every round's records, as a
+serving store does.
+
+After each level the next waits until every request of the level is in the store (the
+writer's last batch lands after the answers; its work must not fall into the other arm's
+level), and that wait is reported. Beside the throughput, each level's server CPU (Triton
+and its stubs, user + system) per request sent, warm-ups included: the cost itself, which
+the host's other load blurs far less than it blurs a throughput. Prints each round and the
+median ratios on / off; writes a JSON report
 (`perf/reports/decision-log-cost-<time>.json`).
 
     python -m perf.decision_log_cost [--rounds 5] [--requests 3000] [--concurrency 64]
@@ -18,14 +26,17 @@ Not a test. The figure is only as quiet as the host: say what else ran.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sqlite3
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import tritonclient.http as httpclient
 
 from dispatch_contract import batched, spec_by_name
@@ -38,6 +49,8 @@ from perf.windows import SIZES, simulated_windows
 __all__ = ["bodies_with_ids", "main"]
 
 MODEL = "dispatch_fused"
+# How long the next level waits at most for the last level's records to be in the store.
+SETTLE_TIMEOUT_S = 60.0
 
 
 def bodies_with_ids(count: int) -> list[RequestBody]:
@@ -59,6 +72,44 @@ def bodies_with_ids(count: int) -> list[RequestBody]:
             headers["Inference-Header-Content-Length"] = str(json_size)
         bodies.append(RequestBody(bytes(body), headers))
     return bodies
+
+
+def server_cpu_s(server: TritonServer) -> float:
+    """CPU seconds (user + system) used so far by the server and its stubs."""
+    if server.process is None:
+        raise RuntimeError("the server is not running")
+    root = psutil.Process(server.process.pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def recorded(store: Path) -> int:
+    """Decisions in the store (0 before the first is written)."""
+    if not store.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as conn:
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+        except sqlite3.OperationalError:  # the schema is not made yet
+            return 0
+
+
+def settle(store: Path, expected: int) -> float:
+    """Seconds until the store holds ``expected`` decisions (SETTLE_TIMEOUT_S at most)."""
+    start = time.perf_counter()
+    while recorded(store) < expected and time.perf_counter() - start < SETTLE_TIMEOUT_S:
+        time.sleep(0.05)
+    return time.perf_counter() - start
+
+
+def _ratios(rounds: dict[str, list[dict[str, Any]]], key: str) -> list[float]:
+    return [
+        round(on[key] / off[key], 3) for on, off in zip(rounds["on"], rounds["off"], strict=True)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,44 +135,68 @@ def main(argv: list[str] | None = None) -> int:
     }
     for server in servers.values():
         server.start()
+    expected = 0  # requests answered by the server with records: one record each
     try:
         for round_no in range(args.rounds):
             share = bodies[round_no * args.requests : (round_no + 1) * args.requests]
             order = ("on", "off") if round_no % 2 == 0 else ("off", "on")
             for name in order:
-                url = f"http://{servers[name].http_url}{triton_infer_path(MODEL)}"
+                server = servers[name]
+                url = f"http://{server.http_url}{triton_infer_path(MODEL)}"
                 plan = LoadPlan(url, share, args.concurrency, len(share), 600.0)
-                stats = run_load(plan).stats()
-                rounds[name].append(stats.to_dict())
+                cpu_before = server_cpu_s(server)
+                result = run_load(plan)
+                stats = result.stats()
+                level = stats.to_dict()
+                if name == "on":
+                    expected += len(result.latencies_s)
+                    level["settle_s"] = round(settle(store, expected), 3)
+                    level["store_decisions"] = recorded(store)
+                level["server_cpu_ms_per_request"] = round(
+                    1000.0 * (server_cpu_s(server) - cpu_before) / (len(share) + args.concurrency),
+                    3,
+                )
+                rounds[name].append(level)
                 print(
                     f"round {round_no} records {name}: {stats.throughput_per_s:.1f}/s "
-                    f"p50 {stats.p50_ms:.1f} ms p99 {stats.p99_ms:.1f} ms errors {stats.errors}",
+                    f"p50 {stats.p50_ms:.1f} ms p99 {stats.p99_ms:.1f} ms errors {stats.errors} "
+                    f"server CPU {level['server_cpu_ms_per_request']:.3f} ms/request"
+                    + (
+                        f" store {level['store_decisions']} settled in {level['settle_s']} s"
+                        if name == "on"
+                        else ""
+                    ),
                     flush=True,
                 )
     finally:
         for server in servers.values():
             server.stop()
             server.release()
-    ratios = [
-        on["throughput_per_s"] / off["throughput_per_s"]
-        for on, off in zip(rounds["on"], rounds["off"], strict=True)
-    ]
-    with sqlite3.connect(store) as conn:
-        recorded = int(conn.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+    ratios = _ratios(rounds, "throughput_per_s")
+    cpu_ratios = _ratios(rounds, "server_cpu_ms_per_request")
+    decisions = recorded(store)
     report = {
         "command": "python -m perf.decision_log_cost " + " ".join(argv or []),
         "model": MODEL,
         "window": "small (1 order x 20 riders)",
         "concurrency": args.concurrency,
+        "requests_per_round": args.requests,
         "rounds": rounds,
-        "throughput_ratio_on_off": [round(r, 3) for r in ratios],
+        "throughput_ratio_on_off": ratios,
         "median_ratio_on_off": round(statistics.median(ratios), 3),
-        "decisions_recorded": recorded,
+        "server_cpu_ratio_on_off": cpu_ratios,
+        "median_server_cpu_ratio_on_off": round(statistics.median(cpu_ratios), 3),
+        "decisions_recorded": decisions,
+        "requests_answered_with_records": expected,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     out = args.out or report_path("decision-log-cost")
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"median throughput on/off {report['median_ratio_on_off']}; report: {out}")
+    print(
+        f"median throughput on/off {report['median_ratio_on_off']}, server CPU per request "
+        f"on/off {report['median_server_cpu_ratio_on_off']}; {decisions} decisions for "
+        f"{expected} answered requests; report: {out}"
+    )
     return 0
 
 

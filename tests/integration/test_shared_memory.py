@@ -387,6 +387,7 @@ def test_feature_entry_through_the_client_and_shared_memory(
     features = encoded(window)
     with DispatchClient.grpc(triton.grpc_url) as client:
         expected = client.dispatch(window)
+        assert expected.city == "shanghai"  # the simulator's default city, where sim_window draws
         assert client.dispatch_features(window["ORDER_IDS"], features) == without_sources(expected)
     with DispatchClient(transport(triton, ShmCapacity(max_orders=16, max_riders=60))) as client:
         assert client.dispatch_features(window["ORDER_IDS"], features) == without_sources(expected)
@@ -417,12 +418,12 @@ def test_feature_entry_names_a_missing_required_input(
 
 def without_sources(result: DispatchResult) -> DispatchResult:
     """`dispatch`'s answer as the feature-level entry point gives it: no encoder, so no
-    location sources."""
+    location sources and no city."""
     orders = tuple(
         dataclasses.replace(order, pickup_source=None, dropoff_source=None)
         for order in result.orders
     )
-    return dataclasses.replace(result, orders=orders)
+    return dataclasses.replace(result, orders=orders, city=None)
 
 
 @pytest.mark.parametrize(

@@ -159,11 +159,11 @@ class DispatchResult:
     """Results in the window's order order (the i-th entry answers the i-th order)."""
 
     orders: tuple[OrderResult, ...]
+    # The id the request went out with (not part of the JSON answer: it is the caller's).
+    request_id: str | None = field(default=None, compare=False)
     # The id of the registered city that served the window (WINDOW_CITY, e.g. "shanghai");
     # None when the answer lacks it (`dispatch_features` encodes no window).
     city: str | None = None
-    # The id the request went out with (not part of the JSON answer: it is the caller's).
-    request_id: str | None = field(default=None, compare=False)
 
     def assignments(self) -> dict[str, str | None]:
         """Order id -> assigned rider id (None when the order stays unassigned)."""
@@ -428,7 +428,7 @@ class DispatchClient(Closing):
         except DispatchError as exc:
             exc.request_id = rid
             raise
-        return DispatchResult(result.orders, result.city, rid)
+        return DispatchResult(result.orders, request_id=rid, city=result.city)
 
     def report_outcomes(
         self,

@@ -1,7 +1,8 @@
 """What does shadow scoring cost? The same windows with shadow_percent 0 and 100.
 
 Starts a server of its own on free loopback ports, keeps every order on the stable version
-(canary 2 at 0 %), and sends the same window sequentially over gRPC: first with no shadow,
+(canary 2 at 0 %; each setting written as a revision of the live routing file, as a fleet
+replica's launcher does), and sends the same window sequentially over gRPC: first with no shadow,
 then with every request also scored by version 2, then with no shadow again (a drift check).
 Prints client-side p50/p95/p99 per setting and window size, and the added milliseconds.
 
@@ -15,6 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,9 @@ from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, batched
 from dispatch_service.core.paths import REPO_ROOT
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.ops.router_control import apply_router_settings
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-from dispatch_service.routing.settings import RouterSettings
+from dispatch_service.routing.live import write_routing_file
+from dispatch_service.routing.settings import INITIAL_ROUTING
 
 __all__ = [
     "OUTPUTS",
@@ -74,18 +76,23 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def measure(server: TritonServer, requests: int) -> dict[str, Any]:
+    """The figures per window size and setting; ``server`` started with ``live_routing``."""
+    routing_file = server.routing_file()
+    if routing_file is None:
+        raise ValueError("measure needs a server started with live_routing")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: dict[str, Any] = {}
+    revision = 0
     try:
         for orders, riders in SIZES:
             inputs = _inputs(orders, riders)
             size = f"{orders}x{riders}"
             for label, shadow in (("no_shadow", 0), ("shadow_100", 100), ("no_shadow_again", 0)):
-                apply_router_settings(
-                    server.http_url,
-                    RouterSettings(canary_version=2, canary_percent=0, shadow_percent=shadow),
-                )
-                _latencies_ms(client, inputs, 20)  # warm the new router instances
+                revision += 1
+                routing = replace(INITIAL_ROUTING, shadow_percent=shadow)
+                write_routing_file(routing_file, routing, revision)
+                # each entry point routes by the file from its next execute on
+                _latencies_ms(client, inputs, 20)
                 results.setdefault(size, {})[label] = _summary(
                     _latencies_ms(client, inputs, requests)
                 )
@@ -101,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runtime = TritonRuntime.from_venv()
     log = REPO_ROOT / ".triton" / "shadow_cost_server.log"
-    with TritonServer(runtime, ServerOptions(ports=Ports.free()), log) as server:
+    options = ServerOptions(ports=Ports.free(), live_routing=True)
+    with TritonServer(runtime, options, log) as server:
         results = measure(server, args.requests)
     print("| window | setting | p50 ms | p95 ms | p99 ms |")
     print("| --- | --- | --- | --- | --- |")

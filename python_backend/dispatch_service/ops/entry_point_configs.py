@@ -75,7 +75,8 @@ ENTRY_POINTS: Final = (
 The same answer as the `dispatch` ensemble in one Python model (one process hop instead
 of four): encode, score with the routed dispatch_model version in process, resolve.
 Steps are configured from feature_encoder/, dispatch_model/ and topk_resolver/ config.pbtxt;
-the routing parameters below follow dispatch_router's (router_control applies both).
+it routes as dispatch_router does, by the fleet's revision (the launcher's live routing file;
+before the first, INITIAL_ROUTING: docs/fleet.md), never by these parameters.
 See dispatch_service.pipeline.fused for what it trades away.""",
         overflow=3,
         instances_about="""\
@@ -96,8 +97,7 @@ window sent to {FUSED_MODEL} still waits for a free instance and then shares its
 the core, with bulk windows. Here it finds its own warm stub, which the kernel runs ahead of
 the bulk stubs (stub_nice 0 against their 10). DispatchClient sends level-1 windows here
 (docs/operations.md, Priority lane). Everything but the name, the instances and stub_nice is
-{FUSED_MODEL}'s (both are rendered from one source), and router_control applies the routing
-parameters to both.""",
+{FUSED_MODEL}'s (both are rendered from one source), its routing included.""",
         overflow=1,
         instances_about=f"""\
 One warm stub and one overflow, which also serves while the warm one is healed (with queue
@@ -114,22 +114,12 @@ policies Triton 2.51 needs two instances or more: {FUSED_MODEL}'s comment).""",
 
 # What every entry point's file holds after its instances: key, value, comment ("" for none).
 _SHARED_PARAMETERS: Final = (
-    ("scoring_model", "dispatch_model", ""),
-    ("stable_version", "1", ""),
-    ("canary_version", "2", ""),
-    ("canary_percent", "0", ""),
-    ("shadow_percent", "0", ""),
+    ("scoring_model", "dispatch_model", "The sibling folder whose versions are scored in process."),
     (
         "bls_timeout_ms",
         "2000",
-        "Kept in step with the router's by router_control; calls in process are not timed out.",
+        "dispatch_router's per-call deadline, kept equal; calls in process are not timed out.",
     ),
-    (
-        "scoring_versions",
-        "1,2",
-        "The dispatch_model versions served (its version_policy); deploy and rollback rewrite it.",
-    ),
-    ("city_routes", "", ""),
 )
 
 _BATCHING: Final = """\

@@ -76,7 +76,7 @@ from dispatch_service.ops.fleet_state import (
 from dispatch_service.ops.fleet_status import fleet_status
 from dispatch_service.ops.verified_load import read_config
 from dispatch_service.routing.live import routing_digest
-from dispatch_service.routing.settings import SCORING_MODEL_NAME, RouterSettings
+from dispatch_service.routing.settings import INITIAL_ROUTING, SCORING_MODEL_NAME, RouterSettings
 
 __all__ = [
     "DEFAULT_STATE_STORE",
@@ -444,7 +444,12 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                 routed=routed(signed.state.routing),
             )
         elif code == _EXIT_OK:
-            document["revision"] = None  # nothing stored yet: the replicas serve their files
+            # Nothing stored yet: every entry point routes by the initial routing.
+            document.update(
+                revision=None,
+                note="no revision yet: the initial routing",
+                routed=routed(INITIAL_ROUTING),
+            )
         replicas = fleet_status(store, signed, list(args.replica))
         counted = [r for r in replicas if r["state"] != "gone"]
         converged = bool(counted) and all(r["state"] == "current" for r in counted)

@@ -270,7 +270,9 @@ def verify_state(data: bytes, trusted: TrustedKeys) -> SignedState:
 
 
 def initial_state(repository: Path, profile: str = "cpu") -> FleetState:
-    """Revision 0: what a server started from the repository's files serves."""
+    """Revision 0, what a server serves before its fleet's first revision: the versions the
+    scoring model's config serves, routed by `INITIAL_ROUTING` (with dispatch_router's node
+    parameters: `RouterSettings.from_parameters`)."""
     router = read_config(repository / ROUTER_MODEL_NAME, profile)
     try:
         routing = RouterSettings.from_parameters(parameters_from_model_config(router))
@@ -280,7 +282,7 @@ def initial_state(repository: Path, profile: str = "cpu") -> FleetState:
     present = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
     versions = served_versions(read_config(folder, profile), present)
     versions = tuple(sorted({*versions, *routing.routed_versions()}))
-    return FleetState(0, versions, routing, note="the repository's files")
+    return FleetState(0, versions, routing, note="the initial routing")
 
 
 @dataclass(frozen=True)

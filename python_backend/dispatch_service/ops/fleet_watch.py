@@ -369,7 +369,7 @@ class FleetWatcher:
         revision = detail["revision"]
         lines = [
             "# HELP dispatch_launcher_fleet_state_revision The fleet state revision this "
-            "replica serves (-1: none applied, the repository's files).",
+            "replica serves (-1: none applied: the initial routing).",
             "# TYPE dispatch_launcher_fleet_state_revision gauge",
             f"dispatch_launcher_fleet_state_revision {-1 if revision is None else revision}",
             "# HELP dispatch_launcher_fleet_state_refused 1 while the store's document is "

@@ -232,7 +232,7 @@ class RolloutController:
     clock: Callable[[], float] = time.time
     lease_s: float = DEFAULT_LEASE_S
     known_version: Callable[[int], str | None] = lambda version: None
-    # the state a first revision builds on when the store holds none (the repository's files)
+    # the state a first revision builds on when the store holds none (revision 0)
     initial: Callable[[], FleetState] | None = None
     # makes the stored document visible to the replicas where they do not read this folder
     # (Kubernetes: `configmap_publish`); called at each look while the stored revision is

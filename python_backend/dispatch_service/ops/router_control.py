@@ -1,10 +1,11 @@
 """Read and change the config parameters a running server's routing models load with, live:
-the GPU monitor's path (`ops.gpu`) to the node's own ``cpu_scoring``.
+the GPU monitor's path (`ops.gpu`) to the node's own settings (`NODE_PARAMETERS`:
+``cpu_scoring``, ``bls_timeout_ms``, ``scoring_versions``).
 
-Not the way to route: routing changes as a signed fleet revision (`fleet_revisions`), which
-the launcher writes to the live routing file; once written, every entry point routes by that
-file and takes only ``cpu_scoring`` from its config (`routing.live`). `dispatch-admin` has
-no other way to route.
+Not the way to route: routing changes only as a signed fleet revision (`fleet_revisions`),
+which the launcher writes to the live routing file that every entry point routes by
+(`routing.live`); a model config holds no routing, and `apply_router_settings` refuses
+settings whose routing is not the config's (`INITIAL_ROUTING`).
 
 The in-process routing models (`IN_PROCESS_ROUTING_MODELS`: dispatch_fused, the one-process
 entry point, and dispatch_priority, its priority lane) route with the same settings: each
@@ -12,7 +13,7 @@ one loaded is reloaded with them too, after the router, so that every entry poin
 user from the same version. The change is atomic across them: if one refuses it, the models
 already changed are put back to the configuration they ran with before.
 
-The settings live in dispatch_router's config ``parameters`` (`routing_settings.RouterSettings`).
+The node's settings live in dispatch_router's config ``parameters`` (`RouterSettings`).
 `apply_router_settings` takes the configuration the router runs with now, replaces those
 parameters and loads the model with that configuration as an override
 (``POST /v2/repository/models/dispatch_router/load {"parameters": {"config": ...}}``, with
@@ -44,6 +45,7 @@ from dispatch_service.ops.model_control import (
 from dispatch_service.routing.settings import (
     FUSED_MODEL_NAME,
     IN_PROCESS_ROUTING_MODELS,
+    NODE_PARAMETERS,
     ROUTER_MODEL_NAME,
     FusedSettings,
     RouterSettings,
@@ -145,6 +147,12 @@ def apply_router_settings(
     route with different settings. Returns once Triton reports the loads done and every
     model reads back the new settings.
     """
+    if RouterSettings.from_parameters(settings.to_parameters()) != settings:
+        raise RouterControlError(
+            "a model config carries no routing: only a signed fleet revision changes it "
+            "(dispatch-admin, docs/fleet.md); apply_router_settings changes "
+            f"{', '.join(NODE_PARAMETERS)} only"
+        )
     changed: list[tuple[str, dict[str, Any]]] = []
     try:
         for model in (ROUTER_MODEL_NAME, *IN_PROCESS_ROUTING_MODELS):

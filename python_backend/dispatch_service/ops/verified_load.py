@@ -66,7 +66,11 @@ from dispatch_service.core.signing import (
     file_digest,
     verify_version,
 )
-from dispatch_service.routing.settings import SCORING_MODEL_NAME, FusedSettings
+from dispatch_service.routing.settings import (
+    ROUTER_MODEL_NAME,
+    SCORING_MODEL_NAME,
+    FusedSettings,
+)
 
 __all__ = [
     "CONFIG_NAME",
@@ -136,11 +140,13 @@ def read_model(model_dir: Path, profile: str = "cpu") -> ModelEntry:
 
 
 def _scoring_model_of(config: Mapping[str, Any]) -> str | None:
-    """The model whose versions a routing model (dispatch_router, dispatch_fused) routes over."""
+    """The model whose versions a routing model routes over: dispatch_router's, or the
+    ``scoring_model`` of an in-process one (dispatch_fused, dispatch_priority); None for
+    another model."""
     parameters = parameters_from_model_config(config)
-    if "scoring_versions" not in parameters:
-        return None
-    return parameters.get("scoring_model", SCORING_MODEL_NAME)
+    if "scoring_model" in parameters:
+        return parameters["scoring_model"]
+    return SCORING_MODEL_NAME if config.get("name") == ROUTER_MODEL_NAME else None
 
 
 def _reads(config: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:

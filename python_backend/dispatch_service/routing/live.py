@@ -7,7 +7,8 @@ the signed state verified. `dispatch_router`, `dispatch_fused` and `dispatch_pri
 the file once per `execute` (one ``stat``) and route every window after it by its settings: a
 routing change reloads no model. The file sets every `RouterSettings` field but
 ``cpu_scoring``, which stays the model config's (the GPU monitor sets it, `ops.gpu`). Without
-the file, the model config's routing is served, as on a server without a fleet state.
+the file (no revision yet) every entry point routes by `INITIAL_ROUTING`: a model config
+holds no routing.
 
 A file that cannot be read or breaks a rule is not used: the routing read last stays in force
 (`LiveRouting.poll` reports the refusal once per content).
@@ -124,8 +125,9 @@ class LiveChange:
 
 
 class LiveRouting:
-    """The routing one model instance serves: its config's (``base``), or the file's once the
-    launcher wrote one. ``check`` refuses settings this instance cannot serve (ValueError)."""
+    """The routing one model instance serves: the initial routing (``base``), or the file's
+    once the launcher wrote one. ``check`` refuses settings this instance cannot serve
+    (ValueError)."""
 
     def __init__(
         self,
@@ -144,7 +146,7 @@ class LiveRouting:
 
     @property
     def routing(self) -> str:
-        """`routing_digest` of the routing in force from the file; "" while the config's."""
+        """`routing_digest` of the routing in force from the file; "" while the initial routing."""
         return "" if self.revision is None else routing_digest(self.settings)
 
     def poll(self) -> LiveChange | None:
@@ -183,7 +185,7 @@ class LiveRouting:
 
 def write_entry_point(live: LiveRouting, model: str, instance: str) -> None:
     """Report, beside the routing file, what this process of ``model`` routes by now: the
-    file's revision and routing digest (None and "": its config's), and why the file's
+    file's revision and routing digest (None and "": the initial routing), and why the file's
     content is not in force (``error``). Replaced atomically; nothing without a file."""
     if live.path is None:
         return

@@ -1,6 +1,12 @@
 """The routing settings of dispatch_router and the in-process routing models, apart from the
 routing itself.
 
+Routing (stable and canary versions, the canary's and the shadow's shares, the served versions,
+per-city routes) is no model config parameter: it changes only as a signed fleet revision,
+which every entry point reads from the launcher's live routing file (`routing.live`). Before a
+fleet's first revision every entry point routes by `INITIAL_ROUTING`. A model config sets
+only what belongs to its node (`NODE_PARAMETERS`).
+
 Kept free of numpy and the model code, so the launcher (`verified_load`) and the live-change
 tools (`router_control`) can read a config's routing without importing ONNX Runtime or SciPy.
 """
@@ -9,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, Final, TypedDict, Unpack
 
@@ -24,7 +30,9 @@ from dispatch_service.core.settings import SettingsError, load_settings, reject_
 __all__ = [
     "CITY_ROUTE_FIELDS",
     "FUSED_MODEL_NAME",
+    "INITIAL_ROUTING",
     "IN_PROCESS_ROUTING_MODELS",
+    "NODE_PARAMETERS",
     "PRIORITY_MODEL_NAME",
     "ROUTER_MODEL_NAME",
     "ROUTING_BUCKETS",
@@ -34,8 +42,6 @@ __all__ = [
     "FusedSettings",
     "RouteValues",
     "RouterSettings",
-    "format_city_routes",
-    "parse_city_routes",
     "parse_versions",
     "settings_record",
 ]
@@ -63,8 +69,13 @@ ROUTING_DOCUMENT_FIELDS: Final = (
     "scoring_versions",
     "city_routes",
 )
-# A city in the `city_routes` text: a word without its separators (the ids themselves are the
-# registry's, `domain.cities`; the models check the routes' cities against it, `check_cities`).
+# The `RouterSettings` fields a model config's parameters may set: the node's own. The GPU
+# monitor changes the deadline and CPU scoring on its node (`ops.gpu`); the launcher names the
+# scoring versions its server serves when it refused some (`ops.verified_load`). Every other
+# field is routing.
+NODE_PARAMETERS: Final = ("bls_timeout_ms", "cpu_scoring", "scoring_versions")
+# A city id of a route: a word (the ids themselves are the registry's, `domain.cities`; the
+# models check the routes' cities against it, `check_cities`).
 _CITY_WORD: Final = re.compile(r"^[^\s:;,=]+$")
 
 
@@ -109,7 +120,8 @@ class CityRoute:
 
 @dataclass(frozen=True)
 class RouterSettings:
-    """`dispatch_router` parameters (config.pbtxt); replaced live by a config-override load."""
+    """The routing every entry point applies (`to_document`: the fleet document's and the
+    live routing file's form) and the node's own settings (`NODE_PARAMETERS`)."""
 
     stable_version: int = 1  # the version every order gets without a rule, and the retry
     canary_version: int = 0  # 0 = no canary
@@ -124,8 +136,8 @@ class RouterSettings:
     # (the GPU monitor's device-level L2, ops.gpu): orders the chosen version scored then
     # report FallbackLevel.CPU_SCORED. Set and cleared by the monitor, never by hand.
     cpu_scoring: int = 0
-    # Per-city routes (`CityRoute`), one per city at most, ordered by city id. Parameter
-    # `city_routes`: "beijing:canary_version=2,canary_percent=10;chengdu:stable_version=2".
+    # Per-city routes (`CityRoute`), one per city at most, ordered by city id; in a document
+    # a list of objects: [{"city": "beijing", "canary_version": 2, "canary_percent": 10}].
     city_routes: tuple[CityRoute, ...] = ()
 
     def __post_init__(self) -> None:
@@ -181,29 +193,27 @@ class RouterSettings:
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> RouterSettings:
-        """Parse config.pbtxt parameters; an unknown key or a bad value raises SettingsError."""
+        """`INITIAL_ROUTING` with a model config's `NODE_PARAMETERS`; SettingsError naming a
+        routing key (only a fleet revision routes), an unknown key or a bad value."""
+        routing = sorted(set(parameters) & {f.name for f in fields(cls)} - set(NODE_PARAMETERS))
+        if routing:
+            raise SettingsError(
+                f"{cls.__name__}: parameter(s) {', '.join(routing)} are routing, which only a "
+                "fleet revision changes (docs/fleet.md): remove them from the model config"
+            )
         reject_unknown(parameters, cls)
-        parsed = ("scoring_versions", "city_routes")
-        plain = {k: v for k, v in parameters.items() if k not in parsed}
-        settings = load_settings(cls, plain)
-        if not any(name in parameters for name in parsed):
-            return settings
+        node = load_settings(_NodeParameters, parameters)
         versions = parse_versions("scoring_versions", parameters.get("scoring_versions", ""))
-        routes = parse_city_routes(parameters.get("city_routes", ""))
         try:
-            return replace(settings, scoring_versions=versions, city_routes=routes)
+            return replace(INITIAL_ROUTING, **asdict(node), scoring_versions=versions)
         except ValueError as exc:
             raise SettingsError(f"{cls.__name__}: {exc}") from exc
 
     def to_parameters(self) -> dict[str, str]:
-        """The config.pbtxt ``parameters`` map (string values) that reproduces these settings."""
-        out = {
-            f.name: str(getattr(self, f.name))
-            for f in fields(self)
-            if f.name not in ("scoring_versions", "city_routes")
-        }
+        """The config ``parameters`` (string values) of these settings: the
+        `NODE_PARAMETERS` only (the routing is the fleet revision's)."""
+        out = {name: str(getattr(self, name)) for name in NODE_PARAMETERS}
         out["scoring_versions"] = ",".join(str(v) for v in self.scoring_versions)
-        out["city_routes"] = format_city_routes(self.city_routes)
         return out
 
     def to_document(self) -> dict[str, Any]:
@@ -335,44 +345,6 @@ def _settings_for_city(settings: RouterSettings, city: str) -> RouterSettings:
     return settings if route is None else replace(settings, city_routes=(), **route.values())
 
 
-def parse_city_routes(text: str) -> tuple[CityRoute, ...]:
-    """``"beijing:canary_version=2,canary_percent=10;chengdu:stable_version=2"`` -> routes;
-    empty -> (). SettingsError naming the city and field of a part that cannot be read (the
-    values' rules are `RouterSettings`')."""
-    routes = []
-    for part in (p.strip() for p in text.split(";")):
-        if not part:
-            continue
-        city, colon, body = (s.strip() for s in part.partition(":"))
-        if not colon or not _CITY_WORD.match(city):
-            raise SettingsError(f"parameter 'city_routes': {part!r} is not CITY:FIELD=VALUE,...")
-        values = RouteValues()
-        for item in (i.strip() for i in body.split(",")):
-            name, equals, value = (s.strip() for s in item.partition("="))
-            if name not in CITY_ROUTE_FIELDS or not equals:
-                raise SettingsError(
-                    f"parameter 'city_routes' {city}: {item!r} is not FIELD=VALUE with FIELD "
-                    f"one of {', '.join(CITY_ROUTE_FIELDS)}"
-                )
-            if name in values:
-                raise SettingsError(f"parameter 'city_routes' {city}: {name} given twice")
-            if not value.isdigit() or len(value) > 9:
-                raise SettingsError(
-                    f"parameter 'city_routes' {city}: {name}={value!r} is not a whole number"
-                )
-            values[name] = int(value)  # type: ignore[literal-required]
-        routes.append(CityRoute(city, **values))
-    return tuple(routes)
-
-
-def format_city_routes(routes: Sequence[CityRoute]) -> str:
-    """The `city_routes` parameter text of ``routes`` (`parse_city_routes` reads it back)."""
-    return ";".join(
-        f"{route.city}:" + ",".join(f"{k}={v}" for k, v in route.values().items())
-        for route in routes
-    )
-
-
 def parse_versions(name: str, text: str) -> tuple[int, ...]:
     """``"1,2"`` -> (1, 2); empty -> (); anything else raises SettingsError naming ``name``."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -382,10 +354,25 @@ def parse_versions(name: str, text: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class _NodeParameters:
+    """The `NODE_PARAMETERS` as a model config gives them (`RouterSettings.from_parameters`)."""
+
+    bls_timeout_ms: int = RouterSettings.bls_timeout_ms
+    cpu_scoring: int = RouterSettings.cpu_scoring
+
+
+# The routing of every entry point before its fleet's first revision (revision 0,
+# `ops.fleet_state.initial_state`): version 1 for every user; version 2 named the canary at
+# 0 %, which a MODEL_VERSION_TAG "canary" reaches; no shadow; every version the scoring model
+# serves may be called (its config's version_policy says which).
+INITIAL_ROUTING: Final = RouterSettings(stable_version=1, canary_version=2)
+
+
+@dataclass(frozen=True)
 class FusedSettings:
     """`dispatch_fused` parameters: the router's (`RouterSettings`) plus where models live."""
 
-    routing: RouterSettings = field(default_factory=RouterSettings)
+    routing: RouterSettings = INITIAL_ROUTING
     scoring_model: str = SCORING_MODEL_NAME  # sibling folder holding <version>/model.onnx
 
     @classmethod
@@ -409,6 +396,7 @@ class FusedSettings:
 
 
 def settings_record(settings: RouterSettings, **context: Any) -> dict[str, Any]:
-    """The structured log record of a router (re)load with these settings."""
-    record = {**asdict(settings), "city_routes": format_city_routes(settings.city_routes)}
+    """The structured log record of a router (re)load with these settings (the routing in
+    its document form)."""
+    record = {**settings.to_document(), "cpu_scoring": settings.cpu_scoring}
     return {"event": "router_settings_loaded", **context, **record}

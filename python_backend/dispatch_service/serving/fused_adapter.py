@@ -108,7 +108,7 @@ class FusedDispatchAdapter(TritonResponder):
         self.decisions: DecisionWriter | None = None
         self.drift = drift  # counts scored pairs per reference bin (`pipeline.drift`)
         self.input_names = tuple(spec.name for spec in DISPATCH_ENSEMBLE_INPUTS)
-        # The config's routing until the launcher's file says otherwise (`routing.live`).
+        # The initial routing until the launcher's file says otherwise (`routing.live`).
         self.live = (
             LiveRouting(routing_file, dispatch.settings.routing, dispatch.check_routing)
             if routing_file

@@ -29,7 +29,7 @@ _watched_lock = threading.Lock()
 
 def live_routing_file(environ: Mapping[str, str] | None = None) -> str:
     """The file the launcher writes the live routing to; "" on a server without one (the
-    config's routing is served)."""
+    initial routing is served)."""
     return (os.environ if environ is None else environ).get(ROUTING_FILE_ENV, "")
 
 

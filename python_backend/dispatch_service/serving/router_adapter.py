@@ -7,11 +7,11 @@ reads the request tensors, calls a `dispatch_model` version through BLS
 the windows of an `execute`, `routing.route_and_score_many`), records the metrics and answers.
 ``pb_utils`` is passed in because it only exists inside the backend stub.
 
-Settings are parsed once per load from config.pbtxt ``parameters`` (`RouterSettings`); a
-config-override load (`router_control.apply_router_settings`) builds a new instance with the
-new settings and logs them as one JSON line, while the old instance drains. On a fleet
-replica the routing comes from the launcher's file instead, read when it changes
-(`routing.live`). A request's
+The node's settings are parsed once per load from config.pbtxt ``parameters``
+(`RouterSettings.from_parameters`, with the initial routing); a config-override load
+(`router_control.apply_router_settings`) builds a new instance with new node settings and
+logs them as one JSON line, while the old instance drains. The routing comes from the
+launcher's file, read when it changes (`routing.live`). A request's
 answer never depends on anything but the settings and the request: no state between calls.
 """
 
@@ -103,12 +103,12 @@ class DispatchRouterAdapter(TritonResponder):
         # The registry's city ids: the WINDOW_CITY values routed (and metrics labels).
         self.cities = frozenset(default_registry().ids if cities is None else cities)
         self.check_routing(settings)  # a route for no registered city: no load
-        # The config's routing (``settings``) until the launcher's file says otherwise.
+        # The initial routing (``settings``) until the launcher's file says otherwise.
         self.live = LiveRouting(routing_file, settings, self.check_routing)
 
     @property
     def settings(self) -> RouterSettings:
-        """The routing in force (the config's, or the launcher's file's: `routing.live`)."""
+        """The routing in force (the initial routing, or the launcher's file's: `routing.live`)."""
         return self.live.settings
 
     def check_routing(self, settings: RouterSettings) -> None:

@@ -30,7 +30,12 @@ from dispatch_service.core.settings import (
 )
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from dispatch_service.pipeline.steps import FeatureEncoderStep, TopKResolverStep
-from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings, RouterSettings
+from dispatch_service.routing.settings import (
+    FUSED_MODEL_NAME,
+    NODE_PARAMETERS,
+    FusedSettings,
+    RouterSettings,
+)
 
 REPO = Path(__file__).resolve().parents[3] / "model_repository"
 SCORING = model_layout(REPO, SCORING_MODEL)
@@ -275,7 +280,7 @@ def test_router_declares_the_routing_contract_and_valid_settings() -> None:
     assert io_of(config.input) == spec_rows(contracts.ROUTER_INPUTS)
     assert io_of(config.output) == spec_rows(contracts.ROUTER_OUTPUTS)
     settings = RouterSettings.from_parameters(params(config))
-    # Shipped: version 1 serves everyone, version 2 is the canary at 0 %.
+    # Before a fleet revision: version 1 serves everyone, version 2 is the canary at 0 %.
     assert (settings.stable_version, settings.canary_version) == SERVED_VERSIONS
     assert settings.canary_percent == 0
     assert settings.city_routes == ()  # every city routes alike until a deploy --city
@@ -447,9 +452,21 @@ def test_fused_entry_declares_what_dispatch_declares() -> None:
     )
     assert settings.routing == router
     assert settings.scoring_model == "dispatch_model"
-    for version in settings.served_versions():
-        assert (model_layout(REPO, settings.scoring_model).onnx(version)).is_file()
-    # Both route over the versions the scoring model's configs serve, in every profile.
+    # Before a fleet revision both route by the initial routing, whose every version the
+    # scoring model serves in every profile.
     for path in SCORING.folder.glob("**/*.pbtxt"):
         policy = load_config(path).version_policy.specific.versions
-        assert settings.routing.scoring_versions == tuple(policy), path
+        assert set(settings.served_versions()) <= set(policy), path
+    for version in settings.served_versions():
+        assert (model_layout(REPO, settings.scoring_model).onnx(version)).is_file()
+
+
+ROUTING_PARAMETERS = sorted(
+    {f.name for f in dataclasses.fields(RouterSettings)} - set(NODE_PARAMETERS)
+)
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda path: str(path.relative_to(REPO)))
+def test_no_model_config_routes(path: Path) -> None:
+    """Routing is a fleet revision's (docs/fleet.md): no config names a routing field."""
+    assert set(params(load_config(path))).isdisjoint(ROUTING_PARAMETERS), path

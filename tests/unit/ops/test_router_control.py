@@ -18,8 +18,8 @@ from dispatch_service.routing.settings import (
     RouterSettings,
 )
 
-BEFORE = RouterSettings(stable_version=1, canary_version=2)
-AFTER = RouterSettings(stable_version=1, canary_version=2, canary_percent=30)
+BEFORE = RouterSettings(stable_version=1, canary_version=2)  # the initial routing
+AFTER = RouterSettings(stable_version=1, canary_version=2, bls_timeout_ms=300, cpu_scoring=1)
 
 
 def config(name: str, settings: RouterSettings) -> dict[str, Any]:
@@ -131,3 +131,12 @@ def test_only_the_loaded_models_change(
     apply_router_settings("h:1", AFTER)
     assert fake.loads == ["dispatch_router", *loaded]
     assert all(fake.routing(model) == AFTER for model in fake.loads)
+
+
+def test_a_routing_change_is_refused_before_any_load(triton: FakeTriton) -> None:
+    """Routing changes only as a fleet revision: settings whose routing is not the initial
+    routing are refused by name, and no model is reloaded."""
+    canary = RouterSettings(stable_version=1, canary_version=2, canary_percent=30)
+    with pytest.raises(RouterControlError, match="only a signed fleet revision changes it"):
+        apply_router_settings("h:1", canary)
+    assert triton.loads == []

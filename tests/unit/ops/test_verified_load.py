@@ -193,15 +193,14 @@ def test_an_unserved_bad_version_is_reported_but_blocks_nothing(
     assert [v.version for v in plan.refused_versions] == [1]
 
 
-def write_reader(repo: Path, signer: Ed25519PrivateKey, canary: int) -> None:
-    """A Python model that runs scorer versions itself, as dispatch_fused does."""
+def write_reader(repo: Path, signer: Ed25519PrivateKey) -> None:
+    """A Python model that runs scorer versions itself, as dispatch_fused does (routed by the
+    initial routing: stable version 1, canary 2)."""
     write_model(repo, "reader", [1])
     config = model_layout(repo, "reader").config
     config.write_text(
         config.read_text()
-        + 'parameters [ { key: "scoring_model", value: { string_value: "scorer" } },\n'
-        + '  { key: "stable_version", value: { string_value: "1" } },\n'
-        + f'  {{ key: "canary_version", value: {{ string_value: "{canary}" }} }} ]\n'
+        + 'parameters [ { key: "scoring_model", value: { string_value: "scorer" } } ]\n'
     )
     sign_version(model_layout(repo, "reader").version(1), signer)
 
@@ -211,14 +210,14 @@ def test_a_model_reading_other_versions_needs_its_stable_version_only(
 ) -> None:
     """A refused canary takes the canary out of the reader's routing (the reader verifies
     in its own initialize), not the reader; a refused stable version refuses the reader."""
-    write_reader(repo, signer, canary=2)
+    write_reader(repo, signer)
     assert "reader" in plan_load(repo, trusted).startup
     assert plan_load(repo, trusted, requested=["reader"]).startup == ("reader", "scorer")
     tamper(model_layout(repo, "scorer").version(2) / "weights.bin")
     plan = plan_load(repo, trusted)
     assert "reader" not in plan.refused
-    assert "reader" in (*plan.startup, *plan.deferred)
-    assert plan.restricted == {"scorer": (1,)}
+    # loaded after start, routing over the verified versions only
+    assert plan.restricted == {"scorer": (1,), "reader": (1,)}
     tamper(model_layout(repo, "scorer").version(1) / "weights.bin")
     plan = plan_load(repo, trusted)
     assert plan.refused["reader"] == "depends on refused model scorer"
@@ -227,15 +226,7 @@ def test_a_model_reading_other_versions_needs_its_stable_version_only(
 def test_a_routing_model_loads_with_the_verified_versions_as_its_scoring_versions(
     repo: Path, signer: Ed25519PrivateKey, trusted: TrustedKeys
 ) -> None:
-    write_reader(repo, signer, canary=2)
-    config = model_layout(repo, "reader").config
-    config.write_text(
-        config.read_text().replace(
-            "parameters [",
-            'parameters [ { key: "scoring_versions", value: { string_value: "1,2" } },',
-        )
-    )
-    sign_version(model_layout(repo, "reader").version(1), signer)
+    write_reader(repo, signer)
     assert "reader" in plan_load(repo, trusted).startup
     tamper(model_layout(repo, "scorer").version(2) / "weights.bin")
     plan = plan_load(repo, trusted)

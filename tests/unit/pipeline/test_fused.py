@@ -275,25 +275,21 @@ def test_a_refused_stable_version_fails_the_load(tmp_path: Path) -> None:
 
 
 def test_settings_are_the_routers_plus_the_scoring_model() -> None:
-    settings = FusedSettings.from_parameters(
-        {"stable_version": "2", "canary_version": "3", "canary_percent": "10"}
-    )
-    assert settings.routing == RouterSettings(2, 3, 10)
-    parsed = FusedSettings.from_parameters({"scoring_versions": "2, 1"}).routing
-    assert parsed.scoring_versions == (1, 2)
-    assert parsed.to_parameters()["scoring_versions"] == "1,2"
-    with pytest.raises(SettingsError, match="scoring_versions"):
-        FusedSettings.from_parameters({"scoring_versions": "1,two"})
+    settings = FusedSettings.from_parameters({"bls_timeout_ms": "50"})
+    assert settings.routing == RouterSettings(1, 2, bls_timeout_ms=50)  # the initial routing
     assert settings.scoring_model == "dispatch_model"
-    assert settings.served_versions() == (2, 3)
+    assert settings.served_versions() == (1, 2)
+    assert FusedSettings(RouterSettings(2, 3, 10)).served_versions() == (2, 3)
     assert FusedSettings(RouterSettings(stable_version=4)).served_versions() == (4,)
+    assert FusedSettings(RouterSettings(scoring_versions=(1, 5))).served_versions() == (1, 5)
 
 
 @pytest.mark.parametrize(
     "parameters",
     [
         {"canary_percnt": "5"},
-        {"canary_version": "1"},  # equals the stable version
+        {"canary_version": "3"},  # routing: only a fleet revision routes
+        {"city_routes": ""},
         {"scoring_model": "../elsewhere"},
         {"scoring_model": ""},
     ],

@@ -1,5 +1,6 @@
-"""Per-city routing: each city's stable / canary / share, parsed once from
-the `city_routes` parameter, held to the global rules, and applied per window."""
+"""Per-city routing: each city's stable / canary / share, read once from the routing's JSON
+form (a fleet revision, the live routing file), held to the global rules, and applied per
+window."""
 
 from __future__ import annotations
 
@@ -23,62 +24,74 @@ from dispatch_service.routing.settings import (
     CityRoute,
     FusedSettings,
     RouterSettings,
-    format_city_routes,
-    parse_city_routes,
     settings_record,
 )
 
-ROUTES = "chengdu:canary_version=2,canary_percent=100; beijing:canary_version=2,canary_percent=10"
+Route = dict[str, Any]
+ROUTES: list[Route] = [
+    {"city": "chengdu", "canary_version": 2, "canary_percent": 100},
+    {"city": "beijing", "canary_version": 2, "canary_percent": 10},
+]
 
 
 def users(count: int) -> NDArray[np.object_]:
     return np.asarray([f"user-{i}".encode() for i in range(count)], dtype=object)
 
 
-def settings(routes: str = ROUTES, **plain: str) -> RouterSettings:
-    parameters = {"stable_version": "1", "canary_version": "0", **plain, "city_routes": routes}
-    return RouterSettings.from_parameters(parameters)
+def settings(routes: list[Route] | None = None, **plain: int) -> RouterSettings:
+    """The routing of a revision: version 1 for all, no canary, ``plain`` and ``routes``."""
+    document = {**RouterSettings().to_document(), **plain}
+    document["city_routes"] = ROUTES if routes is None else routes
+    return RouterSettings.from_document(document)
 
 
 def every_version(version: int) -> bool:
     return True
 
 
-def test_routes_are_parsed_once_into_typed_routes_in_city_order() -> None:
+def test_routes_are_read_once_into_typed_routes_in_city_order() -> None:
     parsed = settings()
     assert parsed.city_routes == (
         CityRoute("beijing", canary_version=2, canary_percent=10),
         CityRoute("chengdu", canary_version=2, canary_percent=100),
     )
-    text = parsed.to_parameters()["city_routes"]
-    assert (
-        text
-        == "beijing:canary_version=2,canary_percent=10;chengdu:canary_version=2,canary_percent=100"
-    )
-    assert RouterSettings.from_parameters(parsed.to_parameters()) == parsed
-    assert parse_city_routes(text) == parsed.city_routes
-    assert format_city_routes(()) == "" and parse_city_routes(" ") == ()
+    # Written back as the same objects, in city order (one log line: the same form).
+    expected = [ROUTES[1], ROUTES[0]]
+    assert parsed.to_document()["city_routes"] == expected
+    assert RouterSettings.from_document(parsed.to_document()) == parsed
+    assert settings_record(parsed)["city_routes"] == expected
     assert RouterSettings.from_parameters({}).city_routes == ()
-    assert settings_record(parsed)["city_routes"] == text  # one log line, the parameter's text
 
 
 @pytest.mark.parametrize(
     ("routes", "names"),
     [
-        ("beijing:canary_version=1", ("beijing", "canary_version must differ")),
-        ("beijing:canary_percent=10", ("beijing", "canary_percent > 0 needs a canary_version")),
-        ("beijing:canary_version=2,canary_percent=101", ("beijing", "canary_percent")),
-        ("beijing:stable_version=0", ("beijing", "stable_version must be >= 1")),
-        ("beijing:canary_percent=ten", ("beijing", "canary_percent='ten'")),
-        ("beijing:shadow_percent=5", ("beijing", "shadow_percent")),
-        ("beijing:canary_version=2;beijing:canary_percent=5", ("beijing", "more than one")),
-        ("beijing:canary_version=2,canary_version=3", ("beijing", "canary_version given twice")),
-        ("bei jing:canary_version=2", ("bei jing",)),
-        ("beijing", ("beijing",)),
+        ([{"city": "beijing", "canary_version": 1}], ("beijing", "canary_version must differ")),
+        (
+            [{"city": "beijing", "canary_percent": 10}],
+            ("beijing", "canary_percent > 0 needs a canary_version"),
+        ),
+        (
+            [{"city": "beijing", "canary_version": 2, "canary_percent": 101}],
+            ("beijing", "canary_percent"),
+        ),
+        ([{"city": "beijing", "stable_version": 0}], ("beijing", "stable_version must be >= 1")),
+        (
+            [{"city": "beijing", "canary_percent": "ten"}],
+            ("city_routes[0].canary_percent", "'ten'"),
+        ),
+        ([{"city": "beijing", "shadow_percent": 5}], ("beijing", "shadow_percent")),
+        (
+            [{"city": "beijing", "canary_version": 2}, {"city": "beijing", "canary_percent": 5}],
+            ("beijing", "more than one"),
+        ),
+        ([{"city": "bei jing", "canary_version": 2}], ("bei jing", "not a city id")),
+        ([{"city": "beijing"}], ("beijing", "sets none of")),
+        ([{"canary_version": 2}], ("city_routes[0]", "city id")),
     ],
 )
-def test_a_bad_route_fails_the_load_naming_the_city_and_field(
-    routes: str, names: tuple[str, ...]
+def test_a_bad_route_is_refused_naming_the_city_and_field(
+    routes: list[Route], names: tuple[str, ...]
 ) -> None:
     with pytest.raises(SettingsError) as caught:
         settings(routes)
@@ -90,19 +103,19 @@ def test_a_city_route_is_held_to_the_global_settings_it_leaves_in_place() -> Non
     """A route that does not set stable_version takes the global one: a global change that
     makes a city's route break a rule is refused naming the city."""
     with pytest.raises(SettingsError, match="city_routes beijing: canary_version must differ"):
-        settings(stable_version="2")
+        settings(stable_version=2)
     with pytest.raises(ValueError, match="city_routes beijing"):
         RouterSettings(city_routes=(CityRoute("beijing"),))
 
 
 def test_routes_name_registered_cities_only() -> None:
-    settings("atlantis:canary_version=2").check_cities(("atlantis",))
+    settings([{"city": "atlantis", "canary_version": 2}]).check_cities(("atlantis",))
     with pytest.raises(ValueError, match="city_routes atlantis: not a registered city"):
-        settings("atlantis:canary_version=2").check_cities(("beijing", "shanghai"))
+        settings([{"city": "atlantis", "canary_version": 2}]).check_cities(("beijing", "shanghai"))
 
 
 def test_for_city_gives_the_settings_in_force_for_a_window_of_that_city() -> None:
-    routed = settings(shadow_percent="5")
+    routed = settings(shadow_percent=5)
     beijing = routed.for_city("beijing")
     assert (beijing.stable_version, beijing.canary_version, beijing.canary_percent) == (1, 2, 10)
     assert beijing.shadow_percent == 5 and beijing.city_routes == ()  # the rest: global
@@ -112,7 +125,7 @@ def test_for_city_gives_the_settings_in_force_for_a_window_of_that_city() -> Non
 
 
 def test_a_beijing_window_goes_to_its_canary_while_a_shanghai_window_stays_on_stable() -> None:
-    routed = settings("beijing:canary_version=2,canary_percent=100")
+    routed = settings([{"city": "beijing", "canary_version": 2, "canary_percent": 100}])
     ids = users(50)
     in_force, beijing = route_window(ids, None, routed, every_version, "beijing")
     assert in_force.canary_percent == 100 and (beijing == 2).all()
@@ -148,7 +161,9 @@ def test_with_route_changes_one_city_or_every_city() -> None:
     assert off.route_of("beijing") == CityRoute("beijing", canary_version=2, canary_percent=0)
     every = one.with_route(None, canary_version=3, canary_percent=20)
     assert every.city_routes == () and (every.canary_version, every.canary_percent) == (3, 20)
-    kept = settings("beijing:stable_version=2,canary_version=3").with_route(None, canary_version=0)
+    kept = settings([{"city": "beijing", "stable_version": 2, "canary_version": 3}]).with_route(
+        None, canary_version=0
+    )
     assert kept.city_routes == (CityRoute("beijing", stable_version=2),)  # stable stays its own
     with pytest.raises(ValueError, match="city_routes beijing: canary_version must differ"):
         routed.with_route("beijing", canary_version=1)
@@ -157,7 +172,9 @@ def test_with_route_changes_one_city_or_every_city() -> None:
 
 
 def test_every_routed_version_loads_with_dispatch_fused() -> None:
-    routed = settings("beijing:stable_version=3,canary_version=4,canary_percent=5")
+    routed = settings(
+        [{"city": "beijing", "stable_version": 3, "canary_version": 4, "canary_percent": 5}]
+    )
     assert routed.routed_versions() == (1, 3, 4)
     fused = FusedSettings(routed)
     assert fused.served_versions() == (1, 3, 4)

@@ -41,7 +41,7 @@ from dispatch_service.routing.metrics import (
     routed_observations,
 )
 from dispatch_service.routing.policy import choose_versions, parse_version_tag, user_buckets
-from dispatch_service.routing.settings import RouterSettings, settings_record
+from dispatch_service.routing.settings import INITIAL_ROUTING, RouterSettings, settings_record
 from dispatch_service.routing.shadow import compare_shadow, shadow_sampled, shadow_version_of
 
 SHANGHAI = default_registry().get("shanghai")
@@ -56,18 +56,32 @@ def users(count: int, prefix: str = "user") -> NDArray[np.object_]:
 # ---- settings ------------------------------------------------------------------------------
 
 
-def test_settings_round_trip_through_config_parameters() -> None:
+def test_config_parameters_carry_the_nodes_settings_and_no_routing() -> None:
+    """A model config sets the node's deadline, CPU scoring and served versions; the routing
+    is the initial routing until a fleet revision (stable 1, canary 2 at 0 %, no shadow, no
+    city routes)."""
     settings = RouterSettings(
-        stable_version=2, canary_version=3, canary_percent=5, shadow_percent=10, bls_timeout_ms=50
+        stable_version=2,
+        canary_version=3,
+        canary_percent=5,
+        shadow_percent=10,
+        bls_timeout_ms=50,
+        scoring_versions=(1, 2, 3),
     )
-    parameters = settings.to_parameters()
-    assert parameters["canary_percent"] == "5"
-    assert RouterSettings.from_parameters(parameters) == settings
-
-
-def test_defaults_route_everything_to_stable_version_1() -> None:
-    settings = RouterSettings.from_parameters({})
-    assert (settings.stable_version, settings.canary_version, settings.canary_percent) == (1, 0, 0)
+    assert settings.to_parameters() == {
+        "bls_timeout_ms": "50",
+        "cpu_scoring": "0",
+        "scoring_versions": "1,2,3",
+    }
+    read = RouterSettings.from_parameters(settings.to_parameters())
+    assert read == RouterSettings(1, 2, bls_timeout_ms=50, scoring_versions=(1, 2, 3))
+    assert RouterSettings.from_parameters({"scoring_versions": "2, 1"}).scoring_versions == (1, 2)
+    with pytest.raises(SettingsError, match="scoring_versions"):
+        RouterSettings.from_parameters({"scoring_versions": "1,two"})
+    assert RouterSettings.from_parameters({}) == INITIAL_ROUTING
+    assert (INITIAL_ROUTING.stable_version, INITIAL_ROUTING.canary_version) == (1, 2)
+    assert (INITIAL_ROUTING.canary_percent, INITIAL_ROUTING.shadow_percent) == (0, 0)
+    assert INITIAL_ROUTING.city_routes == ()
 
 
 @pytest.mark.parametrize(
@@ -92,10 +106,13 @@ def test_inconsistent_settings_are_refused(changes: dict[str, Any]) -> None:
 def test_unknown_or_unreadable_parameters_fail_the_load() -> None:
     with pytest.raises(SettingsError, match="canary_precent"):
         RouterSettings.from_parameters({"canary_precent": "10"})
-    with pytest.raises(SettingsError, match="canary_percent"):
-        RouterSettings.from_parameters({"canary_version": "2", "canary_percent": "ten"})
-    with pytest.raises(SettingsError):
-        RouterSettings.from_parameters({"canary_version": "2", "canary_percent": "200"})
+    with pytest.raises(SettingsError, match="'bls_timeout_ms': 'ten'"):
+        RouterSettings.from_parameters({"bls_timeout_ms": "ten"})
+    with pytest.raises(SettingsError, match="cpu_scoring must be 0 or 1"):
+        RouterSettings.from_parameters({"cpu_scoring": "2"})
+    # Routing in a config is refused by name: only a fleet revision routes.
+    with pytest.raises(SettingsError, match="canary_percent, canary_version are routing"):
+        RouterSettings.from_parameters({"canary_version": "2", "canary_percent": "10"})
 
 
 def test_settings_log_record_is_flat_and_complete() -> None:

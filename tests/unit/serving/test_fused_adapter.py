@@ -68,7 +68,7 @@ def pb() -> FakePbUtils:
 
 
 def test_each_request_gets_its_answer(pb: FakePbUtils) -> None:
-    adapter = fused_adapter_for(pb, args(canary_version="2"))
+    adapter = fused_adapter_for(pb, args())  # the initial routing: version 1 for all
     requests = [FakeRequest(batched(window(seed)), request_id=f"r{seed}") for seed in (1, 2)]
     for seed, response in zip((1, 2), execute(adapter, *requests), strict=True):
         got = {name: value[0] for name, value in response.outputs().items()}  # batch of 1
@@ -128,8 +128,13 @@ def test_records_the_encoder_router_and_resolver_metrics_per_answer(pb: FakePbUt
     assert routed.labels["city"] == "shanghai"  # the city the encoder found serving the window
 
 
-def test_logs_its_settings_and_each_version_it_could_not_load(pb: FakePbUtils) -> None:
-    fused_adapter_for(pb, args(canary_version="9"))
+def test_logs_its_settings_and_each_version_it_could_not_load(
+    pb: FakePbUtils, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "routing.json"
+    monkeypatch.setenv(ROUTING_FILE_ENV, str(path))
+    write_routing_file(path, RouterSettings(1, 9), revision=1)  # a canary with no folder
+    fused_adapter_for(pb, args())
     lines = [(level, json.loads(line)) for level, line in pb.Logger.lines]
     events = {record["event"]: (level, record) for level, record in lines}
     assert events["model_loaded"][1]["model"] == "dispatch_fused"
@@ -140,8 +145,11 @@ def test_logs_its_settings_and_each_version_it_could_not_load(pb: FakePbUtils) -
 
 
 def test_bad_settings_fail_the_load(pb: FakePbUtils) -> None:
-    with pytest.raises(SettingsError):
-        fused_adapter_for(pb, args(canary_percent="lots"))
+    with pytest.raises(SettingsError, match="bls_timeout_ms"):
+        fused_adapter_for(pb, args(bls_timeout_ms="lots"))
+    # Routing is a fleet revision's, never a model config's (a config from before is refused).
+    with pytest.raises(SettingsError, match="canary_percent are routing"):
+        fused_adapter_for(pb, args(canary_percent="10"))
 
 
 def test_the_fused_model_seals_its_stubs_region_before_anything_else(
@@ -166,7 +174,7 @@ def test_the_launchers_routing_file_is_followed_from_load_and_each_execute(
     path = tmp_path / "routing.json"
     monkeypatch.setenv(ROUTING_FILE_ENV, str(path))
     write_routing_file(path, RouterSettings(1, 2, 100, scoring_versions=(1, 2)), revision=3)
-    adapter = fused_adapter_for(pb, args())  # its config: stable 1, no canary
+    adapter = fused_adapter_for(pb, args())  # the initial routing: canary 2 at 0 %
     (response,) = execute(adapter, FakeRequest(batched(window(1))))
     assert (response.outputs()["ORDER_MODEL_VERSION"] == 2).all()
     write_routing_file(path, RouterSettings(1, scoring_versions=(1, 2)), revision=4)

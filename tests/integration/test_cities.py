@@ -126,9 +126,11 @@ def test_every_entry_point_names_the_city_that_served_the_window(
     registry file holds all its points."""
     lane = model == PRIORITY_LANE_MODEL_NAME
     headers = {PRIORITY_KEY_HEADER: str(triton.priority_key)} if lane else None
+    named: set[str] = set()
     for city in SERVED_CITIES:
         window = _window(city, seed=11)
         expected = registry_city_of(window)
+        named.add(expected)
         if transport == "grpc":
             answer = infer_grpc(grpc_client, window, model, ROUTED_OUTPUT_NAMES, headers=headers)
         else:
@@ -138,6 +140,7 @@ def test_every_entry_point_names_the_city_that_served_the_window(
             )
         assert answer["WINDOW_CITY"].tolist() == [expected.encode()], (city, model)
         assert answer["ASSIGNED_RIDER_INDEX"].shape == (6,)
+    assert len(named) == len(SERVED_CITIES)  # three different cities answered
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

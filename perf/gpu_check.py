@@ -63,7 +63,11 @@ from dispatch_client import DispatchClient
 from dispatch_client.errors import DispatchError
 from dispatch_client.shm import CudaShmBackend, GrpcShmTransport, ShmCapacity
 from dispatch_client.transport import GrpcTransport, Transport
-from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, FEATURE_ENTRY_MODEL_NAME
+from dispatch_contract import (
+    DISPATCH_ENSEMBLE_OUTPUTS,
+    FEATURE_ENTRY_MODEL_NAME,
+    FEATURE_ENTRY_OUTPUTS,
+)
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
@@ -132,6 +136,11 @@ __all__ = [
 ]
 
 OUTPUT_NAMES = [spec.name for spec in DISPATCH_ENSEMBLE_OUTPUTS]
+# What each measured entry point answers (the feature-level entry runs no encoder: no city).
+OUTPUTS_OF = {
+    "dispatch": OUTPUT_NAMES,
+    FEATURE_ENTRY_MODEL_NAME: [spec.name for spec in FEATURE_ENTRY_OUTPUTS],
+}
 
 
 class GpuCheck:
@@ -164,7 +173,7 @@ class GpuCheck:
             "gpu_server": "native" if self.native else "python-ort-cuda",
         }
         self.rows: list[Row] = []
-        self.cpu_assigned: NDArray[Any] | None = None  # the cpu server's ASSIGNED_RIDER_IDS
+        self.cpu_assigned: NDArray[Any] | None = None  # the cpu server's ASSIGNED_RIDER_INDEX
         self.cpu_answer: dict[str, Any] | None = None
         self.pa_requests = 2000
         self.pa_runs_left = 1 + len(GPU_RUNS)
@@ -184,7 +193,7 @@ class GpuCheck:
         shared_memory: SharedMemory,
         model: str = "dispatch",
     ) -> NDArray[Any] | None:
-        """Measure one row; returns the probe answer's ASSIGNED_RIDER_IDS (None if none)."""
+        """Measure one row; returns the probe answer's ASSIGNED_RIDER_INDEX (None if none)."""
         self.pa_runs_left -= 1
         if self.left() < 30:
             row.notes.append("skipped: out of time")
@@ -193,13 +202,13 @@ class GpuCheck:
             return None
         probe = GrpcTransport(server.grpc_url)
         try:  # perf_analyzer needs one region size for every output: the largest, with room
-            answer_arrays = probe.infer(model, dict(self.inputs[model]), OUTPUT_NAMES)
+            answer_arrays = probe.infer(model, dict(self.inputs[model]), OUTPUTS_OF[model])
         except DispatchError as exc:
             row.notes.append(f"probe request failed: {exc.message[:300]}")
             return None
         finally:
             probe.close()
-        assigned = answer_arrays["ASSIGNED_RIDER_IDS"]
+        assigned = answer_arrays["ASSIGNED_RIDER_INDEX"]
         if make is None and self.cpu_assigned is not None:
             row.same_assignment_as_cpu = bool(np.array_equal(assigned, self.cpu_assigned))
         shm = output_shm_size([answer_arrays])

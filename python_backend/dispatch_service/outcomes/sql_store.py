@@ -83,12 +83,12 @@ class SqlStore:
         return text if self.paramstyle == "?" else text.replace("?", self.paramstyle)
 
     @contextmanager
-    def _transaction(self) -> Iterator[Any]:
+    def _transaction(self, *, writes: bool) -> Iterator[Any]:
         """A cursor in one transaction (committed, or rolled back on error)."""
         conn = self._conn
         cursor = conn.cursor()
         try:
-            self._begin(cursor)
+            self._begin(cursor, writes=writes)
             yield cursor
             conn.commit()
         except BaseException:
@@ -97,16 +97,18 @@ class SqlStore:
         finally:
             cursor.close()
 
-    def _begin(self, cursor: Any) -> None:
+    def _begin(self, cursor: Any, *, writes: bool) -> None:
         """Start the transaction (drivers that start one implicitly do nothing)."""
 
-    def _run(self, work: Callable[[Any], T]) -> T:
-        """``work(cursor)`` in one transaction under the lock; database errors -> StoreError."""
+    def _run(self, work: Callable[[Any], T], *, writes: bool = True) -> T:
+        """``work(cursor)`` in one transaction under the lock; database errors -> StoreError.
+        ``writes=False``: ``work`` only reads (on SQLite it then holds no write lock, and the
+        decision writers go on while a long analysis reads)."""
         with self._lock:
             try:
                 if self._conn is None:
                     self._conn = self._connect()
-                with self._transaction() as cursor:
+                with self._transaction(writes=writes) as cursor:
                     return work(cursor)
             except StoreError:
                 raise
@@ -160,7 +162,7 @@ class SqlStore:
             cursor.execute(f"SELECT version FROM {SCHEMA_TABLE}")
             return int(cursor.fetchone()[0])
 
-        return self._run(read)
+        return self._run(read, writes=False)
 
     # ---- decisions ---------------------------------------------------------------------
 
@@ -217,7 +219,7 @@ class SqlStore:
                 found.extend(cursor.fetchall())
 
         if unique:
-            self._run(read)
+            self._run(read, writes=False)
         return found
 
     def decisions(self, ids: Sequence[DecisionId]) -> dict[DecisionId, DecisionFacts]:
@@ -293,7 +295,7 @@ class SqlStore:
                 rider_id=r[14],
                 recorded_at=float(r[15]),
             )
-            for r in self._run(read)
+            for r in self._run(read, writes=False)
         ]
 
     def counts(self) -> StoreCounts:
@@ -303,7 +305,7 @@ class SqlStore:
             cursor.execute("SELECT COUNT(*) FROM outcomes")
             return StoreCounts(decisions, int(cursor.fetchone()[0]))
 
-        return self._run(read)
+        return self._run(read, writes=False)
 
     def prune(self, limits: StoreLimits, *, now: float) -> int:
         def prune(cursor: Any) -> int:
@@ -349,8 +351,9 @@ class SqliteStore(SqlStore):
         conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
         return conn
 
-    def _begin(self, cursor: Any) -> None:
-        cursor.execute("BEGIN IMMEDIATE")  # take the write lock now, not halfway
+    def _begin(self, cursor: Any, *, writes: bool) -> None:
+        # a writer takes the write lock now, not halfway; a reader reads a snapshot (WAL)
+        cursor.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
 
     def _is_db_error(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.Error | OSError)

@@ -127,3 +127,26 @@ def test_bad_limits_are_refused() -> None:
         StoreLimits(retention_s=0)
     with pytest.raises(ValueError, match="max_decisions"):
         StoreLimits(max_decisions=0)
+
+
+def test_reads_take_no_write_lock(tmp_path: Path) -> None:
+    """The analysis (joined, counts, lookups) reads a snapshot: a write under way elsewhere
+    does not hold it up, and a long read would not hold up the decision writers."""
+    path = tmp_path / "o.sqlite3"
+    store = open_store(path)
+    store.write_decisions(decision_records(answered_window("req-1", orders=2)), recorded_at=1.0)
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        assert store.counts().decisions == 2
+        assert len(store.decisions([DecisionId("req-1", "o0")])) == 1
+        assert store.joined() == []
+        assert store.schema_version() == SCHEMA_VERSION
+        other = sqlite3.connect(path, timeout=0.0, isolation_level=None)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):  # the lock is held
+            other.execute("BEGIN IMMEDIATE")
+        other.close()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+        store.close()

@@ -45,7 +45,7 @@ def replica_detail(health_url: str, timeout_s: float = 2.0) -> dict[str, Any] | 
 
 def _entry_point_problems(detail: dict[str, Any], routing: str) -> list[str]:
     """Where a replica's entry points read other routing than ``routing`` (the digest of the
-    document's; "" for the repository files' routing: no document)."""
+    document's; "" for the initial routing: no document)."""
     entry_points = detail.get("entry_points")
     if not isinstance(entry_points, dict) or not entry_points:
         return ["no entry point reports its routing"]
@@ -57,7 +57,7 @@ def _entry_point_problems(detail: dict[str, Any], routing: str) -> list[str]:
             if instance.get("error"):
                 problems.append(f"{model} pid {instance.get('pid')}: {instance['error']}")
             elif instance.get("routing") != routing:
-                routing_in_force = instance.get("routing") or "its config's"
+                routing_in_force = instance.get("routing") or "the initial routing"
                 problems.append(
                     f"{model} pid {instance.get('pid')} routes by revision "
                     f"{instance.get('revision')} (routing {routing_in_force})"

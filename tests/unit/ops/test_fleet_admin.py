@@ -99,6 +99,29 @@ def test_without_a_document_the_repository_files_are_the_base(
     assert stored(tmp_path / "store", keys).revision == 1
 
 
+def test_status_without_a_document_reports_the_initial_routing(
+    tmp_path: Path, keys: tuple[Path, Path], launcher: _Launcher
+) -> None:
+    """No revision yet: every entry point routes by the initial routing (version 1 for every
+    user, the canary at 0 %), and status says so; a replica whose entry points all read it
+    is current."""
+    launcher.fleet_state = {
+        "revision": None,
+        "status": "no_document",
+        "entry_points": {"dispatch_router": [{"pid": 1, "revision": None, "routing": ""}]},
+    }
+    code, document = status(tmp_path / "store", keys, "--replica", launcher.url)
+    assert document["document"] == {
+        "path": str(tmp_path / "store" / "fleet-state.json"),
+        "revision": None,
+        "note": "no revision yet: the initial routing",
+        "routed": "stable version 1",
+    }
+    replicas = document["replicas"]
+    assert isinstance(replicas, list)
+    assert code == 0 and replicas[0]["state"] == "current"
+
+
 def test_a_key_the_replicas_do_not_trust_is_refused(
     tmp_path: Path, keys: tuple[Path, Path]
 ) -> None:
@@ -226,7 +249,7 @@ def test_status_compares_each_entry_point_with_the_document(
     replicas = document["replicas"]
     assert isinstance(replicas, list)
     assert code == 0 and replicas[0]["state"] == "current"
-    # One process of dispatch_fused still routes by its config: the replica differs.
+    # One process of dispatch_fused still routes by the initial routing: the replica differs.
     launcher.fleet_state["entry_points"] = {
         "dispatch_router": [entry(10, 1, digest)],
         "dispatch_fused": [entry(11, 1, digest), entry(12, None, "")],
@@ -236,7 +259,7 @@ def test_status_compares_each_entry_point_with_the_document(
     assert isinstance(replicas, list)
     assert code == 1 and replicas[0]["state"] == "entry_points_differ"
     assert replicas[0]["entry_point_problems"] == [
-        "dispatch_fused pid 12 routes by revision None (routing its config's)"
+        "dispatch_fused pid 12 routes by revision None (routing the initial routing)"
     ]
     launcher.fleet_state["entry_points"] = {"dispatch_router": [entry(10, 1, digest, "bad")]}
     code, document = status(store, keys, "--replica", launcher.url)

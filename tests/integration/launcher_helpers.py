@@ -15,7 +15,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
+from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
 from dispatch_service.core.signing import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
@@ -27,7 +32,7 @@ from dispatch_service.ops import admin
 from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.server import Ports
 
-__all__ = ["EXAMPLE", "Launcher", "free_port", "signed_repository", "status"]
+__all__ = ["EXAMPLE", "Launcher", "free_port", "signed_repository", "status", "worse_version"]
 
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
 
@@ -62,6 +67,37 @@ def signed_repository(root: Path) -> tuple[Path, Path, Path]:
     code = admin.main(["sign-repository", str(repository), "--key", str(key_file)], io.StringIO())
     assert code == 0
     return repository, trusted, key_file
+
+
+def worse_version(repository: Path, key_file: Path, version: int) -> None:
+    """Version ``version`` of the scoring model: version 1's files, its model's outputs mapped
+    (eta, p, cost) -> (200 - eta, 1 - p, cost), so it prefers the riders version 1 finds
+    slowest; the repository signed again with ``key_file``."""
+    scoring = model_layout(repository, SCORING_MODEL)
+    shutil.copytree(scoring.version(1), scoring.version(version))
+    path = scoring.version(version) / ONNX_FILE
+    model = onnx.load(path)
+    graph = model.graph
+    out = graph.output[0].name
+    raw = f"{out}_before_worse"
+    for node in graph.node:
+        node.output[:] = [raw if name == out else name for name in node.output]
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([-1, -1, 1], np.float32), "worse_scale"),
+            numpy_helper.from_array(np.array([200, 1, 0], np.float32), "worse_shift"),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Mul", [raw, "worse_scale"], ["worse_scaled"]),
+            helper.make_node("Add", ["worse_scaled", "worse_shift"], [out]),
+        ]
+    )
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    code = admin.main(["sign-repository", str(repository), "--key", str(key_file)], io.StringIO())
+    assert code == 0
 
 
 def free_port() -> int:

@@ -5,6 +5,8 @@ stopped on exit (test_metrics_prometheus.py, test_runbook_fixes.py)."""
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 import socket
 import subprocess
@@ -61,13 +63,20 @@ class Prometheus:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
 
 
-def alert_expr(name: str) -> str:
+def alert_expr(name: str, window_s: float | None = None) -> str:
     """The expression of alert ``name`` as deploy/prometheus/alerts.yml has it (its `for`
-    left out: a test reads whether the condition holds now)."""
+    left out: a test reads whether the condition holds now).
+
+    With ``window_s`` every range selector (``[5m]``, ``[30m]``) reads the last ``window_s``
+    seconds instead: the same condition over a window that starts after a fix (or at a
+    burst), which the alert's own window reaches once it has moved past the fix.
+    """
     document = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
     rules = [rule for group in document["groups"] for rule in group["rules"]]
-    (expr,) = [rule["expr"] for rule in rules if rule.get("alert") == name]
-    return str(expr)
+    (expr,) = [str(rule["expr"]) for rule in rules if rule.get("alert") == name]
+    if window_s is None:
+        return expr
+    return re.sub(r"\[\d+[smhd]\]", f"[{math.ceil(window_s)}s]", expr)
 
 
 def _free_port() -> int:

@@ -284,6 +284,7 @@ def test_a_killed_replica_leaves_and_a_new_one_joins_in_the_current_revision(
     assert states == ["current", "current", "gone"], status
 
 
+@pytest.mark.runbook_fix("DispatchFleetStateRefused")
 def test_a_tampered_document_changes_no_replica_and_each_says_why(fleet: Fleet) -> None:
     store = StateStore(fleet.store)
     good = store.read()
@@ -496,6 +497,7 @@ def test_status_exits_1_while_an_entry_point_routes_otherwise(fleet: Fleet) -> N
     assert_fleet_routes(fleet, stored_routing(fleet))
 
 
+@pytest.mark.runbook_fix("DispatchRuleBasedDispatch")
 def test_rule_based_dispatch_clears_with_a_rollback(fleet: Fleet) -> None:
     """DispatchRuleBasedDispatch's condition (no version answers: level 2) on one replica,
     then its runbook fix as written: `dispatch-admin rollback`."""

@@ -22,21 +22,16 @@ import copy
 import io
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from launcher_helpers import EXAMPLE, Launcher, free_port, signed_repository
-from onnx import helper, numpy_helper
+from launcher_helpers import EXAMPLE, Launcher, free_port, signed_repository, worse_version
 
 from dispatch_client import DispatchClient, window_from_json
-from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
 from dispatch_service.core.signing import TrustedKeys, load_private_key
 from dispatch_service.experiments.rollout import ActionKind, Phase, RolloutPlan
 from dispatch_service.offline.live_city import LiveCityConfig, run_live_city
@@ -60,36 +55,6 @@ STEPS = (20, 50, 100)
 # The live city's pace: one window a simulated minute, as fast as it can play (the rollout's
 # default maturity, three hours of the platform's clock, passes in seconds).
 SPEED = 600.0
-
-
-def _worse_version(repository: Path, key_file: Path) -> None:
-    """Version 3: version 1's files, its model's outputs mapped (eta, p, cost) -> (200 - eta,
-    1 - p, cost); the repository signed again."""
-    scoring = model_layout(repository, SCORING_MODEL)
-    shutil.copytree(scoring.version(1), scoring.version(WORSE))
-    path = scoring.version(WORSE) / ONNX_FILE
-    model = onnx.load(path)
-    graph = model.graph
-    out = graph.output[0].name
-    raw = f"{out}_before_worse"
-    for node in graph.node:
-        node.output[:] = [raw if name == out else name for name in node.output]
-    graph.initializer.extend(
-        [
-            numpy_helper.from_array(np.array([-1, -1, 1], np.float32), "worse_scale"),
-            numpy_helper.from_array(np.array([200, 1, 0], np.float32), "worse_shift"),
-        ]
-    )
-    graph.node.extend(
-        [
-            helper.make_node("Mul", [raw, "worse_scale"], ["worse_scaled"]),
-            helper.make_node("Add", ["worse_scaled", "worse_shift"], [out]),
-        ]
-    )
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    code = admin.main(["sign-repository", str(repository), "--key", str(key_file)], io.StringIO())
-    assert code == 0
 
 
 @dataclass
@@ -124,7 +89,7 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("rollout")
     repository, trusted, key_file = signed_repository(root)
-    _worse_version(repository, key_file)
+    worse_version(repository, key_file, WORSE)
     store = StateStore(root / "fleet")
     outcome_store = root / "outcomes.sqlite3"
     replicas = []

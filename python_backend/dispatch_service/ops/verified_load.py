@@ -14,9 +14,10 @@ version folder is verified (`signing.verify_version`). Then:
   never load. Nothing else is substituted: a bad "latest" version does not bring back an
   older one;
 - no served version verifies -> the model is refused;
-- a model that routes over a restricted model (``scoring_versions``: dispatch_router,
-  dispatch_fused) loads after start too, with the verified versions as its
-  ``scoring_versions``: a refused canary is then out of both entry points' routing;
+- a model that routes over a restricted model (dispatch_router; dispatch_fused and
+  dispatch_priority, by their ``scoring_model``) loads after start too, with the verified
+  versions as its ``scoring_versions`` parameter: a refused canary is then out of every
+  entry point's routing (until a fleet revision names the versions served);
 - an ensemble loads only when every step's model loads (Triton loads an ensemble's steps
   with it, from the repository's files, so an ensemble over a refused model would bring it
   back) and a step that pins a version finds it verified. An ensemble over a restricted
@@ -33,7 +34,7 @@ version folder is verified (`signing.verify_version`). Then:
 One line per refused version and per refused model goes to the log (`LoadPlan.log_lines`).
 
 After start, every load the launcher or `dispatch-admin` sends (a stub's reload, a restart's
-live configs, a deploy's versions, the router's and dispatch_fused's new parameters) is checked
+live configs, a deploy's versions, the GPU monitor's new router parameters) is checked
 first with `check_load`: the versions the config would serve are verified again from the
 files as they are now, and a refused version is left out or the load is not sent
 (`LoadCheck`); each refusal is logged with the digest of what was found

@@ -12,8 +12,8 @@ answer as `dispatch` for the same window and settings, at the cost of one hop.
 What it gives up: the scored versions are ONNX Runtime sessions inside this model, read from
 ``<repository>/<scoring_model>/<version>/model.onnx``, not Triton-managed `dispatch_model`
 versions. What it may score is the same as the router's: the versions the settings say the
-scoring model serves (``scoring_versions``, written by the launcher, deploy and rollback into
-both models' settings at once), so a tag naming any served version gets that version from
+scoring model serves (``scoring_versions``: a fleet revision's versions, read by both models
+from the launcher's live routing file), so a tag naming any served version gets that version from
 both entry points and a canary that is not served is out of routing in both
 (`policy.route_window`). The sessions of the stable version, the canary and every other
 served version load with the model (a version the settings do not name loads on its first
@@ -21,7 +21,7 @@ request). With trusted keys (verification configured) each version folder is ver
 before its session is built from the verified bytes: a refused stable version fails the load, a
 refused canary (or other version) is unavailable here, which takes it out of routing instead
 of refusing the model. `router_control.apply_router_settings` reloads this model with the
-router's settings (both or neither).
+router's node settings (both or neither).
 """
 
 from __future__ import annotations

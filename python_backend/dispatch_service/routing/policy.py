@@ -13,8 +13,9 @@ bucket is the same in every city. A request may force a version with the optiona
 Served versions
     Both entry points route over the same set: the versions of the scoring model
     (`dispatch_model`) that Triton serves, as the control plane states them in the routing
-    settings (``RouterSettings.scoring_versions``: the launcher, ``deploy`` and ``rollback``
-    write it into dispatch_router's and dispatch_fused's settings together). A canary that is
+    settings (``RouterSettings.scoring_versions``: a fleet revision's ``versions``, in the live
+    routing file every entry point reads; before a revision, the versions the launcher
+    verified where it refused some, else not stated: any version may be called). A canary that is
     not served is out of routing: its users get the stable version at level 0, and the
     ``canary`` tag means the stable version (`routable`). A tag naming a served version gets
     that version; a tag naming any other version is not called and the stable version

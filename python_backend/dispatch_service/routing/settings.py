@@ -1,14 +1,14 @@
 """The routing settings of dispatch_router and the in-process routing models, apart from the
 routing itself.
 
-Routing (stable and canary versions, the canary's and the shadow's shares, the served versions,
-per-city routes) is no model config parameter: it changes only as a signed fleet revision,
-which every entry point reads from the launcher's live routing file (`routing.live`). Before a
-fleet's first revision every entry point routes by `INITIAL_ROUTING`. A model config sets
-only what belongs to its node (`NODE_PARAMETERS`).
+Routing (stable and canary versions, the canary's and the shadow's shares, per-city routes)
+is no model config parameter: it changes only as a signed fleet revision, which every entry
+point reads from the launcher's live routing file (`routing.live`). Before a fleet's first
+revision every entry point routes by `INITIAL_ROUTING`. A model config sets only what belongs
+to its node (`NODE_PARAMETERS`).
 
 Kept free of numpy and the model code, so the launcher (`verified_load`) and the live-change
-tools (`router_control`) can read a config's routing without importing ONNX Runtime or SciPy.
+tools (`router_control`) can read a config's settings without importing ONNX Runtime or SciPy.
 """
 
 from __future__ import annotations
@@ -212,9 +212,11 @@ class RouterSettings:
     def to_parameters(self) -> dict[str, str]:
         """The config ``parameters`` (string values) of these settings: the
         `NODE_PARAMETERS` only (the routing is the fleet revision's)."""
-        out = {name: str(getattr(self, name)) for name in NODE_PARAMETERS}
-        out["scoring_versions"] = ",".join(str(v) for v in self.scoring_versions)
-        return out
+        return {
+            "bls_timeout_ms": str(self.bls_timeout_ms),
+            "cpu_scoring": str(self.cpu_scoring),
+            "scoring_versions": ",".join(str(v) for v in self.scoring_versions),
+        }
 
     def to_document(self) -> dict[str, Any]:
         """The routing as JSON (`ROUTING_DOCUMENT_FIELDS`; city routes as objects): the one

@@ -12,7 +12,8 @@ refuses a registry that breaks one of the project's rules, naming the entry.
 
 A window is served by the one city all its points lie in (`CityRegistry.locate`): never by
 a model answer for a place the registry does not cover. The areas are shapely polygons,
-prepared once, tested a whole window at a time (`shapely.contains_xy`).
+prepared once, tested a whole window at a time (`shapely.contains_xy`), a point that falls in
+a grid cell inside the area (built at load) without the polygon test.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ CROSSING_TOLERANCE_KM: Final = 0.05
 # The `city` label of a window routed without a city (features sent by the caller).
 NO_CITY: Final = "none"
 _VEHICLE_NAMES: Final = tuple(v.name.lower() for v in Vehicle)
+# Cells per side of the grid whose interior cells `City.in_interior_cells` answers for.
+INTERIOR_CELLS: Final = 64
 
 FloatArray = NDArray[np.float64]
 
@@ -145,6 +148,10 @@ class City:
     shape: shapely.Polygon = field(init=False, repr=False)
     bounds: FloatArray = field(init=False, repr=False)  # [4] lat, lon low, lat, lon high
     inner: FloatArray = field(init=False, repr=False)  # [4] a box inside the area, likewise
+    # [INTERIOR_CELLS, INTERIOR_CELLS]: which cells of a grid over `bounds` lie in the area's
+    # interior (`_interior_cells`), and the grid's cells per degree of lat and lon.
+    interior: NDArray[np.bool_] = field(init=False, repr=False)
+    cells_per_degree: FloatArray = field(init=False, repr=False)
     _zone: ZoneInfo = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -155,6 +162,9 @@ class City:
         lo, hi = self.area.min(axis=0), self.area.max(axis=0)
         object.__setattr__(self, "bounds", np.concatenate((lo, hi)))
         object.__setattr__(self, "inner", _inner_box(shape))
+        object.__setattr__(self, "interior", _interior_cells(shape, self.bounds))
+        scale = INTERIOR_CELLS / np.maximum(hi - lo, np.finfo(np.float64).tiny)
+        object.__setattr__(self, "cells_per_degree", scale)
         object.__setattr__(self, "network", RoadNetwork.of(self.barriers))
 
     def plane(self, latlon: FloatArray) -> FloatArray:
@@ -172,6 +182,15 @@ class City:
         does not)."""
         return np.asarray(shapely.contains_xy(self.shape, latlon[:, 1], latlon[:, 0]))
 
+    def in_interior_cells(self, latlon: FloatArray) -> NDArray[np.bool_]:
+        """[n]: which [lat, lon] points (each within `bounds`) fall in a grid cell that lies
+        in the area's interior: inside, by a few numpy calls (`contains` pays shapely's fixed
+        cost of tens of microseconds per call); False says nothing (ask `contains`)."""
+        cell = ((latlon - self.bounds[:2]) * self.cells_per_degree).astype(np.intp)
+        np.clip(cell, 0, INTERIOR_CELLS - 1, out=cell)
+        inside: NDArray[np.bool_] = self.interior[cell[:, 0], cell[:, 1]]
+        return inside
+
 
 def _inner_box(area: shapely.Polygon) -> FloatArray:
     """[4] (lat low, lon low, lat high, lon high): the square inside the area's largest
@@ -187,13 +206,30 @@ def _inner_box(area: shapely.Polygon) -> FloatArray:
     return box
 
 
+def _interior_cells(area: shapely.Polygon, bounds: FloatArray) -> NDArray[np.bool_]:
+    """[INTERIOR_CELLS, INTERIOR_CELLS]: the cells of a grid over ``bounds`` (row: lat, column:
+    lon) that, grown by a tenth of a cell each way, lie in the area's interior
+    (`shapely.contains_properly`): a point a rounding error outside its cell is still inside."""
+    lo, hi = bounds[:2], bounds[2:]
+    step = (hi - lo) / INTERIOR_CELLS
+    margin = step / 10.0
+    rows, cols = np.meshgrid(np.arange(INTERIOR_CELLS), np.arange(INTERIOR_CELLS), indexing="ij")
+    lat_lo = lo[0] + rows * step[0] - margin[0]
+    lon_lo = lo[1] + cols * step[1] - margin[1]
+    boxes = shapely.box(
+        lon_lo, lat_lo, lon_lo + step[1] + 2 * margin[1], lat_lo + step[0] + 2 * margin[0]
+    )
+    return np.asarray(shapely.contains_properly(area, boxes), dtype=np.bool_)
+
+
 @dataclass(frozen=True, eq=False)
 class CityRegistry:
     cities: tuple[City, ...]
     source: str = ""
     _by_name: Mapping[str, City] = field(init=False, repr=False)
-    _bounds: FloatArray = field(init=False, repr=False)  # [C, 4] each city's box
-    # Per city a box inside its area: (lat low, lon low, lat high, lon high).
+    # Per city its bounding box and a box inside its area: (lat low, lon low, lat high,
+    # lon high) as Python floats, compared with the window's box without numpy calls.
+    _bounding_boxes: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
     _inner_boxes: tuple[tuple[float, ...], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -202,7 +238,8 @@ class CityRegistry:
             for name in (city.id, city.name, *city.aliases):
                 names[name.casefold()] = city
         object.__setattr__(self, "_by_name", names)
-        object.__setattr__(self, "_bounds", np.stack([city.bounds for city in self.cities]))
+        bounding = tuple(tuple(city.bounds.tolist()) for city in self.cities)
+        object.__setattr__(self, "_bounding_boxes", bounding)
         boxes = tuple(tuple(city.inner.tolist()) for city in self.cities)
         object.__setattr__(self, "_inner_boxes", boxes)
 
@@ -220,29 +257,26 @@ class CityRegistry:
         ``city``) naming the first point or row that lies outside every service area, in
         another city than the rest, or outside the city the window names."""
         named = self._named_city(window)
+        # [2, n]: the lat row and the lon row of every point (a row's min and max are one
+        # contiguous pass each, where an [n, 2] array's per-column ones are strided).
         points = np.concatenate((window.pickup, window.dropoff, window.rider_position))
+        rows = np.ascontiguousarray(points.T)
         # The usual window: every point inside the box inside one city's area (the points'
         # box against each city's, on Python floats: four comparisons per city), or one
         # city's bounding box holds every point and its area every point.
-        lo, hi = points.min(axis=0), points.max(axis=0)
-        lat_lo, lon_lo = lo.tolist()
-        lat_hi, lon_hi = hi.tolist()
-        inner = [
-            city
-            for city, (low_lat, low_lon, high_lat, high_lon) in zip(
-                self.cities, self._inner_boxes, strict=True
-            )
-            if low_lat <= lat_lo and low_lon <= lon_lo and high_lat >= lat_hi and high_lon >= lon_hi
-        ]
+        lat_lo, lon_lo = rows.min(axis=1).tolist()
+        lat_hi, lon_hi = rows.max(axis=1).tolist()
+        inner = _holding(self.cities, self._inner_boxes, lat_lo, lon_lo, lat_hi, lon_hi)
         if len(inner) == 1 and (named is None or named is inner[0]):
             return inner[0]
-        boxed = np.flatnonzero(
-            (self._bounds[:, :2] <= lo).all(axis=1) & (self._bounds[:, 2:] >= hi).all(axis=1)
-        )
-        if boxed.size == 1:
-            city = self.cities[int(boxed[0])]
-            if (named is None or named is city) and city.contains(points).all():
-                return city
+        boxed = _holding(self.cities, self._bounding_boxes, lat_lo, lon_lo, lat_hi, lon_hi)
+        if len(boxed) == 1:
+            city = boxed[0]
+            if named is None or named is city:
+                # only points off the area's interior cells need the polygon test
+                off = points[~city.in_interior_cells(points)]
+                if off.size == 0 or city.contains(off).all():
+                    return city
         where = np.full(points.shape[0], -1, dtype=np.int64)
         for number, city in enumerate(self.cities):
             where[(where < 0) & city.contains(points)] = number
@@ -297,6 +331,22 @@ class CityRegistry:
                     "city",
                 )
         return named
+
+
+def _holding(
+    cities: Sequence[City],
+    boxes: Sequence[tuple[float, ...]],
+    lat_lo: float,
+    lon_lo: float,
+    lat_hi: float,
+    lon_hi: float,
+) -> list[City]:
+    """The cities whose box (lat low, lon low, lat high, lon high) holds the points' box."""
+    return [
+        city
+        for city, (low_lat, low_lon, high_lat, high_lon) in zip(cities, boxes, strict=True)
+        if low_lat <= lat_lo and low_lon <= lon_lo and high_lat >= lat_hi and high_lon >= lon_hi
+    ]
 
 
 def _point_name(window: DispatchWindow, index: int) -> tuple[str, int]:

@@ -15,7 +15,7 @@ Served versions
     (`dispatch_model`) that Triton serves, as the control plane states them in the routing
     settings (``RouterSettings.scoring_versions``: a fleet revision's ``versions``, in the live
     routing file every entry point reads; before a revision, the versions the launcher
-    verified where it refused some, else not stated: any version may be called). A canary that is
+    verified where it refused some, else the versions the routing names). A canary that is
     not served is out of routing: its users get the stable version at level 0, and the
     ``canary`` tag means the stable version (`routable`). A tag naming a served version gets
     that version; a tag naming any other version is not called and the stable version

@@ -129,8 +129,9 @@ class RouterSettings:
     shadow_percent: int = 0  # share of requests also scored by the other version
     bls_timeout_ms: int = 2000  # per version call; a slower call counts as a failure
     # The scoring model's versions Triton serves, as the control plane loaded them (the
-    # launcher, deploy, rollback write it with the versions); () = not stated: every version
-    # may be called. Both entry points route over it (`policy.routable`).
+    # launcher, deploy, rollback write it with the versions); () = not stated: the versions
+    # the routing names count as served (`serves`). Both entry points route over it
+    # (`policy.routable`).
     scoring_versions: tuple[int, ...] = ()
     # 1 while dispatch_model runs on CPU instances because no GPU of the node is healthy
     # (the GPU monitor's device-level L2, ops.gpu): orders the chosen version scored then
@@ -315,8 +316,10 @@ class RouterSettings:
         return tuple(sorted(found))
 
     def serves(self, version: int) -> bool:
-        """Whether the scoring model serves ``version`` as far as these settings know."""
-        return version >= 1 and (not self.scoring_versions or version in self.scoring_versions)
+        """Whether the scoring model serves ``version`` as far as these settings know: one of
+        ``scoring_versions``, or while they are not stated one the routing names (so that a
+        tag naming any other version is never called, with or without a revision)."""
+        return version in (self.scoring_versions or self.routed_versions())
 
 
 def _whole(value: Any, where: str) -> int:
@@ -365,8 +368,8 @@ class _NodeParameters:
 
 # The routing of every entry point before its fleet's first revision (revision 0,
 # `ops.fleet_state.initial_state`): version 1 for every user; version 2 named the canary at
-# 0 %, which a MODEL_VERSION_TAG "canary" reaches; no shadow; every version the scoring model
-# serves may be called (its config's version_policy says which).
+# 0 %, which a MODEL_VERSION_TAG "canary" reaches; no shadow; the versions served are the
+# launcher's verified ones where it refused some, else the two the routing names (`serves`).
 INITIAL_ROUTING: Final = RouterSettings(stable_version=1, canary_version=2)
 
 

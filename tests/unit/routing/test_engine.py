@@ -84,6 +84,16 @@ def test_config_parameters_carry_the_nodes_settings_and_no_routing() -> None:
     assert INITIAL_ROUTING.city_routes == ()
 
 
+def test_a_version_is_served_when_stated_or_while_none_are_when_the_routing_names_it() -> None:
+    # Before a first revision nothing states the versions: only the stable and canary (global
+    # and per city) count as served, so a tag naming version 7 is never called.
+    assert [v for v in range(0, 8) if INITIAL_ROUTING.serves(v)] == [1, 2]
+    routed = INITIAL_ROUTING.with_route("beijing", canary_version=3)
+    assert [v for v in range(0, 8) if routed.serves(v)] == [1, 2, 3]
+    stated = RouterSettings(1, 2, scoring_versions=(1, 4))
+    assert [v for v in range(0, 8) if stated.serves(v)] == [1, 4]
+
+
 @pytest.mark.parametrize(
     "changes",
     [

@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     expected += len(result.latencies_s)
                     level["settle_s"] = round(settle(store, expected), 3)
                     level["store_decisions"] = recorded(store)
+                level["load_average_1m"] = round(os.getloadavg()[0], 2)  # the host's noise
                 level["server_cpu_ms_per_request"] = round(
                     1000.0 * (server_cpu_s(server) - cpu_before) / (len(share) + args.concurrency),
                     3,
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"round {round_no} records {name}: {stats.throughput_per_s:.1f}/s "
                     f"p50 {stats.p50_ms:.1f} ms p99 {stats.p99_ms:.1f} ms errors {stats.errors} "
-                    f"server CPU {level['server_cpu_ms_per_request']:.3f} ms/request"
+                    f"server CPU {level['server_cpu_ms_per_request']:.3f} ms/request "
+                    f"load {level['load_average_1m']}"
                     + (
                         f" store {level['store_decisions']} settled in {level['settle_s']} s"
                         if name == "on"

@@ -19,7 +19,7 @@ __all__ = ["check_id_text", "decode_text", "utf8_as_sent"]
 def utf8_as_sent(items: list[Any], min_bytes: int, max_bytes: int) -> NDArray[np.object_] | None:
     """Ids as most requests send them: UTF-8 bytes of [min_bytes, max_bytes] each, taken
     as they are (as an object array); None when an item needs the checks one by one."""
-    if not all(type(item) is bytes for item in items):
+    if not set(map(type, items)) <= {bytes}:  # exactly bytes, no subclass (one C pass)
         return None
     lengths = list(map(len, items))
     if lengths and (min(lengths) < min_bytes or max(lengths) > max_bytes):

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import (
+    KNOWN_CONSTRAINTS,
     ORDER_FIELD_COLUMNS,
     ORDER_FIELD_SOURCES,
     ORDER_FIELDS,
@@ -26,16 +27,19 @@ from dispatch_contract import (
     WINDOW_FIELD_COLUMNS,
     WINDOW_FIELDS,
     CoordSystem,
+    Vehicle,
     pack_window,
 )
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.domain.window import (
     EARLIEST_TIME,
     LATEST_TIME,
+    MAX_CLOCK_SKEW_S,
+    MAX_PROMISED_MINUTES,
+    MAX_RIDER_LOAD,
     DispatchWindow,
     WindowLimits,
     ids_distinct,
-    values_plausible,
     window_from_tensors,
     window_to_tensors,
 )
@@ -280,6 +284,53 @@ _RIDER_LIMITS: Final = np.asarray(
     [_INTEGER_SOURCES[RIDER_FIELD_SOURCES[at][0]][1] for at in _RIDER_WHOLE.tolist()]
 )
 _PROMISED: Final = ORDER_FIELD_COLUMNS.index("promised_minutes")
+
+
+def _column_bounds(
+    columns: tuple[str, ...], bounds: Mapping[str, tuple[float, float]]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(low, high) per packed column, in column order."""
+    low, high = zip(*(bounds[name] for name in columns), strict=True)
+    return np.array(low), np.array(high)
+
+
+# Per packed column, bounds every value of a usual window lies within (`_usual_window`'s
+# one comparison per matrix): `values_plausible`'s rules on the packed values, or
+# stricter (a window outside them only takes the checks rule by rule), within each whole
+# column's limit. The promised minutes are kept as FP32: a value is in (0, 240] as FP32
+# when it is in [the smallest normal FP32, 240] as FP64. created_at's upper bound is also
+# the window's dispatch time plus the clock skew (set per window).
+_LAT, _LON = (-90.0, 90.0), (-180.0, 180.0)
+_ORDER_LOW, _ORDER_HIGH = _column_bounds(
+    ORDER_FIELD_COLUMNS,
+    {
+        "pickup_lat": _LAT,
+        "pickup_lon": _LON,
+        "dropoff_lat": _LAT,
+        "dropoff_lon": _LON,
+        "created_at": (float(EARLIEST_TIME), float(LATEST_TIME - 1)),
+        "promised_minutes": (float(np.finfo(np.float32).tiny), MAX_PROMISED_MINUTES),
+        "constraints": (0.0, float(KNOWN_CONSTRAINTS)),
+    },
+)
+_RIDER_LOW, _RIDER_HIGH = _column_bounds(
+    RIDER_FIELD_COLUMNS,
+    {
+        "lat": _LAT,
+        "lon": _LON,
+        "load": (0.0, float(MAX_RIDER_LOAD)),
+        "capacity": (0.0, float(MAX_RIDER_LOAD)),
+        "vehicle": (0.0, float(max(Vehicle))),
+        "equipment": (0.0, _INT32_LIMIT),
+    },
+)
+_CREATED_AT_COLUMN: Final = ORDER_FIELD_COLUMNS.index("created_at")
+if not (
+    (np.abs(_ORDER_LOW[_ORDER_WHOLE]) <= _ORDER_LIMITS).all()
+    and (_ORDER_HIGH[_ORDER_WHOLE] <= _ORDER_LIMITS).all()
+    and (_RIDER_HIGH[_RIDER_WHOLE] <= _RIDER_LIMITS).all()
+):
+    raise RuntimeError("a usual window's bounds exceed a whole column's limit")
 _USUAL_TENSORS: Final = (
     ORDER_FIELDS.name,
     RIDER_FIELDS.name,
@@ -337,8 +388,17 @@ def _usual_window(inputs: Mapping[str, Any], limits: WindowLimits) -> DispatchWi
         or dispatch_time != int(dispatch_time)
     ):
         return None
+    order_high = _ORDER_HIGH.copy()
+    order_high[_CREATED_AT_COLUMN] = min(
+        order_high[_CREATED_AT_COLUMN], dispatch_time + MAX_CLOCK_SKEW_S
+    )
     order_whole, rider_whole = orders[:, _ORDER_WHOLE], riders[:, _RIDER_WHOLE]
-    if not (_all_whole(order_whole, _ORDER_LIMITS) and _all_whole(rider_whole, _RIDER_LIMITS)):
+    if not (
+        ((orders >= _ORDER_LOW) & (orders <= order_high)).all()  # False for NaN
+        and ((riders >= _RIDER_LOW) & (riders <= _RIDER_HIGH)).all()
+        and (order_whole == np.floor(order_whole)).all()
+        and (rider_whole == np.floor(rider_whole)).all()
+    ):
         return None
     order_keys, user_keys, rider_keys = (
         utf8_as_sent(column.tolist(), 1, limits.max_id_bytes)
@@ -366,21 +426,8 @@ def _usual_window(inputs: Mapping[str, Any], limits: WindowLimits) -> DispatchWi
         dispatch_time=int(dispatch_time),
         coord_system=CoordSystem.WGS84,
     )
-    values = (
-        window.pickup,
-        window.dropoff,
-        window.rider_position,
-        window.promised_minutes,
-        window.created_at,
-        window.constraints,
-    )
-    counts = (load, capacity, equipment, vehicle)
-    return window if values_plausible(values, counts, window.dispatch_time) else None
-
-
-def _all_whole(block: NDArray[np.float64], limits: NDArray[np.float64]) -> bool:
-    """`_check_whole_columns`' rule as a yes or no: whole numbers within each column's limit."""
-    return bool(((np.abs(block) <= limits) & (block == np.floor(block))).all())
+    # The bounds held every value; the constraint bits are the last rule they cannot say.
+    return None if (window.constraints & ~KNOWN_CONSTRAINTS).any() else window
 
 
 def window_from_wire(

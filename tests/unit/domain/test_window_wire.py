@@ -301,6 +301,41 @@ def test_a_usual_request_breaking_a_value_rule_gets_the_full_checks_error(
     assert caught.value.tensor == named
 
 
+@pytest.mark.parametrize(
+    ("column", "row", "value"),
+    [
+        ("ORDER_FIELDS", (0, 5), 240.0),  # promised minutes at their limit
+        ("ORDER_FIELDS", (0, 5), 240.00000001),  # above it as FP64, 240 as FP32
+        ("ORDER_FIELDS", (0, 5), 1e-40),  # a subnormal FP32, still above 0
+        ("ORDER_FIELDS", (0, 0), -90.0),
+        ("ORDER_FIELDS", (1, 3), 180.0),
+        ("RIDER_FIELDS", (2, 2), 1000.0),  # load at its limit
+        ("RIDER_FIELDS", (2, 4), 2.0),  # the last vehicle
+        ("RIDER_FIELDS", (2, 5), float(2**31 - 1)),  # equipment: any INT32 >= 0
+    ],
+)
+def test_a_usual_request_at_a_rules_edge_is_served_as_the_full_checks_serve_it(
+    column: str, row: tuple[int, ...], value: float
+) -> None:
+    """Values on the edge of a rule (or past it only before the FP32 conversion) are
+    accepted, with the window the full checks of the unpacked tensors build."""
+    tensors = window_to_wire(generate_window(np.random.default_rng(4), 3, 5))
+    tensors[column][row] = value
+    assert_same_window(
+        window_from_wire(tensors), window_from_tensors(window_tensors_from_wire(tensors))
+    )
+
+
+def test_an_order_created_up_to_the_clock_skew_after_the_dispatch_time_is_served() -> None:
+    tensors = window_to_wire(generate_window(np.random.default_rng(4), 3, 5))
+    tensors["ORDER_FIELDS"][0, 4] = tensors["WINDOW_FIELDS"][0] + 300
+    assert window_from_wire(tensors).created_at[0] == tensors["WINDOW_FIELDS"][0] + 300
+    tensors["ORDER_FIELDS"][0, 4] += 1
+    with pytest.raises(DispatchInputError) as caught:
+        window_from_wire(tensors)
+    assert caught.value.tensor == "ORDER_FIELDS[created_at]"
+
+
 def test_repeated_ids_on_the_usual_path_are_refused() -> None:
     tensors = window_to_wire(generate_window(np.random.default_rng(5), 3, 5))
     tensors["RIDER_IDS"][4] = tensors["RIDER_IDS"][1]

@@ -242,7 +242,11 @@ class TopKResolverStep:
         `Unstacked`."""
         objectives = required(inputs, PAIR_OBJECTIVES.name)
         candidates = required(inputs, CANDIDATE_RIDER_INDEX.name)
-        if score is not None and self._rescores(inputs, window):
+        # A validated window of one order cannot stack (`can_stack`): its stack-aware
+        # resolution is the plain one, without the re-scoring inputs' checks (its encoder's
+        # own tensors).
+        one_order = window is not None and window.num_orders < 2
+        if score is not None and not one_order and self._rescores(inputs, window):
             versions = required(inputs, ORDER_MODEL_VERSION.name)
             if not np.issubdtype(versions.dtype, np.integer):
                 raise DispatchInputError(

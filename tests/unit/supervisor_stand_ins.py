@@ -43,7 +43,7 @@ class CountingServer(FakeServer):
         return self
 
     def stop(self, timeout_s: float = 0, *, graceful: bool = True) -> None:
-        self.calls.append("stop")
+        self.calls.append("stop" if graceful else "kill")
         self.process = None  # as a real server's stop lets go of its process
 
 

@@ -77,7 +77,7 @@ class WatchedServer(Protocol):
 
 class RestartableServer(Protocol):
     def start(self, timeout_s: float = ...) -> object: ...
-    def stop(self, timeout_s: float = ...) -> None: ...
+    def stop(self, timeout_s: float = ..., *, graceful: bool = ...) -> None: ...
 
 
 def start_again(
@@ -86,14 +86,17 @@ def start_again(
     attempts: int = 10,
     wait_s: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
+    *,
+    graceful: bool = True,
 ) -> None:
-    """Stop ``server`` and start it again. A start refused because the old process's ports
-    are still held ("already in use": `TritonServer.check_host` refuses before starting
-    anything) is tried again after ``wait_s``, ``attempts`` times in all: once, under a
-    burst, the crashed server's ports were still taken when the restart began (by a child
-    it had forked: now ended with its group, `end_process_group`), and the launcher gave up
-    (exit 3) instead of serving again. Any other failure is raised."""
-    server.stop(timeout_s=stop_timeout_s)
+    """Stop ``server`` (without ``graceful``: SIGKILL at once, for a process that crashed
+    and has nothing left to finish) and start it again. A start refused because the old
+    process's ports are still held ("already in use": `TritonServer.check_host` refuses
+    before starting anything) is tried again after ``wait_s``, ``attempts`` times in all:
+    once, under a burst, the crashed server's ports were still taken when the restart began
+    (by a child it had forked: now ended with its group, `end_process_group`), and the
+    launcher gave up (exit 3) instead of serving again. Any other failure is raised."""
+    server.stop(timeout_s=stop_timeout_s, graceful=graceful)
     for attempt in range(attempts):
         try:
             server.start()

@@ -100,6 +100,11 @@ logger = logging.getLogger(__name__)
 
 RECOVERY_GRACE_S = 30.0
 
+# Under ``restart``, how often the health watcher looks, between two deep checks, whether
+# Triton's process exited or was seen catching a crash signal: a crashed server is started
+# again within this, not up to a whole `check_every_s` later.
+CRASH_POLL_S = 0.1
+
 # What `dispatch-admin deploy` / `rollback` change live, in the order a restart loads them
 # back: the scoring versions, then the router, then the in-process routing models (which
 # route the same).
@@ -304,9 +309,31 @@ class Supervisor(StubHealing):
     # -- health watcher --------------------------------------------------------------------
 
     def _watch_health(self) -> None:
-        while not self._stop.wait(self.settings.check_every_s):
+        while not self._wait_for_next_check():
             if not self._check_health():
                 return
+
+    def _wait_for_next_check(self) -> bool:
+        """Wait ``check_every_s``, less when the server crashed under ``restart``
+        (`_crashed`); True once the supervisor is stopped."""
+        deadline = time.monotonic() + self.settings.check_every_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._stop.wait(min(left, CRASH_POLL_S)):
+                return True
+            if self.settings.on_dead == "restart" and self._crashed():
+                return False
+
+    def _crashed(self) -> bool:
+        """Whether Triton's process has exited, or caught a crash signal (2.51 may then hang
+        alive: `restart.CrashCounter`), and is not being restarted already."""
+        with self._lock:
+            if self.state.restarting or self.state.draining:
+                return False
+        process = self.server.process
+        return process is not None and (process.poll() is not None or self.crash_seen())
 
     def _check_health(self) -> bool:
         """One deep check and its verdict; False once the server is given up (``exit``)."""
@@ -326,6 +353,10 @@ class Supervisor(StubHealing):
         if process is None and settings.on_dead == "restart":
             # The last restart's start failed (`_restart` stopped what it began): try again.
             return self._dead("tritonserver not running (the last start failed)", silent=0.0)
+        if settings.on_dead == "restart" and self.crash_seen():
+            # It caught a crash signal and may hang alive (or take seconds to exit): no deep
+            # check can pass, and nothing is left to finish. Killed at once.
+            return self._dead("tritonserver caught a crash signal", silent=0.0, kill=True)
         started = time.monotonic()
         # The counters are read beside the probes, not after them: a stopped server costs
         # one timeout in all.
@@ -405,13 +436,14 @@ class Supervisor(StubHealing):
             except ModelControlError as exc:
                 self._event("live_config_restore_failed", model=model, error=str(exc))
 
-    def _dead(self, reason: str, silent: float) -> bool:
+    def _dead(self, reason: str, silent: float, *, kill: bool = False) -> bool:
         """Apply the policy to a dead server; False when the launcher gives it up: under
         ``exit`` at once, under ``restart`` only after `max_failed_starts` restarts in a row
-        whose server never became ready (`_restart`)."""
+        whose server never became ready (`_restart`; ``kill``: a crashed server, stopped
+        with SIGKILL)."""
         self._event("server_dead", silent_s=round(silent, 1), reason=reason)
         if self.settings.on_dead == "restart":
-            self._restart()
+            self._restart(kill=kill)
             return not self.dead.is_set()
         with self._lock:
             self.state.dead_reason = reason
@@ -440,8 +472,9 @@ class Supervisor(StubHealing):
 
         return {p.model for p in probes if not p.ok and p.busy and progressed(p.model)}
 
-    def _restart(self) -> None:
-        """Stop the server and start it again, then load back the live configs. A start that
+    def _restart(self, *, kill: bool = False) -> None:
+        """Stop the server (``kill``: SIGKILL at once) and start it again, then load back the
+        live configs. A start that
         fails leaves the server stopped and not ready (the next check tries again, after
         `failed_start_wait_s`); after `max_failed_starts` in a row the launcher gives up:
         a server that cannot start is for the process manager's back-off and a person. A
@@ -452,7 +485,8 @@ class Supervisor(StubHealing):
             self.state.ready = False
         failed: Exception | None = None
         try:
-            start_again(self.server)  # stop, start; waits out ports the old one still holds
+            # Stop, start; waits out ports the old one still holds.
+            start_again(self.server, graceful=not kill)
             self._restore_live()  # its reloads end stubs too: still inside `restarting`
         except Exception as exc:
             failed = exc

@@ -27,6 +27,7 @@ from dispatch_service.core.metrics import (
     rejection_observation,
 )
 from dispatch_service.serving.backend_log import log_event
+from dispatch_service.serving.stub_setup import settle_cpu_priority
 from dispatch_service.serving.triton_metrics import metrics_error_logger
 
 __all__ = ["BACK_TO_BACK_S", "ReadBatch", "TritonResponder", "unbatched"]
@@ -88,7 +89,9 @@ class TritonResponder:
         self._in_flight = 0
 
     def loaded(self) -> None:
-        """Log this instance's load (called once `initialize` has built the adapter)."""
+        """Log this instance's load (called once `initialize` has built the adapter) and
+        lower the stub's CPU priority, its setup done (`stub_setup.settle_cpu_priority`)."""
+        settle_cpu_priority()
         self._log_lifecycle("model_loaded")
 
     def finalize(self) -> None:

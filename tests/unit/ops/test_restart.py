@@ -225,8 +225,8 @@ class Restartable:
         self.refusals = refusals
         self.calls: list[str] = []
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        self.calls.append(f"stop {timeout_s:g}")
+    def stop(self, timeout_s: float = 20.0, *, graceful: bool = True) -> None:
+        self.calls.append(f"stop {timeout_s:g}" if graceful else "kill")
 
     def start(self, timeout_s: float = 120.0) -> object:
         self.calls.append("start")
@@ -241,6 +241,12 @@ def test_a_restart_waits_out_ports_the_old_server_still_holds() -> None:
     start_again(server, sleep=waits.append)
     assert server.calls == ["stop 5", "start", "start", "start"]
     assert waits == [1.0, 1.0]
+
+
+def test_a_crashed_server_is_killed_not_waited_for() -> None:
+    server = Restartable([])
+    start_again(server, graceful=False)
+    assert server.calls == ["kill", "start"]
 
 
 def test_a_restart_gives_up_on_ports_after_its_attempts_and_on_any_other_error() -> None:

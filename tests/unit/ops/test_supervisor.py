@@ -421,3 +421,36 @@ def test_a_server_seen_catching_a_crash_signal_is_not_ready(supervisor: Supervis
     assert supervisor.ready()
     supervisor.crash_seen = lambda: True
     assert not supervisor.ready() and not supervisor.snapshot()["ready"]
+
+
+@pytest.mark.parametrize("policy", ["exit", "restart"])
+def test_a_crash_ends_the_wait_for_the_next_check_under_restart_only(policy: str) -> None:
+    """Under ``restart`` an exited Triton, or one seen catching a crash signal, is checked
+    (and so restarted) without waiting out ``check_every_s`` (an hour here)."""
+    server = CountingServer()
+    settings = SupervisorSettings(health_port=0, on_dead=policy, check_every_s=3600.0)  # type: ignore[arg-type]
+    watcher = Supervisor(server, settings, report=lambda line: None)
+    waited: list[bool] = []
+    waiting = threading.Thread(target=lambda: waited.append(watcher._wait_for_next_check()))
+    crashed = subprocess.Popen([sys.executable, "-c", "import os; os.abort()"])
+    crashed.wait()
+    server.process = crashed  # type: ignore[assignment]
+    waiting.start()
+    waiting.join(timeout=30 if policy == "restart" else 1)
+    if policy == "restart":
+        assert waited == [False]  # the check is due now
+        alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            server.process = alive  # type: ignore[assignment]
+            watcher.crash_seen = lambda: True  # it caught SIGSEGV and hangs
+            assert watcher._wait_for_next_check() is False
+            assert watcher._check_health()
+            assert server.calls == ["kill", "start"] and watcher.state.server_restarts == 1
+        finally:
+            alive.kill()
+            alive.wait()
+    else:
+        assert waiting.is_alive() and waited == []  # the launcher's loop handles an exit
+        watcher._stop.set()
+        waiting.join(timeout=30)
+        assert waited == [True]

@@ -1,7 +1,7 @@
-"""A stub's first steps (dispatch_service.serving.stub_setup): the ``stub_nice`` parameter,
-BLAS on one thread, and the priority of every thread, each read back in a child process (a
-process cannot take its niceness back, so this one is never changed); niceness relative to
-the one the child inherits."""
+"""A stub's first steps (dispatch_service.serving.stub_setup): the ``stub_nice`` parameter
+(applied once the instance is loaded), BLAS on one thread, and the priority of every
+thread, each read back in a child process (a process cannot take its niceness back, so
+this one is never changed); niceness relative to the one the child inherits."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ import pytest
 
 from dispatch_service.core.settings import SettingsError
 from dispatch_service.routing.settings import FusedSettings, RouterSettings
+from dispatch_service.serving import stub_setup
+from dispatch_service.serving.responder import TritonResponder
 from dispatch_service.serving.stub_setup import DEFAULT_STUB_NICE, stub_nice
+from pb_stand_in import FakePbUtils
 
 
 def test_stub_nice_defaults_and_bounds() -> None:
@@ -105,3 +108,19 @@ def test_a_stub_runs_numpys_blas_on_one_thread() -> None:
     )
     threads = json.loads(done.stdout)
     assert threads and set(threads) == {1}, threads
+
+
+def test_the_priority_drops_once_the_instance_is_loaded_not_while_it_sets_up(
+    stub_priorities: list[int],
+) -> None:
+    """A restart's stubs set up at the server's priority (the module docstring)."""
+    pb = FakePbUtils()
+    config = json.dumps({"parameters": {"stub_nice": {"string_value": "7"}}})
+    stub_setup.prepare_stub(pb, {"model_name": "m", "model_config": config})
+    assert stub_priorities == []  # set up at the server's priority
+    responder = TritonResponder(pb, "m")
+    responder.loaded()
+    assert stub_priorities == [7]
+    responder.loaded()  # once per stub: nothing more to lower
+    TritonResponder(pb, "other").loaded()
+    assert stub_priorities == [7]

@@ -396,7 +396,8 @@ def _served_calls(
 
 def _version_groups(chosen: NDArray[np.int32]) -> list[tuple[int, NDArray[np.bool_]]]:
     """Each version routing chose, ascending, with the orders it was chosen for."""
-    if chosen.size and bool((chosen == chosen[0]).all()):  # the usual window: one version
+    if chosen.size == 1 or (chosen.size and bool((chosen == chosen[0]).all())):
+        # the usual window: one version
         return [(int(chosen[0]), np.ones(chosen.size, dtype=np.bool_))]
     return [(int(v), chosen == v) for v in np.unique(chosen).tolist()]
 
@@ -425,22 +426,28 @@ def _routing(
         )
     per_order = x.reshape(num_orders, width, NUM_PAIR_FEATURES)
 
+    groups = _version_groups(chosen)
+    # The usual window: one version for every order (its mask, known to be all true).
+    everyone = groups[0][1] if len(groups) == 1 else None
+
     def rows_of(orders: NDArray[np.bool_]) -> F32:
-        if orders.all():  # the usual case: one version for the whole window, no copy
+        if orders is everyone or orders.all():  # one version for the whole window, no copy
             return np.ascontiguousarray(x)
         return np.ascontiguousarray(per_order[orders].reshape(-1, NUM_PAIR_FEATURES))
+
+    def count(orders: NDArray[np.bool_]) -> int:
+        return num_orders if orders is everyone else int(orders.sum())
 
     objectives = np.zeros((num_orders, width, len(OBJECTIVES)), dtype=np.float32)
     model_version = np.full(num_orders, RULE_BASED_VERSION, dtype=np.int32)
     level = np.full(num_orders, int(FallbackLevel.RULE_BASED), dtype=np.int32)
-    groups = _version_groups(chosen)
 
-    primary_jobs = [_Job(v, "primary", rows_of(m), int(m.sum())) for v, m in groups]
+    primary_jobs = [_Job(v, "primary", rows_of(m), count(m)) for v, m in groups]
     shadow_groups = [
         (v, m, shadow_version_of(v, settings)) for v, m in groups if shadow and num_orders
     ]
     shadow_groups = [(v, m, s) for v, m, s in shadow_groups if s]
-    shadow_jobs = [_Job(s, "shadow", rows_of(m), int(m.sum())) for _, m, s in shadow_groups]
+    shadow_jobs = [_Job(s, "shadow", rows_of(m), count(m)) for _, m, s in shadow_groups]
     outcomes = yield from _served_calls([*primary_jobs, *shadow_jobs], served)
     primary_out, shadow_out = outcomes[: len(groups)], outcomes[len(groups) :]
     calls = [call for _, call in outcomes]
@@ -450,9 +457,10 @@ def _routing(
         if scores is None:
             failed |= mask
             continue
-        objectives[mask] = scores.reshape(-1, width, len(OBJECTIVES))
-        model_version[mask] = v
-        level[mask] = int(FallbackLevel.CHOSEN)
+        at = ... if mask is everyone else mask  # every order: no boolean indexing
+        objectives[at] = scores.reshape(-1, width, len(OBJECTIVES))
+        model_version[at] = v
+        level[at] = int(FallbackLevel.CHOSEN)
     # Every order is in one group: where every primary call answered, nothing falls back.
     if any(scores is None for scores, _ in primary_out):
         retry = failed & (chosen != settings.stable_version)

@@ -163,6 +163,8 @@ def batch_decision_records(windows: Sequence[AnsweredWindow]) -> list[DecisionRe
     """The records of several windows, in order. Each column is read for all their orders
     at once (a window holds one order or a few, and numpy costs per call, not per value).
     Raises ValueError where any window's arrays are not of its orders (`AnsweredWindow`)."""
+    if not windows:
+        return []
     counts = [window.order_ids.size for window in windows]
     orders = [_text(o) for o in _flat([w.order_ids for w in windows], counts, "order_ids")]
     buckets = user_buckets(_flat([w.user_ids for w in windows], counts, "user_ids")).tolist()

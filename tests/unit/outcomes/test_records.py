@@ -63,6 +63,7 @@ def test_each_order_gives_one_record_with_its_own_figures() -> None:
     assert [r.routing_bucket for r in records] == user_buckets(users).tolist()
     # read together or one window at a time: the same records
     assert records == [r for window in windows for r in decision_records(window)]
+    assert batch_decision_records([]) == []
 
 
 @pytest.mark.parametrize("field", [f for f in PER_ORDER if f != "order_ids"])

@@ -40,6 +40,8 @@ from patience import patience, wait_for
 from prometheus_helpers import Prometheus, alert_expr, running_prometheus
 from tritonclient.utils import InferenceServerException
 
+from dispatch_client import DispatchClient
+from dispatch_client.outcomes import OutcomeReport
 from dispatch_contract import ORDER_FIELD_COLUMNS
 from dispatch_service.core.repository_layout import ENCODER_MODEL, model_layout
 from dispatch_service.domain.window_wire import window_to_wire
@@ -67,7 +69,9 @@ GEOCODER_KEY = "runbook-geocoder-key"
 # breaker after 5 failures, as shipped.
 GEOCODER_SETTINGS = {"geocoder_deadline_ms": "1000", "geocoder_attempt_timeout_ms": "800"}
 SLOW_PROVIDER_MS = 600
-PICKUP_LAT = ORDER_FIELD_COLUMNS.index("pickup_lat")
+PICKUP_LAT, CREATED_AT, PROMISED = (
+    ORDER_FIELD_COLUMNS.index(c) for c in ("pickup_lat", "created_at", "promised_minutes")
+)
 
 
 @dataclass
@@ -167,11 +171,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             Ports.free(),
             free_port(),
         )
-        running.start()
         try:
+            running.start()
             yield running
         finally:
-            running.launcher.stop()
+            for launcher in running.launchers:
+                launcher.stop()
 
 
 @pytest.fixture(scope="module")
@@ -496,6 +501,84 @@ def test_controller_absent_clears_when_the_controller_runs_again(
             controller.wait()
         if controller.stderr is not None:
             controller.stderr.close()
+
+
+@pytest.mark.runbook_fix("DispatchRolloutRolledBack")
+def test_a_rolled_back_rollout_needs_nothing_on_the_fleet(
+    served: Served, prometheus: Prometheus
+) -> None:
+    """Version 2 rolled out at 50 %, and the platform reports its orders delivered 20
+    minutes past their promise (version 1's on time): the controller rolls it back on the
+    `late` guardrail, DispatchRolloutRolledBack. **Do**: nothing on the fleet (every order is
+    on version 1 already); no rollback since, so the condition over the time since is clear,
+    and the alert's hour follows."""
+    outcomes = ("--outcome-store", str(served.folder / "outcomes.sqlite3"))
+    holder = ("--holder", "runbook-controller")
+    judged = ("--min-outcomes", "20", "--min-seconds", "0", "--maturity-s", "0")
+    served.dispatch_admin(
+        "rollout", "start", "--version", str(CANARY), "--steps", "50,100", "--guardrails",
+        "late", *judged, *outcomes, *holder,
+    )  # fmt: skip
+    outcome_key = (served.folder / "keys" / "outcome.key").read_text().strip()
+    reports: dict[bool, list[OutcomeReport]] = {True: [], False: []}  # late (canary) or not
+    with DispatchClient.grpc(served.grpc_url) as client:
+        # Windows until each arm has 30 deliveries: the first may come before the replica
+        # routes by the rollout's revision (bounded: 40 orders a window, half canary users).
+        for seed in range(15):
+            if min(len(arm) for arm in reports.values()) >= 30:
+                break
+            window = sim_window(300 + seed, 40, 60)
+            result = client.dispatch(window, request_id=f"rollout-window-{seed}")
+            decided_at = float(window["WINDOW_FIELDS"][0])
+            for fields, order in zip(window["ORDER_FIELDS"], result.orders, strict=True):
+                if order.assigned_rider_id is None or order.fallback_level != 0:
+                    continue
+                late = order.model_version == CANARY
+                promised_at = float(fields[CREATED_AT]) + float(fields[PROMISED]) * 60
+                reports[late].append(
+                    OutcomeReport.delivered(
+                        f"rollout-window-{seed}",
+                        order.order_id,
+                        picked_up_at=decided_at + 60,
+                        delivered_at=promised_at + 20 * 60 if late else decided_at + 120,
+                        rider_id=order.assigned_rider_id,
+                    )
+                )
+        sent = [*reports[True], *reports[False]]
+        assert min(len(arm) for arm in reports.values()) >= 30, {
+            k: len(v) for k, v in reports.items()
+        }
+
+        def stored() -> bool:  # the decisions are recorded off the request path
+            receipt = client.report_outcomes(sent, url=served.health_url, key=outcome_key)
+            return receipt.stored + receipt.duplicates == len(sent)
+
+        wait_for(stored, "every outcome joined to its decision", 60, 1.0)
+
+    said: list[str] = []
+
+    def rolled_back() -> bool:
+        said.append(served.dispatch_admin("rollout", "run", "--once", *outcomes, *holder))
+        return bool(firing(prometheus, "DispatchRolloutRolledBack"))
+
+    try:
+        wait_for(rolled_back, "the controller rolls back: DispatchRolloutRolledBack", 60, 1.0)
+    except AssertionError as exc:
+        status = served.dispatch_admin("rollout", "status", *outcomes)
+        raise AssertionError(f"{exc}\n{said[-1:]}\n{status[-3000:]}") from None
+    with DispatchClient.grpc(served.grpc_url) as client:
+        answer = client.dispatch(sim_window(400, 40, 60))
+    assert {order.model_version for order in answer.orders} == {STABLE}
+    fixed = after_the_fix()
+    for n in range(5):
+        served.send(sim_window(n, 6, 20))
+        time.sleep(0.5)
+    clear_since_the_fix(
+        prometheus,
+        ("DispatchRolloutRolledBack",),
+        fixed,
+        'sum(rate(nv_inference_request_success{model="dispatch"}[{w}]))',
+    )
 
 
 @pytest.mark.runbook_fix("DispatchModelUnhealed", "DispatchNotReady")

@@ -45,10 +45,6 @@ NOT_RAISED_HERE: dict[str, str] = {
         "needs two replicas of which one cannot apply a revision (its own copy of a version "
         "changed); test_fleet's replicas share one repository copy: not performed"
     ),
-    "DispatchRolloutRolledBack": (
-        "raised by a rollout judged on delivery outcomes (test_rollout_live, make "
-        "test-rollout, minutes); its entry asks for nothing on the fleet"
-    ),
 }
 
 

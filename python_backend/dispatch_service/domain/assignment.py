@@ -232,9 +232,11 @@ def uncontested_best(
         cost[rows, best] = np.inf
         if (served & (cost.min(axis=1) <= best_cost)).any():
             return None
-    riders = topk_index[rows, best][served]
-    if (np.bincount(riders, minlength=spare.size) > spare).any():
-        return None
+    # One order's best rider is usable, so it has a slot: only several can contest one.
+    if num_orders > 1:
+        riders = topk_index[rows, best][served]
+        if (np.bincount(riders, minlength=spare.size) > spare).any():
+            return None
     return np.where(served, best, -1)
 
 

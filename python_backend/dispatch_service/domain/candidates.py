@@ -129,8 +129,11 @@ def ranked_exactly(
     width = np.array([len(r) for r in rows], dtype=np.int64)
     if len(pickups) == 1:  # one group (a window alone): every order with every rider
         (b,), (m,) = orders.tolist(), width.tolist()
-        pair_order = np.repeat(np.arange(b), m)
-        pair_rider = np.tile(np.arange(m), b)
+        if b == 1:  # one order (a small window): np.repeat's and np.tile's arrays, directly
+            pair_order, pair_rider = np.zeros(m, dtype=np.int64), np.arange(m, dtype=np.int64)
+        else:
+            pair_order = np.repeat(np.arange(b), m)
+            pair_rider = np.tile(np.arange(m), b)
     else:
         per_order = np.repeat(width, orders)  # each order paired with every rider of its group
         pair_order = np.repeat(np.arange(per_order.size), per_order)

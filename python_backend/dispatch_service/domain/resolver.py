@@ -89,17 +89,19 @@ class Resolution:
 
     def as_wire_tensors(self) -> dict[str, NDArray[Any]]:
         """The v2 answer (`RESOLVER_OUTPUTS`): indices and objective matrices, no ids."""
+        columns = (
+            self.topk_score,
+            self.topk_eta_minutes,
+            self.topk_ontime_probability,
+            self.topk_cost,
+        )
+        # np.stack's result, filled column by column (np.stack is a dozen Python-level calls)
+        topk = np.empty((*self.topk_score.shape, len(columns)), dtype=np.float32)
+        for at, column in enumerate(columns):
+            topk[..., at] = column
         return {
             "TOPK_RIDER_INDEX": self.topk_rider_index,
-            TOPK_OBJECTIVES.name: np.stack(
-                (
-                    self.topk_score,
-                    self.topk_eta_minutes,
-                    self.topk_ontime_probability,
-                    self.topk_cost,
-                ),
-                axis=-1,
-            ).astype(np.float32, copy=False),
+            TOPK_OBJECTIVES.name: topk,
             "ASSIGNED_RIDER_INDEX": self.assigned_rider_index,
             "ASSIGNED_SCORE": self.assigned_score,
             ASSIGNED_OBJECTIVES.name: self.assigned_objectives,

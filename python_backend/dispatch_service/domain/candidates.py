@@ -264,7 +264,7 @@ def select_candidates(window: DispatchWindow, n: int, threads: int = 1) -> NDArr
         else [(0, slice(None))]
     )
     for bits, orders in groups:
-        riders = np.flatnonzero(rider_feasible_for(window, bits))
+        riders = rider_feasible_for(window, bits).nonzero()[0]  # np.flatnonzero, unwrapped
         if riders.size == 0:
             continue
         take = min(n_eff, riders.size)

@@ -207,7 +207,7 @@ def encode_pairs_batch(
             raise ValueError(
                 f"window {number}: candidates refer to a rider row that does not exist"
             )
-        valid = np.flatnonzero(flat >= 0)
+        valid = (flat >= 0).nonzero()[0]  # np.flatnonzero without its wrappers
         valids.append(valid)
         sizes.append(flat.size)
         pair_orders.append(valid // max(candidates.shape[1], 1) + order_base)

@@ -55,7 +55,7 @@ def haversine_km(lat1: ArrayLike, lon1: ArrayLike, lat2: ArrayLike, lon2: ArrayL
     half_dphi = (phi2 - phi1) * 0.5
     half_dlam = np.radians(_f64(lon2) - _f64(lon1)) * 0.5
     a = np.sin(half_dphi) ** 2 + np.cos(phi1) * np.cos(phi2) * np.sin(half_dlam) ** 2
-    return np.asarray(2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(a, 0.0, 1.0))))
+    return np.asarray(2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(a.clip(0.0, 1.0))))
 
 
 def bearing_rad(lat1: ArrayLike, lon1: ArrayLike, lat2: ArrayLike, lon2: ArrayLike) -> FloatArray:
@@ -85,7 +85,7 @@ def haversine_bearing(
     cos_phi1 = np.cos(phi1)
     cos_phi2 = np.cos(phi2)
     a = np.sin((phi2 - phi1) * 0.5) ** 2 + cos_phi1 * cos_phi2 * np.sin(dlam * 0.5) ** 2
-    km = 2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(a, 0.0, 1.0)))
+    km = 2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(a.clip(0.0, 1.0)))  # np.clip, unwrapped
     y = np.sin(dlam) * cos_phi2
     x = cos_phi1 * np.sin(phi2) - np.sin(phi1) * cos_phi2 * np.cos(dlam)
     return np.asarray(km), np.asarray(np.mod(np.arctan2(y, x), 2.0 * np.pi))

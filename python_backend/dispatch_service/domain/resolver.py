@@ -257,7 +257,7 @@ class ResolverWindow:
         # Ids and hashes only for the riders someone listed (-1 marks the sentinel row R).
         listed = np.zeros(num_riders + 1, dtype=np.bool_)
         listed[index] = True
-        used = np.flatnonzero(listed[:num_riders])
+        used = listed[:num_riders].nonzero()[0]  # np.flatnonzero without its wrappers
         used_ids = ids_as_bytes("RIDER_IDS", self.rider_ids, used)
         id_table = np.empty(num_riders + 1, dtype=object)
         id_table[num_riders] = b""

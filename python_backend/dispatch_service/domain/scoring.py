@@ -88,7 +88,7 @@ def score_checked(
     or one row per order ([B, 1, 3] for objectives [B, N, 3]: `resolve_many`); the same
     arithmetic either way, element by element."""
     latency = 1.0 / (1.0 + obj[..., ETA] / settings.eta_scale_minutes)
-    ontime = np.clip(obj[..., ONTIME], 0.0, 1.0)
+    ontime = obj[..., ONTIME].clip(0.0, 1.0)  # np.clip without its wrappers
     cost = 1.0 / (1.0 + obj[..., COST] / settings.cost_scale_cny)
     total = w[..., 0] * latency + w[..., 1] * ontime + w[..., 2] * cost
     result: NDArray[np.float64] = total / w.sum(axis=-1)

@@ -466,8 +466,9 @@ def test_controller_absent_clears_when_the_controller_runs_again(
 ) -> None:
     """A rollout started whose controller's lease ran out (no `rollout run`):
     DispatchRolloutControllerAbsent. **Do**: `dispatch-admin rollout run --trusted-keys DIR
-    --key FILE`; it clears once that controller holds the lease. Then `rollout abort` as
-    that controller (a lease another holds refuses it), which ends the controller too."""
+    --key FILE`; it clears once that controller holds the lease. Then `rollout abort` from
+    another process while the controller holds the lease (the operator needs none), which
+    ends the controller too; the controller gives up its lease as it exits."""
     outcomes = ("--outcome-store", str(served.folder / "outcomes.sqlite3"))
     served.dispatch_admin(
         "rollout",
@@ -483,7 +484,7 @@ def test_controller_absent_clears_when_the_controller_runs_again(
     wait_until_raised(prometheus, "DispatchRolloutControllerAbsent")
     fleet = ("--state-store", str(served.store), "--trusted-keys", str(served.trusted))
     signing = ("--key", str(served.signing_key), "--model-repository", str(served.repository))
-    holder = ("--holder", "runbook-controller")  # its name in the lease, for the abort below
+    holder = ("--holder", "runbook-controller")  # its name in the lease
     run = ["rollout", "run", *fleet, *signing, *outcomes, *holder]
     controller = subprocess.Popen(
         [sys.executable, "-m", "dispatch_service.ops.admin", *run],
@@ -493,8 +494,10 @@ def test_controller_absent_clears_when_the_controller_runs_again(
     )
     try:
         wait_until_clear(prometheus, "DispatchRolloutControllerAbsent", within_s=60)
-        served.dispatch_admin("rollout", "abort", *outcomes, *holder)
+        served.dispatch_admin("rollout", "abort", *outcomes)
         assert controller.wait(timeout=patience(60)) == 0
+        lease = served.store / "rollout" / "lease.json"
+        assert not lease.exists()
     finally:
         if controller.poll() is None:
             controller.kill()

@@ -15,12 +15,15 @@ other routing commands, plus the outcome store (``--outcome-store``, env
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -187,18 +190,43 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             registry = CollectorRegistry(auto_describe=False)
             registry.register(RolloutCollector(controller.book))
             start_http_server(args.metrics_port, addr=args.metrics_address, registry=registry)
-        while True:
-            action = controller.tick()
-            if action is not None:
-                print(json.dumps({"action": str(action.kind), "reason": action.reason}), file=out)
-                out.flush()
-            state = controller.book.load()
-            ended = state is not None and state.phase.final
-            if args.once or (ended and not args.forever):
-                return _EXIT_OK
-            time.sleep(args.interval_s)
+        # The lease goes with the controller: on any exit (SIGTERM from a pod stop included)
+        # another controller, or `rollout abort`, may act at once instead of after lease_s.
+        with _sigterm_exits():
+            try:
+                while True:
+                    action = controller.tick()
+                    if action is not None:
+                        line = {"action": str(action.kind), "reason": action.reason}
+                        print(json.dumps(line), file=out)
+                        out.flush()
+                    state = controller.book.load()
+                    ended = state is not None and state.phase.final
+                    if args.once or (ended and not args.forever):
+                        return _EXIT_OK
+                    time.sleep(args.interval_s)
+            finally:
+                controller.book.release(controller.holder)
 
     return _guarded("rollout run", run)
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """SIGTERM raises SystemExit (so ``finally`` blocks run) while inside; the main thread
+    only, where Python delivers signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:

@@ -6,15 +6,20 @@ Its own records live beside the fleet document, in ``<state store>/rollout/``:
 
 - ``state.json``: the rollout (`RolloutState`), rewritten after every look, so a controller
   that restarts resumes at the same step with the same running intervals;
-- ``lease.json``: who acts (holder, expiry); a controller acts only while it holds an
-  unexpired lease, so two started at once never both write; renewed at every tick;
+- ``lease.json``: which controller runs the loop (holder, expiry); `tick` acts only while
+  it holds an unexpired lease, so two started at once never both step; renewed at every
+  tick and given up when the controller exits (`rollout run`);
 - ``published.json``: the last revision published where the replicas read it (Kubernetes'
   ConfigMap, `configmap_publish`), when the controller publishes;
 - ``audit.jsonl``: one line per action that changed something (start, advance, promote,
   roll back, pause, resume, abort) with its reason, the fleet revision it wrote and the
   evidence at that moment (every metric's arms, interval and verdict).
 
-All three are written under an advisory lock of ``rollout/.lock`` and atomically replaced.
+All are written under an advisory lock of ``rollout/.lock`` and atomically replaced. A
+change to the rollout (the operator's start, pause, resume and abort; the controller's step,
+promotion or roll-back) is made under a second lock, ``rollout/.act``: the operator never
+needs the lease, and a controller that judged a step writes it only if the rollout is still
+what it judged (an abort in between wins).
 
 Evidence: the outcomes of the decisions recorded since the step began (the server's clock)
 and made at least the plan's maturity before the latest event the platform has reported (its
@@ -92,6 +97,23 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
+def _where(state: RolloutState | None) -> tuple[Any, ...] | None:
+    """What a step was judged at: the plan, phase, step and when the step began."""
+    if state is None:
+        return None
+    return (state.plan, state.phase, state.step, state.step_started_at)
+
+
+@contextlib.contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class RolloutBook:
     """The controller's state, lease and audit trail in the fleet store's folder."""
 
@@ -104,12 +126,16 @@ class RolloutBook:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        with (self.folder / ".lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        """One file write at a time (held for a write, never across another lock)."""
+        with _flocked(self.folder / ".lock"):
+            yield
+
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[None]:
+        """One change of the rollout at a time: read, decide and write under it (held across
+        `locked` writes and the fleet revision; never nested)."""
+        with _flocked(self.folder / ".act"):
+            yield
 
     def claim(self, holder: str, *, now: float, lease_s: float) -> bool:
         """Take or renew the lease; False while another holder's lease runs."""
@@ -247,8 +273,10 @@ class RolloutController:
     def start(self, plan: RolloutPlan) -> RolloutState:
         """Write the first step's revision and the rollout's state; refused (nothing
         written) while another rollout runs or when the version cannot be served."""
-        now = self.clock()
-        self._claim(now)
+        with self.book.acting():
+            return self._start(plan, now=self.clock())
+
+    def _start(self, plan: RolloutPlan, *, now: float) -> RolloutState:
         current = self.book.load()
         if current is not None and not current.phase.final:
             raise RolloutError(
@@ -278,8 +306,10 @@ class RolloutController:
 
     def abort(self, *, roll_back: bool = True) -> RolloutState:
         """Stop the rollout; by default every order back on the stable version."""
-        now = self.clock()
-        self._claim(now)
+        with self.book.acting():
+            return self._abort(roll_back=roll_back, now=self.clock())
+
+    def _abort(self, *, roll_back: bool, now: float) -> RolloutState:
         state = self._running_or_paused()
         revision = None
         if roll_back:
@@ -294,7 +324,9 @@ class RolloutController:
     # -- the loop -------------------------------------------------------------------------
 
     def tick(self) -> Action | None:
-        """One look: None without the lease or without a rollout; else the action taken."""
+        """One look: None without the lease, without a running rollout, or when the
+        rollout changed while it was judged (the next look judges it again); else the
+        action taken."""
         now = self.clock()
         if not self.book.claim(self.holder, now=now, lease_s=self.lease_s):
             return None
@@ -302,10 +334,16 @@ class RolloutController:
         state = self.book.load()
         if state is None or state.phase.final:
             return None
-        treatment, control = self.evidence(state)
+        treatment, control = self.evidence(state)  # slow on a large store: outside `acting`
         action, after = decide(state, now=now, treatment=treatment, control=control)
+        with self.book.acting():
+            if _where(self.book.load()) != _where(state):
+                return None
+            return self._act(action, after, now=now)
+
+    def _act(self, action: Action, after: RolloutState, *, now: float) -> Action:
         revision = None
-        plan = state.plan
+        plan = after.plan
         if action.kind is ActionKind.ADVANCE:
             assert action.percent is not None
             revision = self._write(
@@ -383,10 +421,6 @@ class RolloutController:
             raise RolloutError(f"no fleet document in {self.state_store.path}")
         return int(current.state.routing.for_city(state.plan.city).stable_version)
 
-    def _claim(self, now: float) -> None:
-        if not self.book.claim(self.holder, now=now, lease_s=self.lease_s):
-            raise RolloutError("another rollout controller holds the lease; nothing written")
-
     def _running_or_paused(self) -> RolloutState:
         state = self.book.load()
         if state is None or state.phase.final:
@@ -394,8 +428,12 @@ class RolloutController:
         return state
 
     def _set_phase(self, phase: Phase, allowed: set[Phase], name: str) -> RolloutState:
-        now = self.clock()
-        self._claim(now)
+        with self.book.acting():
+            return self._set_phase_acting(phase, allowed, name, now=self.clock())
+
+    def _set_phase_acting(
+        self, phase: Phase, allowed: set[Phase], name: str, *, now: float
+    ) -> RolloutState:
         state = self._running_or_paused()
         if state.phase not in allowed:
             raise RolloutError(f"the rollout is {state.phase}: cannot {name}")

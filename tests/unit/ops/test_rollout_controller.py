@@ -206,11 +206,70 @@ def test_two_controllers_one_acts(tmp_path: Path, outcomes: OutcomeStore) -> Non
     one = controller(store, outcomes, clock, holder="one")
     two = controller(store, outcomes, clock, holder="two")
     one.start(PLAN)
-    with pytest.raises(RolloutError, match="another rollout controller holds the lease"):
-        two.start(PLAN)
-    assert two.tick() is None and one.tick() is not None
     with pytest.raises(RolloutError, match="is running: abort it first"):
-        one.start(PLAN)
+        two.start(PLAN)
+    assert one.tick() is not None and two.tick() is None
+    assert one.book.lease()["holder"] == "one"  # type: ignore[index]
+
+
+def test_the_operator_steers_while_a_controller_holds_the_lease(
+    tmp_path: Path, outcomes: OutcomeStore
+) -> None:
+    store, clock = fleet(tmp_path), Clock()
+    loop = controller(store, outcomes, clock, holder="loop")
+    operator = controller(store, outcomes, clock, holder="operator")
+    operator.start(PLAN)
+    assert loop.tick() is not None  # the loop holds the lease from here on
+    assert operator.pause().phase is Phase.PAUSED
+    assert loop.tick().kind is ActionKind.HOLD  # type: ignore[union-attr]
+    assert loop.book.load().phase is Phase.PAUSED  # type: ignore[union-attr]
+    assert operator.resume().phase is Phase.RUNNING
+    assert operator.abort().phase is Phase.ABORTED
+    assert loop.tick() is None and routing(store).canary_version == 0
+    assert loop.book.lease()["holder"] == "loop"  # type: ignore[index]
+
+
+def test_an_abort_while_a_step_is_judged_wins(tmp_path: Path, outcomes: OutcomeStore) -> None:
+    """The operator aborts after the controller read the rollout and before it wrote: the
+    controller writes nothing (before, its look saved the running state over the abort)."""
+    store, clock = fleet(tmp_path), Clock()
+    loop = controller(store, outcomes, clock, holder="loop")
+    operator = controller(store, outcomes, clock, holder="operator")
+    operator.start(PLAN)
+    judged = loop.evidence
+
+    def abort_meanwhile(state: Any) -> Any:
+        arms = judged(state)
+        operator.abort()
+        return arms
+
+    loop.evidence = abort_meanwhile  # type: ignore[method-assign]
+    assert loop.tick() is None
+    state = loop.book.load()
+    assert state is not None and state.phase is Phase.ABORTED
+    assert routing(store).canary_version == 0
+    assert [e["action"] for e in loop.book.audit()] == ["start", "abort"]
+
+
+def test_a_controller_that_exits_gives_up_its_lease(
+    tmp_path: Path, repo: Path, trusted_dir: Path, signer: Any
+) -> None:
+    key = key_file(tmp_path, signer)
+    store = StateStore(tmp_path / "store")
+    store.path.mkdir(parents=True)
+    first = FleetState(0, (1, 2), RouterSettings(stable_version=1), note="files")
+    trusted = TrustedKeys.from_public_keys(signer.public_key())
+    write_revision(store, rolled_back(), "start", signer, trusted=trusted, initial=lambda: first)
+    assert start_rollout(tmp_path, repo, trusted_dir, key, "--version", "2") == 0
+    common = [
+        "--state-store", str(tmp_path / "store"), "--trusted-keys", str(trusted_dir),
+        "--key", str(key), "--model-repository", str(repo),
+        "--outcome-store", str(tmp_path / "o.sqlite3"),
+    ]  # fmt: skip
+    book = RolloutBook(store, create=False)
+    assert admin.main(["rollout", "run", "--once", "--holder", "loop", *common]) == 0
+    assert book.lease() is None
+    assert admin.main(["rollout", "abort", *common]) == 0
 
 
 def test_refused_requests_write_nothing(tmp_path: Path, outcomes: OutcomeStore) -> None:
@@ -265,6 +324,7 @@ def test_every_launcher_exports_the_rollout_it_sees(tmp_path: Path, outcomes: Ou
     assert before[("dispatch_rollout_phase", (("phase", "running"),))] == 0
     assert ("dispatch_rollout_percent", ()) not in before
     ctl.start(PLAN)
+    ctl.tick()  # the controller's loop holds the lease
     ctl.pause()
     now = series()
     assert now[("dispatch_rollout_phase", (("phase", "paused"),))] == 1

@@ -37,10 +37,11 @@ while inference hangs, and fails in-flight ensemble requests when stopped. So th
   routing models -- as the last good check read them, so a restart does not end a rollout;
   a crash after ready, whatever caused it, is restarted every time, and only a server that
   cannot start again, ``max_failed_starts`` times in a row, is given up).
-  Under ``restart`` a Triton process that has exited is restarted at the next check,
-  without that wait (2.51 aborts with ``boost::interprocess::lock_exception`` now and then
-  when a stub is SIGKILLed while it holds a shared-memory lock); under ``exit`` the
-  launcher exits with Triton's status;
+  Under ``restart`` a Triton process that has exited, or was seen catching a crash signal
+  (then SIGKILLed), is restarted within ``CRASH_POLL_S``, without that wait (2.51 aborts
+  with ``boost::interprocess::lock_exception`` now and then when a stub is SIGKILLed while
+  it holds a shared-memory lock, and dies of SIGSEGV under short client deadlines); under
+  ``exit`` the launcher exits with Triton's status;
 - serves the verdicts on its own HTTP port: ``/livez`` and ``/readyz`` (200 or 503),
   ``/healthz`` (JSON detail, the build) and ``/metrics`` (one prometheus_client registry);
 - on SIGTERM turns readiness false, after ``drain_grace_s`` closes the entry points' gate (new
@@ -474,12 +475,11 @@ class Supervisor(StubHealing):
 
     def _restart(self, *, kill: bool = False) -> None:
         """Stop the server (``kill``: SIGKILL at once) and start it again, then load back the
-        live configs. A start that
-        fails leaves the server stopped and not ready (the next check tries again, after
-        `failed_start_wait_s`); after `max_failed_starts` in a row the launcher gives up:
-        a server that cannot start is for the process manager's back-off and a person. A
-        start that reaches ready clears that count, so crashes caused by traffic, however
-        many, never stop the service."""
+        live configs. A start that fails leaves the server stopped and not ready (the next
+        check tries again, after `failed_start_wait_s`); after `max_failed_starts` in a row
+        the launcher gives up: a server that cannot start is for the process manager's
+        back-off and a person. A start that reaches ready clears that count, so crashes
+        caused by traffic, however many, never stop the service."""
         with self._lock:
             self.state.restarting = True
             self.state.ready = False

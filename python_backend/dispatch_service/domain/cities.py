@@ -264,12 +264,11 @@ class CityRegistry:
         # The usual window: every point inside the box inside one city's area (the points'
         # box against each city's, on Python floats: four comparisons per city), or one
         # city's bounding box holds every point and its area every point.
-        lat_lo, lon_lo = rows.min(axis=1).tolist()
-        lat_hi, lon_hi = rows.max(axis=1).tolist()
-        inner = _holding(self.cities, self._inner_boxes, lat_lo, lon_lo, lat_hi, lon_hi)
+        box = (*rows.min(axis=1).tolist(), *rows.max(axis=1).tolist())
+        inner = _holding(self.cities, self._inner_boxes, box)
         if len(inner) == 1 and (named is None or named is inner[0]):
             return inner[0]
-        boxed = _holding(self.cities, self._bounding_boxes, lat_lo, lon_lo, lat_hi, lon_hi)
+        boxed = _holding(self.cities, self._bounding_boxes, box)
         if len(boxed) == 1:
             city = boxed[0]
             if named is None or named is city:
@@ -334,14 +333,10 @@ class CityRegistry:
 
 
 def _holding(
-    cities: Sequence[City],
-    boxes: Sequence[tuple[float, ...]],
-    lat_lo: float,
-    lon_lo: float,
-    lat_hi: float,
-    lon_hi: float,
+    cities: Sequence[City], boxes: Sequence[tuple[float, ...]], points_box: tuple[float, ...]
 ) -> list[City]:
-    """The cities whose box (lat low, lon low, lat high, lon high) holds the points' box."""
+    """The cities whose box holds the points' box (each lat low, lon low, lat high, lon high)."""
+    lat_lo, lon_lo, lat_hi, lon_hi = points_box
     return [
         city
         for city, (low_lat, low_lon, high_lat, high_lon) in zip(cities, boxes, strict=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Final, TypedDict, Unpack
 
 from dispatch_service.core.repository_layout import (
@@ -319,7 +319,13 @@ class RouterSettings:
         """Whether the scoring model serves ``version`` as far as these settings know: one of
         ``scoring_versions``, or while they are not stated one the routing names (so that a
         tag naming any other version is never called, with or without a revision)."""
-        return version in (self.scoring_versions or self.routed_versions())
+        return version in self._served
+
+    @cached_property
+    def _served(self) -> frozenset[int]:
+        """`serves`' versions, found once per settings (every window asks, settings are
+        immutable; the cache is no field: equality and `asdict` ignore it)."""
+        return frozenset(self.scoring_versions or self.routed_versions())
 
 
 def _whole(value: Any, where: str) -> int:

@@ -257,9 +257,9 @@ class CityRegistry:
         ``city``) naming the first point or row that lies outside every service area, in
         another city than the rest, or outside the city the window names."""
         named = self._named_city(window)
+        points = np.concatenate((window.pickup, window.dropoff, window.rider_position))
         # [2, n]: the lat row and the lon row of every point (a row's min and max are one
         # contiguous pass each, where an [n, 2] array's per-column ones are strided).
-        points = np.concatenate((window.pickup, window.dropoff, window.rider_position))
         rows = np.ascontiguousarray(points.T)
         # The usual window: every point inside the box inside one city's area (the points'
         # box against each city's, on Python floats: four comparisons per city), or one

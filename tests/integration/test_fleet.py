@@ -1,7 +1,8 @@
 """A fleet on one machine: launchers on free ports sharing one state store.
 
-Two launchers (`python -m dispatch_service.ops.server --state-store DIR`) start over one signed
-COPY of the model repository; `dispatch-admin deploy --state-store` writes a canary at 10 %,
+Two launchers (`python -m dispatch_service.ops.server --state-store DIR`) start, each over its
+own copy of one signed repository (the release, which `dispatch-admin` reads), as each pod
+has its own image; `dispatch-admin deploy --state-store` writes a canary at 10 %,
 every replica applies it and a canary user gets the canary version on each of them; one
 replica is killed, the canary share changes, and a replica added after that serves the new
 revision before it says ready; a tampered document changes no replica (each reports the
@@ -10,7 +11,9 @@ under steady load drops no request. Then every lifecycle command (deploy, canary
 promote, rollback, per city, restore): after each, `status` exits 0 and every entry point of
 every replica answers 100 users with the versions the revision gives them; an entry point
 made to route otherwise makes `status` exit 1; the scoring model unloaded on a replica
-(orders at level 2) is loaded again by the runbook's fix, a `rollback`.
+(orders at level 2) is loaded again by the runbook's fix, a `rollback`. Last, a version whose
+file changed on one replica's copy: that replica keeps its revision while the other applies
+the new one (DispatchFleetDiverged, read by a real Prometheus) until the file is restored.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import copy
 import io
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -27,10 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launcher_helpers import EXAMPLE, Launcher, free_port, signed_repository
+from launcher_helpers import EXAMPLE, Launcher, free_port, signed_repository, worse_version
+from patience import wait_for
+from prometheus_helpers import Prometheus, alert_expr, running_prometheus
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.retry import NO_RETRY
+from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
 from dispatch_service.ops import admin
 from dispatch_service.ops.fleet_state import FleetState, StateStore
 from dispatch_service.ops.model_control import ready_versions, unload_model
@@ -52,6 +59,7 @@ class Replica:
     ports: Ports
     health_port: int
     key_dir: Path
+    repository: Path  # its own copy of the release (its "image")
     lines: list[str] = field(default_factory=list)
 
     @property
@@ -104,7 +112,7 @@ class Replica:
 @dataclass
 class Fleet:
     root: Path
-    repository: Path
+    repository: Path  # the release: what dispatch-admin verifies, what each replica copies
     trusted: Path
     key: Path
     store: Path
@@ -132,12 +140,13 @@ class Fleet:
         for _ in range(count):
             ports, health = Ports.free(), free_port()
             n = len(self.replicas)
+            repository = shutil.copytree(self.repository, self.root / f"repo-{n}")
             launcher = Launcher(
                 ports, self.root / f"replica-{n}.log", self.root / f"keys-{n}",
-                "--model-repository", str(self.repository), "--trusted-keys", str(self.trusted),
+                "--model-repository", str(repository), "--trusted-keys", str(self.trusted),
                 "--state-store", str(self.store), "--health-port", str(health),
             )  # fmt: skip
-            replica = Replica(launcher, ports, health, self.root / f"keys-{n}")
+            replica = Replica(launcher, ports, health, self.root / f"keys-{n}", repository)
             self.replicas.append(replica)
             started.append(replica)
         for replica in started:
@@ -415,6 +424,12 @@ def stored_routing(fleet: Fleet) -> RouterSettings:
     return signed.state.routing
 
 
+def stored_revision(fleet: Fleet) -> int:
+    signed = StateStore(fleet.store).current(admin_trusted(fleet))
+    assert signed is not None
+    return signed.state.revision
+
+
 def admin_trusted(fleet: Fleet) -> Any:
     from dispatch_service.core.signing import TrustedKeys
 
@@ -565,3 +580,76 @@ def test_a_document_that_is_no_bounded_regular_file_is_refused_unread(
         "every replica is current again",
         lambda: all(r.fleet()["status"] == "current" for r in fleet.live()),
     )
+
+
+def diverged(prometheus: Prometheus, replicas: int) -> bool | None:
+    """Whether DispatchFleetDiverged's own expression holds now (its `for` left out); None
+    until every replica's revision is scraped (a missing series would read as agreement)."""
+    if prometheus.value("count(dispatch_launcher_fleet_state_revision)") != replicas:
+        return None
+    return bool(prometheus.query(alert_expr("DispatchFleetDiverged")))
+
+
+@pytest.mark.runbook_fix("DispatchFleetDiverged")
+def test_a_replica_refusing_a_changed_version_diverges_until_the_file_is_restored(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """DispatchFleetDiverged's condition: a new signed version reaches every replica's image,
+    but on one replica a file of it changed since signing, so that replica refuses the
+    revision that needs it and keeps serving its own while the other applies it. The
+    runbook's check (`status` names the replica behind, its event the cause) and its fix as
+    written: the file restored from the release; the replica's retry (every 15 s) applies
+    the revision."""
+    # No canary at a share (shadowing another version needs none); every replica on it.
+    code, text = fleet.write("rollback", "--wait-s", "60")
+    assert code == 0, text
+    behind, ahead = replicas = fleet.live()
+    targets = {f"replica-{n}": f"{r.health_url}/metrics" for n, r in enumerate(replicas)}
+    with running_prometheus(tmp_path, targets) as prometheus:
+        wait_for(lambda: diverged(prometheus, 2) is False, "one revision scraped", 45, 0.25)
+        kept = stored_revision(fleet)
+        # Version 3 signed in the release and copied into each image; one copy changed.
+        version = 3
+        worse_version(fleet.repository, fleet.key, version)
+        release = model_layout(fleet.repository, SCORING_MODEL).version(version)
+        for replica in replicas:
+            shutil.copytree(
+                release, model_layout(replica.repository, SCORING_MODEL).version(version)
+            )
+        changed = model_layout(behind.repository, SCORING_MODEL).version(version) / ONNX_FILE
+        changed.write_bytes(changed.read_bytes() + b"changed after signing")
+        code, text = fleet.write("shadow", "--version", str(version), "--percent", "10")
+        assert code == 0, text
+        revision = stored_revision(fleet)
+        until("the intact replica applies it", lambda: ahead.fleet()["revision"] == revision)
+        until(
+            "the changed replica refuses it",
+            lambda: (behind.fleet()["refused"] or {}).get("revision") == revision,
+        )
+        refused = behind.fleet()
+        assert refused["revision"] == kept and refused["refused"]["code"] == "version_refused"
+        wait_for(lambda: diverged(prometheus, 2), "DispatchFleetDiverged's condition", 30, 0.25)
+        # The runbook's check: status names the replica behind, its event the cause.
+        code, status = fleet.status()
+        assert code == 1, status
+        states = {r["health_url"]: r["state"] for r in status["replicas"] if r["state"] != "gone"}
+        assert states == {behind.health_url: "refusing", ahead.health_url: "current"}, status
+        events = [
+            event
+            for event in map(json.loads, [line for line in behind.lines if line.startswith("{")])
+            if event.get("event") == "fleet_state_refused" and event.get("revision") == revision
+        ]
+        assert events, "\n".join(behind.lines[-20:])
+        cause = f"{SCORING_MODEL} version {version} refused: digest mismatch on file {ONNX_FILE}"
+        assert events[0]["reason"].startswith(cause), events[0]
+        assert events[0]["kept"] == kept
+        # The fix: the file as the release has it. The replica's next retry applies it.
+        shutil.copyfile(release / ONNX_FILE, changed)
+        until(
+            "the restored replica applies the revision on its retry",
+            lambda: behind.fleet()["revision"] == revision,
+            90,
+        )
+        wait_for(lambda: diverged(prometheus, 2) is False, "DispatchFleetDiverged clear", 30, 0.25)
+    assert behind.fleet()["refused"] is None
+    until("status: every replica current", lambda: fleet.status()[0] == 0)

@@ -41,10 +41,6 @@ NOT_RAISED_HERE: dict[str, str] = {
     "DispatchPredictionDrift": _HOUR_OF_TRAFFIC,
     "DispatchCalibrationDecay": _HOUR_OF_OUTCOMES,
     "DispatchEtaBias": _HOUR_OF_OUTCOMES,
-    "DispatchFleetDiverged": (
-        "needs two replicas of which one cannot apply a revision (its own copy of a version "
-        "changed); test_fleet's replicas share one repository copy: not performed"
-    ),
 }
 
 

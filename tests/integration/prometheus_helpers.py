@@ -1,6 +1,6 @@
 """A real Prometheus for the integration tests (the Debian package `make setup` installs):
 started on a free loopback port with the scrape jobs given, queried through its HTTP API,
-stopped on exit (test_metrics_prometheus.py, test_runbook_fixes.py)."""
+stopped on exit (test_metrics_prometheus.py, test_runbook_fixes.py, test_fleet.py)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,9 @@ typedef int (*fchmod_fn)(int, mode_t);
 typedef int (*fchmodat_fn)(int, const char *, mode_t, int);
 typedef int (*chmod_fn)(const char *, mode_t);
 
-/* The C library's function `name`, looked up at its first use (a library's constructor may
- * call it before this one's would run); threads racing here store the same address. */
+/* The C library's function `name`, looked up at its first use rather than in a constructor
+ * (another library's constructor may call it before this one's would run); threads racing
+ * here store the same address. */
 static void *real(void **slot, const char *name) {
     void *found = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (found == 0) {

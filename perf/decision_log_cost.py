@@ -31,6 +31,7 @@ import json
 import os
 import sqlite3
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_ratios = _ratios(rounds, "server_cpu_ms_per_request")
     decisions = recorded(store)
     report = {
-        "command": "python -m perf.decision_log_cost " + " ".join(argv or []),
+        "command": " ".join(["python -m perf.decision_log_cost", *(argv or sys.argv[1:])]),
         "model": MODEL,
         "window": "small (1 order x 20 riders)",
         "concurrency": args.concurrency,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,8 +36,10 @@ from dispatch_service.outcomes.records import AnsweredWindow
 from dispatch_service.outcomes.sql_store import open_store
 from dispatch_service.outcomes.store import OUTCOME_STORE_ENV
 from dispatch_service.outcomes.writer import DecisionWriter, writer_observations
-from dispatch_service.pipeline.fused import FusedResult
 from dispatch_service.serving.backend_log import log_event
+
+if TYPE_CHECKING:  # the fused pipeline is not loaded by topk_resolver's stub
+    from dispatch_service.pipeline.fused import FusedResult
 
 __all__ = [
     "decision_writer",

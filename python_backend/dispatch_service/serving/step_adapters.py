@@ -5,6 +5,12 @@ Each `model.py` names its adapter class and builds it with `from_triton` from Tr
 `initialize` args: requests become numpy arrays, the step runs, arrays become response
 tensors (`serving.responder`), and the model's custom metrics are recorded
 (`pipeline.step_metrics`, `serving.triton_metrics`).
+
+Each adapter imports its step's modules when its model loads (`from_triton`), not when this
+module is imported: a stub loads only what its own model runs (geocoding and shapely for the
+encoder, SciPy's graph matching for the encoder and the resolver, ONNX Runtime for the
+scoring model). Imports are most of a stub's start-up CPU, paid by every stub at each server
+start and restart (`tests/unit/serving/test_stub_imports.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,10 +38,6 @@ from dispatch_service.core.repository_layout import (
     ModelLayout,
 )
 from dispatch_service.geocoding.metrics import GEOCODING_METRICS
-from dispatch_service.outcomes.writer import DecisionWriter
-from dispatch_service.pipeline.encoder_step import FeatureEncoderStep
-from dispatch_service.pipeline.model_step import DispatchModelStep
-from dispatch_service.pipeline.resolver_step import TopKResolverStep
 from dispatch_service.pipeline.step_io import Arrays, Step
 from dispatch_service.pipeline.step_metrics import STEP_OBSERVERS, encoder_observations, metrics_of
 from dispatch_service.routing.engine import ModelCallError
@@ -52,6 +54,12 @@ from dispatch_service.serving.responder import ReadBatch, TritonResponder
 from dispatch_service.serving.stub_setup import prepare_stub
 from dispatch_service.serving.triton_metrics import triton_metrics
 from dispatch_service.serving.trust import model_trust
+
+if TYPE_CHECKING:
+    from dispatch_service.outcomes.writer import DecisionWriter
+    from dispatch_service.pipeline.encoder_step import FeatureEncoderStep
+    from dispatch_service.pipeline.model_step import DispatchModelStep
+    from dispatch_service.pipeline.resolver_step import TopKResolverStep
 
 __all__ = [
     "TritonBatchedModelAdapter",
@@ -110,8 +118,9 @@ class TritonStepAdapter(TritonResponder):
 
     def finalize(self) -> None:
         super().finalize()
-        if isinstance(self.step, FeatureEncoderStep):
-            self.step.close()  # its geocoder's event-loop thread
+        close = getattr(self.step, "close", None)  # the encoder's: its geocoder's event-loop thread
+        if callable(close):
+            close()
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         """`run_batch` over the requests' windows (`answer_batch`); each answered window's
@@ -144,6 +153,8 @@ class TritonEncoderAdapter(TritonStepAdapter):
     @classmethod
     def from_triton(cls, pb_utils: Any, args: Mapping[str, str]) -> TritonEncoderAdapter:
         """The adapter feature_encoder's `initialize` builds; its load logged."""
+        from dispatch_service.pipeline.encoder_step import FeatureEncoderStep
+
         load = TritonLoad.read(pb_utils, args)
         encoder = FeatureEncoderStep.from_parameters(load.parameters)
 
@@ -208,6 +219,8 @@ class TritonResolverAdapter(TritonStepAdapter):
     @classmethod
     def from_triton(cls, pb_utils: Any, args: Mapping[str, str]) -> TritonResolverAdapter:
         """The adapter topk_resolver's `initialize` builds; its load logged."""
+        from dispatch_service.pipeline.resolver_step import TopKResolverStep
+
         load = TritonLoad.read(pb_utils, args)
         adapter = cls(
             pb_utils,
@@ -294,6 +307,8 @@ class TritonBatchedModelAdapter(TritonStepAdapter):
     def from_triton(cls, pb_utils: Any, args: Mapping[str, str]) -> TritonBatchedModelAdapter:
         """The adapter a dispatch_model version's `initialize` builds (its version folder's
         ONNX file, verified when the server trusts keys); its load logged."""
+        from dispatch_service.pipeline.model_step import DispatchModelStep
+
         load = TritonLoad.read(pb_utils, args)
         step = DispatchModelStep.from_parameters(
             load.layout.onnx(args["model_version"]),

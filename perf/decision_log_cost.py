@@ -18,7 +18,12 @@ median ratios on / off; writes a JSON report
 (`perf/reports/decision-log-cost-<time>.json`).
 
     python -m perf.decision_log_cost [--rounds 5] [--requests 3000] [--concurrency 64]
-                                     [--out FILE]
+                                     [--in-process 3000] [--out FILE]
+
+``--in-process N`` first measures the same in this process, away from Triton and the
+network: `FusedDispatch.run` over N small windows, with records (a `DecisionWriter` on a
+fresh SQLite store, each window handed over as `dispatch_fused` hands it) and without, in
+alternating rounds; process CPU per window, the request thread's and the writer thread's.
 
 Not a test. The figure is only as quiet as the host: say what else ran.
 """
@@ -41,13 +46,20 @@ import psutil
 import tritonclient.http as httpclient
 
 from dispatch_contract import batched, spec_by_name
+from dispatch_service.core.model_config import config_parameters, profile_config_path
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.outcomes.sql_store import open_store
+from dispatch_service.outcomes.writer import DecisionWriter
+from dispatch_service.pipeline.fused import FusedDispatch
+from dispatch_service.routing.settings import FUSED_MODEL_NAME, FusedSettings
+from dispatch_service.serving.decision_log import fused_answered_window
 from perf.bodies import OUTPUT_NAMES, RequestBody, triton_infer_path
 from perf.loadgen import LoadPlan, run_load
 from perf.outcomes_bench import report_path
 from perf.windows import SIZES, simulated_windows
 
-__all__ = ["bodies_with_ids", "main"]
+__all__ = ["bodies_with_ids", "in_process_cost", "main"]
 
 MODEL = "dispatch_fused"
 # How long the next level waits at most for the last level's records to be in the store.
@@ -107,6 +119,57 @@ def settle(store: Path, expected: int) -> float:
     return time.perf_counter() - start
 
 
+def _thread_cpu_s(native_id: int) -> float:
+    """CPU seconds (user + system) of one thread of this process (Linux /proc)."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def in_process_cost(windows: int, rounds: int) -> dict[str, Any]:
+    """Microseconds of CPU per small window that `FusedDispatch.run` costs in this process
+    with records and without (medians over alternating rounds), and the writer thread's
+    share: what a stub pays for its records, which the host's other load moves little."""
+    settings = FusedSettings.from_parameters(
+        config_parameters(profile_config_path(MODEL_REPOSITORY / FUSED_MODEL_NAME))
+    )
+    dispatch = FusedDispatch.from_repository(MODEL_REPOSITORY, settings)
+    inputs = simulated_windows(SIZES["small"])
+    for window in inputs:  # warm-up
+        dispatch.run(window)
+    store = Path(tempfile.mkdtemp(prefix="decision-log-cost-in-process-")) / "o.sqlite3"
+    samples: dict[str, list[float]] = {
+        name: [] for name in ("off", "on", "off_request_thread", "on_request_thread", "writer")
+    }
+    for round_no in range(rounds):
+        for name in ("on", "off") if round_no % 2 == 0 else ("off", "on"):
+            writer = DecisionWriter(lambda: open_store(store)) if name == "on" else None
+            process, thread = time.process_time(), time.thread_time()
+            for n in range(windows):
+                result = dispatch.run(inputs[n % len(inputs)])
+                if writer is not None:
+                    request_id = f"in-process-{round_no}-{n}"
+                    answered = fused_answered_window(request_id, MODEL, result)
+                    if answered is not None:
+                        writer.submit(answered)
+            if writer is not None:
+                writer.flush(60.0)
+                writing = _thread_cpu_s(writer.thread_id)
+                writer.close()
+                samples["writer"].append(writing)
+            samples[f"{name}_request_thread"].append(time.thread_time() - thread)
+            samples[name].append(time.process_time() - process)
+    per_window = {
+        name: round(1e6 * statistics.median(values) / windows, 1)
+        for name, values in samples.items()
+    }
+    return {
+        "windows_per_round": windows,
+        "rounds": rounds,
+        "cpu_us_per_window": per_window,
+        "cpu_ratio_off_on": round(per_window["off"] / per_window["on"], 3),
+    }
+
+
 def _ratios(rounds: dict[str, list[dict[str, Any]]], key: str) -> list[float]:
     return [
         round(on[key] / off[key], 3) for on, off in zip(rounds["on"], rounds["off"], strict=True)
@@ -118,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=3000, help="per round and server")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--in-process", type=int, default=0, help="windows per round")
     parser.add_argument("--out", type=Path, default=None, help="default: perf/reports/")
     args = parser.parse_args(argv)
+    in_process = in_process_cost(args.in_process, 6) if args.in_process else None
+    if in_process is not None:
+        print(f"in process, CPU us per small window: {in_process['cpu_us_per_window']}", flush=True)
     runtime = TritonRuntime.from_venv()
     folder = Path(tempfile.mkdtemp(prefix="decision-log-cost-"))
     store = folder / "outcomes.sqlite3"
@@ -192,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "decisions_recorded": decisions,
         "requests_answered_with_records": expected,
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "in_process": in_process,
     }
     out = args.out or report_path("decision-log-cost")
     out.write_text(json.dumps(report, indent=2) + "\n")

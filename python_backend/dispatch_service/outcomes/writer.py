@@ -110,6 +110,14 @@ class DecisionWriter:
         self._thread.start()
 
     @property
+    def thread_id(self) -> int:
+        """The writer thread's id in the OS (a benchmark reads its CPU time by it)."""
+        native_id = self._thread.native_id
+        if native_id is None:  # the thread starts in __init__
+            raise RuntimeError("the decision writer's thread has not started")
+        return native_id
+
+    @property
     def counts(self) -> WriterCounts:
         with self._counts_lock:
             return self._counts

@@ -1,0 +1,264 @@
+"""dispatch_fused's straight path for the usual small window: one order, a few riders.
+
+Why: a one-order window's scoring and assignment take microseconds, yet the general steps
+spend hundreds on numpy calls over a handful of values and on the bookkeeping that serves
+many orders, several versions and batches (`perf.window_profile` counts them). Here each
+stage of such a window is done directly, and each returns None where the window is not the
+kind it handles; `FusedDispatch.run` then runs that stage's general code on the same
+values, which also names any rule the window breaks:
+
+- `one_order_candidates`: a one-order window's candidates when every feasible rider is
+  ranked exactly (`candidates.preselects` false): the same distances
+  (`geo.haversine_km` on the same arrays), ranked by (distance, rider id) in plain Python;
+- `routed_alone`: every order routed to one served version and no shadow call: one ONNX
+  Runtime call, no fallback chain to plan (an answer that fails falls back in full);
+- `resolved_one_order`: a one-order window's Top-K list and assignment, the ranking keys
+  and the assignment's argmin over plain Python lists (`resolver`'s keys and
+  `assignment.uncontested_best`'s rule; ties and hash collisions go to the general code).
+
+Every answer is the general path's byte for byte: the values come from the domain's own
+functions (distances, feature encoding, scores, checks), only the ordering and the picking
+over a few values is done here, with the general code's keys. `FusedDispatch.small_windows`
+turns the path off (tests compare both on many random windows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from dispatch_contract import (
+    ASSIGNED_OBJECTIVES,
+    HARD_CONSTRAINTS,
+    NUM_PAIR_FEATURES,
+    OBJECTIVES,
+    TOPK_OBJECTIVES,
+)
+from dispatch_service.domain import geo
+from dispatch_service.domain.candidates import (
+    feasible_mask,
+    preselects,
+    rider_feasible_for,
+)
+from dispatch_service.domain.coverage import cover_maximum_assignment
+from dispatch_service.domain.feasibility import spare_slots
+from dispatch_service.domain.features import EncoderSettings
+from dispatch_service.domain.hashing import rider_id_hashes
+from dispatch_service.domain.ids import id_rank, ids_as_bytes
+from dispatch_service.domain.resolver_inputs import checked_objectives
+from dispatch_service.domain.scoring import ResolverSettings
+from dispatch_service.domain.window import DispatchWindow, parse_objective_weights
+from dispatch_service.pipeline.step_io import Arrays
+from dispatch_service.routing.engine import ModelCall, RoutedScores, SyncScorer
+from dispatch_service.routing.fallback import FallbackLevel
+from dispatch_service.routing.policy import IsServed
+
+__all__ = ["one_order_candidates", "resolved_one_order", "routed_alone"]
+
+# Rider rows and an order's row repeated, as `ranked_exactly` indexes one order's riders:
+# built once, sliced per window (a window ranked exactly has at most this many riders).
+_MOST_RANKED: Final = 1024
+_RIDER_AT: Final = np.arange(_MOST_RANKED, dtype=np.int64)
+_ORDER_AT: Final = np.zeros(_MOST_RANKED, dtype=np.int64)
+_WIDTH: Final = len(OBJECTIVES)
+_INF: Final = math.inf
+# A window whose riders have fewer spare slots in all is left to the general selection:
+# where riders are scarce it may list more of them (`coverage`); a one-order window with
+# this many lists the configured N.
+_SPARE_SLOTS_AT_LEAST: Final = 2
+
+
+def one_order_candidates(
+    window: DispatchWindow, settings: EncoderSettings
+) -> NDArray[np.int32] | None:
+    """`features.window_candidates` of a one-order window whose feasible riders are all
+    ranked exactly; None for any other window (the general selection then runs)."""
+    if window.num_orders != 1:
+        return None
+    spare = spare_slots(window.rider_load, window.rider_capacity)
+    if int(spare.sum()) < _SPARE_SLOTS_AT_LEAST:
+        return None
+    listed = min(settings.candidates_per_order, window.num_riders)
+    out = np.full((1, listed), -1, dtype=np.int32)
+    if listed == 0:
+        return out
+    riders = rider_feasible_for(window, int(window.constraints[0]) & HARD_CONSTRAINTS).nonzero()[0]
+    count = int(riders.size)
+    take = min(listed, count)
+    if count > _MOST_RANKED or preselects(take, count):
+        return None
+    if count:
+        position = window.rider_position[riders]
+        # `ranked_exactly`'s arrays for one order: each rider's point, the pickup repeated
+        at, order = _RIDER_AT[:count], _ORDER_AT[:count]
+        pickup = window.pickup
+        distance = geo.haversine_km(
+            position[at, 0], position[at, 1], pickup[order, 0], pickup[order, 1]
+        ).tolist()
+        if len(set(distance)) == count:
+            ranked = sorted(range(count), key=distance.__getitem__)
+        else:  # co-located riders: their ids decide, as `ranked_exactly` breaks the tie
+            rank = id_rank(window.rider_ids[riders].tolist()).tolist()
+            ranked = sorted(range(count), key=lambda i: (distance[i], rank[i]))
+        out[0, :take] = riders[ranked[:take]]
+    return cover_maximum_assignment(
+        out, lambda: feasible_mask(window), spare, window.order_ids, window.rider_ids
+    )
+
+
+def routed_alone(
+    features: NDArray[np.float32],
+    candidates: NDArray[np.int32],
+    versions: NDArray[np.int32],
+    *,
+    cpu_scoring: bool,
+    score: SyncScorer,
+    served: IsServed,
+    clock: Callable[[], float],
+) -> RoutedScores | None:
+    """`engine.route_and_score_sync` of a window whose orders all go to one served version,
+    without shadow scoring, when that version answers: one call, no fallback. None when
+    the features or the answer are not usable as they are (the general routing then
+    names the error or falls back) or the orders go to several versions."""
+    chosen = np.asarray(versions, dtype=np.int32).reshape(-1)
+    orders = int(chosen.size)
+    if orders == 0:
+        return None
+    version = int(chosen[0])
+    rows = features.shape[0]
+    if (
+        (orders > 1 and not bool((chosen == version).all()))
+        or not served(version)
+        or features.dtype != np.float32
+        or features.shape != (rows, NUM_PAIR_FEATURES)
+        or candidates.dtype.kind not in "iu"
+        or candidates.ndim != 2
+        or candidates.shape[0] != orders
+        or candidates.size != rows
+        or not bool(np.isfinite(features).all())
+    ):
+        return None
+    started = clock()
+    try:
+        answer = np.asarray(score(version, features))
+    except Exception:  # the general routing calls it again and falls back
+        return None
+    if answer.shape != (rows, _WIDTH) or not bool(np.isfinite(answer).all()):
+        return None
+    seconds = clock() - started
+    level = FallbackLevel.CPU_SCORED if cpu_scoring else FallbackLevel.CHOSEN
+    return RoutedScores(
+        objectives=answer.astype(np.float32),
+        model_version=np.full(orders, version, dtype=np.int32),
+        fallback_level=np.full(orders, int(level), dtype=np.int32),
+        chosen_version=chosen,
+        calls=(ModelCall(version, "primary", orders, seconds),),
+    )
+
+
+def resolved_one_order(
+    inputs: Mapping[str, NDArray[Any] | None],
+    candidates: NDArray[np.int32],
+    objectives: NDArray[np.float32],
+    window: DispatchWindow,
+    settings: ResolverSettings,
+) -> Arrays | None:
+    """`TopKResolverStep.run` of a one-order window the encoder validated (``window``,
+    its ``candidates``) and the scores of its pairs: the same answer tensors; None where
+    the general resolver must decide (an exact tie for the best rider, two listed riders
+    with one id hash, unusual tensors). Raises what the resolver raises for bad weights or
+    objectives.
+
+    The arithmetic is `scoring.score_checked`'s on Python floats (IEEE doubles, as numpy's
+    float64: the same operations in the same order give the same bits); the keys and the
+    argmin are the resolver's (`ResolverWindow._resolution`, `uncontested_best`)."""
+    rider_ids = inputs.get("RIDER_IDS")
+    if rider_ids is None or window.num_orders != 1 or candidates.shape[0] != 1:
+        return None
+    weights = parse_objective_weights(inputs.get("OBJECTIVE_WEIGHTS"))
+    num_riders = window.num_riders
+    width = candidates.shape[1]
+    if (
+        type(rider_ids) is not np.ndarray
+        or rider_ids.dtype.kind not in "OS"
+        or rider_ids.shape != (num_riders,)
+        or objectives.dtype.kind != "f"
+        or objectives.shape != (width, _WIDTH)
+    ):
+        return None
+    rows = candidates[0].tolist()
+    values = objectives.tolist()
+    for j, row in enumerate(rows):
+        if row < 0:
+            values[j] = [0.0] * _WIDTH  # a pad's objectives read 0 (`checked_objectives`)
+    if not all(
+        0.0 <= eta < _INF and 0.0 <= cost < _INF and -_INF < ontime < _INF
+        for eta, ontime, cost in values
+    ):  # False for NaN: the resolver's check names the row and the rule
+        checked_objectives(objectives, candidates >= 0)
+        return None
+    listed = sorted(row for row in rows if row >= 0)
+    ids = rider_ids.tolist()
+    used_ids = [ids[row] for row in listed]
+    if not all(type(item) is bytes for item in used_ids):
+        used_ids = ids_as_bytes("RIDER_IDS", rider_ids, np.asarray(listed, dtype=np.int64))
+    hashes = rider_id_hashes(used_ids).tolist()
+    if len(set(hashes)) < len(hashes):
+        return None  # the ids must break a hash tie: the general ranking does
+    hash_of = dict(zip(listed, hashes, strict=True))
+    # `score_checked`: w . (1 / (1 + eta / scale), clip(p, 0, 1), 1 / (1 + cost / scale)) / sum(w)
+    w_eta, w_ontime, w_cost = weights.tolist()
+    total_weight = float(weights.sum(axis=-1))
+    eta_scale, cost_scale = settings.eta_scale_minutes, settings.cost_scale_cny
+    scores = [
+        (
+            w_eta * (1.0 / (1.0 + eta / eta_scale))
+            + w_ontime * _clipped(ontime)
+            + w_cost * (1.0 / (1.0 + cost / cost_scale))
+        )
+        / total_weight
+        if row >= 0
+        else 0.0
+        for row, (eta, ontime, cost) in zip(rows, values, strict=True)
+    ]
+    # `ResolverWindow._resolution`'s keys: valid first, score descending, ETA ascending,
+    # on-time descending, cost ascending, id hash, row (a pad: hash 0, row R).
+    keys = [
+        (row < 0, -score, eta, -ontime, cost, hash_of.get(row, 0), row if row >= 0 else num_riders)
+        for row, score, (eta, ontime, cost) in zip(rows, scores, values, strict=True)
+    ]
+    order = sorted(range(width), key=keys.__getitem__)
+    # `uncontested_best` for one order: its best usable rider (one with room left), when
+    # strictly cheaper (2 - score) than every other usable one; a tie is the solver's.
+    load, capacity = window.rider_load.tolist(), window.rider_capacity.tolist()
+    usable = [j for j in order if rows[j] >= 0 and capacity[rows[j]] > load[rows[j]]]
+    best = -1
+    if usable:
+        cost_of = [2.0 - scores[j] for j in usable]
+        lowest = min(cost_of)
+        if cost_of.count(lowest) > 1:
+            return None
+        best = usable[cost_of.index(lowest)]
+    k = min(settings.top_k, width)
+    top = order[:k]
+    # The assigned pair's values as the resolver sums them over its row, the others 0:
+    # +0.0 added to each (nothing added on a row of one: a -0.0 stays).
+    zero = 0.0 if width > 1 else -0.0
+    assigned = values[best] if best >= 0 else [0.0] * _WIDTH
+    return {
+        "TOPK_RIDER_INDEX": np.array([[rows[j] for j in top]], dtype=np.int32),
+        TOPK_OBJECTIVES.name: np.array([[[scores[j], *values[j]] for j in top]], np.float32),
+        "ASSIGNED_RIDER_INDEX": np.array([rows[best] if best >= 0 else -1], dtype=np.int32),
+        "ASSIGNED_SCORE": np.array([scores[best] + zero if best >= 0 else 0.0], np.float32),
+        ASSIGNED_OBJECTIVES.name: np.array([[value + zero for value in assigned]], np.float32),
+    }
+
+
+def _clipped(value: float) -> float:
+    """numpy's clip(value, 0, 1) of a finite float (max, then min)."""
+    value = value if value > 0.0 else 0.0
+    return value if value < 1.0 else 1.0

@@ -25,7 +25,7 @@ from typing import Final, Protocol
 
 from dispatch_contract.outcomes import OutcomeStatus
 from dispatch_service.core.paths import REPO_ROOT
-from dispatch_service.outcomes.records import DecisionId, DecisionRecord, Outcome
+from dispatch_service.outcomes.records import DecisionId, DecisionRecord, DecisionRows, Outcome
 
 __all__ = [
     "DEFAULT_STORE_FILE",
@@ -116,6 +116,10 @@ class OutcomeStore(Protocol):
 
     def write_decisions(self, records: Sequence[DecisionRecord], *, recorded_at: float) -> int:
         """Store the records (one transaction); returns how many were new."""
+        ...
+
+    def write_decision_rows(self, rows: DecisionRows, *, recorded_at: float) -> int:
+        """`write_decisions` for records as columns (the decision writer's batches)."""
         ...
 
     def decisions(self, ids: Sequence[DecisionId]) -> dict[DecisionId, DecisionFacts]:

@@ -3,14 +3,15 @@
 An entry point calls `DecisionWriter.submit` with the `AnsweredWindow` of each answered
 window: a non-blocking put of a reference, nothing else on the request's thread. A
 thread of the writer lets windows gather for `WRITE_INTERVAL_S` after the first, turns them
-into records together (`records.batch_decision_records`) and writes them in one
-transaction: a busy stub pays one transaction a few times a second, not one per window
-(each costs its lock, its commit and, with several stubs on one SQLite file, a wait for the
-others' lock and a re-read of the pages they changed). Nothing the store does reaches a
-request: when the queue is full the window's records are dropped at once, and when the
-store is down, slow past its lock timeout or refuses a write, the batch is dropped; both
-are counted by reason (`WriterCounts`, the ``dispatch_decision_records_total`` metric
-through ``on_counts``). A store that failed is opened again after `REOPEN_AFTER_S`.
+into the records' columns together (`records.decision_rows`, a few numpy calls per column
+for the whole batch) and writes them in one transaction: a busy stub pays one transaction a
+few times a second, not one per window (each costs its lock, its commit and, with several
+stubs on one SQLite file, a wait for the others' lock and a re-read of the pages they
+changed). Nothing the store does reaches a request: when the queue is full the window's
+records are dropped at once, and when the store is down, slow past its lock timeout or
+refuses a write, the batch is dropped; both are counted by reason (`WriterCounts`, the
+``dispatch_decision_records_total`` metric through ``on_counts``). A store that failed is
+opened again after `REOPEN_AFTER_S`.
 
 One writer per process (a Python-backend stub is a process of its own): each opens its
 own connection to the store.
@@ -27,12 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from dispatch_service.core.metrics import DECISION_RECORDS, Observation
-from dispatch_service.outcomes.records import (
-    AnsweredWindow,
-    DecisionRecord,
-    batch_decision_records,
-    decision_records,
-)
+from dispatch_service.outcomes.records import AnsweredWindow, DecisionRows, decision_rows
 from dispatch_service.outcomes.store import OutcomeStore
 
 __all__ = [
@@ -191,34 +187,36 @@ class DecisionWriter:
 
     def _write(self, batch: list[AnsweredWindow]) -> None:
         try:
-            records = self._records(batch)
-            if not records:
+            rows = self._rows(batch)
+            if not len(rows):
                 return
             try:
                 store = self._store_now()
-                written = store.write_decisions(records, recorded_at=self.clock())
+                written = store.write_decision_rows(rows, recorded_at=self.clock())
             except Exception as exc:
                 if not isinstance(exc, _NotReopenedError):
                     self._failed(exc)
-                self._count(WriterCounts(dropped_store_error=len(records)))
+                self._count(WriterCounts(dropped_store_error=len(rows)))
             else:
-                self._count(WriterCounts(written=written, duplicate=len(records) - written))
+                self._count(WriterCounts(written=written, duplicate=len(rows) - written))
         finally:
             self._done(len(batch))
 
-    def _records(self, batch: list[AnsweredWindow]) -> list[DecisionRecord]:
+    def _rows(self, batch: list[AnsweredWindow]) -> DecisionRows:
         """The batch's records, built together; where a window's arrays cannot be read,
-        window by window, so that only that window is lost (and counted)."""
+        the readable windows', so that only that window is lost (and counted)."""
         try:
-            return batch_decision_records(batch)
+            return decision_rows(batch)
         except Exception:  # some window's arrays cannot be read: find which
-            records: list[DecisionRecord] = []
+            readable = []
             for window in batch:
                 try:
-                    records.extend(decision_records(window))
+                    decision_rows([window])
                 except Exception:
                     self.count_unreadable(len(window.order_ids))
-            return records
+                else:
+                    readable.append(window)
+            return decision_rows(readable)
 
     def _store_now(self) -> OutcomeStore:
         if self._store is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS
 from dispatch_service.outcomes.records import batch_decision_records, decision_records
 from dispatch_service.routing.policy import user_buckets
 
@@ -79,3 +80,40 @@ def test_objectives_other_than_three_are_refused() -> None:
     object.__setattr__(bad, "assigned_objectives", bad.assigned_objectives[:, :2])
     with pytest.raises(ValueError, match="3 objectives"):
         decision_records(bad)
+
+
+def test_each_order_names_riders_of_its_own_window() -> None:
+    """Windows of a batch with riders of their own: an order's row indexes its window's
+    riders, never another window's (the batch joins every window's riders end to end)."""
+    first = answered_window("a", orders=2)  # riders r0..r3
+    second = answered_window("b", orders=3)
+    object.__setattr__(second, "rider_ids", np.array([b"x0", b"x1", "x2", b"x3"], dtype=object))
+    object.__setattr__(second, "assigned_rider_index", np.array([2, -1, 0], dtype=np.int32))
+    object.__setattr__(
+        second, "topk_rider_index", np.array([[2, 3], [-1, -1], [0, 1]], dtype=np.int32)
+    )
+    object.__setattr__(second, "weights", np.array([1.0, 0.0, 2.0], dtype=np.float32))
+
+    records = batch_decision_records([first, second])
+
+    assert [(r.request_id, r.assigned_rider, r.topk_riders) for r in records] == [
+        ("a", "r0", ("r0",)),
+        ("a", None, ("r1",)),
+        ("b", "x2", ("x2", "x3")),
+        ("b", None, ()),
+        ("b", "x0", ("x0", "x1")),
+    ]
+    default = tuple(DEFAULT_OBJECTIVE_WEIGHTS)
+    assert [r.weights for r in records] == [default] * 2 + [(1.0, 0.0, 2.0)] * 3
+    # the assigned pair's figures by the order's own row (the helper's: 10 + i minutes)
+    assert [r.eta_minutes for r in records[2:]] == [10.0, None, 0.0]
+
+
+@pytest.mark.parametrize("field", ["assigned_rider_index", "topk_rider_index"])
+def test_a_rider_index_beyond_the_windows_riders_is_refused(field: str) -> None:
+    bad = answered_window("bad", orders=2)  # 4 riders
+    rows = getattr(bad, field).copy()
+    rows[0] = 4
+    object.__setattr__(bad, field, rows)
+    with pytest.raises(ValueError, match="rider index beyond the window's riders"):
+        batch_decision_records([answered_window("good", orders=2), bad])

@@ -4,13 +4,21 @@ tests/integration/test_outcome_store_postgres.py)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dispatch_contract.outcomes import OutcomeStatus
-from dispatch_service.outcomes.records import DecisionId, Outcome, decision_records
+from dispatch_service.outcomes.records import (
+    DecisionId,
+    Outcome,
+    batch_decision_records,
+    decision_records,
+    decision_rows,
+)
 from dispatch_service.outcomes.schema import SCHEMA_TABLE, SCHEMA_VERSION
 from dispatch_service.outcomes.sql_store import SqliteStore, open_store
 from dispatch_service.outcomes.store import StoreError, StoreLimits
@@ -150,3 +158,35 @@ def test_reads_take_no_write_lock(tmp_path: Path) -> None:
         writer.execute("ROLLBACK")
         writer.close()
         store.close()
+
+
+def test_the_topk_column_is_the_riders_as_json(tmp_path: Path) -> None:
+    """Stored as `json.dumps` writes the list (the reference), for ids that JSON escapes."""
+    window = answered_window("req-1", orders=2)
+    riders = ['r"0', "r\\1", "骑手-2", "r\n3"]
+    object.__setattr__(window, "rider_ids", np.array([r.encode() for r in riders], dtype=object))
+    object.__setattr__(window, "topk_rider_index", np.array([[0, 1], [2, 3]], dtype=np.int32))
+    store = open_store(tmp_path / "o.sqlite3")
+    assert store.write_decision_rows(decision_rows([window]), recorded_at=1.0) == 2
+    store.close()
+    with sqlite3.connect(tmp_path / "o.sqlite3") as conn:
+        stored = [r[0] for r in conn.execute("SELECT topk_riders FROM decisions ORDER BY order_id")]
+    assert stored == [json.dumps(riders[:2]), json.dumps(riders[2:])]
+    assert [json.loads(text) for text in stored] == [riders[:2], riders[2:]]
+
+
+def test_records_and_their_columns_are_stored_alike(tmp_path: Path) -> None:
+    """Wiring: `write_decisions` (records) and `write_decision_rows` (the writer's
+    columns) store the same rows."""
+    windows = [answered_window("a", orders=3), answered_window("b", orders=1, version=2)]
+    stored = []
+    for name, write in (
+        ("records", lambda s: s.write_decisions(batch_decision_records(windows), recorded_at=5.0)),
+        ("rows", lambda s: s.write_decision_rows(decision_rows(windows), recorded_at=5.0)),
+    ):
+        store = open_store(tmp_path / f"{name}.sqlite3")
+        assert write(store) == 4
+        store.close()
+        with sqlite3.connect(tmp_path / f"{name}.sqlite3") as conn:
+            stored.append(conn.execute("SELECT * FROM decisions ORDER BY 1, 2").fetchall())
+    assert stored[0] == stored[1] and len(stored[0]) == 4

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from dispatch_service.core.metrics import DECISION_RECORDS, InMemoryMetrics
-from dispatch_service.outcomes.records import DecisionId, DecisionRecord
+from dispatch_service.outcomes.records import DecisionId, DecisionRows
 from dispatch_service.outcomes.sql_store import SqliteStore, open_store
 from dispatch_service.outcomes.store import OutcomeStore
 from dispatch_service.outcomes.writer import (
@@ -64,10 +63,10 @@ class GatedStore:
         self.gate = gate
         self.entered = threading.Event()
 
-    def write_decisions(self, records: Sequence[DecisionRecord], *, recorded_at: float) -> int:
+    def write_decision_rows(self, rows: DecisionRows, *, recorded_at: float) -> int:
         self.entered.set()
         self.gate.wait()
-        return self.inner.write_decisions(records, recorded_at=recorded_at)
+        return self.inner.write_decision_rows(rows, recorded_at=recorded_at)
 
     def close(self) -> None:
         self.inner.close()
@@ -134,16 +133,16 @@ def test_a_window_that_cannot_be_read_is_counted_alone(tmp_path: Path) -> None:
 
 
 class CountingStore:
-    """A real SQLite store that counts its transactions (write_decisions calls)."""
+    """A real SQLite store that counts its transactions (write_decision_rows calls)."""
 
     def __init__(self, path: Path) -> None:
         self.inner = SqliteStore(path)
         self.url = self.inner.url
         self.batches: list[int] = []
 
-    def write_decisions(self, records: Sequence[DecisionRecord], *, recorded_at: float) -> int:
-        self.batches.append(len(records))
-        return self.inner.write_decisions(records, recorded_at=recorded_at)
+    def write_decision_rows(self, rows: DecisionRows, *, recorded_at: float) -> int:
+        self.batches.append(len(rows))
+        return self.inner.write_decision_rows(rows, recorded_at=recorded_at)
 
     def close(self) -> None:
         self.inner.close()

@@ -25,7 +25,13 @@ from dispatch_service.offline import training
 from dispatch_service.offline.training.card import rounded
 
 TINY = training.TrainConfig(
-    seed=3, windows=6, holdout_windows=3, epochs=2, hidden=(16, 8), batch_size=256
+    seed=3,
+    windows=6,
+    holdout_windows=3,
+    epochs=2,
+    hidden=(16, 8),
+    batch_size=256,
+    map_variants=training.MapVariants(windows=3),
 )
 
 
@@ -85,11 +91,13 @@ def test_layout_and_card_are_written_next_to_the_model(tiny: training.TrainResul
     assert card["seed"] == 3 and card["command"] == "tiny"
     assert card["data"]["train_windows"] == 6 and card["data"]["train_pairs"] > 0
     assert card["data"]["holdout_windows"] == 3 and card["data"]["holdout_pairs"] > 0
+    assert card["data"]["map_variant_windows"] == 3 and card["data"]["map_variant_pairs"] > 0
     assert card["architecture"]["layers"] == [NUM_PAIR_FEATURES, 16, 8, 3]
     for key in ("eta_mae_minutes", "ontime_brier", "ontime_auc", "cost_mae_cny"):
         assert np.isfinite(card["holdout"][key]), key
     text = (folder / "MODEL_CARD.md").read_text()
     assert "ETA MAE" in text and "tiny" in text
+    assert "- map variants: 3 more windows" in text
 
 
 ARTIFACTS = ("model.onnx", "model_card.json", "MODEL_CARD.md", "feature_layout.json")
@@ -148,6 +156,27 @@ def test_dataset_labels_every_valid_pair() -> None:
     assert set(np.unique(data.on_time).tolist()) <= {0.0, 1.0}
 
 
+def test_map_variants_redraw_the_circuity_and_speeds_the_route_minutes_read() -> None:
+    """Every variant pair's free-flow trip minutes are its road km (straight km plus the
+    crossings' detour, times the drawn circuity 2.0) at half Shanghai's speed, by hand."""
+    variants = training.MapVariants(windows=4, road_circuity=(2.0, 2.0), speed_scale=(0.5, 0.5))
+    data = training.build_variant_dataset(
+        np.random.default_rng(4),
+        variants,
+        orders_range=(5, 10),
+        riders_range=(30, 40),
+        encoder=EncoderSettings(candidates_per_order=4),
+        cities=("shanghai",),
+    )
+    column = {name: data.features[:, PAIR_FEATURE_NAMES.index(name)] for name in PAIR_FEATURE_NAMES}
+    shanghai_kmh = {"vehicle_ebike": 17.0, "vehicle_motorbike": 24.0, "vehicle_car": 30.0}
+    speed = sum(column[name] * kmh for name, kmh in shanghai_kmh.items()) * 0.5
+    road_km = (column["trip_distance_km"] + column["trip_detour_km"]) * 2.0
+    np.testing.assert_allclose(column["trip_route_minutes"], road_km / speed * 60.0, rtol=0.02)
+    assert data.windows == 4 and data.pairs > 0
+    assert (data.eta_minutes > 0).all()
+
+
 def test_auc() -> None:
     labels = np.asarray([0.0, 0.0, 1.0, 1.0])
     assert training.auc(labels, np.asarray([0.1, 0.2, 0.8, 0.9])) == 1.0
@@ -178,7 +207,13 @@ def test_quick_mode_refuses_to_replace_the_served_model() -> None:
 # ---- version 2: log features inside the graph, compared with a reference version ----------
 
 TINY_V2 = training.TrainConfig(
-    seed=3, windows=6, holdout_windows=3, epochs=2, hidden=(16, 8), log_features=True
+    seed=3,
+    windows=6,
+    holdout_windows=3,
+    epochs=2,
+    hidden=(16, 8),
+    log_features=True,
+    map_variants=training.MapVariants(windows=3),
 )
 
 

@@ -21,6 +21,9 @@ One graph serves every city: positions are relative to the window's own city and
 columns (barriers crossed, detours, free-flow route minutes) are features the encoder reads
 from the city registry, so no city constant sits in the graph. Training draws its windows
 from ``TrainConfig.cities``; the other registered cities are never seen in training.
+``--variant-windows`` (``MapVariants``) adds windows in worlds built from those cities'
+entries with their road circuity and speeds redrawn, so the model learns what a city's roads
+do to its minutes from more than three nearly alike cities.
 
 ``--log-features`` (version 2) makes better use of the same input columns: the graph
 appends ``log(1 + max(a . x, 0))`` of a few linear combinations of them (distances, total
@@ -38,8 +41,13 @@ to end) and ``cli``.
 
 from dispatch_service.offline.training.card import append_policy_evaluation, render_card
 from dispatch_service.offline.training.cli import QUICK, config_from_args, main
-from dispatch_service.offline.training.config import LOG_FEATURES, TrainConfig, log_feature_matrix
-from dispatch_service.offline.training.data import Dataset, build_dataset
+from dispatch_service.offline.training.config import (
+    LOG_FEATURES,
+    MapVariants,
+    TrainConfig,
+    log_feature_matrix,
+)
+from dispatch_service.offline.training.data import Dataset, build_dataset, build_variant_dataset
 from dispatch_service.offline.training.export import (
     IR_VERSION,
     OPSET,
@@ -59,11 +67,13 @@ __all__ = [
     "QUICK",
     "Dataset",
     "FitReport",
+    "MapVariants",
     "TrainConfig",
     "TrainResult",
     "append_policy_evaluation",
     "auc",
     "build_dataset",
+    "build_variant_dataset",
     "config_from_args",
     "fit",
     "holdout_metrics",

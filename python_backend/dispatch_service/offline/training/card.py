@@ -86,6 +86,20 @@ def render_card(card: dict[str, Any]) -> str:
         f"- training: {data['train_windows']} windows, {data['train_pairs']} pairs "
         f"({data['orders_range'][0]}-{data['orders_range'][1]} orders, "
         f"{data['riders_range'][0]}-{data['riders_range'][1]} riders per window)",
+        *(
+            [
+                f"- map variants: {data['map_variant_windows']} more windows, "
+                f"{data['map_variant_pairs']} pairs, each in the world the simulator builds for "
+                "a new city from its registry entry (`simulator.entry_world`), from a training "
+                "city's entry with its road circuity drawn from "
+                f"[{data['map_variant_road_circuity'][0]}, {data['map_variant_road_circuity'][1]}]"
+                " and its free-flow speeds scaled by a factor from "
+                f"[{data['map_variant_speed_scale'][0]}, {data['map_variant_speed_scale'][1]}] "
+                "(the training cities' own circuity and speeds barely differ)",
+            ]
+            if data.get("map_variant_windows")
+            else []
+        ),
         f"- held out: {data['holdout_windows']} windows, {data['holdout_pairs']} pairs "
         "(an independent random stream of the same seed)",
         f"- cities: {', '.join(data['cities'])} (windows drawn in turn); every other "

@@ -10,14 +10,14 @@ import shlex
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Final
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
 from dispatch_service.offline.training.card import append_policy_evaluation
-from dispatch_service.offline.training.config import TrainConfig
+from dispatch_service.offline.training.config import MapVariants, TrainConfig
 from dispatch_service.offline.training.run import display_path, train_and_export
 
 __all__ = [
@@ -37,7 +37,14 @@ def _command(args: argparse.Namespace) -> str:
     ]
     if args.quick:
         parts.append("--quick")
-    for flag in ("windows", "holdout_windows", "epochs", "batch_size", "eval_windows"):
+    for flag in (
+        "windows",
+        "variant_windows",
+        "holdout_windows",
+        "epochs",
+        "batch_size",
+        "eval_windows",
+    ):
         value = getattr(args, flag)
         if value is not None:
             parts += ["--" + flag.replace("_", "-"), str(value)]
@@ -67,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--windows", type=int, help=f"training windows ({TrainConfig.windows})")
+    parser.add_argument(
+        "--variant-windows",
+        type=int,
+        help="training windows in entry-built worlds of the training cities with their road "
+        f"circuity and speeds redrawn (MapVariants; default {MapVariants.windows}: none)",
+    )
     parser.add_argument(
         "--holdout-windows", type=int, help=f"held-out windows ({TrainConfig.holdout_windows})"
     )
@@ -136,9 +149,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         overrides["hidden"] = tuple(int(part) for part in args.hidden.split(",") if part)
     if args.log_features:
         overrides["log_features"] = True
-    config = TrainConfig(**{**asdict(base), **overrides, "encoder": base.encoder})
+    variants = base.map_variants
+    if args.variant_windows is not None:
+        variants = replace(variants, windows=args.variant_windows)
+    config = TrainConfig(
+        **{**asdict(base), **overrides, "encoder": base.encoder, "map_variants": variants}
+    )
     if config.windows < 1 or config.holdout_windows < 1 or config.epochs < 1:
         raise SystemExit("--windows, --holdout-windows and --epochs must be >= 1")
+    if variants.windows < 0:
+        raise SystemExit("--variant-windows must be >= 0")
     return config
 
 

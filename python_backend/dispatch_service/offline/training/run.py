@@ -19,9 +19,14 @@ from dispatch_service.offline.training.config import (
     LOG_FEATURES,
     STREAM_HOLDOUT,
     STREAM_TRAIN,
+    STREAM_VARIANTS,
     TrainConfig,
 )
-from dispatch_service.offline.training.data import build_dataset
+from dispatch_service.offline.training.data import (
+    build_dataset,
+    build_variant_dataset,
+    concatenated,
+)
 from dispatch_service.offline.training.drift_reference import (
     build_reference,
     reference_datasets,
@@ -76,6 +81,20 @@ def train_and_export(
         encoder=config.encoder,
         cities=config.cities,
     )
+    variants = config.map_variants
+    fitted_on = train
+    if variants.windows:
+        fitted_on = concatenated(
+            train,
+            build_variant_dataset(
+                np.random.default_rng([config.seed, STREAM_VARIANTS]),
+                variants,
+                orders_range=config.orders_range,
+                riders_range=config.riders_range,
+                encoder=config.encoder,
+                cities=config.cities,
+            ),
+        )
     # Held out: windows of every registered city, those never trained on included.
     holdout = build_dataset(
         np.random.default_rng([config.seed, STREAM_HOLDOUT]),
@@ -87,11 +106,11 @@ def train_and_export(
     )
     if log:
         print(
-            f"data: {train.pairs} training pairs, {holdout.pairs} held-out pairs "
+            f"data: {fitted_on.pairs} training pairs, {holdout.pairs} held-out pairs "
             f"({time.perf_counter() - started:.1f} s)",
             flush=True,
         )
-    model, report = fit(train, config, log=log)
+    model, report = fit(fitted_on, config, log=log)
     onnx_model = to_onnx(model, doc=f"dispatch MLP, seed {config.seed}")
     model_bytes = onnx_model.SerializeToString()
     numpy_out = model.predict(holdout.features)
@@ -126,6 +145,16 @@ def train_and_export(
             "riders_range": list(config.riders_range),
             "label": "one noisy realisation per pair (simulator.sample_outcome)",
             "cities": list(config.cities),
+            **(
+                {
+                    "map_variant_windows": variants.windows,
+                    "map_variant_pairs": fitted_on.pairs - train.pairs,
+                    "map_variant_road_circuity": list(variants.road_circuity),
+                    "map_variant_speed_scale": list(variants.speed_scale),
+                }
+                if variants.windows
+                else {}
+            ),
         },
         "architecture": {
             "layers": [int(model.feature_mean.size), *config.hidden, len(OBJECTIVES)],

@@ -6,7 +6,9 @@ with this thread's CPU clock (`time.thread_time_ns`, so other processes' load sh
 as cache and frequency effects, not as waiting), over many calls cycling through the bench's
 simulated windows (`perf.windows`), and reported as the median microseconds per window:
 
-- ``fused``: `FusedDispatch.run`, the whole window;
+- ``fused``: `FusedDispatch.run`, the whole window (a one-order window takes the straight
+  path, `pipeline.small_window`); ``fused_general``: the same with that path off
+  (``small_windows=False``), every stage below being the general steps';
 - ``encode``: `FeatureEncoderStep.encode`, of which ``unpack`` (`window_from_wire`),
   ``geocode``, ``city`` (`CityRegistry.locate`), ``candidates`` (`window_candidates`),
   ``features`` (`encode_pairs`) and, inside ``features``, ``map_columns`` (the barrier,
@@ -32,6 +34,7 @@ python perf/window_cost.py``, without the stages it lacks (before the city regis
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import statistics
@@ -78,6 +81,7 @@ __all__ = ["STAGES", "format_table", "main", "stage_costs"]
 # Reported in this order; a stage indented under another is part of it.
 STAGES = (
     ("fused", 0),
+    ("fused_general", 0),
     ("encode", 1),
     ("unpack", 2),
     ("geocode", 2),
@@ -166,6 +170,9 @@ def _window_calls(dispatch: FusedDispatch, inputs: Tensors) -> dict[str, Call]:
         "resolve": lambda: resolver.run(answer, located, dispatch.score),
         "resolve_wire": lambda: resolver.run(answer, score=dispatch.score),
     }
+    if hasattr(dispatch, "small_windows"):  # before the straight path: one path only
+        general = dataclasses.replace(dispatch, small_windows=False)
+        calls["fused_general"] = lambda: general.run(inputs)
     if registry is not None:
         calls["city"] = lambda: registry.locate(located)
     if (mapped := _map_call(located, candidates, city)) is not None:

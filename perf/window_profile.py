@@ -14,7 +14,11 @@ pass, under `cProfile`, and prints:
 cProfile adds a fixed cost to every call, so a window full of small calls looks dearer
 under it than it is: read the shares and the call counts, and time with `perf.window_cost`.
 
-`python -m perf.window_profile --size small --windows 500 [--top 25] [--sort cumulative]`
+``--general`` profiles the general steps alone (`FusedDispatch.small_windows` off: a
+one-order window then takes the path every other window takes).
+
+`python -m perf.window_profile --size small --windows 500 [--top 25] [--sort cumulative]
+[--general]`
 """
 
 from __future__ import annotations
@@ -74,14 +78,17 @@ def profile_windows(
     windows: int,
     repository: Path = MODEL_REPOSITORY,
     inputs: Sequence[Tensors] | None = None,
+    *,
+    small_windows: bool = True,
 ) -> WindowProfile:
-    """cProfile of ``windows`` `FusedDispatch.run` calls over the size's simulated windows."""
+    """cProfile of ``windows`` `FusedDispatch.run` calls over the size's simulated windows
+    (``small_windows``: `FusedDispatch.small_windows`)."""
     if windows < 1:
         raise ValueError(f"windows must be >= 1, got {windows}")
     settings = FusedSettings.from_parameters(
         config_parameters(profile_config_path(repository / FUSED_MODEL_NAME))
     )
-    dispatch = FusedDispatch.from_repository(repository, settings)
+    dispatch = FusedDispatch.from_repository(repository, settings, small_windows=small_windows)
     cycle = list(inputs or simulated_windows(size))
     for window in cycle:  # warm-up: sessions, caches and lazily built tables
         dispatch.run(window)
@@ -142,8 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=500, help="windows profiled")
     parser.add_argument("--top", type=int, default=25, help="functions listed")
     parser.add_argument("--sort", default="tottime", choices=sorted(_SORT_KEYS))
+    parser.add_argument(
+        "--general", action="store_true", help="the general steps only (no small-window path)"
+    )
     args = parser.parse_args(argv)
-    profile = profile_windows(SIZES[args.size], args.windows)
+    profile = profile_windows(SIZES[args.size], args.windows, small_windows=not args.general)
     print(format_profile(profile, top=args.top, sort=args.sort))
     return 0
 

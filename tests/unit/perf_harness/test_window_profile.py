@@ -38,3 +38,11 @@ def test_a_count_below_one_and_an_unknown_sort_are_refused() -> None:
     profile = profile_windows(TINY, windows=1)
     with pytest.raises(ValueError, match="sort"):
         format_profile(profile, sort="calls")
+
+
+def test_the_general_steps_are_profiled_without_the_small_window_path() -> None:
+    small = profile_windows(TINY, windows=2)
+    general = profile_windows(TINY, windows=2, small_windows=False)
+    assert any("small_window.py" in cost.name for cost in small.functions)
+    assert not any("small_window.py" in cost.name for cost in general.functions)
+    assert small.calls_per_window < general.calls_per_window

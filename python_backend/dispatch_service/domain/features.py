@@ -35,7 +35,7 @@ from dispatch_service.domain.candidates import (
     select_candidates,
 )
 from dispatch_service.domain.cities import City
-from dispatch_service.domain.coverage import cover_maximum_assignment, fits_spare
+from dispatch_service.domain.coverage import cover_maximum_assignment, fits_spare, list_width
 from dispatch_service.domain.feasibility import feasible, spare_slots
 from dispatch_service.domain.window import DispatchWindow
 
@@ -334,16 +334,29 @@ def _origins(
 
 
 def window_candidates(
-    window: DispatchWindow, settings: EncoderSettings, threads: int = 1
+    window: DispatchWindow,
+    settings: EncoderSettings,
+    threads: int = 1,
+    *,
+    widen_scarce: bool = False,
 ) -> NDArray[np.int32]:
     """[B, N] rider rows per order: the N nearest feasible riders, amended where riders are
     scarce so that the lists still hold an assignment serving as many orders as the exact
-    optimum (`coverage.cover_maximum_assignment`)."""
-    return _covered(window, select_candidates(window, settings.candidates_per_order, threads))
+    optimum (`coverage.cover_maximum_assignment`). ``widen_scarce`` (the served decision):
+    a scarce window lists more riders (`coverage.list_width`); training's windows keep N."""
+    spare = spare_slots(window.rider_load, window.rider_capacity)
+    n = settings.candidates_per_order
+    if widen_scarce:
+        n = list_width(n, int(spare.sum()), window.num_orders)
+    return _covered(window, select_candidates(window, n, threads), spare)
 
 
 def windows_candidates(
-    windows: Sequence[DispatchWindow], settings: EncoderSettings, threads: int = 1
+    windows: Sequence[DispatchWindow],
+    settings: EncoderSettings,
+    threads: int = 1,
+    *,
+    widen_scarce: bool = False,
 ) -> list[NDArray[np.int32]]:
     """`window_candidates` of each window, each the same as alone. For the windows of the
     usual small kind (every order with the same hard constraints, e.g. a one-order window,
@@ -364,36 +377,46 @@ def windows_candidates(
     equipment = joined([w.rider_equipment for w in windows])
     may = feasible(bits, equipment, joined([w.rider_vehicle for w in windows]), load, capacity)
     spare = spare_slots(load, capacity)
+    # Each window's spare slots in all: a scarce one may list more riders (`list_width`).
+    spare_in: list[int] | None = None
+    if widen_scarce:
+        total = np.concatenate(([0], np.cumsum(spare)))
+        spare_in = (total[ends] - total[starts]).tolist()
     out: dict[int, NDArray[np.int32]] = {}
-    usual: list[tuple[int, IntArray, int]] = []
+    usual: list[tuple[int, IntArray, int, int]] = []  # window, its riders, take, list width
     for at, window in enumerate(windows):
         riders = np.flatnonzero(may[starts[at] : ends[at]])
-        take = min(n, window.num_riders, riders.size)
+        wanted = n if spare_in is None else list_width(n, spare_in[at], window.num_orders)
+        width = min(wanted, window.num_riders)
+        take = min(width, riders.size)
         if shared[at] is None or preselects(take, riders.size):
-            out[at] = window_candidates(window, settings, threads)
+            out[at] = window_candidates(window, settings, threads, widen_scarce=widen_scarce)
         else:
-            usual.append((at, riders, take))
+            usual.append((at, riders, take, width))
     if not usual:
         return [out[at] for at in range(len(windows))]
     ranked = ranked_exactly(
-        [windows[at].pickup for at, _, _ in usual],
-        [windows[at].rider_position[riders] for at, riders, _ in usual],
-        [riders for _, riders, _ in usual],
-        [take for _, _, take in usual],
-        [rider_keys(windows[at], riders) for at, riders, _ in usual],
+        [windows[at].pickup for at, _, _, _ in usual],
+        [windows[at].rider_position[riders] for at, riders, _, _ in usual],
+        [riders for _, riders, _, _ in usual],
+        [take for _, _, take, _ in usual],
+        [rider_keys(windows[at], riders) for at, riders, _, _ in usual],
     )
     # Each order's nearest rider, as a row of all windows' riders: a window where one is
     # asked for more than its spare slots goes through `cover_maximum_assignment`.
     first = [
-        rows[:, 0] + starts[at] for (at, _, _), rows in zip(usual, ranked, strict=True) if rows.size
+        rows[:, 0] + starts[at]
+        for (at, _, _, _), rows in zip(usual, ranked, strict=True)
+        if rows.size
     ]
     fits = fits_spare(np.concatenate(first), spare) if first else np.ones(spare.size, bool)
     amend = set(np.searchsorted(ends, np.flatnonzero(~fits), side="right").tolist())
-    for (at, _, take), rows in zip(usual, ranked, strict=True):
+    for (at, _, take, width), rows in zip(usual, ranked, strict=True):
         window = windows[at]
-        listed = np.full((window.num_orders, min(n, window.num_riders)), -1, dtype=np.int32)
+        listed = np.full((window.num_orders, width), -1, dtype=np.int32)
         listed[:, :take] = rows
-        out[at] = _covered(window, listed) if at in amend else listed
+        own = spare[starts[at] : ends[at]]
+        out[at] = _covered(window, listed, own) if at in amend else listed
     return [out[at] for at in range(len(windows))]
 
 
@@ -407,13 +430,16 @@ def _shared_hard_bits(window: DispatchWindow) -> int | None:
     return first if hard.size == 1 or bool((hard == first).all()) else None
 
 
-def _covered(window: DispatchWindow, candidates: NDArray[np.int32]) -> NDArray[np.int32]:
+def _covered(
+    window: DispatchWindow, candidates: NDArray[np.int32], spare: NDArray[np.int64]
+) -> NDArray[np.int32]:
     """`window_candidates`' amendment where riders are scarce (`cover_maximum_assignment`),
-    its choices made in the order of the window's ids, not of its rows."""
+    its choices made in the order of the window's ids, not of its rows; ``spare``: the
+    riders' spare slots."""
     return cover_maximum_assignment(
         candidates,
         lambda: feasible_mask(window),
-        spare_slots(window.rider_load, window.rider_capacity),
+        spare,
         window.order_ids,
         window.rider_ids,
     )
@@ -424,11 +450,13 @@ def encode_window(
     city: City,
     settings: EncoderSettings | None = None,
     threads: int = 1,
+    *,
+    widen_scarce: bool = False,
 ) -> EncodedWindow:
-    """Select candidates (`window_candidates`) and encode their pairs in ``city``: the
-    whole feature_encoder step after locating the window."""
+    """Select candidates (`window_candidates`, ``widen_scarce`` as it takes it) and encode
+    their pairs in ``city``: the whole feature_encoder step after locating the window."""
     settings = settings or EncoderSettings()
-    candidates = window_candidates(window, settings, threads)
+    candidates = window_candidates(window, settings, threads, widen_scarce=widen_scarce)
     return EncodedWindow(
         pair_features=encode_pairs(window, candidates, settings, city),
         candidate_rider_index=candidates,

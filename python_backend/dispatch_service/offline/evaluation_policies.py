@@ -134,7 +134,7 @@ def _scored_policy(
     w = _checked_weights(weights)
 
     def decide(window: DispatchWindow, world: simulator.CityConfig) -> Decision:
-        encoded = encode_window(window, world.map, encoder)
+        encoded = encode_window(window, world.map, encoder, widen_scarce=True)
         candidates = encoded.candidate_rider_index
         objectives = score(encoded.pair_features)
         result = _resolve(

@@ -120,9 +120,11 @@ class FeatureEncoderStep:
         threads = self.threads.selection_threads
         chosen: list[NDArray[np.int32] | Exception]
         try:
-            chosen = [*windows_candidates(ready, self.encoder, threads)]
+            chosen = [*windows_candidates(ready, self.encoder, threads, widen_scarce=True)]
         except Exception:  # whichever window failed, it fails alone, the others are answered
-            chosen = isolated_outcomes(ready, lambda w: window_candidates(w, self.encoder, threads))
+            chosen = isolated_outcomes(
+                ready, lambda w: window_candidates(w, self.encoder, threads, widen_scarce=True)
+            )
         candidates = iter(chosen)
         selected: list[Selected | Exception] = []
         for item in located:
@@ -155,7 +157,9 @@ class FeatureEncoderStep:
         """The validated, located window, its city, its candidates and where each point
         came from."""
         window, city, sources = self._locate(window_from_wire(inputs, self.limits))
-        candidates = window_candidates(window, self.encoder, self.threads.selection_threads)
+        candidates = window_candidates(
+            window, self.encoder, self.threads.selection_threads, widen_scarce=True
+        )
         return window, city, candidates, sources
 
     @staticmethod

@@ -680,9 +680,9 @@ def test_batched_windows_whose_orders_share_hard_constraints_rank_as_the_definit
     alone: list[int] = []
     real = features.window_candidates
 
-    def counting(window: DispatchWindow, *args: Any) -> NDArray[np.int32]:
+    def counting(window: DispatchWindow, *args: Any, **kwargs: Any) -> NDArray[np.int32]:
         alone.append(window.num_orders)
-        return real(window, *args)
+        return real(window, *args, **kwargs)
 
     monkeypatch.setattr(features, "window_candidates", counting)
     together = features.windows_candidates(windows, settings)

@@ -230,13 +230,13 @@ def test_a_window_whose_candidates_fail_fails_alone_in_a_batch(
     expected = [step.run(tensors) for tensors in batch]
     real = features_module.window_candidates
 
-    def together(*args: Any) -> Any:
+    def together(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug in one window")
 
-    def alone(window: Any, *args: Any) -> Any:
+    def alone(window: Any, *args: Any, **kwargs: Any) -> Any:
         if window.num_riders == 7:
             raise RuntimeError("a bug in one window")
-        return real(window, *args)
+        return real(window, *args, **kwargs)
 
     monkeypatch.setattr(encoder_step, "windows_candidates", together)
     monkeypatch.setattr(encoder_step, "window_candidates", alone)

@@ -44,7 +44,7 @@ from dispatch_service.domain.candidates import (
     preselects,
     rider_feasible_for,
 )
-from dispatch_service.domain.coverage import cover_maximum_assignment
+from dispatch_service.domain.coverage import cover_maximum_assignment, is_scarce
 from dispatch_service.domain.feasibility import spare_slots
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.domain.hashing import rider_id_hashes
@@ -66,10 +66,6 @@ _RIDER_AT: Final = np.arange(_MOST_RANKED, dtype=np.int64)
 _ORDER_AT: Final = np.zeros(_MOST_RANKED, dtype=np.int64)
 _WIDTH: Final = len(OBJECTIVES)
 _INF: Final = math.inf
-# A window whose riders have fewer spare slots in all is left to the general selection:
-# where riders are scarce it may list more of them (`coverage`); a one-order window with
-# this many lists the configured N.
-_SPARE_SLOTS_AT_LEAST: Final = 2
 
 
 def one_order_candidates(
@@ -80,7 +76,7 @@ def one_order_candidates(
     if window.num_orders != 1:
         return None
     spare = spare_slots(window.rider_load, window.rider_capacity)
-    if int(spare.sum()) < _SPARE_SLOTS_AT_LEAST:
+    if is_scarce(int(spare.sum()), 1):  # the general selection may list more riders
         return None
     listed = min(settings.candidates_per_order, window.num_riders)
     out = np.full((1, listed), -1, dtype=np.int32)

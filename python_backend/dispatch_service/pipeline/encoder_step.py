@@ -39,6 +39,7 @@ from dispatch_service.domain.window_wire import (
 )
 from dispatch_service.geocoding.chain import GeocoderSettings
 from dispatch_service.geocoding.locations import WindowGeocoder
+from dispatch_service.pipeline.small_window import one_order_candidates
 from dispatch_service.pipeline.step_io import Arrays
 
 __all__ = ["FeatureEncoderStep", "geocoder_settings"]
@@ -97,12 +98,14 @@ class FeatureEncoderStep:
         return self.encode(inputs)[2]
 
     def encode(
-        self, inputs: Mapping[str, NDArray[Any] | None]
+        self, inputs: Mapping[str, NDArray[Any] | None], *, small_windows: bool = False
     ) -> tuple[DispatchWindow, City, Arrays]:
         """`run`, with the validated (and located) window it encoded and the city serving
         it: dispatch_fused hands the window to the resolver instead of unpacking and checking
-        the same tensors again, and routes it with its city's settings."""
-        window, city, candidates, sources = self._select(inputs)
+        the same tensors again, and routes it with its city's settings. ``small_windows``
+        (dispatch_fused's straight path): a one-order window's candidates ranked directly
+        (`small_window.one_order_candidates`: the same lists)."""
+        window, city, candidates, sources = self._select(inputs, small_windows)
         features = encode_pairs(window, candidates, self.encoder, city)
         return window, city, self._tensors(features, candidates, sources, city)
 
@@ -153,13 +156,17 @@ class FeatureEncoderStep:
         located, sources = self.geocoder.locate(window)
         return located, self.cities.locate(located), sources
 
-    def _select(self, inputs: Mapping[str, NDArray[Any] | None]) -> Selected:
+    def _select(
+        self, inputs: Mapping[str, NDArray[Any] | None], small_windows: bool = False
+    ) -> Selected:
         """The validated, located window, its city, its candidates and where each point
         came from."""
         window, city, sources = self._locate(window_from_wire(inputs, self.limits))
-        candidates = window_candidates(
-            window, self.encoder, self.threads.selection_threads, widen_scarce=True
-        )
+        candidates = one_order_candidates(window, self.encoder) if small_windows else None
+        if candidates is None:
+            candidates = window_candidates(
+                window, self.encoder, self.threads.selection_threads, widen_scarce=True
+            )
         return window, city, candidates, sources
 
     @staticmethod

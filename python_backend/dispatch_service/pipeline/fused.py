@@ -40,12 +40,10 @@ from dispatch_contract import (
     CANDIDATE_RIDER_INDEX,
     MODEL_VERSION_TAG,
     ORDER_FALLBACK_LEVEL,
-    ORDER_FIELDS,
     ORDER_LOCATION_SOURCE,
     ORDER_MODEL_VERSION,
     PAIR_FEATURES,
     PAIR_OBJECTIVES,
-    RIDER_FIELDS,
     WINDOW_CITY,
 )
 from dispatch_service.core.batches import batched_outcomes
@@ -53,20 +51,14 @@ from dispatch_service.core.model_config import config_parameters
 from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.core.settings import load_settings, reject_unknown
 from dispatch_service.core.signing import SigningError, TrustedKeys
-from dispatch_service.domain.candidates import preselects
 from dispatch_service.domain.cities import City
-from dispatch_service.domain.features import encode_pairs
 from dispatch_service.domain.window import DispatchWindow
-from dispatch_service.domain.window_wire import user_ids_from_wire, window_from_wire
+from dispatch_service.domain.window_wire import user_ids_from_wire
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
 from dispatch_service.pipeline.encoder_step import FeatureEncoderStep
 from dispatch_service.pipeline.onnx_runner import OnnxScorer, OrtSettings, version_scorer
 from dispatch_service.pipeline.resolver_step import TopKResolverStep
-from dispatch_service.pipeline.small_window import (
-    one_order_candidates,
-    resolved_one_order,
-    routed_alone,
-)
+from dispatch_service.pipeline.small_window import resolved_one_order, routed_alone
 from dispatch_service.pipeline.step_io import Arrays
 from dispatch_service.routing.engine import (
     ModelCallError,
@@ -217,9 +209,7 @@ class FusedDispatch:
     def run(self, inputs: Mapping[str, NDArray[Any] | None]) -> FusedResult:
         """One window's tensors (`dispatch`'s inputs) -> `dispatch`'s outputs."""
         started = time.perf_counter()
-        window, city, encoded = (
-            self._encode_small(inputs) if self.small_windows else None
-        ) or self.encoder.encode(inputs)
+        window, city, encoded = self.encoder.encode(inputs, small_windows=self.small_windows)
         encoded_at = time.perf_counter()
         served = ServedVersions(self.servable)
         routing, versions = route_window(
@@ -263,31 +253,6 @@ class FusedDispatch:
             window=window,
             weights=inputs.get("OBJECTIVE_WEIGHTS"),
         )
-
-    def _encode_small(
-        self, inputs: Mapping[str, NDArray[Any] | None]
-    ) -> tuple[DispatchWindow, City, Arrays] | None:
-        """`FeatureEncoderStep.encode` of a window of one order and few riders (its
-        candidates: `small_window.one_order_candidates`); None for any other window, told
-        by its tensors' shapes before any check (the encoder then does all of it), or by
-        its riders' room once validated (then validated again: a rare window)."""
-        orders, riders = inputs.get(ORDER_FIELDS.name), inputs.get(RIDER_FIELDS.name)
-        encoder = self.encoder
-        if (
-            type(orders) is not np.ndarray
-            or type(riders) is not np.ndarray
-            or orders.ndim != 2
-            or riders.ndim != 2
-            or orders.shape[0] != 1
-            or preselects(encoder.encoder.candidates_per_order, riders.shape[0])
-        ):
-            return None
-        window, city, sources = encoder._locate(window_from_wire(inputs, encoder.limits))
-        candidates = one_order_candidates(window, encoder.encoder)
-        if candidates is None:
-            return None
-        features = encode_pairs(window, candidates, encoder.encoder, city)
-        return window, city, encoder._tensors(features, candidates, sources, city)
 
     # ---- several windows of one execute ------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from dispatch_service.domain.cities import default_registry
 from dispatch_service.domain.scoring import ResolverSettings
 from dispatch_service.domain.window_wire import window_from_wire, window_to_wire
 from dispatch_service.offline.simulator import REGIMES, city_world, generate_regime_window
+from dispatch_service.pipeline import encoder_step
 from dispatch_service.pipeline import fused as fused_module
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.pipeline.small_window import resolved_one_order
@@ -72,9 +74,11 @@ def _random_windows(count: int, seed: int) -> Iterator[Tensors]:
         yield tensors
 
 
-def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[bool]:
-    """Whether each call of the fused module's ``name`` answered (not None)."""
-    original: Callable[..., Any] = getattr(fused_module, name)
+def _counted(
+    monkeypatch: pytest.MonkeyPatch, name: str, module: ModuleType = fused_module
+) -> list[bool]:
+    """Whether each call of ``module``'s ``name`` answered (not None)."""
+    original: Callable[..., Any] = getattr(module, name)
     answered: list[bool] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
@@ -82,7 +86,7 @@ def _counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[bool]:
         answered.append(result is not None)
         return result
 
-    monkeypatch.setattr(fused_module, name, spy)
+    monkeypatch.setattr(module, name, spy)
     return answered
 
 
@@ -100,7 +104,7 @@ def test_wiring_small_path_answers_as_the_general_steps_on_random_windows(
     paths: tuple[FusedDispatch, FusedDispatch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     small, general = paths
-    listed = _counted(monkeypatch, "one_order_candidates")
+    listed = _counted(monkeypatch, "one_order_candidates", encoder_step)
     routed = _counted(monkeypatch, "routed_alone")
     resolved = _counted(monkeypatch, "resolved_one_order")
     for tensors in _random_windows(400, seed=49):

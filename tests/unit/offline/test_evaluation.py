@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from dispatch_contract import PAIR_FEATURE_NAMES
+from dispatch_contract import DEFAULT_OBJECTIVE_WEIGHTS, PAIR_FEATURE_NAMES
 from dispatch_service.core.errors import DispatchInputError
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import SCORING_MODEL, model_layout
@@ -101,3 +101,72 @@ def test_weights_are_checked_as_a_request_s_and_recorded(tmp_path: Path) -> None
     summary = json.loads((out / "summary.json").read_text())
     assert summary["setup"]["objective_weights"] == [1.0, 0.0, 0.0]
     assert "OBJECTIVE_WEIGHTS [1.0, 0.0, 0.0]" in (out / "report.md").read_text()
+
+
+def _cell(*, captured: float, ece: float, late_high: float) -> dict[str, object]:
+    """One regime of one city for `evaluation.targets`, model figures set by hand."""
+    model = {
+        "windows_above_optimum_unassigned": 0,
+        "vs_rule_eta": {
+            "mean_delivery": [-1.0, -1.5, -0.5],
+            "late_rate": [-0.02, -0.03, late_high],
+        },
+        "oracle_gain_captured": captured,
+        "minutes_oracle_gain_captured": captured,
+        "calibration": {"dispatched": {"ontime_ece": ece}},
+    }
+    return {"policies": {"model": model}}
+
+
+def test_targets_judge_every_cell_against_the_issue_s_bounds_by_hand() -> None:
+    """Held-out cities in every regime (scarce ones included) at 70 %, scarce regimes at 50 %,
+    ECE at 0.03, and the default weights against the choice's fixed baseline: each row met
+    or NOT met as the hand-set figures say."""
+    shapes = {"default": {"scarce": False}, "scarcity": {"scarce": True}}
+    summary = {
+        "setup": {"regimes": shapes},
+        "cities": {
+            "seen": {
+                "regimes": {
+                    "default": _cell(captured=0.9, ece=0.01, late_high=-0.01),
+                    "scarcity": _cell(captured=0.55, ece=0.02, late_high=-0.01),
+                }
+            },
+            "unseen": {
+                "regimes": {
+                    "default": _cell(captured=0.8, ece=0.04, late_high=0.001),
+                    "scarcity": _cell(captured=0.6, ece=0.01, late_high=-0.01),
+                }
+            },
+        },
+    }
+    default = ",".join(str(w) for w in DEFAULT_OBJECTIVE_WEIGHTS)
+    late = {"seen/default": [-0.02, -0.03, -0.01], "unseen/scarcity": [-0.01, -0.02, 0.002]}
+    summary["weights_choice"] = {
+        "model": "model",
+        "baseline_weights": [0.8, 0.0, 0.2],
+        "candidates": {
+            default: {
+                "slower_than_rule": [],
+                "per_regime": {
+                    cell: {"vs_baseline": {"late_rate": ci}} for cell, ci in late.items()
+                },
+            }
+        },
+    }
+    rows = {name.split(":")[0].split(" (")[0]: (met, figures) for name, met, figures in
+            evaluation.targets(summary, "model", ["seen"])}  # fmt: skip
+    weights = rows[f"the default weights {default}"]
+    assert weights == (False, weights[1]) and "not in unseen/scarcity" in weights[1]
+    assert rows["beats rule_eta"] == (False, "not in unseen/default")
+    trained = rows["trained cities"]
+    assert trained[0] and "seen/default: 90 %" in trained[1]
+    held_out = rows["held-out cities"]
+    assert not held_out[0] and held_out[1] == "below in unseen/scarcity: 60 %"
+    scarce = rows["scarce regimes"]
+    assert scarce[0] and scarce[1] == "all 2; lowest seen/scarcity: 55 %"
+    ece = rows["dispatched pairs"]
+    assert not ece[0] and ece[1].startswith("1 of 4 above; worst unseen/default: 0.040")
+    summary["weights_choice"]["model"] = "another model"
+    assert not any(name.startswith("the default") for name, _, _ in
+                   evaluation.targets(summary, "model", ["seen"]))  # fmt: skip

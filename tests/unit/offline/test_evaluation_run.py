@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -171,3 +172,17 @@ def test_a_registry_of_new_cities_is_judged_from_their_entries() -> None:
         night = summary["cities"][city]["regimes"]["night"]
         assert night["orders"] == simulator.REGIMES["night"].num_orders
         assert 0.0 <= night["policies"]["model_v1"]["late_rate"] <= 1.0
+
+
+def test_parallel_cells_wiring_gives_the_serial_summary() -> None:
+    """Wiring: `evaluate(..., jobs=2)` builds the policies in each worker and returns, cell for
+    cell, the summary of the serial run (the same windows and noise)."""
+    config = evaluation_run.EvaluationConfig(
+        windows=1, regimes=("night", "scarcity"), cities=("chengdu", "shenzhen")
+    )
+    build = functools.partial(evaluation_run.choice_policies, V1)
+    serial = evaluation_run.evaluate(build(), config)
+    parallel = evaluation_run.evaluate(build, config, jobs=2)
+    assert json.dumps(parallel, sort_keys=True) == json.dumps(serial, sort_keys=True)
+    with pytest.raises(TypeError, match="builds its policies"):
+        evaluation_run.evaluate(build(), config, jobs=2)

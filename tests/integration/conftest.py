@@ -1,4 +1,7 @@
-"""A real tritonserver on free loopback ports for the whole integration session."""
+"""Real tritonservers on free loopback ports for the whole integration session: `triton`,
+which every module leaves as it was started, and `routing_triton`, whose routing and scoring
+versions the modules that change them put back to the shipped state when they end (a start
+is about 10 CPU-seconds of stubs: one start serves them all)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import tritonclient.http as httpclient
 
 from dispatch_client.keys import SHM_KEY_ENV
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from fleet_helpers import ROUTING_ADMIN_KEY, apply_shipped
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +50,27 @@ def grpc_client(triton: TritonServer) -> Iterator[grpcclient.InferenceServerClie
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def _routing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    log = tmp_path_factory.mktemp("routing") / "server.log"
+    # A refused load leaves Triton counting one live model at exit: wait 3 s for it, not 10.
+    options = ServerOptions(
+        ports=Ports.free(),
+        admin_key=ROUTING_ADMIN_KEY,
+        extra_args=("--exit-timeout-secs=3",),
+        live_routing=True,
+    )
+    with TritonServer(TritonRuntime.from_venv(), options, log) as started:
+        yield started
+    print(f"routing tritonserver log: {log}")
+
+
+@pytest.fixture(scope="module")
+def routing_triton(_routing_server: TritonServer) -> Iterator[TritonServer]:
+    """A server routed as a fleet replica's launcher routes it (`fleet_helpers.
+    apply_revision`: versions loaded, the live routing file written, versions retired), in
+    the shipped state when a module starts; the module's changes are undone when it ends."""
+    yield _routing_server
+    apply_shipped(_routing_server, ROUTING_ADMIN_KEY)

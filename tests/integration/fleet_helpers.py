@@ -6,9 +6,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.ops.fleet_apply import retire_versions, switch_state
+from dispatch_service.ops.fleet_state import initial_state
 from dispatch_service.routing.live import read_entry_points, routing_digest
 from dispatch_service.routing.settings import IN_PROCESS_ROUTING_MODELS, ROUTER_MODEL_NAME
+
+# The admin key of the session's routing server (conftest `routing_triton`).
+ROUTING_ADMIN_KEY = "routing-test-key"
 
 
 def apply_revision(server: Any, state: Any, admin_key: str | None) -> None:
@@ -31,3 +36,9 @@ def apply_revision(server: Any, state: Any, admin_key: str | None) -> None:
             return
         assert time.monotonic() < deadline, reports
         time.sleep(0.1)
+
+
+def apply_shipped(server: Any, admin_key: str | None) -> None:
+    """Route ``server`` as the shipped repository does before any revision (its versions,
+    `INITIAL_ROUTING`): what a module that changed the routing puts back."""
+    apply_revision(server, initial_state(MODEL_REPOSITORY), admin_key)

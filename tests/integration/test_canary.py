@@ -1,10 +1,10 @@
 """Server-side canary, shadow traffic and the fallback chain on a live server.
 
 These tests change the server's state (its routing, loaded dispatch_model versions), so they
-run against their own server (module scope, own free ports, an admin key), never the session
-server the other integration tests share. Routing changes as on every replica: a revision
-applied through the live routing file (`fleet_helpers.apply_revision`). Every test puts back
-what it changed.
+run against the routing server (conftest `routing_triton`, put back to the shipped state after
+each module that changes it), never the session server the other integration tests share.
+Routing changes as on every replica: a revision applied through the live routing file
+(`fleet_helpers.apply_revision`). Every test puts back what it changed.
 """
 
 from __future__ import annotations
@@ -34,33 +34,23 @@ from dispatch_service.ops.model_control import (
     unload_model,
     with_versions,
 )
-from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.server import TritonServer
 from dispatch_service.routing.live import read_entry_points, write_routing_file
 from dispatch_service.routing.settings import FUSED_MODEL_NAME, CityRoute, RouterSettings
-from fleet_helpers import apply_revision
+from fleet_helpers import ROUTING_ADMIN_KEY, apply_revision
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_http, metric_series
 
 Arrays = dict[str, np.ndarray[Any, Any]]
-ADMIN_KEY = "canary-test-key"
+ADMIN_KEY = ROUTING_ADMIN_KEY
 SHIPPED = RouterSettings(stable_version=1, canary_version=2, scoring_versions=(1, 2))
 METRICS_SETTLE_S = 0.2  # four flushes of the models' metrics thread
 _REVISIONS = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    runtime = TritonRuntime.from_venv()
-    log = tmp_path_factory.mktemp("canary") / "server.log"
-    # A refused load leaves Triton counting one live model at exit: wait 3 s for it, not 10.
-    options = ServerOptions(
-        ports=Ports.free(),
-        admin_key=ADMIN_KEY,
-        extra_args=("--exit-timeout-secs=3",),
-        live_routing=True,
-    )
-    with TritonServer(runtime, options, log) as started:
-        yield started
-    print(f"canary tritonserver log: {log}")
+def server(routing_triton: TritonServer) -> TritonServer:
+    """The session's routing server (conftest), in the shipped state when the module starts."""
+    return routing_triton
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,12 @@
 city's windows only, through `dispatch` (the encoder's WINDOW_CITY to dispatch_router) and
 `dispatch_fused` alike, the order metrics carry the city, and ``rollback --city`` takes it
 back; each routing applied as a fleet replica applies a revision (`fleet_helpers.
-apply_revision`). Its own server: it changes the server's routing.
+apply_revision`). On the routing server (conftest `routing_triton`): it changes the routing.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,28 +18,20 @@ from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import city_worlds, generate_window
 from dispatch_service.ops.fleet_revisions import deployed, rolled_back
 from dispatch_service.ops.fleet_state import FleetState
-from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.server import TritonServer
 from dispatch_service.routing.settings import RouterSettings
-from fleet_helpers import apply_revision
+from fleet_helpers import ROUTING_ADMIN_KEY, apply_revision
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, metric_series
 
-ADMIN_KEY = "city-routing-test-key"
+ADMIN_KEY = ROUTING_ADMIN_KEY
 ENTRY_POINTS = ("dispatch", "dispatch_fused")
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    log = tmp_path_factory.mktemp("city_routing") / "server.log"
-    options = ServerOptions(
-        ports=Ports.free(),
-        admin_key=ADMIN_KEY,
-        extra_args=("--exit-timeout-secs=3",),
-        live_routing=True,
-    )
-    with TritonServer(TritonRuntime.from_venv(), options, log) as started:
-        yield started
-    print(f"city routing tritonserver log: {log}")
+def server(routing_triton: TritonServer) -> TritonServer:
+    """The session's routing server (conftest), in the shipped state when the module starts."""
+    return routing_triton
 
 
 def city_window(city: str, seed: int, orders: int = 16, riders: int = 60) -> Arrays:

@@ -8,12 +8,12 @@ once as well, so that the windows of one execute share their calls), reached the
 replica's launcher applies a revision (`fleet_apply.switch_state`: versions loaded, the live
 routing file written, left-over versions retired): one version (``rollback --unload-canary``),
 stable + canary with shadow traffic (``deploy``, ``shadow``), and after a plain ``rollback``
-that keeps the old canary loaded. Its own server: it changes the server's state.
+that keeps the old canary loaded. On the routing server (conftest `routing_triton`): it
+changes the server's state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,32 +26,24 @@ from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import city_worlds, generate_window
 from dispatch_service.ops.fleet_state import FleetState
 from dispatch_service.ops.model_control import ready_versions
-from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+from dispatch_service.ops.server import TritonServer
 from dispatch_service.routing.settings import (
     IN_PROCESS_ROUTING_MODELS,
     RouterSettings,
 )
-from fleet_helpers import apply_revision
+from fleet_helpers import ROUTING_ADMIN_KEY, apply_revision
 from triton_helpers import ROUTED_OUTPUT_NAMES, infer_grpc, sim_window
 
-ADMIN_KEY = "parity-test-key"
+ADMIN_KEY = ROUTING_ADMIN_KEY
 MODEL = "dispatch_model"
 TAGS = (None, "stable", "canary", "1", "2", "7")  # 7: a version that exists nowhere
 Arrays = dict[str, np.ndarray[Any, Any]]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    log = tmp_path_factory.mktemp("parity") / "server.log"
-    options = ServerOptions(
-        ports=Ports.free(),
-        admin_key=ADMIN_KEY,
-        extra_args=("--exit-timeout-secs=3",),
-        live_routing=True,
-    )
-    with TritonServer(TritonRuntime.from_venv(), options, log) as started:
-        yield started
-    print(f"parity tritonserver log: {log}")
+def server(routing_triton: TritonServer) -> TritonServer:
+    """The session's routing server (conftest), in the shipped state when the module starts."""
+    return routing_triton
 
 
 def random_request(rng: np.random.Generator, tag: str | None) -> Arrays:

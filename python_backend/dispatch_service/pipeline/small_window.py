@@ -4,8 +4,8 @@ Why: a one-order window's scoring and assignment take microseconds, yet the gene
 spend hundreds on numpy calls over a handful of values and on the bookkeeping that serves
 many orders, several versions and batches (`perf.window_profile` counts them). Here each
 stage of such a window is done directly, and each returns None where the window is not the
-kind it handles; `FusedDispatch.run` then runs that stage's general code on the same
-values, which also names any rule the window breaks:
+kind it handles; the caller (`FeatureEncoderStep.encode`, `FusedDispatch.run`) then runs
+that stage's general code on the same values, which also names any rule the window breaks:
 
 - `one_order_candidates`: a one-order window's candidates when every feasible rider is
   ranked exactly (`candidates.preselects` false): the same distances
@@ -16,10 +16,11 @@ values, which also names any rule the window breaks:
   and the assignment's argmin over plain Python lists (`resolver`'s keys and
   `assignment.uncontested_best`'s rule; ties and hash collisions go to the general code).
 
-Every answer is the general path's byte for byte: the values come from the domain's own
-functions (distances, feature encoding, scores, checks), only the ordering and the picking
-over a few values is done here, with the general code's keys. `FusedDispatch.small_windows`
-turns the path off (tests compare both on many random windows).
+Every answer is the general path's byte for byte: distances, features and checks are the
+domain's own functions, the scores `scoring`'s arithmetic on Python floats (the same IEEE
+operations in the same order), and the ordering and picking over a few values use the
+general code's keys. `FusedDispatch.small_windows` turns the path off (tests compare both
+on many random windows).
 """
 
 from __future__ import annotations

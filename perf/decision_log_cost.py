@@ -64,6 +64,8 @@ __all__ = ["bodies_with_ids", "in_process_cost", "main"]
 MODEL = "dispatch_fused"
 # How long the next level waits at most for the last level's records to be in the store.
 SETTLE_TIMEOUT_S = 60.0
+# Windows per block of the in-process measurement (about a third of a second each).
+IN_PROCESS_BLOCK = 250
 
 
 def bodies_with_ids(count: int) -> list[RequestBody]:
@@ -120,15 +122,22 @@ def settle(store: Path, expected: int) -> float:
 
 
 def _thread_cpu_s(native_id: int) -> float:
-    """CPU seconds (user + system) of one thread of this process (Linux /proc)."""
-    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of one thread of this process, to the nanosecond (Linux
+    ``/proc/self/task/<id>/schedstat``: its time on a CPU, where ``stat`` counts 10 ms ticks)."""
+    return int(Path(f"/proc/self/task/{native_id}/schedstat").read_text().split()[0]) / 1e9
 
 
-def in_process_cost(windows: int, rounds: int) -> dict[str, Any]:
+def in_process_cost(windows: int, block: int = IN_PROCESS_BLOCK) -> dict[str, Any]:
     """Microseconds of CPU per small window that `FusedDispatch.run` costs in this process
-    with records and without (medians over alternating rounds), and the writer thread's
-    share: what a stub pays for its records, which the host's other load moves little."""
+    with records and without, and the writer thread's share: what a stub pays for its
+    records, which the host's other load moves little.
+
+    ``windows`` per arm, in blocks of ``block`` alternating off / on (the order swapped
+    each pair, so that a drift of the host's load falls on both); the request thread's
+    figure is the median over the blocks. One writer on a fresh SQLite store takes the on
+    blocks' windows as `dispatch_fused` hands them and writes while the next windows run,
+    as in a stub; each on block ends with a flush, so none of its batches falls into an off
+    block."""
     settings = FusedSettings.from_parameters(
         config_parameters(profile_config_path(MODEL_REPOSITORY / FUSED_MODEL_NAME))
     )
@@ -137,36 +146,46 @@ def in_process_cost(windows: int, rounds: int) -> dict[str, Any]:
     for window in inputs:  # warm-up
         dispatch.run(window)
     store = Path(tempfile.mkdtemp(prefix="decision-log-cost-in-process-")) / "o.sqlite3"
-    samples: dict[str, list[float]] = {
-        name: [] for name in ("off", "on", "off_request_thread", "on_request_thread", "writer")
-    }
-    for round_no in range(rounds):
-        for name in ("on", "off") if round_no % 2 == 0 else ("off", "on"):
-            writer = DecisionWriter(lambda: open_store(store)) if name == "on" else None
-            process, thread = time.process_time(), time.thread_time()
-            for n in range(windows):
-                result = dispatch.run(inputs[n % len(inputs)])
-                if writer is not None:
-                    request_id = f"in-process-{round_no}-{n}"
-                    answered = fused_answered_window(request_id, MODEL, result)
-                    if answered is not None:
-                        writer.submit(answered)
-            if writer is not None:
-                writer.flush(60.0)
-                writing = _thread_cpu_s(writer.thread_id)
-                writer.close()
-                samples["writer"].append(writing)
-            samples[f"{name}_request_thread"].append(time.thread_time() - thread)
-            samples[name].append(time.process_time() - process)
+    writer = DecisionWriter(lambda: open_store(store))
+    blocks = max(1, windows // block)
+    request: dict[str, list[float]] = {"off": [], "on": []}
+    process: dict[str, list[float]] = {"off": [], "on": []}
+    writing = 0.0
+    sent = 0
+    try:
+        for pair in range(blocks):
+            for name in ("off", "on") if pair % 2 == 0 else ("on", "off"):
+                before_writer = _thread_cpu_s(writer.thread_id)
+                cpu, thread = time.process_time(), time.thread_time()
+                for n in range(block):
+                    result = dispatch.run(inputs[n % len(inputs)])
+                    if name == "on":
+                        sent += 1
+                        answered = fused_answered_window(f"in-process-{sent}", MODEL, result)
+                        if answered is not None:
+                            writer.submit(answered)
+                if name == "on":
+                    writer.flush(60.0)
+                request[name].append((time.thread_time() - thread) / block)
+                process[name].append((time.process_time() - cpu) / block)
+                writing += _thread_cpu_s(writer.thread_id) - before_writer
+        written = writer.counts.written
+    finally:
+        writer.close()
     per_window = {
-        name: round(1e6 * statistics.median(values) / windows, 1)
-        for name, values in samples.items()
+        "off": round(1e6 * statistics.median(process["off"]), 1),
+        "on": round(1e6 * statistics.median(process["on"]), 1),
+        "off_request_thread": round(1e6 * statistics.median(request["off"]), 1),
+        "on_request_thread": round(1e6 * statistics.median(request["on"]), 1),
+        "writer": round(1e6 * writing / (blocks * block), 1),
     }
     return {
-        "windows_per_round": windows,
-        "rounds": rounds,
+        "windows_per_arm": blocks * block,
+        "block": block,
+        "records_written": written,
         "cpu_us_per_window": per_window,
         "cpu_ratio_off_on": round(per_window["off"] / per_window["on"], 3),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -184,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-process", type=int, default=0, help="windows per round")
     parser.add_argument("--out", type=Path, default=None, help="default: perf/reports/")
     args = parser.parse_args(argv)
-    in_process = in_process_cost(args.in_process, 6) if args.in_process else None
+    in_process = in_process_cost(args.in_process) if args.in_process else None
     if in_process is not None:
         print(f"in process, CPU us per small window: {in_process['cpu_us_per_window']}", flush=True)
     runtime = TritonRuntime.from_venv()

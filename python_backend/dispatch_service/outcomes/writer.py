@@ -20,9 +20,9 @@ own connection to the store.
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -89,7 +89,10 @@ class DecisionWriter:
         """``on_counts`` gets each change of the counts (from the writer's thread, or from
         `submit` for a drop); ``on_error`` each store failure."""
         self._open_store = open_store
-        self._queue: queue.Queue[AnsweredWindow | None] = queue.Queue(maxsize=max_queued)
+        # Appended by `submit`, popped by the writer's thread: a deque's append and popleft
+        # hold no lock (the GIL makes each atomic), so a request never waits for the writer.
+        self._queue: deque[AnsweredWindow] = deque()
+        self.max_queued = max_queued
         self.batch_windows = batch_windows
         self.write_interval_s = write_interval_s
         self.on_counts = on_counts
@@ -99,9 +102,11 @@ class DecisionWriter:
         self._counts_lock = threading.Lock()
         self._store: OutcomeStore | None = None
         self._failed_at: float | None = None
-        self._idle = threading.Condition()
-        self._pending = 0  # windows submitted and not yet written or dropped
+        self._wake = threading.Event()  # set by a submit while the writer has not seen it
         self._hurry = threading.Event()  # set while someone waits for the queue to empty
+        self._idle = threading.Condition()  # notified after each batch (`flush` waits on it)
+        self._writing = False  # the writer holds windows popped and not yet written
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="decision-writer", daemon=True)
         self._thread.start()
 
@@ -126,81 +131,80 @@ class DecisionWriter:
                 self.on_counts(change)
 
     def submit(self, window: AnsweredWindow) -> bool:
-        """Queue the window's records; False (and counted) when the queue is full."""
-        with self._idle:
-            self._pending += 1
-        try:
-            self._queue.put_nowait(window)
-        except queue.Full:
-            self._done(1)
+        """Queue the window's records; False (and counted) when the queue is full. Takes no
+        lock but the first time after the writer woke (`threading.Event.set`)."""
+        if len(self._queue) >= self.max_queued:
             self._count(WriterCounts(dropped_queue_full=len(window.order_ids)))
             return False
+        self._queue.append(window)
+        if not self._wake.is_set():
+            self._wake.set()
         return True
 
     def count_unreadable(self, orders: int = 1) -> None:
         """A window whose records could not be built (by its entry point)."""
         self._count(WriterCounts(dropped_unreadable=orders))
 
-    def _done(self, windows: int) -> None:
-        with self._idle:
-            self._pending -= windows
-            if self._pending <= 0:
-                self._hurry.clear()
-                self._idle.notify_all()
-
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Write what is queued now (no waiting out the interval) and wait until every
         submitted window is written or dropped; False on timeout."""
         with self._idle:
-            if self._pending > 0:
+            if self._queue:
                 self._hurry.set()
-            return self._idle.wait_for(lambda: self._pending <= 0, timeout_s)
+            return self._idle.wait_for(lambda: not self._queue and not self._writing, timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Write what is queued (up to ``timeout_s``), stop the thread, close the store."""
         self.flush(timeout_s)
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=1.0)
+        self._closing = True
         self._hurry.set()
+        self._wake.set()
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                break
-            if self._queue.qsize() < self.batch_windows:
+        while not self._closing:
+            self._wake.wait()
+            self._wake.clear()  # before the queue is read: a later submit sets it again
+            if 0 < len(self._queue) < self.batch_windows and not self._closing:
                 self._hurry.wait(self.write_interval_s)  # let the batch gather
-            batch = [first]
-            while len(batch) < self.batch_windows:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._write(batch)
-                    self._close_store()
-                    return
-                batch.append(item)
-            self._write(batch)
+            self._drain()
+        self._drain()
         self._close_store()
 
-    def _write(self, batch: list[AnsweredWindow]) -> None:
-        try:
-            rows = self._rows(batch)
-            if not len(rows):
-                return
+    def _drain(self) -> None:
+        """Write the windows queued now, ``batch_windows`` to a transaction (those queued
+        meanwhile gather for the next)."""
+        left = len(self._queue)
+        while True:
+            with self._idle:
+                self._writing = True  # before the pop: `flush` sees the batch in one place
+            batch = [self._queue.popleft() for _ in range(min(left, self.batch_windows))]
+            left -= len(batch)
             try:
-                store = self._store_now()
-                written = store.write_decision_rows(rows, recorded_at=self.clock())
-            except Exception as exc:
-                if not isinstance(exc, _NotReopenedError):
-                    self._failed(exc)
-                self._count(WriterCounts(dropped_store_error=len(rows)))
-            else:
-                self._count(WriterCounts(written=written, duplicate=len(rows) - written))
-        finally:
-            self._done(len(batch))
+                if batch:
+                    self._write(batch)
+            finally:
+                with self._idle:
+                    self._writing = False
+                    if not self._queue:
+                        self._hurry.clear()
+                    self._idle.notify_all()
+            if not batch:
+                return
+
+    def _write(self, batch: list[AnsweredWindow]) -> None:
+        rows = self._rows(batch)
+        if not len(rows):
+            return
+        try:
+            store = self._store_now()
+            written = store.write_decision_rows(rows, recorded_at=self.clock())
+        except Exception as exc:
+            if not isinstance(exc, _NotReopenedError):
+                self._failed(exc)
+            self._count(WriterCounts(dropped_store_error=len(rows)))
+        else:
+            self._count(WriterCounts(written=written, duplicate=len(rows) - written))
 
     def _rows(self, batch: list[AnsweredWindow]) -> DecisionRows:
         """The batch's records, built together; where a window's arrays cannot be read,

@@ -88,6 +88,24 @@ def test_a_slow_store_fills_the_queue_and_submit_does_not_wait(tmp_path: Path) -
     assert open_store(tmp_path / "o.sqlite3").counts().decisions == 18
 
 
+def test_flush_waits_for_the_batch_in_the_store(tmp_path: Path) -> None:
+    """A window popped from the queue and not yet written is still pending for `flush`."""
+    gate = threading.Event()
+    store = GatedStore(tmp_path / "o.sqlite3", gate)
+    writer = DecisionWriter(lambda: store)  # type: ignore[arg-type,return-value]
+    writer.submit(answered_window("held", orders=3))
+    assert writer.flush(timeout_s=0.0) is False  # queued, not written
+    assert store.entered.wait(10.0)  # the queue is empty now: the batch is in the store
+    assert writer.flush(timeout_s=0.2) is False
+    assert writer.counts.written == 0
+    gate.set()
+    assert writer.flush(timeout_s=30.0)
+    assert writer.counts == WriterCounts(written=3)
+    writer.submit(answered_window("last", orders=1))  # written by close, not lost
+    writer.close(timeout_s=30.0)
+    assert open_store(tmp_path / "o.sqlite3").counts().decisions == 4
+
+
 class FailingThenWorking:
     """Opens fail until ``healthy`` is set, then a real store opens."""
 

@@ -13,6 +13,9 @@ import tritonclient.http as httpclient
 
 from dispatch_contract import CoordSystem
 from dispatch_service.domain import geo
+from dispatch_service.domain.candidates import select_candidates
+from dispatch_service.domain.window_wire import window_to_wire
+from dispatch_service.offline.simulator import REGIMES, generate_regime_window
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.pipeline.stacking import StackingSettings
@@ -167,6 +170,30 @@ def test_stacked_orders_are_priced_alike_by_both_entry_points(
         np.testing.assert_allclose(ensemble[name], local[name], rtol=1e-5, err_msg=name)
     plain = stand_alone.run(window)
     assert not np.array_equal(plain["TOPK_OBJECTIVES"], ensemble["TOPK_OBJECTIVES"])
+
+
+def test_a_scarce_window_is_assigned_over_32_candidates_by_both_entry_points(
+    http_client: httpclient.InferenceServerClient,
+    grpc_client: grpcclient.InferenceServerClient,
+) -> None:
+    """Riders with about one spare slot per order: the ensemble (feature_encoder's wider
+    lists through the router and the resolver) and dispatch_fused give the in-process
+    library's answer, in which some order rides with a rider beyond its 16 nearest."""
+    scarce = generate_regime_window(np.random.default_rng(3), REGIMES["scarcity"])
+    window = window_to_wire(scarce)
+    ensemble = infer_http(http_client, window, output_names=ROUTED_OUTPUT_NAMES)
+    fused = infer_grpc(
+        grpc_client, window, model=FUSED_MODEL_NAME, output_names=ROUTED_OUTPUT_NAMES
+    )
+    for name in ROUTED_OUTPUT_NAMES:
+        np.testing.assert_array_equal(fused[name], ensemble[name], err_msg=name)
+    local = DispatchPipeline.from_repository().run(window)
+    for name in OUTPUT_NAMES:
+        np.testing.assert_allclose(ensemble[name], local[name], rtol=1e-5, err_msg=name)
+    nearest = select_candidates(scarce, 16)
+    assigned = ensemble["ASSIGNED_RIDER_INDEX"]
+    beyond = (assigned >= 0) & ~(nearest == assigned[:, None]).any(axis=1)
+    assert beyond.any()
 
 
 def test_objective_weights_override_per_request(

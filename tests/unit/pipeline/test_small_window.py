@@ -26,6 +26,7 @@ from dispatch_service.pipeline import encoder_step
 from dispatch_service.pipeline import fused as fused_module
 from dispatch_service.pipeline.fused import FusedDispatch, FusedResult
 from dispatch_service.pipeline.small_window import resolved_one_order
+from dispatch_service.routing.fallback import FallbackLevel
 from dispatch_service.routing.settings import FusedSettings, RouterSettings
 from perf.window_answers import answer_digests, fused_dispatch
 
@@ -215,3 +216,15 @@ def test_a_negative_eta_is_refused_naming_the_tensor() -> None:
         resolved_one_order(tensors, candidates, objectives, window, ResolverSettings())
     assert caught.value.tensor == "PAIR_OBJECTIVES"
     assert "row 3" in caught.value.rule
+
+
+def test_wiring_small_path_reports_cpu_scoring_as_the_general_steps(
+    paths: tuple[FusedDispatch, FusedDispatch],
+) -> None:
+    """While the scoring model runs on CPU instances every chosen order says so."""
+    routing = RouterSettings(stable_version=1, cpu_scoring=1)
+    small, general = (dataclasses.replace(path, settings=FusedSettings(routing)) for path in paths)
+    for tensors in _random_windows(20, seed=5):
+        got = small.run(tensors)
+        _same(got, general.run(tensors))
+        assert set(got.routed.fallback_level.tolist()) == {FallbackLevel.CPU_SCORED}

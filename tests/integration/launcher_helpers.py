@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from patience import patience
 
 from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
@@ -32,7 +34,15 @@ from dispatch_service.ops import admin
 from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.server import Ports
 
-__all__ = ["EXAMPLE", "Launcher", "free_port", "signed_repository", "status", "worse_version"]
+__all__ = [
+    "EXAMPLE",
+    "Launcher",
+    "SharedLauncher",
+    "free_port",
+    "signed_repository",
+    "status",
+    "worse_version",
+]
 
 EXAMPLE = REPO_ROOT / "client" / "examples" / "window_small.json"
 
@@ -138,6 +148,19 @@ class Launcher:
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         self.lines: list[str] = []
+        self._reader: threading.Thread | None = None
+        self.key_dir = key_dir
+        self.health_url = f"http://127.0.0.1:{extra[extra.index('--health-port') + 1]}"
+
+    @property
+    def admin_key(self) -> str:
+        return (self.key_dir / "admin.key").read_text().strip()
+
+    def keep_reading(self) -> None:
+        """Collect the launcher's later stdout lines in the background (into ``lines``), so
+        that a launcher kept for several tests never blocks on a full pipe."""
+        self._reader = threading.Thread(target=self.read_until, args=("\0", 3600), daemon=True)
+        self._reader.start()
 
     def read_until(self, marker: str, timeout_s: float) -> bool:
         """Collect stdout lines until one starts with ``marker`` or the process ends.
@@ -185,7 +208,38 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._reader is not None:  # at the end of its output: closing it under it would fail
+            self._reader.join(timeout=10)
         for stream in (self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()
         return int(self.process.returncode)
+
+
+class SharedLauncher:
+    """One launcher for several tests of a module (a start is about 10 CPU-seconds of stubs),
+    ready when `get` returns it; started again, in a folder of its own, for the next test
+    where one has ended it (so a test that stops it may run in any place)."""
+
+    def __init__(self, folder: Path, *extra: str) -> None:
+        self.folder, self.extra = folder, extra
+        self.launcher: Launcher | None = None
+        self.starts = 0
+
+    def get(self) -> Launcher:
+        if self.launcher is None or self.launcher.process.poll() is not None:
+            self.stop()
+            folder = self.folder / f"launcher-{self.starts}"
+            folder.mkdir()
+            self.starts += 1
+            self.launcher = Launcher(
+                Ports.free(), folder / "server.log", folder / "keys", *self.extra
+            )
+            if not self.launcher.read_until("ready:", patience(240)):
+                self.launcher.stop()
+                raise AssertionError("\n".join(self.launcher.lines))
+        return self.launcher
+
+    def stop(self) -> None:
+        if self.launcher is not None:
+            self.launcher.stop()

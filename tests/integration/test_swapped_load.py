@@ -6,7 +6,8 @@ the verified bytes).
 
 The changed code creates a marker file when Python imports it; the marker must never exist.
 Each path runs ``DISPATCH_SWAP_ATTEMPTS`` attempts (default 2; `make test-hostile` runs 100,
-the restart path a tenth of that).
+the restart path a tenth of that). The tests share one verified launcher (policy `restart`),
+started again where the restart path has given it up.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ import signal
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
-from launcher_helpers import Launcher, free_port, signed_repository, status
-from patience import patience, wait_for
+import pytest
+from launcher_helpers import Launcher, SharedLauncher, signed_repository, status
+from patience import wait_for
 
 from dispatch_service.core.repository_layout import ENCODER_MODEL, model_layout
 from dispatch_service.ops.model_control import ModelControlError, load_model, with_reload_mark
-from dispatch_service.ops.server import Ports
 from dispatch_service.ops.stubs import stub_versions
 from dispatch_service.ops.verified_load import read_config
 
@@ -54,23 +56,20 @@ class Swapper:
         self.path.write_bytes(self.signed)
 
 
-def start(tmp_path: Path, repository: Path, trusted: Path, on_dead: str) -> tuple[Launcher, str]:
-    port = free_port()
-    launcher = Launcher(
-        Ports.free(),
-        tmp_path / "server.log",
-        tmp_path / "keys",
-        "--health-port",
-        str(port),
-        "--model-repository",
-        str(repository),
-        "--trusted-keys",
-        str(trusted),
-        "--on-dead",
-        on_dead,
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SharedLauncher, Path]]:
+    """A launcher verifying a signed copy of the repository; that copy."""
+    folder = tmp_path_factory.mktemp("swapped")
+    repository, trusted, _ = signed_repository(folder)
+    shared = SharedLauncher(
+        folder,
+        *("--model-repository", str(repository), "--trusted-keys", str(trusted)),
+        *("--on-dead", "restart"),
     )
-    assert launcher.read_until("ready:", patience(240)), "\n".join(launcher.lines)
-    return launcher, f"http://127.0.0.1:{port}"
+    try:
+        yield shared, repository
+    finally:
+        shared.stop()
 
 
 def encoder_stubs(launcher: Launcher) -> list[int]:
@@ -82,12 +81,14 @@ def encoder_stubs(launcher: Launcher) -> list[int]:
     ]
 
 
-def test_a_file_swapped_after_a_load_request_never_runs(tmp_path: Path) -> None:
-    repository, trusted, _ = signed_repository(tmp_path)
+def test_a_file_swapped_after_a_load_request_never_runs(
+    verified: tuple[SharedLauncher, Path], tmp_path: Path
+) -> None:
+    shared, repository = verified
     marker = tmp_path / "changed-code-ran"
     swapper = Swapper(repository, marker)
-    launcher, url = start(tmp_path, repository, trusted, "exit")
-    admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
+    launcher = shared.get()
+    url, admin_key = launcher.health_url, launcher.admin_key
     config = read_config(repository / ENCODER_MODEL)
     outcomes = {"control": {"loaded": 0, "refused": 0}, "reload": {"healed": 0, "refused": 0}}
     try:
@@ -126,7 +127,6 @@ def test_a_file_swapped_after_a_load_request_never_runs(tmp_path: Path) -> None:
             assert not marker.exists()
     finally:
         swapper.restore()
-        launcher.stop()
     print(f"\n{ATTEMPTS} attempts a path: {outcomes}; changed code ran: {marker.exists()}")
     assert not marker.exists()
 
@@ -141,15 +141,18 @@ def health_of(url: str) -> dict[str, object]:
         return {}
 
 
-def test_a_file_swapped_as_the_server_restarts_never_runs(tmp_path: Path) -> None:
+def test_a_file_swapped_as_the_server_restarts_never_runs(
+    verified: tuple[SharedLauncher, Path], tmp_path: Path
+) -> None:
     """A restart verifies and copies the repository again; the swap lands 0-100 ms after the
     crash and is undone 0.3 s later, so the restart reads either version of the file: it
     comes back ready, or (the changed file read) the encoder is refused and the launcher
     gives the server up. Either way the changed code never runs."""
-    repository, trusted, _ = signed_repository(tmp_path)
+    shared, repository = verified
     marker = tmp_path / "changed-code-ran"
     swapper = Swapper(repository, marker)
-    launcher, url = start(tmp_path, repository, trusted, "restart")
+    launcher = shared.get()
+    url = launcher.health_url
     restarted = 0
     try:
         for _ in range(max(1, ATTEMPTS // 10)):
@@ -175,6 +178,5 @@ def test_a_file_swapped_as_the_server_restarts_never_runs(tmp_path: Path) -> Non
             restarted += 1
     finally:
         swapper.restore()
-        launcher.stop()
     print(f"\nrestarts: {restarted}; changed code ran: {marker.exists()}")
     assert not marker.exists()

@@ -18,12 +18,13 @@ median ratios on / off; writes a JSON report
 (`perf/reports/decision-log-cost-<time>.json`).
 
     python -m perf.decision_log_cost [--rounds 5] [--requests 3000] [--concurrency 64]
-                                     [--in-process 3000] [--out FILE]
+                                     [--in-process 6000] [--out FILE]
 
 ``--in-process N`` first measures the same in this process, away from Triton and the
-network: `FusedDispatch.run` over N small windows, with records (a `DecisionWriter` on a
-fresh SQLite store, each window handed over as `dispatch_fused` hands it) and without, in
-alternating rounds; process CPU per window, the request thread's and the writer thread's.
+network: `FusedDispatch.run` over N small windows with records (a `DecisionWriter` on a
+fresh SQLite store, each window handed over as `dispatch_fused` hands it) and N without, in
+alternating blocks of 250; the median CPU per window of the process and of the request
+thread, and the writer thread's. ``--rounds 0`` measures that alone.
 
 Not a test. The figure is only as quiet as the host: say what else ran.
 """
@@ -197,15 +198,27 @@ def _ratios(rounds: dict[str, list[dict[str, Any]]], key: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="0: the in-process figure alone")
     parser.add_argument("--requests", type=int, default=3000, help="per round and server")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--in-process", type=int, default=0, help="windows per round")
+    parser.add_argument(
+        "--in-process", type=int, default=0, help="windows per arm, in process (0: none)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="default: perf/reports/")
     args = parser.parse_args(argv)
     in_process = in_process_cost(args.in_process) if args.in_process else None
     if in_process is not None:
-        print(f"in process, CPU us per small window: {in_process['cpu_us_per_window']}", flush=True)
+        print(
+            f"in process, CPU us per small window: {in_process['cpu_us_per_window']}, "
+            f"off/on {in_process['cpu_ratio_off_on']}",
+            flush=True,
+        )
+    command = " ".join(["python -m perf.decision_log_cost", *(argv or sys.argv[1:])])
+    out = args.out or report_path("decision-log-cost")
+    if args.rounds < 1:
+        out.write_text(json.dumps({"command": command, "in_process": in_process}, indent=2) + "\n")
+        print(f"report: {out}")
+        return 0
     runtime = TritonRuntime.from_venv()
     folder = Path(tempfile.mkdtemp(prefix="decision-log-cost-"))
     store = folder / "outcomes.sqlite3"
@@ -265,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_ratios = _ratios(rounds, "server_cpu_ms_per_request")
     decisions = recorded(store)
     report = {
-        "command": " ".join(["python -m perf.decision_log_cost", *(argv or sys.argv[1:])]),
+        "command": command,
         "model": MODEL,
         "window": "small (1 order x 20 riders)",
         "concurrency": args.concurrency,
@@ -280,7 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "in_process": in_process,
     }
-    out = args.out or report_path("decision-log-cost")
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(
         f"median throughput on/off {report['median_ratio_on_off']}, server CPU per request "

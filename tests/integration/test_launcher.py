@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_helpers import EXAMPLE, Launcher
+from launcher_helpers import EXAMPLE, Launcher, SharedLauncher
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError
@@ -23,17 +23,21 @@ from dispatch_service.ops.server import Ports
 
 
 @pytest.fixture(scope="module")
-def first(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Launcher, Path, Path]]:
-    folder = tmp_path_factory.mktemp("launcher")
-    log, keys = folder / "server.log", folder / "keys"
-    launcher = Launcher(Ports.free(), log, keys)
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedLauncher]:
+    """The module's launcher: the tests that end it run last (each one after the first that
+    ends it gets a new one)."""
+    shared = SharedLauncher(tmp_path_factory.mktemp("launcher"))
     try:
-        assert launcher.read_until("ready:", 240), "\n".join(launcher.lines) + (
-            launcher.process.stderr.read() if launcher.process.poll() is not None else ""  # type: ignore[union-attr]
-        )
-        yield launcher, log, keys
+        yield shared
     finally:
-        launcher.stop()
+        shared.stop()
+
+
+@pytest.fixture
+def first(shared: SharedLauncher) -> tuple[Launcher, Path, Path]:
+    """A running launcher, its log and its keys folder."""
+    launcher = shared.get()
+    return launcher, launcher.key_dir.parent / "server.log", launcher.key_dir
 
 
 def test_a_start_without_keys_creates_private_ones_and_says_where(
@@ -122,12 +126,11 @@ def test_a_missing_required_entry_point_is_named_and_the_start_fails(tmp_path: P
     ids=["killed", "hung_up"],
 )
 def test_a_launcher_that_ends_takes_its_triton_with_it(
-    tmp_path: Path, signum: int, exit_code: int
+    shared: SharedLauncher, signum: int, exit_code: int
 ) -> None:
-    launcher = Launcher(Ports.free(), tmp_path / "server.log", tmp_path / "keys")
+    launcher = shared.get()
     triton = 0
     try:
-        assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
         (triton,) = launcher.children("tritonserver")
         launcher.process.send_signal(signum)
         assert launcher.process.wait(timeout=90) == exit_code

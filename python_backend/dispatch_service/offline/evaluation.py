@@ -216,7 +216,7 @@ def targets(
             [c for c in cities if c not in trained],
             "oracle",
             None,
-            "in every regime",
+            "in every regime judged",
             HELD_OUT_GAIN,
         ),
         ("scarce regimes", list(cities), "oracle", scarce, "in every city", SCARCE_GAIN),

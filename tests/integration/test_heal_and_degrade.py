@@ -12,9 +12,11 @@
 - SIGTERM under continuous load: new windows refused UNAVAILABLE (retryable), nothing
   accepted fails, never NOT_FOUND, the drain ends quiet and the launcher exits 0.
 
-Figures are printed (pytest -s); the asserts are outcomes, not timings: every wait polls for
-its outcome against a deadline scaled to the host (`patience`) that only bounds the test's
-run time.
+The two tests on a verified repository share one launcher, the three on the shipped one
+another (`Shared`; the SIGTERM test, which ends it, runs last); each test puts back what it
+changed. Figures are printed (pytest -s); the asserts are outcomes, not timings: every wait
+polls for its outcome against a deadline scaled to the host (`patience`) that only bounds the
+test's run time.
 """
 
 from __future__ import annotations
@@ -29,10 +31,19 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher_helpers import EXAMPLE, Launcher, free_port, signed_repository, status
+import pytest
+from launcher_helpers import (
+    EXAMPLE,
+    Launcher,
+    SharedLauncher,
+    free_port,
+    signed_repository,
+    status,
+)
 from patience import patience, wait_for
 
 from dispatch_client import DispatchClient, window_from_json
@@ -44,6 +55,7 @@ from dispatch_service.core.repository_layout import ENCODER_MODEL, SCORING_MODEL
 from dispatch_service.ops.model_control import (
     load_model,
     model_config,
+    ready_versions,
     unload_model,
     with_reload_mark,
 )
@@ -202,6 +214,11 @@ class Events:
                 return round(at - since, 2)
         return None
 
+    def of(self, event: str, since: int = 0) -> list[dict[str, object]]:
+        """The lines of ``event`` from line ``since`` on (``len(lines)`` when a test began:
+        a launcher serves several tests)."""
+        return [e for e in self.lines[since:] if e["event"] == event]
+
     def count_any(self, event: str) -> int:
         return sum(1 for e in self.lines if e["event"] == event)
 
@@ -222,6 +239,66 @@ def start(folder: Path, *extra: str) -> tuple[Launcher, str]:
     )
     assert launcher.read_until("ready:", patience(240)), "\n".join(launcher.lines)
     return launcher, f"http://127.0.0.1:{port}"
+
+
+@dataclass
+class Running:
+    """A started launcher, its health URL and its events."""
+
+    launcher: Launcher
+    url: str
+    events: Events
+
+
+class Shared:
+    """One launcher for several tests of this module (`SharedLauncher`), with its events.
+    `--stub-leak-max-age 3600`: a restart for the stale stubs one test's reloads leave never
+    falls into the next test (none of them tests that restart)."""
+
+    def __init__(self, folder: Path, *extra: str, repository: Path = MODEL_REPOSITORY) -> None:
+        self.shared = SharedLauncher(folder, "--stub-leak-max-age", "3600", *extra)
+        self.repository = repository
+        self.running: Running | None = None
+
+    def get(self) -> Running:
+        launcher = self.shared.get()
+        if self.running is None or self.running.launcher is not launcher:
+            self.running = Running(launcher, launcher.health_url, Events(launcher))
+        return self.running
+
+    def stop(self) -> None:
+        self.shared.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    shared = Shared(tmp_path_factory.mktemp("plain"), "--on-dead", "exit")
+    try:
+        yield shared
+    finally:
+        shared.stop()
+
+
+@pytest.fixture
+def plain(shared_plain: Shared) -> Running:
+    """The shipped repository, policy `exit` (a degraded server must not be taken for dead)."""
+    return shared_plain.get()
+
+
+@pytest.fixture(scope="module")
+def shared_verified(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    folder = tmp_path_factory.mktemp("verified")
+    repository, trusted, _ = signed_repository(folder)
+    shared = Shared(
+        folder,
+        *("--model-repository", str(repository), "--trusted-keys", str(trusted)),
+        *("--on-dead", "exit"),
+        repository=repository,
+    )
+    try:
+        yield shared
+    finally:
+        shared.stop()
 
 
 # ---- stub deaths in quick succession -----------------------------------------------------
@@ -312,19 +389,13 @@ def test_five_stub_deaths_within_10_s_under_load_are_each_healed(tmp_path: Path)
 # ---- a verified reload of changed files --------------------------------------------------
 
 
-def test_a_stub_death_never_reloads_files_changed_since_they_were_signed(tmp_path: Path) -> None:
-    repository, trusted, _ = signed_repository(tmp_path)
-    launcher, url = start(
-        tmp_path,
-        "--model-repository",
-        str(repository),
-        "--trusted-keys",
-        str(trusted),
-        "--on-dead",
-        "exit",
-    )
-    events = Events(launcher)
-    model_py = model_layout(repository, ENCODER_MODEL).python_model(1)
+def test_a_stub_death_never_reloads_files_changed_since_they_were_signed(
+    shared_verified: Shared, tmp_path: Path
+) -> None:
+    verified = shared_verified.get()
+    launcher, url, events = verified.launcher, verified.url, verified.events
+    first = len(events.lines)  # this test's events: those from now on
+    model_py = model_layout(shared_verified.repository, ENCODER_MODEL).python_model(1)
     signed = model_py.read_bytes()
     marker = tmp_path / "unsigned-code-ran"
     try:
@@ -344,7 +415,7 @@ def test_a_stub_death_never_reloads_files_changed_since_they_were_signed(tmp_pat
         }
         assert status(f"{url}/readyz") == 503
         # A retry, refused again.
-        wait_for(lambda: events.count_any("model_load_refused") >= 2, "a second refusal", 60)
+        wait_for(lambda: len(events.of("model_load_refused", first)) >= 2, "a second refusal", 60)
         assert not marker.exists()
         assert launcher.process.poll() is None  # not ready, alive: the others still answer
         # The signed file back: the next retry verifies it and heals the model.
@@ -352,12 +423,12 @@ def test_a_stub_death_never_reloads_files_changed_since_they_were_signed(tmp_pat
         wait_for(lambda: status(f"{url}/readyz") == 200, "ready once the signed file is back", 90)
         assert not marker.exists()
     finally:
-        launcher.stop()
-    refusals = [e for e in events.lines if e["event"] == "model_load_refused"]
+        model_py.write_bytes(signed)  # the next test's launcher serves the signed files
+    refusals = events.of("model_load_refused", first)
     print(f"\nrefusals logged: {len(refusals)}; first: {refusals[:1]}")
     assert refusals and refusals[0]["model"] == "feature_encoder"
     assert refusals[0]["file"] == "model.py" and refusals[0]["file_sha256"] == changed
-    assert any(e["event"] == "recovered" and e["model"] == "feature_encoder" for e in events.lines)
+    assert any(e["model"] == "feature_encoder" for e in events.of("recovered", first))
 
 
 def upload_load(url: str, model: str, files: dict[str, bytes], key: str) -> tuple[int, str]:
@@ -389,7 +460,7 @@ def tritons_own_key(launcher: Launcher) -> str:
 
 
 def test_uploaded_code_is_refused_at_the_control_endpoint_and_reported_past_it(
-    tmp_path: Path,
+    shared_verified: Shared, tmp_path: Path
 ) -> None:
     """A verified server. The operators' admin key: an upload is refused by the launcher's
     control endpoint (403 naming the parameter, logged with the file's digest) and opens
@@ -397,14 +468,13 @@ def test_uploaded_code_is_refused_at_the_control_endpoint_and_reported_past_it(
     (which only the launcher holds, but any local user can read from the process list):
     Triton runs the upload, and the launcher reports the stub running unsigned code and
     says not ready until the signed files are loaded again, through the control endpoint."""
-    repository, trusted, _ = signed_repository(tmp_path)
-    launcher, url = start(
-        tmp_path, "--model-repository", str(repository), "--trusted-keys", str(trusted)
-    )
-    events = Events(launcher)
+    verified = shared_verified.get()
+    launcher, url, events = verified.launcher, verified.url, verified.events
+    admin_key = launcher.admin_key
+    first = len(events.lines)  # this test's events: those from now on
+    wait_for(lambda: status(f"{url}/readyz") == 200, "ready before the test", 90)
     triton = f"http://127.0.0.1:{launcher.ports.http}"
-    admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
-    encoder = model_layout(repository, ENCODER_MODEL)
+    encoder = model_layout(shared_verified.repository, ENCODER_MODEL)
     model_dir = encoder.folder
     marker = tmp_path / "uploaded-code-ran"
     uploaded = encoder.python_model(1).read_bytes()
@@ -420,34 +490,33 @@ def test_uploaded_code_is_refused_at_the_control_endpoint_and_reported_past_it(
         assert code == 403 and f"'{code_file}'" in message, message
         code, message = upload_load(triton, "feature_encoder", files, admin_key)
         assert code == 403 and "restricted" in message, message
-        refused = [e for e in events.lines if e["event"] == "control_refused"]
+        refused = events.of("control_refused", first)
         assert refused[0]["files"][code_file] == hashlib.sha256(uploaded).hexdigest()
         assert status(f"{url}/readyz") == 200 and not marker.exists()
 
         code, _ = upload_load(triton, "feature_encoder", files, tritons_own_key(launcher))
         assert code == 200 and marker.exists()
         wait_for(
-            lambda: events.count_any("unverified_code_running"), "the uploaded code reported", 60
+            lambda: events.of("unverified_code_running", first), "the uploaded code reported", 60
         )
-        running = [e for e in events.lines if e["event"] == "unverified_code_running"]
+        running = events.of("unverified_code_running", first)
         assert running[0]["file_sha256"] == hashlib.sha256(uploaded).hexdigest()
         assert status(f"{url}/readyz") == 503
+    finally:  # the signed files back, through the control endpoint, whatever happened
         load_model(url, "feature_encoder", with_reload_mark(read_config(model_dir)), admin_key)
-        wait_for(lambda: status(f"{url}/readyz") == 200, "ready with the signed files", 60)
-    finally:
-        launcher.stop()
+    wait_for(lambda: status(f"{url}/readyz") == 200, "ready with the signed files", 60)
     print(f"\nupload refused: {refused[0]}\nupload past the gate reported: {running[0]}")
 
 
 # ---- the scoring model away: degraded, not dead ------------------------------------------
 
 
-def test_the_scoring_model_unloaded_under_load_is_degraded_not_dead(tmp_path: Path) -> None:
+def test_the_scoring_model_unloaded_under_load_is_degraded_not_dead(plain: Running) -> None:
     """`dispatch_model` unloaded for longer than the deep check's dead_after_s (6 s): the
     rule fallback answers every window, nothing fails, and the launcher (policy `exit`) stays
     alive reporting degraded; the model loaded back, it is healthy again."""
-    launcher, url = start(tmp_path, "--on-dead", "exit")
-    admin_key = (tmp_path / "keys" / "admin.key").read_text().strip()
+    launcher, url, admin_key = plain.launcher, plain.url, plain.launcher.admin_key
+    config = read_config(model_layout(MODEL_REPOSITORY, SCORING_MODEL).folder)
     try:
         with Load(f"127.0.0.1:{launcher.ports.grpc}") as load:
             wait_for(lambda: load.ok >= 10, "the load is answered before the unload", 60)
@@ -462,7 +531,6 @@ def test_the_scoring_model_unloaded_under_load_is_degraded_not_dead(tmp_path: Pa
             away = health(url)
             metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
             ok_away, fallback_away = load.ok, load.fallback
-            config = read_config(model_layout(MODEL_REPOSITORY, SCORING_MODEL).folder)
             load_model(url, "dispatch_model", config, admin_key=admin_key)
             wait_for(lambda: health(url)["status"] == "ok", "healthy with the model back", 60)
             back = health(url)
@@ -478,20 +546,67 @@ def test_the_scoring_model_unloaded_under_load_is_degraded_not_dead(tmp_path: Pa
         assert 'dispatch_launcher_degraded{entry_point="dispatch"} 1' in metrics
         assert fallback_away > 0 and not load.failed
         assert back["status"] == "ok" and back["degraded"] == {}
-    finally:
-        code = launcher.stop()
-    assert code == 0
+    finally:  # the model back for the next test, whatever happened
+        if not ready_versions(url, "dispatch_model", admin_key):
+            load_model(url, "dispatch_model", config, admin_key=admin_key)
+
+
+# ---- the deep check is no user traffic ---------------------------------------------------
+
+
+def project_counts(metrics_url: str) -> dict[str, float]:
+    """The project's per-window series on Triton's metrics port, summed per metric."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in ("dispatch_encoder_latency_ms_count", "dispatch_resolver_latency_ms_count",
+                    "dispatch_router_orders_total"):  # fmt: skip
+            counts[name] = counts.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_the_deep_checks_windows_are_not_counted_as_user_traffic(plain: Running) -> None:
+    launcher, url = plain.launcher, plain.url
+    metrics_url = f"http://127.0.0.1:{launcher.ports.metrics}/metrics"
+    # The warm-up windows' values on the metrics port: two readings alike.
+    readings = [project_counts(metrics_url)]
+
+    def settled() -> bool:
+        time.sleep(0.5)
+        readings.append(project_counts(metrics_url))
+        return readings[-1] == readings[-2]
+
+    wait_for(settled, "the warm-up's counts settle on the metrics port", 60)
+    before = readings[-1]
+    probes_before = health(url)["probes"]
+
+    def probed(n: int) -> bool:
+        now: dict[str, int] = dict(health(url)["probes"])  # type: ignore[call-overload]
+        then: dict[str, int] = dict(probes_before)  # type: ignore[call-overload]
+        return now.get("dispatch", 0) >= then.get("dispatch", 0) + n
+
+    # Deep checks and no user traffic; read once a check later, so that what the first
+    # three sent had time to reach the metrics port were it counted.
+    wait_for(lambda: probed(4), "four deep checks", 60, 0.2)
+    after = project_counts(metrics_url)
+    probes_after = health(url)["probes"]
+    launcher_metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    print(f"\nidle: probes {probes_before} -> {probes_after}; project counts {before} -> {after}")
+    assert dict(probes_after)["dispatch"] > dict(probes_before).get("dispatch", 0)  # type: ignore[call-overload]
+    assert after == before
+    assert 'dispatch_launcher_probes_total{entry_point="dispatch"}' in launcher_metrics
 
 
 # ---- SIGTERM under continuous load -------------------------------------------------------
 
 
-def test_sigterm_under_continuous_load_refuses_new_work_unavailable(tmp_path: Path) -> None:
+def test_sigterm_under_continuous_load_refuses_new_work_unavailable(plain: Running) -> None:
     """Callers that never look at readiness keep sending through the drain. Nothing the
     server accepted fails; what it no longer takes is refused UNAVAILABLE (or finds no
-    server once it is gone), both retryable; never NOT_FOUND; the launcher exits 0."""
-    launcher, _ = start(tmp_path, "--drain-timeout", "30")
-    events = Events(launcher)
+    server once it is gone), both retryable; never NOT_FOUND; the launcher exits 0.
+    (It ends the module's launcher: the last test of the module.)"""
+    launcher, events = plain.launcher, plain.events
     load = Load(f"127.0.0.1:{launcher.ports.grpc}", clients=32)
     with load:
         wait_for(lambda: load.ok >= 10, "the load is answered before SIGTERM", 60)
@@ -514,53 +629,3 @@ def test_sigterm_under_continuous_load_refuses_new_work_unavailable(tmp_path: Pa
     }
     assert unexpected == {}, unexpected
     assert not any("NOT_FOUND" in kind or "no available versions" in kind for kind in load.failed)
-
-
-# ---- the deep check is no user traffic ---------------------------------------------------
-
-
-def project_counts(metrics_url: str) -> dict[str, float]:
-    """The project's per-window series on Triton's metrics port, summed per metric."""
-    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    counts: dict[str, float] = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        if name in ("dispatch_encoder_latency_ms_count", "dispatch_resolver_latency_ms_count",
-                    "dispatch_router_orders_total"):  # fmt: skip
-            counts[name] = counts.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return counts
-
-
-def test_the_deep_checks_windows_are_not_counted_as_user_traffic(tmp_path: Path) -> None:
-    launcher, url = start(tmp_path)
-    metrics_url = f"http://127.0.0.1:{launcher.ports.metrics}/metrics"
-    try:
-        # The warm-up windows' values on the metrics port: two readings alike.
-        readings = [project_counts(metrics_url)]
-
-        def settled() -> bool:
-            time.sleep(0.5)
-            readings.append(project_counts(metrics_url))
-            return readings[-1] == readings[-2]
-
-        wait_for(settled, "the warm-up's counts settle on the metrics port", 60)
-        before = readings[-1]
-        probes_before = health(url)["probes"]
-
-        def probed(n: int) -> bool:
-            now: dict[str, int] = dict(health(url)["probes"])  # type: ignore[call-overload]
-            then: dict[str, int] = dict(probes_before)  # type: ignore[call-overload]
-            return now.get("dispatch", 0) >= then.get("dispatch", 0) + n
-
-        # Deep checks and no user traffic; read once a check later, so that what the first
-        # three sent had time to reach the metrics port were it counted.
-        wait_for(lambda: probed(4), "four deep checks", 60, 0.2)
-        after = project_counts(metrics_url)
-        probes_after = health(url)["probes"]
-        launcher_metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    finally:
-        launcher.stop()
-    print(f"\nidle: probes {probes_before} -> {probes_after}; project counts {before} -> {after}")
-    assert dict(probes_after)["dispatch"] > dict(probes_before).get("dispatch", 0)  # type: ignore[call-overload]
-    assert after == before
-    assert 'dispatch_launcher_probes_total{entry_point="dispatch"}' in launcher_metrics

@@ -35,14 +35,15 @@ test-integration: setup ## integration tests on a live tritonserver
 # a model file swapped 0-100 ms after each of 100 load requests on every load path; 1,000
 # wrapped-shape requests, /readyz through 5 stub kills, a second user polling /dev/shm
 # through 50 reloads, 50 stops, 10 rounds of short-deadline bursts beside CPU burners, 192
-# callers without the priority key flooding level 1
+# callers without the priority key flooding level 1, 10,000 windows through shared memory
 # (docs/operations.md, "Health, supervision and drain").
 .PHONY: test-hostile
 test-hostile: setup ## the hostile-client checks at full size (about an hour)
 	DISPATCH_SWAP_ATTEMPTS=100 DISPATCH_FLOODERS=192 DISPATCH_HOSTILE_FULL=1 $(PY) -m pytest -s \
 		tests/unit/ops/test_repository_copy.py tests/integration/test_swapped_load.py \
 		tests/integration/test_priority_entitlement.py \
-		tests/integration/test_hostile_clients.py tests/integration/test_deadline_burst.py
+		tests/integration/test_hostile_clients.py tests/integration/test_deadline_burst.py \
+		tests/integration/test_shared_memory.py::test_many_requests_reuse_the_regions_and_leave_nothing_behind
 
 # A rollout judged on outcomes, live (docs/experiments.md): the live city against a fleet of
 # one, then of two replicas; a deliberately worse version rolled back at its first step, a

@@ -2,7 +2,8 @@
 
 Regions are real /dev/shm regions registered with the real server; "ours" are those whose
 name carries this process's pid (or a child's). After every test the server lists none of
-ours and /dev/shm holds no file of ours.
+ours and /dev/shm holds no file of ours. The many-requests test sends 2,000 windows;
+`make test-hostile` (``DISPATCH_HOSTILE_FULL=1``) sends 10,000.
 """
 
 from __future__ import annotations
@@ -110,13 +111,14 @@ def test_results_through_shared_memory_equal_plain_grpc(
             assert over_shm.dispatch(window) == over_grpc.dispatch(window)
 
 
-def test_ten_thousand_requests_reuse_the_regions_and_leave_nothing_behind(
+def test_many_requests_reuse_the_regions_and_leave_nothing_behind(
     triton: TritonServer, grpc_client: grpcclient.InferenceServerClient
 ) -> None:
     # Eight different tiny windows, so an answer delivered to the wrong caller shows.
     windows = [sim_window(seed=100 + i, orders=1, riders=5) for i in range(8)]
     expected = [infer_raw(grpc_client, w, "dispatch") for w in windows]
-    threads, per_thread = 4, 2500
+    threads = 4
+    per_thread = 2500 if os.environ.get("DISPATCH_HOSTILE_FULL") == "1" else 500
     mismatches: list[str] = []
     errors: list[BaseException] = []
 
@@ -143,9 +145,9 @@ def test_ten_thousand_requests_reuse_the_regions_and_leave_nothing_behind(
             thread.join()
         elapsed = time.monotonic() - started
         assert errors == [] and mismatches == []
-        # registered once at the start and reused for all 10,000
+        # registered once at the start and reused for every request
         assert server_regions(grpc_client, os.getpid()) == registered
-    print(f"10,000 shm requests in {elapsed:.1f} s ({threads} threads)")
+    print(f"{threads * per_thread} shm requests in {elapsed:.1f} s ({threads} threads)")
     assert server_regions(grpc_client, os.getpid()) == set()
     assert shm_files(os.getpid()) == set()
 

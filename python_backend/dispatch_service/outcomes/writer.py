@@ -175,22 +175,19 @@ class DecisionWriter:
         """Write the windows queued now, ``batch_windows`` to a transaction (those queued
         meanwhile gather for the next)."""
         left = len(self._queue)
-        while True:
+        while left > 0:
             with self._idle:
                 self._writing = True  # before the pop: `flush` sees the batch in one place
             batch = [self._queue.popleft() for _ in range(min(left, self.batch_windows))]
             left -= len(batch)
             try:
-                if batch:
-                    self._write(batch)
+                self._write(batch)
             finally:
                 with self._idle:
                     self._writing = False
                     if not self._queue:
                         self._hurry.clear()
                     self._idle.notify_all()
-            if not batch:
-                return
 
     def _write(self, batch: list[AnsweredWindow]) -> None:
         rows = self._rows(batch)

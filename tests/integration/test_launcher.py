@@ -6,6 +6,7 @@ and a launcher that is killed or hung up on takes its Triton with it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import threading
@@ -18,6 +19,7 @@ from launcher_helpers import EXAMPLE, Launcher, SharedLauncher
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchError
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.ops.host import ports_in_use, process_ended
 from dispatch_service.ops.server import Ports
 
@@ -100,12 +102,19 @@ def test_a_second_launcher_on_the_same_ports_leaves_the_first_serving(
 
 
 def test_a_missing_required_entry_point_is_named_and_the_start_fails(tmp_path: Path) -> None:
+    # The `dispatch` ensemble and its steps only: the start need not pay for the other entry
+    # points' stubs to fail.
+    repository = shutil.copytree(
+        MODEL_REPOSITORY,
+        tmp_path / "repo",
+        ignore=shutil.ignore_patterns("__pycache__", "dispatch_fused", "dispatch_priority"),
+    )
     launcher = Launcher(
         Ports.free(),
         tmp_path / "server.log",
         tmp_path / "keys",
-        "--require",
-        "dispatch,no_such_entry_point",
+        *("--model-repository", str(repository)),
+        *("--require", "dispatch,no_such_entry_point"),
     )
     out, err = launcher.process.communicate(timeout=240)
     assert launcher.process.returncode == 1, out + err

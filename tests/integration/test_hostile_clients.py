@@ -15,7 +15,9 @@ runs the full counts (docs/operations.md):
   within the drain timeout (3; full 50); `kill -9` of the launcher, then a start on the same
   ports at once: it starts.
 
-Figures are printed (pytest -s); asserts are outcomes: waits poll against `patience` bounds.
+The first three share one launcher, settled between them as a fresh one starts (a start is
+about 10 CPU-seconds of stubs); the stops start their own. Figures are printed (pytest -s);
+asserts are outcomes: waits poll against `patience` bounds.
 """
 
 from __future__ import annotations
@@ -166,15 +168,36 @@ def send_wrapped(served: Served, protocol: str, model: str) -> str:
     return "served"
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    # Dead stubs held for 5 s (none dying for 10 s) are released by a restart: the test
-    # waits for that, not for the default 120 s.
-    server = Served(tmp_path, "--stub-leak-max-age", "5")
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    # Dead stubs held for 5 s (none dying for 10 s) are released by a restart: the tests
+    # wait for that, not for the default 120 s.
+    server = Served(tmp_path_factory.mktemp("hostile"), "--stub-leak-max-age", "5")
+    server.launcher.keep_reading()
     try:
         yield server
     finally:
         server.launcher.stop()
+
+
+@pytest.fixture
+def served(launched: Served) -> Served:
+    """The module's launcher as a fresh one starts: ready, both entry points serving, no
+    dead or stale stub held (what an earlier test killed or reloaded is healed, and the
+    launcher's restart for leaks has released the old stubs)."""
+
+    def settled() -> bool:
+        return (
+            launched.ready()
+            and launched.zombies() == 0
+            and launched.healthz().get("leaked_stubs") == 0
+            and launched.serves("dispatch_fused")
+            and launched.serves("dispatch")
+        )
+
+    assert launched.launcher.process.poll() is None, "\n".join(launched.launcher.lines[-20:])
+    wait_for(settled, "the launcher settled after the test before", 300, 1.0)
+    return launched
 
 
 def test_wrapped_shapes_leave_every_model_at_its_instance_count_no_zombie_bounded_rss(
@@ -187,6 +210,7 @@ def test_wrapped_shapes_leave_every_model_at_its_instance_count_no_zombie_bounde
     pid = served.triton_pid()
     assert pid is not None
     start_rss = rss_kib(pid)
+    restarts_before = sum(served.healthz()["stub_restarts"].values())
     outcomes: Counter[str] = Counter()
     sends = _count(20, 1000)
     for n in range(sends):
@@ -217,7 +241,7 @@ def test_wrapped_shapes_leave_every_model_at_its_instance_count_no_zombie_bounde
         f"start, {end_rss} KiB after; stub restarts {detail['stub_restarts']}, server "
         f"restarts {detail['server_restarts']} (for leaks {detail['leak_restarts']})"
     )
-    assert sum(detail["stub_restarts"].values()) > 0  # the requests did kill stubs
+    assert sum(detail["stub_restarts"].values()) > restarts_before  # they did kill stubs
     assert end_rss <= 1.2 * start_rss
 
 

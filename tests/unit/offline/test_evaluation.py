@@ -162,7 +162,7 @@ def test_targets_judge_every_cell_against_the_issue_s_bounds_by_hand() -> None:
     trained = rows["trained cities"]
     assert trained[0] and "seen/default: 90 %" in trained[1]
     held_out = rows["held-out cities"]
-    assert not held_out[0] and held_out[1] == "below in unseen/scarcity: 60 %"
+    assert not held_out[0] and held_out[1] == "1 of 2 below: unseen/scarcity: 60 %"
     scarce = rows["scarce regimes"]
     assert scarce[0] and scarce[1] == "all 2; lowest seen/scarcity: 55 %"
     ece = rows["dispatched pairs"]

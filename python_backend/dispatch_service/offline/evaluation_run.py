@@ -419,8 +419,9 @@ def _gap_split(per_window: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 # any city and regime. The baseline is the rule ETA resolved with CHOICE_BASELINE_WEIGHTS
 # whatever the candidate: a baseline re-weighted with each candidate's weights would move
 # the yardstick with the thing measured. The nine candidates keep cost at 0.2 (the platform's
-# price, which the users' measure does not count: lowering it would buy lateness with money
-# the measure never sees) and move weight from latency to on-time, 0 to 0.3, finer near 0.1.
+# price, which the users' measure does not count: lowering it would buy punctuality with
+# money the measure never sees) and move weight from latency to on-time, 0 to 0.3: steps of
+# 0.025 up to 0.1, where scarce windows start to be slower, then of 0.05.
 CHOICE_BASELINE_WEIGHTS: Final[Weights] = (0.8, 0.0, 0.2)
 WEIGHT_CANDIDATES: Final[tuple[Weights, ...]] = (
     (0.8, 0.0, 0.2),

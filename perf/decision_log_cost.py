@@ -24,7 +24,8 @@ median ratios on / off; writes a JSON report
 network: `FusedDispatch.run` over N small windows with records (a `DecisionWriter` on a
 fresh SQLite store, each window handed over as `dispatch_fused` hands it) and N without, in
 alternating blocks of 250; the median CPU per window of the process and of the request
-thread, and the writer thread's. ``--rounds 0`` measures that alone.
+thread, the writer thread's, and the median over adjacent off / on blocks of the CPU
+records add and of the ratio. ``--rounds 0`` measures that alone.
 
 Not a test. The figure is only as quiet as the host: say what else ran.
 """
@@ -180,12 +181,21 @@ def in_process_cost(windows: int, block: int = IN_PROCESS_BLOCK) -> dict[str, An
         "on_request_thread": round(1e6 * statistics.median(request["on"]), 1),
         "writer": round(1e6 * writing / (blocks * block), 1),
     }
+    # each pair's blocks ran side by side: their difference is what the host's drift blurs least
+    paired = [on - off for off, on in zip(process["off"], process["on"], strict=True)]
     return {
         "windows_per_arm": blocks * block,
         "block": block,
         "records_written": written,
         "cpu_us_per_window": per_window,
         "cpu_ratio_off_on": round(per_window["off"] / per_window["on"], 3),
+        "paired_cpu_us_added": round(1e6 * statistics.median(paired), 1),
+        "paired_cpu_ratio_off_on": round(
+            statistics.median(
+                off / on for off, on in zip(process["off"], process["on"], strict=True)
+            ),
+            3,
+        ),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -210,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     if in_process is not None:
         print(
             f"in process, CPU us per small window: {in_process['cpu_us_per_window']}, "
-            f"off/on {in_process['cpu_ratio_off_on']}",
+            f"off/on {in_process['cpu_ratio_off_on']}, paired blocks: "
+            f"{in_process['paired_cpu_us_added']} us added, off/on "
+            f"{in_process['paired_cpu_ratio_off_on']}",
             flush=True,
         )
     command = " ".join(["python -m perf.decision_log_cost", *(argv or sys.argv[1:])])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from operator import attrgetter, is_
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -287,7 +287,7 @@ def decision_rows(windows: Sequence[AnsweredWindow]) -> DecisionRows:
         raise ValueError("assigned_objectives: not 3 objectives per order")
     assigned_riders, topk_riders, assigned = _riders(rider_ids, assigned_rows, topk_rows, counts)
     eta, ontime, cost = (objective_rows[:, column].tolist() for column in range(3))
-    for row in np.flatnonzero(assigned < 0).tolist():  # left unassigned: no chosen pair
+    for row in (assigned < 0).nonzero()[0].tolist():  # left unassigned: no chosen pair
         eta[row] = ontime[row] = cost[row] = None
     latency_weight, ontime_weight, cost_weight = _weight_columns(
         each_order(_window_weights(weights))
@@ -325,8 +325,15 @@ def _riders(
     rows (of its own window, checked) are shifted to its window's first rider among all."""
     rider_counts = list(map(_SIZE, rider_ids))
     riders = np.concatenate(rider_ids, axis=None)
-    first = np.repeat(np.cumsum([0, *rider_counts[:-1]]), counts)
-    limit = np.repeat(rider_counts, counts)
+    total = sum(counts)
+    first = np.fromiter(  # per order: its window's first rider among all
+        chain.from_iterable(map(repeat, accumulate(rider_counts[:-1], initial=0), counts)),
+        dtype=np.int64,
+        count=total,
+    )
+    limit = np.fromiter(
+        chain.from_iterable(map(repeat, rider_counts, counts)), dtype=np.int64, count=total
+    )
     assigned = _flat(assigned_rows, counts, "assigned_rider_index").astype(np.int64)
     topk = _rows(topk_rows, counts, "topk_rider_index").astype(np.int64)
     if (assigned >= limit).any() or (topk >= limit[:, None]).any():
@@ -336,7 +343,7 @@ def _riders(
     assigned_riders = [next(names) if row else None for row in chosen.tolist()]
     listed = topk >= 0  # -1 pads
     topk_names = _texts(riders[(topk + first[:, None])[listed]])
-    ends = np.cumsum(listed.sum(axis=1)).tolist()
+    ends = list(accumulate(listed.sum(axis=1).tolist()))
     topk_riders = [
         tuple(topk_names[start:end]) for start, end in zip([0, *ends[:-1]], ends, strict=True)
     ]

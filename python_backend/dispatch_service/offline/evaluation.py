@@ -166,8 +166,10 @@ def _shares(captured: Mapping[str, float], bound: float) -> str:
     prefix = (
         f"{len(below)} of {len(captured)} below: " if below else f"all {len(captured)}; lowest "
     )
-    # "-": the oracle is not faster than the baseline there, so there is no gain to share
-    return prefix + ", ".join(f"{key}: {_share(v)}" for key, v in shown.items())
+    return prefix + ", ".join(
+        f"{key}: {'no gain (the oracle is not faster)' if np.isnan(v) else _share(v)}"
+        for key, v in shown.items()
+    )
 
 
 def targets(

@@ -329,7 +329,7 @@ def render_report(summary: dict[str, Any], models: Mapping[str, Sequence[str]]) 
                 "",
                 f"### {city}: {regime} ({shape['orders']} orders, {shape['riders']} riders"
                 f"{', scarce: spare capacity ~ orders' if shape['scarce'] else ''}"
-                f"{', hours ' + str(shape['hours']) if shape['hours'] else ''})",
+                f"{', hours ' + str(tuple(shape['hours'])) if shape['hours'] else ''})",
                 "",
                 regime_table(regime_data),
             ]

@@ -205,6 +205,16 @@ class DecisionRows:
         return len(self.order_id)
 
     @classmethod
+    def joined(cls, parts: Sequence[DecisionRows]) -> DecisionRows:
+        """Several batches' columns end to end."""
+        return cls(
+            **{
+                name: list(chain.from_iterable(getattr(part, name) for part in parts))
+                for name in cls.__dataclass_fields__
+            }
+        )
+
+    @classmethod
     def of_records(cls, records: Sequence[DecisionRecord]) -> DecisionRows:
         columns = {
             name: [getattr(record, name) for record in records]
@@ -335,7 +345,7 @@ def _riders(
         chain.from_iterable(map(repeat, rider_counts, counts)), dtype=np.int64, count=total
     )
     assigned = _flat(assigned_rows, counts, "assigned_rider_index").astype(np.int64)
-    topk = _rows(topk_rows, counts, "topk_rider_index").astype(np.int64)
+    topk = _rows(_padded(topk_rows), counts, "topk_rider_index").astype(np.int64)
     if (assigned >= limit).any() or (topk >= limit[:, None]).any():
         raise ValueError("rider index beyond the window's riders")
     chosen = assigned >= 0
@@ -348,6 +358,21 @@ def _riders(
         tuple(topk_names[start:end]) for start, end in zip([0, *ends[:-1]], ends, strict=True)
     ]
     return assigned_riders, topk_riders, assigned
+
+
+def _padded(topk_rows: Sequence[NDArray[Any]]) -> Sequence[NDArray[Any]]:
+    """The windows' Top-K rows padded with -1 to the widest (a window with fewer riders
+    than K has fewer columns)."""
+    widths = [rows.shape[-1] if rows.ndim == 2 else 0 for rows in topk_rows]
+    width = max(widths)
+    if min(widths) == width:
+        return topk_rows
+    return [
+        rows
+        if rows.ndim != 2 or rows.shape[1] == width
+        else np.concatenate([rows, np.full((rows.shape[0], width - rows.shape[1]), -1)], axis=1)
+        for rows in topk_rows
+    ]
 
 
 def _window_weights(weights: Sequence[NDArray[Any] | None]) -> list[tuple[float, ...]]:

@@ -205,19 +205,17 @@ class DecisionWriter:
 
     def _rows(self, batch: list[AnsweredWindow]) -> DecisionRows:
         """The batch's records, built together; where a window's arrays cannot be read,
-        the readable windows', so that only that window is lost (and counted)."""
+        window by window, so that only that window is lost (and counted)."""
         try:
             return decision_rows(batch)
         except Exception:  # some window's arrays cannot be read: find which
-            readable = []
+            parts = []
             for window in batch:
                 try:
-                    decision_rows([window])
+                    parts.append(decision_rows([window]))
                 except Exception:
                     self.count_unreadable(len(window.order_ids))
-                else:
-                    readable.append(window)
-            return decision_rows(readable)
+            return DecisionRows.joined(parts)
 
     def _store_now(self) -> OutcomeStore:
         if self._store is None:

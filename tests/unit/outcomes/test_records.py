@@ -117,3 +117,23 @@ def test_a_rider_index_beyond_the_windows_riders_is_refused(field: str) -> None:
     object.__setattr__(bad, field, rows)
     with pytest.raises(ValueError, match="rider index beyond the window's riders"):
         batch_decision_records([answered_window("good", orders=2), bad])
+
+
+def test_windows_of_different_topk_widths_are_read_together() -> None:
+    """A window with fewer riders than K answers fewer Top-K columns: a batch mixing it
+    with wider ones gives each order its own riders, no pad among them."""
+    wide = answered_window("wide", orders=2)  # Top-K [2, 2]
+    object.__setattr__(wide, "topk_rider_index", np.array([[0, 3], [1, -1]], dtype=np.int32))
+    narrow = answered_window("narrow", orders=1)
+    object.__setattr__(narrow, "topk_rider_index", np.array([[2]], dtype=np.int32))
+    empty = answered_window("empty", orders=1)
+    object.__setattr__(empty, "topk_rider_index", np.zeros((1, 0), dtype=np.int32))
+
+    records = batch_decision_records([wide, narrow, empty])
+
+    assert [(r.request_id, r.topk_riders) for r in records] == [
+        ("wide", ("r0", "r3")),
+        ("wide", ("r1",)),
+        ("narrow", ("r2",)),
+        ("empty", ()),
+    ]

@@ -106,6 +106,19 @@ def test_flush_waits_for_the_batch_in_the_store(tmp_path: Path) -> None:
     assert open_store(tmp_path / "o.sqlite3").counts().decisions == 4
 
 
+def test_windows_of_different_topk_widths_are_written_in_one_batch(tmp_path: Path) -> None:
+    """Windows with fewer riders than K (fewer Top-K columns) beside wider ones: all
+    written, none counted unreadable."""
+    writer = DecisionWriter(lambda: open_store(tmp_path / "o.sqlite3"))
+    for n, width in enumerate([2, 1, 0, 2]):
+        window = answered_window(f"req-{n}", orders=2)
+        object.__setattr__(window, "topk_rider_index", window.topk_rider_index[:, :width])
+        writer.submit(window)
+    assert writer.flush(timeout_s=30.0)
+    writer.close()
+    assert writer.counts == WriterCounts(written=8)
+
+
 class FailingThenWorking:
     """Opens fail until ``healthy`` is set, then a real store opens."""
 

@@ -182,6 +182,8 @@ class DecisionWriter:
             left -= len(batch)
             try:
                 self._write(batch)
+            except Exception as exc:  # unforeseen: this batch is lost (counted), not the writer
+                self._lost(batch, exc)
             finally:
                 with self._idle:
                     self._writing = False
@@ -202,6 +204,13 @@ class DecisionWriter:
             self._count(WriterCounts(dropped_store_error=len(rows)))
         else:
             self._count(WriterCounts(written=written, duplicate=len(rows) - written))
+
+    def _lost(self, batch: list[AnsweredWindow], exc: Exception) -> None:
+        with contextlib.suppress(Exception):  # the batch's windows may be what failed
+            self._count(WriterCounts(dropped_store_error=sum(w.order_ids.size for w in batch)))
+        if self.on_error is not None:
+            with contextlib.suppress(Exception):  # a logging failure must not stop the writer
+                self.on_error(exc)
 
     def _rows(self, batch: list[AnsweredWindow]) -> DecisionRows:
         """The batch's records, built together; where a window's arrays cannot be read,

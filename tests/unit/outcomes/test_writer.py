@@ -119,6 +119,30 @@ def test_windows_of_different_topk_widths_are_written_in_one_batch(tmp_path: Pat
     assert writer.counts == WriterCounts(written=8)
 
 
+def test_a_failure_nobody_foresaw_loses_its_batch_not_the_writer(tmp_path: Path) -> None:
+    """The clock fails twice (the write's time, then the failure's): that batch is dropped
+    and counted, and the writer's thread goes on writing the next."""
+    calls = [0]
+
+    def clock() -> float:
+        calls[0] += 1
+        if calls[0] <= 2:
+            raise RuntimeError("clock failed")
+        return 1000.0
+
+    errors: list[Exception] = []
+    writer = DecisionWriter(
+        lambda: open_store(tmp_path / "o.sqlite3"), clock=clock, on_error=errors.append
+    )
+    writer.submit(answered_window("lost", orders=2))
+    assert writer.flush(timeout_s=30.0)
+    writer.submit(answered_window("kept", orders=3))
+    assert writer.flush(timeout_s=30.0)
+    writer.close()
+    assert writer.counts == WriterCounts(written=3, dropped_store_error=2)
+    assert [str(e) for e in errors] == ["clock failed"]
+
+
 class FailingThenWorking:
     """Opens fail until ``healthy`` is set, then a real store opens."""
 

@@ -109,13 +109,16 @@ def test_flush_waits_for_the_batch_in_the_store(tmp_path: Path) -> None:
 def test_windows_of_different_topk_widths_are_written_in_one_batch(tmp_path: Path) -> None:
     """Windows with fewer riders than K (fewer Top-K columns) beside wider ones: all
     written, none counted unreadable."""
-    writer = DecisionWriter(lambda: open_store(tmp_path / "o.sqlite3"))
+    store = CountingStore(tmp_path / "o.sqlite3")
+    # an interval no test waits out: the four gather until the flush
+    writer = DecisionWriter(lambda: store, write_interval_s=3600.0)  # type: ignore[arg-type,return-value]
     for n, width in enumerate([2, 1, 0, 2]):
         window = answered_window(f"req-{n}", orders=2)
         object.__setattr__(window, "topk_rider_index", window.topk_rider_index[:, :width])
         writer.submit(window)
     assert writer.flush(timeout_s=30.0)
     writer.close()
+    assert store.batches == [8]
     assert writer.counts == WriterCounts(written=8)
 
 

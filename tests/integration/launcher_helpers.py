@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import select
@@ -236,8 +237,12 @@ class SharedLauncher:
                 Ports.free(), folder / "server.log", folder / "keys", *self.extra
             )
             if not self.launcher.read_until("ready:", patience(240)):
+                process, error = self.launcher.process, ""
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=30)  # its output ended: it is exiting, say why
+                    error = process.stderr.read() if process.stderr is not None else ""
                 self.launcher.stop()
-                raise AssertionError("\n".join(self.launcher.lines))
+                raise AssertionError("\n".join([*self.launcher.lines, error]))
         return self.launcher
 
     def stop(self) -> None:

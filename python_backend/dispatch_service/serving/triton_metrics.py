@@ -85,8 +85,13 @@ class TritonMetrics:
             if obs.metric.name not in self.families:
                 continue
             if obs.metric.kind is MetricKind.COUNTER:
-                if obs.value > 0:  # adding 0 would cost an IPC call for nothing
-                    self._series(obs.metric, obs.labels).increment(obs.value)
+                # A 0 still makes the series exist (once: created series are kept), so a
+                # ratio whose numerator never grew reads 0, not "no data" (a shadow that
+                # never agrees must still fire DispatchShadowDisagreement); adding the 0
+                # itself would cost an IPC call for nothing.
+                series = self._series(obs.metric, obs.labels)
+                if obs.value > 0:
+                    series.increment(obs.value)
             elif obs.metric.kind is MetricKind.HISTOGRAM:
                 self._series(obs.metric, obs.labels).observe(obs.value)
             else:

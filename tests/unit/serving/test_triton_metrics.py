@@ -17,6 +17,11 @@ from dispatch_service.core.metrics import (
     Observation,
     rejection_observation,
 )
+from dispatch_service.routing.metrics import (
+    ROUTER_METRICS,
+    SHADOW_ORDERS,
+    SHADOW_TOP1_AGREEMENTS,
+)
 from dispatch_service.serving.triton_metrics import TritonMetrics
 from pb_stand_in import FakeMetricFamily
 
@@ -89,6 +94,31 @@ def test_triton_metrics_records_each_kind(families: list[FakeFamily]) -> None:
         "rule": "dtype",
     }
     assert rejections.calls == [("increment", 1.0), ("increment", 1.0)]
+
+
+def test_a_counter_that_only_ever_adds_zero_is_exported_at_zero(
+    families: list[FakeFamily],
+) -> None:
+    """A shadow that never agrees: its agreements series must exist at 0, or the alert's
+    ratio (agreements / shadowed orders) has no numerator and never fires."""
+    sink = TritonMetrics(
+        FakePb(), {"model": "dispatch_router", "version": "1"}, metrics=ROUTER_METRICS
+    )
+    pair = (("primary", "1"), ("shadow", "3"))
+    for _ in range(3):
+        sink.record(
+            [Observation(SHADOW_ORDERS, 12.0, pair), Observation(SHADOW_TOP1_AGREEMENTS, 0.0, pair)]
+        )
+    (agreements,) = family(families, "dispatch_shadow_top1_agreements_total").metrics
+    assert agreements.labels == {
+        "model": "dispatch_router",
+        "version": "1",
+        "primary": "1",
+        "shadow": "3",
+    }
+    assert agreements.calls == []  # exported at 0, no increment of 0 sent
+    (orders,) = family(families, "dispatch_shadow_orders_total").metrics
+    assert orders.calls == [("increment", 12.0)] * 3
 
 
 def test_triton_metrics_gauges_and_unknown_specs(families: list[FakeFamily]) -> None:

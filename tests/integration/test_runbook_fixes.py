@@ -569,9 +569,14 @@ def test_a_rolled_back_rollout_needs_nothing_on_the_fleet(
     except AssertionError as exc:
         status = served.dispatch_admin("rollout", "status", *outcomes)
         raise AssertionError(f"{exc}\n{said[-1:]}\n{status[-3000:]}") from None
+    # The replica follows the controller's rollback revision at its next look at the store.
     with DispatchClient.grpc(served.grpc_url) as client:
-        answer = client.dispatch(sim_window(400, 40, 60))
-    assert {order.model_version for order in answer.orders} == {STABLE}
+
+        def on_stable_only() -> bool:
+            answer = client.dispatch(sim_window(400, 40, 60))
+            return {order.model_version for order in answer.orders} == {STABLE}
+
+        wait_for(on_stable_only, "every order on version 1 after the rollback", 30, 0.5)
     fixed = after_the_fix()
     for n in range(5):
         served.send(sim_window(n, 6, 20))

@@ -39,25 +39,32 @@ The package splits along the concerns of a run: ``config`` (what determines the 
 to end) and ``cli``.
 """
 
-from dispatch_service.offline.training.card import append_policy_evaluation, render_card
-from dispatch_service.offline.training.cli import QUICK, config_from_args, main
-from dispatch_service.offline.training.config import (
-    LOG_FEATURES,
-    MapVariants,
-    TrainConfig,
-    log_feature_matrix,
-)
-from dispatch_service.offline.training.data import Dataset, build_dataset, build_variant_dataset
-from dispatch_service.offline.training.export import (
-    IR_VERSION,
-    OPSET,
-    max_relative_difference,
-    ort_predict,
-    to_onnx,
-)
-from dispatch_service.offline.training.metrics import auc, holdout_metrics, paired_differences
-from dispatch_service.offline.training.mlp import MLP, FitReport, fit
-from dispatch_service.offline.training.run import TrainResult, train_and_export
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dispatch_service.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dispatch_service.offline.training.card import append_policy_evaluation, render_card
+    from dispatch_service.offline.training.cli import QUICK, config_from_args, main
+    from dispatch_service.offline.training.config import (
+        LOG_FEATURES,
+        MapVariants,
+        TrainConfig,
+        log_feature_matrix,
+    )
+    from dispatch_service.offline.training.data import Dataset, build_dataset, build_variant_dataset
+    from dispatch_service.offline.training.export import (
+        IR_VERSION,
+        OPSET,
+        max_relative_difference,
+        ort_predict,
+        to_onnx,
+    )
+    from dispatch_service.offline.training.metrics import auc, holdout_metrics, paired_differences
+    from dispatch_service.offline.training.mlp import MLP, FitReport, fit
+    from dispatch_service.offline.training.run import TrainResult, train_and_export
 
 __all__ = [
     "IR_VERSION",
@@ -86,3 +93,20 @@ __all__ = [
     "to_onnx",
     "train_and_export",
 ]
+
+# Lazy (module __getattr__): `python -m dispatch_service.offline.training` pins the numerics
+# before numpy loads (`numerics`), so importing the package must load none of its modules.
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "card": ("append_policy_evaluation", "render_card"),
+            "cli": ("QUICK", "config_from_args", "main"),
+            "config": ("LOG_FEATURES", "MapVariants", "TrainConfig", "log_feature_matrix"),
+            "data": ("Dataset", "build_dataset", "build_variant_dataset"),
+            "export": ("IR_VERSION", "OPSET", "max_relative_difference", "ort_predict", "to_onnx"),
+            "metrics": ("auc", "holdout_metrics", "paired_differences"),
+            "mlp": ("MLP", "FitReport", "fit"),
+            "run": ("TrainResult", "train_and_export"),
+        },
+    )

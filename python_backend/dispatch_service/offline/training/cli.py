@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shlex
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import ONNX_FILE, SCORING_MODEL, model_layout
 from dispatch_service.offline.training.card import append_policy_evaluation
 from dispatch_service.offline.training.config import MapVariants, TrainConfig
+from dispatch_service.offline.training.numerics import unpinned_blas
 from dispatch_service.offline.training.run import display_path, train_and_export
 
 __all__ = [
@@ -177,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reference is not None and not (reference / ONNX_FILE).is_file():
         parser.error(f"--compare-with: no {ONNX_FILE} in {reference}")
     config = config_from_args(args)
+    unpinned = unpinned_blas()
+    if unpinned is not None:  # numpy loaded before `python -m ...training` could pin it
+        print(f"training: not bit-reproducible: {unpinned}", file=sys.stderr)
     committed = Path(args.out_dir)
     command = _command(args)
     if args.check:

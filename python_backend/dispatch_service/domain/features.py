@@ -24,7 +24,7 @@ from dispatch_contract import (
     OrderConstraint,
     Vehicle,
 )
-from dispatch_service.domain import geo, map_features
+from dispatch_service.domain import geo, map_features, pair_kernels
 from dispatch_service.domain.candidates import (
     IntArray,
     feasible_mask,
@@ -224,86 +224,52 @@ def encode_pairs_batch(
     pickup = joined([w.pickup for w in members])
     dropoff = joined([w.dropoff for w in members])
     rider_position = joined([w.rider_position[r] for w, r in chosen])
-    load = joined([w.rider_load[r] for w, r in chosen]).astype(np.float64)
-    capacity = joined([w.rider_capacity[r] for w, r in chosen]).astype(np.float64)
     vehicle_code = joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)
-    vehicle = vehicle_code[:, None] == _VEHICLES
     order_window = np.repeat(np.arange(len(members)), [w.num_orders for w in members])
 
-    # Legs rider -> pickup (one per pair) then pickup -> dropoff (one per order).
-    start = np.concatenate((rider_position, pickup))
-    end = np.concatenate((pickup[o], dropoff))
-    km, bearing = geo.haversine_bearing(start[:, 0], start[:, 1], end[:, 0], end[:, 1])
-    bearing_sin, bearing_cos = np.sin(bearing), np.cos(bearing)
-    # The rider (per pair), the pickup and the drop-off (per order): their zones' centres and
-    # the points themselves, both in their window's city plane, in one conversion.
-    points = np.concatenate((start, dropoff))
-    centre = geo.cell_centre_latlon(points, settings.zone_precision)
-    both = np.concatenate((centre, points))
-    east, north = geo.en_offset_km(both[:, 0], both[:, 1], _origins(cities, order_window, o))
-    zones = points.shape[0]
-    plane = np.empty((zones, 2))  # the points' (east, north): C order, as `City.plane` gives
-    plane[:, 0], plane[:, 1] = east[zones:], north[zones:]
-    east, north = east[:zones], north[:zones]  # the zones' offsets
+    # Legs rider -> pickup (one per pair) then pickup -> dropoff (one per order): their
+    # km and bearings; the rider (per pair), the pickup and the drop-off (per order): their
+    # zones' centres and the points themselves, in their window's city plane.
+    legs, zones = pairs + num_orders, pairs + 2 * num_orders
+    km, bearing_sin, bearing_cos = np.empty(legs), np.empty(legs), np.empty(legs)
+    zone_east, zone_north, plane = np.empty(zones), np.empty(zones), np.empty((zones, 2))
+    geometry = (km, bearing_sin, bearing_cos, zone_east, zone_north, plane)
+    pair_kernels.leg_geometry(
+        (rider_position, pickup, dropoff, o),
+        geo.geohash_grid(settings.zone_precision),
+        (*_origins(cities, order_window, o), geo.EARTH_RADIUS_KM),
+        geometry,
+    )
     road_pair, road_order = map_features.road_tables(cities, order_window, o, plane, vehicle_code)
 
-    # Per window: its local hour and weekday, as one window computes them; per order: its
-    # window's row of them and its decision time.
+    # Per window: its local hour and weekday, as one window computes them.
     window_values = np.empty((len(members), len(_WINDOW_COLUMNS)), dtype=np.float64)
     for row, (window, city) in enumerate(zip(members, cities, strict=True)):
         hour, weekend = local_time(window.dispatch_time, city)
         hour_angle = 2.0 * np.pi * hour / 24.0
         window_values[row] = (float(np.sin(hour_angle)), float(np.cos(hour_angle)), weekend)
-    dispatch_time = np.array([w.dispatch_time for w in members], dtype=np.float64)[order_window]
-    created_at = joined([w.created_at for w in members]).astype(np.float64)
-    age = np.maximum((dispatch_time - created_at) / 60.0, 0.0)
-    promised = joined([w.promised_minutes for w in members]).astype(np.float64)
-    constraints = joined([w.constraints for w in members]).astype(np.int64)
-    flags = (constraints[:, None] & _ORDER_FLAGS) != 0
-
-    trip, pickup_zone, dropoff_zone = (
-        slice(pairs, None),
-        slice(pairs, -num_orders),
-        slice(-num_orders, None),
-    )
-    # One row per column (np.array of same-length columns: one call, unlike column_stack's
-    # one per column), cast to float32 where it lands in the block.
-    per_order_rows = np.array(
-        (
-            km[trip],
-            bearing_sin[trip],
-            bearing_cos[trip],
-            east[pickup_zone],
-            north[pickup_zone],
-            east[dropoff_zone],
-            north[dropoff_zone],
-            age,
-            promised,
-            promised - age,
-            *flags.T,
-            *road_order,
-        ),
-        dtype=np.float64,
-    )
-    per_pair_rows = np.array(
-        (
-            km[:pairs],
-            bearing_sin[:pairs],
-            bearing_cos[:pairs],
-            east[:pairs],
-            north[:pairs],
-            load,
-            capacity,
-            load / np.maximum(capacity, 1.0),
-            *vehicle.T,
-            *road_pair,
-        ),
-        dtype=np.float64,
-    )
     block = np.empty((pairs, NUM_PAIR_FEATURES), dtype=np.float32)
-    block[:, _PAIR_AT] = per_pair_rows.T
-    block[:, _ORDER_AT] = per_order_rows[:, o].T
-    block[:, _WINDOW_AT] = window_values[order_window[o]]
+    pair_kernels.write_block(
+        block,
+        (_PAIR_AT, _ORDER_AT, _WINDOW_AT, _VEHICLES, _ORDER_FLAGS),
+        geometry,
+        (
+            o,
+            vehicle_code,
+            joined([w.rider_load[r] for w, r in chosen]).astype(np.float64),
+            joined([w.rider_capacity[r] for w, r in chosen]).astype(np.float64),
+            np.array(road_pair, dtype=np.float64),
+        ),
+        (
+            order_window,
+            joined([w.created_at for w in members]).astype(np.int64),
+            joined([w.promised_minutes for w in members]).astype(np.float64),
+            joined([w.constraints for w in members]).astype(np.int64),
+            np.array(road_order, dtype=np.float64),
+            np.array([w.dispatch_time for w in members], dtype=np.float64),
+            window_values,
+        ),
+    )
 
     out: list[NDArray[np.float32]] = []
     first = 0
@@ -321,16 +287,16 @@ def encode_pairs_batch(
 
 def _origins(
     cities: Sequence[City], order_window: IntArray, pair_order: IntArray
-) -> tuple[float, float] | tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """The plane's origin of each point `encode_pairs_batch` converts (the zones' centres,
-    then the points: riders per pair, pickups, drop-offs): its window's city centre; for a
-    batch in one city that centre alone (the same values, without the gathers)."""
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The plane's origin (lat, lon) of each point `encode_pairs_batch` converts (riders per
+    pair, pickups, drop-offs): its window's city centre; for a batch in one city that
+    centre alone (arrays of one: the same values, without the gathers)."""
     if len({id(city) for city in cities}) == 1:
-        return cities[0].centre
+        lat, lon = cities[0].centre
+        return np.array([lat], dtype=np.float64), np.array([lon], dtype=np.float64)
     origins = np.array([city.centre for city in cities], dtype=np.float64)
-    point_window = np.concatenate((order_window[pair_order], order_window, order_window))
-    point_origin = origins[np.concatenate((point_window, point_window))]
-    return point_origin[:, 0], point_origin[:, 1]
+    point_origin = origins[np.concatenate((order_window[pair_order], order_window, order_window))]
+    return np.ascontiguousarray(point_origin[:, 0]), np.ascontiguousarray(point_origin[:, 1])
 
 
 def window_candidates(

@@ -30,6 +30,7 @@ __all__ = [
     "geohash_cell_centre",
     "geohash_decode_centre",
     "geohash_encode",
+    "geohash_grid",
     "haversine_bearing",
     "haversine_km",
     "in_mainland_china",
@@ -139,6 +140,15 @@ def _grid(precision: int) -> tuple[FloatArray, FloatArray, FloatArray, FloatArra
 
 
 _GRIDS: Final = {precision: _grid(precision) for precision in range(1, MAX_GEOHASH_PRECISION + 1)}
+
+
+def geohash_grid(
+    precision: int,
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+    """A precision's grid per axis (lat, lon): half range, cells, cell size, last cell and
+    cells per degree, as `_quantise` reads them (the pair encoder's compiled zones too)."""
+    _check_precision(precision)
+    return _GRIDS[precision]
 
 
 def _quantise(latlon: FloatArray, precision: int) -> NDArray[np.int64]:

@@ -10,13 +10,12 @@ whose ends lie on different sides of a barrier goes through that barrier's best 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
 
-from dispatch_service.domain import planar
-from dispatch_service.domain.cities import City, RoadNetwork
+from dispatch_service.domain import pair_kernels, planar
+from dispatch_service.domain.cities import City
 
 __all__ = [
     "LegRoads",
@@ -26,9 +25,6 @@ __all__ = [
 ]
 
 FloatArray = NDArray[np.float64]
-# Legs up to this many (a small window's) go through the detours all at once; more legs
-# only the rows that cross a barrier (the same values).
-_EVERY_LEG: Final = 256
 
 
 @dataclass(frozen=True)
@@ -72,37 +68,15 @@ def barrier_detours(
     cuts = planar.segment_cuts(
         start, end, network.segment_start, network.segment_end, network.segment_lines
     )
-    # a leg crosses a barrier when it cuts an odd number of the barrier's segments
-    crossed = np.asarray(np.logical_xor.reduceat(cuts, network.segment_first, axis=1))  # [L, K]
-    if legs <= _EVERY_LEG:  # a small window: every leg at once, no gathers
-        return crossed, _detours(network, start, end, direct, crossed)
-    detour = np.zeros(legs, dtype=np.float64)
-    rows = np.flatnonzero(np.logical_or.reduce(crossed, axis=1))
-    if rows.size:
-        detour[rows] = _detours(network, start[rows], end[rows], direct[rows], crossed[rows])
+    crossed = np.empty((legs, len(city.barriers)), dtype=np.bool_)
+    detour = np.empty(legs, dtype=np.float64)
+    pair_kernels.barrier_detours(
+        cuts,
+        (network.segment_first, network.crossings, network.crossing_first),
+        (start, end, direct),
+        (crossed, detour),
+    )
     return crossed, detour
-
-
-def _detours(
-    network: RoadNetwork,
-    start: FloatArray,
-    end: FloatArray,
-    direct: FloatArray,
-    crossed: NDArray[np.bool_],
-) -> FloatArray:
-    """[L] km the barriers ``crossed`` [L, K] add to legs ``start`` -> ``end``: per barrier
-    crossed, the best of its crossings (start -> crossing -> end) less the straight km; 0
-    for a leg that crosses none."""
-    # np.add.reduce is np.sum without its Python wrapper (a small window's cost is calls)
-    to_start = start[:, None, :] - network.crossings[None, :, :]
-    to_end = network.crossings[None, :, :] - end[:, None, :]
-    via = np.sqrt(np.add.reduce(to_start * to_start, axis=2)) + np.sqrt(
-        np.add.reduce(to_end * to_end, axis=2)
-    )  # [L, C] km start -> crossing -> end
-    best = np.minimum.reduceat(via, network.crossing_first, axis=1)  # [L, K]
-    extra = np.maximum(best - direct[:, None], 0.0)
-    detour: FloatArray = np.add.reduce(np.where(crossed, extra, 0.0), axis=1)
-    return detour
 
 
 def route_minutes(city: City, road_km: FloatArray, vehicle: NDArray[np.int64]) -> FloatArray:

@@ -7,7 +7,7 @@ by an integer product with a segment-membership table and computes detours on th
 crossing rows only, then `roads.route_minutes`. The fast path must give the same float64
 values on random windows of every registered city, on batches over several cities and on
 legs placed on and next to barriers (vertices, crossings, the courses themselves) and the
-cities' borders, on both of its detour branches.
+cities' borders (the detours now a compiled loop, `domain.pair_kernels`).
 """
 
 from __future__ import annotations
@@ -128,13 +128,6 @@ def _assert_same(
         assert got.tobytes() == expected.tobytes()
 
 
-@pytest.fixture(params=["every_leg", "crossing_rows"])
-def detour_branch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs on both of `roads.barrier_detours`' branches."""
-    monkeypatch.setattr(roads, "_EVERY_LEG", 10**9 if request.param == "every_leg" else 0)
-    return str(request.param)
-
-
 def _batch(
     rng: np.random.Generator, cities: Sequence[City], points_of: dict[str, FloatArray]
 ) -> tuple[IntArray, IntArray, FloatArray, IntArray]:
@@ -175,7 +168,6 @@ def _edge_points(city: City, rng: np.random.Generator) -> FloatArray:
     return np.concatenate((exact, hair, border, anywhere))
 
 
-@pytest.mark.usefixtures("detour_branch")
 @pytest.mark.parametrize("seed", range(6))
 def test_legs_on_and_next_to_barriers_and_borders_give_the_general_paths_values(seed: int) -> None:
     registry = default_registry()
@@ -188,7 +180,6 @@ def test_legs_on_and_next_to_barriers_and_borders_give_the_general_paths_values(
         _assert_same(members, *_batch(rng, members, points_of))
 
 
-@pytest.mark.usefixtures("detour_branch")
 def test_zero_length_legs_and_a_city_without_barriers() -> None:
     registry = default_registry()
     city = registry.get("beijing")

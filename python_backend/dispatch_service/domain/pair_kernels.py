@@ -1,0 +1,288 @@
+"""The pair encoder's per-element arithmetic, compiled with numba: one loop per table.
+
+Why: `features.encode_pairs_batch` computed each column as a chain of numpy calls (a small
+window paid ~40 of them, each a microsecond or so over a handful of values; a large one a
+pass over memory per call), and wrote its block through transposed fancy-indexed copies.
+Here the legs' distances and bearings, the zones' cells and every point's place in the
+city plane are one loop (`leg_geometry`), the block one more (`write_block`), and the
+barriers' detours of the map's legs (`barrier_detours`, the simulator's too) a third.
+
+The same values, bit for bit, as the numpy expressions they replace (kept as the oracle in
+tests/unit/domain/test_pair_kernels.py): each element goes through the same IEEE operations
+in the same order (no fused multiply-add, no reassociation: numba's default, not
+``fastmath``), and the transcendental functions are the C library's (``sin``, ``cos``,
+``asin``, ``atan2``), which numpy's float64 loops call on a CPU without AVX-512 as well.
+A sum over barriers follows numpy's pairwise order (`_pairwise_sum`). The segment-side
+tests (`planar.segment_cuts`) stay numpy's matrix products: OpenBLAS fuses their
+multiply-adds in an order that depends on the CPU and the shapes.
+
+The kernels are compiled with explicit signatures when this module is imported (from
+numba's cache in ``__pycache__`` after the first time), so a model pays for them at load,
+never on a request; the callers hand them arrays of exactly those dtypes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Final
+
+import numba
+import numpy as np
+
+__all__ = ["barrier_detours", "leg_geometry", "write_block"]
+
+_TWO_PI: Final = 2.0 * math.pi
+# The kernels' array types in numba's signatures (any layout: views are fine).
+_F8: Final = "float64[:]"
+_F8_2D: Final = "float64[:, :]"
+_I8: Final = "int64[:]"
+
+
+def _compiled(signature: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """numba's ahead-of-request compile: explicit types, cached on disk, no GIL held,
+    numpy's float semantics (no Python division checks). Where no cache directory is
+    writable (a read-only install without a home), compiled at each import instead."""
+
+    def compile_now(function: Callable[..., Any]) -> Callable[..., Any]:
+        options: dict[str, Any] = {"nogil": True, "error_model": "numpy"}
+        try:
+            compiled: Callable[..., Any] = numba.njit(signature, cache=True, **options)(function)
+        except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+            compiled = numba.njit(signature, **options)(function)
+        return compiled
+
+    return compile_now
+
+
+@_compiled(f"float64(float64, UniTuple({_F8}, 5), intp)")
+def _cell_centre(value: float, grid: Any, axis: int) -> float:
+    """One coordinate's geohash cell centre on ``grid`` (`geo.geohash_grid`) along ``axis``
+    (0: lat, 1: lon), as `geo._quantise` and `geo.cell_centre_latlon` compute it."""
+    half, cells, step, top, per_degree = (
+        grid[0][axis], grid[1][axis], grid[2][axis], grid[3][axis], grid[4][axis]
+    )  # fmt: skip
+    q = np.floor((value + half) * per_degree)
+    q = top if q > top else (q if q >= 0.0 else 0.0)  # np.fmin(np.fmax(q, 0), top), NaN to 0
+    if q > 0.0 and value <= q * step - half:
+        q -= 1.0
+    if q < top and value > (q + 1.0) * step - half:
+        q += 1.0
+    return float(half * (2.0 * q + 1.0 - cells) / cells)
+
+
+# (riders per pair [P, 2], pickups [B, 2], drop-offs [B, 2], each pair's order [P])
+_POINTS: Final = f"Tuple(({_F8_2D}, {_F8_2D}, {_F8_2D}, {_I8}))"
+# (origin lat [1 or Z], origin lon [1 or Z], the earth's radius in km)
+_ORIGIN: Final = f"Tuple(({_F8}, {_F8}, float64))"
+# (km, bearing sine, bearing cosine [L]; zone east, zone north [Z]; plane [Z, 2])
+_GEOMETRY: Final = f"Tuple(({_F8}, {_F8}, {_F8}, {_F8}, {_F8}, {_F8_2D}))"
+
+
+@_compiled(f"void({_POINTS}, UniTuple({_F8}, 5), {_ORIGIN}, {_GEOMETRY})")
+def leg_geometry(points: Any, grid: Any, origin: Any, out: Any) -> None:
+    """Per leg (each pair's rider -> its order's pickup, then each order's pickup -> its
+    drop-off): its km (`geo.haversine_km`), the sine and cosine of its bearing
+    (`geo.bearing_rad`); per point (the pairs' riders, the pickups, the drop-offs): its
+    geohash zone's centre on ``grid`` (`geo.geohash_grid`) and the point itself in the city
+    plane (`geo.en_offset_km` from the origin: one for all, or one per point).
+
+    ``points``, ``origin``, ``out``: the tuples `_POINTS`, `_ORIGIN`, `_GEOMETRY` describe;
+    ``out`` is written."""
+    rider, pickup, dropoff, pair_order = points
+    origin_lat, origin_lon, radius = origin
+    km, bearing_sin, bearing_cos, zone_east, zone_north, plane = out
+    pairs = pair_order.shape[0]
+    orders = pickup.shape[0]
+    legs = pairs + orders
+    per_point = origin_lat.shape[0] > 1
+    for leg in range(legs):
+        if leg < pairs:
+            lat1, lon1 = rider[leg, 0], rider[leg, 1]
+            order = pair_order[leg]
+            lat2, lon2 = pickup[order, 0], pickup[order, 1]
+        else:
+            order = leg - pairs
+            lat1, lon1 = pickup[order, 0], pickup[order, 1]
+            lat2, lon2 = dropoff[order, 0], dropoff[order, 1]
+        # `geo.haversine_bearing`
+        phi1 = math.radians(lat1)
+        phi2 = math.radians(lat2)
+        dlam = math.radians(lon2 - lon1)
+        cos_phi1 = math.cos(phi1)
+        cos_phi2 = math.cos(phi2)
+        half_dphi = math.sin((phi2 - phi1) * 0.5)
+        half_dlam = math.sin(dlam * 0.5)
+        a = half_dphi * half_dphi + cos_phi1 * cos_phi2 * (half_dlam * half_dlam)
+        a = min(max(a, 0.0), 1.0)
+        km[leg] = 2.0 * radius * math.asin(math.sqrt(a))
+        y = math.sin(dlam) * cos_phi2
+        x = cos_phi1 * math.sin(phi2) - math.sin(phi1) * cos_phi2 * math.cos(dlam)
+        # np.mod: the C remainder, moved into [0, 2 pi) (numpy's npy_divmod)
+        bearing = np.fmod(math.atan2(y, x), _TWO_PI)
+        if bearing != 0.0:
+            if bearing < 0.0:
+                bearing += _TWO_PI
+        else:
+            bearing = 0.0
+        bearing_sin[leg] = math.sin(bearing)
+        bearing_cos[leg] = math.cos(bearing)
+    for point in range(legs + orders):
+        if point < pairs:
+            lat, lon = rider[point, 0], rider[point, 1]
+        elif point < legs:
+            lat, lon = pickup[point - pairs, 0], pickup[point - pairs, 1]
+        else:
+            lat, lon = dropoff[point - legs, 0], dropoff[point - legs, 1]
+        at = point if per_point else 0
+        lat0, lon0 = origin_lat[at], origin_lon[at]
+        centre_lat = _cell_centre(lat, grid, 0)
+        centre_lon = _cell_centre(lon, grid, 1)
+        # `geo.en_offset_km` of the zone's centre, then of the point
+        mean_lat = math.radians((centre_lat + lat0) * 0.5)
+        zone_east[point] = radius * math.radians(centre_lon - lon0) * math.cos(mean_lat)
+        zone_north[point] = radius * math.radians(centre_lat - lat0)
+        mean_lat = math.radians((lat + lat0) * 0.5)
+        plane[point, 0] = radius * math.radians(lon - lon0) * math.cos(mean_lat)
+        plane[point, 1] = radius * math.radians(lat - lat0)
+
+
+# (pair columns, order columns, window columns, vehicle codes, order flag bits)
+_LAYOUT: Final = f"UniTuple({_I8}, 5)"
+# (each pair's order, its rider's vehicle, load, capacity; the map's columns [4, P])
+_PAIRS: Final = f"Tuple(({_I8}, {_I8}, {_F8}, {_F8}, {_F8_2D}))"
+# (each order's window, created_at, promised minutes, constraints; the map's columns
+# [2, B]; each window's dispatch time and its hour and weekend values [W, 3])
+_ORDERS: Final = f"Tuple(({_I8}, {_I8}, {_F8}, {_I8}, {_F8_2D}, {_F8}, {_F8_2D}))"
+
+
+@_compiled(f"void(float32[:, :], {_LAYOUT}, {_GEOMETRY}, {_PAIRS}, {_ORDERS})")
+def write_block(block: Any, layout: Any, geometry: Any, pairs: Any, orders: Any) -> None:
+    """The float32 block [P, F] of `features.encode_pairs_batch`: each pair's columns, its
+    order's and its window's at their places in ``layout`` (`features._PAIR_COLUMNS`,
+    `_ORDER_COLUMNS`, `_WINDOW_COLUMNS`, in order), each value the float64 the numpy
+    expressions gave, rounded to float32. ``geometry``: `leg_geometry`'s output;
+    ``pairs``, ``orders``: the tuples `_PAIRS` and `_ORDERS` describe."""
+    pair_at, order_at, window_at, vehicles, order_flags = layout
+    km, bearing_sin, bearing_cos, zone_east, zone_north, _ = geometry
+    pair_order, vehicle, load, capacity, pair_roads = pairs
+    order_window, created_at, promised, constraints, order_roads, dispatch_time, window_values = (
+        orders
+    )
+    num_pairs = pair_order.shape[0]
+    num_orders = order_window.shape[0]
+    for p in range(num_pairs):
+        row = block[p]
+        row[pair_at[0]] = km[p]
+        row[pair_at[1]] = bearing_sin[p]
+        row[pair_at[2]] = bearing_cos[p]
+        row[pair_at[3]] = zone_east[p]
+        row[pair_at[4]] = zone_north[p]
+        row[pair_at[5]] = load[p]
+        row[pair_at[6]] = capacity[p]
+        row[pair_at[7]] = load[p] / max(capacity[p], 1.0)
+        for v in range(vehicles.shape[0]):
+            row[pair_at[8 + v]] = 1.0 if vehicle[p] == vehicles[v] else 0.0
+        for c in range(pair_roads.shape[0]):
+            row[pair_at[11 + c]] = pair_roads[c, p]
+        b = pair_order[p]
+        trip, pickup_zone, dropoff_zone = num_pairs + b, num_pairs + b, num_pairs + num_orders + b
+        row[order_at[0]] = km[trip]
+        row[order_at[1]] = bearing_sin[trip]
+        row[order_at[2]] = bearing_cos[trip]
+        row[order_at[3]] = zone_east[pickup_zone]
+        row[order_at[4]] = zone_north[pickup_zone]
+        row[order_at[5]] = zone_east[dropoff_zone]
+        row[order_at[6]] = zone_north[dropoff_zone]
+        w = order_window[b]
+        age = max((dispatch_time[w] - np.float64(created_at[b])) / 60.0, 0.0)
+        row[order_at[7]] = age
+        row[order_at[8]] = promised[b]
+        row[order_at[9]] = promised[b] - age
+        for f in range(order_flags.shape[0]):
+            row[order_at[10 + f]] = 1.0 if (constraints[b] & order_flags[f]) != 0 else 0.0
+        for c in range(order_roads.shape[0]):
+            row[order_at[14 + c]] = order_roads[c, b]
+        for c in range(window_at.shape[0]):
+            row[window_at[c]] = window_values[w, c]
+
+
+@_compiled("float64(float64[:])")
+def _pairwise_sum(values: Any) -> float:
+    """``np.add.reduce`` of a contiguous float64 row, in numpy's order (its pairwise
+    summation: sequential below 8 values, eight running sums up to 128, halves above)."""
+    n = values.shape[0]
+    if n < 8:
+        total = 0.0
+        for i in range(n):
+            total += values[i]
+        return float(total)
+    if n <= 128:
+        r = values[:8].copy()
+        i = 8
+        while i < n - (n % 8):
+            for j in range(8):
+                r[j] += values[i + j]
+            i += 8
+        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        while i < n:
+            total += values[i]
+            i += 1
+        return float(total)
+    half = n // 2
+    half -= half % 8
+    return float(_pairwise_sum(values[:half]) + _pairwise_sum(values[half:]))
+
+
+# (each barrier's first segment [K], every crossing [C, 2], each barrier's first crossing [K])
+_NETWORK: Final = f"Tuple((intp[:], {_F8_2D}, intp[:]))"
+# (the legs' starts [L, 2], ends [L, 2], straight km [L])
+_LEGS: Final = f"Tuple(({_F8_2D}, {_F8_2D}, {_F8}))"
+
+
+@_compiled(f"void(boolean[:, :], {_NETWORK}, {_LEGS}, Tuple((boolean[:, :], float64[::1])))")
+def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
+    """`roads.barrier_detours` from the legs' segment cuts [L, S] (`planar.segment_cuts`),
+    ``network`` and ``legs`` the tuples `_NETWORK` and `_LEGS` describe, into ``out``:
+    ``crossed`` [L, K], whether leg l cuts an odd number of barrier k's segments
+    (``np.logical_xor.reduceat`` over ``segment_first``), and ``detour`` [L], the km the
+    crossed barriers add: per barrier, the best of its crossings (start -> crossing -> end,
+    ``np.minimum.reduceat`` over ``crossing_first``) less the straight km ``direct``, at
+    least 0, summed over the barriers as ``np.add.reduce`` sums them."""
+    segment_first, crossings, crossing_first = network
+    start, end, direct = legs
+    crossed, detour = out
+    num_legs, segments = cuts.shape
+    barriers = segment_first.shape[0]
+    points = crossings.shape[0]
+    extra = np.zeros(barriers)
+    for leg in range(num_legs):
+        any_crossed = False
+        for k in range(barriers):
+            first = segment_first[k]
+            last = segment_first[k + 1] if k + 1 < barriers else segments
+            parity = cuts[leg, first]
+            for s in range(first + 1, last):  # reduceat: one segment where last <= first
+                parity = parity != cuts[leg, s]
+            crossed[leg, k] = parity
+            any_crossed = any_crossed or parity
+        if not any_crossed:
+            detour[leg] = 0.0
+            continue
+        sx, sy, ex, ey = start[leg, 0], start[leg, 1], end[leg, 0], end[leg, 1]
+        for k in range(barriers):
+            extra[k] = 0.0
+            if not crossed[leg, k]:
+                continue
+            first = crossing_first[k]
+            last = crossing_first[k + 1] if k + 1 < barriers else points
+            best = np.inf
+            for c in range(first, max(last, first + 1)):
+                to_start_x, to_start_y = sx - crossings[c, 0], sy - crossings[c, 1]
+                to_end_x, to_end_y = crossings[c, 0] - ex, crossings[c, 1] - ey
+                via = math.sqrt(to_start_x * to_start_x + to_start_y * to_start_y) + math.sqrt(
+                    to_end_x * to_end_x + to_end_y * to_end_y
+                )
+                best = min(best, via)
+            extra[k] = max(best - direct[leg], 0.0)
+        detour[leg] = _pairwise_sum(extra)

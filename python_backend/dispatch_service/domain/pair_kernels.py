@@ -30,7 +30,7 @@ from typing import Any, Final
 import numba
 import numpy as np
 
-__all__ = ["barrier_detours", "leg_geometry", "write_block"]
+__all__ = ["barrier_detours", "leg_geometry", "rank_candidates", "write_block"]
 
 _TWO_PI: Final = 2.0 * math.pi
 # The kernels' array types in numba's signatures (any layout: views are fine).
@@ -286,3 +286,46 @@ def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
                 best = min(best, via)
             extra[k] = max(best - direct[leg], 0.0)
         detour[leg] = _pairwise_sum(extra)
+
+
+# (invalid [B, N] (a missing candidate), score, ETA, on-time, cost [B, N], rider id hash [B, N])
+_RANK_KEYS: Final = f"Tuple((boolean[:, :], {_F8_2D}, {_F8_2D}, {_F8_2D}, {_F8_2D}, uint64[:, :]))"
+
+
+@_compiled(f"boolean({_RANK_KEYS}, int64[:, :], intp, int64, int64)")
+def _ranks_before(keys: Any, tie: Any, b: int, x: int, y: int) -> bool:
+    """Whether column ``x`` of row ``b`` comes strictly before column ``y`` (`rank_candidates`)."""
+    invalid, score, eta, ontime, cost, rider_hash = keys
+    if invalid[b, x] != invalid[b, y]:
+        return bool(invalid[b, y])
+    if score[b, x] != score[b, y]:
+        return bool(score[b, x] > score[b, y])
+    if eta[b, x] != eta[b, y]:
+        return bool(eta[b, x] < eta[b, y])
+    if ontime[b, x] != ontime[b, y]:
+        return bool(ontime[b, x] > ontime[b, y])
+    if cost[b, x] != cost[b, y]:
+        return bool(cost[b, x] < cost[b, y])
+    if rider_hash[b, x] != rider_hash[b, y]:
+        return bool(rider_hash[b, x] < rider_hash[b, y])
+    return bool(tie[b, x] < tie[b, y])
+
+
+@_compiled(f"void({_RANK_KEYS}, int64[:, :], int64[:, ::1])")
+def rank_candidates(keys: Any, tie: Any, order: Any) -> None:
+    """Each order's candidate columns ranked into ``order`` [B, N] exactly as
+    ``np.lexsort((tie, hash, cost, -ontime, eta, -score, invalid), axis=-1)`` ranks them
+    (the resolver's Top-K keys): valid first, score descending, ETA ascending, on-time
+    descending, cost ascending, id hash, then ``tie``; a stable insertion sort of each row
+    (a row is a few dozen candidates), so columns equal in every key keep their order."""
+    rows, width = keys[0].shape
+    for b in range(rows):
+        for j in range(width):
+            order[b, j] = j
+        for j in range(1, width):
+            moving = order[b, j]
+            at = j
+            while at > 0 and _ranks_before(keys, tie, b, moving, order[b, at - 1]):
+                order[b, at] = order[b, at - 1]
+                at -= 1
+            order[b, at] = moving

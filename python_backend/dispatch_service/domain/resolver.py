@@ -34,6 +34,7 @@ from dispatch_contract import (
 )
 from dispatch_service.core.batches import split_rows
 from dispatch_service.core.errors import DispatchInputError
+from dispatch_service.domain import pair_kernels
 from dispatch_service.domain.assignment import AssignmentGraph, at_position, uncontested_best
 from dispatch_service.domain.hashing import rider_id_hashes
 from dispatch_service.domain.ids import id_order, id_rank, ids_as_bytes
@@ -106,6 +107,19 @@ class Resolution:
             "ASSIGNED_SCORE": self.assigned_score,
             ASSIGNED_OBJECTIVES.name: self.assigned_objectives,
         }
+
+
+def _ranked(keys: tuple[NDArray[Any], ...], tie: NDArray[Any]) -> NDArray[np.int64]:
+    """Each order's candidate columns in Top-K order: `pair_kernels.rank_candidates` of
+    ``keys`` (invalid, score, ETA, on-time, cost, id hash; each [B, N]), then ``tie``."""
+    invalid, *values, rider_hash = keys
+    order = np.empty(tie.shape, dtype=np.int64)
+    pair_kernels.rank_candidates(
+        (invalid, *(np.asarray(value, dtype=np.float64) for value in values), rider_hash),
+        tie.astype(np.int64, copy=False),
+        order,
+    )
+    return order
 
 
 def _adjacent_equal(values: NDArray[Any], valid: NDArray[np.bool_]) -> bool:
@@ -270,9 +284,10 @@ class ResolverWindow:
         obj = objectives
         score = self.scores(obj)
         eta, ontime, cost = obj[..., ETA], obj[..., ONTIME], obj[..., COST]
-        # np.lexsort: the last key is the primary one.
-        keys = (rider_hash[safe_index], cost, -ontime, eta, -score, ~valid)
-        order = np.lexsort((safe_index, *keys), axis=-1)
+        # `pair_kernels.rank_candidates`: np.lexsort((tie, *keys), axis=-1) of the keys
+        # (hash[safe_index], cost, -ontime, eta, -score, ~valid), the last the primary one.
+        keys = (~valid, score, eta, ontime, cost, rider_hash[safe_index])
+        order = _ranked(keys, safe_index)
 
         # Missing candidates sort last and carry zero objectives and score, so the Top-K
         # values need no masking: a padded slot already reads 0.
@@ -285,7 +300,7 @@ class ResolverWindow:
             # purpose): their ids, not their rows, decide.
             id_key = np.zeros(num_riders + 1, dtype=np.int64)
             id_key[used] = id_rank(used_ids)
-            order = np.lexsort((id_key[safe_index], *keys), axis=-1)
+            order = _ranked(keys, id_key[safe_index])
             ranked_index = safe_index[rows, order]
         ranked_score = score[rows, order]
         full_index = np.where(ranked_index < num_riders, ranked_index, -1)

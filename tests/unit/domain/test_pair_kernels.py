@@ -226,3 +226,24 @@ def test_leg_geometry_gives_numpys_float64_values(seed: int) -> None:
         for got, oracle in zip(out, expected, strict=True):
             assert got.tobytes() == oracle.tobytes()
         assert plane.tobytes() == np.column_stack((east, north)).tobytes()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rank_candidates_is_numpys_lexsort_with_ties(seed: int) -> None:
+    """`rank_candidates` against ``np.lexsort`` itself (the resolver's call before the
+    kernel), on keys drawn from a few values so that every key ties somewhere: missing
+    candidates, equal scores (0.0 and -0.0 among them), equal ETAs, on-time, costs and
+    hashes, and the tie-break last; rows of width 0, 1 and 40."""
+    rng = np.random.default_rng(seed)
+    for rows, width in ((50, 16), (7, 40), (3, 1), (4, 0)):
+        shape = (rows, width)
+        invalid = rng.random(shape) < 0.2
+        score = rng.choice([0.0, -0.0, 0.25, 0.5, 0.75], shape)
+        objectives = rng.choice([0.0, 1.0, 2.5], (rows, width, 3))
+        eta, ontime, cost = objectives[..., 0], objectives[..., 1], objectives[..., 2]
+        rider_hash = rng.choice(np.array([3, 2**63 + 5, 7], dtype=np.uint64), shape)
+        tie = rng.integers(0, 4, shape)
+        order = np.empty(shape, dtype=np.int64)
+        pair_kernels.rank_candidates((invalid, score, eta, ontime, cost, rider_hash), tie, order)
+        keys = (rider_hash, cost, -ontime, eta, -score, invalid)
+        assert order.tolist() == np.lexsort((tie, *keys), axis=-1).tolist()

@@ -31,12 +31,15 @@ from patience import wait_for
 
 from dispatch_client import DispatchClient, window_from_json
 from dispatch_client.errors import DispatchConnectionError, DispatchError
+from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.ops.router_control import (
     apply_router_settings,
     read_fused_settings,
     read_router_settings,
 )
 from dispatch_service.ops.server import Ports
+from dispatch_service.ops.stubs import instance_count, stub_versions
+from dispatch_service.ops.verified_load import repository_models
 from perf.deadline_burst import (
     BurstSettings,
     LauncherMetrics,
@@ -102,6 +105,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     )
     try:
         assert launcher.read_until("ready:", 240), "\n".join(launcher.lines)
+        launcher.keep_reading()
         yield Served(launcher, f"http://127.0.0.1:{health}", folder / "keys")
     finally:
         launcher.stop()
@@ -145,10 +149,48 @@ def test_a_crashed_triton_is_restarted_by_default_counted_and_routes_as_before(
     assert after.crashes == before.crashes + 1
     assert after.server_restarts == before.server_restarts + 1
     assert served.triton_pid() != first
+    # Ready on each model's first instance (half the stubs a start sets up), the others
+    # added once it serves: every model back at its configured count.
+    wait_for(
+        lambda: (
+            instances_added(served) == MULTI_INSTANCE_MODELS and at_configured_instances(served)
+        ),
+        "every model's other instances added, at its configured count",
+        120,
+        0.5,
+    )
     # The new server runs with the settings the old one ran with: a restart keeps them.
     assert read_router_settings(served.triton) == changed
     assert read_fused_settings(served.health, served.admin_key) == changed
     assert served.serves_a_window()
+
+
+# The entry points' models of several instances: a restarted server starts each on its first.
+MULTI_INSTANCE_MODELS = {
+    "dispatch_fused",
+    "dispatch_priority",
+    "dispatch_router",
+    "feature_encoder",
+    "topk_resolver",
+}
+
+
+def instances_added(served: Served) -> set[str]:
+    """The models whose left-out instances the launcher says it added (``instances_added``)."""
+    lines = list(served.launcher.lines)
+    return {json.loads(line)["model"] for line in lines if '"instances_added"' in line}
+
+
+def at_configured_instances(served: Served) -> bool:
+    """Every Python model's served versions have their config's instance count of stubs."""
+    running = Counter(stub_versions(served.triton_pid()).values())
+    for name, entry in repository_models(MODEL_REPOSITORY, "cpu").items():
+        if entry.config.get("backend") != "python":
+            continue
+        for version in entry.served:
+            if running[(name, str(version))] != instance_count(entry.config):
+                return False
+    return True
 
 
 def restarted_since(served: Served, before: LauncherMetrics) -> bool:

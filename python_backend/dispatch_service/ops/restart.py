@@ -88,6 +88,7 @@ def start_again(
     sleep: Callable[[float], None] = time.sleep,
     *,
     graceful: bool = True,
+    start: Callable[[], object] | None = None,
 ) -> None:
     """Stop ``server`` (without ``graceful``: SIGKILL at once, for a process that crashed
     and has nothing left to finish) and start it again. A start refused because the old
@@ -95,11 +96,12 @@ def start_again(
     before starting anything) is tried again after ``wait_s``, ``attempts`` times in all:
     once, under a burst, the crashed server's ports were still taken when the restart began
     (by a child it had forked: now ended with its group, `end_process_group`), and the
-    launcher gave up (exit 3) instead of serving again. Any other failure is raised."""
+    launcher gave up (exit 3) instead of serving again. Any other failure is raised.
+    ``start``: how to start it (default ``server.start``)."""
     server.stop(timeout_s=stop_timeout_s, graceful=graceful)
     for attempt in range(attempts):
         try:
-            server.start()
+            (start or server.start)()
             return
         except Exception as exc:
             if "already in use" not in str(exc) or attempt == attempts - 1:

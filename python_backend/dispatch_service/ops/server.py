@@ -26,13 +26,14 @@ from typing import ClassVar
 from dispatch_contract.keys import PRIORITY_KEY_DIGEST_ENV, PRIORITY_KEY_ENV, PRIORITY_KEY_FILE_ENV
 from dispatch_service.core.backend_shm import tighten_regions
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.core.signing import TRUSTED_KEYS_ENV, TrustedKeys
+from dispatch_service.core.signing import TRUSTED_KEYS_ENV
 from dispatch_service.ops.child_process import (
     LOG_READ_BYTES,
     ChildService,
     ServerError,
     read_log,
 )
+from dispatch_service.ops.first_instances import FirstInstanceRepository
 from dispatch_service.ops.health import Probe, deep_check, explain_missing
 from dispatch_service.ops.host import (
     EXPOSURE_RISKS,
@@ -45,14 +46,12 @@ from dispatch_service.ops.host import (
     stop_orphaned_servers,
 )
 from dispatch_service.ops.keys import AccessKeys, new_key
-from dispatch_service.ops.model_control import ModelControlError, load_model, ready_versions
 from dispatch_service.ops.repository_copy import RepositoryCopy
+from dispatch_service.ops.server_loads import PlannedLoads, failures_text
 from dispatch_service.ops.triton_runtime import Ports, TritonRuntime
 from dispatch_service.ops.verified_load import (
     LoadPlan,
-    LoadVerifier,
     load_failures,
-    plan_load,
 )
 from dispatch_service.outcomes.store import OUTCOME_STORE_ENV
 from dispatch_service.routing.live import ROUTING_FILE_ENV
@@ -72,6 +71,8 @@ logger = logging.getLogger(__name__)
 ORPHAN_PORTS_WAIT_S = 15.0
 # Models (each version counts) Triton loads at once: more than the repository holds.
 MODEL_LOAD_THREADS = 16
+# Triton's HTTP threads: more than the loads a start sends at once.
+HTTP_THREADS = 16
 
 
 @dataclass
@@ -130,8 +131,10 @@ class ServerOptions:
         return AccessKeys(admin=self.admin_key, shm=self.shm_key, priority=self.priority_key)
 
 
-class TritonServer(ChildService):
+class TritonServer(ChildService, PlannedLoads):
     """A tritonserver child process; a context manager that always stops it."""
+
+    options: ServerOptions
 
     shm_dir: ClassVar[Path] = Path("/dev/shm")
     # The drain gate's file (`serving.drain`), named once per server: a random folder
@@ -154,6 +157,9 @@ class TritonServer(ChildService):
         # (ops.host), so a server removes only its own regions and never another's.
         self.shm_prefix = new_shm_prefix()
         self.entry_points: list[Probe] = []  # the last deep check of required_models
+        # A restart's view of the served repository, each model of several instances cut to
+        # its first (`first_instances`); Triton reads it while this process runs.
+        self.first_instances: FirstInstanceRepository | None = None
 
     def stop(self, timeout_s: float = 20.0, *, graceful: bool = True) -> None:
         """Stop the server, then remove the Python backend regions it left behind. Triton 2.51
@@ -167,6 +173,9 @@ class TritonServer(ChildService):
         if self._drain_path is not None:  # the next start opens with a new gate
             shutil.rmtree(self._drain_path.parent, ignore_errors=True)
             self._drain_path = None
+        if self.first_instances is not None:
+            self.first_instances.remove()
+            self.first_instances = None
 
     def drain_file(self) -> Path:
         """Where the drain gate's file goes (``DISPATCH_DRAIN_FILE`` in the environment)."""
@@ -185,10 +194,17 @@ class TritonServer(ChildService):
         return self._routing_path
 
     @property
-    def served_repository(self) -> Path:
-        """The folder Triton reads: the verified copy on a verified server."""
+    def source_repository(self) -> Path:
+        """The repository the plan reads: the verified copy on a verified server."""
         copy = self.repository_copy
         return self.options.model_repository if copy is None else copy.repository
+
+    @property
+    def served_repository(self) -> Path:
+        """The folder Triton reads: `source_repository`, seen through `first_instances`
+        after a restart's start."""
+        cut = self.first_instances
+        return self.source_repository if cut is None else cut.root
 
     def release(self) -> None:
         """Remove what outlives a stop for a restart: the live routing and the repository
@@ -278,6 +294,9 @@ class TritonServer(ChildService):
             # ensemble's steps began only once the first four were loaded, 20-40 s into a
             # restart on a loaded 2-core host.
             f"--model-load-thread-count={MODEL_LOAD_THREADS}",
+            # The loads a start sends at once (`load_after_start`) run side by side: with
+            # 2.51's default here (2 threads on 2 cores) they ran two at a time.
+            f"--http-thread-count={HTTP_THREADS}",
             "--exit-timeout-secs=10",
             "--log-verbose=0",
         ]
@@ -359,15 +378,30 @@ class TritonServer(ChildService):
             logger.warning(line)
         return lines + cleaned
 
-    def start(self, timeout_s: float = 120.0) -> TritonServer:
+    def start(self, timeout_s: float = 120.0, *, first_instances: bool = False) -> TritonServer:
+        """Start Triton, load what the plan defers, and check every required entry point.
+        ``first_instances``: each Python model of several instances starts with its first
+        instance alone (`plan_load`), the rest for `add_instances` once ready."""
         self.runtime.check()
         notes = self.check_host()
-        notes += self.plan_verified_load()
+        notes += self.plan_verified_load(first_instances=first_instances)
+        plan = self.load_plan
+        if plan is not None and plan.first_instance:
+            self.first_instances = FirstInstanceRepository(
+                self.source_repository, plan.first_instance, self.options.profile
+            )
         self.spawn_skipping_failed_versions(notes, timeout_s)
         self.tighten_backend_regions()
         self.load_after_start()
         self.check_entry_points()
         return self
+
+    def start_first_instances(self, timeout_s: float = 120.0) -> TritonServer:
+        """A restart's start: ready on one instance a model (`start`; Triton reads
+        `first_instances.FirstInstanceRepository`), in about half the CPU of a full start
+        (each stub is a Python interpreter importing the library); `add_instances` brings
+        the others once it serves."""
+        return self.start(timeout_s, first_instances=True)
 
     def check_entry_points(self, timeout_s: float = 10.0) -> None:
         """Each required entry point must answer a small window; else stop and say why."""
@@ -390,51 +424,6 @@ class TritonServer(ChildService):
         raise ServerError(
             f"required entry point(s) {', '.join(failed)} not serving:\n" + "\n".join(lines)
         )
-
-    def plan_verified_load(self) -> list[str]:
-        """Verify the repository's signatures (with trusted keys) and decide what loads.
-
-        Returns the log lines: one per refused version and per refused or restricted model,
-        or one warning that nothing is verified. Raises SigningError for an unusable key
-        directory (missing, holding a bad key, or no key at all).
-        """
-        opts = self.options
-        if opts.trusted_keys is None:
-            self.load_plan = None
-            line = json.dumps(
-                {
-                    "event": "signatures_not_verified",
-                    "reason": "no trusted keys configured (--trusted-keys): models load unverified",
-                }
-            )
-            logger.warning(line)
-            return [line]
-        trusted = TrustedKeys.required_in(opts.trusted_keys)
-        if self.repository_copy is None:
-            self.repository_copy = RepositoryCopy(opts.model_repository, trusted)
-        copy = self.repository_copy
-        copy.trusted = trusted
-        copy.prepare()
-        plan = plan_load(
-            copy.repository, trusted, opts.profile, opts.load_models, verdicts=copy.verdicts
-        )
-        self.load_plan = plan
-        lines = plan.log_lines()
-        for line in lines:
-            logger.warning(line)
-        summary = json.dumps(
-            {
-                "event": "signatures_verified",
-                "trusted_keys": sorted(trusted.keys),
-                "load": list(plan.startup),
-                "restricted": {name: list(v) for name, v in plan.restricted.items()},
-                "deferred": list(plan.deferred),
-                "refused": sorted(plan.refused),
-            },
-            sort_keys=True,
-        )
-        logger.info(summary)
-        return [*lines, summary]
 
     def spawn_skipping_failed_versions(self, notes: list[str], timeout_s: float) -> None:
         """Start Triton and wait until it is ready. When it exits because a version failed
@@ -479,7 +468,7 @@ class TritonServer(ChildService):
                     continue
                 if not new:
                     if found:
-                        raise ServerError(f"{_failures_text(found)}\n{exc}") from None
+                        raise ServerError(f"{failures_text(found)}\n{exc}") from None
                     raise
                 self.stop()
                 failed.update(new)
@@ -488,60 +477,10 @@ class TritonServer(ChildService):
                     logger.warning(line)
                 notes = [*notes, *lines]
 
-    def plan_without(self, failed: dict[tuple[str, int], str]) -> list[str]:
-        """Set the load plan to leave out the ``failed`` versions; the lines to log. Raises
-        ServerError naming them and their causes when that leaves a model out."""
-        opts = self.options
-        copy = self.repository_copy
-        trusted = None if copy is None else copy.trusted
-        verdicts = None if copy is None else copy.verdicts
-        repository, profile, requested = self.served_repository, opts.profile, opts.load_models
-        before = plan_load(repository, trusted, profile, requested, verdicts=verdicts)
-        plan = plan_load(repository, trusted, profile, requested, failed=failed, verdicts=verdicts)
-        lost = {name: why for name, why in plan.refused.items() if name not in before.refused}
-        if lost:
-            raise ServerError(
-                f"cannot start: {_failures_text(failed)}; without it: "
-                + "; ".join(f"{name}: {why}" for name, why in sorted(lost.items()))
-            )
-        self.load_plan = plan
-        return [line for line in plan.log_lines() if '"model_version_failed"' in line]
-
     def log_text(self) -> str:
         """The last `LOG_READ_BYTES` of Triton's log ("" when it goes elsewhere, e.g.
         /dev/stdout): a start's load failures are at its end."""
         return read_log(self.log_path, -LOG_READ_BYTES)[0].decode(errors="replace")
-
-    def load_verifier(self) -> LoadVerifier | None:
-        """What every load after start is checked with on a verified server (the supervisor's
-        reloads, a restart's live configs); None when this server does not verify."""
-        copy = self.repository_copy
-        if copy is None:
-            return None
-        return LoadVerifier(self.options.model_repository, copy.trusted, copy)
-
-    def load_after_start(self) -> None:
-        """Load what the plan defers: restricted models with their override, then dependents."""
-        plan = self.load_plan
-        if plan is None:
-            return
-        key = self.options.admin_key
-        try:
-            for name in plan.restricted:
-                load_model(self.http_url, name, plan.override_config(name), admin_key=key)
-            for name in plan.deferred:
-                load_model(self.http_url, name, admin_key=key)
-            # Loading an ensemble re-reads its steps' folders; fail closed if that brought
-            # back a version the plan refused.
-            for name, versions in plan.restricted.items():
-                serving = ready_versions(self.http_url, name, admin_key=key)
-                if serving != tuple(sorted(versions)):
-                    raise ModelControlError(
-                        f"{name} serves versions {list(serving)}, verified {list(versions)}"
-                    )
-        except ModelControlError as exc:
-            self.stop()
-            raise ServerError(f"loading verified models after start failed: {exc}") from None
 
     def is_ready(self) -> bool:
         return self.http_ok(f"http://{self.http_url}/v2/health/ready")
@@ -560,13 +499,6 @@ class TritonServer(ChildService):
     ) -> None:
         super().__exit__(exc_type, exc, tb)
         self.release()
-
-
-def _failures_text(failed: dict[tuple[str, int], str]) -> str:
-    return "; ".join(
-        f"{model} version {version} failed to load ({cause})"
-        for (model, version), cause in sorted(failed.items())
-    )
 
 
 if __name__ == "__main__":  # `python -m dispatch_service.ops.server`: the launcher's command line

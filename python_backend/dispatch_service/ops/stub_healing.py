@@ -80,6 +80,10 @@ LEAK_QUIET_S = 10.0
 # deep check declares the server dead after RECOVERY_GRACE_S meanwhile).
 RELOAD_TIMEOUT_S = 60.0
 
+# A restart's left-out instances (`_add_pending_instances`) that failed to load are tried
+# again after this.
+ADD_INSTANCES_RETRY_S = 5.0
+
 
 class StubHealing:
     """Stub deaths found and healed; mixed into `Supervisor`, which sets the attributes
@@ -102,6 +106,7 @@ class StubHealing:
         self._heal_tries: Counter[str] = Counter()
         self._leak_since: float | None = None  # when the server first held a dead stub
         self._last_death = float("-inf")
+        self._instances_due = float("-inf")  # when to add a restart's left-out instances
 
     def _reset_healing(self) -> None:
         """A new server: the old one's heals, stale and unverified stubs went with it."""
@@ -186,6 +191,7 @@ class StubHealing:
             self._stale.clear()
             self._unverified.clear()
             return
+        self._add_pending_instances()
         now = self._current_stubs()
         lost = {pid: key for pid, key in self._stubs.items() if pid not in now}
         started = set(now) - set(self._stubs)
@@ -208,6 +214,25 @@ class StubHealing:
         for model in due:
             if model not in deaths:
                 self._recover(model, [])
+
+    def _add_pending_instances(self) -> None:
+        """Load the instances a restart's start left out (a `server.TritonServer`'s
+        ``instances_pending``, by its ``add_instances``: one model a look) once the server
+        is ready again: here, between two looks at the stubs, so a heal and these loads
+        never overlap. A load that fails is tried again after `ADD_INSTANCES_RETRY_S`."""
+        pending = getattr(self.server, "instances_pending", ())
+        add_instances: Callable[[float], list[str]] | None
+        add_instances = getattr(self.server, "add_instances", None)
+        if not pending or add_instances is None or time.monotonic() < self._instances_due:
+            return
+        with self._lock:
+            if not self.state.ready:
+                return
+        lines = add_instances(RELOAD_TIMEOUT_S)
+        for line in lines:
+            self.report(line)
+        if any('"instances_not_added"' in line for line in lines):
+            self._instances_due = time.monotonic() + ADD_INSTANCES_RETRY_S
 
     def _check_code(self, started: set[int], now: dict[int, StubKey]) -> None:
         """On a verified server, the code every new stub runs: its version folder must lie in
@@ -233,7 +258,9 @@ class StubHealing:
 
     def _check_stub_code(self, pid: int, model_py: Path) -> None:
         assert self.verifier is not None
-        folder = model_py.parent
+        # Resolved: after a restart Triton reads the repository through links
+        # (`first_instances.FirstInstanceRepository`).
+        folder = model_py.parent.resolve()
         repository = self.verifier.served_repository.resolve()
         model = folder.parent.name
         fields: dict[str, Any]

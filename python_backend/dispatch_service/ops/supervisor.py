@@ -423,10 +423,14 @@ class Supervisor(StubHealing):
         """Load back on a restarted server the live configs that differ from its files'
         (a canary's versions and routing), so a restart does not end a rollout."""
         url, key = self.server.http_url, self.server.admin_key
+        pending = set(getattr(self.server, "instances_pending", ()))
         for model, live in self._live.items():
             config = without_reload_mark(live)  # a stub's recovery is no deploy
             try:
-                if without_reload_mark(model_config(url, model)) == config:
+                served = without_reload_mark(model_config(url, model))
+                if model in pending:  # on its first instance: the others come after
+                    config = {**config, "instance_group": served.get("instance_group")}
+                if served == config:
                     continue
                 verified = self._verified_config(model, config)
                 if verified != config:  # a version the restart refused stays out
@@ -486,7 +490,10 @@ class Supervisor(StubHealing):
         failed: Exception | None = None
         try:
             # Stop, start; waits out ports the old one still holds.
-            start_again(self.server, graceful=not kill)
+            # On one instance a model: ready in about half the CPU; the stub watch adds the
+            # others once it serves (`StubHealing._add_pending_instances`).
+            quick = getattr(self.server, "start_first_instances", None)
+            start_again(self.server, graceful=not kill, start=quick)
             self._restore_live()  # its reloads end stubs too: still inside `restarting`
         except Exception as exc:
             failed = exc

@@ -67,6 +67,7 @@ from dispatch_service.core.signing import (
     file_digest,
     verify_version,
 )
+from dispatch_service.ops.stubs import instance_count
 from dispatch_service.routing.settings import (
     ROUTER_MODEL_NAME,
     SCORING_MODEL_NAME,
@@ -81,6 +82,7 @@ __all__ = [
     "ModelEntry",
     "VerifiedCopy",
     "check_load",
+    "first_instance_groups",
     "folder_digest",
     "load_failures",
     "plan_load",
@@ -182,6 +184,10 @@ class LoadPlan:
     scoring_versions: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     # versions left out because they failed to load at an earlier start -> the cause
     failed: Mapping[tuple[str, int], str] = field(default_factory=dict)
+    # A restart's plan (`plan_load(first_instances=True)`): the Python models of several
+    # instances, which load with their first instance alone (`first_instances`); the
+    # others follow once the server is ready (`server.TritonServer.add_instances`).
+    first_instance: tuple[str, ...] = ()
 
     @property
     def refused_versions(self) -> tuple[Verification, ...]:
@@ -196,6 +202,17 @@ class LoadPlan:
             served = ",".join(str(v) for v in self.scoring_versions[model])
             parameters["scoring_versions"] = {"string_value": served}
             config["parameters"] = parameters
+        return config
+
+    def load_config(self, model: str) -> dict[str, Any]:
+        """The config a model loading after start loads with: a restricted one's override,
+        cut to its first instance in a restart's plan, else its own."""
+        if model in self.restricted:
+            config = self.override_config(model)
+        else:
+            config = dict(self.configs[model])
+        if model in self.first_instance:
+            config["instance_group"] = first_instance_groups(config)
         return config
 
     def log_lines(self) -> list[str]:
@@ -229,6 +246,23 @@ def _line(event: str, **fields: Any) -> str:
     return json.dumps({"event": event, **fields}, sort_keys=True)
 
 
+def first_instance_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The instance groups of ``config`` cut to its first instance (the first group's,
+    which the repository's configs give rate-limiter priority 1: the warm one)."""
+    groups = config.get("instance_group") or [{}]
+    return [{**groups[0], "count": 1}]
+
+
+def _several_cpu_stubs(config: Mapping[str, Any]) -> bool:
+    """Whether a model runs Python-backend stubs on CPU, more than one."""
+    groups = config.get("instance_group") or [{}]
+    return (
+        config.get("backend") == "python"
+        and instance_count(dict(config)) > 1
+        and all(group.get("kind", "KIND_CPU") == "KIND_CPU" for group in groups)
+    )
+
+
 def _closure(models: Mapping[str, ModelEntry], names: Iterable[str]) -> list[str]:
     """``names`` plus every model their ensemble steps reach."""
     seen: list[str] = []
@@ -252,6 +286,7 @@ def plan_load(
     *,
     failed: Mapping[tuple[str, int], str] | None = None,
     verdicts: Mapping[tuple[str, int], Verification] | None = None,
+    first_instances: bool = False,
 ) -> LoadPlan:
     """Verify every version folder of the requested models (and what their ensembles use).
 
@@ -259,7 +294,11 @@ def plan_load(
     that failed to load in an earlier start (model, version -> cause), left out like a
     refused one, so that a broken canary does not stop the server (`load_failures`).
     ``verdicts``: the verdicts a `RepositoryCopy` reached on what it read, used instead of
-    reading the folders again (``repository`` is then the copy)."""
+    reading the folders again (``repository`` is then the copy). ``first_instances``: a
+    restart's plan, ready on half the stubs: each Python model of several CPU instances
+    loads with its first instance alone (`LoadPlan.first_instance`; at start from
+    `first_instances.FirstInstanceRepository`, a restricted one after start with its
+    override cut the same way)."""
     failed = dict(failed or {})
     models = repository_models(repository, profile)
     names = list(models) if "*" in requested else _closure(models, requested)
@@ -321,6 +360,7 @@ def plan_load(
         if name not in partial and (set(_closure(models, [name])) - {name}) & partial
     }
     startup = tuple(sorted(set(good) - partial - deferred_set))
+    first = {n for n in good if _several_cpu_stubs(models[n].config)} if first_instances else ()
     deferred = _dependency_order(models, deferred_set)
     return LoadPlan(
         startup=startup,
@@ -331,6 +371,7 @@ def plan_load(
         verifications=tuple(verifications),
         configs={name: models[name].config for name in names if name in models},
         failed=failed,
+        first_instance=tuple(sorted(first)),
     )
 
 

@@ -175,6 +175,64 @@ def test_a_restart_loads_back_the_configs_set_live() -> None:
         repo.close()
 
 
+def test_a_restart_serves_on_first_instances_keeps_the_live_routing_then_adds_the_rest() -> None:
+    """A restart is ready on one instance a model (half a full start's CPU); the live
+    routing goes back on that instance alone, and the stub watch adds the other instances
+    once the server is ready, not before."""
+    one = [{"count": 1, "kind": "KIND_CPU"}]
+    files = {"dispatch_router": {"parameters": {"canary_percent": {"string_value": "0"}}}}
+    repo = StandInRepository(files)
+
+    class FirstInstances(CountingServer):
+        pending: tuple[str, ...] = ()
+
+        def start_first_instances(self, timeout_s: float = 0) -> object:
+            self.calls.append("start_first_instances")
+            repo.live["dispatch_router"] = {**files["dispatch_router"], "instance_group": one}
+            self.pending = ("dispatch_router",)
+            return self
+
+        @property
+        def instances_pending(self) -> tuple[str, ...]:
+            return self.pending
+
+        def add_instances(self, timeout_s: float = 0) -> list[str]:
+            self.calls.append("add_instances")
+            self.pending = ()
+            return ['{"event": "instances_added"}']
+
+    server = FirstInstances()
+    server.http_url = repo.url  # type: ignore[misc]
+    events: list[str] = []
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=events.append)
+    try:
+        canary = {
+            "parameters": {"canary_percent": {"string_value": "25"}},
+            "instance_group": [{"count": 1, "kind": "KIND_CPU"}, {"count": 1, "kind": "KIND_CPU"}],
+        }
+        repo.live["dispatch_router"] = canary
+        watcher._remember_live()
+        with watcher._lock:
+            watcher.state.ready = False
+        watcher._restart()
+        assert server.calls == ["stop", "start_first_instances"]
+        # The canary's routing is back, on the first instance alone.
+        assert repo.live["dispatch_router"] == {**canary, "instance_group": one}
+        assert watcher.ready() and server.instances_pending == ("dispatch_router",)
+        with watcher._lock:
+            watcher.state.ready = False
+        watcher._add_pending_instances()  # not ready: not yet
+        assert server.calls[-1] == "start_first_instances"
+        with watcher._lock:
+            watcher.state.ready = True
+        watcher._add_pending_instances()
+        watcher._add_pending_instances()  # nothing left: loads nothing
+        assert server.calls[-1] == "add_instances" and server.calls.count("add_instances") == 1
+        assert '{"event": "instances_added"}' in events
+    finally:
+        repo.close()
+
+
 def test_a_failed_reading_of_the_live_configs_keeps_the_last_one() -> None:
     """On a loaded host a config read timed out now and then; a crash right after it
     restarted the server with the files' routing: the last reading stands."""

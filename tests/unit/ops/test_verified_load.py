@@ -272,8 +272,24 @@ if broken:
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/v2/health/ready" else 404)
+        answer = b""
+        if self.path.startswith("/v2/models/") and self.path.endswith("/config"):
+            # A model's config: the last one a load gave it.
+            with open(report) as inp:
+                seen = json.load(inp)
+            model = self.path.split("/")[3]
+            served = next(a for a in args if a.startswith("--model-repository=")).split("=", 1)[1]
+            config = os.path.join(served, model, "config.pbtxt")
+            if os.path.isfile(config):  # the file's, until a load overrides it
+                from dispatch_service.core.model_config import read_config_dict
+                answer = json.dumps(read_config_dict(config)).encode()
+            for load in seen["loads"]:
+                if load["path"] == f"/v2/repository/models/{model}/load":
+                    answer = load["body"].get("parameters", {}).get("config", "").encode()
+        ok = self.path == "/v2/health/ready" or bool(answer)
+        self.send_response(200 if ok else 404)
         self.end_headers()
+        self.wfile.write(answer)
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
@@ -506,3 +522,91 @@ def test_a_start_without_a_version_another_model_needs_fails_naming_it_and_its_c
         "it: pinned: depends on scorer version 2, which does not load"
     )
     assert server.process is None
+
+
+SEVERAL_INSTANCES = """
+instance_group [
+  { count: 1, kind: KIND_CPU, rate_limiter { priority: 1 } },
+  { count: 3, kind: KIND_CPU, rate_limiter { priority: 1000000 } }
+]
+"""
+
+
+def test_a_restart_plan_loads_a_model_of_several_instances_on_its_first_after_start(
+    repo: Path, trusted: TrustedKeys
+) -> None:
+    """A restart is ready on one stub a model (each stub imports the library: most of a
+    start's CPU); the ensembles over such a model load after it."""
+    config = model_layout(repo, "scorer").config
+    config.write_text(config.read_text() + SEVERAL_INSTANCES)
+    full = plan_load(repo, trusted)
+    assert full.startup == ("encoder", "pinned", "pipeline", "scorer")
+    assert not full.first_instance
+    plan = plan_load(repo, trusted, first_instances=True)
+    assert plan.startup == full.startup  # from the cut repository, at start
+    assert plan.first_instance == ("scorer",)
+    assert plan.configs["scorer"]["instance_group"][1]["count"] == 3  # the file's, kept
+    # Restricted too (a refused version): its override, on its first instance.
+    tamper(model_layout(repo, "scorer").version(2) / "weights.bin")
+    plan = plan_load(repo, trusted, first_instances=True)
+    assert plan.restricted == {"scorer": (1,)} and plan.first_instance == ("scorer",)
+    override = plan.load_config("scorer")
+    assert override["version_policy"] == {"specific": {"versions": [1]}}
+    assert override["instance_group"] == [
+        {"count": 1, "kind": "KIND_CPU", "rate_limiter": {"priority": 1}}
+    ]
+
+
+def test_a_restart_plan_loads_gpu_groups_whole(repo: Path, trusted: TrustedKeys) -> None:
+    config = model_layout(repo, "scorer").config
+    config.write_text(
+        config.read_text() + "instance_group [ { count: 2, kind: KIND_GPU, gpus: [0] } ]\n"
+    )
+    assert not plan_load(repo, trusted, first_instances=True).first_instance
+
+
+def test_a_first_instances_start_serves_on_one_then_adds_the_others(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart's start (no trusted keys here): Triton reads a private view of the
+    repository where the model of several instances has its first alone, and loads
+    everything at start (no entry point missing once the ports open); `add_instances` loads
+    the config it serves with every instance group of its file, and the view gives that
+    model its own config back. One model a call."""
+    report = tmp_path / "report.json"
+    monkeypatch.setenv("FAKE_TRITON_REPORT", str(report))
+    config = model_layout(repo, "scorer").config
+    config.write_text(config.read_text() + SEVERAL_INSTANCES)
+    options = ServerOptions(model_repository=repo, ports=Ports.free(), admin_key="k3y")
+    server = TritonServer(fake_runtime(tmp_path), options, tmp_path / "server.log")
+    server.start_first_instances(timeout_s=30)
+    try:
+        seen = json.loads(report.read_text())
+        assert server.first_instances is not None
+        view = server.first_instances.root
+        assert stat.S_IMODE(view.stat().st_mode) == 0o700
+        assert f"--model-repository={view}" in seen["argv"]
+        assert "--load-model=scorer" in seen["argv"] and not seen["loads"]
+        cut = read_config(view / "scorer")
+        assert cut["instance_group"] == [
+            {"count": 1, "kind": "KIND_CPU", "rate_limiter": {"priority": 1}}
+        ]
+        assert (view / "scorer" / "1" / "model.py").read_text() == "VERSION = 1\n"
+        assert read_config(view / "encoder") == read_config(repo / "encoder")
+        assert server.instances_pending == ("scorer",)
+        lines = server.add_instances()
+        assert [json.loads(line) for line in lines] == [
+            {"event": "instances_added", "model": "scorer", "instances": 4}
+        ]
+        assert server.instances_pending == () and server.add_instances() == []
+        added = json.loads(report.read_text())["loads"][-1]
+        assert added["path"] == "/v2/repository/models/scorer/load" and added["key"] == "k3y"
+        config_added = json.loads(added["body"]["parameters"]["config"])
+        assert [g["count"] for g in config_added["instance_group"]] == [1, 3]
+        assert config_added["instance_group"][1]["rate_limiter"] == {"priority": 1000000}
+        assert read_config(view / "scorer") == read_config(repo / "scorer")  # its own again
+    finally:
+        server.stop()
+        server.release()
+    assert not view.exists()  # removed with the server
+    assert server.instances_pending == ()

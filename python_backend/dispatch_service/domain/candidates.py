@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import HARD_CONSTRAINTS
-from dispatch_service.domain import geo
+from dispatch_service.domain import geo, pair_kernels
 from dispatch_service.domain.feasibility import feasible
 from dispatch_service.domain.ids import id_rank
 from dispatch_service.domain.window import DispatchWindow
@@ -30,6 +30,7 @@ __all__ = [
     "joined",
     "preselects",
     "ranked_exactly",
+    "rider_distances",
     "rider_feasible_for",
     "rider_keys",
     "select_candidates",
@@ -82,6 +83,25 @@ def _unit_vectors(latlon: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.stack([cos_lat * np.cos(lon), cos_lat * np.sin(lon), np.sin(lat)], axis=1)
 
 
+def rider_distances(
+    riders: NDArray[np.float64],
+    rider_at: IntArray,
+    pickups: NDArray[np.float64],
+    pickup_at: IntArray,
+) -> NDArray[np.float64]:
+    """`geo.haversine_km` from each rider ``riders[rider_at[i]]`` to its pickup
+    ``pickups[pickup_at[i]]`` ([n, 2] lat, lon each), the same bits, in one compiled loop
+    (`pair_kernels.pair_distances`): no gathered copies, no numpy call per operation."""
+    km = np.empty(rider_at.shape[0], dtype=np.float64)
+    pair_kernels.pair_distances(
+        (riders, rider_at.astype(np.int64, copy=False)),
+        (pickups, pickup_at.astype(np.int64, copy=False)),
+        geo.EARTH_RADIUS_KM,
+        km,
+    )
+    return km
+
+
 def _exact_nearest(
     pickup: NDArray[np.float64],
     riders: NDArray[np.float64],
@@ -96,9 +116,10 @@ def _exact_nearest(
     the rows, decide who is listed first. Returns the chosen rider rows and
     their distances, both [b, take].
     """
-    dist = geo.haversine_km(
-        riders[rows, 0], riders[rows, 1], pickup[:, 0:1], pickup[:, 1:2]
-    ).reshape(rows.shape)
+    orders, width = rows.shape
+    dist = rider_distances(
+        riders, rows.reshape(-1), pickup, np.repeat(np.arange(orders), width)
+    ).reshape(orders, width)
     line = np.arange(rows.shape[0])[:, None]
     order = np.argsort(dist, axis=-1, kind="stable")
     head = dist[line, order[:, : take + 1]]
@@ -141,10 +162,7 @@ def ranked_exactly(
         pair_start = np.repeat(np.cumsum(per_order) - per_order, per_order)
         pair_rider = rider_start + (np.arange(pair_order.size) - pair_start)
     pickup, position, row = joined(pickups), joined(riders), joined(rows)
-    dist = geo.haversine_km(
-        position[pair_rider, 0], position[pair_rider, 1],
-        pickup[pair_order, 0], pickup[pair_order, 1],
-    )  # fmt: skip
+    dist = rider_distances(position, pair_rider, pickup, pair_order)
     pair_row = row[pair_rider]
     order = np.lexsort((dist, pair_order))  # stable: exact ties still in row order here
     sorted_dist = dist[order]

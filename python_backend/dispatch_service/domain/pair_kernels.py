@@ -1,11 +1,15 @@
-"""The pair encoder's per-element arithmetic, compiled with numba: one loop per table.
+"""The pair encoder's per-element arithmetic, compiled with numba: one loop per table
+(and the resolver's per-order ranking).
 
 Why: `features.encode_pairs_batch` computed each column as a chain of numpy calls (a small
 window paid ~40 of them, each a microsecond or so over a handful of values; a large one a
 pass over memory per call), and wrote its block through transposed fancy-indexed copies.
 Here the legs' distances and bearings, the zones' cells and every point's place in the
 city plane are one loop (`leg_geometry`), the block one more (`write_block`), and the
-barriers' detours of the map's legs (`barrier_detours`, the simulator's too) a third.
+barriers' detours of the map's legs (`barrier_detours`, the simulator's too) a third;
+the candidate ranking's rider-to-pickup distances one more (`pair_distances`), and the
+resolver ranks each order's candidates for its Top-K list in another (`rank_candidates`,
+a stable sort by the keys ``np.lexsort`` compared).
 
 The same values, bit for bit, as the numpy expressions they replace (kept as the oracle in
 tests/unit/domain/test_pair_kernels.py): each element goes through the same IEEE operations
@@ -30,16 +34,31 @@ from typing import Any, Final
 import numba
 import numpy as np
 
-__all__ = ["barrier_detours", "leg_geometry", "rank_candidates", "write_block"]
+__all__ = [
+    "barrier_detours",
+    "leg_geometry",
+    "pair_distances",
+    "rank_candidates",
+    "write_block",
+]
 
 _TWO_PI: Final = 2.0 * math.pi
+_types: Final[Any] = numba.types  # numba's types (untyped to mypy)
 # The kernels' array types in numba's signatures (any layout: views are fine).
-_F8: Final = "float64[:]"
-_F8_2D: Final = "float64[:, :]"
-_I8: Final = "int64[:]"
+# Inputs are typed read-only (a writable array converts to that; a read-only one, e.g. a
+# frozen window's, would match no writable signature); outputs writable.
+_F8: Final = _types.Array(_types.float64, 1, "A", readonly=True)
+_F8_2D: Final = _types.Array(_types.float64, 2, "A", readonly=True)
+_I8: Final = _types.Array(_types.int64, 1, "A", readonly=True)
+_I8_2D: Final = _types.Array(_types.int64, 2, "A", readonly=True)
+_B_2D: Final = _types.Array(_types.boolean, 2, "A", readonly=True)
+_U8_2D: Final = _types.Array(_types.uint64, 2, "A", readonly=True)
+_INTP: Final = _types.Array(_types.intp, 1, "A", readonly=True)
+_OUT_F8: Final = _types.float64[:]
+_OUT_F8_2D: Final = _types.float64[:, :]
 
 
-def _compiled(signature: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _compiled(signature: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """numba's ahead-of-request compile: explicit types, cached on disk, no GIL held,
     numpy's float semantics (no Python division checks). Where no cache directory is
     writable (a read-only install without a home), compiled at each import instead."""
@@ -55,7 +74,7 @@ def _compiled(signature: str) -> Callable[[Callable[..., Any]], Callable[..., An
     return compile_now
 
 
-@_compiled(f"float64(float64, UniTuple({_F8}, 5), intp)")
+@_compiled(_types.float64(_types.float64, _types.UniTuple(_F8, 5), _types.intp))
 def _cell_centre(value: float, grid: Any, axis: int) -> float:
     """One coordinate's geohash cell centre on ``grid`` (`geo.geohash_grid`) along ``axis``
     (0: lat, 1: lon), as `geo._quantise` and `geo.cell_centre_latlon` compute it."""
@@ -71,15 +90,42 @@ def _cell_centre(value: float, grid: Any, axis: int) -> float:
     return float(half * (2.0 * q + 1.0 - cells) / cells)
 
 
+@_compiled(
+    _types.float64(_types.float64, _types.float64, _types.float64, _types.float64, _types.float64)
+)
+def _haversine(lat1: float, lon1: float, lat2: float, lon2: float, radius: float) -> float:
+    """`geo.haversine_km` of one pair of points, on a sphere of ``radius`` km."""
+    phi1 = math.radians(lat1)
+    phi2 = math.radians(lat2)
+    half_dphi = math.sin((phi2 - phi1) * 0.5)
+    half_dlam = math.sin(math.radians(lon2 - lon1) * 0.5)
+    a = half_dphi * half_dphi + math.cos(phi1) * math.cos(phi2) * (half_dlam * half_dlam)
+    return float(2.0 * radius * math.asin(math.sqrt(min(max(a, 0.0), 1.0))))
+
+
+@_compiled(
+    _types.void(_types.Tuple((_F8_2D, _I8)), _types.Tuple((_F8_2D, _I8)), _types.float64, _OUT_F8)
+)
+def pair_distances(first: Any, second: Any, radius: float, km: Any) -> None:
+    """``km[i]``: `geo.haversine_km` from point ``index[i]`` of ``first`` (points [n, 2],
+    index [k]) to point ``index[i]`` of ``second`` (likewise), bit for bit its values: the
+    candidate ranking's distances without gathering the points first."""
+    points, index = first
+    others, other_index = second
+    for i in range(km.shape[0]):
+        a, b = index[i], other_index[i]
+        km[i] = _haversine(points[a, 0], points[a, 1], others[b, 0], others[b, 1], radius)
+
+
 # (riders per pair [P, 2], pickups [B, 2], drop-offs [B, 2], each pair's order [P])
-_POINTS: Final = f"Tuple(({_F8_2D}, {_F8_2D}, {_F8_2D}, {_I8}))"
+_POINTS: Final = _types.Tuple((_F8_2D, _F8_2D, _F8_2D, _I8))
 # (origin lat [1 or Z], origin lon [1 or Z], the earth's radius in km)
-_ORIGIN: Final = f"Tuple(({_F8}, {_F8}, float64))"
+_ORIGIN: Final = _types.Tuple((_F8, _F8, _types.float64))
 # (km, bearing sine, bearing cosine [L]; zone east, zone north [Z]; plane [Z, 2])
-_GEOMETRY: Final = f"Tuple(({_F8}, {_F8}, {_F8}, {_F8}, {_F8}, {_F8_2D}))"
+_GEOMETRY: Final = _types.Tuple((*[_OUT_F8] * 5, _OUT_F8_2D))
 
 
-@_compiled(f"void({_POINTS}, UniTuple({_F8}, 5), {_ORIGIN}, {_GEOMETRY})")
+@_compiled(_types.void(_POINTS, _types.UniTuple(_F8, 5), _ORIGIN, _GEOMETRY))
 def leg_geometry(points: Any, grid: Any, origin: Any, out: Any) -> None:
     """Per leg (each pair's rider -> its order's pickup, then each order's pickup -> its
     drop-off): its km (`geo.haversine_km`), the sine and cosine of its bearing
@@ -148,15 +194,17 @@ def leg_geometry(points: Any, grid: Any, origin: Any, out: Any) -> None:
 
 
 # (pair columns, order columns, window columns, vehicle codes, order flag bits)
-_LAYOUT: Final = f"UniTuple({_I8}, 5)"
+_LAYOUT: Final = _types.UniTuple(_I8, 5)
 # (each pair's order, its rider's vehicle, load, capacity; the map's columns [4, P])
-_PAIRS: Final = f"Tuple(({_I8}, {_I8}, {_F8}, {_F8}, {_F8_2D}))"
+_PAIRS: Final = _types.Tuple((_I8, _I8, _F8, _F8, _F8_2D))
 # (each order's window, created_at, promised minutes, constraints; the map's columns
 # [2, B]; each window's dispatch time and its hour and weekend values [W, 3])
-_ORDERS: Final = f"Tuple(({_I8}, {_I8}, {_F8}, {_I8}, {_F8_2D}, {_F8}, {_F8_2D}))"
+_ORDERS: Final = _types.Tuple((_I8, _I8, _F8, _I8, _F8_2D, _F8, _F8_2D))
 
 
-@_compiled(f"void(float32[:, :], {_LAYOUT}, {_GEOMETRY}, {_PAIRS}, {_ORDERS})")
+@_compiled(
+    _types.void(_types.float32[:, :], _LAYOUT, _types.Tuple((*[_F8] * 5, _F8_2D)), _PAIRS, _ORDERS)
+)
 def write_block(block: Any, layout: Any, geometry: Any, pairs: Any, orders: Any) -> None:
     """The float32 block [P, F] of `features.encode_pairs_batch`: each pair's columns, its
     order's and its window's at their places in ``layout`` (`features._PAIR_COLUMNS`,
@@ -207,7 +255,7 @@ def write_block(block: Any, layout: Any, geometry: Any, pairs: Any, orders: Any)
             row[window_at[c]] = window_values[w, c]
 
 
-@_compiled("float64(float64[:])")
+@_compiled(_types.float64(_OUT_F8))
 def _pairwise_sum(values: Any) -> float:
     """``np.add.reduce`` of a contiguous float64 row, in numpy's order (its pairwise
     summation: sequential below 8 values, eight running sums up to 128, halves above)."""
@@ -235,12 +283,14 @@ def _pairwise_sum(values: Any) -> float:
 
 
 # (each barrier's first segment [K], every crossing [C, 2], each barrier's first crossing [K])
-_NETWORK: Final = f"Tuple((intp[:], {_F8_2D}, intp[:]))"
+_NETWORK: Final = _types.Tuple((_INTP, _F8_2D, _INTP))
 # (the legs' starts [L, 2], ends [L, 2], straight km [L])
-_LEGS: Final = f"Tuple(({_F8_2D}, {_F8_2D}, {_F8}))"
+_LEGS: Final = _types.Tuple((_F8_2D, _F8_2D, _F8))
 
 
-@_compiled(f"void(boolean[:, :], {_NETWORK}, {_LEGS}, Tuple((boolean[:, :], float64[::1])))")
+@_compiled(
+    _types.void(_B_2D, _NETWORK, _LEGS, _types.Tuple((_types.boolean[:, :], _types.float64[::1])))
+)
 def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
     """`roads.barrier_detours` from the legs' segment cuts [L, S] (`planar.segment_cuts`),
     ``network`` and ``legs`` the tuples `_NETWORK` and `_LEGS` describe, into ``out``:
@@ -289,10 +339,10 @@ def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
 
 
 # (invalid [B, N] (a missing candidate), score, ETA, on-time, cost [B, N], rider id hash [B, N])
-_RANK_KEYS: Final = f"Tuple((boolean[:, :], {_F8_2D}, {_F8_2D}, {_F8_2D}, {_F8_2D}, uint64[:, :]))"
+_RANK_KEYS: Final = _types.Tuple((_B_2D, *[_F8_2D] * 4, _U8_2D))
 
 
-@_compiled(f"boolean({_RANK_KEYS}, int64[:, :], intp, int64, int64)")
+@_compiled(_types.boolean(_RANK_KEYS, _I8_2D, _types.intp, _types.int64, _types.int64))
 def _ranks_before(keys: Any, tie: Any, b: int, x: int, y: int) -> bool:
     """Whether column ``x`` of row ``b`` comes strictly before column ``y`` (`rank_candidates`)."""
     invalid, score, eta, ontime, cost, rider_hash = keys
@@ -311,7 +361,7 @@ def _ranks_before(keys: Any, tie: Any, b: int, x: int, y: int) -> bool:
     return bool(tie[b, x] < tie[b, y])
 
 
-@_compiled(f"void({_RANK_KEYS}, int64[:, :], int64[:, ::1])")
+@_compiled(_types.void(_RANK_KEYS, _I8_2D, _types.int64[:, ::1]))
 def rank_candidates(keys: Any, tie: Any, order: Any) -> None:
     """Each order's candidate columns ranked into ``order`` [B, N] exactly as
     ``np.lexsort((tie, hash, cost, -ontime, eta, -score, invalid), axis=-1)`` ranks them

@@ -9,7 +9,8 @@ that stage's general code on the same values, which also names any rule the wind
 
 - `one_order_candidates`: a one-order window's candidates when every feasible rider is
   ranked exactly (`candidates.preselects` false): the same distances
-  (`geo.haversine_km` on the same arrays), ranked by (distance, rider id) in plain Python;
+  (`candidates.rider_distances`, `geo.haversine_km`'s values), ranked by (distance, rider
+  id) in plain Python;
 - `routed_alone`: every order routed to one served version and no shadow call: one ONNX
   Runtime call, no fallback chain to plan (an answer that fails falls back in full);
 - `resolved_one_order`: a one-order window's Top-K list and assignment, the ranking keys
@@ -39,10 +40,10 @@ from dispatch_contract import (
     OBJECTIVES,
     TOPK_OBJECTIVES,
 )
-from dispatch_service.domain import geo
 from dispatch_service.domain.candidates import (
     feasible_mask,
     preselects,
+    rider_distances,
     rider_feasible_for,
 )
 from dispatch_service.domain.coverage import cover_maximum_assignment, is_scarce
@@ -60,10 +61,9 @@ from dispatch_service.routing.policy import IsServed
 
 __all__ = ["one_order_candidates", "resolved_one_order", "routed_alone"]
 
-# Rider rows and an order's row repeated, as `ranked_exactly` indexes one order's riders:
-# built once, sliced per window (a window ranked exactly has at most this many riders).
+# An order's row repeated, as `ranked_exactly` indexes one order's riders: built once,
+# sliced per window (a window ranked exactly has at most this many riders).
 _MOST_RANKED: Final = 1024
-_RIDER_AT: Final = np.arange(_MOST_RANKED, dtype=np.int64)
 _ORDER_AT: Final = np.zeros(_MOST_RANKED, dtype=np.int64)
 _WIDTH: Final = len(OBJECTIVES)
 _INF: Final = math.inf
@@ -89,12 +89,9 @@ def one_order_candidates(
     if count > _MOST_RANKED or preselects(take, count):
         return None
     if count:
-        position = window.rider_position[riders]
-        # `ranked_exactly`'s arrays for one order: each rider's point, the pickup repeated
-        at, order = _RIDER_AT[:count], _ORDER_AT[:count]
-        pickup = window.pickup
-        distance = geo.haversine_km(
-            position[at, 0], position[at, 1], pickup[order, 0], pickup[order, 1]
+        # `ranked_exactly`'s distances for one order: each rider to the pickup
+        distance = rider_distances(
+            window.rider_position, riders, window.pickup, _ORDER_AT[:count]
         ).tolist()
         if len(set(distance)) == count:
             ranked = sorted(range(count), key=distance.__getitem__)

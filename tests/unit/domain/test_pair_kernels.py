@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from dispatch_contract import NUM_PAIR_FEATURES
 from dispatch_service.domain import features, geo, map_features, pair_kernels
-from dispatch_service.domain.candidates import joined
+from dispatch_service.domain.candidates import joined, rider_distances
 from dispatch_service.domain.cities import City, default_registry
 from dispatch_service.domain.window import DispatchWindow
 from dispatch_service.offline.simulator import REGIMES, city_worlds, generate_regime_window
@@ -247,3 +247,25 @@ def test_rank_candidates_is_numpys_lexsort_with_ties(seed: int) -> None:
         pair_kernels.rank_candidates((invalid, score, eta, ontime, cost, rider_hash), tie, order)
         keys = (rider_hash, cost, -ontime, eta, -score, invalid)
         assert order.tolist() == np.lexsort((tie, *keys), axis=-1).tolist()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rider_distances_are_geos_haversine_on_read_only_arrays(seed: int) -> None:
+    """`candidates.rider_distances` (`pair_distances`) against `geo.haversine_km` on the
+    gathered points: riders repeated, coincident with a pickup, antipodal and polar, the
+    arrays read-only (a frozen window's, a broadcast view's)."""
+    rng = np.random.default_rng(seed)
+    riders = rng.normal((31.2, 121.4), rng.choice([1e-7, 0.02, 3.0]), (60, 2))
+    pickups = rng.normal((31.2, 121.4), 0.05, (5, 2))
+    riders[0] = pickups[0]
+    riders[1] = (-pickups[1, 0], pickups[1, 1] - 180.0)
+    riders[2] = (90.0, 0.0)
+    rider_at = np.broadcast_to(np.arange(60), (5, 60)).reshape(-1)
+    pickup_at = np.repeat(np.arange(5), 60)
+    for array in (riders, pickups):
+        array.setflags(write=False)
+    got = rider_distances(riders, rider_at, pickups, pickup_at)
+    expected = geo.haversine_km(
+        riders[rider_at, 0], riders[rider_at, 1], pickups[pickup_at, 0], pickups[pickup_at, 1]
+    )
+    assert got.tobytes() == expected.tobytes()

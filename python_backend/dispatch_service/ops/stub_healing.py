@@ -195,7 +195,12 @@ class StubHealing:
         now = self._current_stubs()
         lost = {pid: key for pid, key in self._stubs.items() if pid not in now}
         started = set(now) - set(self._stubs)
-        self._stubs = now
+        # A lost stub that is dead (a zombie: Triton never reaps one) stays watched until it
+        # is judged below, so readiness reads it as dead meanwhile: dropped at once, /readyz
+        # answered 200 while Triton was asked what it serves, before its model was marked
+        # recovering, and a window sent then failed on the dead instance.
+        dead = set(zombie_stubs(process.pid)) & set(lost) if lost else set()
+        self._stubs = {**now, **{pid: lost[pid] for pid in dead}}
         self._check_code(started, now)
         deaths = self._deaths(lost, now) if lost else {}
         if deaths is None:
@@ -205,6 +210,8 @@ class StubHealing:
             return
         self._stale &= set(now)
         retired = sorted(pid for pid in lost if not any(pid in d for d in deaths.values()))
+        for pid in retired:
+            self._stubs.pop(pid, None)
         if retired:
             models = sorted({lost[pid][0] for pid in retired})
             self._event("stub_retired", models=models, pids=retired)

@@ -499,6 +499,32 @@ def test_a_stub_dead_since_the_last_look_makes_the_server_not_ready_at_once(
     assert watcher.ready()
 
 
+def test_a_stub_found_dead_keeps_the_server_not_ready_while_its_death_is_judged(
+    stub_parent: _StubParent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At load 20 /readyz answered 200 0.11 s after a stub was killed, and a window sent then
+    failed on the dead instance: the look that found it dropped it from the watched stubs
+    before asking Triton what it serves, and its model was marked recovering only after."""
+    server = CountingServer()
+    server.process = stub_parent.process  # type: ignore[assignment]
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=lambda line: None)
+    first, second = stub_parent.children
+    watcher._stubs = {first: ("dispatch_fused", "1"), second: ("dispatch_fused", "1")}
+    stub_parent.kill_child(first)
+    ready_while_judged: list[bool] = []
+
+    def judged(lost: dict[int, Any], now: dict[int, Any]) -> dict[str, list[int]]:
+        ready_while_judged.append(watcher.ready())
+        return {"dispatch_fused": sorted(lost)}
+
+    recovered: list[tuple[str, list[int]]] = []
+    monkeypatch.setattr(watcher, "_deaths", judged)
+    monkeypatch.setattr(watcher, "_recover", lambda model, pids: recovered.append((model, pids)))
+    watcher._check_stubs()
+    assert recovered == [("dispatch_fused", [first])]
+    assert ready_while_judged == [False]
+
+
 def test_a_server_holding_dead_stubs_is_restarted_at_the_limit_or_after_their_age(
     stub_parent: _StubParent, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -180,11 +180,12 @@ def _burst(
 
 
 def probes_of(model: str, lane: str | None) -> dict[str, Probe]:
-    """The unloaded probes: level 2 on `model`, level 1 where a client sends it (the lane,
-    or `model` without one) and, beside a lane, level 1 on `model` itself."""
+    """The unloaded probes: level 2 on `model`, level 1 where a client sends it (the lane, at
+    its default level as `DispatchClient` sends it: the lane has no level 1; or `model`
+    without one) and, beside a lane, level 1 on `model` itself."""
     probes = {
         BULK_PROBE: Probe(model, BULK_LEVEL),
-        PRIORITY_PROBE: Probe(lane or model, PRIORITY_LEVEL),
+        PRIORITY_PROBE: Probe(lane, 0) if lane else Probe(model, PRIORITY_LEVEL),
     }
     if lane:
         probes[SAME_MODEL_PROBE] = Probe(model, PRIORITY_LEVEL)

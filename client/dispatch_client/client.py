@@ -314,8 +314,8 @@ class DispatchClient(Closing):
             if not self.priority_key:
                 options["priority"] = STANDARD  # level 1 needs the key
             elif self.priority_lane:
-                # The lane is the precedence: its windows wait at its default level (its
-                # level 1 holds 4 windows, which any caller may fill).
+                # The lane is the precedence: its windows wait at its default level (it has
+                # no level 1: a window claiming it there is refused at once).
                 model = self.priority_lane
                 del options["priority"]
         if self.priority_key and model in (self.priority_lane, PRIORITY_LANE_MODEL_NAME):

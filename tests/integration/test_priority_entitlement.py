@@ -75,6 +75,30 @@ def test_the_lane_serves_only_windows_sent_with_the_priority_key(triton: TritonS
         assert http.infer(LANE, inputs, headers=key).as_numpy("TOPK_RIDER_INDEX") is not None
 
 
+def exec_count(triton: TritonServer, model: str) -> float:
+    series = metric_series(triton.metrics_url, "nv_inference_exec_count")
+    return sum(value for labels, value in series if labels.get("model") == model)
+
+
+def test_the_lane_refuses_level_1_before_any_stub_works_on_it(triton: TritonServer) -> None:
+    """The lane's precedence is its own stubs, at its default level: a window claiming level 1
+    there, key or not, is refused by Triton's queue at once (UNAVAILABLE), never handed to a
+    stub (refused by the stubs instead, a flood of them went ahead of every keyed window)."""
+    window = sim_window(seed=25, orders=3, riders=10)
+    key = {PRIORITY_KEY_HEADER: str(triton.priority_key)}
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        before = exec_count(triton, LANE)
+        for headers in (None, key):
+            for _ in range(5):
+                with pytest.raises(InferenceServerException) as refused:
+                    client.infer(LANE, grpc_inputs(window), priority=1, headers=headers)
+                assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value
+        assert exec_count(triton, LANE) == before  # no stub saw them
+        got = infer_grpc(client, window, LANE, headers=key)  # its default level: served
+        assert got["TOPK_RIDER_INDEX"] is not None
+        assert exec_count(triton, LANE) == before + 1
+
+
 def _dtype(array: np.ndarray[Any, Any]) -> str:
     from tritonclient.utils import np_to_triton_dtype
 

@@ -66,6 +66,8 @@ class EntryPoint:
     overflow: int
     instances_about: str
     parameters: tuple[tuple[str, str, str], ...] = ()
+    # Level 1 open to any caller, 4 windows (`_LEVEL_ONE`), or none (`_NO_LEVEL_ONE`).
+    open_level_one: bool = True
 
 
 ENTRY_POINTS: Final = (
@@ -109,6 +111,7 @@ policies Triton 2.51 needs two instances or more: {FUSED_MODEL}'s comment).""",
                 f"The server's CPU priority ({FUSED_MODEL}'s stubs run at the default, 10).",
             ),
         ),
+        open_level_one=False,
     ),
 )
 
@@ -136,6 +139,7 @@ _BATCHING: Final = """\
 # most: any caller may claim it, so a flood of it is refused at once instead of starving
 # level 2 (priority is an entitlement: the priority key, on the lane dispatch_priority).
 # A caller may set its own deadline (allow_timeout_override).
+LEVEL_ONE_ABOUT
 dynamic_batching {
   max_queue_delay_microseconds: 0
   preferred_batch_size: [ 16 ]
@@ -147,15 +151,7 @@ dynamic_batching {
     allow_timeout_override: true
     max_queue_size: 64
   }
-  priority_queue_policy {
-    key: 1
-    value {
-      timeout_action: REJECT
-      default_timeout_microseconds: 2000000
-      allow_timeout_override: true
-      max_queue_size: 4
-    }
-  }
+LEVEL_ONE_POLICY
   priority_queue_policy {
     key: 2
     value {
@@ -176,6 +172,39 @@ dynamic_batching {
   }
 }
 """
+
+# Level 1 of an entry point: 4 windows at most, any caller's, 2 s.
+_LEVEL_ONE: Final = """\
+  priority_queue_policy {
+    key: 1
+    value {
+      timeout_action: REJECT
+      default_timeout_microseconds: 2000000
+      allow_timeout_override: true
+      max_queue_size: 4
+    }
+  }"""
+
+# The lane's level 1: none. Its precedence is its own stubs, for windows sent with the key at
+# its default level; a window claiming level 1 there (a caller without the key: a flood of it
+# took the stubs' time refusing it, ahead of every keyed window) is refused by Triton's queue
+# at once (one place, expired after 1 us: UNAVAILABLE), before any stub sees it.
+_NO_LEVEL_ONE: Final = """\
+  priority_queue_policy {
+    key: 1
+    value {
+      timeout_action: REJECT
+      default_timeout_microseconds: 1
+      allow_timeout_override: false
+      max_queue_size: 1
+    }
+  }"""
+_NO_LEVEL_ONE_ABOUT: Final = """\
+No level 1 here: the lane's precedence is its own stubs, for windows sent with the priority
+key at its default level (DispatchClient's); a window claiming level 1 is refused at once by
+Triton's queue (UNAVAILABLE), before any stub spends time on it (left to the stubs to refuse,
+a flood of level-1 windows without the key would go ahead of every keyed window)."""
+
 
 _ADAPTER: Final = '''\
 """Triton entry point for {name}; the work is in the dispatch_service library.
@@ -272,7 +301,7 @@ def render_config(entry: EntryPoint, sample: Mapping[str, NDArray[Any]]) -> str:
         f"max_batch_size: {MAX_WINDOW_BATCH}",
         *_tensors("input", DISPATCH_ENSEMBLE_INPUTS, ragged=True),
         *_tensors("output", DISPATCH_ENSEMBLE_OUTPUTS, ragged=False),
-        _BATCHING.rstrip("\n"),
+        _batching(entry),
         *_comment(entry.instances_about),
         "instance_group [",
         f"  {{ count: 1, kind: KIND_CPU, rate_limiter {{ priority: {_WARM_PRIORITY} }} }},",
@@ -283,6 +312,14 @@ def render_config(entry: EntryPoint, sample: Mapping[str, NDArray[Any]]) -> str:
         *_warmup(sample),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _batching(entry: EntryPoint) -> str:
+    """``dynamic_batching``, with the entry point's level 1."""
+    level_one = _LEVEL_ONE if entry.open_level_one else _NO_LEVEL_ONE
+    about = [] if entry.open_level_one else _comment(_NO_LEVEL_ONE_ABOUT)
+    text = _BATCHING.rstrip("\n").replace("LEVEL_ONE_POLICY", level_one)
+    return text.replace("LEVEL_ONE_ABOUT\n", "".join(f"{line}\n" for line in about))
 
 
 def render_adapter(entry: EntryPoint) -> str:

@@ -43,9 +43,9 @@ def test_rendered_configs_parse_and_declare_the_contracts_tensors(tmp_path: Path
 
 def test_the_priority_lane_is_dispatch_fused_on_its_own_stubs_at_the_servers_priority() -> None:
     """The lane differs from dispatch_fused only in its name, its instances (one warm and one
-    overflow) and its stubs' niceness (0, the server's; dispatch_fused's take the default,
-    10): the same tensors, batching, queues, routing parameters and warm-up. Clients name
-    it by the contract's name."""
+    overflow), its stubs' niceness (0, the server's; dispatch_fused's take the default, 10)
+    and its level 1 (none): the same tensors, batching, other queues, routing parameters and
+    warm-up. Clients name it by the contract's name."""
     assert PRIORITY_LANE_MODEL_NAME == PRIORITY_MODEL
     fused = read_model_config(model_layout(MODEL_REPOSITORY, FUSED_MODEL).config)
     lane = read_model_config(model_layout(MODEL_REPOSITORY, PRIORITY_MODEL).config)
@@ -54,6 +54,14 @@ def test_the_priority_lane_is_dispatch_fused_on_its_own_stubs_at_the_servers_pri
     assert [g.count for g in lane.instance_group] == [1, 1]
     assert [g.count for g in fused.instance_group] == [1, 3]
     del lane.parameters["stub_nice"]
+    # No level 1 on the lane: a window claiming it is refused by the queue at once.
+    no_level_one = lane.dynamic_batching.priority_queue_policy[1]
+    assert no_level_one.max_queue_size == 1 and no_level_one.default_timeout_microseconds == 1
+    assert not no_level_one.allow_timeout_override
+    assert fused.dynamic_batching.priority_queue_policy[1].max_queue_size == 4
+    lane.dynamic_batching.priority_queue_policy[1].CopyFrom(
+        fused.dynamic_batching.priority_queue_policy[1]
+    )
     for config in (fused, lane):
         config.ClearField("name")
         config.ClearField("instance_group")

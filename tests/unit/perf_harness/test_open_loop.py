@@ -148,7 +148,7 @@ def test_a_wire_request_is_what_tritonclient_would_send(level: int) -> None:
 def test_level_1_is_probed_on_the_lane_and_on_the_bulk_model_itself() -> None:
     assert probes_of("dispatch_fused", "dispatch_priority") == {
         "probe_level_2": Probe("dispatch_fused", 2),
-        "probe_level_1": Probe("dispatch_priority", 1),
+        "probe_level_1": Probe("dispatch_priority", 0),  # the lane at its default level
         "probe_level_1_same_model": Probe("dispatch_fused", 1),
     }
     assert probes_of("dispatch_fused", None) == {

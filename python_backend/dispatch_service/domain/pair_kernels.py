@@ -37,6 +37,7 @@ import numpy as np
 __all__ = [
     "barrier_detours",
     "leg_geometry",
+    "map_columns",
     "pair_distances",
     "rank_candidates",
     "write_block",
@@ -289,8 +290,54 @@ _LEGS: Final = _types.Tuple((_F8_2D, _F8_2D, _F8))
 
 
 @_compiled(
-    _types.void(_B_2D, _NETWORK, _LEGS, _types.Tuple((_types.boolean[:, :], _types.float64[::1])))
+    _types.float64(
+        _B_2D,
+        _NETWORK,
+        _types.UniTuple(_types.float64, 5),
+        _types.intp,
+        _types.Tuple((_types.boolean[:], _OUT_F8)),
+    )
 )
+def _leg_barriers(cuts: Any, network: Any, leg: Any, at: int, rows: Any) -> float:
+    """One leg's row of `barrier_detours`: ``crossed`` [K] written, its detour km returned.
+    ``leg``: (start east, start north, end east, end north, straight km); ``at``: its row of
+    ``cuts``; ``rows``: (``crossed`` [K], ``extra`` [K] scratch)."""
+    crossed, extra = rows
+    segment_first, crossings, crossing_first = network
+    sx, sy, ex, ey, direct = leg
+    segments = cuts.shape[1]
+    barriers = segment_first.shape[0]
+    points = crossings.shape[0]
+    any_crossed = False
+    for k in range(barriers):
+        first = segment_first[k]
+        last = segment_first[k + 1] if k + 1 < barriers else segments
+        parity = cuts[at, first]
+        for s in range(first + 1, last):  # reduceat: one segment where last <= first
+            parity = parity != cuts[at, s]
+        crossed[k] = parity
+        any_crossed = any_crossed or parity
+    if not any_crossed:
+        return 0.0
+    for k in range(barriers):
+        extra[k] = 0.0
+        if not crossed[k]:
+            continue
+        first = crossing_first[k]
+        last = crossing_first[k + 1] if k + 1 < barriers else points
+        best = np.inf
+        for c in range(first, max(last, first + 1)):
+            to_start_x, to_start_y = sx - crossings[c, 0], sy - crossings[c, 1]
+            to_end_x, to_end_y = crossings[c, 0] - ex, crossings[c, 1] - ey
+            via = math.sqrt(to_start_x * to_start_x + to_start_y * to_start_y) + math.sqrt(
+                to_end_x * to_end_x + to_end_y * to_end_y
+            )
+            best = min(best, via)
+        extra[k] = max(best - direct, 0.0)
+    return float(_pairwise_sum(extra))
+
+
+@_compiled(_types.void(_B_2D, _NETWORK, _LEGS, _types.Tuple((_types.boolean[:, :], _OUT_F8))))
 def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
     """`roads.barrier_detours` from the legs' segment cuts [L, S] (`planar.segment_cuts`),
     ``network`` and ``legs`` the tuples `_NETWORK` and `_LEGS` describe, into ``out``:
@@ -299,43 +346,61 @@ def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
     crossed barriers add: per barrier, the best of its crossings (start -> crossing -> end,
     ``np.minimum.reduceat`` over ``crossing_first``) less the straight km ``direct``, at
     least 0, summed over the barriers as ``np.add.reduce`` sums them."""
-    segment_first, crossings, crossing_first = network
     start, end, direct = legs
     crossed, detour = out
-    num_legs, segments = cuts.shape
-    barriers = segment_first.shape[0]
-    points = crossings.shape[0]
+    extra = np.zeros(network[0].shape[0])
+    for at in range(cuts.shape[0]):
+        leg = (start[at, 0], start[at, 1], end[at, 0], end[at, 1], direct[at])
+        detour[at] = _leg_barriers(cuts, network, leg, at, (crossed[at], extra))
+
+
+# (each pair's row in the tables [Pc], its trip's leg [Pc], its vehicle's speed [Pc] km/h;
+# each order's row in the tables [Bc])
+_MAP_ROWS: Final = _types.Tuple((_I8, _I8, _F8, _I8))
+
+
+@_compiled(
+    _types.void(
+        _B_2D,
+        _NETWORK,
+        _types.Tuple((_F8_2D, _F8_2D, _types.float64)),
+        _MAP_ROWS,
+        _types.Tuple((_OUT_F8_2D, _OUT_F8_2D)),
+    )
+)
+def map_columns(cuts: Any, network: Any, legs: Any, rows: Any, out: Any) -> None:
+    """`map_features.road_tables`' columns of one city's legs (``legs``: starts [Lc, 2],
+    ends [Lc, 2] in its plane, its road circuity; the Pc pairs' approaches, then the Bc
+    orders' trips) from their segment cuts [Lc, S]: per leg the barriers it crosses, their
+    detour km (`barrier_detours`), its road km ``(straight + detour) * circuity``; written
+    to ``out``'s pair table [4, P] (crossings, detour, approach minutes, the trip's minutes
+    for the pair's vehicle) and order table [2, B] (crossings, detour) at ``rows``."""
+    start, end, circuity = legs
+    pair_rows, pair_trip, speed, order_rows = rows
+    pair_table, order_table = out
+    pairs = pair_rows.shape[0]
+    barriers = network[0].shape[0]
+    crossed = np.zeros(barriers, dtype=np.bool_)
     extra = np.zeros(barriers)
-    for leg in range(num_legs):
-        any_crossed = False
+    road_km = np.empty(cuts.shape[0])
+    for at in range(cuts.shape[0]):
+        dx, dy = end[at, 0] - start[at, 0], end[at, 1] - start[at, 1]
+        direct = math.sqrt(dx * dx + dy * dy)
+        leg = (start[at, 0], start[at, 1], end[at, 0], end[at, 1], direct)
+        detour = _leg_barriers(cuts, network, leg, at, (crossed, extra)) if barriers else 0.0
+        count = 0.0
         for k in range(barriers):
-            first = segment_first[k]
-            last = segment_first[k + 1] if k + 1 < barriers else segments
-            parity = cuts[leg, first]
-            for s in range(first + 1, last):  # reduceat: one segment where last <= first
-                parity = parity != cuts[leg, s]
-            crossed[leg, k] = parity
-            any_crossed = any_crossed or parity
-        if not any_crossed:
-            detour[leg] = 0.0
-            continue
-        sx, sy, ex, ey = start[leg, 0], start[leg, 1], end[leg, 0], end[leg, 1]
-        for k in range(barriers):
-            extra[k] = 0.0
-            if not crossed[leg, k]:
-                continue
-            first = crossing_first[k]
-            last = crossing_first[k + 1] if k + 1 < barriers else points
-            best = np.inf
-            for c in range(first, max(last, first + 1)):
-                to_start_x, to_start_y = sx - crossings[c, 0], sy - crossings[c, 1]
-                to_end_x, to_end_y = crossings[c, 0] - ex, crossings[c, 1] - ey
-                via = math.sqrt(to_start_x * to_start_x + to_start_y * to_start_y) + math.sqrt(
-                    to_end_x * to_end_x + to_end_y * to_end_y
-                )
-                best = min(best, via)
-            extra[k] = max(best - direct[leg], 0.0)
-        detour[leg] = _pairwise_sum(extra)
+            count += 1.0 if crossed[k] else 0.0
+        road_km[at] = (direct + detour) * circuity
+        if at < pairs:
+            row = pair_rows[at]
+            pair_table[0, row], pair_table[1, row] = count, detour
+            pair_table[2, row] = road_km[at] / speed[at] * 60.0
+        else:
+            row = order_rows[at - pairs]
+            order_table[0, row], order_table[1, row] = count, detour
+    for p in range(pairs):
+        pair_table[3, pair_rows[p]] = road_km[pair_trip[p]] / speed[p] * 60.0
 
 
 # (invalid [B, N] (a missing candidate), score, ETA, on-time, cost [B, N], rider id hash [B, N])

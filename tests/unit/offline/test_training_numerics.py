@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dispatch_service.core.paths import REPO_ROOT
+from dispatch_service.core.repository_layout import ONNX_FILE
 from dispatch_service.offline.training.numerics import (
     PINNED_NUMERICS,
     cpu_flags,
@@ -83,7 +84,7 @@ def _train(out_dir: Path, environ: dict[str, str]) -> str:
         cwd=REPO_ROOT,
         env=environ,
     )
-    return hashlib.sha256((out_dir / "model.onnx").read_bytes()).hexdigest()
+    return hashlib.sha256((out_dir / ONNX_FILE).read_bytes()).hexdigest()
 
 
 @pytest.mark.skipif(
@@ -110,5 +111,5 @@ def test_the_model_bytes_do_not_depend_on_the_callers_blas_settings(tmp_path: Pa
         env={**clean, **FOREIGN},
     )
     assert "training: not bit-reproducible: BLAS (architecture, threads)" in run.stderr
-    late = hashlib.sha256((tmp_path / "late" / "model.onnx").read_bytes()).hexdigest()
+    late = hashlib.sha256((tmp_path / "late" / ONNX_FILE).read_bytes()).hexdigest()
     assert late != pinned

@@ -591,7 +591,7 @@ def test_a_first_instances_start_serves_on_one_then_adds_the_others(
         assert cut["instance_group"] == [
             {"count": 1, "kind": "KIND_CPU", "rate_limiter": {"priority": 1}}
         ]
-        assert (view / "scorer" / "1" / "model.py").read_text() == "VERSION = 1\n"
+        assert model_layout(view, "scorer").python_model(1).read_text() == "VERSION = 1\n"
         assert read_config(view / "encoder") == read_config(repo / "encoder")
         assert server.instances_pending == ("scorer",)
         lines = server.add_instances()

@@ -6,7 +6,8 @@ window paid ~40 of them, each a microsecond or so over a handful of values; a la
 pass over memory per call), and wrote its block through transposed fancy-indexed copies.
 Here the legs' distances and bearings, the zones' cells and every point's place in the
 city plane are one loop (`leg_geometry`), the block one more (`write_block`), and the
-barriers' detours of the map's legs (`barrier_detours`, the simulator's too) a third;
+map's columns of each city's legs (`map_columns`: barriers crossed, detours, road minutes;
+`barrier_detours` gives the simulator the same detours) a third;
 the candidate ranking's rider-to-pickup distances one more (`pair_distances`), and the
 resolver ranks each order's candidates for its Top-K list in another (`rank_candidates`,
 a stable sort by the keys ``np.lexsort`` compared).

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -152,19 +153,23 @@ def wrapped_inputs(protocol: str) -> list[Any]:
     return inputs
 
 
-def send_wrapped(served: Served, protocol: str, model: str) -> str:
+def send_wrapped(served: Served, protocol: str, model: str, request_id: str = "") -> str:
+    client: Any = None
     try:
         if protocol == "grpc":
-            client: Any = grpcclient.InferenceServerClient(served.grpc)
-            client.infer(model, wrapped_inputs("grpc"), client_timeout=20)
+            client = grpcclient.InferenceServerClient(served.grpc)
+            client.infer(model, wrapped_inputs("grpc"), client_timeout=20, request_id=request_id)
         else:
             client = httpclient.InferenceServerClient(served.http, network_timeout=20)
-            client.infer(model, wrapped_inputs("http"))
-        client.close()
+            client.infer(model, wrapped_inputs("http"), request_id=request_id)
     except InferenceServerException as exc:
         return str(exc.status())
     except Exception as exc:  # the connection reset or refused: the server restarting
         return type(exc).__name__
+    finally:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
     return "served"
 
 
@@ -243,6 +248,46 @@ def test_wrapped_shapes_leave_every_model_at_its_instance_count_no_zombie_bounde
     )
     assert sum(detail["stub_restarts"].values()) > restarts_before  # they did kill stubs
     assert end_rss <= 1.2 * start_rss
+
+
+def test_a_client_that_keeps_killing_stubs_is_counted_and_its_request_ids_logged(
+    served: Served,
+) -> None:
+    """A wrapped shape kills a 2.51 stub before the model runs, so no model can log it; the
+    stub death makes the launcher log every request Triton prepares for a while, and the
+    next wrapped-shape request is reported by its request id and counted."""
+    restarts_before = sum(served.healthz()["stub_restarts"].values())
+    send_wrapped(served, "grpc", "dispatch_fused", "first-kill")
+    wait_for(
+        lambda: sum(served.healthz()["stub_restarts"].values()) > restarts_before,
+        "the stub death seen and healed",
+        120,
+        0.5,
+    )
+    for n in range(3):  # over both protocols; a restart for leaks may refuse one
+        send_wrapped(served, ("http", "grpc")[n % 2], "dispatch_fused", f"killer-{n}")
+
+    def reported() -> set[str]:
+        lines = list(served.launcher.lines)
+        events = [json.loads(line) for line in lines if '"impossible_shape_request"' in line]
+        return {str(event["request_id"]) for event in events}
+
+    wait_for(lambda: "killer-0" in reported(), "the killer's request id logged", 60, 0.5)
+    event = next(
+        json.loads(line)
+        for line in list(served.launcher.lines)
+        if '"impossible_shape_request"' in line and '"killer-0"' in line
+    )
+    assert event["model"] == "dispatch_fused" and event["tensor"] == "ORDER_FIELDS"
+    assert event["shape"] == [1, WRAP_ROWS, 7]
+    with urllib.request.urlopen(f"{served.health}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counted = re.search(
+        r'^dispatch_launcher_impossible_shape_requests_total\{model="dispatch_fused"\} (\S+)$',
+        text,
+        re.MULTILINE,
+    )
+    assert counted is not None and float(counted.group(1)) >= 1
 
 
 def test_readyz_is_never_200_while_an_entry_point_fails_a_valid_window(served: Served) -> None:

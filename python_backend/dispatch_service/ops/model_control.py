@@ -29,6 +29,7 @@ __all__ = [
     "ready_versions",
     "repository_index",
     "unload_model",
+    "update_logging",
     "with_reload_mark",
     "with_versions",
     "without_reload_mark",
@@ -96,6 +97,13 @@ def ready_versions(
             if entry.get("name") == model and entry.get("state") == "READY" and "version" in entry
         )
     )
+
+
+def update_logging(
+    http_url: str, settings: Mapping[str, Any], admin_key: str | None = None, timeout_s: float = 5.0
+) -> None:
+    """Change Triton's log settings (``/v2/logging``, e.g. ``{"log_verbose_level": 1}``)."""
+    _request(http_url, "/v2/logging", dict(settings), admin_key, timeout_s)
 
 
 def model_config(http_url: str, model: str, timeout_s: float = 30.0) -> dict[str, Any]:

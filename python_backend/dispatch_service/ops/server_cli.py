@@ -54,6 +54,7 @@ from dispatch_service.ops.outcome_launch import (
     outcome_service_from_args,
     outcome_store_from_args,
 )
+from dispatch_service.ops.request_watch import RequestWatch
 from dispatch_service.ops.restart import CrashCounter, default_on_dead, end_process_group
 from dispatch_service.ops.rollout_controller import RolloutBook, RolloutCollector
 from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
@@ -419,6 +420,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         crashes = CrashCounter(server, lambda event: event_printer(out)(json.dumps(event)))
         supervisor.metric_sources.append(crashes.start().metrics_text)
         supervisor.crash_seen = crashes.current_crashed
+        requests = RequestWatch(server, lambda event: event_printer(out)(json.dumps(event)))
+        supervisor.metric_sources.append(requests.start().metrics_text)
+        supervisor.stub_died = requests.arm
         if watcher is not None:
             watcher.follow(supervisor)
     except OSError as exc:  # the health port is taken
@@ -444,6 +448,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if watcher is not None:
             watcher.stop()
         crashes.stop()
+        requests.stop()
         if outcomes is not None:
             outcomes.close()
         monitor.stop()

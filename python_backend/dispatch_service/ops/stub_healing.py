@@ -97,6 +97,7 @@ class StubHealing:
     models: tuple[str, ...]
     _lock: threading.Lock
     _stop: threading.Event
+    stub_died: Callable[[], None]
 
     def _init_healing(self) -> None:
         self._stubs: dict[int, StubKey] = {}
@@ -215,6 +216,8 @@ class StubHealing:
         if retired:
             models = sorted({lost[pid][0] for pid in retired})
             self._event("stub_retired", models=models, pids=retired)
+        if deaths:
+            self.stub_died()
         for model, pids in sorted(deaths.items()):
             self._recover(model, pids)
         due = sorted(m for m, t in self._heal_due.items() if t <= time.monotonic())

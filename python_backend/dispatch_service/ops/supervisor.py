@@ -159,6 +159,8 @@ class Supervisor(StubHealing):
         # Whether the running server has been seen catching a crash signal (it may live on,
         # hung, for a while): not ready meanwhile (`restart.CrashCounter.current_crashed`).
         self.crash_seen: Callable[[], bool] = lambda: False
+        # Told of each stub death, e.g. to log the next requests (`request_watch.RequestWatch.arm`).
+        self.stub_died: Callable[[], None] = lambda: None
 
     # -- verdicts -------------------------------------------------------------------------
     def live(self) -> bool:

@@ -386,6 +386,9 @@ class TritonServer(ChildService, PlannedLoads):
         notes = self.check_host()
         notes += self.plan_verified_load(first_instances=first_instances)
         plan = self.load_plan
+        if self.first_instances is not None:  # an earlier start's, never a stale view
+            self.first_instances.remove()
+            self.first_instances = None
         if plan is not None and plan.first_instance:
             self.first_instances = FirstInstanceRepository(
                 self.source_repository, plan.first_instance, self.options.profile

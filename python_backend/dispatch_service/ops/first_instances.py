@@ -15,23 +15,29 @@ to the served repository's, but the cut models, which are folders of links with 
 file Triton reads (``--model-config-name``) written with one instance. `restore` puts a
 model's own config back once its instances are added, so a later load from the files reads
 the whole. The folder is private (0700, under the temporary directory) and removed with the
-server.
+server, or by the next one when its launcher was killed.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Final
 
 from dispatch_service.core.model_config import (
     profile_config_path,
     read_model_config,
     write_model_config,
 )
+from dispatch_service.ops.repository_copy import remove_orphaned_copies
 
-__all__ = ["FirstInstanceRepository"]
+__all__ = ["VIEW_PREFIX", "FirstInstanceRepository"]
+
+# dispatch-first-instances-<launcher pid>-<random>: one whose launcher is gone is removed.
+VIEW_PREFIX: Final = "dispatch-first-instances-"
 
 
 class FirstInstanceRepository:
@@ -40,7 +46,8 @@ class FirstInstanceRepository:
 
     def __init__(self, source: Path, models: Iterable[str], profile: str) -> None:
         self.source = Path(source).resolve()
-        self.root = Path(tempfile.mkdtemp(prefix="dispatch-first-instances-"))  # mode 0700
+        remove_orphaned_copies(prefix=VIEW_PREFIX)  # a killed launcher's
+        self.root = Path(tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-"))  # mode 0700
         self.models = tuple(models)
         self.profile = profile
         for entry in sorted(self.source.iterdir()):

@@ -151,12 +151,14 @@ class RepositoryCopy:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def remove_orphaned_copies(folder: Path | None = None) -> list[Path]:
-    """Remove the copies (ours: same uid, a folder, not a link) whose launcher process is
-    gone, e.g. killed before it could remove its own; the folders removed."""
+def remove_orphaned_copies(folder: Path | None = None, prefix: str = _PREFIX) -> list[Path]:
+    """Remove the copies (``<prefix><launcher pid>-...``; ours: same uid, a folder, not a
+    link) whose launcher process is gone, e.g. killed before it could remove its own; the
+    folders removed. ``prefix``: another launcher-owned folder named so (a restart's view,
+    `first_instances`)."""
     removed = []
-    for path in sorted(Path(folder or tempfile.gettempdir()).glob(f"{_PREFIX}*")):
-        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
+    for path in sorted(Path(folder or tempfile.gettempdir()).glob(f"{prefix}*")):
+        pid = path.name[len(prefix) :].split("-", 1)[0]
         try:
             info = path.lstat()
         except OSError:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dispatch_service.core.model_config import read_config_dict
+from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.ops.first_instances import VIEW_PREFIX, FirstInstanceRepository
 
 CONFIG = """name: "{name}"
@@ -28,13 +29,15 @@ instance_group [
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     for name in ("fused", "scorer"):
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "1" / "model.py").write_text(f"NAME = {name!r}\n")
-        (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+        layout = model_layout(root, name)
+        layout.version(1).mkdir(parents=True)
+        layout.python_model(1).write_text(f"NAME = {name!r}\n")
+        layout.config.write_text(CONFIG.format(name=name))
     # scorer's profile config is the one Triton reads under --model-config-name=cpu
-    (root / "scorer" / "configs").mkdir()
-    (root / "scorer" / "configs" / "cpu.pbtxt").write_text(CONFIG.format(name="scorer"))
-    (root / "scorer" / "configs" / "gpu.pbtxt").write_text("gpu")
+    scorer = model_layout(root, "scorer")
+    scorer.profiles.mkdir()
+    scorer.profile("cpu").write_text(CONFIG.format(name="scorer"))
+    scorer.profile("gpu").write_text("gpu")
     return root
 
 
@@ -51,19 +54,22 @@ def test_the_view_cuts_the_config_triton_reads_and_links_the_rest(
         assert not orphan.exists()  # a killed launcher's view
         assert view.root.name.startswith(f"{VIEW_PREFIX}{os.getpid()}-")
         assert stat.S_IMODE(view.root.stat().st_mode) == 0o700
-        fused = read_config_dict(view.root / "fused" / "config.pbtxt")
+        fused = read_config_dict(model_layout(view.root, "fused").config)
         assert fused["instance_group"] == [
             {"count": 1, "kind": "KIND_CPU", "rate_limiter": {"priority": 1}}
         ]
-        scorer = read_config_dict(view.root / "scorer" / "configs" / "cpu.pbtxt")
-        assert [g["count"] for g in scorer["instance_group"]] == [1]
-        assert (view.root / "scorer" / "configs" / "gpu.pbtxt").read_text() == "gpu"
-        assert (view.root / "scorer" / "config.pbtxt").is_symlink()
-        assert (view.root / "fused" / "1" / "model.py").read_text() == "NAME = 'fused'\n"
+        scorer = model_layout(view.root, "scorer")
+        assert [g["count"] for g in read_config_dict(scorer.profile("cpu"))["instance_group"]] == [
+            1
+        ]
+        assert scorer.profile("gpu").read_text() == "gpu"
+        assert scorer.config.is_symlink()
+        fused_model = model_layout(view.root, "fused").python_model(1)
+        assert fused_model.read_text() == "NAME = 'fused'\n"
         view.restore("scorer")
-        restored = read_config_dict(view.root / "scorer" / "configs" / "cpu.pbtxt")
+        restored = read_config_dict(scorer.profile("cpu"))
         assert [g["count"] for g in restored["instance_group"]] == [1, 3]
     finally:
         view.remove()
     assert not view.root.exists() and repo.is_dir()
-    assert (repo / "fused" / "config.pbtxt").read_text() == CONFIG.format(name="fused")
+    assert model_layout(repo, "fused").config.read_text() == CONFIG.format(name="fused")

@@ -28,6 +28,7 @@ from dispatch_service.core.settings import (
     parameters_from_model_config,
     reject_unknown,
 )
+from dispatch_service.ops.entry_point_configs import ENTRY_POINTS
 from dispatch_service.pipeline.onnx_runner import OrtSettings
 from dispatch_service.pipeline.steps import FeatureEncoderStep, TopKResolverStep
 from dispatch_service.routing.settings import (
@@ -115,21 +116,29 @@ def test_window_level_models_batch_one_window_per_request(model: str) -> None:
 def test_every_queue_is_bounded_with_deadlines_and_bulk_is_shed_first(model: str) -> None:
     """Priorities 2 standard (default), 3 bulk, and 1, which any caller may claim: it holds a
     few windows at most, so a flood of it is refused at once instead of starving level 2
-    (the entitlement is the priority key, on the lane). Each level's queue is bounded and
-    refuses at once (REJECT) after its timeout, which a caller may shorten or lengthen."""
+    (the entitlement is the priority key, on the lane, which has no level 1: one place,
+    expired at once, no override). Each level's queue is bounded and refuses at once
+    (REJECT) after its timeout, which a caller may shorten or lengthen."""
     batching = load_config(model_layout(REPO, model).config).dynamic_batching
     assert batching.priority_levels == 3 and batching.default_priority_level == 2
     policies = {level: batching.priority_queue_policy[level] for level in (1, 2, 3)}
-    for policy in (batching.default_queue_policy, *policies.values()):
+    open_level_one = all(e.open_level_one for e in ENTRY_POINTS if e.name == model)
+    for level, policy in ((2, batching.default_queue_policy), *policies.items()):
         assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
-        assert policy.allow_timeout_override
         assert 0 < policy.max_queue_size <= 256
         assert 0 < policy.default_timeout_microseconds <= 5_000_000
+        if level == 1 and not open_level_one:
+            assert not policy.allow_timeout_override
+            assert policy.max_queue_size == 1 and policy.default_timeout_microseconds == 1
+        else:
+            assert policy.allow_timeout_override
     assert policies[2] == batching.default_queue_policy
     sizes = [policies[level].max_queue_size for level in (1, 2, 3)]
     timeouts = [policies[level].default_timeout_microseconds for level in (1, 2, 3)]
     assert sizes[0] <= 4 and sizes[2] < sizes[1] and max(sizes) == sizes[1]
-    assert timeouts == sorted(timeouts, reverse=True) and timeouts[2] < timeouts[1]
+    assert timeouts[2] < timeouts[1]
+    if open_level_one:
+        assert timeouts == sorted(timeouts, reverse=True)
 
 
 # Every config file of the repository: each model's config.pbtxt and its profiles.

@@ -43,6 +43,7 @@ from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from dispatch_contract import batched
+from dispatch_contract.keys import PRIORITY_KEY_HEADER
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 
@@ -73,6 +74,9 @@ class BurstSettings:
     riders: int = 40
     seed: int = 3
     down_wait_s: float = 0.2
+    # The priority key, sent as its header (the lane `dispatch_priority` refuses a window
+    # without it); None: no key.
+    priority_key: str | None = None
 
 
 @dataclass
@@ -133,6 +137,9 @@ def run_burst(grpc_url: str, settings: BurstSettings) -> BurstResult:
     left = [settings.requests]
     done = threading.Event()
     inputs = window_inputs(settings)
+    headers = (
+        None if settings.priority_key is None else {PRIORITY_KEY_HEADER: settings.priority_key}
+    )
 
     def record(counter: Counter[str], exc: InferenceServerException | None) -> str:
         outcome = classify(exc)
@@ -156,7 +163,10 @@ def run_burst(grpc_url: str, settings: BurstSettings) -> BurstResult:
                 error = None
                 try:
                     client.infer(
-                        settings.model, inputs, client_timeout=float(rng.uniform(low, high)) / 1e3
+                        settings.model,
+                        inputs,
+                        client_timeout=float(rng.uniform(low, high)) / 1e3,
+                        headers=headers,
                     )
                 except InferenceServerException as exc:
                     error = exc
@@ -171,7 +181,9 @@ def run_burst(grpc_url: str, settings: BurstSettings) -> BurstResult:
             while not done.is_set():
                 error = None
                 try:
-                    client.infer(settings.model, inputs, client_timeout=GOOD_DEADLINE_S)
+                    client.infer(
+                        settings.model, inputs, client_timeout=GOOD_DEADLINE_S, headers=headers
+                    )
                 except InferenceServerException as exc:
                     error = exc
                 if record(result.good, error) == "down":

@@ -61,6 +61,7 @@ class Served:
         self.triton = f"127.0.0.1:{launcher.ports.http}"
         self.grpc = f"127.0.0.1:{launcher.ports.grpc}"
         self.admin_key = (keys / "admin.key").read_text().strip()
+        self.priority_key = (keys / "priority.key").read_text().strip()
 
     def launcher_alive(self) -> bool:
         return self.launcher.process.poll() is None
@@ -268,7 +269,10 @@ def test_bursts_never_stop_the_service_and_a_client_outside_them_is_served(
                 assert wait_ready(served.health, alive=served.launcher_alive)
                 burst_before = launcher_metrics(served.health)
                 bursting.set()
-                result = run_burst(served.grpc, BurstSettings(model, requests=BURST_REQUESTS))
+                # The lane serves only windows sent with the priority key.
+                key = served.priority_key if model == "dispatch_priority" else None
+                settings = BurstSettings(model, requests=BURST_REQUESTS, priority_key=key)
+                result = run_burst(served.grpc, settings)
                 bursting.clear()
                 time.sleep(1.5)  # a crash at the burst's tail: seen at the next check
                 assert wait_ready(served.health, alive=served.launcher_alive)

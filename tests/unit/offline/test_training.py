@@ -188,6 +188,7 @@ def test_quick_cli_writes_model_card_with_policy_figures(tmp_path: Path) -> None
     assert training.main(["--quick", "--seed", "5", "--out-dir", str(tmp_path)]) == 0
     card = json.loads((tmp_path / "model_card.json").read_text())
     assert "--quick" in card["command"] and "--seed 5" in card["command"]
+    assert card["data"]["map_variant_windows"] == 12 and card["data"]["map_variant_pairs"] > 0
     cities = card["policy_evaluation"]["summary"]["cities"]
     assert list(cities) == ["shanghai", "beijing", "shenzhen", "chengdu"]  # per city
     policies = cities["chengdu"]["regimes"]["default"]["policies"]

@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
         "--variant-windows",
         type=int,
         help="training windows in entry-built worlds of the training cities with their road "
-        f"circuity and speeds redrawn (MapVariants; default {MapVariants.windows}: none)",
+        f"circuity and speeds redrawn (MapVariants; default {MapVariants.windows}, 0: none)",
     )
     parser.add_argument(
         "--holdout-windows", type=int, help=f"held-out windows ({TrainConfig.holdout_windows})"
@@ -135,14 +135,20 @@ def _version_dir(version: int) -> Path:
 
 
 CARD_REGIMES: Final = ("default", "peak")
-QUICK: Final = {"windows": 24, "holdout_windows": 8, "epochs": 3, "eval_windows": 2}
+QUICK: Final = {
+    "windows": 24,
+    "variant_windows": 12,
+    "holdout_windows": 8,
+    "epochs": 3,
+    "eval_windows": 2,
+}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     base = TrainConfig(seed=args.seed)
     overrides: dict[str, Any] = {}
     if args.quick:
-        overrides.update({k: v for k, v in QUICK.items() if k != "eval_windows"})
+        overrides.update({k: QUICK[k] for k in ("windows", "holdout_windows", "epochs")})
     for name in ("windows", "holdout_windows", "epochs", "batch_size"):
         value = getattr(args, name)
         if value is not None:
@@ -154,6 +160,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     variants = base.map_variants
     if args.variant_windows is not None:
         variants = replace(variants, windows=args.variant_windows)
+    elif args.quick:
+        variants = replace(variants, windows=QUICK["variant_windows"])
     config = TrainConfig(
         **{**asdict(base), **overrides, "encoder": base.encoder, "map_variants": variants}
     )

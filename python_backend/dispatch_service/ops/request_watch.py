@@ -76,9 +76,12 @@ class ImpossibleShape:
 
 def impossible_shapes(log: bytes) -> list[ImpossibleShape]:
     """The requests of Triton's verbose log lines ``log`` whose declared shape holds
-    `IMPOSSIBLE_BYTES` or more (one per request: its first such input)."""
-    found = []
+    `IMPOSSIBLE_BYTES` or more (one per request id in a row: an ensemble's request and its
+    first step's are prepared under one id; its first such input)."""
+    found: list[ImpossibleShape] = []
     for line in _PREPARED.finditer(log):
+        if found and found[-1].request_id == _clip(line["id"]):
+            continue
         model = _MODEL.search(line["rest"])
         for tensor in _INPUT.finditer(line["rest"]):
             dims = [int(d) for d in tensor["dims"].split(b",") if d]

@@ -493,8 +493,11 @@ class Supervisor(StubHealing):
         try:
             # Stop, start; waits out ports the old one still holds.
             # On one instance a model: ready in about half the CPU; the stub watch adds the
-            # others once it serves (`StubHealing._add_pending_instances`).
+            # others once it serves (`StubHealing._add_pending_instances`). After a start
+            # that failed, every instance: a client killing stubs as it starts (a wrapped
+            # shape) fails a start on one instance a model, not one on all of them.
             quick = getattr(self.server, "start_first_instances", None)
+            quick = quick if self._failed_starts == 0 else None
             start_again(self.server, graceful=not kill, start=quick)
             self._restore_live()  # its reloads end stubs too: still inside `restarting`
         except Exception as exc:

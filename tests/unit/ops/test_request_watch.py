@@ -44,6 +44,10 @@ def test_a_shape_of_2_to_the_63_bytes_or_more_is_found_with_its_request_id() -> 
     assert (found.model, found.tensor) == ("dispatch_fused", "ORDER_FIELDS")
     assert found.shape == [1, 2**61 + 1, 7]
     assert impossible_shapes(GOOD.encode()) == []
+    # The ensemble's request and its first step's, under one id: one request.
+    step = WRAPPED.replace("model: dispatch_fused", "model: feature_encoder")
+    ensemble = WRAPPED.replace("model: dispatch_fused", "model: dispatch")
+    assert [f.model for f in impossible_shapes((ensemble + step).encode())] == ["dispatch"]
     # 2^60 BYTES elements (one byte each at least): below 2^63, not impossible.
     bytes_line = GOOD.replace(
         "ORDER_IDS, type: BYTES, original shape: [1,64]",
@@ -107,9 +111,10 @@ def test_a_stub_death_turns_the_log_on_and_later_requests_are_reported_then_off(
     watch.arm()
     assert api.posts == [({"log_verbose_level": 1}, "k3y")]
     with log.open("a") as out:
-        out.write(GOOD + WRAPPED * (EVENTS_PER_MINUTE + 5) + WRAPPED[:40])  # a line half written
+        killers = [WRAPPED.replace('killer\\"-77', f"killer-{n}") for n in range(25)]
+        out.write(GOOD + "".join(killers) + WRAPPED[:40])  # the last line half written
     watch.check()
-    assert len(events) == EVENTS_PER_MINUTE  # capped a minute; all counted
+    assert len(events) == EVENTS_PER_MINUTE  # capped a minute; all 25 counted
     assert events[0]["event"] == "impossible_shape_request"
     assert events[0]["tensor"] == "ORDER_FIELDS" and events[0]["model"] == "dispatch_fused"
     assert 'model="dispatch_fused"} 25' in watch.metrics_text()

@@ -233,6 +233,29 @@ def test_a_restart_serves_on_first_instances_keeps_the_live_routing_then_adds_th
         repo.close()
 
 
+def test_after_a_failed_start_on_first_instances_the_next_start_is_a_full_one() -> None:
+    """A client killing stubs as the server starts (a wrapped shape) fails a start on one
+    instance a model, and five such starts in a row would give the server up: after one,
+    the launcher starts every instance."""
+
+    class FailingFirst(CountingServer):
+        def start_first_instances(self, timeout_s: float = 0) -> object:
+            self.calls.append("start_first_instances")
+            raise RuntimeError("required entry point(s) dispatch_fused not serving")
+
+    server = FailingFirst()
+    settings = SupervisorSettings(health_port=0, on_dead="restart", failed_start_wait_s=0.0)
+    watcher = Supervisor(server, settings, report=lambda line: None)
+    watcher._restart()
+    watcher._restart()
+    starts = [call for call in server.calls if call.startswith("start")]
+    assert starts == ["start_first_instances", "start"]
+    assert watcher.state.server_restarts == 1 and not watcher.dead.is_set()
+    watcher._restart()  # ready again: the next restart is on first instances again
+    starts = [call for call in server.calls if call.startswith("start")]
+    assert starts == ["start_first_instances", "start", "start_first_instances"]
+
+
 def test_a_failed_reading_of_the_live_configs_keeps_the_last_one() -> None:
     """On a loaded host a config read timed out now and then; a crash right after it
     restarted the server with the files' routing: the last reading stands."""

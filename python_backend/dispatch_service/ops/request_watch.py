@@ -162,7 +162,8 @@ class RequestWatch:
             self._until = self.clock() + WATCH_S
         if not watching:
             self._offset = read_log(self.server.log_path, -1)[1]  # from here on
-            self._verbose(1)
+        # Set at each death: a server restarted meanwhile (for its leaked stubs) starts at 0.
+        self._verbose(1)
 
     def check(self) -> None:
         """One poll: read what the log added while watching, stop watching when due."""

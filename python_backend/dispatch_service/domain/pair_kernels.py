@@ -37,6 +37,7 @@ import numpy as np
 
 __all__ = [
     "barrier_detours",
+    "compiled",
     "leg_geometry",
     "map_columns",
     "pair_distances",
@@ -60,7 +61,7 @@ _OUT_F8: Final = _types.float64[:]
 _OUT_F8_2D: Final = _types.float64[:, :]
 
 
-def _compiled(signature: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def compiled(signature: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """numba's ahead-of-request compile: explicit types, cached on disk, no GIL held,
     numpy's float semantics (no Python division checks). Where no cache directory is
     writable (a read-only install without a home), compiled at each import instead."""
@@ -76,7 +77,7 @@ def _compiled(signature: Any) -> Callable[[Callable[..., Any]], Callable[..., An
     return compile_now
 
 
-@_compiled(_types.float64(_types.float64, _types.UniTuple(_F8, 5), _types.intp))
+@compiled(_types.float64(_types.float64, _types.UniTuple(_F8, 5), _types.intp))
 def _cell_centre(value: float, grid: Any, axis: int) -> float:
     """One coordinate's geohash cell centre on ``grid`` (`geo.geohash_grid`) along ``axis``
     (0: lat, 1: lon), as `geo._quantise` and `geo.cell_centre_latlon` compute it."""
@@ -92,7 +93,7 @@ def _cell_centre(value: float, grid: Any, axis: int) -> float:
     return float(half * (2.0 * q + 1.0 - cells) / cells)
 
 
-@_compiled(
+@compiled(
     _types.float64(_types.float64, _types.float64, _types.float64, _types.float64, _types.float64)
 )
 def _haversine(lat1: float, lon1: float, lat2: float, lon2: float, radius: float) -> float:
@@ -105,7 +106,7 @@ def _haversine(lat1: float, lon1: float, lat2: float, lon2: float, radius: float
     return float(2.0 * radius * math.asin(math.sqrt(min(max(a, 0.0), 1.0))))
 
 
-@_compiled(
+@compiled(
     _types.void(_types.Tuple((_F8_2D, _I8)), _types.Tuple((_F8_2D, _I8)), _types.float64, _OUT_F8)
 )
 def pair_distances(first: Any, second: Any, radius: float, km: Any) -> None:
@@ -127,7 +128,7 @@ _ORIGIN: Final = _types.Tuple((_F8, _F8, _types.float64))
 _GEOMETRY: Final = _types.Tuple((*[_OUT_F8] * 5, _OUT_F8_2D))
 
 
-@_compiled(_types.void(_POINTS, _types.UniTuple(_F8, 5), _ORIGIN, _GEOMETRY))
+@compiled(_types.void(_POINTS, _types.UniTuple(_F8, 5), _ORIGIN, _GEOMETRY))
 def leg_geometry(points: Any, grid: Any, origin: Any, out: Any) -> None:
     """Per leg (each pair's rider -> its order's pickup, then each order's pickup -> its
     drop-off): its km (`geo.haversine_km`), the sine and cosine of its bearing
@@ -204,7 +205,7 @@ _PAIRS: Final = _types.Tuple((_I8, _I8, _F8, _F8, _F8_2D))
 _ORDERS: Final = _types.Tuple((_I8, _I8, _F8, _I8, _F8_2D, _F8, _F8_2D))
 
 
-@_compiled(
+@compiled(
     _types.void(_types.float32[:, :], _LAYOUT, _types.Tuple((*[_F8] * 5, _F8_2D)), _PAIRS, _ORDERS)
 )
 def write_block(block: Any, layout: Any, geometry: Any, pairs: Any, orders: Any) -> None:
@@ -257,7 +258,7 @@ def write_block(block: Any, layout: Any, geometry: Any, pairs: Any, orders: Any)
             row[window_at[c]] = window_values[w, c]
 
 
-@_compiled(_types.float64(_OUT_F8))
+@compiled(_types.float64(_OUT_F8))
 def _pairwise_sum(values: Any) -> float:
     """``np.add.reduce`` of a contiguous float64 row, in numpy's order (its pairwise
     summation: sequential below 8 values, eight running sums up to 128, halves above)."""
@@ -290,7 +291,7 @@ _NETWORK: Final = _types.Tuple((_INTP, _F8_2D, _INTP))
 _LEGS: Final = _types.Tuple((_F8_2D, _F8_2D, _F8))
 
 
-@_compiled(
+@compiled(
     _types.float64(
         _B_2D,
         _NETWORK,
@@ -338,7 +339,7 @@ def _leg_barriers(cuts: Any, network: Any, leg: Any, at: int, rows: Any) -> floa
     return float(_pairwise_sum(extra))
 
 
-@_compiled(_types.void(_B_2D, _NETWORK, _LEGS, _types.Tuple((_types.boolean[:, :], _OUT_F8))))
+@compiled(_types.void(_B_2D, _NETWORK, _LEGS, _types.Tuple((_types.boolean[:, :], _OUT_F8))))
 def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
     """`roads.barrier_detours` from the legs' segment cuts [L, S] (`planar.segment_cuts`),
     ``network`` and ``legs`` the tuples `_NETWORK` and `_LEGS` describe, into ``out``:
@@ -360,7 +361,7 @@ def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
 _MAP_ROWS: Final = _types.Tuple((_I8, _I8, _F8, _I8))
 
 
-@_compiled(
+@compiled(
     _types.void(
         _B_2D,
         _NETWORK,
@@ -408,7 +409,7 @@ def map_columns(cuts: Any, network: Any, legs: Any, rows: Any, out: Any) -> None
 _RANK_KEYS: Final = _types.Tuple((_B_2D, *[_F8_2D] * 4, _U8_2D))
 
 
-@_compiled(_types.boolean(_RANK_KEYS, _I8_2D, _types.intp, _types.int64, _types.int64))
+@compiled(_types.boolean(_RANK_KEYS, _I8_2D, _types.intp, _types.int64, _types.int64))
 def _ranks_before(keys: Any, tie: Any, b: int, x: int, y: int) -> bool:
     """Whether column ``x`` of row ``b`` comes strictly before column ``y`` (`rank_candidates`)."""
     invalid, score, eta, ontime, cost, rider_hash = keys
@@ -427,7 +428,7 @@ def _ranks_before(keys: Any, tie: Any, b: int, x: int, y: int) -> bool:
     return bool(tie[b, x] < tie[b, y])
 
 
-@_compiled(_types.void(_RANK_KEYS, _I8_2D, _types.int64[:, ::1]))
+@compiled(_types.void(_RANK_KEYS, _I8_2D, _types.int64[:, ::1]))
 def rank_candidates(keys: Any, tie: Any, order: Any) -> None:
     """Each order's candidate columns ranked into ``order`` [B, N] exactly as
     ``np.lexsort((tie, hash, cost, -ontime, eta, -score, invalid), axis=-1)`` ranks them

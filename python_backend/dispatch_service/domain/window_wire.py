@@ -325,6 +325,11 @@ _RIDER_LOW, _RIDER_HIGH = _column_bounds(
     },
 )
 _CREATED_AT_COLUMN: Final = ORDER_FIELD_COLUMNS.index("created_at")
+_CONSTRAINTS_COLUMN: Final = ORDER_FIELD_COLUMNS.index("constraints")
+_KNOWN_CONSTRAINTS: Final = int(KNOWN_CONSTRAINTS)
+# `window_kernels.usual_values`' bounds per matrix: (low, high, whole-number columns)
+_ORDER_BOUNDS: Final = (_ORDER_LOW, _ORDER_HIGH, _ORDER_WHOLE.astype(np.int64))
+_RIDER_BOUNDS: Final = (_RIDER_LOW, _RIDER_HIGH, _RIDER_WHOLE.astype(np.int64))
 if not (
     (np.abs(_ORDER_LOW[_ORDER_WHOLE]) <= _ORDER_LIMITS).all()
     and (_ORDER_HIGH[_ORDER_WHOLE] <= _ORDER_LIMITS).all()
@@ -389,17 +394,14 @@ def _usual_window(inputs: Mapping[str, Any], limits: WindowLimits) -> DispatchWi
         or dispatch_time != int(dispatch_time)
     ):
         return None
-    order_high = _ORDER_HIGH.copy()
-    order_high[_CREATED_AT_COLUMN] = min(
-        order_high[_CREATED_AT_COLUMN], dispatch_time + MAX_CLOCK_SKEW_S
-    )
-    order_whole, rider_whole = orders[:, _ORDER_WHOLE], riders[:, _RIDER_WHOLE]
-    if not (
-        ((orders >= _ORDER_LOW) & (orders <= order_high)).all()  # False for NaN
-        and ((riders >= _RIDER_LOW) & (riders <= _RIDER_HIGH)).all()
-        and (order_whole == np.floor(order_whole)).all()
-        and (rider_whole == np.floor(rider_whole)).all()
-    ):
+    # Imported here: the router reads the routing key from this module and stays without
+    # numba (its stub does not load the compiled kernels).
+    from dispatch_service.domain.window_kernels import usual_values
+
+    latest_created = dispatch_time + MAX_CLOCK_SKEW_S
+    rules = (_CREATED_AT_COLUMN, latest_created, _CONSTRAINTS_COLUMN, _KNOWN_CONSTRAINTS)
+    # a value out of bounds (or NaN), a fraction in a whole column, an unknown bit: None
+    if not usual_values(orders, _ORDER_BOUNDS, riders, _RIDER_BOUNDS, rules):
         return None
     order_keys, user_keys, rider_keys = (
         utf8_as_sent(column.tolist(), 1, limits.max_id_bytes)
@@ -409,15 +411,17 @@ def _usual_window(inputs: Mapping[str, Any], limits: WindowLimits) -> DispatchWi
         return None
     if not (ids_distinct(order_keys) and ids_distinct(rider_keys)):
         return None
-    load, capacity, vehicle, equipment = np.ascontiguousarray(rider_whole.T, dtype=np.int32)
-    window = DispatchWindow(
+    load, capacity, vehicle, equipment = np.ascontiguousarray(
+        riders[:, _RIDER_WHOLE].T, dtype=np.int32
+    )
+    return DispatchWindow(
         order_ids=order_keys,
         order_user_ids=user_keys,
         pickup=orders[:, _PICKUP].copy(),
         dropoff=orders[:, _DROPOFF].copy(),
-        created_at=order_whole[:, 0].astype(np.int64),
+        created_at=orders[:, _CREATED_AT_COLUMN].astype(np.int64),
         promised_minutes=orders[:, _PROMISED].astype(np.float32),
-        constraints=order_whole[:, 1].astype(np.int32),
+        constraints=orders[:, _CONSTRAINTS_COLUMN].astype(np.int32),
         rider_ids=rider_keys,
         rider_position=riders[:, _POSITION].copy(),
         rider_load=load,
@@ -427,8 +431,6 @@ def _usual_window(inputs: Mapping[str, Any], limits: WindowLimits) -> DispatchWi
         dispatch_time=int(dispatch_time),
         coord_system=CoordSystem.WGS84,
     )
-    # The bounds held every value; the constraint bits are the last rule they cannot say.
-    return None if (window.constraints & ~KNOWN_CONSTRAINTS).any() else window
 
 
 def window_from_wire(

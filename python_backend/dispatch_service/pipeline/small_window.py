@@ -13,12 +13,12 @@ that stage's general code on the same values, which also names any rule the wind
   id) in plain Python;
 - `routed_alone`: every order routed to one served version and no shadow call: one ONNX
   Runtime call, no fallback chain to plan (an answer that fails falls back in full);
-- `resolved_one_order`: a one-order window's Top-K list and assignment, the ranking keys
-  and the assignment's argmin over plain Python lists (`resolver`'s keys and
+- `resolved_one_order`: a one-order window's Top-K list and assignment in one compiled
+  call (`window_kernels.one_order_answer`: `resolver`'s keys and
   `assignment.uncontested_best`'s rule; ties and hash collisions go to the general code).
 
 Every answer is the general path's byte for byte: distances, features and checks are the
-domain's own functions, the scores `scoring`'s arithmetic on Python floats (the same IEEE
+domain's own functions, the scores `scoring`'s arithmetic on float64 (the same IEEE
 operations in the same order), and the ordering and picking over a few values use the
 general code's keys. `FusedDispatch.small_windows` turns the path off (tests compare both
 on many random windows).
@@ -26,7 +26,6 @@ on many random windows).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -50,10 +49,11 @@ from dispatch_service.domain.coverage import cover_maximum_assignment, is_scarce
 from dispatch_service.domain.feasibility import spare_slots
 from dispatch_service.domain.features import EncoderSettings
 from dispatch_service.domain.hashing import rider_id_hashes
-from dispatch_service.domain.ids import id_rank, ids_as_bytes
+from dispatch_service.domain.ids import id_rank
 from dispatch_service.domain.resolver_inputs import checked_objectives
 from dispatch_service.domain.scoring import ResolverSettings
 from dispatch_service.domain.window import DispatchWindow, parse_objective_weights
+from dispatch_service.domain.window_kernels import ANSWERED, NOT_USABLE, one_order_answer
 from dispatch_service.pipeline.step_io import Arrays
 from dispatch_service.routing.engine import ModelCall, RoutedScores, SyncScorer
 from dispatch_service.routing.fallback import FallbackLevel
@@ -66,7 +66,6 @@ __all__ = ["one_order_candidates", "resolved_one_order", "routed_alone"]
 _MOST_RANKED: Final = 1024
 _ORDER_AT: Final = np.zeros(_MOST_RANKED, dtype=np.int64)
 _WIDTH: Final = len(OBJECTIVES)
-_INF: Final = math.inf
 
 
 def one_order_candidates(
@@ -167,9 +166,9 @@ def resolved_one_order(
     with one id hash, unusual tensors). Raises what the resolver raises for bad weights or
     objectives.
 
-    The arithmetic is `scoring.score_checked`'s on Python floats (IEEE doubles, as numpy's
-    float64: the same operations in the same order give the same bits); the keys and the
-    argmin are the resolver's (`ResolverWindow._resolution`, `uncontested_best`)."""
+    One compiled call (`window_kernels.one_order_answer`): `scoring.score_checked`'s
+    arithmetic in the same order on float64, the resolver's ranking keys
+    (`ResolverWindow._resolution`) and `assignment.uncontested_best`'s rule."""
     rider_ids = inputs.get("RIDER_IDS")
     if rider_ids is None or window.num_orders != 1 or candidates.shape[0] != 1:
         return None
@@ -180,79 +179,56 @@ def resolved_one_order(
         type(rider_ids) is not np.ndarray
         or rider_ids.dtype.kind not in "OS"
         or rider_ids.shape != (num_riders,)
-        or objectives.dtype.kind != "f"
+        or candidates.dtype != np.int32
+        or window.rider_load.dtype != np.int32
+        or window.rider_capacity.dtype != np.int32
+        or objectives.dtype != np.float32
         or objectives.shape != (width, _WIDTH)
+        or width == 0
     ):
         return None
-    rows = candidates[0].tolist()
-    values = objectives.tolist()
-    for j, row in enumerate(rows):
-        if row < 0:
-            values[j] = [0.0] * _WIDTH  # a pad's objectives read 0 (`checked_objectives`)
-    if not all(
-        0.0 <= eta < _INF and 0.0 <= cost < _INF and -_INF < ontime < _INF
-        for eta, ontime, cost in values
-    ):  # False for NaN: the resolver's check names the row and the rule
-        checked_objectives(objectives, candidates >= 0)
-        return None
-    listed = sorted(row for row in rows if row >= 0)
+    rows = candidates[0]
+    listed = rows.tolist()
     ids = rider_ids.tolist()
-    used_ids = [ids[row] for row in listed]
+    used_ids = [ids[row] for row in listed if row >= 0]
     if not all(type(item) is bytes for item in used_ids):
-        used_ids = ids_as_bytes("RIDER_IDS", rider_ids, np.asarray(listed, dtype=np.int64))
+        return None  # ids as text: the general resolver encodes them
     hashes = rider_id_hashes(used_ids).tolist()
     if len(set(hashes)) < len(hashes):
         return None  # the ids must break a hash tie: the general ranking does
-    hash_of = dict(zip(listed, hashes, strict=True))
-    # `score_checked`: w . (1 / (1 + eta / scale), clip(p, 0, 1), 1 / (1 + cost / scale)) / sum(w)
+    found = iter(hashes)
+    rider_hash = np.array([next(found) if row >= 0 else 0 for row in listed], dtype=np.uint64)
     w_eta, w_ontime, w_cost = weights.tolist()
-    total_weight = float(weights.sum(axis=-1))
-    eta_scale, cost_scale = settings.eta_scale_minutes, settings.cost_scale_cny
-    scores = [
-        (
-            w_eta * (1.0 / (1.0 + eta / eta_scale))
-            + w_ontime * _clipped(ontime)
-            + w_cost * (1.0 / (1.0 + cost / cost_scale))
-        )
-        / total_weight
-        if row >= 0
-        else 0.0
-        for row, (eta, ontime, cost) in zip(rows, values, strict=True)
-    ]
-    # `ResolverWindow._resolution`'s keys: valid first, score descending, ETA ascending,
-    # on-time descending, cost ascending, id hash, row (a pad: hash 0, row R).
-    keys = [
-        (row < 0, -score, eta, -ontime, cost, hash_of.get(row, 0), row if row >= 0 else num_riders)
-        for row, score, (eta, ontime, cost) in zip(rows, scores, values, strict=True)
-    ]
-    order = sorted(range(width), key=keys.__getitem__)
-    # `uncontested_best` for one order: its best usable rider (one with room left), when
-    # strictly cheaper (2 - score) than every other usable one; a tie is the solver's.
-    load, capacity = window.rider_load.tolist(), window.rider_capacity.tolist()
-    usable = [j for j in order if rows[j] >= 0 and capacity[rows[j]] > load[rows[j]]]
-    best = -1
-    if usable:
-        cost_of = [2.0 - scores[j] for j in usable]
-        lowest = min(cost_of)
-        if cost_of.count(lowest) > 1:
-            return None
-        best = usable[cost_of.index(lowest)]
     k = min(settings.top_k, width)
-    top = order[:k]
-    # The assigned pair's values as the resolver sums them over its row, the others 0:
-    # +0.0 added to each (nothing added on a row of one: a -0.0 stays).
-    zero = 0.0 if width > 1 else -0.0
-    assigned = values[best] if best >= 0 else [0.0] * _WIDTH
+    out = (
+        np.empty((1, k), dtype=np.int32),
+        np.empty((1, k, _WIDTH + 1), dtype=np.float32),
+        np.empty(1, dtype=np.int32),
+        np.empty(1, dtype=np.float32),
+        np.empty((1, _WIDTH), dtype=np.float32),
+    )
+    outcome = one_order_answer(
+        (rows, objectives, rider_hash),
+        (window.rider_load, window.rider_capacity),
+        (
+            w_eta,
+            w_ontime,
+            w_cost,
+            float(weights.sum(axis=-1)),
+            settings.eta_scale_minutes,
+            settings.cost_scale_cny,
+        ),
+        out,
+    )
+    if outcome == NOT_USABLE:  # the resolver's check names the row and the rule
+        checked_objectives(objectives, candidates >= 0)
+    if outcome != ANSWERED:
+        return None
+    topk_index, topk_objectives, assigned, assigned_score, assigned_objectives = out
     return {
-        "TOPK_RIDER_INDEX": np.array([[rows[j] for j in top]], dtype=np.int32),
-        TOPK_OBJECTIVES.name: np.array([[[scores[j], *values[j]] for j in top]], np.float32),
-        "ASSIGNED_RIDER_INDEX": np.array([rows[best] if best >= 0 else -1], dtype=np.int32),
-        "ASSIGNED_SCORE": np.array([scores[best] + zero if best >= 0 else 0.0], np.float32),
-        ASSIGNED_OBJECTIVES.name: np.array([[value + zero for value in assigned]], np.float32),
+        "TOPK_RIDER_INDEX": topk_index,
+        TOPK_OBJECTIVES.name: topk_objectives,
+        "ASSIGNED_RIDER_INDEX": assigned,
+        "ASSIGNED_SCORE": assigned_score,
+        ASSIGNED_OBJECTIVES.name: assigned_objectives,
     }
-
-
-def _clipped(value: float) -> float:
-    """numpy's clip(value, 0, 1) of a finite float (max, then min)."""
-    value = value if value > 0.0 else 0.0
-    return value if value < 1.0 else 1.0

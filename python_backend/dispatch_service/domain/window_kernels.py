@@ -1,0 +1,229 @@
+"""The one-order straight path's per-value work, compiled with numba: the usual window's
+value checks (`window_wire`) and a one-order window's Top-K list and assignment
+(`pipeline.small_window.resolved_one_order`).
+
+Why: on a small window these were a few dozen numpy calls and Python comprehensions over a
+handful of values, each a microsecond or so whatever its size (`perf.window_profile`
+counts them); here each is one call. The results are those of the code they replace, bit
+for bit: comparisons are IEEE comparisons (False for NaN), the scores are
+`scoring.score_checked`'s operations in the same order on float64 (no fused multiply-add,
+no reassociation: numba's default, not ``fastmath``), the ranking is a stable sort by the
+resolver's keys and float64 values are rounded to float32 as numpy rounds them
+(tests/unit/domain/test_window_kernels.py compares them with the Python rules).
+
+Compiled like `pair_kernels` (explicit signatures, numba's on-disk cache), so a model pays
+for them at load, never on a request.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import numpy as np
+
+from dispatch_service.domain.pair_kernels import compiled
+
+__all__ = [
+    "ANSWERED",
+    "NOT_USABLE",
+    "TIED",
+    "one_order_answer",
+    "usual_values",
+]
+
+_types: Final[Any] = __import__("numba").types
+_F8: Final = _types.Array(_types.float64, 1, "A", readonly=True)
+_F8_2D: Final = _types.Array(_types.float64, 2, "A", readonly=True)
+_F4_2D: Final = _types.Array(_types.float32, 2, "A", readonly=True)
+_I4: Final = _types.Array(_types.int32, 1, "A", readonly=True)
+_I8: Final = _types.Array(_types.int64, 1, "A", readonly=True)
+_U8: Final = _types.Array(_types.uint64, 1, "A", readonly=True)
+
+# `one_order_answer`'s outcomes.
+ANSWERED: Final = 0
+NOT_USABLE: Final = 1  # an objective out of its range (or NaN): the resolver names it
+TIED: Final = 2  # an exact tie for the best usable rider: the solver decides
+
+# (low [C], high [C], whole-number columns [W]) of a packed matrix
+_BOUNDS: Final = _types.Tuple((_F8, _F8, _I8))
+
+
+@compiled(_types.boolean(_F8_2D, _BOUNDS, _types.intp, _types.float64))
+def _within(matrix: Any, bounds: Any, capped: int, cap: float) -> bool:
+    """Whether every value of ``matrix`` [n, C] lies in its column's [low, high] (column
+    ``capped`` also <= ``cap``) and every whole-number column holds whole numbers."""
+    low, high, whole = bounds
+    rows, columns = matrix.shape
+    for i in range(rows):
+        for c in range(columns):
+            value = matrix[i, c]
+            top = min(high[c], cap) if c == capped else high[c]
+            if not (value >= low[c] and value <= top):  # False for NaN
+                return False
+        for w in range(whole.shape[0]):
+            value = matrix[i, whole[w]]
+            if value != np.floor(value):
+                return False
+    return True
+
+
+# (created_at's column and its latest value, the constraints' column and the known bits)
+_LIMITS: Final = _types.Tuple((_types.intp, _types.float64, _types.intp, _types.int64))
+
+
+@compiled(_types.boolean(_F8_2D, _BOUNDS, _F8_2D, _BOUNDS, _LIMITS))
+def usual_values(
+    orders: Any, order_bounds: Any, riders: Any, rider_bounds: Any, limits: Any
+) -> bool:
+    """Whether the packed ORDER_FIELDS and RIDER_FIELDS of a usual window hold only values
+    within their columns' bounds (created_at's column also at most its latest value),
+    whole numbers in their whole-number columns and constraint bits within the known ones
+    (``limits``: `_LIMITS`): the checks `window_wire._usual_window` made with numpy, each
+    value compared as they compared it."""
+    created_at, latest_created, constraints, known_constraints = limits
+    if not _within(orders, order_bounds, created_at, latest_created):
+        return False
+    if not _within(riders, rider_bounds, -1, 0.0):
+        return False
+    for i in range(orders.shape[0]):  # whole and within [0, known]: exact as integers
+        if np.int64(orders[i, constraints]) & ~known_constraints:
+            return False
+    return True
+
+
+@compiled(_types.float64(_types.float64))
+def _clipped(value: float) -> float:
+    """numpy's clip(value, 0, 1) of a finite float (max, then min)."""
+    value = value if value > 0.0 else 0.0
+    return value if value < 1.0 else 1.0
+
+
+@compiled(_types.boolean(_types.Tuple((_F8, _F8, _F8, _F8, _U8, _I8)), _types.intp, _types.intp))
+def _ranks_before(keys: Any, x: int, y: int) -> bool:
+    """Whether position ``x`` comes strictly before ``y`` by the resolver's Top-K keys
+    (``keys``: score, ETA, on-time, cost, id hash, row; a pad's row is R): valid first,
+    score descending, ETA ascending, on-time descending, cost ascending, id hash, row. The
+    first key that differs decides, as Python compares tuples."""
+    score, eta, ontime, cost, rider_hash, row = keys
+    if score[x] != score[y]:
+        return bool(score[x] > score[y])
+    if eta[x] != eta[y]:
+        return bool(eta[x] < eta[y])
+    if ontime[x] != ontime[y]:
+        return bool(ontime[x] > ontime[y])
+    if cost[x] != cost[y]:
+        return bool(cost[x] < cost[y])
+    if rider_hash[x] != rider_hash[y]:
+        return bool(rider_hash[x] < rider_hash[y])
+    return bool(row[x] < row[y])
+
+
+# (TOPK_RIDER_INDEX [1, K], TOPK_OBJECTIVES [1, K, 4], ASSIGNED_RIDER_INDEX [1],
+# ASSIGNED_SCORE [1], ASSIGNED_OBJECTIVES [1, 3])
+_ANSWER: Final = _types.Tuple(
+    (
+        _types.int32[:, :],
+        _types.float32[:, :, :],
+        _types.int32[:],
+        _types.float32[:],
+        _types.float32[:, :],
+    )
+)
+
+
+@compiled(
+    _types.int64(
+        _types.Tuple((_I4, _F4_2D, _U8)),
+        _types.Tuple((_I4, _I4)),
+        _types.UniTuple(_types.float64, 6),
+        _ANSWER,
+    )
+)
+def one_order_answer(candidates: Any, counts: Any, scoring: Any, out: Any) -> int:
+    """One order's Top-K list and assignment into ``out`` (`_ANSWER`; K its width, at most
+    the candidates' N). ``candidates``: (rows [N] its candidates' rider rows, -1 pads;
+    objectives [N, 3] their ETA, on-time, cost; rider_hash [N] their id hashes, 0 for a
+    pad); ``counts``: every rider's (load, capacity); ``scoring``: (the weights of ETA,
+    on-time and cost, the weights' sum, the ETA and cost scales).
+
+    A pad's objectives read 0; each score is `scoring.score_checked`'s
+    ``w . (1 / (1 + eta / scale), clip(p, 0, 1), 1 / (1 + cost / scale)) / sum(w)``; the
+    list is ranked by `_ranks_before` (a pad's row ranks as R); the assigned rider is the
+    best usable one (listed, with room left), when strictly cheaper (2 - score) than every
+    other usable one. The assigned values are the resolver's sums over the order's row
+    (+0.0 added to each, nothing on a row of one). Returns `ANSWERED`, or `NOT_USABLE` /
+    `TIED` with ``out`` unwritten."""
+    rows, objectives, rider_hash = candidates
+    w_eta, w_ontime, w_cost, total_weight, eta_scale, cost_scale = scoring
+    load, capacity = counts
+    topk_index, topk_objectives, assigned, assigned_score, assigned_objectives = out
+    width = rows.shape[0]
+    num_riders = load.shape[0]
+    score, eta = np.zeros(width), np.zeros(width)
+    ontime, cost = np.zeros(width), np.zeros(width)
+    tie = np.empty(width, dtype=np.int64)  # the row, a pad's R (after every rider row)
+    for j in range(width):
+        tie[j] = rows[j] if rows[j] >= 0 else num_riders
+        if rows[j] < 0:
+            continue
+        e = np.float64(objectives[j, 0])
+        p = np.float64(objectives[j, 1])
+        c = np.float64(objectives[j, 2])
+        if not (0.0 <= e < math.inf and 0.0 <= c < math.inf and -math.inf < p < math.inf):
+            return NOT_USABLE
+        eta[j], ontime[j], cost[j] = e, p, c
+        score[j] = (
+            w_eta * (1.0 / (1.0 + e / eta_scale))
+            + w_ontime * _clipped(p)
+            + w_cost * (1.0 / (1.0 + c / cost_scale))
+        ) / total_weight
+    keys = (score, eta, ontime, cost, rider_hash, tie)
+    order = np.arange(width)
+    for j in range(1, width):  # a stable insertion sort: equal keys keep their order
+        moving = order[j]
+        at = j
+        while at > 0 and (
+            rows[order[at - 1]] < 0 <= rows[moving]  # valid before a pad
+            or (
+                (rows[moving] < 0) == (rows[order[at - 1]] < 0)
+                and _ranks_before(keys, moving, order[at - 1])
+            )
+        ):
+            order[at] = order[at - 1]
+            at -= 1
+        order[at] = moving
+    best = -1
+    lowest = math.inf
+    ties = 0
+    for j in order:
+        row = rows[j]
+        if row < 0 or capacity[row] <= load[row]:
+            continue
+        cost_of = 2.0 - score[j]
+        if best < 0 or cost_of < lowest:
+            best, lowest, ties = j, cost_of, 1
+        elif cost_of == lowest:
+            ties += 1
+    if ties > 1:
+        return TIED
+    for i in range(topk_index.shape[1]):
+        j = order[i]
+        topk_index[0, i] = rows[j]
+        topk_objectives[0, i, 0] = score[j]
+        topk_objectives[0, i, 1] = eta[j]
+        topk_objectives[0, i, 2] = ontime[j]
+        topk_objectives[0, i, 3] = cost[j]
+    zero = 0.0 if width > 1 else -0.0
+    if best >= 0:
+        assigned[0] = rows[best]
+        assigned_score[0] = score[best] + zero
+        assigned_objectives[0, 0] = eta[best] + zero
+        assigned_objectives[0, 1] = ontime[best] + zero
+        assigned_objectives[0, 2] = cost[best] + zero
+    else:
+        assigned[0] = -1
+        assigned_score[0] = 0.0
+        for column in range(3):
+            assigned_objectives[0, column] = 0.0 + zero
+    return ANSWERED

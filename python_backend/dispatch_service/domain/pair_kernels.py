@@ -38,6 +38,7 @@ import numpy as np
 __all__ = [
     "barrier_detours",
     "compiled",
+    "haversine",
     "leg_geometry",
     "map_columns",
     "pair_distances",
@@ -96,7 +97,7 @@ def _cell_centre(value: float, grid: Any, axis: int) -> float:
 @compiled(
     _types.float64(_types.float64, _types.float64, _types.float64, _types.float64, _types.float64)
 )
-def _haversine(lat1: float, lon1: float, lat2: float, lon2: float, radius: float) -> float:
+def haversine(lat1: float, lon1: float, lat2: float, lon2: float, radius: float) -> float:
     """`geo.haversine_km` of one pair of points, on a sphere of ``radius`` km."""
     phi1 = math.radians(lat1)
     phi2 = math.radians(lat2)
@@ -117,7 +118,7 @@ def pair_distances(first: Any, second: Any, radius: float, km: Any) -> None:
     others, other_index = second
     for i in range(km.shape[0]):
         a, b = index[i], other_index[i]
-        km[i] = _haversine(points[a, 0], points[a, 1], others[b, 0], others[b, 1], radius)
+        km[i] = haversine(points[a, 0], points[a, 1], others[b, 0], others[b, 1], radius)
 
 
 # (riders per pair [P, 2], pickups [B, 2], drop-offs [B, 2], each pair's order [P])

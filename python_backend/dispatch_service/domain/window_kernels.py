@@ -1,5 +1,6 @@
 """The one-order straight path's per-value work, compiled with numba: the usual window's
-value checks (`window_wire`) and a one-order window's Top-K list and assignment
+value checks (`window_wire`), a one-order window's candidate ranking
+(`pipeline.small_window.one_order_candidates`) and its Top-K list and assignment
 (`pipeline.small_window.resolved_one_order`).
 
 Why: on a small window these were a few dozen numpy calls and Python comprehensions over a
@@ -22,12 +23,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from dispatch_service.domain.pair_kernels import compiled
+from dispatch_service.domain.pair_kernels import compiled, haversine
 
 __all__ = [
     "ANSWERED",
     "NOT_USABLE",
     "TIED",
+    "nearest_first",
     "one_order_answer",
     "usual_values",
 ]
@@ -227,3 +229,39 @@ def one_order_answer(candidates: Any, counts: Any, scoring: Any, out: Any) -> in
         for column in range(3):
             assigned_objectives[0, column] = 0.0 + zero
     return ANSWERED
+
+
+@compiled(
+    _types.boolean(
+        _types.Tuple((_I8, _F8_2D)),
+        _types.Tuple((_F8_2D, _types.intp)),
+        _types.float64,
+        _types.int32[:],
+    )
+)
+def nearest_first(riders: Any, pickup: Any, radius: float, out: Any) -> bool:
+    """The ``out.shape[0]`` nearest of ``riders`` (rows [m] into positions [R, 2]) to one
+    pickup (pickups [B, 2], its row) into ``out``, nearest first, by `geo.haversine_km`'s
+    distances (`pair_kernels.pair_distances`' values); False with ``out`` unwritten when
+    two riders are equally far (their ids then decide: `candidates.ranked_exactly`)."""
+    rows, positions = riders
+    pickups, at = pickup
+    count = rows.shape[0]
+    km = np.empty(count)
+    for i in range(count):
+        lat, lon = positions[rows[i], 0], positions[rows[i], 1]
+        km[i] = haversine(lat, lon, pickups[at, 0], pickups[at, 1], radius)
+    order = np.arange(count)
+    for j in range(1, count):  # insertion sort by distance
+        moving = order[j]
+        position = j
+        while position > 0 and km[moving] < km[order[position - 1]]:
+            order[position] = order[position - 1]
+            position -= 1
+        order[position] = moving
+    for j in range(1, count):
+        if km[order[j]] == km[order[j - 1]]:
+            return False
+    for j in range(out.shape[0]):
+        out[j] = rows[order[j]]
+    return True

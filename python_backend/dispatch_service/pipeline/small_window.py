@@ -9,8 +9,8 @@ that stage's general code on the same values, which also names any rule the wind
 
 - `one_order_candidates`: a one-order window's candidates when every feasible rider is
   ranked exactly (`candidates.preselects` false): the same distances
-  (`candidates.rider_distances`, `geo.haversine_km`'s values), ranked by (distance, rider
-  id) in plain Python;
+  (`geo.haversine_km`'s values) ranked in one compiled call (`window_kernels.nearest_first`),
+  by (distance, rider id) in plain Python where two riders are equally far;
 - `routed_alone`: every order routed to one served version and no shadow call: one ONNX
   Runtime call, no fallback chain to plan (an answer that fails falls back in full);
 - `resolved_one_order`: a one-order window's Top-K list and assignment in one compiled
@@ -48,12 +48,18 @@ from dispatch_service.domain.candidates import (
 from dispatch_service.domain.coverage import cover_maximum_assignment, is_scarce
 from dispatch_service.domain.feasibility import spare_slots
 from dispatch_service.domain.features import EncoderSettings
+from dispatch_service.domain.geo import EARTH_RADIUS_KM
 from dispatch_service.domain.hashing import rider_id_hashes
 from dispatch_service.domain.ids import id_rank
 from dispatch_service.domain.resolver_inputs import checked_objectives
 from dispatch_service.domain.scoring import ResolverSettings
 from dispatch_service.domain.window import DispatchWindow, parse_objective_weights
-from dispatch_service.domain.window_kernels import ANSWERED, NOT_USABLE, one_order_answer
+from dispatch_service.domain.window_kernels import (
+    ANSWERED,
+    NOT_USABLE,
+    nearest_first,
+    one_order_answer,
+)
 from dispatch_service.pipeline.step_io import Arrays
 from dispatch_service.routing.engine import ModelCall, RoutedScores, SyncScorer
 from dispatch_service.routing.fallback import FallbackLevel
@@ -87,16 +93,15 @@ def one_order_candidates(
     take = min(listed, count)
     if count > _MOST_RANKED or preselects(take, count):
         return None
-    if count:
-        # `ranked_exactly`'s distances for one order: each rider to the pickup
+    # `ranked_exactly`'s distances for one order: each rider to the pickup, ranked
+    if count and not nearest_first(
+        (riders, window.rider_position), (window.pickup, 0), EARTH_RADIUS_KM, out[0, :take]
+    ):  # co-located riders: their ids decide, as `ranked_exactly` breaks the tie
         distance = rider_distances(
             window.rider_position, riders, window.pickup, _ORDER_AT[:count]
         ).tolist()
-        if len(set(distance)) == count:
-            ranked = sorted(range(count), key=distance.__getitem__)
-        else:  # co-located riders: their ids decide, as `ranked_exactly` breaks the tie
-            rank = id_rank(window.rider_ids[riders].tolist()).tolist()
-            ranked = sorted(range(count), key=lambda i: (distance[i], rank[i]))
+        rank = id_rank(window.rider_ids[riders].tolist()).tolist()
+        ranked = sorted(range(count), key=lambda i: (distance[i], rank[i]))
         out[0, :take] = riders[ranked[:take]]
     return cover_maximum_assignment(
         out, lambda: feasible_mask(window), spare, window.order_ids, window.rider_ids

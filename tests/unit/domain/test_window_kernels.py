@@ -1,9 +1,10 @@
 """dispatch_service.domain.window_kernels against the rules in plain Python and numpy.
 
 Each kernel is compared with the code it replaced, written here independently of numba:
-the one-order answer with the resolver's keys and `uncontested_best`'s rule on Python
-floats (Python's sorted over key tuples, float() rounding to float32 by numpy), the value
-checks with numpy comparisons over the packed matrices.
+the candidates' ranking with `geo.haversine_km` and Python's sort; the one-order answer
+with the resolver's keys and `uncontested_best`'s rule on Python floats (Python's sorted
+over key tuples, rounded to float32 by numpy); the value checks with numpy comparisons
+over the packed matrices.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from dispatch_service.domain import geo
 from dispatch_service.domain.window_kernels import (
     ANSWERED,
     NOT_USABLE,
     TIED,
+    nearest_first,
     one_order_answer,
     usual_values,
 )
@@ -210,3 +213,32 @@ def test_usual_values_judges_as_the_numpy_checks(seed: int) -> None:
         )
         verdicts.add(expected)
     assert verdicts == {True, False}
+
+
+def test_nearest_first_ranks_by_haversine_and_declines_equal_distances() -> None:
+    rng = np.random.default_rng(7)
+    declined = 0
+    for _ in range(500):
+        count = int(rng.integers(1, 25))
+        positions = np.stack(
+            (rng.uniform(30.0, 30.2, count + 5), rng.uniform(120.0, 120.2, count + 5)), 1
+        )
+        if rng.random() < 0.3:  # a co-located twin
+            positions[1] = positions[0]
+        pickup = np.array([[30.1, 120.1]])
+        rows = np.sort(rng.choice(count + 5, size=count, replace=False)).astype(np.int64)
+        take = int(rng.integers(1, count + 1))
+        km = geo.haversine_km(
+            positions[rows, 0], positions[rows, 1], pickup[0, 0], pickup[0, 1]
+        ).tolist()
+        out = np.full(take, -1, dtype=np.int32)
+        ranked = nearest_first((rows, positions), (pickup, 0), geo.EARTH_RADIUS_KM, out)
+        if len(set(km)) < count:
+            assert not ranked and (out == -1).all()
+            declined += 1
+            continue
+        assert ranked
+        assert (
+            out.tolist() == [int(rows[i]) for i in sorted(range(count), key=km.__getitem__)][:take]
+        )
+    assert declined > 20

@@ -142,6 +142,14 @@ model-check: setup ## retrain v1 and v2 in a temporary folder; fail unless byte-
 	$(PY) -m dispatch_service.offline.training --seed $(SEED) --check
 	$(PY) -m dispatch_service.offline.training --seed $(SEED) $(V2_ARGS) --check
 
+# The cards' policy evaluation of v1 and v2 again, over their committed model.onnx, without
+# training (training reads neither the default objective nor the report's code): what a
+# change of either needs. `make model-check` confirms the cards a full retrain writes.
+.PHONY: model-cards
+model-cards: setup ## rewrite v1's and v2's card policy sections without training
+	$(PY) -m dispatch_service.offline.training --seed $(SEED) --card-only
+	$(PY) -m dispatch_service.offline.training --seed $(SEED) $(V2_ARGS) --card-only
+
 # Every policy (nearest-rider, distance matching, rule ETA, model v1 and v2 as served, both
 # oracles) on every registered city's and regime's held-out windows, every order counted, and
 # the candidate objective weights judged by the default's stated measure: evaluation/reports/

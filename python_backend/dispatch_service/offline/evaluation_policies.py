@@ -21,6 +21,10 @@ Policies (each sees the same windows and, through common random numbers, the sam
   in creation order, which can only cost more than the slot order the solver chose. The gap
   between the two oracles is what the weights cost in minutes (and buy in cost and
   lateness); the gap between a model and ``oracle`` is what prediction error costs.
+
+Each oracle is judged on what it optimises: ``minutes_oracle`` on delivery minutes,
+``oracle`` on the request's weighted objective evaluated on ground truth
+(`ground_truth_objective`).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from dispatch_service.domain.features import (
     encode_window,
     feasible_mask,
 )
-from dispatch_service.domain.scoring import ResolverSettings
+from dispatch_service.domain.scoring import ResolverSettings, score_pairs
 from dispatch_service.domain.window import DispatchWindow, check_objective_weights
 from dispatch_service.offline import baseline, simulator
 from dispatch_service.pipeline.dispatch_pipeline import repository_steps
@@ -57,14 +61,17 @@ __all__ = [
     "MINUTES_ORACLE",
     "ORACLE_CANDIDATES",
     "Decision",
+    "ObjectiveJudge",
     "Policy",
     "Weights",
     "default_policies",
     "distance_matching_policy",
+    "ground_truth_objective",
     "minutes_oracle_policy",
     "model_policy",
     "nearest_rider_policy",
     "oracle_policy",
+    "order_objective",
     "rule_eta_policy",
 ]
 
@@ -258,6 +265,51 @@ def minutes_oracle_policy(window: DispatchWindow, city: simulator.CityConfig) ->
     served = cols < slot_rider.size
     assigned[rows[served]] = slot_rider[cols[served]]
     return Decision(assigned)
+
+
+def order_objective(
+    objectives: NDArray[np.float64],
+    num_orders: int,
+    weights: Weights,
+    settings: ResolverSettings,
+) -> float:
+    """The weighted objective the resolver maximises, per order: each served pair's score
+    (`scoring.score_pairs` of its [eta, on-time, cost] row) summed, an unassigned order
+    adding 0, over the window's ``num_orders``."""
+    if num_orders < 1:
+        raise ValueError(f"a window has at least one order, got {num_orders}")
+    scores = score_pairs(objectives.reshape(-1, 3), _checked_weights(weights), settings)
+    return float(scores.sum() / num_orders)
+
+
+# One decision's ground-truth objective: (window, world, rider row per order or -1, the
+# orders each rider carries before it in this window) -> the objective per order.
+ObjectiveJudge = Callable[
+    [DispatchWindow, simulator.CityConfig, NDArray[np.int64], NDArray[np.int64]], float
+]
+
+
+def ground_truth_objective(
+    repository: Path = MODEL_REPOSITORY, weights: Weights = DEFAULT_OBJECTIVE_WEIGHTS
+) -> ObjectiveJudge:
+    """What ``oracle`` maximises, for any decision: every served pair's objectives at the
+    simulator's noise-free expectations, with the load it is carried with (the simulator's
+    stacking), scored under ``weights`` and the served resolver's scales (`order_objective`)."""
+    _, resolver = _served_settings(repository)
+
+    def judge(
+        window: DispatchWindow,
+        city: simulator.CityConfig,
+        assigned: NDArray[np.int64],
+        extra_load: NDArray[np.int64],
+    ) -> float:
+        rows = np.flatnonzero(assigned >= 0)
+        expected = simulator.expected_outcome(
+            window, rows, assigned[rows], city, extra_load=extra_load[rows]
+        )
+        return order_objective(np.stack(expected, axis=1), window.num_orders, weights, resolver)
+
+    return judge
 
 
 def default_policies(

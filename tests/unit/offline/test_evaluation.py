@@ -103,7 +103,9 @@ def test_weights_are_checked_as_a_request_s_and_recorded(tmp_path: Path) -> None
     assert "OBJECTIVE_WEIGHTS [1.0, 0.0, 0.0]" in (out / "report.md").read_text()
 
 
-def _cell(*, captured: float, ece: float, late_high: float) -> dict[str, object]:
+def _cell(
+    *, captured: float, ece: float, late_high: float, late_captured: float = 0.7
+) -> dict[str, object]:
     """One regime of one city for `evaluation.targets`, model figures set by hand."""
     model = {
         "windows_above_optimum_unassigned": 0,
@@ -112,6 +114,7 @@ def _cell(*, captured: float, ece: float, late_high: float) -> dict[str, object]
             "late_rate": [-0.02, -0.03, late_high],
         },
         "oracle_gain_captured": captured,
+        "oracle_late_gain_captured": late_captured,
         "minutes_oracle_gain_captured": captured,
         "calibration": {"dispatched": {"ontime_ece": ece}},
     }
@@ -135,7 +138,9 @@ def test_targets_judge_every_cell_against_the_issue_s_bounds_by_hand() -> None:
             "unseen": {
                 "regimes": {
                     "default": _cell(captured=0.8, ece=0.04, late_high=0.001),
-                    "scarcity": _cell(captured=0.6, ece=0.01, late_high=-0.01),
+                    "scarcity": _cell(
+                        captured=0.6, ece=0.01, late_high=-0.01, late_captured=float("nan")
+                    ),
                 }
             },
         },
@@ -162,9 +167,9 @@ def test_targets_judge_every_cell_against_the_issue_s_bounds_by_hand() -> None:
     trained = rows["trained cities"]
     assert trained[0] and "seen/default: 90 %" in trained[1]
     held_out = rows["held-out cities"]
-    assert not held_out[0] and held_out[1] == "1 of 2 below: unseen/scarcity: 60 %"
+    assert held_out == (False, "1 of 2 below: unseen/scarcity: 60 % (late rate: no gain)")
     scarce = rows["scarce regimes"]
-    assert scarce[0] and scarce[1] == "all 2; lowest seen/scarcity: 55 %"
+    assert scarce == (True, "all 2; lowest seen/scarcity: 55 % (late rate: 70 %)")
     ece = rows["dispatched pairs"]
     assert not ece[0] and ece[1].startswith("1 of 4 above; worst unseen/default: 0.040")
     summary["weights_choice"]["model"] = "another model"

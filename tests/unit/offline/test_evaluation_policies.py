@@ -123,3 +123,40 @@ def test_with_stacking_the_minutes_oracle_is_within_the_slot_models_bound() -> N
         assert int((decision.assigned >= 0).sum()) == most
         best = min(_expected_total(window, a, world) for a in every if int((a >= 0).sum()) == most)
         assert best <= _expected_total(window, decision.assigned, world) <= best + 0.5
+
+
+def test_order_objective_by_hand() -> None:
+    """The resolver's weighted utility per order, an unassigned order adding 0: latency
+    1 / (1 + eta / 30), on-time clipped to [0, 1], cost 1 / (1 + cost / 10), weights
+    normalised to their sum."""
+    from dispatch_service.domain.scoring import ResolverSettings
+
+    served = np.array([[30.0, 0.8, 10.0], [60.0, 1.3, 30.0]])
+    # 0.725 x 0.5 + 0.075 x 0.8 + 0.2 x 0.5 = 0.5225; 0.725 / 3 + 0.075 x 1 + 0.2 x 0.25
+    expected = (0.5225 + (0.725 / 3 + 0.075 + 0.05)) / 4
+    for weights in ((0.725, 0.075, 0.2), (1.45, 0.15, 0.4)):
+        value = evaluation_policies.order_objective(served, 4, weights, ResolverSettings())
+        assert value == pytest.approx(expected, abs=1e-12)
+    nothing = np.zeros((0, 3))
+    assert evaluation_policies.order_objective(nothing, 3, (1, 0, 0), ResolverSettings()) == 0.0
+    with pytest.raises(ValueError, match="at least one order"):
+        evaluation_policies.order_objective(nothing, 0, (1, 0, 0), ResolverSettings())
+
+
+def test_ground_truth_objective_scores_the_decision_at_the_simulator_s_expectations() -> None:
+    """An order served alone by a rider is scored at its noise-free expectation; a second
+    order of the same rider at one more order of load (the simulator's stacking), which
+    costs it time; nothing served scores 0."""
+    from dispatch_service.domain.scoring import ResolverSettings
+
+    window = simulator.generate_window(np.random.default_rng(7), 2, 3)
+    city = simulator.DEFAULT_CITY
+    judge = evaluation_policies.ground_truth_objective(weights=(1.0, 0.0, 0.0))
+    none = np.full(2, -1, dtype=np.int64)
+    assert judge(window, city, none, np.zeros(2, dtype=np.int64)) == 0.0
+    alone = np.array([0, -1], dtype=np.int64)
+    eta, _, _ = simulator.expected_outcome(window, [0], [0], city)
+    by_hand = (1.0 / (1.0 + eta[0] / ResolverSettings().eta_scale_minutes)) / 2
+    assert judge(window, city, alone, np.zeros(2, dtype=np.int64)) == pytest.approx(by_hand)
+    carried = judge(window, city, alone, np.array([1, 0], dtype=np.int64))
+    assert carried < by_hand

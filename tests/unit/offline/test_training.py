@@ -198,6 +198,21 @@ def test_quick_cli_writes_model_card_with_policy_figures(tmp_path: Path) -> None
     assert "trained on shanghai, beijing, shenzhen; held out: chengdu" in text
     assert "## Held-out error by city" in text
     onnx.checker.check_model(onnx.load(str(tmp_path / ONNX_FILE)))
+    # --card-only runs the policy evaluation again over the folder as it is: the bytes of
+    # the full run's card, its policy section rewritten (here from a card that lost it).
+    written = {name: (tmp_path / name).read_bytes() for name in ARTIFACTS}
+    card.pop("policy_evaluation")
+    (tmp_path / "model_card.json").write_text(json.dumps(card))
+    (tmp_path / "MODEL_CARD.md").write_text("stale")
+    argv = ["--quick", "--seed", "5", "--out-dir", str(tmp_path), "--card-only"]
+    assert training.main(argv) == 0
+    assert {name: (tmp_path / name).read_bytes() for name in ARTIFACTS} == written
+
+
+def test_card_only_needs_a_card_and_refuses_check(tmp_path: Path) -> None:
+    assert training.main(["--quick", "--out-dir", str(tmp_path), "--card-only"]) == 2
+    with pytest.raises(SystemExit):
+        training.main(["--card-only", "--check"])
 
 
 def test_quick_mode_refuses_to_replace_the_served_model() -> None:

@@ -122,6 +122,13 @@ def _parser() -> argparse.ArgumentParser:
         "--no-eval", action="store_true", help="skip the model-vs-nearest-rider evaluation"
     )
     parser.add_argument(
+        "--card-only",
+        action="store_true",
+        help="train nothing: run the card's policy evaluation again for the version folder's "
+        "model.onnx and rewrite its card (training sections as they are); what a change of "
+        "the default objective or of the report needs, since training reads neither",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="train into a temporary folder and compare every file byte for byte with the "
@@ -179,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--version must be >= 1")
     if args.check and (args.out_dir is not None or args.quick):
         parser.error("--check compares the version folder itself: no --out-dir or --quick")
+    if args.card_only and (args.check or args.no_eval):
+        parser.error("--card-only reruns a card's evaluation: no --check or --no-eval")
     if args.out_dir is None:
         if args.quick:
             parser.error("--quick needs --out-dir: a toy model must not replace the served one")
@@ -191,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unpinned is not None:  # numpy loaded before `python -m ...training` could pin it
         print(f"training: not bit-reproducible: {unpinned}", file=sys.stderr)
     committed = Path(args.out_dir)
+    if args.card_only:
+        return _card_only(args, config, committed, reference)
     command = _command(args)
     if args.check:
         with tempfile.TemporaryDirectory(prefix="model-check-") as scratch:
@@ -216,6 +227,56 @@ def _compare(committed: Path, fresh: Path) -> int:
     return 0
 
 
+def _card_only(
+    args: argparse.Namespace, config: TrainConfig, out_dir: Path, reference: Path | None
+) -> int:
+    """The card's policy evaluation again, over the folder's model.onnx and card as they are:
+    the same bytes a full run writes (its card is rounded the same way), in a fraction of
+    the time; `make model-check` confirms it with full runs."""
+    path = out_dir / "model_card.json"
+    if not path.is_file() or not (out_dir / ONNX_FILE).is_file():
+        print(f"--card-only: no {path.name} and {ONNX_FILE} in {out_dir}", file=sys.stderr)
+        return 2
+    card = json.loads(path.read_text())
+    card.pop("policy_evaluation", None)
+    started = time.perf_counter()
+    _policy_evaluation(args, config, out_dir, card, reference)
+    print(f"card evaluation {time.perf_counter() - started:.1f} s (not written into the card)")
+    return 0
+
+
+def _policy_evaluation(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    out_dir: Path,
+    card: dict[str, Any],
+    reference: Path | None,
+) -> None:
+    """The card's dispatch-policy section: the version's model (and the reference version)
+    against the baselines and the oracle, every city in the default and peak regimes."""
+    from dispatch_service.offline.evaluation import card_section
+    from dispatch_service.offline.evaluation_policies import MINUTES_ORACLE, default_policies
+    from dispatch_service.offline.evaluation_run import EvaluationConfig, evaluate
+
+    eval_windows = args.eval_windows
+    if eval_windows is None:
+        # The card's tables are `make evaluate`'s, over as many windows per regime.
+        eval_windows = QUICK["eval_windows"] if args.quick else EvaluationConfig.windows
+    # Every city in the regimes the oracle-gain targets judge; `make evaluate` has all.
+    regimes = ("default",) if args.quick else CARD_REGIMES
+    models = {"model": out_dir / ONNX_FILE}
+    if reference is not None:  # the reference version on the same windows and noise
+        models[f"version_{reference.name}"] = reference / ONNX_FILE
+    # The card keeps the policies its tables were made with (the committed cards, which
+    # `make model-check` reproduces); `make evaluate` adds the delivery-minutes oracle.
+    policies = default_policies(models, MODEL_REPOSITORY)
+    policies.pop(MINUTES_ORACLE)
+    summary = evaluate(policies, EvaluationConfig(windows=eval_windows, regimes=regimes))
+    section = card_section(summary, "model", config.cities)
+    print(section["markdown"])
+    append_policy_evaluation(out_dir, card, section)
+
+
 def _train(
     args: argparse.Namespace,
     config: TrainConfig,
@@ -236,28 +297,7 @@ def _train(
     print(f"wrote {result.model_path} ({card['onnx']['bytes']} bytes)")
     print("held-out:", json.dumps(card["holdout"], indent=None))
     if not args.no_eval:
-        from dispatch_service.offline.evaluation import card_section
-        from dispatch_service.offline.evaluation_policies import MINUTES_ORACLE, default_policies
-        from dispatch_service.offline.evaluation_run import EvaluationConfig, evaluate
-
-        eval_windows = args.eval_windows
-        if eval_windows is None:
-            # The card's tables are `make evaluate`'s, over as many windows per regime.
-            full = EvaluationConfig.windows
-            eval_windows = QUICK["eval_windows"] if args.quick else full
-        # Every city in the regimes the oracle-gain targets judge; `make evaluate` has all.
-        regimes = ("default",) if args.quick else CARD_REGIMES
-        models = {"model": out_dir / ONNX_FILE}
-        if reference is not None:  # the reference version on the same windows and noise
-            models[f"version_{reference.name}"] = reference / ONNX_FILE
-        # The card keeps the policies its tables were made with (the committed cards, which
-        # `make model-check` reproduces); `make evaluate` adds the delivery-minutes oracle.
-        policies = default_policies(models, MODEL_REPOSITORY)
-        policies.pop(MINUTES_ORACLE)
-        summary = evaluate(policies, EvaluationConfig(windows=eval_windows, regimes=regimes))
-        section = card_section(summary, "model", config.cities)
-        print(section["markdown"])
-        append_policy_evaluation(out_dir, card, section)
+        _policy_evaluation(args, config, out_dir, card, reference)
     host = f"{platform.machine()}, {_cpu_count()} CPUs, Python {platform.python_version()}"
     print(
         f"training {result.seconds['train']:.1f} s, wall time "

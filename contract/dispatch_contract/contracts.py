@@ -177,7 +177,7 @@ OBJECTIVES: Final = ("eta_minutes", "ontime_probability", "cost_cny")
 # baseline, the rule ETA at (0.8, 0, 0.2), in any city and regime; `make evaluate` judges
 # nine candidates by it (docs/model-lifecycle.md#the-default-objective). More on-time weight
 # makes scarce windows significantly slower; callers who put promises first send their own.
-DEFAULT_OBJECTIVE_WEIGHTS: Final = (0.75, 0.05, 0.20)
+DEFAULT_OBJECTIVE_WEIGHTS: Final = (0.725, 0.075, 0.20)
 
 # ---- pair feature layout (float32 [P, F]); shipped with each model version ------------
 # v3: positions relative to the window's own city, and the city map's road columns.

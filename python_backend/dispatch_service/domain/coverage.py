@@ -43,6 +43,7 @@ from scipy.sparse.csgraph import maximum_bipartite_matching
 from dispatch_contract import MAX_CANDIDATES
 from dispatch_service.domain.ids import id_order
 from dispatch_service.domain.slots import slot_edges
+from dispatch_service.domain.window_kernels import proposal_rounds
 
 __all__ = [
     "SCARCE_CANDIDATES",
@@ -86,32 +87,21 @@ def list_width(configured: int, total_spare: int, num_orders: int) -> int:
 
 
 def _greedy(candidates: NDArray[np.int32], spare: NDArray[np.int64]) -> NDArray[np.int64]:
-    """int64 [B]: a first assignment over the lists, -1 = none; vectorised proposal rounds.
+    """int64 [B]: a first assignment over the lists, -1 = none; proposal rounds in one
+    compiled loop (`window_kernels.proposal_rounds`).
 
     In round k every order still without a rider proposes to its k-th candidate and each
     rider accepts the lowest-numbered proposers its remaining slots allow. Orders whose list
     has ended drop out. Not maximum in general, but in a window with riders to spare it
     serves every order within a few rounds, which settles the common case.
     """
-    rider_of = np.full(candidates.shape[0], -1, dtype=np.int64)
-    left = spare.copy()
-    pending = np.arange(candidates.shape[0])
-    for k in range(candidates.shape[1]):
-        proposed = candidates[pending, k].astype(np.int64)
-        pending = pending[proposed >= 0]
-        proposed = proposed[proposed >= 0]
-        if pending.size == 0:
-            break
-        if fits_spare(proposed, left).all():
-            rider_of[pending] = proposed  # no rider over-asked: every proposal is accepted
-            break
-        by_rider = np.argsort(proposed, kind="stable")  # keeps proposers in row order
-        riders = proposed[by_rider]
-        rank = np.arange(riders.size) - np.searchsorted(riders, riders, side="left")
-        accepted = rank < left[riders]
-        rider_of[pending[by_rider[accepted]]] = riders[accepted]
-        left -= np.bincount(riders[accepted], minlength=left.size)
-        pending = pending[rider_of[pending] < 0]
+    rider_of = np.empty(candidates.shape[0], dtype=np.int64)
+    proposal_rounds(
+        candidates.astype(np.int32, copy=False),
+        spare.astype(np.int64, copy=False),
+        np.empty(spare.size, dtype=np.int64),
+        rider_of,
+    )
     return rider_of
 
 

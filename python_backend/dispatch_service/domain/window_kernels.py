@@ -1,7 +1,8 @@
-"""The one-order straight path's per-value work, compiled with numba: the usual window's
-value checks (`window_wire`), a one-order window's candidate ranking
+"""A window's per-value work outside the pair features, compiled with numba: the usual
+window's value checks (`window_wire`), a one-order window's candidate ranking
 (`pipeline.small_window.one_order_candidates`) and its Top-K list and assignment
-(`pipeline.small_window.resolved_one_order`).
+(`pipeline.small_window.resolved_one_order`), and the coverage's first assignment over the
+candidate lists (`coverage._greedy`).
 
 Why: on a small window these were a few dozen numpy calls and Python comprehensions over a
 handful of values, each a microsecond or so whatever its size (`perf.window_profile`
@@ -12,7 +13,7 @@ no reassociation: numba's default, not ``fastmath``), the ranking is a stable so
 resolver's keys and float64 values are rounded to float32 as numpy rounds them
 (tests/unit/domain/test_window_kernels.py compares them with the Python rules).
 
-The three kernels are compiled like `pair_kernels`' (explicit signatures, numba's on-disk
+The kernels are compiled like `pair_kernels`' (explicit signatures, numba's on-disk
 cache), so a model pays for them at load, never on a request; their helpers are inlined
 into them. Loading them from the cache costs a stub that imports them about 20 ms of CPU.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "TIED",
     "nearest_first",
     "one_order_answer",
+    "proposal_rounds",
     "usual_values",
 ]
 
@@ -276,3 +278,41 @@ def nearest_first(riders: Any, pickup: Any, radius: float, out: Any) -> bool:
     for j in range(out.shape[0]):
         out[j] = rows[order[j]]
     return True
+
+
+@compiled(
+    _types.void(
+        _types.Array(_types.int32, 2, "A", readonly=True), _I8, _types.int64[:], _types.int64[:]
+    )
+)
+def proposal_rounds(candidates: Any, spare: Any, left: Any, rider_of: Any) -> None:
+    """`coverage._greedy`'s rounds into ``rider_of`` [B] (-1 = none; ``left`` [R]: scratch):
+    in round k every order still without a rider proposes to its k-th candidate, an order
+    whose list has ended drops out, and each rider accepts its lowest-numbered proposers
+    while it has slots left. Taking the proposals of a round in row order accepts exactly
+    those (a proposer is accepted iff fewer than the rider's slots at the round's start
+    proposed before it)."""
+    orders, width = candidates.shape
+    for r in range(spare.shape[0]):
+        left[r] = spare[r]
+    pending = np.empty(orders, dtype=np.int64)
+    for b in range(orders):
+        rider_of[b] = -1
+        pending[b] = b
+    count = orders
+    for k in range(width):
+        kept = 0
+        for i in range(count):
+            b = pending[i]
+            rider = candidates[b, k]
+            if rider < 0:
+                continue  # its list has ended
+            if left[rider] > 0:
+                left[rider] -= 1
+                rider_of[b] = rider
+            else:
+                pending[kept] = b
+                kept += 1
+        count = kept
+        if count == 0:
+            return

@@ -1,7 +1,8 @@
 """dispatch_service.domain.window_kernels against the rules in plain Python and numpy.
 
 Each kernel is compared with the code it replaced, written here independently of numba:
-the candidates' ranking with `geo.haversine_km` and Python's sort; the one-order answer
+the candidates' ranking with `geo.haversine_km` and Python's sort; the coverage's proposal
+rounds with the rule played round by round; the one-order answer
 with the resolver's keys and `uncontested_best`'s rule on Python floats (Python's sorted
 over key tuples, rounded to float32 by numpy); the value checks with numpy comparisons
 over the packed matrices.
@@ -23,6 +24,7 @@ from dispatch_service.domain.window_kernels import (
     TIED,
     nearest_first,
     one_order_answer,
+    proposal_rounds,
     usual_values,
 )
 
@@ -242,3 +244,38 @@ def test_nearest_first_ranks_by_haversine_and_declines_equal_distances() -> None
             out.tolist() == [int(rows[i]) for i in sorted(range(count), key=km.__getitem__)][:take]
         )
     assert declined > 20
+
+
+def _rounds_by_hand(candidates: list[list[int]], spare: list[int]) -> list[int]:
+    """Proposal rounds as the rule says them: each round's proposals grouped by rider, each
+    rider taking its lowest-numbered proposers while the slots it had at the round's start
+    last."""
+    rider_of = [-1] * len(candidates)
+    left = list(spare)
+    pending = list(range(len(candidates)))
+    for k in range(len(candidates[0]) if candidates else 0):
+        pending = [b for b in pending if candidates[b][k] >= 0]
+        asked: dict[int, list[int]] = {}
+        for b in pending:
+            asked.setdefault(candidates[b][k], []).append(b)
+        for rider, proposers in asked.items():
+            taken = sorted(proposers)[: max(left[rider], 0)]
+            for b in taken:
+                rider_of[b] = rider
+            left[rider] -= len(taken)
+        pending = [b for b in pending if rider_of[b] < 0]
+    return rider_of
+
+
+def test_proposal_rounds_accept_the_lowest_numbered_proposers_round_by_round() -> None:
+    rng = np.random.default_rng(11)
+    served = 0
+    for _ in range(3000):
+        orders, riders, width = (int(x) for x in rng.integers(1, [30, 20, 8]))
+        candidates = rng.integers(-1, riders, size=(orders, width)).astype(np.int32)
+        spare = rng.integers(0, 3, riders).astype(np.int64)
+        rider_of = np.empty(orders, dtype=np.int64)
+        proposal_rounds(candidates, spare, np.empty(riders, dtype=np.int64), rider_of)
+        assert rider_of.tolist() == _rounds_by_hand(candidates.tolist(), spare.tolist())
+        served += int((rider_of >= 0).sum())
+    assert served > 1000

@@ -225,7 +225,11 @@ def encode_pairs_batch(
     dropoff = joined([w.dropoff for w in members])
     rider_position = joined([w.rider_position[r] for w, r in chosen])
     vehicle_code = joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)
-    order_window = np.repeat(np.arange(len(members)), [w.num_orders for w in members])
+    order_window = (  # each order's window: a lone window's are all 0, without a repeat
+        np.zeros(num_orders, dtype=np.int64)
+        if len(members) == 1
+        else np.repeat(np.arange(len(members)), [w.num_orders for w in members])
+    )
 
     # Legs rider -> pickup (one per pair) then pickup -> dropoff (one per order): their
     # km and bearings; the rider (per pair), the pickup and the drop-off (per order): their

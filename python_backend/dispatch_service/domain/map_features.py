@@ -62,13 +62,14 @@ def road_tables(
     pairs, orders = pair_order.size, order_window.size
     legs = pairs + orders
     start = plane[:legs]  # each pair's rider, then each order's pickup
-    end = np.concatenate((plane[pairs + pair_order], plane[legs:]))
+    trip = pairs + pair_order  # each pair's order's trip: its leg, and its pickup's point
+    end = np.concatenate((plane[trip], plane[legs:]))
     pair_table = np.empty((len(MAP_PAIR_COLUMNS), pairs))
     order_table = np.empty((len(MAP_ORDER_COLUMNS), orders))
     found = {id(city): city for city in cities}
     if len(found) == 1:
         city = cities[0]
-        rows = (np.arange(pairs), pairs + pair_order, city.speeds_kmh[vehicle], np.arange(orders))
+        rows = (np.arange(pairs), trip, city.speeds_kmh[vehicle], np.arange(orders))
         _city_columns(city, start, end, rows, (pair_table, order_table))
         return pair_table, order_table
     pair_window = order_window[pair_order]

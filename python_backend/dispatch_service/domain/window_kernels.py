@@ -116,10 +116,11 @@ def _clipped(value: float) -> float:
 
 @_inlined
 def _ranks_before(keys: Any, x: int, y: int) -> bool:
-    """Whether position ``x`` comes strictly before ``y`` by the resolver's Top-K keys
-    (``keys``: score, ETA, on-time, cost, id hash, row; a pad's row is R): valid first,
-    score descending, ETA ascending, on-time descending, cost ascending, id hash, row. The
-    first key that differs decides, as Python compares tuples."""
+    """Whether position ``x`` comes strictly before ``y``, both listed riders or both pads,
+    by the resolver's Top-K keys after validity (``keys``: score, ETA, on-time, cost, id
+    hash, row; a pad's row is R): score descending, ETA ascending, on-time descending, cost
+    ascending, id hash, row. The first key that differs decides, as Python compares
+    tuples."""
     score, eta, ontime, cost, rider_hash, row = keys
     if score[x] != score[y]:
         return bool(score[x] > score[y])
@@ -164,11 +165,11 @@ def one_order_answer(candidates: Any, counts: Any, scoring: Any, out: Any) -> in
 
     A pad's objectives read 0; each score is `scoring.score_checked`'s
     ``w . (1 / (1 + eta / scale), clip(p, 0, 1), 1 / (1 + cost / scale)) / sum(w)``; the
-    list is ranked by `_ranks_before` (a pad's row ranks as R); the assigned rider is the
-    best usable one (listed, with room left), when strictly cheaper (2 - score) than every
-    other usable one. The assigned values are the resolver's sums over the order's row
-    (+0.0 added to each, nothing on a row of one). Returns `ANSWERED`, or `NOT_USABLE` /
-    `TIED` with ``out`` unwritten."""
+    list holds the listed riders first, then the pads, each part ranked by `_ranks_before`;
+    the assigned rider is the best usable one (listed, with room left), when strictly
+    cheaper (2 - score) than every other usable one. The assigned values are the
+    resolver's sums over the order's row (+0.0 added to each, nothing on a row of one).
+    Returns `ANSWERED`, or `NOT_USABLE` / `TIED` with ``out`` unwritten."""
     rows, objectives, rider_hash = candidates
     w_eta, w_ontime, w_cost, total_weight, eta_scale, cost_scale = scoring
     load, capacity = counts

@@ -113,7 +113,7 @@ def test_the_launcher_runs_every_stub_but_the_lanes_sched_batch_after_start_heal
         triton = the_server(launcher)
         assert triton is not None
         assert Counter(stub_versions(triton).values()) == wanted
-        wait_for(partial(scheduled, triton), "stubs scheduled after the start", patience(60), 0.25)
+        wait_for(partial(scheduled, triton), "stubs scheduled after the start", 60, 0.25)
 
         # A stub killed: its model is reloaded, new stubs beside the old ones (2.51 leaves
         # them running until the launcher's restart for leaks).
@@ -124,7 +124,7 @@ def test_the_launcher_runs_every_stub_but_the_lanes_sched_batch_after_start_heal
             new = [p for p, m in stub_models(triton).items() if m == FUSED and p not in before]
             return len(new) >= wanted[(FUSED, "1")] and scheduled(triton)
 
-        wait_for(healed, "stubs scheduled after a heal", patience(120), 0.25)
+        wait_for(healed, "stubs scheduled after a heal", 120, 0.25)
         assert any('"stub_died"' in line for line in launcher.lines)
 
         # Triton killed: restarted on first instances, the others added once it serves.
@@ -138,6 +138,6 @@ def test_the_launcher_runs_every_stub_but_the_lanes_sched_batch_after_start_heal
                 and scheduled(server)
             )
 
-        wait_for(restarted, "stubs scheduled after a restart", patience(240), 0.5)
+        wait_for(restarted, "stubs scheduled after a restart", 240, 0.5)
     finally:
         launcher.stop()

@@ -50,6 +50,7 @@ from dispatch_service.offline.evaluation_policies import (
 __all__ = [
     "CHOICE_BASELINE_WEIGHTS",
     "EVAL_STREAM",
+    "ORACLE_SHARES",
     "WEIGHT_CANDIDATES",
     "EvaluationConfig",
     "PolicyBuilder",

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Protocol
 
-from dispatch_service.ops.child_process import LOG_READ_BYTES, read_log
+from dispatch_service.ops.log_watch import LogTail, Poller
 from dispatch_service.ops.model_control import ModelControlError, update_logging
 
 __all__ = [
@@ -136,21 +136,17 @@ class RequestWatch:
         self.clock = clock
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._until: float | None = None  # verbose until then; None: not watching
-        self._offset = 0
+        self._log = LogTail()
         self._logged: list[float] = []  # when the last event lines were printed
-        self._thread: threading.Thread | None = None
+        self._poller = Poller("request_watch", poll_s, self.check)
 
     def start(self) -> RequestWatch:
-        self._thread = threading.Thread(target=self._watch, name="request_watch", daemon=True)
-        self._thread.start()
+        self._poller.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._poller.stop()
 
     def arm(self) -> None:
         """A stub died: log every request for `WATCH_S` from now (verbosity 1). Not where
@@ -161,7 +157,7 @@ class RequestWatch:
             watching = self._until is not None
             self._until = self.clock() + WATCH_S
         if not watching:
-            self._offset = read_log(self.server.log_path, -1)[1]  # from here on
+            self._log.skip_to_end(self.server.log_path)  # from here on
         # Set at each death: a server restarted meanwhile (for its leaked stubs) starts at 0.
         self._verbose(1)
 
@@ -186,15 +182,7 @@ class RequestWatch:
             self.report({"event": "request_watch_failed", "error": str(exc)[:300]})
 
     def _read(self) -> None:
-        added, size = read_log(self.server.log_path, self._offset)
-        if size < self._offset:  # a new server's log
-            self._offset = 0
-            added, size = read_log(self.server.log_path, 0)
-        end = added.rfind(b"\n") + 1
-        if not end and len(added) >= LOG_READ_BYTES:
-            end = len(added)
-        self._offset += end
-        for found in impossible_shapes(added[:end]):
+        for found in impossible_shapes(self._log.read(self.server.log_path)):
             with self._lock:
                 self.counts[found.model] += 1
             now = self.clock()
@@ -210,10 +198,6 @@ class RequestWatch:
                         "shape": found.shape,
                     }
                 )
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            self.check()
 
     def metrics_text(self) -> str:
         """Prometheus lines: the impossible-shape requests seen, by model."""

@@ -41,7 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
-from dispatch_service.ops.child_process import LOG_READ_BYTES, end_process_group, read_log
+from dispatch_service.ops.child_process import end_process_group
+from dispatch_service.ops.log_watch import LogTail, Poller
 
 __all__ = [
     "CRASH_SIGNALS",
@@ -150,22 +151,18 @@ class CrashCounter:
         self.poll_s = poll_s
         self.crashes: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._watched: subprocess.Popen[bytes] | None = None
         self._judged: set[int] = set()  # pids of the processes already judged (exited)
         self._counted: set[int] = set()  # pids already counted as crashed
-        self._log_offset = 0  # how far the current process's log has been read
-        self._thread: threading.Thread | None = None
+        self._log = LogTail()  # the current process's log
+        self._poller = Poller("crash_counter", poll_s, self.check)
 
     def start(self) -> CrashCounter:
-        self._thread = threading.Thread(target=self._watch, name="crash_counter", daemon=True)
-        self._thread.start()
+        self._poller.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._poller.stop()
 
     def total(self) -> int:
         with self._lock:
@@ -184,7 +181,7 @@ class CrashCounter:
         previous = self._watched
         if previous is not None and previous is not current:
             self._judge(previous)  # replaced by a restart since the last poll
-            self._log_offset = 0  # the new process writes a new log
+            self._log.rewind()  # the new process writes a new log
         self._watched = current
         if current is not None:
             self._read_log(current)
@@ -202,19 +199,9 @@ class CrashCounter:
             self._count(process, name, "exit")
 
     def _read_log(self, process: subprocess.Popen[bytes]) -> None:
-        """Count a crash signal Triton reports catching (a process that may live on, hung).
-        At most `LOG_READ_BYTES` a poll, whole lines only; a log that is no regular file is
-        not read (`read_log`)."""
-        added, size = read_log(self.server.log_path, self._log_offset)
-        if size < self._log_offset:  # a new log (a restart truncated it)
-            self._log_offset = 0
-            added, size = read_log(self.server.log_path, 0)
-        end = added.rfind(b"\n") + 1  # whole lines only: the rest comes next time
-        if not end and len(added) >= LOG_READ_BYTES:
-            end = len(added)  # one line longer than a read: skip past it
-        added = added[:end]
-        self._log_offset += len(added)
-        for match in SIGNAL_LINE.finditer(added):
+        """Count a crash signal Triton reports catching (a process that may live on, hung),
+        from what its log gained (`log_watch.LogTail`)."""
+        for match in SIGNAL_LINE.finditer(self._log.read(self.server.log_path)):
             number = int(match.group(1))
             if number in CRASH_SIGNALS:
                 self._count(process, signal.Signals(number).name, "log")
@@ -236,10 +223,6 @@ class CrashCounter:
                 "crashes": total,
             }
         )
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            self.check()
 
     def metrics_text(self) -> str:
         """Prometheus lines: the crashes by signal (a zero SIGSEGV series before any)."""

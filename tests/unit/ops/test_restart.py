@@ -356,9 +356,9 @@ def test_the_log_is_read_a_bounded_part_at_a_time_and_never_when_not_a_file(
         try:
             server.process = running
             counter.check()
-            assert counter._log_offset == LOG_READ_BYTES
+            assert counter._log.offset == LOG_READ_BYTES
             counter.check()
-            assert counter._log_offset == 2 * LOG_READ_BYTES
+            assert counter._log.offset == 2 * LOG_READ_BYTES
             log.unlink()
             os.mkfifo(log)
             done = threading.Event()

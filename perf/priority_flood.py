@@ -48,6 +48,7 @@ from tritonclient.utils import InferenceServerException
 
 from dispatch_client import DispatchClient
 from dispatch_client.errors import DispatchError
+from dispatch_service.core.repository_layout import FUSED_MODEL, PRIORITY_MODEL
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
 from dispatch_service.ops.stub_priority import (
@@ -68,8 +69,8 @@ from perf.deadline_burst import (
 __all__ = ["main"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-LANE = "dispatch_priority"
-FUSED = "dispatch_fused"
+LANE = PRIORITY_MODEL
+FUSED = FUSED_MODEL
 # Scheduling policy of the bulk stubs' threads in each variant.
 VARIANTS = {"sched-other": os.SCHED_OTHER, "sched-batch": BULK_POLICY}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -22,14 +22,19 @@ serve: setup ## serve the repository, locked, on loopback (HTTP_PORT, GRPC_PORT,
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		$(if $(HEALTH_PORT),--health-port $(HEALTH_PORT)) --state-store $(STATE_STORE)
 
-test: setup ## unit and integration tests
-	$(PY) -m pytest tests
+# Test files are spread over TEST_WORKERS processes, a file's tests in one (module-scoped
+# servers are started once); TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+
+test: setup ## unit and integration tests (TEST_WORKERS=2 processes)
+	$(PY) -m pytest $(PYTEST_PARALLEL) tests
 
 test-unit: setup ## unit tests only
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest $(PYTEST_PARALLEL) tests/unit
 
 test-integration: setup ## integration tests on a live tritonserver
-	$(PY) -m pytest tests/integration
+	$(PY) -m pytest $(PYTEST_PARALLEL) tests/integration
 
 # The hostile-client checks at full size, beside `make test` (which runs each small):
 # a model file swapped 0-100 ms after each of 100 load requests on every load path; 1,000

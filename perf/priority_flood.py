@@ -12,10 +12,10 @@ measures every variant in turn (alternating, so both see the same host load):
   ``--calls`` windows and a level-2 client on `dispatch_fused` sends ``--calls // 2``.
 
 Variants, set by this script on every thread of the bulk stubs (every stub but the lane's)
-before each flood: ``sched-other`` (the kernel's default policy: how the stubs ran before
-the launcher scheduled them), ``sched-batch`` (what the launcher sets after every start,
-restart and heal: `dispatch_service.ops.stub_priority`). Their niceness is the stubs' own
-(``stub_nice``: 10, the lane's 0) in both. ``--flood-idle`` runs the flood's processes in
+before each flood: ``sched-other`` (the kernel's default policy, as the launcher runs them),
+``sched-batch`` (the kernel's policy for CPU-bound threads, whose wake-up never preempts a
+running thread: sched(7)). Their niceness is the stubs' own (``stub_nice``: 10, the lane's
+0) in both. ``--flood-idle`` runs the flood's processes in
 SCHED_IDLE, as if the callers ran on other hosts: then what competes with the lane is the
 server's own work (and whatever else the host runs).
 
@@ -51,12 +51,6 @@ from dispatch_client.errors import DispatchError
 from dispatch_service.core.repository_layout import FUSED_MODEL, PRIORITY_MODEL
 from dispatch_service.domain.window_wire import window_to_wire
 from dispatch_service.offline.simulator import generate_window
-from dispatch_service.ops.stub_priority import (
-    BULK_POLICY,
-    LANE_MODELS,
-    thread_ids,
-    thread_policies,
-)
 from dispatch_service.ops.stubs import stub_models
 from perf.deadline_burst import (
     BurstSettings,
@@ -71,8 +65,10 @@ __all__ = ["main"]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LANE = PRIORITY_MODEL
 FUSED = FUSED_MODEL
+# The models whose stubs are the lane's; every other stub is a bulk one.
+LANE_MODELS = frozenset({PRIORITY_MODEL})
 # Scheduling policy of the bulk stubs' threads in each variant.
-VARIANTS = {"sched-other": os.SCHED_OTHER, "sched-batch": BULK_POLICY}
+VARIANTS = {"sched-other": os.SCHED_OTHER, "sched-batch": os.SCHED_BATCH}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -223,6 +219,25 @@ def cpu_spent(before: dict[str, int], after: dict[str, int]) -> dict[str, float]
     spent = {k: (after[k] - before[k]) / CLOCK_TICKS for k in before}
     spent["other"] = spent["host"] - sum(v for k, v in spent.items() if k != "host")
     return {k: round(v, 1) for k, v in spent.items()}
+
+
+def thread_ids(pid: int) -> set[int]:
+    """The ids of ``pid``'s threads (none when it has ended)."""
+    try:
+        return {int(name) for name in os.listdir(f"/proc/{pid}/task") if name.isdigit()}
+    except OSError:
+        return set()
+
+
+def thread_policies(pid: int) -> dict[int, int]:
+    """thread id -> scheduling policy (``os.SCHED_*``) of each of ``pid``'s threads."""
+    policies = {}
+    for tid in sorted(thread_ids(pid)):
+        try:
+            policies[tid] = os.sched_getscheduler(tid)
+        except OSError:
+            continue  # ended meanwhile
+    return policies
 
 
 def set_variant(triton_pid: int, variant: str) -> list[str]:

@@ -1,9 +1,8 @@
 """The supervisor's watch over its server's Python-backend stubs: a stub that died is
 healed by reloading its model, a model not healed keeps the server not ready and is tried
 again, what deaths leave behind (dead and stale stubs) is released by a clean restart of the
-server once there is too much of it, on a verified server a stub running code that does
-not verify is reported, and every stub but the priority lane's is scheduled behind it
-(`stub_priority`).
+server once there is too much of it, and on a verified server a stub running code that does
+not verify is reported.
 
 Triton 2.51 never restarts a stub that dies (every request to that instance then fails after
 about 1 s while `/v2/health/ready` stays 200). `StubHealing` is a part of `Supervisor`
@@ -35,7 +34,6 @@ from dispatch_service.ops.model_control import (
     with_reload_mark,
     without_reload_mark,
 )
-from dispatch_service.ops.stub_priority import BulkStubScheduling
 from dispatch_service.ops.stubs import (
     StubKey,
     instance_count,
@@ -110,7 +108,6 @@ class StubHealing:
         self._leak_since: float | None = None  # when the server first held a dead stub
         self._last_death = float("-inf")
         self._instances_due = float("-inf")  # when to add a restart's left-out instances
-        self._bulk_scheduling = BulkStubScheduling()
 
     def _reset_healing(self) -> None:
         """A new server: the old one's heals, stale and unverified stubs went with it."""
@@ -197,7 +194,6 @@ class StubHealing:
             return
         self._add_pending_instances()
         now = self._current_stubs()
-        self._bulk_scheduling.apply({pid: key[0] for pid, key in now.items()})
         lost = {pid: key for pid, key in self._stubs.items() if pid not in now}
         started = set(now) - set(self._stubs)
         # A lost stub that is dead (a zombie: Triton never reaps one) stays watched until it

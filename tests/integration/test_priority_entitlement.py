@@ -28,9 +28,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from dispatch_client import DispatchClient
-from dispatch_client.errors import DispatchError
 from dispatch_contract.keys import PRIORITY_KEY_HEADER
 from dispatch_service.ops.server import TritonServer
+from perf.priority_flood import timed_calls
 from triton_helpers import OUTPUT_NAMES, grpc_inputs, infer_grpc, metric_series, sim_window
 
 LANE = "dispatch_priority"
@@ -150,19 +150,6 @@ def flood(triton: TritonServer, models: tuple[str, ...]) -> Iterator[Counter[str
         stop.set()
         for thread in threads:
             thread.join(timeout=30)
-
-
-def timed_calls(client: DispatchClient, window: dict[str, Any], calls: int) -> list[float | None]:
-    """Each call's seconds, None where it failed."""
-    seconds: list[float | None] = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        try:
-            client.dispatch(window)
-            seconds.append(time.perf_counter() - start)
-        except DispatchError:
-            seconds.append(None)
-    return seconds
 
 
 def p99_ms(seconds: list[float | None]) -> float:

@@ -114,4 +114,9 @@ LD_LIBRARY_PATH="$SITE/nvidia/cuda_runtime/lib" "$VENV/bin/perf_analyzer" --vers
 say "perf_analyzer: $VENV/bin/perf_analyzer (from tritonclient 2.51.0)"
 say "tritonserver: $PYTRITON/bin/tritonserver (Triton 2.51 from nvidia-pytriton 0.7.0)"
 say "python backend: $TRITON_HOME/backends/python"
+# The compiled kernels into numba's cache beside their modules, once: otherwise every stub
+# of a first server start compiles them at once (several CPU-seconds each on 2 cores).
+"$VENV/bin/python" -c "import dispatch_service.domain.pair_kernels, dispatch_service.domain.window_kernels" \
+  || die "the numba kernels do not compile"
+say "numba kernels compiled into their cache"
 say "done"

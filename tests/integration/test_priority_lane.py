@@ -8,14 +8,13 @@ import os
 from dispatch_client import DispatchClient
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.ops.stubs import stub_models
-from triton_helpers import metric_series, sim_window
+from triton_helpers import model_count, settled_count, sim_window
 
 LANE = "dispatch_priority"
+FUSED = "dispatch_fused"
 
 
-def successes(triton: TritonServer, model: str) -> float:
-    series = metric_series(triton.metrics_url, "nv_inference_request_success")
-    return sum(value for labels, value in series if labels.get("model") == model)
+SUCCESS = "nv_inference_request_success"
 
 
 def test_level_1_windows_go_to_the_lane_and_the_others_to_the_entry_point_wiring(
@@ -23,7 +22,7 @@ def test_level_1_windows_go_to_the_lane_and_the_others_to_the_entry_point_wiring
 ) -> None:
     """Which model answers each level (the answers themselves: test_routing_parity)."""
     window = sim_window(11, 6, 40)
-    before = {model: successes(triton, model) for model in (LANE, "dispatch_fused")}
+    before = {model: model_count(triton.metrics_url, SUCCESS, model) for model in (LANE, FUSED)}
     answers = {}
     for level in (1, 2, 3):
         with DispatchClient.grpc(
@@ -33,8 +32,9 @@ def test_level_1_windows_go_to_the_lane_and_the_others_to_the_entry_point_wiring
             priority_key=triton.priority_key,
         ) as client:
             answers[level] = client.dispatch(window).orders
-    assert successes(triton, LANE) - before[LANE] == 1
-    assert successes(triton, "dispatch_fused") - before["dispatch_fused"] == 2
+    for model, answered in ((LANE, 1), (FUSED, 2)):
+        after = settled_count(triton.metrics_url, SUCCESS, model, at_least=before[model] + answered)
+        assert after - before[model] == answered, model
     assert answers[1] == answers[2] == answers[3]
 
 

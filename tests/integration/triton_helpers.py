@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from patience import wait_for
 from tritonclient.utils import np_to_triton_dtype
 
 from dispatch_contract import DISPATCH_ENSEMBLE_OUTPUTS, RESOLVER_OUTPUTS, batched
@@ -92,3 +93,18 @@ def metric_series(metrics_url: str, name: str) -> list[tuple[dict[str, str], flo
             labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
             series.append((labels, float(match.group(2))))
     return series
+
+
+def model_count(metrics_url: str, name: str, model: str) -> float:
+    """A per-model counter (``nv_inference_exec_count``, ``nv_inference_request_success``)
+    summed over the model's versions."""
+    return sum(
+        value for labels, value in metric_series(metrics_url, name) if labels.get("model") == model
+    )
+
+
+def settled_count(metrics_url: str, name: str, model: str, *, at_least: float) -> float:
+    """The counter once it has reached ``at_least``: Triton counts a request after its response
+    has gone out, so a count read right after an answer can lag it by one."""
+    wait_for(lambda: model_count(metrics_url, name, model) >= at_least, f"{name} of {model}", 10)
+    return model_count(metrics_url, name, model)

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dispatch_contract import HARD_CONSTRAINTS
-from dispatch_service.domain import geo, pair_kernels
+from dispatch_service.domain import geo, pair_kernels, window_kernels
 from dispatch_service.domain.feasibility import feasible
 from dispatch_service.domain.ids import id_rank
 from dispatch_service.domain.window import DispatchWindow
@@ -46,7 +46,8 @@ RiderKeys = Callable[[], IntArray]
 _PRESELECT_MARGIN: Final = 8
 # Bound on the float error of a dot product of two unit vectors built from lat/lon.
 _DOT_TOLERANCE: Final = 4e-15
-# Work in blocks of orders so one block's B x R scores stay cache- and memory-friendly.
+# Work in blocks of orders so a block redone over every rider keeps its B x R distances
+# cache- and memory-friendly; blocks are also the unit handed to threads.
 _BLOCK_ELEMENTS: Final = 1 << 20
 
 
@@ -204,8 +205,9 @@ def _nearest_among(
 ) -> IntArray:
     """Indices into ``riders`` of the ``take`` nearest per pickup, nearest first.
 
-    A dot product of unit vectors (one BLAS call) ranks riders by great-circle distance;
-    argpartition keeps the best ``take + margin``; those are ranked exactly by haversine
+    A dot product of unit vectors ranks riders by great-circle distance; one compiled pass
+    (`window_kernels.largest_dots`) keeps the best ``take + margin`` of each order and the
+    best dot product it left out; those kept are ranked exactly by haversine
     with the rider id as tie-break (``keys``: `_exact_nearest`). An order is exact when its
     ``take``-th distance is strictly below a lower bound on every rider left out; the few
     orders where that cannot be shown (near-ties at the cut, co-located riders) are ranked
@@ -222,12 +224,9 @@ def _nearest_among(
     block = max(1, _BLOCK_ELEMENTS // num_riders)
 
     def rank(start: int, stop: int) -> None:  # writes only rows start:stop of the outputs
-        neg_dot = pickup_xyz[start:stop] @ riders_xyz.T
-        np.negative(neg_dot, out=neg_dot)
-        part = np.argpartition(neg_dot, keep, axis=1)
-        best = part[:, :keep]
-        # part[:, keep] holds the largest dot product (nearest rider) left out.
-        cut_dot = -np.take_along_axis(neg_dot, part[:, keep : keep + 1], axis=1)[:, 0]
+        best = np.empty((stop - start, keep), dtype=np.int64)
+        cut_dot = np.empty(stop - start)  # the largest dot product (nearest rider) left out
+        window_kernels.largest_dots(pickup_xyz[start:stop], riders_xyz, best, cut_dot)
         rows, dist = _exact_nearest(pickup[start:stop], riders, best, take, keys)
         chosen[start:stop] = rows
         chord_sq = np.maximum(2.0 - 2.0 * (cut_dot + _DOT_TOLERANCE), 0.0)
@@ -240,7 +239,7 @@ def _nearest_among(
         block = -(-num_orders // (-(-count // threads) * threads))
     spans = [(start, min(start + block, num_orders)) for start in range(0, num_orders, block)]
     if threads > 1 and len(spans) > 1:
-        # numpy releases the GIL in the matrix product and argpartition that dominate here
+        # the compiled pre-selection, which dominates here, runs without the GIL
         with ThreadPoolExecutor(max_workers=min(threads, len(spans))) as pool:
             for done in [pool.submit(rank, start, stop) for start, stop in spans]:
                 done.result()

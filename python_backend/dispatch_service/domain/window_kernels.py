@@ -1,17 +1,23 @@
 """A window's per-value work outside the pair features, compiled with numba: the usual
 window's value checks (`window_wire`), a one-order window's candidate ranking
 (`pipeline.small_window.one_order_candidates`) and its Top-K list and assignment
-(`pipeline.small_window.resolved_one_order`), and the coverage's first assignment over the
-candidate lists (`coverage._greedy`).
+(`pipeline.small_window.resolved_one_order`), a large window's candidate pre-selection
+(`candidates._nearest_among`) and the coverage's first assignment over the candidate lists
+(`coverage._greedy`).
 
 Why: on a small window these were a few dozen numpy calls and Python comprehensions over a
 handful of values, each a microsecond or so whatever its size (`perf.window_profile`
-counts them); here each is one call. The results are those of the code they replace, bit
+counts them); here each is one call. The pre-selection was a [B, R] matrix product and an
+``np.argpartition`` over it (about 50 ms of CPU for 1,000 orders x 5,000 riders); here one
+pass keeps each order's few best. The results are those of the code they replace, bit
 for bit: comparisons are IEEE comparisons (False for NaN), the scores are
 `scoring.score_checked`'s operations in the same order on float64 (no fused multiply-add,
 no reassociation: numba's default, not ``fastmath``), the ranking is a stable sort by the
 resolver's keys and float64 values are rounded to float32 as numpy rounds them
-(tests/unit/domain/test_window_kernels.py compares them with the Python rules).
+(tests/unit/domain/test_window_kernels.py compares them with the Python rules). The
+pre-selection's dot products may differ from OpenBLAS's in the last bits, and of riders
+equally near at its cut it may keep another: neither changes a candidate list, which the
+exact ranking after it either proves or redoes over every rider.
 
 The kernels are compiled like `pair_kernels`' (explicit signatures, numba's on-disk
 cache), so a model pays for them at load, never on a request; their helpers are inlined
@@ -33,6 +39,7 @@ __all__ = [
     "ANSWERED",
     "NOT_USABLE",
     "TIED",
+    "largest_dots",
     "nearest_first",
     "one_order_answer",
     "proposal_rounds",
@@ -279,6 +286,38 @@ def nearest_first(riders: Any, pickup: Any, radius: float, out: Any) -> bool:
     for j in range(out.shape[0]):
         out[j] = rows[order[j]]
     return True
+
+
+@compiled(_types.void(_F8_2D, _F8_2D, _types.int64[:, :], _types.float64[:]))
+def largest_dots(pickups: Any, riders: Any, best: Any, cut: Any) -> None:
+    """Per pickup (unit vectors [b, 3]) the ``best.shape[1]`` riders (unit vectors [m, 3],
+    more than that many) of the largest dot products, into ``best`` [b, keep] in no set
+    order, and the largest dot product of a rider left out into ``cut`` [b]:
+    `candidates._nearest_among`'s pre-selection by great-circle distance. Each row keeps
+    its ``keep + 1`` largest so far in descending order (an insertion where a dot product
+    beats the last): one pass over the riders, no [b, m] matrix."""
+    keep = best.shape[1]
+    top = np.empty(keep + 1)
+    index = np.empty(keep + 1, dtype=np.int64)
+    for b in range(pickups.shape[0]):
+        x, y, z = pickups[b, 0], pickups[b, 1], pickups[b, 2]
+        filled = 0
+        for r in range(riders.shape[0]):
+            dot = x * riders[r, 0] + y * riders[r, 1] + z * riders[r, 2]
+            if filled <= keep:
+                at = filled
+                filled += 1
+            elif dot > top[keep]:
+                at = keep
+            else:
+                continue
+            while at > 0 and dot > top[at - 1]:
+                top[at], index[at] = top[at - 1], index[at - 1]
+                at -= 1
+            top[at], index[at] = dot, r
+        for j in range(keep):
+            best[b, j] = index[j]
+        cut[b] = top[keep]
 
 
 @compiled(

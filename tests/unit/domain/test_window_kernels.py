@@ -1,7 +1,8 @@
 """dispatch_service.domain.window_kernels against the rules in plain Python and numpy.
 
 Each kernel is compared with the code it replaced, written here independently of numba:
-the candidates' ranking with `geo.haversine_km` and Python's sort; the coverage's proposal
+the candidates' ranking with `geo.haversine_km` and Python's sort; the pre-selection by dot
+product with numpy's products and a full sort; the coverage's proposal
 rounds with the rule played round by round; the one-order answer
 with the resolver's keys and `uncontested_best`'s rule on Python floats (Python's sorted
 over key tuples, rounded to float32 by numpy); the value checks with numpy comparisons
@@ -22,6 +23,7 @@ from dispatch_service.domain.window_kernels import (
     ANSWERED,
     NOT_USABLE,
     TIED,
+    largest_dots,
     nearest_first,
     one_order_answer,
     proposal_rounds,
@@ -244,6 +246,30 @@ def test_nearest_first_ranks_by_haversine_and_declines_equal_distances() -> None
             out.tolist() == [int(rows[i]) for i in sorted(range(count), key=km.__getitem__)][:take]
         )
     assert declined > 20
+
+
+def test_largest_dots_keeps_the_largest_and_names_the_best_left_out() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        orders, riders = int(rng.integers(1, 12)), int(rng.integers(2, 60))
+        keep = int(rng.integers(1, riders))
+        pickups = rng.normal(size=(orders, 3))
+        fleet = rng.normal(size=(riders, 3))
+        if rng.random() < 0.3:  # equal dot products: twins
+            fleet[1::2] = fleet[0]
+        # the same products and sums in the same order, elementwise (IEEE: the same bits)
+        dots = (
+            pickups[:, None, 0] * fleet[None, :, 0] + pickups[:, None, 1] * fleet[None, :, 1]
+        ) + pickups[:, None, 2] * fleet[None, :, 2]
+        best = np.empty((orders, keep), dtype=np.int64)
+        cut = np.empty(orders)
+        largest_dots(pickups, fleet, best, cut)
+        for b in range(orders):
+            kept = dots[b, best[b]]
+            left = np.delete(dots[b], best[b])
+            assert len(set(best[b].tolist())) == keep
+            assert sorted(kept.tolist()) == sorted(dots[b].tolist())[-keep:]
+            assert cut[b] == left.max() <= kept.min()
 
 
 def _rounds_by_hand(candidates: list[list[int]], spare: list[int]) -> list[int]:

@@ -13,9 +13,10 @@ One run, on this machine, with the same simulator windows everywhere:
    the load generator on separate cores, with probes for refusal latency, recovery and a
    level-1 trickle (`perf.overload_bench`); the closed-loop storms (`perf.overload`) after
    it, as a robustness test;
-5. the small c=64 comparison (dispatch_fused, FastAPI, dispatch, the in-process limit) in
-   alternating rounds, both servers up, for the median ratios the c=64 targets read
-   (`perf.rounds`).
+5. the small-window comparisons in alternating rounds, both servers up (`perf.rounds`):
+   at c=64 dispatch_fused, the no-work floor (`perf.floor`, served beside it), FastAPI,
+   dispatch and the in-process limit; at c=1 dispatch_fused's and the floor's p50; the
+   c=64 and c=1 targets read the medians over the rounds.
 
 Writes perf/reports/bench-<stamp>/: report.md, summary.json, one PNG per window size, the
 perf_analyzer input files and CSVs, and the server logs. Bounded: every level is a fixed
@@ -27,7 +28,6 @@ smoke run whose figures are too short to judge).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
@@ -44,6 +44,7 @@ from dispatch_service.core.paths import MODEL_REPOSITORY, REPO_ROOT
 from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
 from perf import limit
+from perf.bench_rounds import RoundsPlan, alternating_rounds
 from perf.bodies import (
     decode_arrays,
     triton_infer_path,
@@ -58,10 +59,10 @@ from perf.overload_bench import OpenLoopPlan, measure_pinned
 from perf.pa import PerfAnalyzer
 from perf.report import render_report
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, MODELS, BenchResults, Series, entry_key
-from perf.rounds import LIMIT, MIN_ROUNDS, run_rounds
+from perf.rounds import MIN_ROUNDS
 from perf.sessions import FastApiSession, TritonSession
 from perf.stats import request_budget
-from perf.targets import TARGET_CONCURRENCY, summary
+from perf.targets import summary
 from perf.variants import TUNING_LOG, config_digest, parse_override, patched_repository
 from perf.windows import (
     SIZES,
@@ -291,59 +292,16 @@ class Bench:
         )
 
     def rounds_phase(self) -> None:
-        """perf.rounds: the small c=64 comparison in alternating rounds, both servers up."""
-        workload, plan = self.workloads["small"], self.plan
-        folders = itertools.count(1)
-        out = self.out / "rounds"
-
-        def requests(entry: str) -> int:
-            rate = self.rate_guess("small", ENTRY_POINTS[entry].model or ENSEMBLE_MODEL)
-            found = self.results.find(entry, "small")
-            row = found.at(TARGET_CONCURRENCY) if found else None
-            return request_budget(row.throughput_per_s if row else rate, plan.round_seconds, 64)
-
-        def perf_analyzer(triton: TritonSession, entry: str) -> float | None:
-            folder = out / f"{next(folders):02d}-{entry}"
-            folder.mkdir(parents=True, exist_ok=True)
-            row, failure, _ = pa_level(
-                triton.pa, triton.endpoints, entry, workload, TARGET_CONCURRENCY,
-                request_count=requests(entry), out=folder,
-                timeout_s=max(60.0, 20 * plan.round_seconds),
-            )  # fmt: skip
-            if row is None:
-                self.say(f"{entry} failed: {failure}")
-            return row.throughput_per_s if row else None
-
-        def fastapi(session: FastApiSession) -> float | None:
-            row, failure = load_level(
-                session.base + "/dispatch", workload.bodies["fastapi_json"],
-                TARGET_CONCURRENCY, requests("fastapi_json"), cap_s=3 * plan.round_seconds,
-            )  # fmt: skip
-            if row is None:
-                self.say(f"fastapi_json failed: {failure}")
-            return row.throughput_per_s if row else None
-
-        def in_process() -> float:
-            return limit.multi_process_rates(
-                ["small"], 5000, plan.round_seconds, repository=self.repository
-            )["small"]
-
-        self.say(f"alternating rounds: small c=64, {plan.rounds} rounds")
-        with (
-            TritonSession(self.repository, self.out / "tritonserver-rounds.log") as triton,
-            FastApiSession(self.repository, self.out / "fastapi-rounds.log") as session,
-        ):
-            measures: dict[str, Callable[[], float | None]] = {
-                "fused_grpc": partial(perf_analyzer, triton, "fused_grpc"),
-                "fastapi_json": partial(fastapi, session),
-                "grpc": partial(perf_analyzer, triton, "grpc"),
-                LIMIT: in_process,
-            }
-            # A round that has not started this long after the servers are up is dropped.
-            hard_stop = time.monotonic() + plan.rounds * max(60.0, 15 * plan.round_seconds)
-            self.results.rounds = run_rounds(
-                plan.rounds, measures, self.say, lambda: time.monotonic() < hard_stop
-            )
+        """perf.rounds: the small-window comparisons in alternating rounds (`perf.bench_rounds`)."""
+        self.say(f"alternating rounds: small c=64 and c=1, {self.plan.rounds} rounds")
+        self.results.rounds = alternating_rounds(
+            RoundsPlan(self.plan.rounds, self.plan.round_seconds),
+            repository=self.repository,
+            workload=self.workloads["small"],
+            sweep=self.results,
+            out=self.out,
+            say=self.say,
+        )
 
     def geocoding_phase(self) -> None:
         self.say(f"addresses: {self.plan.geocoding_windows} medium windows per scenario")

@@ -38,7 +38,14 @@ from perf.stats import request_budget
 from perf.windows import SIZES, optional_inputs
 from perf.workload import prepare_workload
 
-__all__ = ["FLOOR_MODEL", "FLOOR_MODEL_PY", "floor_repository", "main", "measure_floor"]
+__all__ = [
+    "FLOOR_MODEL",
+    "FLOOR_MODEL_PY",
+    "floor_job",
+    "floor_repository",
+    "main",
+    "measure_floor",
+]
 
 FLOOR_MODEL: Final = "dispatch_floor"
 FLOOR_MODEL_PY: Final = '''"""No work: read every input, answer zeros (perf.floor)."""
@@ -90,6 +97,21 @@ def floor_repository(target: Path, source: Path = MODEL_REPOSITORY) -> Path:
     return target
 
 
+def floor_job(
+    grpc_url: str, input_data: Path, concurrency: int, *, request_count: int, csv_path: Path
+) -> PaJob:
+    """perf_analyzer on `dispatch_floor` over gRPC, as every floor figure is measured."""
+    return PaJob(
+        url=grpc_url,
+        protocol="grpc",
+        input_data=input_data,
+        concurrency=concurrency,
+        request_count=request_count,
+        csv_path=csv_path,
+        model=FLOOR_MODEL,
+    )
+
+
 def measure_floor(
     seconds: float, work: Path, overload_seconds: float = 0.0, say: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -116,14 +138,12 @@ def _measure(
     with TritonSession(repository, work / "server.log") as session:
         rate = 2000.0
         for concurrency in (1, 64):
-            job = PaJob(
-                url=session.endpoints.grpc,
-                protocol="grpc",
-                input_data=workload.input_data,
-                concurrency=concurrency,
+            job = floor_job(
+                session.endpoints.grpc,
+                workload.input_data,
+                concurrency,
                 request_count=request_budget(rate, seconds, concurrency),
                 csv_path=work / f"floor_c{concurrency}.csv",
-                model=FLOOR_MODEL,
             )
             outcome = session.pa.run(job, 120)
             if not outcome.ok:  # once more: the bench's report must show the floor

@@ -10,7 +10,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from perf.results import BenchResults
-from perf.rounds import FLOOR, LIMIT, ROUND_ORDER, ROUND_RATIOS, round_ratio
+from perf.rounds import (
+    FLOOR,
+    FLOOR_C1,
+    FUSED_C1,
+    LATENCY_ENTRIES,
+    LIMIT,
+    ROUND_GAPS,
+    ROUND_ORDER,
+    ROUND_RATIOS,
+    Spread,
+    round_gap,
+    round_ratio,
+)
 from perf.target import Target
 
 __all__ = [
@@ -28,6 +40,8 @@ _ROUND_LABELS = {
     "fastapi_json": "FastAPI window JSON (perf.loadgen)",
     "grpc": "dispatch gRPC (perf_analyzer)",
     LIMIT: "in-process limit (2 processes)",
+    FUSED_C1: "dispatch_fused gRPC c=1 p50 ms",
+    FLOOR_C1: "no-work floor gRPC c=1 p50 ms",
 }
 
 
@@ -52,23 +66,24 @@ def markdown_table(
 
 
 def rounds_section(results: BenchResults) -> list[str]:
-    """Each round's windows/s and the median ratio with its spread."""
+    """Each round's figures and the median comparisons with their spread."""
     if not results.rounds:
         return []
     entries = [e for e in ROUND_ORDER if any(e in r for r in results.rounds)]
     lines = [
         "",
-        "## Alternating rounds (small windows, c=64)",
+        "## Alternating rounds (small windows: windows/s at c=64, p50 at c=1)",
         "",
-        "The c=64 comparison repeated in rounds, each round measuring every entry once in this "
-        "order, so a slow minute of the host falls on all of them. Each ratio is taken within "
-        "a round; the targets read the median over the rounds.",
+        "The small-window comparisons repeated in rounds, each round measuring every entry once "
+        "in this order, so a slow minute of the host falls on all of them. Each ratio and gap "
+        "is taken within a round; the targets read the median over the rounds.",
         "",
     ]
+    digits = {e: 2 if e in LATENCY_ENTRIES else 1 for e in entries}
     lines += markdown_table(
         ["round", *(_ROUND_LABELS.get(e, e) for e in entries)],
         [
-            [str(number), *(format_number(measured.get(e), 1) for e in entries)]
+            [str(number), *(format_number(measured.get(e), digits[e]) for e in entries)]
             for number, measured in enumerate(results.rounds, 1)
         ],
     )
@@ -76,17 +91,22 @@ def rounds_section(results: BenchResults) -> list[str]:
     rows = []
     for ratio in ROUND_RATIOS:
         found = round_ratio(results.rounds, ratio.numerator, ratio.denominator)
-        rows.append(
-            [
-                ratio.name,
-                format_number(found.median if found else None),
-                f"{found.low:.2f}-{found.high:.2f}" if found else "n/a",
-                str(found.count if found else 0),
-                f">= {ratio.goal:g}x",
-            ]
-        )
-    lines += markdown_table(["ratio", "median", "min-max", "rounds", "goal"], rows)
+        rows.append(_round_row(ratio.name, found, f">= {ratio.goal:g}x"))
+    for gap in ROUND_GAPS:
+        found = round_gap(results.rounds, gap.minuend, gap.subtrahend)
+        rows.append(_round_row(gap.name, found, f"<= {gap.goal_ms:g} ms"))
+    lines += markdown_table(["comparison", "median", "min-max", "rounds", "goal"], rows)
     return lines
+
+
+def _round_row(name: str, found: Spread | None, goal: str) -> list[str]:
+    return [
+        name,
+        format_number(found.median if found else None),
+        f"{found.low:.2f}-{found.high:.2f}" if found else "n/a",
+        str(found.count if found else 0),
+        goal,
+    ]
 
 
 def _burst_row(label: str, burst: dict[str, Any]) -> list[str]:

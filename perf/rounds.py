@@ -1,11 +1,12 @@
-"""Ratios that hold: the small c=64 comparison repeated in alternating rounds.
+"""Ratios that hold: the small-window comparisons repeated in alternating rounds.
 
-One slow minute of a shared host must not decide a target, so `make bench` measures the
-throughputs the c=64 targets compare in rounds, one after the other inside each round
-(`ROUND_ORDER`: dispatch_fused, the no-work floor, FastAPI, the dispatch ensemble, the
-in-process limit; the entries a run measures), `MIN_ROUNDS` rounds at least. Each round
-gives one value of each ratio (both sides measured minutes apart at most); the report shows
-the median over the rounds and the spread (min-max).
+One slow minute of a shared host must not decide a target, so `make bench` measures what the
+c=64 and c=1 targets compare in rounds, one after the other inside each round (`ROUND_ORDER`:
+dispatch_fused at c=64, the no-work floor at c=64, FastAPI, the dispatch ensemble, the
+in-process limit, then dispatch_fused's and the floor's c=1 p50; the entries a run
+measures), `MIN_ROUNDS` rounds at least. Each round gives one value of each comparison (both
+sides measured minutes apart at most): a throughput ratio (`ROUND_RATIOS`) or a latency gap
+(`ROUND_GAPS`); the report shows the median over the rounds and the spread (min-max).
 
 Pure except `run_rounds`, which calls the measurements it is given.
 """
@@ -20,13 +21,22 @@ from typing import Any, Final
 __all__ = [
     "FASTAPI_RATIO",
     "FLOOR",
+    "FLOOR_C1",
+    "FLOOR_C1_EXTRA_MS",
+    "FLOOR_C1_GAP",
     "FLOOR_RATIO",
+    "FLOOR_THROUGHPUT_SHARE",
+    "FUSED_C1",
+    "LATENCY_ENTRIES",
     "LIMIT",
     "MIN_ROUNDS",
+    "ROUND_GAPS",
     "ROUND_ORDER",
     "ROUND_RATIOS",
+    "RoundGap",
     "RoundRatio",
     "Spread",
+    "round_gap",
     "round_ratio",
     "run_rounds",
     "spread",
@@ -34,11 +44,21 @@ __all__ = [
 
 LIMIT: Final = "limit"  # the in-process limit (2 worker processes), beside the series keys
 FLOOR: Final = "floor"  # the no-work floor of the contract (`perf.floor`), likewise
-# Within a round, in this order (series keys of perf.results, FLOOR and LIMIT).
-ROUND_ORDER: Final = ("fused_grpc", FLOOR, "fastapi_json", "grpc", LIMIT)
+FUSED_C1: Final = "fused_grpc_c1"  # dispatch_fused over gRPC at c=1: its p50 in ms
+FLOOR_C1: Final = "floor_c1"  # the no-work floor over gRPC at c=1: its p50 in ms
+# Within a round, in this order (series keys of perf.results, FLOOR and LIMIT: windows/s at
+# c=64; FUSED_C1 and FLOOR_C1: p50 ms at c=1).
+ROUND_ORDER: Final = ("fused_grpc", FLOOR, "fastapi_json", "grpc", LIMIT, FUSED_C1, FLOOR_C1)
+LATENCY_ENTRIES: Final = frozenset({FUSED_C1, FLOOR_C1})  # the entries in ms, not windows/s
 MIN_ROUNDS: Final = 5
 
-Round = Mapping[str, float | None]  # entry -> windows/s in that round (None: failed)
+# Today's goals against the floor: small c=64 dispatch_fused windows/s at least this share of
+# the floor's (at 0.8 of it dispatch_fused is >= 3x FastAPI), and small c=1 p50 at most the
+# floor's plus this many ms.
+FLOOR_THROUGHPUT_SHARE: Final = 0.8
+FLOOR_C1_EXTRA_MS: Final = 0.3
+
+Round = Mapping[str, float | None]  # entry -> its figure in that round (None: failed)
 
 
 @dataclass(frozen=True)
@@ -51,11 +71,22 @@ class RoundRatio:
 
 FLOOR_RATIO: Final = "dispatch_fused / no-work floor"
 FASTAPI_RATIO: Final = "dispatch_fused / FastAPI"
-# Today's c=64 goal is the floor's; at 0.8 of it dispatch_fused is >= 3x FastAPI.
 ROUND_RATIOS: Final = (
-    RoundRatio(FLOOR_RATIO, "fused_grpc", FLOOR, 0.8),
+    RoundRatio(FLOOR_RATIO, "fused_grpc", FLOOR, FLOOR_THROUGHPUT_SHARE),
     RoundRatio(FASTAPI_RATIO, "fused_grpc", "fastapi_json", 3.0),
 )
+
+
+@dataclass(frozen=True)
+class RoundGap:
+    name: str
+    minuend: str
+    subtrahend: str
+    goal_ms: float  # the median must be at most this
+
+
+FLOOR_C1_GAP: Final = "dispatch_fused c=1 p50 - no-work floor c=1 p50"
+ROUND_GAPS: Final = (RoundGap(FLOOR_C1_GAP, FUSED_C1, FLOOR_C1, FLOOR_C1_EXTRA_MS),)
 
 
 @dataclass(frozen=True)
@@ -91,6 +122,16 @@ def round_ratio(rounds: Sequence[Round], numerator: str, denominator: str) -> Sp
         top, bottom = measured.get(numerator), measured.get(denominator)
         ratios.append(top / bottom if top is not None and bottom else None)
     return spread(ratios)
+
+
+def round_gap(rounds: Sequence[Round], minuend: str, subtrahend: str) -> Spread | None:
+    """The difference minuend - subtrahend within each round (rounds missing either side left
+    out), summarised by `spread`."""
+    gaps: list[float | None] = []
+    for measured in rounds:
+        top, bottom = measured.get(minuend), measured.get(subtrahend)
+        gaps.append(top - bottom if top is not None and bottom is not None else None)
+    return spread(gaps)
 
 
 def run_rounds(

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from perf.rounds import LIMIT, ROUND_ORDER, round_ratio, run_rounds, spread
+from perf.rounds import (
+    FLOOR_C1,
+    FUSED_C1,
+    LIMIT,
+    ROUND_ORDER,
+    round_gap,
+    round_ratio,
+    run_rounds,
+    spread,
+)
 
 
 def test_spread_is_the_median_and_min_max_of_the_values_present() -> None:
@@ -39,6 +48,21 @@ def test_rounds_missing_a_side_are_left_out() -> None:
     found = round_ratio(rounds, "fused_grpc", LIMIT)
     assert found is not None and found.count == 1 and found.median == pytest.approx(1.25)
     assert round_ratio([], "fused_grpc", LIMIT) is None
+
+
+def test_a_gap_is_taken_within_each_round() -> None:
+    # Round 2's host added 0.5 ms to both sides: its gap is still 0.3 ms. A round without
+    # one side is left out.
+    rounds: list[dict[str, float | None]] = [
+        {FUSED_C1: 1.0, FLOOR_C1: 0.7},
+        {FUSED_C1: 1.5, FLOOR_C1: 1.2},
+        {FUSED_C1: 1.1, FLOOR_C1: 0.7},
+        {FUSED_C1: None, FLOOR_C1: 0.7},
+    ]
+    found = round_gap(rounds, FUSED_C1, FLOOR_C1)
+    assert found is not None and found.count == 3
+    assert (found.median, found.low, found.high) == pytest.approx((0.3, 0.3, 0.4))
+    assert round_gap([{FUSED_C1: 1.0}], FUSED_C1, FLOOR_C1) is None
 
 
 def test_run_rounds_alternates_in_order_and_survives_a_failure() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from perf.report import render_report
 from perf.results import BenchResults, Series
+from perf.rounds import FLOOR_C1, FUSED_C1
 from perf.serving_targets import open_loop_targets, single_window_targets
 from perf.stats import LevelStats, LimitStats
 from perf.targets import compute_targets, goal_targets
@@ -163,14 +164,46 @@ def test_the_c64_target_reads_the_median_of_the_alternating_rounds() -> None:
     )
 
 
+def test_the_c1_target_reads_the_median_gap_of_the_alternating_rounds() -> None:
+    results = BenchResults("s", "quick")
+    results.series = [Series("fused_grpc", "small", [_row(1, 500.0, 2.0)])]
+    results.floor = {"c1": _row(1, 1500.0, 0.6).to_dict()}
+    # per round 0.4, 0.2, 0.25 (the second round's host was slower on both sides), one
+    # round without the floor: the median of the three, not the sweep's 2.0 - 0.6
+    results.rounds = [
+        {FUSED_C1: 1.0, FLOOR_C1: 0.6},
+        {FUSED_C1: 1.5, FLOOR_C1: 1.3},
+        {FUSED_C1: 0.85, FLOOR_C1: 0.6},
+        {FUSED_C1: 0.9, FLOOR_C1: None},
+    ]
+    c1 = {t.name: t for t in goal_targets(results)}[
+        "small, gRPC, c=1: p50 over the no-work floor's"
+    ]
+    assert c1.measured == pytest.approx(0.25) and c1.met is True
+    assert c1.detail.startswith(
+        "median 0.25 over 3 rounds (min-max 0.20-0.40); the sweep's c=1 level: 1.40 ms; p50 2.00 ms"
+    )
+
+
 def test_the_report_shows_rounds_open_loop_and_storms_apart_from_the_targets() -> None:
     results = BenchResults("s", "quick")
     results.open_loop = _open_loop()
-    results.rounds = [{"fused_grpc": 2000.0, "floor": 2500.0, "fastapi_json": 1000.0}] * 5
+    results.rounds = [
+        {
+            "fused_grpc": 2000.0,
+            "floor": 2500.0,
+            "fastapi_json": 1000.0,
+            FUSED_C1: 0.9,
+            FLOOR_C1: 0.7,
+        }
+    ] * 5
     text = render_report(results)
-    assert "## Alternating rounds (small windows, c=64)" in text
+    assert "## Alternating rounds (small windows: windows/s at c=64, p50 at c=1)" in text
+    assert "| 1 | 2,000.0 | 2,500.0 | 1,000.0 | 0.90 | 0.70 |" in text
     assert "| dispatch_fused / no-work floor | 0.80 | 0.80-0.80 | 5 | >= 0.8x |" in text
     assert "| dispatch_fused / FastAPI | 2.00 | 2.00-2.00 | 5 | >= 3x |" in text
+    gap = "| dispatch_fused c=1 p50 - no-work floor c=1 p50 | 0.20 | 0.20-0.20 | 5 | <= 0.3 ms |"
+    assert gap in text
     assert "## Open-loop overload (`dispatch_fused`, server and load on separate cores)" in text
     assert "Cores: server on cores 1, load on cores 0." in text
     assert "0.40 / 12.00 (**INVALID**)" in text

@@ -7,7 +7,10 @@ and (where the commit has it) `dispatch_fused`, each commit sent input data its 
 writes (so a commit on contract v1 gets v1 tensors). Rounds go through all commits in turn, so a
 drift of the host's load spreads over all of them. It prints one line per level and writes
 `results.json` (every round's figures) to the output folder; code changes in
-`perf/tuning_log.json` were measured this way.
+`perf/tuning_log.json` were measured this way. Each level also gives the CPU the server and
+its stubs spent per answered window (psutil, the windows from Triton's statistics): on a busy
+host, where the throughputs swing with the other processes, this is the steadier measure of
+what a commit costs.
 
 The backend stub's embedded Python ignores PYTHONPATH, so each worktree's `model.py` files
 get one line that puts that worktree's library first on `sys.path` (the worktree is a
@@ -24,9 +27,12 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatch_service.core.paths import REPO_ROOT
+
+if TYPE_CHECKING:
+    from dispatch_service.ops.server import TritonServer
 
 __all__ = [
     "LEVELS",
@@ -36,6 +42,7 @@ __all__ = [
     "library_first",
     "main",
     "measure",
+    "served",
 ]
 
 MODELS = ("dispatch", "dispatch_fused")
@@ -101,10 +108,20 @@ def input_data(worktree: Path, out: Path, sizes: Sequence[str]) -> dict[str, Pat
     return {size: folder / f"input_{size}.json" for size in sizes}
 
 
+def served(server: TritonServer, model: str) -> int:
+    """Windows ``model`` has answered successfully so far (Triton's statistics)."""
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        stats = client.get_inference_statistics(model_name=model, as_json=True)
+    return sum(int(m["inference_stats"]["success"].get("count", 0)) for m in stats["model_stats"])
+
+
 def measure(
     commits: Sequence[str], rounds: int, out: Path, sizes: Sequence[str] = ("small",)
 ) -> dict[str, list[dict[str, Any]]]:
     from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
+    from perf.decision_log_cost import server_cpu_s
     from perf.pa import PaJob, PerfAnalyzer
 
     runtime = TritonRuntime.from_venv()
@@ -120,6 +137,7 @@ def measure(
             with TritonServer(runtime, options, out / f"server-{commit}.log") as server:
                 for model, size in [(m, s) for m in models for s in sizes]:
                     for concurrency in LEVELS[size]:
+                        cpu_before, served_before = server_cpu_s(server), served(server, model)
                         job = PaJob(
                             url=server.grpc_url,
                             protocol="grpc",
@@ -135,10 +153,14 @@ def measure(
                             print(f"{round_no} {key} failed: {outcome.log_tail[-200:]}")
                             continue
                         row = outcome.rows[0]
-                        results.setdefault(key, []).append(row.to_dict())
+                        windows = served(server, model) - served_before
+                        cpu_ms = 1000 * (server_cpu_s(server) - cpu_before) / max(1, windows)
+                        figures = {**row.to_dict(), "server_cpu_ms_per_window": cpu_ms}
+                        results.setdefault(key, []).append(figures)
                         print(
                             f"{round_no} {key} {row.throughput_per_s:.1f}/s "
-                            f"p50 {row.p50_ms:.2f} p99 {row.p99_ms:.2f}",
+                            f"p50 {row.p50_ms:.2f} p99 {row.p99_ms:.2f} "
+                            f"server CPU {cpu_ms:.3f} ms/window",
                             flush=True,
                         )
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -44,6 +44,10 @@ RiderKeys = Callable[[], IntArray]
 # Candidates fetched by the cheap pre-selection beyond the N needed; the exact ordering
 # then has room to reorder near-ties before the guard below has to fall back.
 _PRESELECT_MARGIN: Final = 8
+# The pre-selection's grid (`_rider_grid`): about this many riders per cell, and a grid
+# only from this many order x rider pairs (below, one cell: every rider compared).
+_RIDERS_PER_CELL: Final = 8
+_GRID_FROM: Final = 1 << 15
 # Bound on the float error of a dot product of two unit vectors built from lat/lon.
 _DOT_TOLERANCE: Final = 4e-15
 # Work in blocks of orders so a block redone over every rider keeps its B x R distances
@@ -193,6 +197,59 @@ def preselects(take: int, num_riders: int) -> bool:
     return take + _PRESELECT_MARGIN < num_riders
 
 
+def _on_plane(xyz: NDArray[np.float64], frame: NDArray[np.float64]) -> NDArray[np.float64]:
+    """[2, n]: points (unit vectors [n, 3]) projected on the plane of ``frame`` [3, 2] (its
+    two axes), elementwise: a matrix product would wake OpenBLAS's threads for 3 columns."""
+    axes = [np.outer(frame[axis], xyz[:, axis]) for axis in range(3)]
+    return np.asarray(axes[0] + axes[1] + axes[2], dtype=np.float64)
+
+
+def _rider_grid(
+    riders_xyz: NDArray[np.float64], num_orders: int
+) -> tuple[
+    tuple[NDArray[np.float64], IntArray, IntArray],
+    tuple[tuple[float, float, float], tuple[int, int]],
+    NDArray[np.float64],
+]:
+    """The riders (unit vectors [m, 3]) bucketed for `window_kernels.largest_dots`: their
+    coordinates in the plane through the sphere's centre parallel to the one touching it at
+    their mean direction (``frame`` [3, 2]: that plane's east and north axes, orthonormal),
+    cut into square cells of about `_RIDERS_PER_CELL` riders. Returns (the riders sorted by
+    cell, their rows, each cell's first), ((lowest u, lowest v, a cell's side), (cells along
+    u, along v)) and ``frame``. One cell holds every rider where the orders are too few for
+    the grid to pay (`_GRID_FROM`) or the riders all stand in one place."""
+    count = riders_xyz.shape[0]
+    rows = np.arange(count, dtype=np.int64)
+    one_cell = (riders_xyz, rows, np.array([0, count], dtype=np.int64))
+    if num_orders * count < _GRID_FROM:
+        return one_cell, ((0.0, 0.0, 1.0), (1, 1)), np.zeros((3, 2))
+    centre = np.array([riders_xyz[:, axis].sum() for axis in range(3)])  # their sum
+    east = np.cross((0.0, 0.0, 1.0), centre)
+    if not np.linalg.norm(east) > 1e-6 * np.linalg.norm(centre):  # a pole (or no direction)
+        east = np.cross((1.0, 0.0, 0.0), centre if centre.any() else (0.0, 0.0, 1.0))
+    east /= np.linalg.norm(east)
+    north = np.cross(centre, east)
+    north /= np.linalg.norm(north)
+    frame = np.stack((east, north), axis=1)
+    plane = _on_plane(riders_xyz, frame)
+    low = plane.min(axis=1)
+    span = plane.max(axis=1) - low
+    side = max(
+        float(np.sqrt(span[0] * span[1] * _RIDERS_PER_CELL / count)),
+        float(span.max()) * _RIDERS_PER_CELL / count,
+    )
+    if not side > 0.0:
+        return one_cell, ((0.0, 0.0, 1.0), (1, 1)), frame
+    cells = (span // side).astype(np.int64) + 1
+    at = np.minimum(np.floor((plane - low[:, None]) / side).astype(np.int64), cells[:, None] - 1)
+    cell = at[0] * cells[1] + at[1]
+    rows = np.argsort(cell, kind="stable")
+    start = np.zeros(int(cells[0] * cells[1]) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(cell, minlength=start.size - 1), out=start[1:])
+    shape = ((float(low[0]), float(low[1]), side), (int(cells[0]), int(cells[1])))
+    return (np.take(riders_xyz, rows, axis=0), rows, start), shape, frame
+
+
 def _nearest_among(
     pickup: NDArray[np.float64],
     pickup_xyz: NDArray[np.float64],
@@ -205,9 +262,10 @@ def _nearest_among(
 ) -> IntArray:
     """Indices into ``riders`` of the ``take`` nearest per pickup, nearest first.
 
-    A dot product of unit vectors ranks riders by great-circle distance; one compiled pass
-    (`window_kernels.largest_dots`) keeps the best ``take + margin`` of each order and the
-    best dot product it left out; those kept are ranked exactly by haversine
+    A dot product of unit vectors ranks riders by great-circle distance; a compiled search
+    over a grid of the riders (`_rider_grid`, `window_kernels.largest_dots`) keeps the best
+    ``take + margin`` of each order and the best dot product it left out; those kept are
+    ranked exactly by haversine
     with the rider id as tie-break (``keys``: `_exact_nearest`). An order is exact when its
     ``take``-th distance is strictly below a lower bound on every rider left out; the few
     orders where that cannot be shown (near-ties at the cut, co-located riders) are ranked
@@ -223,10 +281,18 @@ def _nearest_among(
     unproven = np.zeros(num_orders, dtype=np.bool_)
     block = max(1, _BLOCK_ELEMENTS // num_riders)
 
+    grid_riders, grid, frame = _rider_grid(riders_xyz, num_orders)
+    pickup_plane = _on_plane(pickup_xyz, frame)
+
     def rank(start: int, stop: int) -> None:  # writes only rows start:stop of the outputs
         best = np.empty((stop - start, keep), dtype=np.int64)
         cut_dot = np.empty(stop - start)  # the largest dot product (nearest rider) left out
-        window_kernels.largest_dots(pickup_xyz[start:stop], riders_xyz, best, cut_dot)
+        window_kernels.largest_dots(
+            (pickup_xyz[start:stop], pickup_plane[:, start:stop]),
+            grid_riders,
+            grid,
+            (best, cut_dot),
+        )
         rows, dist = _exact_nearest(pickup[start:stop], riders, best, take, keys)
         chosen[start:stop] = rows
         chord_sq = np.maximum(2.0 - 2.0 * (cut_dot + _DOT_TOLERANCE), 0.0)

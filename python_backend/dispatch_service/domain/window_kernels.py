@@ -8,13 +8,14 @@ window's value checks (`window_wire`), a one-order window's candidate ranking
 Why: on a small window these were a few dozen numpy calls and Python comprehensions over a
 handful of values, each a microsecond or so whatever its size (`perf.window_profile`
 counts them); here each is one call. The pre-selection was a [B, R] matrix product and an
-``np.argpartition`` over it (about 50 ms of CPU for 1,000 orders x 5,000 riders); here one
-pass keeps each order's few best. The results are those of the code they replace, bit
-for bit: comparisons are IEEE comparisons (False for NaN), the scores are
-`scoring.score_checked`'s operations in the same order on float64 (no fused multiply-add,
-no reassociation: numba's default, not ``fastmath``), the ranking is a stable sort by the
-resolver's keys and float64 values are rounded to float32 as numpy rounds them
-(tests/unit/domain/test_window_kernels.py compares them with the Python rules). The
+``np.argpartition`` over it (about 50 ms of CPU for 1,000 orders x 5,000 riders); here each
+order compares the riders of the grid cells around its pickup, as far out as can matter.
+The results are those of the code they replace, bit for bit: comparisons are IEEE
+comparisons (False for NaN), the scores are `scoring.score_checked`'s operations in the
+same order on float64 (no fused multiply-add, no reassociation: numba's default, not
+``fastmath``), the ranking is a stable sort by the resolver's keys and float64 values are
+rounded to float32 as numpy rounds them (tests/unit/domain/test_window_kernels.py compares
+them with the Python rules). The
 pre-selection's dot products may differ from OpenBLAS's in the last bits, and of riders
 equally near at its cut it may keep another: neither changes a candidate list, which the
 exact ranking after it either proves or redoes over every rider.
@@ -288,33 +289,105 @@ def nearest_first(riders: Any, pickup: Any, radius: float, out: Any) -> bool:
     return True
 
 
-@compiled(_types.void(_F8_2D, _F8_2D, _types.int64[:, :], _types.float64[:]))
-def largest_dots(pickups: Any, riders: Any, best: Any, cut: Any) -> None:
-    """Per pickup (unit vectors [b, 3]) the ``best.shape[1]`` riders (unit vectors [m, 3],
-    more than that many) of the largest dot products, into ``best`` [b, keep] in no set
-    order, and the largest dot product of a rider left out into ``cut`` [b]:
-    `candidates._nearest_among`'s pre-selection by great-circle distance. Each row keeps
-    its ``keep + 1`` largest so far in descending order (an insertion where a dot product
-    beats the last): one pass over the riders, no [b, m] matrix."""
+# What a dot product of two unit vectors built from lat/lon may exceed the bound that
+# `largest_dots` derives from their distance in the grid's plane by: their squared norms
+# are 1 within a few ulp, the plane's axes orthonormal within a few ulp, the projections
+# and the cells' edges rounded (each error below 1e-15). Far below any gap between two
+# riders' dot products that the exact ranking after it has to resolve.
+_DOT_SLACK: Final = 1e-12
+
+# (unit vectors [m, 3], their rows [m], each cell's first rider [C + 1]: the riders sorted
+# by cell, cell i * columns + j holding those at [start[c], start[c + 1]))
+_GRID_RIDERS: Final = _types.Tuple((_F8_2D, _I8, _I8))
+# (the plane's lowest coordinates (2), a cell's side, rows and columns of cells)
+_GRID_SHAPE: Final = _types.Tuple(
+    (_types.UniTuple(_types.float64, 3), _types.UniTuple(_types.intp, 2))
+)
+
+
+@_inlined
+def _cell(coordinate: float, low: float, side: float, cells: int) -> int:
+    """The cell of a plane coordinate along one axis, clamped to the grid."""
+    at = math.floor((coordinate - low) / side)
+    return int(min(max(at, 0), cells - 1))
+
+
+@compiled(
+    _types.void(
+        _types.Tuple((_F8_2D, _F8_2D)),
+        _GRID_RIDERS,
+        _GRID_SHAPE,
+        _types.Tuple((_types.int64[:, :], _types.float64[:])),
+    )
+)
+def largest_dots(pickups: Any, riders: Any, grid: Any, out: Any) -> None:
+    """Per pickup the ``keep`` riders of the largest dot products of unit vectors into
+    ``best`` [b, keep] in no set order, and the largest dot product of a rider left out into
+    ``cut`` [b] (``out``: (best, cut)): `candidates._nearest_among`'s pre-selection by
+    great-circle distance. ``pickups``: (unit vectors [b, 3], their coordinates [2, b] in
+    the grid's plane); ``riders`` (more than ``keep``) and ``grid``: the riders bucketed on a
+    square grid in a plane through the sphere's centre (`_GRID_RIDERS`, `_GRID_SHAPE`;
+    `candidates._rider_grid`).
+
+    Each pickup visits the cells in rings around its own, keeping its ``keep + 1`` largest
+    dot products so far in descending order. A rider outside the rings visited lies at
+    least ``gap`` from the pickup in the plane (an orthonormal projection), so at least that
+    far on the sphere, so its dot product is at most ``1 - gap**2 / 2``: once that bound
+    (plus `_DOT_SLACK`) is at most the ``keep + 1``-th largest kept, no rider left can
+    enter or raise the cut, and the search stops. The result is that of comparing every
+    dot product (of riders equally near at the cut, either may be kept)."""
+    points, plane = pickups
+    unit, rows, start = riders
+    (low_u, low_v, side), (cells_u, cells_v) = grid
+    best, cut = out
     keep = best.shape[1]
     top = np.empty(keep + 1)
     index = np.empty(keep + 1, dtype=np.int64)
-    for b in range(pickups.shape[0]):
-        x, y, z = pickups[b, 0], pickups[b, 1], pickups[b, 2]
+    for b in range(points.shape[0]):
+        x, y, z = points[b, 0], points[b, 1], points[b, 2]
+        u, v = plane[0, b], plane[1, b]
+        home_u = _cell(u, low_u, side, cells_u)
+        home_v = _cell(v, low_v, side, cells_v)
         filled = 0
-        for r in range(riders.shape[0]):
-            dot = x * riders[r, 0] + y * riders[r, 1] + z * riders[r, 2]
-            if filled <= keep:
-                at = filled
-                filled += 1
-            elif dot > top[keep]:
-                at = keep
-            else:
-                continue
-            while at > 0 and dot > top[at - 1]:
-                top[at], index[at] = top[at - 1], index[at - 1]
-                at -= 1
-            top[at], index[at] = dot, r
+        ring = 0
+        while True:
+            first_u, last_u = home_u - ring, home_u + ring
+            first_v, last_v = home_v - ring, home_v + ring
+            for i in range(max(first_u, 0), min(last_u, cells_u - 1) + 1):
+                edge = i == first_u or i == last_u  # a whole row of the ring, else its ends
+                step = 1 if edge else max(last_v - first_v, 1)
+                for j in range(first_v, last_v + 1, step):
+                    if j < 0 or j >= cells_v:
+                        continue
+                    cell = i * cells_v + j
+                    for r in range(start[cell], start[cell + 1]):
+                        dot = x * unit[r, 0] + y * unit[r, 1] + z * unit[r, 2]
+                        if filled <= keep:
+                            slot = filled
+                            filled += 1
+                        elif dot > top[keep]:
+                            slot = keep
+                        else:
+                            continue
+                        while slot > 0 and dot > top[slot - 1]:
+                            top[slot], index[slot] = top[slot - 1], index[slot - 1]
+                            slot -= 1
+                        top[slot], index[slot] = dot, rows[r]
+            gap = math.inf  # from the pickup to the nearest edge with cells beyond it
+            if first_u > 0:
+                gap = min(gap, u - (low_u + first_u * side))
+            if last_u < cells_u - 1:
+                gap = min(gap, low_u + (last_u + 1) * side - u)
+            if first_v > 0:
+                gap = min(gap, v - (low_v + first_v * side))
+            if last_v < cells_v - 1:
+                gap = min(gap, low_v + (last_v + 1) * side - v)
+            if gap == math.inf:
+                break  # every cell visited
+            gap = max(gap, 0.0)
+            if filled > keep and 1.0 - 0.5 * gap * gap + _DOT_SLACK <= top[keep]:
+                break
+            ring += 1
         for j in range(keep):
             best[b, j] = index[j]
         cut[b] = top[keep]

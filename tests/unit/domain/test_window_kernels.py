@@ -2,7 +2,8 @@
 
 Each kernel is compared with the code it replaced, written here independently of numba:
 the candidates' ranking with `geo.haversine_km` and Python's sort; the pre-selection by dot
-product with numpy's products and a full sort; the coverage's proposal
+product (over `candidates`' grid of riders) with numpy's products and a full sort; the
+coverage's proposal
 rounds with the rule played round by round; the one-order answer
 with the resolver's keys and `uncontested_best`'s rule on Python floats (Python's sorted
 over key tuples, rounded to float32 by numpy); the value checks with numpy comparisons
@@ -19,6 +20,7 @@ import pytest
 from numpy.typing import NDArray
 
 from dispatch_service.domain import geo
+from dispatch_service.domain.candidates import _on_plane, _rider_grid
 from dispatch_service.domain.window_kernels import (
     ANSWERED,
     NOT_USABLE,
@@ -248,28 +250,46 @@ def test_nearest_first_ranks_by_haversine_and_declines_equal_distances() -> None
     assert declined > 20
 
 
-def test_largest_dots_keeps_the_largest_and_names_the_best_left_out() -> None:
+def _unit_vectors(lat: NDArray[np.float64], lon: NDArray[np.float64]) -> NDArray[np.float64]:
+    lat, lon = np.radians(lat), np.radians(lon)
+    return np.stack((np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)), 1)
+
+
+@pytest.mark.parametrize("grid", [False, True])
+def test_largest_dots_keeps_the_largest_and_names_the_best_left_out(grid: bool) -> None:
     rng = np.random.default_rng(5)
-    for _ in range(300):
-        orders, riders = int(rng.integers(1, 12)), int(rng.integers(2, 60))
-        keep = int(rng.integers(1, riders))
-        pickups = rng.normal(size=(orders, 3))
-        fleet = rng.normal(size=(riders, 3))
-        if rng.random() < 0.3:  # equal dot products: twins
-            fleet[1::2] = fleet[0]
+    gridded = 0
+    for case in range(300):
+        orders, riders = int(rng.integers(1, 12)), int(rng.integers(2, 400))
+        keep = int(rng.integers(1, min(riders, 30)))
+        span = (0.3, 40.0, 0.0)[case % 3]  # a city (the grid pays), far apart, one spot
+        low_lat = 89.8 if case % 7 == 0 else 30.0  # at a pole the plane turns
+        lat = rng.uniform(low_lat, low_lat + min(span, 0.2 if low_lat > 80 else span), riders)
+        lon = rng.uniform(120.0, 120.0 + span, riders)
+        if rng.random() < 0.3:  # co-located riders: equal dot products
+            lat[1::2], lon[1::2] = lat[0], lon[0]
+        fleet = _unit_vectors(lat, lon)
+        pickups = _unit_vectors(
+            rng.uniform(low_lat - 0.1, low_lat + 0.1 + min(span, 0.1), orders),
+            rng.uniform(119.9, 120.1 + span, orders),
+        )
         # the same products and sums in the same order, elementwise (IEEE: the same bits)
         dots = (
             pickups[:, None, 0] * fleet[None, :, 0] + pickups[:, None, 1] * fleet[None, :, 1]
         ) + pickups[:, None, 2] * fleet[None, :, 2]
+        # a grid of cells, or (too few orders for it to pay) one cell
+        bucketed, shape, frame = _rider_grid(fleet, 1 << 15 if grid else 1)
+        gridded += shape[1] != (1, 1)
         best = np.empty((orders, keep), dtype=np.int64)
         cut = np.empty(orders)
-        largest_dots(pickups, fleet, best, cut)
+        largest_dots((pickups, _on_plane(pickups, frame)), bucketed, shape, (best, cut))
         for b in range(orders):
             kept = dots[b, best[b]]
             left = np.delete(dots[b], best[b])
             assert len(set(best[b].tolist())) == keep
             assert sorted(kept.tolist()) == sorted(dots[b].tolist())[-keep:]
             assert cut[b] == left.max() <= kept.min()
+    assert gridded > 150 if grid else gridded == 0
 
 
 def _rounds_by_hand(candidates: list[list[int]], spare: list[int]) -> list[int]:

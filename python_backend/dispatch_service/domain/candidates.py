@@ -205,7 +205,7 @@ def _on_plane(xyz: NDArray[np.float64], frame: NDArray[np.float64]) -> NDArray[n
 
 
 def _rider_grid(
-    riders_xyz: NDArray[np.float64], num_orders: int
+    riders_xyz: NDArray[np.float64], pickup_xyz: NDArray[np.float64]
 ) -> tuple[
     tuple[NDArray[np.float64], IntArray, IntArray],
     tuple[tuple[float, float, float], tuple[int, int]],
@@ -213,16 +213,17 @@ def _rider_grid(
 ]:
     """The riders (unit vectors [m, 3]) bucketed for `window_kernels.largest_dots`: their
     coordinates in the plane through the sphere's centre parallel to the one touching it at
-    their mean direction (``frame`` [3, 2]: that plane's east and north axes, orthonormal),
-    cut into square cells of about `_RIDERS_PER_CELL` riders. Returns (the riders sorted by
-    cell, their rows, each cell's first), ((lowest u, lowest v, a cell's side), (cells along
-    u, along v)) and ``frame``. One cell holds every rider where the orders are too few for
-    the grid to pay (`_GRID_FROM`) or the riders all stand in one place."""
-    count = riders_xyz.shape[0]
+    their mean direction (its east and north axes, orthonormal), cut into square cells of
+    about `_RIDERS_PER_CELL` riders. Returns (the riders sorted by cell, their rows, each
+    cell's first), ((lowest u, lowest v, a cell's side), (cells along u, along v)) and the
+    pickups' (unit vectors [b, 3]) coordinates in that plane [2, b]. One cell holds every
+    rider where the orders are too few for the grid to pay (`_GRID_FROM`) or the riders all
+    stand in one place."""
+    count, num_orders = riders_xyz.shape[0], pickup_xyz.shape[0]
     rows = np.arange(count, dtype=np.int64)
-    one_cell = (riders_xyz, rows, np.array([0, count], dtype=np.int64))
+    one_cell = (riders_xyz, rows, np.array([0, count], dtype=np.int64)), ((0.0, 0.0, 1.0), (1, 1))
     if num_orders * count < _GRID_FROM:
-        return one_cell, ((0.0, 0.0, 1.0), (1, 1)), np.zeros((3, 2))
+        return *one_cell, np.zeros((2, num_orders))  # any coordinates: the one cell
     centre = np.array([riders_xyz[:, axis].sum() for axis in range(3)])  # their sum
     east = np.cross((0.0, 0.0, 1.0), centre)
     if not np.linalg.norm(east) > 1e-6 * np.linalg.norm(centre):  # a pole (or no direction)
@@ -239,7 +240,7 @@ def _rider_grid(
         float(span.max()) * _RIDERS_PER_CELL / count,
     )
     if not side > 0.0:
-        return one_cell, ((0.0, 0.0, 1.0), (1, 1)), frame
+        return *one_cell, np.zeros((2, num_orders))
     cells = (span // side).astype(np.int64) + 1
     at = np.minimum(np.floor((plane - low[:, None]) / side).astype(np.int64), cells[:, None] - 1)
     cell = at[0] * cells[1] + at[1]
@@ -247,7 +248,7 @@ def _rider_grid(
     start = np.zeros(int(cells[0] * cells[1]) + 1, dtype=np.int64)
     np.cumsum(np.bincount(cell, minlength=start.size - 1), out=start[1:])
     shape = ((float(low[0]), float(low[1]), side), (int(cells[0]), int(cells[1])))
-    return (np.take(riders_xyz, rows, axis=0), rows, start), shape, frame
+    return (np.take(riders_xyz, rows, axis=0), rows, start), shape, _on_plane(pickup_xyz, frame)
 
 
 def _nearest_among(
@@ -281,8 +282,7 @@ def _nearest_among(
     unproven = np.zeros(num_orders, dtype=np.bool_)
     block = max(1, _BLOCK_ELEMENTS // num_riders)
 
-    grid_riders, grid, frame = _rider_grid(riders_xyz, num_orders)
-    pickup_plane = _on_plane(pickup_xyz, frame)
+    grid_riders, grid, pickup_plane = _rider_grid(riders_xyz, pickup_xyz)
 
     def rank(start: int, stop: int) -> None:  # writes only rows start:stop of the outputs
         best = np.empty((stop - start, keep), dtype=np.int64)

@@ -20,7 +20,7 @@ import pytest
 from numpy.typing import NDArray
 
 from dispatch_service.domain import geo
-from dispatch_service.domain.candidates import _on_plane, _rider_grid
+from dispatch_service.domain.candidates import _rider_grid
 from dispatch_service.domain.window_kernels import (
     ANSWERED,
     NOT_USABLE,
@@ -277,12 +277,13 @@ def test_largest_dots_keeps_the_largest_and_names_the_best_left_out(grid: bool) 
         dots = (
             pickups[:, None, 0] * fleet[None, :, 0] + pickups[:, None, 1] * fleet[None, :, 1]
         ) + pickups[:, None, 2] * fleet[None, :, 2]
-        # a grid of cells, or (too few orders for it to pay) one cell
-        bucketed, shape, frame = _rider_grid(fleet, 1 << 15 if grid else 1)
+        # as many orders again, or not: the grid pays from `candidates._GRID_FROM` pairs
+        many = np.tile(pickups, (1 + (1 << 15) // riders if grid else 1, 1))
+        bucketed, shape, plane = _rider_grid(fleet, many)
         gridded += shape[1] != (1, 1)
         best = np.empty((orders, keep), dtype=np.int64)
         cut = np.empty(orders)
-        largest_dots((pickups, _on_plane(pickups, frame)), bucketed, shape, (best, cut))
+        largest_dots((pickups, plane[:, :orders]), bucketed, shape, (best, cut))
         for b in range(orders):
             kept = dots[b, best[b]]
             left = np.delete(dots[b], best[b])

@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dispatch_contract import PAIR_FEATURE_NAMES
+from dispatch_service.domain import window_kernels
 
 __all__ = [
     "joining_extra_load",
@@ -77,17 +78,27 @@ def joining_extra_load(
     count = riders.shape[0]
     rank = np.empty(count, dtype=np.int64)
     rank[np.lexsort((_tie_break(tie, count), created))] = np.arange(count)
-    taken = np.flatnonzero(riders >= 0)
-    keys = np.sort(riders[taken] * count + rank[taken])
-    query = pair_riders * count + rank[pair_orders]
-    before = np.searchsorted(keys, query) - np.searchsorted(keys, pair_riders * count)
-    return before.astype(np.int64)
+    before = np.empty(pair_orders.shape[0], dtype=np.int64)
+    window_kernels.orders_before(
+        rank,
+        riders,
+        (pair_orders.astype(np.int64, copy=False), pair_riders.astype(np.int64, copy=False)),
+        before,
+    )
+    return before
 
 
-def with_extra_load(features: NDArray[np.float32], extra: ArrayLike) -> NDArray[np.float32]:
-    """Pair feature rows with ``extra`` more orders on the rider: load and load ratio move,
-    exactly as the encoder would compute them for that load (``features.encode_pairs``)."""
-    out: NDArray[np.float32] = np.array(features, dtype=np.float32, copy=True)
+def with_extra_load(
+    features: NDArray[np.float32], extra: ArrayLike, rows: NDArray[np.int64] | None = None
+) -> NDArray[np.float32]:
+    """Pair feature rows (``features[rows]``; every row without ``rows``, gathered into one
+    copy) with ``extra`` more orders on the rider: load and load ratio move, exactly as the
+    encoder would compute them for that load (``features.encode_pairs``)."""
+    out: NDArray[np.float32] = (
+        np.array(features, dtype=np.float32, copy=True)
+        if rows is None
+        else np.asarray(features, dtype=np.float32)[rows]
+    )
     added = np.asarray(extra, dtype=np.float64).reshape(-1)
     load: NDArray[Any] = out[:, _LOAD].astype(np.float64) + added
     out[:, _LOAD] = load

@@ -2,8 +2,9 @@
 window's value checks (`window_wire`), a one-order window's candidate ranking
 (`pipeline.small_window.one_order_candidates`) and its Top-K list and assignment
 (`pipeline.small_window.resolved_one_order`), a large window's candidate pre-selection
-(`candidates._nearest_among`) and the coverage's first assignment over the candidate lists
-(`coverage._greedy`).
+(`candidates._nearest_among`), the coverage's first assignment over the candidate lists
+(`coverage._greedy`) and the stacked loads' count of a rider's earlier orders
+(`stacking.joining_extra_load`).
 
 Why: on a small window these were a few dozen numpy calls and Python comprehensions over a
 handful of values, each a microsecond or so whatever its size (`perf.window_profile`
@@ -43,6 +44,7 @@ __all__ = [
     "largest_dots",
     "nearest_first",
     "one_order_answer",
+    "orders_before",
     "proposal_rounds",
     "usual_values",
 ]
@@ -391,6 +393,39 @@ def largest_dots(pickups: Any, riders: Any, grid: Any, out: Any) -> None:
         for j in range(keep):
             best[b, j] = index[j]
         cut[b] = top[keep]
+
+
+@compiled(_types.void(_I8, _I8, _types.Tuple((_I8, _I8)), _types.int64[:]))
+def orders_before(rank: Any, assigned: Any, pairs: Any, out: Any) -> None:
+    """`stacking.joining_extra_load`'s count: for each pair p (order ``pairs[0][p]``, rider
+    ``pairs[1][p]``) how many orders assigned to that rider (``assigned`` [B]: rider row or
+    -1) come before the order (``rank`` [B]: each order's place in the riding order), into
+    ``out`` [P]. The assigned orders are listed rider by rider first (a rider holds a few),
+    so each pair reads only its rider's."""
+    riders = 0
+    for b in range(assigned.shape[0]):
+        riders = max(riders, assigned[b] + 1)
+    first = np.zeros(riders + 1, dtype=np.int64)
+    for b in range(assigned.shape[0]):
+        if assigned[b] >= 0:
+            first[assigned[b] + 1] += 1
+    for r in range(riders):
+        first[r + 1] += first[r]
+    ranks = np.empty(first[riders], dtype=np.int64)
+    filled = first[:riders].copy()
+    for b in range(assigned.shape[0]):
+        rider = assigned[b]
+        if rider >= 0:
+            ranks[filled[rider]] = rank[b]
+            filled[rider] += 1
+    orders, pair_riders = pairs
+    for p in range(out.shape[0]):
+        rider, mine = pair_riders[p], rank[orders[p]]
+        count = 0
+        if 0 <= rider < riders:
+            for i in range(first[rider], first[rider + 1]):
+                count += 1 if ranks[i] < mine else 0
+        out[p] = count
 
 
 @compiled(

@@ -107,8 +107,8 @@ def routed_rescorer(
         versions = versions_of[rows // width]
         for version in np.unique(versions[versions > 0]).tolist():
             mask = versions == version
-            try:
-                out[mask] = score(int(version), features[mask])
+            try:  # every row one version's (the usual window): no copy of the features
+                out[mask] = score(int(version), features if mask.all() else features[mask])
             except ModelCallError:
                 continue
         return out
@@ -256,7 +256,7 @@ def stage_checked(
     later = slots.rank > 0
     load = slots.rank[later]
     rows = valid[slots.edge[later]]
-    fresh = np.asarray(rescore(rows, with_extra_load(features[rows], load)), dtype=np.float32)
+    fresh = np.asarray(rescore(rows, with_extra_load(features, load, rows)), dtype=np.float32)
     by_rank = np.repeat(checked.reshape(-1, 1, len(OBJECTIVES)), depth, axis=1)
     by_rank[rows, load] = window.pair_objectives(rows, fresh)
     rank_scores = window.scores(by_rank.reshape(*window.candidates.shape, depth, -1))

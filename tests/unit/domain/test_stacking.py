@@ -40,6 +40,12 @@ def test_reloaded_features_equal_the_encoder_on_a_loaded_window() -> None:
     rows = np.flatnonzero(flat >= 0)
     got = with_extra_load(features[rows], extra_per_rider[flat[rows]])
     np.testing.assert_array_equal(got, expected[rows])
+    # the rows gathered by the call itself; the features handed in stay as they were
+    before = features.copy()
+    np.testing.assert_array_equal(
+        with_extra_load(features, extra_per_rider[flat[rows]], rows), expected[rows]
+    )
+    np.testing.assert_array_equal(features, before)
 
 
 def test_joining_extra_load_by_brute_force() -> None:

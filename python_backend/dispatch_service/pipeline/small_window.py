@@ -11,8 +11,8 @@ that stage's general code on the same values, which also names any rule the wind
   ranked exactly (`candidates.preselects` false): the same distances
   (`geo.haversine_km`'s values) ranked in one compiled call (`window_kernels.nearest_first`),
   by (distance, rider id) in plain Python where two riders are equally far;
-- `routed_alone`: every order routed to one served version and no shadow call: one ONNX
-  Runtime call, no fallback chain to plan (an answer that fails falls back in full);
+- its routing: `plain_routing.routed_alone` (every order to one served version, no shadow
+  call: one ONNX Runtime call);
 - `resolved_one_order`: a one-order window's Top-K list and assignment in one compiled
   call (`window_kernels.one_order_answer`: `resolver`'s keys and
   `assignment.uncontested_best`'s rule; ties and hash collisions go to the general code).
@@ -26,7 +26,7 @@ on many random windows).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import numpy as np
@@ -35,7 +35,6 @@ from numpy.typing import NDArray
 from dispatch_contract import (
     ASSIGNED_OBJECTIVES,
     HARD_CONSTRAINTS,
-    NUM_PAIR_FEATURES,
     OBJECTIVES,
     TOPK_OBJECTIVES,
 )
@@ -61,11 +60,8 @@ from dispatch_service.domain.window_kernels import (
     one_order_answer,
 )
 from dispatch_service.pipeline.step_io import Arrays
-from dispatch_service.routing.engine import ModelCall, RoutedScores, SyncScorer
-from dispatch_service.routing.fallback import FallbackLevel
-from dispatch_service.routing.policy import IsServed
 
-__all__ = ["one_order_candidates", "resolved_one_order", "routed_alone"]
+__all__ = ["one_order_candidates", "resolved_one_order"]
 
 # An order's row repeated, as `ranked_exactly` indexes one order's riders: built once,
 # sliced per window (a window ranked exactly has at most this many riders).
@@ -105,56 +101,6 @@ def one_order_candidates(
         out[0, :take] = riders[ranked[:take]]
     return cover_maximum_assignment(
         out, lambda: feasible_mask(window), spare, window.order_ids, window.rider_ids
-    )
-
-
-def routed_alone(
-    features: NDArray[np.float32],
-    candidates: NDArray[np.int32],
-    versions: NDArray[np.int32],
-    *,
-    cpu_scoring: bool,
-    score: SyncScorer,
-    served: IsServed,
-    clock: Callable[[], float],
-) -> RoutedScores | None:
-    """`engine.route_and_score_sync` of a window whose orders all go to one served version,
-    without shadow scoring, when that version answers: one call, no fallback. None when
-    the features or the answer are not usable as they are (the general routing then
-    names the error or falls back) or the orders go to several versions."""
-    chosen = np.asarray(versions, dtype=np.int32).reshape(-1)
-    orders = int(chosen.size)
-    if orders == 0:
-        return None
-    version = int(chosen[0])
-    rows = features.shape[0]
-    if (
-        (orders > 1 and not bool((chosen == version).all()))
-        or not served(version)
-        or features.dtype != np.float32
-        or features.shape != (rows, NUM_PAIR_FEATURES)
-        or candidates.dtype.kind not in "iu"
-        or candidates.ndim != 2
-        or candidates.shape[0] != orders
-        or candidates.size != rows
-        or not bool(np.isfinite(features).all())
-    ):
-        return None
-    started = clock()
-    try:
-        answer = np.asarray(score(version, features))
-    except Exception:  # the general routing calls it again and falls back
-        return None
-    if answer.shape != (rows, _WIDTH) or not bool(np.isfinite(answer).all()):
-        return None
-    seconds = clock() - started
-    level = FallbackLevel.CPU_SCORED if cpu_scoring else FallbackLevel.CHOSEN
-    return RoutedScores(
-        objectives=answer.astype(np.float32),
-        model_version=np.full(orders, version, dtype=np.int32),
-        fallback_level=np.full(orders, int(level), dtype=np.int32),
-        chosen_version=chosen,
-        calls=(ModelCall(version, "primary", orders, seconds),),
     )
 
 

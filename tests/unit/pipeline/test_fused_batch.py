@@ -138,3 +138,34 @@ def test_a_bad_window_gets_its_own_error_and_the_others_their_answers(
         assert isinstance(result, FusedResult)
         assert_identical(result, fused.run(batch[i]))
     assert fused.run_batch([]) == []
+
+
+def test_a_few_one_order_windows_are_run_each_alone(
+    fused: FusedDispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below five one-order windows the shared steps cost more than they save: each window
+    is `run` alone, a bad one failing alone; five or more, or any larger window, share."""
+    shared: list[int] = []
+    step = type(fused.encoder)
+    encode_batch = step.encode_batch
+
+    def counting(self: Any, batch: Any) -> Any:
+        shared.append(len(batch))
+        return encode_batch(self, batch)
+
+    monkeypatch.setattr(step, "encode_batch", counting)
+    one_order = [window(seed, 1, 12, CoordSystem.WGS84, None) for seed in range(10, 16)]
+    bad = dict(one_order[1], RIDER_FIELDS=np.array(one_order[1]["RIDER_FIELDS"], copy=True))
+    bad["RIDER_FIELDS"][0, 3] = 1.5  # capacity must be whole
+    few = [one_order[0], bad, one_order[2], one_order[3]]
+    results = fused.run_batch(few)
+    assert shared == []
+    assert isinstance(results[1], DispatchInputError)
+    assert results[1].tensor == "RIDER_FIELDS[capacity]"
+    for i in (0, 2, 3):
+        got = results[i]
+        assert isinstance(got, FusedResult)
+        assert_identical(got, fused.run(few[i]))
+    assert all(isinstance(r, FusedResult) for r in fused.run_batch(one_order[:5]))
+    assert all(isinstance(r, FusedResult) for r in fused.run_batch([MIXED[1], one_order[0]]))
+    assert shared == [5, 2]

@@ -3,6 +3,7 @@
 An override names a model, a setting and a value:
 
     dispatch_model.queue_delay_us=0          dynamic_batching.max_queue_delay_microseconds
+    dispatch_fused.preferred_batch=32        dynamic_batching.preferred_batch_size (one size)
     feature_encoder.instances=1              instance_group counts (in all)
     dispatch_model.param.intra_op_num_threads=2   parameters { key: ... string_value: ... }
 
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 TUNING_LOG = REPO_ROOT / "perf" / "tuning_log.json"
-SETTINGS = ("queue_delay_us", "instances", "param")
+SETTINGS = ("queue_delay_us", "preferred_batch", "instances", "param")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,13 @@ def apply_override(config: Any, override: ConfigOverride) -> None:
         if not config.HasField("dynamic_batching"):
             raise ValueError(f"{override.model} has no dynamic_batching to tune")
         config.dynamic_batching.max_queue_delay_microseconds = int(override.value)
+    elif override.setting == "preferred_batch":
+        if not config.HasField("dynamic_batching"):
+            raise ValueError(f"{override.model} has no dynamic_batching to tune")
+        size = int(override.value)
+        if not 1 <= size <= config.max_batch_size:
+            raise ValueError(f"preferred_batch must be 1..{config.max_batch_size}, got {size}")
+        config.dynamic_batching.preferred_batch_size[:] = [size]
     elif override.setting == "instances":
         if not config.instance_group:
             raise ValueError(f"{override.model} has no instance_group")
@@ -123,6 +131,8 @@ def config_digest(repository: Path) -> dict[str, dict[str, str]]:
         if config.HasField("dynamic_batching"):
             delay = config.dynamic_batching.max_queue_delay_microseconds
             entry["queue_delay_us"] = str(delay)
+            preferred = config.dynamic_batching.preferred_batch_size
+            entry["preferred_batch"] = ",".join(str(size) for size in preferred)
         for key in ("intra_op_num_threads", "inter_op_num_threads"):
             if key in config.parameters:
                 entry[key] = config.parameters[key].string_value

@@ -478,6 +478,17 @@ def test_patched_repository_changes_only_the_copy(tmp_path: Path) -> None:
         )
 
 
+def test_a_preferred_batch_override_sets_one_size_within_the_max(tmp_path: Path) -> None:
+    override = parse_override(f"{FUSED_MODEL}.preferred_batch=32")
+    copy = patched_repository(MODEL_REPOSITORY, tmp_path / "repo", [override])
+    config = read_model_config(model_layout(copy, FUSED_MODEL).config)
+    assert list(config.dynamic_batching.preferred_batch_size) == [32]
+    assert config_digest(copy)[FUSED_MODEL]["preferred_batch"] == "32"
+    too_big = parse_override(f"{FUSED_MODEL}.preferred_batch={config.max_batch_size + 1}")
+    with pytest.raises(ValueError, match=r"preferred_batch must be 1\.\."):
+        patched_repository(MODEL_REPOSITORY, tmp_path / "r2", [too_big])
+
+
 @pytest.mark.parametrize(("total", "counts"), [(1, [1]), (2, [1, 1]), (6, [1, 5])])
 def test_an_instances_override_sets_the_total_and_keeps_the_warm_instance_first(
     tmp_path: Path, total: int, counts: list[int]

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from dispatch_service.domain import window_kernels
+
 __all__ = ["SlotEdges", "slot_counts", "slot_edges"]
 
 
 @dataclass(frozen=True, eq=False)
 class SlotEdges:
-    """The slot graph of a list of (order, rider) edges, without Python loops."""
+    """The slot graph of a list of (order, rider) edges (one compiled pass writes it)."""
 
     edge: NDArray[np.int64]  # [E'] the input edge each slot edge copies, in input order
     column: NDArray[np.int64]  # [E'] its slot column
@@ -43,16 +45,10 @@ def slot_edges(edge_rider: NDArray[np.int64], spare: NDArray[np.int64]) -> SlotE
     """Expand edges whose riders are ``edge_rider`` (rider rows) to every slot of their
     rider; ``spare`` [R] is each rider's spare capacity. An edge to a rider with no slot
     gets no copy. Copies of one edge come out in ascending column order."""
-    slots = slot_counts(edge_rider, spare)
+    edge_rider = edge_rider.astype(np.int64, copy=False)
+    slots = slot_counts(edge_rider, spare).astype(np.int64, copy=False)
     first_slot = np.cumsum(slots) - slots
-    copies = slots[edge_rider]
-    edge = np.repeat(np.arange(edge_rider.size), copies)
-    starts = np.cumsum(copies) - copies
-    rank = np.arange(edge.size) - starts[edge]
-    column = first_slot[edge_rider[edge]] + rank
-    return SlotEdges(
-        edge,
-        column.astype(np.int64),
-        rank.astype(np.int64),
-        np.repeat(np.arange(spare.size), slots).astype(np.int64),
-    )
+    copies = int(slots[edge_rider].sum())
+    edge, column, rank = (np.empty(copies, dtype=np.int64) for _ in range(3))
+    window_kernels.slot_copies(edge_rider, (slots, first_slot), (edge, column, rank))
+    return SlotEdges(edge, column, rank, np.repeat(np.arange(spare.size), slots))

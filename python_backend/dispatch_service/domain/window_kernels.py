@@ -3,8 +3,8 @@ window's value checks (`window_wire`), a one-order window's candidate ranking
 (`pipeline.small_window.one_order_candidates`) and its Top-K list and assignment
 (`pipeline.small_window.resolved_one_order`), a large window's candidate pre-selection
 (`candidates._nearest_among`), the coverage's first assignment over the candidate lists
-(`coverage._greedy`) and the stacked loads' count of a rider's earlier orders
-(`stacking.joining_extra_load`).
+(`coverage._greedy`), the slot graph's edges (`slots.slot_edges`) and the stacked loads'
+count of a rider's earlier orders (`stacking.joining_extra_load`).
 
 Why: on a small window these were a few dozen numpy calls and Python comprehensions over a
 handful of values, each a microsecond or so whatever its size (`perf.window_profile`
@@ -46,6 +46,7 @@ __all__ = [
     "one_order_answer",
     "orders_before",
     "proposal_rounds",
+    "slot_copies",
     "usual_values",
 ]
 
@@ -393,6 +394,21 @@ def largest_dots(pickups: Any, riders: Any, grid: Any, out: Any) -> None:
         for j in range(keep):
             best[b, j] = index[j]
         cut[b] = top[keep]
+
+
+@compiled(_types.void(_I8, _types.Tuple((_I8, _I8)), _types.UniTuple(_types.int64[:], 3)))
+def slot_copies(edge_rider: Any, riders: Any, out: Any) -> None:
+    """`slots.slot_edges`' copies: each edge e (to rider ``edge_rider[e]``) once per slot of
+    its rider (``riders``: every rider's slot count and first slot column), in edge order,
+    into ``out``: (the edge each copy is of, its slot column, that slot's rank)."""
+    slots, first_slot = riders
+    edge, column, rank = out
+    at = 0
+    for e in range(edge_rider.shape[0]):
+        rider = edge_rider[e]
+        for k in range(slots[rider]):
+            edge[at], column[at], rank[at] = e, first_slot[rider] + k, k
+            at += 1
 
 
 @compiled(_types.void(_I8, _I8, _types.Tuple((_I8, _I8)), _types.int64[:]))

@@ -26,6 +26,7 @@ __all__ = [
     "LOG_READ_BYTES",
     "LOG_TAIL_BYTES",
     "PRIVATE_UMASK",
+    "READY_POLL_S",
     "ChildService",
     "ServerError",
     "end_process_group",
@@ -39,6 +40,10 @@ PRIVATE_UMASK: Final = 0o077
 # read per poll (`restart.CrashCounter`). A log is never read whole: it may be huge.
 LOG_TAIL_BYTES: Final = 64 << 10
 LOG_READ_BYTES: Final = 4 << 20
+# How often a start asks whether the child is ready. A restarted Triton is ready when its
+# last stub is set up; each poll waited up to this long on top (a refused connection costs
+# either side next to nothing).
+READY_POLL_S: Final = 0.05
 
 
 def read_log(path: Path, offset: int = 0, limit: int = LOG_READ_BYTES) -> tuple[bytes, int]:
@@ -138,7 +143,7 @@ class ChildService:
                 )
             if self.http_ok(url):
                 return
-            time.sleep(0.25)
+            time.sleep(READY_POLL_S)
         self.stop()
         raise ServerError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
 

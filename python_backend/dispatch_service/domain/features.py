@@ -223,7 +223,11 @@ def encode_pairs_batch(
     num_orders = order_base
     pickup = joined([w.pickup for w in members])
     dropoff = joined([w.dropoff for w in members])
-    rider_position = joined([w.rider_position[r] for w, r in chosen])
+    # each pair's rider as a row of the batch's riders (each window's rows after the last's)
+    rider_base = np.cumsum([0, *(w.num_riders for w in members[:-1])])
+    pair_rider = joined(
+        [r + base for r, base in zip(pair_riders, rider_base.tolist(), strict=True)]
+    )
     vehicle_code = joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)
     order_window = (  # each order's window: a lone window's are all 0, without a repeat
         np.zeros(num_orders, dtype=np.int64)
@@ -239,7 +243,7 @@ def encode_pairs_batch(
     zone_east, zone_north, plane = np.empty(zones), np.empty(zones), np.empty((zones, 2))
     geometry = (km, bearing_sin, bearing_cos, zone_east, zone_north, plane)
     pair_kernels.leg_geometry(
-        (rider_position, pickup, dropoff, o),
+        (joined([w.rider_position for w in members]), pair_rider, o, pickup, dropoff),
         geo.geohash_grid(settings.zone_precision),
         (*_origins(cities, order_window, o), geo.EARTH_RADIUS_KM),
         geometry,

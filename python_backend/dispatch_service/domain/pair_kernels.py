@@ -29,15 +29,27 @@ never on a request; the callers hand them arrays of exactly those dtypes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, Final
 
-import numba
 import numpy as np
+
+from dispatch_service.domain.kernel_types import (
+    B_2D,
+    F8,
+    F8_2D,
+    I8,
+    I8_2D,
+    INTP,
+    OUT_F8,
+    OUT_F8_2D,
+    U8_2D,
+    compiled,
+    inlined,
+)
+from dispatch_service.domain.kernel_types import numba_types as _types
 
 __all__ = [
     "barrier_detours",
-    "compiled",
     "haversine",
     "leg_geometry",
     "map_columns",
@@ -47,38 +59,9 @@ __all__ = [
 ]
 
 _TWO_PI: Final = 2.0 * math.pi
-_types: Final[Any] = numba.types  # numba's types (untyped to mypy)
-# The kernels' array types in numba's signatures (any layout: views are fine).
-# Inputs are typed read-only (a writable array converts to that; a read-only one, e.g. a
-# frozen window's, would match no writable signature); outputs writable.
-_F8: Final = _types.Array(_types.float64, 1, "A", readonly=True)
-_F8_2D: Final = _types.Array(_types.float64, 2, "A", readonly=True)
-_I8: Final = _types.Array(_types.int64, 1, "A", readonly=True)
-_I8_2D: Final = _types.Array(_types.int64, 2, "A", readonly=True)
-_B_2D: Final = _types.Array(_types.boolean, 2, "A", readonly=True)
-_U8_2D: Final = _types.Array(_types.uint64, 2, "A", readonly=True)
-_INTP: Final = _types.Array(_types.intp, 1, "A", readonly=True)
-_OUT_F8: Final = _types.float64[:]
-_OUT_F8_2D: Final = _types.float64[:, :]
 
 
-def compiled(signature: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """numba's ahead-of-request compile: explicit types, cached on disk, no GIL held,
-    numpy's float semantics (no Python division checks). Where no cache directory is
-    writable (a read-only install without a home), compiled at each import instead."""
-
-    def compile_now(function: Callable[..., Any]) -> Callable[..., Any]:
-        options: dict[str, Any] = {"nogil": True, "error_model": "numpy"}
-        try:
-            compiled: Callable[..., Any] = numba.njit(signature, cache=True, **options)(function)
-        except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-            compiled = numba.njit(signature, **options)(function)
-        return compiled
-
-    return compile_now
-
-
-@compiled(_types.float64(_types.float64, _types.UniTuple(_F8, 5), _types.intp))
+@compiled(_types.float64(_types.float64, _types.UniTuple(F8, 5), _types.intp))
 def _cell_centre(value: float, grid: Any, axis: int) -> float:
     """One coordinate's geohash cell centre on ``grid`` (`geo.geohash_grid`) along ``axis``
     (0: lat, 1: lon), as `geo._quantise` and `geo.cell_centre_latlon` compute it."""
@@ -107,9 +90,7 @@ def haversine(lat1: float, lon1: float, lat2: float, lon2: float, radius: float)
     return float(2.0 * radius * math.asin(math.sqrt(min(max(a, 0.0), 1.0))))
 
 
-@compiled(
-    _types.void(_types.Tuple((_F8_2D, _I8)), _types.Tuple((_F8_2D, _I8)), _types.float64, _OUT_F8)
-)
+@compiled(_types.void(_types.Tuple((F8_2D, I8)), _types.Tuple((F8_2D, I8)), _types.float64, OUT_F8))
 def pair_distances(first: Any, second: Any, radius: float, km: Any) -> None:
     """``km[i]``: `geo.haversine_km` from point ``index[i]`` of ``first`` (points [n, 2],
     index [k]) to point ``index[i]`` of ``second`` (likewise), bit for bit its values: the
@@ -121,53 +102,112 @@ def pair_distances(first: Any, second: Any, radius: float, km: Any) -> None:
         km[i] = haversine(points[a, 0], points[a, 1], others[b, 0], others[b, 1], radius)
 
 
-# (riders per pair [P, 2], pickups [B, 2], drop-offs [B, 2], each pair's order [P])
-_POINTS: Final = _types.Tuple((_F8_2D, _F8_2D, _F8_2D, _I8))
+# (the riders' positions [R, 2], each pair's rider [P] and order [P], pickups [B, 2],
+# drop-offs [B, 2])
+_POINTS: Final = _types.Tuple((F8_2D, I8, I8, F8_2D, F8_2D))
 # (origin lat [1 or Z], origin lon [1 or Z], the earth's radius in km)
-_ORIGIN: Final = _types.Tuple((_F8, _F8, _types.float64))
+_ORIGIN: Final = _types.Tuple((F8, F8, _types.float64))
 # (km, bearing sine, bearing cosine [L]; zone east, zone north [Z]; plane [Z, 2])
-_GEOMETRY: Final = _types.Tuple((*[_OUT_F8] * 5, _OUT_F8_2D))
+_GEOMETRY: Final = _types.Tuple((*[OUT_F8] * 5, OUT_F8_2D))
 
 
-@compiled(_types.void(_POINTS, _types.UniTuple(_F8, 5), _ORIGIN, _GEOMETRY))
+@inlined
+def _latitude(lat: float) -> tuple[float, float, float]:
+    """A latitude in radians, its cosine and its sine, as `geo.haversine_bearing` takes them."""
+    phi = math.radians(lat)
+    return phi, math.cos(phi), math.sin(phi)
+
+
+@inlined
+def _point_plane(
+    lat: float, lon: float, grid: Any, origin: tuple[float, float, float]
+) -> tuple[float, float, float, float]:
+    """A point's geohash zone's centre on ``grid`` and the point itself in the city plane
+    (``origin``: its lat, lon and the earth's radius): zone east, north, point east, north."""
+    lat0, lon0, radius = origin
+    centre_lat = _cell_centre(lat, grid, 0)
+    centre_lon = _cell_centre(lon, grid, 1)
+    # `geo.en_offset_km` of the zone's centre, then of the point
+    mean_lat = math.radians((centre_lat + lat0) * 0.5)
+    zone_east = radius * math.radians(centre_lon - lon0) * math.cos(mean_lat)
+    zone_north = radius * math.radians(centre_lat - lat0)
+    mean_lat = math.radians((lat + lat0) * 0.5)
+    east = radius * math.radians(lon - lon0) * math.cos(mean_lat)
+    north = radius * math.radians(lat - lat0)
+    return zone_east, zone_north, east, north
+
+
+@compiled(_types.void(_POINTS, _types.UniTuple(F8, 5), _ORIGIN, _GEOMETRY))
 def leg_geometry(points: Any, grid: Any, origin: Any, out: Any) -> None:
     """Per leg (each pair's rider -> its order's pickup, then each order's pickup -> its
     drop-off): its km (`geo.haversine_km`), the sine and cosine of its bearing
     (`geo.bearing_rad`); per point (the pairs' riders, the pickups, the drop-offs): its
     geohash zone's centre on ``grid`` (`geo.geohash_grid`) and the point itself in the city
-    plane (`geo.en_offset_km` from the origin: one for all, or one per point).
+    plane (`geo.en_offset_km` from the origin: one for all, or one per point; every pair
+    of one rider has that rider's window's).
 
     ``points``, ``origin``, ``out``: the tuples `_POINTS`, `_ORIGIN`, `_GEOMETRY` describe;
-    ``out`` is written."""
-    rider, pickup, dropoff, pair_order = points
+    ``out`` is written. A rider listed for several orders, and a pickup shared by its
+    order's pairs, has its latitude's sine and cosine, its zone and its plane offsets
+    computed once (the same operations on the same values: the same bits)."""
+    riders, pair_rider, pair_order, pickup, dropoff = points
     origin_lat, origin_lon, radius = origin
     km, bearing_sin, bearing_cos, zone_east, zone_north, plane = out
     pairs = pair_order.shape[0]
     orders = pickup.shape[0]
     legs = pairs + orders
     per_point = origin_lat.shape[0] > 1
+    # each rider's latitude terms and place (filled at its first pair: `placed`), each
+    # pickup's latitude terms
+    placed = np.zeros(riders.shape[0], dtype=np.bool_)
+    rider_terms = np.empty((riders.shape[0], 7))
+    pickup_terms = np.empty((orders, 3))
+    for order in range(orders):
+        pickup_terms[order, 0], pickup_terms[order, 1], pickup_terms[order, 2] = _latitude(
+            pickup[order, 0]
+        )
     for leg in range(legs):
         if leg < pairs:
-            lat1, lon1 = rider[leg, 0], rider[leg, 1]
-            order = pair_order[leg]
-            lat2, lon2 = pickup[order, 0], pickup[order, 1]
+            rider, order = pair_rider[leg], pair_order[leg]
+            lat1, lon1 = riders[rider, 0], riders[rider, 1]
+            if not placed[rider]:
+                placed[rider] = True
+                at = leg if per_point else 0
+                terms = rider_terms[rider]
+                terms[0], terms[1], terms[2] = _latitude(lat1)
+                terms[3], terms[4], terms[5], terms[6] = _point_plane(
+                    lat1, lon1, grid, (origin_lat[at], origin_lon[at], radius)
+                )
+            phi1, cos_phi1, sin_phi1 = (
+                rider_terms[rider, 0],
+                rider_terms[rider, 1],
+                rider_terms[rider, 2],
+            )
+            lon2 = pickup[order, 1]
+            phi2, cos_phi2, sin_phi2 = (
+                pickup_terms[order, 0],
+                pickup_terms[order, 1],
+                pickup_terms[order, 2],
+            )
         else:
             order = leg - pairs
-            lat1, lon1 = pickup[order, 0], pickup[order, 1]
-            lat2, lon2 = dropoff[order, 0], dropoff[order, 1]
+            lon1 = pickup[order, 1]
+            phi1, cos_phi1, sin_phi1 = (
+                pickup_terms[order, 0],
+                pickup_terms[order, 1],
+                pickup_terms[order, 2],
+            )
+            lon2 = dropoff[order, 1]
+            phi2, cos_phi2, sin_phi2 = _latitude(dropoff[order, 0])
         # `geo.haversine_bearing`
-        phi1 = math.radians(lat1)
-        phi2 = math.radians(lat2)
         dlam = math.radians(lon2 - lon1)
-        cos_phi1 = math.cos(phi1)
-        cos_phi2 = math.cos(phi2)
         half_dphi = math.sin((phi2 - phi1) * 0.5)
         half_dlam = math.sin(dlam * 0.5)
         a = half_dphi * half_dphi + cos_phi1 * cos_phi2 * (half_dlam * half_dlam)
         a = min(max(a, 0.0), 1.0)
         km[leg] = 2.0 * radius * math.asin(math.sqrt(a))
         y = math.sin(dlam) * cos_phi2
-        x = cos_phi1 * math.sin(phi2) - math.sin(phi1) * cos_phi2 * math.cos(dlam)
+        x = cos_phi1 * sin_phi2 - sin_phi1 * cos_phi2 * math.cos(dlam)
         # np.mod: the C remainder, moved into [0, 2 pi) (numpy's npy_divmod)
         bearing = np.fmod(math.atan2(y, x), _TWO_PI)
         if bearing != 0.0:
@@ -179,35 +219,31 @@ def leg_geometry(points: Any, grid: Any, origin: Any, out: Any) -> None:
         bearing_cos[leg] = math.cos(bearing)
     for point in range(legs + orders):
         if point < pairs:
-            lat, lon = rider[point, 0], rider[point, 1]
-        elif point < legs:
+            terms = rider_terms[pair_rider[point]]
+            zone_east[point], zone_north[point] = terms[3], terms[4]
+            plane[point, 0], plane[point, 1] = terms[5], terms[6]
+            continue
+        if point < legs:
             lat, lon = pickup[point - pairs, 0], pickup[point - pairs, 1]
         else:
             lat, lon = dropoff[point - legs, 0], dropoff[point - legs, 1]
         at = point if per_point else 0
-        lat0, lon0 = origin_lat[at], origin_lon[at]
-        centre_lat = _cell_centre(lat, grid, 0)
-        centre_lon = _cell_centre(lon, grid, 1)
-        # `geo.en_offset_km` of the zone's centre, then of the point
-        mean_lat = math.radians((centre_lat + lat0) * 0.5)
-        zone_east[point] = radius * math.radians(centre_lon - lon0) * math.cos(mean_lat)
-        zone_north[point] = radius * math.radians(centre_lat - lat0)
-        mean_lat = math.radians((lat + lat0) * 0.5)
-        plane[point, 0] = radius * math.radians(lon - lon0) * math.cos(mean_lat)
-        plane[point, 1] = radius * math.radians(lat - lat0)
+        zone_east[point], zone_north[point], plane[point, 0], plane[point, 1] = _point_plane(
+            lat, lon, grid, (origin_lat[at], origin_lon[at], radius)
+        )
 
 
 # (pair columns, order columns, window columns, vehicle codes, order flag bits)
-_LAYOUT: Final = _types.UniTuple(_I8, 5)
+_LAYOUT: Final = _types.UniTuple(I8, 5)
 # (each pair's order, its rider's vehicle, load, capacity; the map's columns [4, P])
-_PAIRS: Final = _types.Tuple((_I8, _I8, _F8, _F8, _F8_2D))
+_PAIRS: Final = _types.Tuple((I8, I8, F8, F8, F8_2D))
 # (each order's window, created_at, promised minutes, constraints; the map's columns
 # [2, B]; each window's dispatch time and its hour and weekend values [W, 3])
-_ORDERS: Final = _types.Tuple((_I8, _I8, _F8, _I8, _F8_2D, _F8, _F8_2D))
+_ORDERS: Final = _types.Tuple((I8, I8, F8, I8, F8_2D, F8, F8_2D))
 
 
 @compiled(
-    _types.void(_types.float32[:, :], _LAYOUT, _types.Tuple((*[_F8] * 5, _F8_2D)), _PAIRS, _ORDERS)
+    _types.void(_types.float32[:, :], _LAYOUT, _types.Tuple((*[F8] * 5, F8_2D)), _PAIRS, _ORDERS)
 )
 def write_block(block: Any, layout: Any, geometry: Any, pairs: Any, orders: Any) -> None:
     """The float32 block [P, F] of `features.encode_pairs_batch`: each pair's columns, its
@@ -259,7 +295,7 @@ def write_block(block: Any, layout: Any, geometry: Any, pairs: Any, orders: Any)
             row[window_at[c]] = window_values[w, c]
 
 
-@compiled(_types.float64(_OUT_F8))
+@compiled(_types.float64(OUT_F8))
 def _pairwise_sum(values: Any) -> float:
     """``np.add.reduce`` of a contiguous float64 row, in numpy's order (its pairwise
     summation: sequential below 8 values, eight running sums up to 128, halves above)."""
@@ -287,18 +323,18 @@ def _pairwise_sum(values: Any) -> float:
 
 
 # (each barrier's first segment [K], every crossing [C, 2], each barrier's first crossing [K])
-_NETWORK: Final = _types.Tuple((_INTP, _F8_2D, _INTP))
+_NETWORK: Final = _types.Tuple((INTP, F8_2D, INTP))
 # (the legs' starts [L, 2], ends [L, 2], straight km [L])
-_LEGS: Final = _types.Tuple((_F8_2D, _F8_2D, _F8))
+_LEGS: Final = _types.Tuple((F8_2D, F8_2D, F8))
 
 
 @compiled(
     _types.float64(
-        _B_2D,
+        B_2D,
         _NETWORK,
         _types.UniTuple(_types.float64, 5),
         _types.intp,
-        _types.Tuple((_types.boolean[:], _OUT_F8)),
+        _types.Tuple((_types.boolean[:], OUT_F8)),
     )
 )
 def _leg_barriers(cuts: Any, network: Any, leg: Any, at: int, rows: Any) -> float:
@@ -340,7 +376,7 @@ def _leg_barriers(cuts: Any, network: Any, leg: Any, at: int, rows: Any) -> floa
     return float(_pairwise_sum(extra))
 
 
-@compiled(_types.void(_B_2D, _NETWORK, _LEGS, _types.Tuple((_types.boolean[:, :], _OUT_F8))))
+@compiled(_types.void(B_2D, _NETWORK, _LEGS, _types.Tuple((_types.boolean[:, :], OUT_F8))))
 def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
     """`roads.barrier_detours` from the legs' segment cuts [L, S] (`planar.segment_cuts`),
     ``network`` and ``legs`` the tuples `_NETWORK` and `_LEGS` describe, into ``out``:
@@ -359,16 +395,16 @@ def barrier_detours(cuts: Any, network: Any, legs: Any, out: Any) -> None:
 
 # (each pair's row in the tables [Pc], its trip's leg [Pc], its vehicle's speed [Pc] km/h;
 # each order's row in the tables [Bc])
-_MAP_ROWS: Final = _types.Tuple((_I8, _I8, _F8, _I8))
+_MAP_ROWS: Final = _types.Tuple((I8, I8, F8, I8))
 
 
 @compiled(
     _types.void(
-        _B_2D,
+        B_2D,
         _NETWORK,
-        _types.Tuple((_F8_2D, _F8_2D, _types.float64)),
+        _types.Tuple((F8_2D, F8_2D, _types.float64)),
         _MAP_ROWS,
-        _types.Tuple((_OUT_F8_2D, _OUT_F8_2D)),
+        _types.Tuple((OUT_F8_2D, OUT_F8_2D)),
     )
 )
 def map_columns(cuts: Any, network: Any, legs: Any, rows: Any, out: Any) -> None:
@@ -407,10 +443,10 @@ def map_columns(cuts: Any, network: Any, legs: Any, rows: Any, out: Any) -> None
 
 
 # (invalid [B, N] (a missing candidate), score, ETA, on-time, cost [B, N], rider id hash [B, N])
-_RANK_KEYS: Final = _types.Tuple((_B_2D, *[_F8_2D] * 4, _U8_2D))
+_RANK_KEYS: Final = _types.Tuple((B_2D, *[F8_2D] * 4, U8_2D))
 
 
-@compiled(_types.boolean(_RANK_KEYS, _I8_2D, _types.intp, _types.int64, _types.int64))
+@compiled(_types.boolean(_RANK_KEYS, I8_2D, _types.intp, _types.int64, _types.int64))
 def _ranks_before(keys: Any, tie: Any, b: int, x: int, y: int) -> bool:
     """Whether column ``x`` of row ``b`` comes strictly before column ``y`` (`rank_candidates`)."""
     invalid, score, eta, ontime, cost, rider_hash = keys
@@ -429,7 +465,7 @@ def _ranks_before(keys: Any, tie: Any, b: int, x: int, y: int) -> bool:
     return bool(tie[b, x] < tie[b, y])
 
 
-@compiled(_types.void(_RANK_KEYS, _I8_2D, _types.int64[:, ::1]))
+@compiled(_types.void(_RANK_KEYS, I8_2D, _types.int64[:, ::1]))
 def rank_candidates(keys: Any, tie: Any, order: Any) -> None:
     """Each order's candidate columns ranked into ``order`` [B, N] exactly as
     ``np.lexsort((tie, hash, cost, -ontime, eta, -score, invalid), axis=-1)`` ranks them

@@ -29,13 +29,13 @@ into them. Loading them from the cache costs a stub that imports them about 20 m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, Final
 
-import numba
 import numpy as np
 
-from dispatch_service.domain.pair_kernels import compiled, haversine
+from dispatch_service.domain.kernel_types import F4_2D, F8, F8_2D, I4, I8, U8, compiled, inlined
+from dispatch_service.domain.kernel_types import numba_types as _types
+from dispatch_service.domain.pair_kernels import haversine
 
 __all__ = [
     "ANSWERED",
@@ -50,32 +50,16 @@ __all__ = [
     "usual_values",
 ]
 
-_types: Final[Any] = numba.types
-_F8: Final = _types.Array(_types.float64, 1, "A", readonly=True)
-_F8_2D: Final = _types.Array(_types.float64, 2, "A", readonly=True)
-_F4_2D: Final = _types.Array(_types.float32, 2, "A", readonly=True)
-_I4: Final = _types.Array(_types.int32, 1, "A", readonly=True)
-_I8: Final = _types.Array(_types.int64, 1, "A", readonly=True)
-_U8: Final = _types.Array(_types.uint64, 1, "A", readonly=True)
-
-
-def _inlined(function: Callable[..., Any]) -> Callable[..., Any]:
-    """A helper compiled into each kernel that calls it: no compiled code of its own to load
-    from the cache at import (each cached kernel costs a stub a few ms of CPU)."""
-    inlined: Callable[..., Any] = numba.njit(inline="always", error_model="numpy")(function)
-    return inlined
-
-
 # `one_order_answer`'s outcomes.
 ANSWERED: Final = 0
 NOT_USABLE: Final = 1  # an objective out of its range (or NaN): the resolver names it
 TIED: Final = 2  # an exact tie for the best usable rider: the solver decides
 
 # (low [C], high [C], whole-number columns [W]) of a packed matrix
-_BOUNDS: Final = _types.Tuple((_F8, _F8, _I8))
+_BOUNDS: Final = _types.Tuple((F8, F8, I8))
 
 
-@_inlined
+@inlined
 def _within(matrix: Any, bounds: Any, capped: int, cap: float) -> bool:
     """Whether every value of ``matrix`` [n, C] lies in its column's [low, high] (column
     ``capped`` also <= ``cap``) and every whole-number column holds whole numbers."""
@@ -98,7 +82,7 @@ def _within(matrix: Any, bounds: Any, capped: int, cap: float) -> bool:
 _LIMITS: Final = _types.Tuple((_types.intp, _types.float64, _types.intp, _types.int64))
 
 
-@compiled(_types.boolean(_F8_2D, _BOUNDS, _F8_2D, _BOUNDS, _LIMITS))
+@compiled(_types.boolean(F8_2D, _BOUNDS, F8_2D, _BOUNDS, _LIMITS))
 def usual_values(
     orders: Any, order_bounds: Any, riders: Any, rider_bounds: Any, limits: Any
 ) -> bool:
@@ -118,14 +102,14 @@ def usual_values(
     return True
 
 
-@_inlined
+@inlined
 def _clipped(value: float) -> float:
     """numpy's clip(value, 0, 1) of a finite float (max, then min)."""
     value = value if value > 0.0 else 0.0
     return value if value < 1.0 else 1.0
 
 
-@_inlined
+@inlined
 def _ranks_before(keys: Any, x: int, y: int) -> bool:
     """Whether position ``x`` comes strictly before ``y``, both listed riders or both pads,
     by the resolver's Top-K keys after validity (``keys``: score, ETA, on-time, cost, id
@@ -161,8 +145,8 @@ _ANSWER: Final = _types.Tuple(
 
 @compiled(
     _types.int64(
-        _types.Tuple((_I4, _F4_2D, _U8)),
-        _types.Tuple((_I4, _I4)),
+        _types.Tuple((I4, F4_2D, U8)),
+        _types.Tuple((I4, I4)),
         _types.UniTuple(_types.float64, 6),
         _ANSWER,
     )
@@ -258,8 +242,8 @@ def one_order_answer(candidates: Any, counts: Any, scoring: Any, out: Any) -> in
 
 @compiled(
     _types.boolean(
-        _types.Tuple((_I8, _F8_2D)),
-        _types.Tuple((_F8_2D, _types.intp)),
+        _types.Tuple((I8, F8_2D)),
+        _types.Tuple((F8_2D, _types.intp)),
         _types.float64,
         _types.int32[:],
     )
@@ -301,14 +285,14 @@ _DOT_SLACK: Final = 1e-12
 
 # (unit vectors [m, 3], their rows [m], each cell's first rider [C + 1]: the riders sorted
 # by cell, cell i * columns + j holding those at [start[c], start[c + 1]))
-_GRID_RIDERS: Final = _types.Tuple((_F8_2D, _I8, _I8))
+_GRID_RIDERS: Final = _types.Tuple((F8_2D, I8, I8))
 # (the plane's lowest coordinates (2), a cell's side, rows and columns of cells)
 _GRID_SHAPE: Final = _types.Tuple(
     (_types.UniTuple(_types.float64, 3), _types.UniTuple(_types.intp, 2))
 )
 
 
-@_inlined
+@inlined
 def _cell(coordinate: float, low: float, side: float, cells: int) -> int:
     """The cell of a plane coordinate along one axis, clamped to the grid."""
     at = math.floor((coordinate - low) / side)
@@ -317,7 +301,7 @@ def _cell(coordinate: float, low: float, side: float, cells: int) -> int:
 
 @compiled(
     _types.void(
-        _types.Tuple((_F8_2D, _F8_2D)),
+        _types.Tuple((F8_2D, F8_2D)),
         _GRID_RIDERS,
         _GRID_SHAPE,
         _types.Tuple((_types.int64[:, :], _types.float64[:])),
@@ -396,7 +380,7 @@ def largest_dots(pickups: Any, riders: Any, grid: Any, out: Any) -> None:
         cut[b] = top[keep]
 
 
-@compiled(_types.void(_I8, _types.Tuple((_I8, _I8)), _types.UniTuple(_types.int64[:], 3)))
+@compiled(_types.void(I8, _types.Tuple((I8, I8)), _types.UniTuple(_types.int64[:], 3)))
 def slot_copies(edge_rider: Any, riders: Any, out: Any) -> None:
     """`slots.slot_edges`' copies: each edge e (to rider ``edge_rider[e]``) once per slot of
     its rider (``riders``: every rider's slot count and first slot column), in edge order,
@@ -411,7 +395,7 @@ def slot_copies(edge_rider: Any, riders: Any, out: Any) -> None:
             at += 1
 
 
-@compiled(_types.void(_I8, _I8, _types.Tuple((_I8, _I8)), _types.int64[:]))
+@compiled(_types.void(I8, I8, _types.Tuple((I8, I8)), _types.int64[:]))
 def orders_before(rank: Any, assigned: Any, pairs: Any, out: Any) -> None:
     """`stacking.joining_extra_load`'s count: for each pair p (order ``pairs[0][p]``, rider
     ``pairs[1][p]``) how many orders assigned to that rider (``assigned`` [B]: rider row or
@@ -446,7 +430,7 @@ def orders_before(rank: Any, assigned: Any, pairs: Any, out: Any) -> None:
 
 @compiled(
     _types.void(
-        _types.Array(_types.int32, 2, "A", readonly=True), _I8, _types.int64[:], _types.int64[:]
+        _types.Array(_types.int32, 2, "A", readonly=True), I8, _types.int64[:], _types.int64[:]
     )
 )
 def proposal_rounds(candidates: Any, spare: Any, left: Any, rider_of: Any) -> None:

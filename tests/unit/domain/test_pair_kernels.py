@@ -209,7 +209,7 @@ def test_leg_geometry_gives_numpys_float64_values(seed: int) -> None:
         out = [np.empty(pairs + orders) for _ in range(3)] + [np.empty(zones) for _ in range(2)]
         plane = np.empty((zones, 2))
         pair_kernels.leg_geometry(
-            (rider, pickup, dropoff, pair_order),
+            (rider, np.arange(pairs), pair_order, pickup, dropoff),
             geo.geohash_grid(precision),
             (origin_lat, origin_lon, geo.EARTH_RADIUS_KM),
             (*out, plane),

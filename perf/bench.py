@@ -2,6 +2,7 @@
 
 One run, on this machine, with the same simulator windows everywhere:
 1. the in-process limit (`perf.limit`): DispatchPipeline alone, 1 thread and 2 processes;
+   and where one window's CPU goes in process, stage by stage (`perf.window_cost`);
 2. Triton (this checkout's `cpu` profile on free loopback ports), both models that answer a
    window, side by side: the `dispatch` ensemble and `dispatch_fused` (the same pipeline in
    one Python model). perf_analyzer over gRPC, gRPC + system shared memory and HTTP binary;
@@ -34,8 +35,8 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ from perf.sessions import FastApiSession, TritonSession
 from perf.stats import request_budget
 from perf.targets import summary
 from perf.variants import TUNING_LOG, config_digest, parse_override, patched_repository
+from perf.window_cost import stage_costs
 from perf.windows import (
     SIZES,
     Tensors,
@@ -123,6 +125,8 @@ class Plan:
     # about round_seconds long; 0 skips it
     rounds: int = 0
     round_seconds: float = 3.0
+    # perf.window_cost: windows timed per size, stage by stage, in process; none: skipped
+    window_cost_calls: Mapping[str, int] = field(default_factory=dict)
 
 
 FULL = Plan(
@@ -145,6 +149,7 @@ FULL = Plan(
     open_loop_tail_s=3.0,
     rounds=MIN_ROUNDS,
     round_seconds=3.0,
+    window_cost_calls={"small": 1000, "medium": 100, "large": 10},
 )
 
 QUICK = Plan(
@@ -167,6 +172,7 @@ QUICK = Plan(
     open_loop_tail_s=1.5,
     rounds=MIN_ROUNDS,
     round_seconds=1.0,
+    window_cost_calls={"small": 200, "medium": 20, "large": 3},
 )
 
 
@@ -223,6 +229,7 @@ class Bench:
             max_seconds=self.plan.limit_seconds,
             repository=self.repository,
         )
+        self.phase("window cost", self.window_cost_phase)
         self.phase("Triton", self.triton_phase)
         self.phase("FastAPI baseline", self.fastapi_phase)
         if self.plan.rounds > 0 and "small" in self.workloads:
@@ -290,6 +297,14 @@ class Bench:
             say=self.say,
             priority_key=triton.server.priority_key,
         )
+
+    def window_cost_phase(self) -> None:
+        """perf.window_cost: where one window's CPU goes in process, stage by stage."""
+        for size in self.sizes:
+            calls = self.plan.window_cost_calls.get(size.name, 0)
+            if calls > 0:
+                self.say(f"window cost: {size.label}, {calls} windows stage by stage")
+                self.results.window_cost[size.name] = stage_costs(size, calls, self.repository)
 
     def rounds_phase(self) -> None:
         """perf.rounds: the small-window comparisons in alternating rounds (`perf.bench_rounds`)."""

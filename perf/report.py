@@ -25,6 +25,7 @@ from perf.report_serving import (
 )
 from perf.results import ENSEMBLE_MODEL, ENTRY_POINTS, FUSED_MODEL, BenchResults, size_key
 from perf.targets import compute_ratios, compute_targets
+from perf.window_cost import STAGES
 
 __all__ = [
     "main",
@@ -165,6 +166,33 @@ def _limit_section(results: BenchResults) -> list[str]:
         ],
     )
     return lines
+
+
+def _window_cost_section(results: BenchResults) -> list[str]:
+    """Where one window's CPU goes in process, stage by stage (`perf.window_cost`)."""
+    costs = results.window_cost
+    if not costs:
+        return []
+    sizes = sorted(costs, key=size_key)
+    rows: list[list[str]] = []
+    path: list[str] = []
+    for name, depth in STAGES:
+        path[depth:] = [name]
+        if any(name in costs[size] for size in sizes):
+            rows.append([" / ".join(path), *(_num(costs[size].get(name), 1) for size in sizes)])
+    return [
+        "",
+        "## Where a window's CPU goes (in process, 1 thread)",
+        "",
+        "Median thread-CPU microseconds per window of each stage, each timed on its own over "
+        "the same windows in turn (`python -m perf.window_cost`; its docstring says what each "
+        "stage holds). `fused` is `FusedDispatch.run` as dispatch_fused runs a window alone "
+        "(a one-order window takes the straight path); `fused_general` the same with that "
+        "path off, whose steps the rows below it split. Work handed to other threads (a large "
+        "window's candidate ranking) is not on this clock.",
+        "",
+        *_table(["stage", *(f"{size} us" for size in sizes)], rows),
+    ]
 
 
 def _breakdown_section(results: BenchResults) -> list[str]:
@@ -453,6 +481,7 @@ def render_report(results: BenchResults, plots: Mapping[str, str] | None = None)
         *robustness_section(compute_targets(results)),
         *_ratios_section(results),
         *_limit_section(results),
+        *_window_cost_section(results),
         *_breakdown_section(results),
     ]
     for size in results.sizes():

@@ -146,8 +146,10 @@ class BenchResults:
     geocoding: dict[str, Any] = field(default_factory=dict)
     # perf.overload_bench.measure_pinned: open-loop bursts on the server's own cores
     open_loop: dict[str, Any] = field(default_factory=dict)
-    # perf.rounds.run_rounds: per round, entry -> small c=64 windows/s (None: failed)
+    # perf.rounds.run_rounds: per round, entry -> its figure (None: failed)
     rounds: list[dict[str, float | None]] = field(default_factory=list)
+    # perf.window_cost.stage_costs: size -> stage -> median thread-CPU us per window
+    window_cost: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def breakdowns(self) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
         """Model -> size -> step -> parts, for both Triton entry points."""
@@ -188,6 +190,7 @@ class BenchResults:
             "geocoding": self.geocoding,
             "open_loop": self.open_loop,
             "rounds": self.rounds,
+            "window_cost": self.window_cost,
         }
 
     @classmethod
@@ -214,6 +217,10 @@ class BenchResults:
                 {str(k): None if v is None else float(v) for k, v in measured.items()}
                 for measured in data.get("rounds", [])
             ],
+            window_cost={
+                str(size): {str(stage): float(us) for stage, us in stages.items()}
+                for size, stages in data.get("window_cost", {}).items()
+            },
         )
 
 

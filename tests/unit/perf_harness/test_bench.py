@@ -827,6 +827,25 @@ def test_summary_round_trip() -> None:
     assert BenchResults.from_dict(old).breakdown_fused == {}
 
 
+def test_the_report_says_where_a_windows_cpu_goes_by_stage() -> None:
+    results = _results()
+    results.window_cost = {
+        "large": {"fused": 65000.0, "encode": 30000.0, "candidates": 12000.0},
+        "small": {"fused": 480.0, "fused_general": 900.0, "encode": 350.0, "unpack": 60.5},
+    }
+    again = BenchResults.from_dict(json.loads(json.dumps(summary(results))))
+    assert again.window_cost == results.window_cost
+    text = render_report(again)
+    assert "## Where a window's CPU goes (in process, 1 thread)" in text
+    assert "| stage | small us | large us |" in text  # sizes in their order
+    assert "| fused | 480.0 | 65,000.0 |" in text
+    assert "| fused_general | 900.0 | n/a |" in text
+    assert "| fused_general / encode / unpack | 60.5 | n/a |" in text
+    assert "| fused_general / encode / candidates | n/a | 12,000.0 |" in text
+    assert "onnx" not in text.split("## Where a window's CPU goes")[1].split("##")[0]
+    assert "## Where a window's CPU goes" not in render_report(_results())
+
+
 def test_render_report() -> None:
     text = render_report(_results(), {"small": "small.png"})
     assert text.startswith("# Benchmark: dispatch service (20261130-000000, quick run)")

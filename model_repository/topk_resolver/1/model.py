@@ -2,11 +2,14 @@
 
 import triton_python_backend_utils as pb_utils
 
-from dispatch_service.serving.step_adapters import TritonResolverAdapter
+from dispatch_service.serving import stub_gc
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        stub_gc.pause()  # set up without the garbage collector; the adapter resumes it
+        from dispatch_service.serving.step_adapters import TritonResolverAdapter
+
         self.adapter = TritonResolverAdapter.from_triton(pb_utils, args)
 
     def execute(self, requests):

@@ -214,11 +214,14 @@ _ADAPTER: Final = '''\
 
 import triton_python_backend_utils as pb_utils
 
-from dispatch_service.serving.fused_adapter import fused_adapter_for
+from dispatch_service.serving import stub_gc
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        stub_gc.pause()  # set up without the garbage collector; the adapter resumes it
+        from dispatch_service.serving.fused_adapter import fused_adapter_for
+
         self.adapter = fused_adapter_for(pb_utils, args)
 
     def execute(self, requests):

@@ -26,6 +26,7 @@ from dispatch_service.core.metrics import (
     Observation,
     rejection_observation,
 )
+from dispatch_service.serving import stub_gc
 from dispatch_service.serving.backend_log import log_event
 from dispatch_service.serving.stub_setup import settle_cpu_priority
 from dispatch_service.serving.triton_metrics import metrics_error_logger
@@ -89,8 +90,10 @@ class TritonResponder:
         self._in_flight = 0
 
     def loaded(self) -> None:
-        """Log this instance's load (called once `initialize` has built the adapter) and
-        lower the stub's CPU priority, its setup done (`stub_setup.settle_cpu_priority`)."""
+        """Log this instance's load (called once `initialize` has built the adapter), lower
+        the stub's CPU priority, its setup done (`stub_setup.settle_cpu_priority`), and
+        turn the garbage collector back on (`stub_gc.resume`)."""
+        stub_gc.resume()
         settle_cpu_priority()
         self._log_lifecycle("model_loaded")
 

@@ -122,6 +122,20 @@ def _ranked(keys: tuple[NDArray[Any], ...], tie: NDArray[Any]) -> NDArray[np.int
     return order
 
 
+def _row_sums(at: NDArray[np.bool_], values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``np.where(at, values, 0.0).sum(axis=1)`` (``values`` [B, N, ...], ``at`` [B, N]
+    marking at most one cell of a row), bit for bit, as a gather: that cell's value plus
+    0.0 (numpy's sum adds it even to a row of one: a -0.0 reads 0.0), or 0.0 for a row
+    without one. (A sum over the middle axis of [B, N, 3] reads it strided: slow.)"""
+    rows, width = at.shape
+    if width == 0:
+        return np.zeros((rows, *values.shape[2:]))
+    line = np.arange(rows)
+    column = at.argmax(axis=1)
+    hit = at[line, column].reshape(rows, *[1] * (values.ndim - 2))
+    return np.where(hit, values[line, column] + 0.0, 0.0)
+
+
 def _adjacent_equal(values: NDArray[Any], valid: NDArray[np.bool_]) -> bool:
     """Whether two neighbours of a row of ``values`` [B, N] are equal, both ``valid``."""
     return bool(((values[:, 1:] == values[:, :-1]) & valid[:, 1:] & valid[:, :-1]).any())
@@ -293,7 +307,7 @@ class ResolverWindow:
         # values need no masking: a padded slot already reads 0.
         rows = np.arange(index.shape[0])[:, None]
         ranked_index = safe_index[rows, order]
-        if len(set(used_hash.tolist())) < used.size and _adjacent_equal(
+        if np.unique(used_hash).size < used.size and _adjacent_equal(
             rider_hash[ranked_index], ranked_index < num_riders
         ):
             # Two riders of one order's list share a hash (FNV-1a is easy to collide on
@@ -322,8 +336,8 @@ class ResolverWindow:
         # The assigned pair's score and objectives: its one cell of the order's row (a missing
         # candidate never matches; an unassigned order, -1, matches none and reads 0).
         at_assigned = (index == assigned_index[:, None]) & valid
-        assigned_score = np.where(at_assigned, score, 0.0).sum(axis=1)
-        assigned_obj = np.where(at_assigned[..., None], obj, 0.0).sum(axis=1)
+        assigned_score = _row_sums(at_assigned, score)
+        assigned_obj = _row_sums(at_assigned, obj)
         top = order[:, :k]
         top_index = ranked_index[:, :k]
         top_score = ranked_score[:, :k]

@@ -19,6 +19,7 @@ from dispatch_service.domain.resolver import (
     ResolverWindow,
     WindowTensors,
     _resolve_stacked,
+    _row_sums,
     checked_together,
     resolve,
     resolve_many,
@@ -925,3 +926,20 @@ def test_a_bad_objective_on_a_valid_pair_is_named_by_row(
     assert caught.value.rule == rule
     objectives[row, column] = 1.0
     assert checked_objectives(objectives, valid)[0, 1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_assigned_values_are_the_sums_over_each_row_bit_for_bit() -> None:
+    """`_row_sums` gathers what ``np.where(at, values, 0.0).sum(axis=1)`` adds up: the one
+    marked cell plus 0.0 (a -0.0 reads 0.0, even on a row of one), 0.0 without one; for
+    scores [B, N] and objectives [B, N, 3], rows of width 0 to 19."""
+    rng = np.random.default_rng(0)
+    for _ in range(1000):
+        orders, width = int(rng.integers(0, 6)), int(rng.integers(0, 20))
+        objectives = rng.choice([-0.0, 0.0, 1.5, -2.25, 1e-300, 3.0], size=(orders, width, 3))
+        at = np.zeros((orders, width), dtype=np.bool_)
+        for b in range(orders):
+            if width and rng.random() < 0.7:
+                at[b, rng.integers(0, width)] = True
+        for values, marked in ((objectives[..., 0].copy(), at), (objectives, at[..., None])):
+            expected = np.where(marked, values, 0.0).sum(axis=1)
+            assert _row_sums(at, values).tobytes() == expected.tobytes()

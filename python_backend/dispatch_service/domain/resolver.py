@@ -126,7 +126,8 @@ def _row_sums(at: NDArray[np.bool_], values: NDArray[np.float64]) -> NDArray[np.
     """``np.where(at, values, 0.0).sum(axis=1)`` (``values`` [B, N, ...], ``at`` [B, N]
     marking at most one cell of a row), bit for bit, as a gather: that cell's value plus
     0.0 (numpy's sum adds it even to a row of one: a -0.0 reads 0.0), or 0.0 for a row
-    without one. (A sum over the middle axis of [B, N, 3] reads it strided: slow.)"""
+    without one. For the objectives [B, N, 3]: numpy sums over their middle axis strided,
+    12 times slower for 1,000 orders (a sum over a row's last axis, the scores', is not)."""
     rows, width = at.shape
     if width == 0:
         return np.zeros((rows, *values.shape[2:]))
@@ -307,7 +308,7 @@ class ResolverWindow:
         # values need no masking: a padded slot already reads 0.
         rows = np.arange(index.shape[0])[:, None]
         ranked_index = safe_index[rows, order]
-        if np.unique(used_hash).size < used.size and _adjacent_equal(
+        if len(set(used_hash.tolist())) < used.size and _adjacent_equal(
             rider_hash[ranked_index], ranked_index < num_riders
         ):
             # Two riders of one order's list share a hash (FNV-1a is easy to collide on
@@ -336,7 +337,7 @@ class ResolverWindow:
         # The assigned pair's score and objectives: its one cell of the order's row (a missing
         # candidate never matches; an unassigned order, -1, matches none and reads 0).
         at_assigned = (index == assigned_index[:, None]) & valid
-        assigned_score = _row_sums(at_assigned, score)
+        assigned_score = np.where(at_assigned, score, 0.0).sum(axis=1)
         assigned_obj = _row_sums(at_assigned, obj)
         top = order[:, :k]
         top_index = ranked_index[:, :k]

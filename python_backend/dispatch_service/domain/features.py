@@ -192,9 +192,10 @@ def encode_pairs_batch(
         raise ValueError(f"{len(windows)} windows need as many cities, got {len(cities)}")
     pair_orders: list[IntArray] = []  # per window: each valid pair's order, batch-wide
     pair_riders: list[IntArray] = []  # its rider row, in its window
+    batch_riders: list[IntArray] = []  # and batch-wide (each window's riders after the last's)
     valids: list[IntArray] = []
     sizes: list[int] = []
-    order_base = 0
+    order_base = rider_base = 0
     for number, (window, candidates) in enumerate(windows):
         num_orders = window.num_orders
         if candidates.ndim != 2 or candidates.shape[0] != num_orders:
@@ -212,7 +213,9 @@ def encode_pairs_batch(
         sizes.append(flat.size)
         pair_orders.append(valid // max(candidates.shape[1], 1) + order_base)
         pair_riders.append(flat[valid])
+        batch_riders.append(pair_riders[-1] + rider_base if rider_base else pair_riders[-1])
         order_base += num_orders
+        rider_base += window.num_riders
     if order_base == 0 or not any(v.size for v in valids):
         return [np.zeros((size, NUM_PAIR_FEATURES), dtype=np.float32) for size in sizes]
 
@@ -223,11 +226,6 @@ def encode_pairs_batch(
     num_orders = order_base
     pickup = joined([w.pickup for w in members])
     dropoff = joined([w.dropoff for w in members])
-    # each pair's rider as a row of the batch's riders (each window's rows after the last's)
-    rider_base = np.cumsum([0, *(w.num_riders for w in members[:-1])])
-    pair_rider = joined(
-        [r + base for r, base in zip(pair_riders, rider_base.tolist(), strict=True)]
-    )
     vehicle_code = joined([w.rider_vehicle[r] for w, r in chosen]).astype(np.int64)
     order_window = (  # each order's window: a lone window's are all 0, without a repeat
         np.zeros(num_orders, dtype=np.int64)
@@ -243,7 +241,7 @@ def encode_pairs_batch(
     zone_east, zone_north, plane = np.empty(zones), np.empty(zones), np.empty((zones, 2))
     geometry = (km, bearing_sin, bearing_cos, zone_east, zone_north, plane)
     pair_kernels.leg_geometry(
-        (joined([w.rider_position for w in members]), pair_rider, o, pickup, dropoff),
+        (joined([w.rider_position for w in members]), joined(batch_riders), o, pickup, dropoff),
         geo.geohash_grid(settings.zone_precision),
         (*_origins(cities, order_window, o), geo.EARTH_RADIUS_KM),
         geometry,

@@ -23,7 +23,7 @@ exact ranking after it either proves or redoes over every rider.
 
 The kernels are compiled like `pair_kernels`' (explicit signatures, numba's on-disk
 cache), so a model pays for them at load, never on a request; their helpers are inlined
-into them. Loading them from the cache costs a stub that imports them about 20 ms of CPU.
+into them. Loading them from the cache costs a stub that imports them about 25 ms of CPU.
 """
 
 from __future__ import annotations

@@ -309,7 +309,7 @@ class Bench:
     def rounds_phase(self) -> None:
         """perf.rounds: the small-window comparisons in alternating rounds (`perf.bench_rounds`)."""
         self.say(f"alternating rounds: small c=64 and c=1, {self.plan.rounds} rounds")
-        self.results.rounds = alternating_rounds(
+        rounds = alternating_rounds(
             RoundsPlan(self.plan.rounds, self.plan.round_seconds),
             repository=self.repository,
             workload=self.workloads["small"],
@@ -317,6 +317,7 @@ class Bench:
             out=self.out,
             say=self.say,
         )
+        self.results.rounds, self.results.served_cpu = rounds.figures, rounds.cpu
 
     def geocoding_phase(self) -> None:
         self.say(f"addresses: {self.plan.geocoding_windows} medium windows per scenario")

@@ -3,7 +3,10 @@ measured against one tritonserver and one FastAPI service, both up for every rou
 
 The tritonserver serves the bench's repository with the no-work floor added (`perf.floor`), so
 that the floor is measured the same way as `dispatch_fused`, minutes from it, on the same
-server; its two idle stubs cost the other entries nothing measurable.
+server; its two idle stubs cost the other entries nothing measurable. At c=64 each of the two
+also gives the CPU a window cost the server's process and the model's stubs
+(`perf.server_cpu`): the floor's is what serving costs, dispatch_fused's over it what the
+library costs served.
 """
 
 from __future__ import annotations
@@ -11,28 +14,42 @@ from __future__ import annotations
 import itertools
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from perf import limit
-from perf.floor import floor_job, floor_repository
+from perf.floor import FLOOR_MODEL, floor_job, floor_repository
 from perf.levels import load_level, pa_level
-from perf.results import BenchResults
+from perf.results import FUSED_MODEL, BenchResults
 from perf.rounds import FLOOR, FLOOR_C1, FUSED_C1, LIMIT, run_rounds
+from perf.server_cpu import cpu_by_part, served
 from perf.sessions import FastApiSession, TritonSession
 from perf.stats import LevelStats, request_budget
 from perf.workload import Workload
 
-__all__ = ["RoundsPlan", "alternating_rounds"]
+__all__ = ["CPU_ENTRIES", "Rounds", "RoundsPlan", "alternating_rounds"]
 
 C64 = 64  # the c=64 comparisons' concurrency (perf.targets.TARGET_CONCURRENCY)
+# The c=64 entries whose CPU per window is split, with the model each measures.
+CPU_ENTRIES: Final = {"fused_grpc": FUSED_MODEL, FLOOR: FLOOR_MODEL}
 
 
 @dataclass(frozen=True)
 class RoundsPlan:
     rounds: int
     round_seconds: float  # each level about this long
+
+
+@dataclass
+class Rounds:
+    """Per round, each entry's figure (`perf.rounds.run_rounds`); per `CPU_ENTRIES` entry,
+    each round's CPU milliseconds per window by part (`perf.server_cpu.cpu_by_part`)."""
+
+    figures: list[dict[str, float | None]] = field(default_factory=list)
+    cpu: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
 
 def alternating_rounds(
@@ -43,7 +60,7 @@ def alternating_rounds(
     sweep: BenchResults,
     out: Path,
     say: Callable[[str], None],
-) -> list[dict[str, float | None]]:
+) -> Rounds:
     """`plan.rounds` rounds of every entry of `perf.rounds.ROUND_ORDER` on small windows;
     `sweep` (the bench's results so far) sizes each level's first request count."""
     with (
@@ -67,7 +84,8 @@ def alternating_rounds(
         }
         # A round that has not started this long after the servers are up is dropped.
         hard_stop = time.monotonic() + plan.rounds * max(60.0, 15 * plan.round_seconds)
-        return run_rounds(plan.rounds, measures, say, lambda: time.monotonic() < hard_stop)
+        figures = run_rounds(plan.rounds, measures, say, lambda: time.monotonic() < hard_stop)
+        return Rounds(figures, levels.cpu)
 
 
 def _throughput(row: LevelStats | None) -> float | None:
@@ -93,13 +111,32 @@ class _Levels:
         self.plan, self.workload, self.sweep, self.out, self.say = plan, workload, sweep, out, say
         self.rates: dict[tuple[str, int], float] = {}
         self.folders = itertools.count(1)
+        self.cpu: dict[str, list[dict[str, float]]] = {}
+
+    @contextmanager
+    def cpu_watched(self, session: TritonSession, entry: str, concurrency: int) -> Iterator[None]:
+        """Around one level: the CPU per answered window of each part, where it is asked."""
+        model = CPU_ENTRIES.get(entry)
+        if model is None or concurrency != C64:
+            yield
+            return
+        server = session.server
+        models = tuple(CPU_ENTRIES.values())
+        before, answered = cpu_by_part(server, models), served(server, model)
+        yield
+        windows = served(server, model) - answered
+        if windows > 0:
+            after = cpu_by_part(server, models)
+            used = {part: 1000 * (after[part] - before[part]) / windows for part in after}
+            self.cpu.setdefault(entry, []).append(used)
 
     def triton(self, session: TritonSession, entry: str, concurrency: int) -> LevelStats | None:
-        row, failure, _ = pa_level(
-            session.pa, session.endpoints, entry, self.workload, concurrency,
-            request_count=self._requests(entry, concurrency),
-            out=self._folder(entry, concurrency), timeout_s=self._timeout_s(),
-        )  # fmt: skip
+        with self.cpu_watched(session, entry, concurrency):
+            row, failure, _ = pa_level(
+                session.pa, session.endpoints, entry, self.workload, concurrency,
+                request_count=self._requests(entry, concurrency),
+                out=self._folder(entry, concurrency), timeout_s=self._timeout_s(),
+            )  # fmt: skip
         return self._measured((entry, concurrency), row, failure)
 
     def floor(self, session: TritonSession, concurrency: int) -> LevelStats | None:
@@ -112,7 +149,8 @@ class _Levels:
             request_count=request_budget(rate, self.plan.round_seconds, concurrency),
             csv_path=folder / f"floor_c{concurrency}.csv",
         )  # fmt: skip
-        outcome = session.pa.run(job, self._timeout_s())
+        with self.cpu_watched(session, FLOOR, concurrency):
+            outcome = session.pa.run(job, self._timeout_s())
         row = outcome.rows[0] if outcome.ok else None
         return self._measured((FLOOR, concurrency), row, outcome.log_tail[-300:])
 

@@ -27,12 +27,9 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dispatch_service.core.paths import REPO_ROOT
-
-if TYPE_CHECKING:
-    from dispatch_service.ops.server import TritonServer
 
 __all__ = [
     "LEVELS",
@@ -42,7 +39,6 @@ __all__ = [
     "library_first",
     "main",
     "measure",
-    "served",
 ]
 
 MODELS = ("dispatch", "dispatch_fused")
@@ -108,21 +104,12 @@ def input_data(worktree: Path, out: Path, sizes: Sequence[str]) -> dict[str, Pat
     return {size: folder / f"input_{size}.json" for size in sizes}
 
 
-def served(server: TritonServer, model: str) -> int:
-    """Windows ``model`` has answered successfully so far (Triton's statistics)."""
-    import tritonclient.grpc as grpcclient
-
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        stats = client.get_inference_statistics(model_name=model, as_json=True)
-    return sum(int(m["inference_stats"]["success"].get("count", 0)) for m in stats["model_stats"])
-
-
 def measure(
     commits: Sequence[str], rounds: int, out: Path, sizes: Sequence[str] = ("small",)
 ) -> dict[str, list[dict[str, Any]]]:
     from dispatch_service.ops.server import Ports, ServerOptions, TritonRuntime, TritonServer
-    from perf.decision_log_cost import server_cpu_s
     from perf.pa import PaJob, PerfAnalyzer
+    from perf.server_cpu import served, server_cpu_s
 
     runtime = TritonRuntime.from_venv()
     pa = PerfAnalyzer.from_venv()

@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import tritonclient.http as httpclient
 
 from dispatch_contract import batched, spec_by_name
@@ -59,6 +58,7 @@ from dispatch_service.serving.decision_log import fused_answered_window
 from perf.bodies import OUTPUT_NAMES, RequestBody, triton_infer_path
 from perf.loadgen import LoadPlan, run_load
 from perf.outcomes_bench import report_path
+from perf.server_cpu import server_cpu_s
 from perf.windows import SIZES, simulated_windows
 
 __all__ = ["bodies_with_ids", "in_process_cost", "main"]
@@ -89,19 +89,6 @@ def bodies_with_ids(count: int) -> list[RequestBody]:
             headers["Inference-Header-Content-Length"] = str(json_size)
         bodies.append(RequestBody(bytes(body), headers))
     return bodies
-
-
-def server_cpu_s(server: TritonServer) -> float:
-    """CPU seconds (user + system) used so far by the server and its stubs."""
-    if server.process is None:
-        raise RuntimeError("the server is not running")
-    root = psutil.Process(server.process.pid)
-    total = 0.0
-    for process in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            times = process.cpu_times()
-            total += times.user + times.system
-    return total
 
 
 def recorded(store: Path) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from perf.bench_rounds import CPU_ENTRIES
 from perf.results import BenchResults
 from perf.rounds import (
     FLOOR,
@@ -22,7 +23,9 @@ from perf.rounds import (
     Spread,
     round_gap,
     round_ratio,
+    spread,
 )
+from perf.server_cpu import OTHER_STUBS, TRITONSERVER
 from perf.target import Target
 
 __all__ = [
@@ -96,7 +99,42 @@ def rounds_section(results: BenchResults) -> list[str]:
         found = round_gap(results.rounds, gap.minuend, gap.subtrahend)
         rows.append(_round_row(gap.name, found, f"<= {gap.goal_ms:g} ms"))
     lines += markdown_table(["comparison", "median", "min-max", "rounds", "goal"], rows)
-    return lines
+    return lines + _served_cpu_lines(results)
+
+
+def _served_cpu_lines(results: BenchResults) -> list[str]:
+    """The c=64 rounds' CPU per window, split between the server and the model's stubs."""
+    if not results.served_cpu:
+        return []
+    rows = []
+    for entry, rounds in results.served_cpu.items():
+        model = CPU_ENTRIES.get(entry, entry)
+
+        def median(*parts: str, measured: list[dict[str, float]] = rounds) -> float | None:
+            found = spread([sum(r.get(p, 0.0) for p in parts) for r in measured])
+            return found.median if found else None
+
+        rows.append(
+            [
+                _ROUND_LABELS.get(entry, entry),
+                format_number(median(TRITONSERVER), 3),
+                format_number(median(model), 3),
+                format_number(median(OTHER_STUBS), 3),
+                format_number(median(TRITONSERVER, model, OTHER_STUBS), 3),
+                str(len(rounds)),
+            ]
+        )
+    return [
+        "",
+        "CPU per answered window at c=64, from the server's process tree (median over the "
+        "rounds, ms): the floor's is what serving a window costs; dispatch_fused's above it, "
+        "what the library costs served. perf_analyzer's own CPU is not in it.",
+        "",
+        *markdown_table(
+            ["c=64 level", "tritonserver", "the model's stubs", "other stubs", "total", "rounds"],
+            rows,
+        ),
+    ]
 
 
 def _round_row(name: str, found: Spread | None, goal: str) -> list[str]:

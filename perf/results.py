@@ -148,6 +148,8 @@ class BenchResults:
     open_loop: dict[str, Any] = field(default_factory=dict)
     # perf.rounds.run_rounds: per round, entry -> its figure (None: failed)
     rounds: list[dict[str, float | None]] = field(default_factory=list)
+    # perf.bench_rounds: entry -> per round, part -> CPU ms per small window at c=64
+    served_cpu: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     # perf.window_cost.stage_costs: size -> stage -> median thread-CPU us per window
     window_cost: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -191,6 +193,7 @@ class BenchResults:
             "open_loop": self.open_loop,
             "rounds": self.rounds,
             "window_cost": self.window_cost,
+            "served_cpu": self.served_cpu,
         }
 
     @classmethod
@@ -217,6 +220,10 @@ class BenchResults:
                 {str(k): None if v is None else float(v) for k, v in measured.items()}
                 for measured in data.get("rounds", [])
             ],
+            served_cpu={
+                str(entry): [{str(k): float(v) for k, v in part.items()} for part in rounds]
+                for entry, rounds in data.get("served_cpu", {}).items()
+            },
             window_cost={
                 str(size): {str(stage): float(us) for stage, us in stages.items()}
                 for size, stages in data.get("window_cost", {}).items()

@@ -204,6 +204,42 @@ def test_the_report_shows_rounds_open_loop_and_storms_apart_from_the_targets() -
     assert "| dispatch_fused / FastAPI | 2.00 | 2.00-2.00 | 5 | >= 3x |" in text
     gap = "| dispatch_fused c=1 p50 - no-work floor c=1 p50 | 0.20 | 0.20-0.20 | 5 | <= 0.3 ms |"
     assert gap in text
+    assert "CPU per answered window at c=64" not in text  # not measured in this run
+    results.served_cpu = {
+        "fused_grpc": [
+            {
+                "tritonserver": 0.25,
+                "dispatch_fused": 0.6,
+                "dispatch_floor": 0.0,
+                "other processes": 0.01,
+            },
+            {
+                "tritonserver": 0.3,
+                "dispatch_fused": 0.7,
+                "dispatch_floor": 0.0,
+                "other processes": 0.0,
+            },
+            {
+                "tritonserver": 0.28,
+                "dispatch_fused": 0.5,
+                "dispatch_floor": 0.0,
+                "other processes": 0.0,
+            },
+        ],
+        "floor": [
+            {
+                "tritonserver": 0.2,
+                "dispatch_fused": 0.0,
+                "dispatch_floor": 0.17,
+                "other processes": 0.0,
+            }
+        ],
+    }
+    text = render_report(results)
+    assert "CPU per answered window at c=64" in text
+    # medians per part, and of the rounds' totals (0.86, 1.0, 0.78)
+    assert "| dispatch_fused gRPC (perf_analyzer) | 0.280 | 0.600 | 0.000 | 0.860 | 3 |" in text
+    assert "| no-work floor gRPC (perf_analyzer) | 0.200 | 0.170 | 0.000 | 0.370 | 1 |" in text
     assert "## Open-loop overload (`dispatch_fused`, server and load on separate cores)" in text
     assert "Cores: server on cores 1, load on cores 0." in text
     assert "0.40 / 12.00 (**INVALID**)" in text

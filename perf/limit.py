@@ -1,4 +1,5 @@
-"""The in-process limit: `DispatchPipeline` (encoder -> ONNX Runtime -> resolver) called
+"""The in-process limit: `FusedDispatch.run`, what `dispatch_fused` runs for a window (the
+encoder, ONNX Runtime and the resolver, a one-order window on the straight path), called
 directly, no serving, on the same windows and the same model configuration as the server.
 
 - single thread: per-window latency p50/p99 and windows (orders) per second;
@@ -19,8 +20,9 @@ from typing import Any
 from numpy.typing import NDArray
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
-from dispatch_service.pipeline.dispatch_pipeline import DispatchPipeline
+from dispatch_service.pipeline.fused import FusedDispatch
 from perf.stats import LimitStats, level_stats
+from perf.window_answers import fused_dispatch
 from perf.windows import SIZES, simulated_windows
 
 __all__ = [
@@ -31,7 +33,7 @@ __all__ = [
 
 
 def run_windows(
-    pipeline: DispatchPipeline,
+    pipeline: FusedDispatch,
     windows: Sequence[Mapping[str, NDArray[Any]]],
     max_windows: int,
     max_seconds: float,
@@ -57,7 +59,7 @@ def _worker(
     results: Any,
 ) -> None:
     """One worker process: its own pipeline; per size, start with the others, then run."""
-    pipeline = DispatchPipeline.from_repository(repository)
+    pipeline = fused_dispatch(repository)
     prepared = {name: simulated_windows(SIZES[name]) for name in size_names}
     for name in size_names:
         windows = prepared[name]
@@ -76,7 +78,7 @@ def measure(
     repository: Path = MODEL_REPOSITORY,
 ) -> dict[str, LimitStats]:
     """The limit for each size: first 1 thread here, then `processes` spawned workers."""
-    pipeline = DispatchPipeline.from_repository(repository)
+    pipeline = fused_dispatch(repository)
     singles = {}
     for name in size_names:
         windows = simulated_windows(SIZES[name])

@@ -141,7 +141,7 @@ def _ratios_section(results: BenchResults) -> list[str]:
 def _limit_section(results: BenchResults) -> list[str]:
     """The in-process limit: the pipeline without serving."""
     lines: list[str] = []
-    lines += ["", "## In-process limit (DispatchPipeline, no serving)", ""]
+    lines += ["", "## In-process limit (FusedDispatch, no serving)", ""]
     lines += _table(
         [
             "size",
@@ -457,8 +457,9 @@ def _method_section(results: BenchResults) -> list[str]:
         "model (one process hop instead of four). Same server, windows and client; each "
         "transport is measured for the ensemble, then for the fused model, whose sweep may "
         "have fewer levels (see the tables).",
-        "- In-process limit: `DispatchPipeline.from_repository()` in the benchmark process "
-        "(1 thread) and in 2 spawned worker processes started behind a barrier.",
+        "- In-process limit: `FusedDispatch.run` (what `dispatch_fused` runs for a window, "
+        "configured by its config.pbtxt) in the benchmark process (1 thread) and in 2 spawned "
+        "worker processes started behind a barrier.",
         "- FastAPI baseline: `perf/baselines/fastapi_service.py`, uvicorn with 2 workers "
         "(httptools, uvloop), the same library and model, on loopback.",
         "- Client, server and references run one after another on the same host; the load "

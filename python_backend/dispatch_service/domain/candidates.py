@@ -225,9 +225,11 @@ def _rider_grid(
     if num_orders * count < _GRID_FROM:
         return *one_cell, np.zeros((2, num_orders))  # any coordinates: the one cell
     centre = np.array([riders_xyz[:, axis].sum() for axis in range(3)])  # their sum
+    if not centre.any():  # riders all around the earth, cancelling out: any plane serves
+        centre = np.array([0.0, 0.0, 1.0])
     east = np.cross((0.0, 0.0, 1.0), centre)
-    if not np.linalg.norm(east) > 1e-6 * np.linalg.norm(centre):  # a pole (or no direction)
-        east = np.cross((1.0, 0.0, 0.0), centre if centre.any() else (0.0, 0.0, 1.0))
+    if not np.linalg.norm(east) > 1e-6 * np.linalg.norm(centre):  # at a pole
+        east = np.cross((1.0, 0.0, 0.0), centre)
     east /= np.linalg.norm(east)
     north = np.cross(centre, east)
     north /= np.linalg.norm(north)

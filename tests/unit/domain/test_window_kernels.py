@@ -293,6 +293,24 @@ def test_largest_dots_keeps_the_largest_and_names_the_best_left_out(grid: bool) 
     assert gridded > 150 if grid else gridded == 0
 
 
+def test_largest_dots_over_riders_with_no_mean_direction() -> None:
+    """Riders whose directions cancel out exactly (no plane to lean on): the grid still cuts
+    a plane, and the kept riders are the largest dot products."""
+    fleet = np.concatenate((np.eye(3), -np.eye(3)))
+    assert not fleet.sum(axis=0).any()
+    pickups = _unit_vectors(np.array([10.0, -40.0, 80.0]), np.array([20.0, 130.0, -70.0]))
+    bucketed, shape, plane = _rider_grid(fleet, np.tile(pickups, (1 << 13, 1)))
+    assert np.isfinite(plane).all()
+    best, cut = np.empty((3, 3), dtype=np.int64), np.empty(3)
+    largest_dots((pickups, plane[:, :3]), bucketed, shape, (best, cut))
+    dots = (pickups[:, None, 0] * fleet[None, :, 0] + pickups[:, None, 1] * fleet[None, :, 1]) + (
+        pickups[:, None, 2] * fleet[None, :, 2]
+    )
+    for b in range(3):
+        assert sorted(dots[b, best[b]].tolist()) == sorted(dots[b].tolist())[-3:]
+        assert cut[b] == np.delete(dots[b], best[b]).max()
+
+
 def _rounds_by_hand(candidates: list[list[int]], spare: list[int]) -> list[int]:
     """Proposal rounds as the rule says them: each round's proposals grouped by rider, each
     rider taking its lowest-numbered proposers while the slots it had at the round's start

@@ -1,6 +1,8 @@
 """The in-process limit: `FusedDispatch.run`, what `dispatch_fused` runs for a window (the
 encoder, ONNX Runtime and the resolver, a one-order window on the straight path), called
-directly, no serving, on the same windows and the same model configuration as the server.
+directly, no serving, on the same windows and the same model configuration as the server,
+and as a stub runs it: BLAS on the calling thread only (`stub_setup.single_threaded_blas`;
+OpenBLAS's own threads would otherwise spin beside it, about 30 ms of CPU per large window).
 
 - single thread: per-window latency p50/p99 and windows (orders) per second;
 - N worker processes (default 2, one per core): aggregate throughput, each process with its
@@ -21,6 +23,7 @@ from numpy.typing import NDArray
 
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.pipeline.fused import FusedDispatch
+from dispatch_service.serving.stub_setup import single_threaded_blas
 from perf.stats import LimitStats, level_stats
 from perf.window_answers import fused_dispatch
 from perf.windows import SIZES, simulated_windows
@@ -59,6 +62,7 @@ def _worker(
     results: Any,
 ) -> None:
     """One worker process: its own pipeline; per size, start with the others, then run."""
+    single_threaded_blas()
     pipeline = fused_dispatch(repository)
     prepared = {name: simulated_windows(SIZES[name]) for name in size_names}
     for name in size_names:
@@ -78,6 +82,7 @@ def measure(
     repository: Path = MODEL_REPOSITORY,
 ) -> dict[str, LimitStats]:
     """The limit for each size: first 1 thread here, then `processes` spawned workers."""
+    single_threaded_blas()
     pipeline = fused_dispatch(repository)
     singles = {}
     for name in size_names:

@@ -10,6 +10,7 @@ The protobuf modules are imported on first use: importing this module costs noth
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -20,6 +21,7 @@ __all__ = [
     "CONFIG_NAME",
     "ModelConfigError",
     "check_repository_configs",
+    "config_from_dict",
     "config_parameters",
     "ensemble_steps",
     "profile_config_path",
@@ -66,6 +68,21 @@ def read_model_config(path: Path) -> Any:
         raise ModelConfigError(
             f"model {_model_name(path)!r}: {path} is not a valid model config: {reason}"
         ) from None
+
+
+def config_from_dict(config: Mapping[str, Any]) -> Any:
+    """A config in Triton's JSON form (what `/v2/models/<m>/config` answers, what a load
+    request overrides with) as a `model_config_pb2.ModelConfig` message; `ModelConfigError`
+    when protobuf cannot read it (a field this schema does not know included)."""
+    from google.protobuf import json_format
+    from tritonclient.grpc import model_config_pb2
+
+    try:
+        return json_format.ParseDict(dict(config), model_config_pb2.ModelConfig())
+    except json_format.ParseError as exc:
+        name = config.get("name", "?")
+        reason = " ".join(str(exc).split())
+        raise ModelConfigError(f"model {name!r}: not a valid model config: {reason}") from None
 
 
 def check_repository_configs(repository: Path, profile: str | None = None) -> None:

@@ -2,11 +2,11 @@
 to its first instance.
 
 A start of the embedded Triton is mostly its Python stubs (14 of them, each a Python
-interpreter importing the library its model runs: about 8 CPU-seconds on the 2-core host,
-docs/operations.md), and all of them set up at once, so a server restarted after a crash is
-ready only when the last one is. Started on the first instance of each model (7 stubs: about
-half that CPU), it serves sooner; the launcher then loads the other instances beside the
-serving one (`server.TritonServer.add_instances`).
+interpreter importing the library its model runs: about 10 CPU-seconds on the 2-core host
+at load 10, docs/operations.md), and all of them set up at once, so a server restarted after
+a crash is ready only when the last one is. Started on the first instance of each model (7
+stubs: under half that CPU), it serves sooner; the launcher then loads the other instances
+beside the serving one (`server.TritonServer.add_instances`).
 
 Triton takes a model's config from its files when it starts (a config override needs the
 repository API, which opens with the ports: a client would meanwhile be told the entry
@@ -14,8 +14,16 @@ points do not exist). So Triton reads this folder instead: every model folder a 
 to the served repository's, but the cut models, which are folders of links with the config
 file Triton reads (``--model-config-name``) written with one instance. `restore` puts a
 model's own config back once its instances are added, so a later load from the files reads
-the whole. The folder is private (0700, under the temporary directory) and removed with the
-server, or by the next one when its launcher was killed.
+the whole.
+
+A restart also starts the models whose configs `deploy` and `rollback` set live (the scoring
+versions, the routing of the router and of the in-process routing models) with those
+configs, written here the same way (``live``; cut to the first instance where the model is
+cut). Loaded back once the server was ready instead, each started new stubs before it said
+ready again: three reloads in a row, 2-3 s on a loaded host.
+
+The folder is private (0700, under the temporary directory) and removed with the server, or
+by the next one when its launcher was killed.
 """
 
 from __future__ import annotations
@@ -23,11 +31,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from dispatch_service.core.model_config import (
+    config_from_dict,
     profile_config_path,
     read_model_config,
     write_model_config,
@@ -42,17 +51,26 @@ VIEW_PREFIX: Final = "dispatch-first-instances-"
 
 class FirstInstanceRepository:
     """``source`` seen through a private folder where each of ``models`` has its first
-    instance alone (see the module docstring)."""
+    instance alone, and each model of ``live`` (model -> its config in Triton's JSON form)
+    that config (cut to its first instance where it is one of ``models``); see the module
+    docstring."""
 
-    def __init__(self, source: Path, models: Iterable[str], profile: str) -> None:
+    def __init__(
+        self,
+        source: Path,
+        models: Iterable[str],
+        profile: str,
+        live: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self.source = Path(source).resolve()
         remove_orphaned_copies(prefix=VIEW_PREFIX)  # a killed launcher's
         self.root = Path(tempfile.mkdtemp(prefix=f"{VIEW_PREFIX}{os.getpid()}-"))  # mode 0700
         self.models = tuple(models)
         self.profile = profile
+        live = live or {}
         for entry in sorted(self.source.iterdir()):
-            if entry.name in self.models:
-                self._cut(entry)
+            if entry.name in self.models or entry.name in live:
+                self._cut(entry, live.get(entry.name))
             else:
                 (self.root / entry.name).symlink_to(entry)
 
@@ -61,13 +79,16 @@ class FirstInstanceRepository:
         chosen = profile_config_path(self.source / model, self.profile)
         return chosen, self.root / chosen.relative_to(self.source)
 
-    def _cut(self, folder: Path) -> None:
+    def _cut(self, folder: Path, live: Mapping[str, Any] | None = None) -> None:
+        """The model's folder of links with the config Triton reads written: ``live`` (or
+        its own), cut to its first instance where it is one of `models`."""
         chosen, target = self._config_paths(folder.name)
         _link_all_but(folder, self.root / folder.name, chosen)
-        config = read_model_config(chosen)
-        del config.instance_group[1:]
-        if config.instance_group:
-            config.instance_group[0].count = 1
+        config = read_model_config(chosen) if live is None else config_from_dict(live)
+        if folder.name in self.models:
+            del config.instance_group[1:]
+            if config.instance_group:
+                config.instance_group[0].count = 1
         write_model_config(target, config)
 
     def restore(self, model: str) -> None:

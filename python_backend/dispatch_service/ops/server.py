@@ -17,11 +17,11 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from dispatch_contract.keys import PRIORITY_KEY_DIGEST_ENV, PRIORITY_KEY_ENV, PRIORITY_KEY_FILE_ENV
 from dispatch_service.core.backend_shm import tighten_regions
@@ -378,10 +378,18 @@ class TritonServer(ChildService, PlannedLoads):
             logger.warning(line)
         return lines + cleaned
 
-    def start(self, timeout_s: float = 120.0, *, first_instances: bool = False) -> TritonServer:
+    def start(
+        self,
+        timeout_s: float = 120.0,
+        *,
+        first_instances: bool = False,
+        live: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> TritonServer:
         """Start Triton, load what the plan defers, and check every required entry point.
         ``first_instances``: each Python model of several instances starts with its first
-        instance alone (`plan_load`), the rest for `add_instances` once ready."""
+        instance alone (`plan_load`), the rest for `add_instances` once ready; ``live``
+        (model -> config in Triton's JSON form) the configs those of the models Triton
+        loads as it starts start with (`first_instances.FirstInstanceRepository`)."""
         self.runtime.check()
         notes = self.check_host()
         notes += self.plan_verified_load(first_instances=first_instances)
@@ -390,8 +398,13 @@ class TritonServer(ChildService, PlannedLoads):
             self.first_instances.remove()
             self.first_instances = None
         if plan is not None and plan.first_instance:
+            at_start = {
+                name: config
+                for name, config in (live or {}).items()
+                if name in plan.startup and name not in plan.restricted
+            }
             self.first_instances = FirstInstanceRepository(
-                self.source_repository, plan.first_instance, self.options.profile
+                self.source_repository, plan.first_instance, self.options.profile, at_start
             )
         self.spawn_skipping_failed_versions(notes, timeout_s)
         self.tighten_backend_regions()
@@ -399,12 +412,17 @@ class TritonServer(ChildService, PlannedLoads):
         self.check_entry_points()
         return self
 
-    def start_first_instances(self, timeout_s: float = 120.0) -> TritonServer:
+    def start_first_instances(
+        self,
+        timeout_s: float = 120.0,
+        live: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> TritonServer:
         """A restart's start: ready on one instance a model (`start`; Triton reads
         `first_instances.FirstInstanceRepository`), in about half the CPU of a full start
         (each stub is a Python interpreter importing the library); `add_instances` brings
-        the others once it serves."""
-        return self.start(timeout_s, first_instances=True)
+        the others once it serves. ``live``: the configs `deploy` and `rollback` had set,
+        started with (no reload of new stubs once ready)."""
+        return self.start(timeout_s, first_instances=True, live=live)
 
     def check_entry_points(self, timeout_s: float = 10.0) -> None:
         """Each required entry point must answer a small window; else stop and say why."""

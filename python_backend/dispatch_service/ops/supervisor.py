@@ -32,9 +32,10 @@ while inference hangs, and fails in-flight ensemble requests when stopped. So th
   scoring model away) makes the server degraded -- live, ready, ``degraded`` in `/healthz`
   and on `/metrics` -- never dead. When no check succeeded for ``dead_after_s`` it is
   declared dead and the policy applies (``exit``: stop it and exit non-zero for the process
-  manager; ``restart``: stop and start it again, then load back the configs `deploy` and
-  `rollback` set live -- the scoring versions, the routing of the router and the in-process
-  routing models -- as the last good check read them, so a restart does not end a rollout;
+  manager; ``restart``: stop and start it again with the configs `deploy` and `rollback`
+  set live -- the scoring versions, the routing of the router and the in-process routing
+  models -- as the last good check read them (a verified server starts from its files and
+  loads them back, each checked), so a restart does not end a rollout;
   a crash after ready, whatever caused it, is restarted every time, and only a server that
   cannot start again, ``max_failed_starts`` times in a row, is given up).
   Under ``restart`` a Triton process that has exited, or was seen catching a crash signal
@@ -62,6 +63,7 @@ import time
 import urllib.error
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -421,6 +423,14 @@ class Supervisor(StubHealing):
                     live[model] = self._live[model]
         self._live = live
 
+    def _live_at_start(self) -> dict[str, dict[str, Any]]:
+        """The live configs a restart starts its models with (`_restore_live` then finds
+        them served and loads nothing): all of them on a server that does not verify; none
+        on one that does, where each is checked against the files as it is loaded back."""
+        if self.verifier is not None:
+            return {}
+        return {model: without_reload_mark(live) for model, live in self._live.items()}
+
     def _restore_live(self) -> None:
         """Load back on a restarted server the live configs that differ from its files'
         (a canary's versions and routing), so a restart does not end a rollout."""
@@ -497,8 +507,12 @@ class Supervisor(StubHealing):
             # that failed, every instance: a client killing stubs as it starts (a wrapped
             # shape) fails a start on one instance a model, not one on all of them.
             quick = getattr(self.server, "start_first_instances", None)
-            quick = quick if self._failed_starts == 0 else None
-            start_again(self.server, graceful=not kill, start=quick)
+            start = None
+            if quick is not None and self._failed_starts == 0:
+                # Started with the live configs: loaded back once ready instead, each
+                # started new stubs before the server said ready again (2-3 s).
+                start = partial(quick, live=self._live_at_start())
+            start_again(self.server, graceful=not kill, start=start)
             self._restore_live()  # its reloads end stubs too: still inside `restarting`
         except Exception as exc:
             failed = exc

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch_service.core.model_config import read_config_dict
+from dispatch_service.core.model_config import ModelConfigError, read_config_dict
 from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.ops.first_instances import VIEW_PREFIX, FirstInstanceRepository
 
@@ -73,3 +73,48 @@ def test_the_view_cuts_the_config_triton_reads_and_links_the_rest(
         view.remove()
     assert not view.root.exists() and repo.is_dir()
     assert model_layout(repo, "fused").config.read_text() == CONFIG.format(name="fused")
+
+
+def test_a_restart_view_starts_models_with_their_live_configs(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The configs `deploy` and `rollback` set live, in Triton's JSON form: a model of
+    several instances with its first alone, another as it was; the files stay untouched."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    other = model_layout(repo, "other")
+    other.version(1).mkdir(parents=True)
+    other.python_model(1).write_text("NAME = 'other'\n")
+    other.config.write_text('name: "other"\nbackend: "python"\n')
+    canary = {"canary_percent": {"string_value": "25"}}
+    groups = [
+        {"name": "fused_0", "count": 1, "kind": "KIND_CPU"},
+        {"name": "fused_1", "count": 3, "kind": "KIND_CPU"},
+    ]
+    live = {
+        "fused": {"name": "fused", "backend": "python", "instance_group": groups},
+        "other": {"name": "other", "backend": "python", "parameters": canary},
+    }
+    view = FirstInstanceRepository(repo, ["fused"], "cpu", live)
+    try:
+        fused = read_config_dict(model_layout(view.root, "fused").config)
+        assert fused["instance_group"] == [{"name": "fused_0", "count": 1, "kind": "KIND_CPU"}]
+        seen = model_layout(view.root, "other")
+        assert read_config_dict(seen.config)["parameters"] == canary
+        assert not seen.config.is_symlink() and seen.version(1).is_symlink()
+        assert (view.root / "scorer").is_symlink()  # neither cut nor live: a link
+        view.restore("fused")  # its instances added: the files' config again
+        assert read_config_dict(model_layout(view.root, "fused").config)["instance_group"] == [
+            {"count": 1, "kind": "KIND_CPU", "rate_limiter": {"priority": 1}},
+            {"count": 3, "kind": "KIND_CPU"},
+        ]
+    finally:
+        view.remove()
+    assert other.config.read_text() == 'name: "other"\nbackend: "python"\n'
+
+
+def test_a_live_config_protobuf_cannot_read_is_refused_by_name(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(ModelConfigError, match="model 'fused': not a valid model config"):
+        FirstInstanceRepository(repo, ["fused"], "cpu", {"fused": {"name": "fused", "nope": 1}})

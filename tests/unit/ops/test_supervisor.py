@@ -186,7 +186,7 @@ def test_a_restart_serves_on_first_instances_keeps_the_live_routing_then_adds_th
     class FirstInstances(CountingServer):
         pending: tuple[str, ...] = ()
 
-        def start_first_instances(self, timeout_s: float = 0) -> object:
+        def start_first_instances(self, timeout_s: float = 0, live: object = None) -> object:
             self.calls.append("start_first_instances")
             repo.live["dispatch_router"] = {**files["dispatch_router"], "instance_group": one}
             self.pending = ("dispatch_router",)
@@ -233,13 +233,51 @@ def test_a_restart_serves_on_first_instances_keeps_the_live_routing_then_adds_th
         repo.close()
 
 
+def test_a_restart_starts_with_the_live_configs_and_loads_nothing_back() -> None:
+    """The live routing goes to the restart's start (a recovery's reload mark left out), so
+    the new server serves it from the start: no reload of new stubs before it is ready. A
+    verified server starts from its files and loads the live configs back, each checked."""
+    files = {"dispatch_router": {"parameters": {"canary_percent": {"string_value": "0"}}}}
+    repo = StandInRepository(files)
+    starts: list[object] = []
+
+    class LiveStart(CountingServer):
+        def start_first_instances(self, timeout_s: float = 0, live: object = None) -> object:
+            self.calls.append("start_first_instances")
+            starts.append(live)
+            repo.live.update(live or {})  # Triton started each with its config
+            return self
+
+    server = LiveStart()
+    server.http_url = repo.url  # type: ignore[misc]
+    events: list[str] = []
+    watcher = Supervisor(server, SupervisorSettings(health_port=0), report=events.append)
+    try:
+        canary = {"parameters": {"canary_percent": {"string_value": "25"}}}
+        marked = {
+            "parameters": {**canary["parameters"], RELOAD_MARK_PARAMETER: {"string_value": "3"}}
+        }
+        repo.live["dispatch_router"] = marked
+        watcher._remember_live()
+        watcher._restart()
+        assert starts == [{"dispatch_router": canary}]
+        assert repo.live["dispatch_router"] == canary
+        assert repo.loads == []  # served as it started: nothing loaded back
+        assert not any('"live_config_restored"' in e for e in events)
+        assert watcher.ready()
+        watcher.verifier = object()  # type: ignore[assignment]  # a verified server's
+        assert watcher._live_at_start() == {}
+    finally:
+        repo.close()
+
+
 def test_after_a_failed_start_on_first_instances_the_next_start_is_a_full_one() -> None:
     """A client killing stubs as the server starts (a wrapped shape) fails a start on one
     instance a model, and five such starts in a row would give the server up: after one,
     the launcher starts every instance."""
 
     class FailingFirst(CountingServer):
-        def start_first_instances(self, timeout_s: float = 0) -> object:
+        def start_first_instances(self, timeout_s: float = 0, live: object = None) -> object:
             self.calls.append("start_first_instances")
             raise RuntimeError("required entry point(s) dispatch_fused not serving")
 

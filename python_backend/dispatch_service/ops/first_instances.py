@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dispatch_service.core.model_config import (
+    ModelConfigError,
     config_from_dict,
     profile_config_path,
     read_model_config,
@@ -81,10 +82,19 @@ class FirstInstanceRepository:
 
     def _cut(self, folder: Path, live: Mapping[str, Any] | None = None) -> None:
         """The model's folder of links with the config Triton reads written: ``live`` (or
-        its own), cut to its first instance where it is one of `models`."""
+        its own), cut to its first instance where it is one of `models`. A live config
+        protobuf cannot read (a field this schema lacks) leaves the model its own: the
+        launcher then loads the live one back once the server is ready, as before."""
         chosen, target = self._config_paths(folder.name)
         _link_all_but(folder, self.root / folder.name, chosen)
-        config = read_model_config(chosen) if live is None else config_from_dict(live)
+        config = None
+        if live is not None:
+            try:
+                config = config_from_dict(live)
+            except ModelConfigError:
+                config = None
+        if config is None:
+            config = read_model_config(chosen)
         if folder.name in self.models:
             del config.instance_group[1:]
             if config.instance_group:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch_service.core.model_config import ModelConfigError, read_config_dict
+from dispatch_service.core.model_config import ModelConfigError, config_from_dict, read_config_dict
 from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.ops.first_instances import VIEW_PREFIX, FirstInstanceRepository
 
@@ -112,9 +112,19 @@ def test_a_restart_view_starts_models_with_their_live_configs(
     assert other.config.read_text() == 'name: "other"\nbackend: "python"\n'
 
 
-def test_a_live_config_protobuf_cannot_read_is_refused_by_name(
+def test_a_live_config_protobuf_cannot_read_leaves_the_model_its_own(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Loaded back once the server is ready instead (`Supervisor._restore_live`): a start
+    never fails on it."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(ModelConfigError, match="model 'fused': not a valid model config"):
-        FirstInstanceRepository(repo, ["fused"], "cpu", {"fused": {"name": "fused", "nope": 1}})
+        config_from_dict({"name": "fused", "nope": 1})
+    view = FirstInstanceRepository(repo, ["fused"], "cpu", {"fused": {"name": "fused", "nope": 1}})
+    try:
+        fused = read_config_dict(model_layout(view.root, "fused").config)
+        assert fused["instance_group"] == [
+            {"count": 1, "kind": "KIND_CPU", "rate_limiter": {"priority": 1}}
+        ]
+    finally:
+        view.remove()

@@ -117,21 +117,27 @@ def spread(values: Sequence[float | None]) -> Spread | None:
 def round_ratio(rounds: Sequence[Round], numerator: str, denominator: str) -> Spread | None:
     """The ratio numerator/denominator within each round (rounds missing either side or with
     a zero denominator left out), summarised by `spread`."""
-    ratios: list[float | None] = []
-    for measured in rounds:
-        top, bottom = measured.get(numerator), measured.get(denominator)
-        ratios.append(top / bottom if top is not None and bottom else None)
-    return spread(ratios)
+    return _within_rounds(rounds, numerator, denominator, lambda a, b: a / b if b else None)
 
 
 def round_gap(rounds: Sequence[Round], minuend: str, subtrahend: str) -> Spread | None:
     """The difference minuend - subtrahend within each round (rounds missing either side left
     out), summarised by `spread`."""
-    gaps: list[float | None] = []
+    return _within_rounds(rounds, minuend, subtrahend, lambda a, b: a - b)
+
+
+def _within_rounds(
+    rounds: Sequence[Round],
+    left: str,
+    right: str,
+    combine: Callable[[float, float], float | None],
+) -> Spread | None:
+    """``combine`` of the two entries within each round that measured both."""
+    values: list[float | None] = []
     for measured in rounds:
-        top, bottom = measured.get(minuend), measured.get(subtrahend)
-        gaps.append(top - bottom if top is not None and bottom is not None else None)
-    return spread(gaps)
+        a, b = measured.get(left), measured.get(right)
+        values.append(combine(a, b) if a is not None and b is not None else None)
+    return spread(values)
 
 
 def run_rounds(

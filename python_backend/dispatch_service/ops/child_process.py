@@ -112,13 +112,12 @@ class ChildService:
             log.write(preamble.encode())
             log.flush()
             self.process = subprocess.Popen(
-                list(command),
+                [*die_with_parent(), *command],
                 cwd=cwd,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
                 # What the child creates with a default mode is its owner's alone. Triton
                 # 2.51's Python backend sets its shared-memory regions to 0644 explicitly
                 # all the same: the shim `TritonServer` preloads keeps them 0600.

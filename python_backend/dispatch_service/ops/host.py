@@ -20,17 +20,17 @@
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import ipaddress
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -223,33 +223,27 @@ class Leftovers:
     stubs: tuple[int, ...]  # pids
 
 
-_PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
+def die_with_parent(signum: int = signal.SIGTERM) -> list[str]:
+    """A command prefix: the command it starts is sent ``signum`` when the thread that
+    started it ends, the launcher's death included (Linux ``PR_SET_PDEATHSIG``, set by
+    util-linux's ``setpriv`` and kept across exec). Empty where there is no ``setpriv`` (the
+    child then outlives a SIGKILLed parent, as without it).
 
-
-def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A `subprocess.Popen` ``preexec_fn``: the child is sent ``signum`` when the thread that
-    started it ends, the launcher's death included (Linux ``PR_SET_PDEATHSIG``, kept across
-    exec). None where the kernel has no such call. A parent already gone before the call took
-    effect is caught too: the child then signals itself.
-
-    The kernel watches the starting thread, not the process: start children from a thread
-    that lives as long as they should (the launcher's main thread, or the supervisor's
-    watcher, which ends only when the server is being stopped anyway).
+    A prefix, not a ``preexec_fn``: Python code run between fork and exec in a multi-threaded
+    parent (the launcher, a test worker) is unsafe, as Python's subprocess docs warn; a child
+    started that way once died of SIGABRT before it ran, in a loaded suite run. The kernel
+    watches the starting thread, not the process: start children from a thread that lives as
+    long as they should (the launcher's main thread, or the supervisor's watcher, which ends
+    only when the server is being stopped anyway). A parent that dies in the instant before
+    ``setpriv`` sets the signal is not caught: the next start finds its server orphaned
+    (`orphaned_servers`).
     """
     if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved now, not after fork
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died between fork and prctl
-            os.kill(os.getpid(), signum)
-
-    return arm
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return []
+    return [setpriv, f"--pdeathsig={signal.Signals(signum).name.removeprefix('SIG')}", "--"]
 
 
 def find_leftovers(shm_dir: Path = Path("/dev/shm"), proc: Path = Path("/proc")) -> Leftovers:

@@ -161,21 +161,28 @@ def test_cleaning_removes_regions_and_tolerates_vanished_ones(tmp_path: Path) ->
     assert lines == [f"removed stale shared-memory region {region}"]
 
 
+def test_the_prefix_names_the_signal_for_setpriv() -> None:
+    prefix = die_with_parent(signal.SIGKILL)
+    if not prefix:
+        pytest.skip("PR_SET_PDEATHSIG is Linux only, set by util-linux's setpriv")
+    assert prefix[0].endswith("setpriv") and prefix[1:] == ["--pdeathsig=KILL", "--"]
+
+
 @pytest.mark.parametrize("armed", [True, False], ids=["armed", "unarmed"])
 def test_only_a_child_armed_to_die_with_its_parent_ends_when_the_parent_is_killed(
     armed: bool,
 ) -> None:
     # The parent starts a long sleep in its own session (as the launcher starts Triton),
-    # armed with die_with_parent or not, prints its pid, then waits. SIGKILL gives it no
+    # behind die_with_parent's prefix or not, prints its pid, then waits. SIGKILL gives it no
     # chance to clean up, so only the kernel can end the sleep; unarmed, the sleep is left
     # running (what a SIGKILLed launcher did to its Triton).
-    if armed and die_with_parent() is None:
-        pytest.skip("PR_SET_PDEATHSIG is Linux only")
-    arm = ", preexec_fn=die_with_parent()" if armed else ""
+    if armed and not die_with_parent():
+        pytest.skip("PR_SET_PDEATHSIG is Linux only, set by util-linux's setpriv")
+    arm = "die_with_parent() + " if armed else ""
     parent_code = (
         "import subprocess, time\n"
         "from dispatch_service.ops.host import die_with_parent\n"
-        f"child = subprocess.Popen(['sleep', '60'], start_new_session=True{arm})\n"
+        f"child = subprocess.Popen({arm}['sleep', '60'], start_new_session=True)\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n"
     )

@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -482,8 +483,32 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
+def source_revision() -> str:
+    """The checkout's commit, with "+ changes" where the working tree differs from it (what a
+    report's figures were measured on); "unknown" outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{commit} + changes" if changed else commit
+
+
 def host_info(pa: PerfAnalyzer) -> dict[str, Any]:
     return {
+        "source": source_revision(),
         "node": platform.node(),
         "cpus": os.cpu_count(),
         "platform": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",

@@ -74,6 +74,7 @@ def _header(results: BenchResults) -> list[str]:
     lines = [
         f"# Benchmark: dispatch service ({results.stamp}, {results.mode} run)",
         "",
+        f"Source: {host.get('source', 'unknown')}. "
         f"Host: {host.get('cpus', '?')} CPU cores, {host.get('platform', '')}; load average "
         f"before {host.get('loadavg_before', 'n/a')}, after {host.get('loadavg_after', 'n/a')}"
         " (a busy host makes every figure noisy). "

@@ -6,6 +6,7 @@ No server and no timing here: `make bench` measures; these tests hold the bookke
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from dispatch_service.core.model_config import read_model_config
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.core.repository_layout import model_layout
 from dispatch_service.routing.settings import FUSED_MODEL_NAME
-from perf.bench import FULL, QUICK
+from perf.bench import FULL, QUICK, source_revision
 from perf.bodies import (
     OUTPUT_NAMES,
     decode_arrays,
@@ -825,6 +826,14 @@ def test_summary_round_trip() -> None:
     assert summary(again) == summary(results)
     old = {k: v for k, v in document.items() if k != "server_breakdown_fused"}  # schema 1
     assert BenchResults.from_dict(old).breakdown_fused == {}
+
+
+def test_the_report_names_the_source_it_measured() -> None:
+    results = _results()
+    results.host["source"] = "1e18299b6c8d + changes"
+    assert "Source: 1e18299b6c8d + changes. Host:" in render_report(results)
+    found = source_revision()
+    assert re.fullmatch(r"[0-9a-f]{12}( \+ changes)?|unknown", found), found
 
 
 def test_the_report_says_where_a_windows_cpu_goes_by_stage() -> None:

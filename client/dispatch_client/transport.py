@@ -14,6 +14,7 @@ import http.client
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -219,6 +220,9 @@ class HttpTransport:
 # back. Reconnect attempts 100 ms to 1 s apart instead (a restart takes several seconds, so
 # a few attempts at most).
 RECONNECT_BACKOFF_MS: Final = (100, 1000)
+# How long a call refused for want of a connection waits for the channel to connect before it
+# is sent once more: the longest reconnect backoff with gRPC's jitter (20 %) and a margin.
+RECONNECT_WAIT_S: Final = 1.5 * RECONNECT_BACKOFF_MS[1] / 1000
 _MAX_MESSAGE_BYTES: Final = 2**31 - 1  # tritonclient's default: Triton's own limit
 
 
@@ -279,8 +283,9 @@ class GrpcTransport:
             item.set_data_from_numpy(array)
             request.append(item)
         wanted = [grpcclient.InferRequestedOutput(n) for n in output_names]
-        try:
-            result = self._client.infer(
+
+        def send() -> Any:
+            return self._client.infer(
                 model_name,
                 request,
                 outputs=wanted,
@@ -289,9 +294,34 @@ class GrpcTransport:
                 **({"parameters": self.parameters} if self.parameters else {}),
                 **request_options(priority, timeout_us, priority_key),
             )
+
+        try:
+            result = send()
         except InferenceServerException as exc:
-            raise grpc_error(exc, self.url, self.timeout_s) from exc
+            error = grpc_error(exc, self.url, self.timeout_s)
+            if not self._connected_again(error):
+                raise error from exc
+            try:  # once more, on the channel that has just connected
+                result = send()
+            except InferenceServerException as again:
+                raise grpc_error(again, self.url, self.timeout_s) from again
         return _outputs(result, output_names)
+
+    def _connected_again(self, error: Exception) -> bool:
+        """After a call refused for want of a connection, whether the channel connects
+        within `RECONNECT_WAIT_S` (and the call's timeout): a channel that lost its server
+        fails every call at once until its next reconnect attempt, up to a backoff later,
+        though the server may be back already (a restart)."""
+        if not isinstance(error, DispatchConnectionError) or error.timed_out:
+            return False
+        ready = grpc.channel_ready_future(self._client._channel)  # tritonclient's channel
+        try:
+            ready.result(timeout=min(RECONNECT_WAIT_S, self.timeout_s))
+        except grpc.FutureTimeoutError:
+            return False
+        finally:
+            ready.cancel()
+        return True
 
     def close(self) -> None:
         self._client.close()

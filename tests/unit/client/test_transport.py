@@ -6,8 +6,11 @@ tritonclient's and the socket layer's exceptions become the client's one-line er
 
 from __future__ import annotations
 
+import socket
+from concurrent import futures
 from typing import Any, ClassVar
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -34,17 +37,22 @@ class StubClient:
 
     answer: ClassVar[dict[str, Array]] = {}
     raises: ClassVar[BaseException | None] = None
+    raises_once: ClassVar[bool] = False  # the first call raises `raises`, the others answer
     instances: ClassVar[list[StubClient]] = []
+    # What tritonclient's gRPC client keeps as `_channel`: a real channel to this address
+    # (a port nobody listens on unless a test starts a server there).
+    channel_target: ClassVar[str] = ""
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
         self.requests: list[tuple[str, list[Any], list[Any], dict[str, Any]]] = []
         self.closed = False
+        self._channel = grpc.insecure_channel(StubClient.channel_target)
         StubClient.instances.append(self)
 
     def infer(self, model_name: str, inputs: list[Any], outputs: list[Any], **kw: Any) -> Any:
         self.requests.append((model_name, inputs, outputs, kw))
-        if StubClient.raises is not None:
+        if StubClient.raises is not None and not (StubClient.raises_once and self.requests[1:]):
             raise StubClient.raises
         return StubResult(StubClient.answer)
 
@@ -56,7 +64,9 @@ class StubClient:
 def stub(monkeypatch: pytest.MonkeyPatch) -> type[StubClient]:
     StubClient.answer = {"OUT": np.array([[1.5]], np.float32)}
     StubClient.raises = None
+    StubClient.raises_once = False
     StubClient.instances = []
+    StubClient.channel_target = f"127.0.0.1:{_unused_port()}"
     monkeypatch.setattr(httpclient, "InferenceServerClient", StubClient)
     monkeypatch.setattr(grpcclient, "InferenceServerClient", StubClient)
     return StubClient
@@ -183,6 +193,41 @@ def test_grpc_tells_transport_failures_from_server_errors(
     with pytest.raises(error) as info:
         GrpcTransport().infer("dispatch", INPUTS, ["OUT"])
     assert str(info.value).startswith(message)
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+_UNCONNECTED = InferenceServerException(
+    "failed to connect to all addresses; last error: Connection refused",
+    status="StatusCode.UNAVAILABLE",
+)
+
+
+def test_a_call_refused_for_want_of_a_connection_is_sent_again_once_the_channel_connects() -> None:
+    """A restarted server is back before the channel's next reconnect attempt: the call
+    waits for the channel to connect (a real gRPC server here) and is sent once more."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        StubClient.channel_target = f"127.0.0.1:{port}"
+        StubClient.raises, StubClient.raises_once = _UNCONNECTED, True
+        got = GrpcTransport().infer("dispatch", INPUTS, ["OUT"])
+    finally:
+        server.stop(None)
+    np.testing.assert_array_equal(got["OUT"], StubClient.answer["OUT"])
+    assert len(StubClient.instances[-1].requests) == 2
+
+
+def test_a_channel_that_does_not_connect_fails_the_call_after_one_wait() -> None:
+    StubClient.raises = _UNCONNECTED  # and nobody listens at the channel's address
+    with pytest.raises(DispatchConnectionError, match="cannot reach localhost:8001 over gRPC"):
+        GrpcTransport().infer("dispatch", INPUTS, ["OUT"])
+    assert len(StubClient.instances[-1].requests) == 1
 
 
 def test_missing_output_is_a_server_error() -> None:

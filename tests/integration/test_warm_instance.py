@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import tritonclient.grpc as grpcclient
 from patience import wait_for
 
-from dispatch_service.core.metrics import ENCODER_LATENCY, RESOLVER_LATENCY
+from dispatch_service.core.metrics import ENCODER_LATENCY, FLUSH_INTERVAL_S, RESOLVER_LATENCY
 from dispatch_service.core.paths import MODEL_REPOSITORY
 from dispatch_service.ops.server import TritonServer
 from dispatch_service.ops.stubs import instance_count
@@ -42,6 +43,18 @@ def answered_by_stub(server: TritonServer, family: str, model: str) -> Counter[s
         if found.get("model") == model:
             counts[found["pid"]] += int(value)
     return counts
+
+
+def settled(read: Callable[[], Counter[str]]) -> Counter[str]:
+    """The counts once two reads a few flush intervals apart agree (bounded)."""
+    last = read()
+    for _ in range(50):
+        time.sleep(4 * FLUSH_INTERVAL_S)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the counts never settled: {dict(last)}")
 
 
 @pytest.mark.parametrize(
@@ -71,7 +84,9 @@ def test_sequential_windows_are_all_answered_by_one_warm_instance(
         f"{model}'s metrics count the warm-up windows",
         within_s=10,
     )
-    before = answered_by_stub(triton, family, model)
+    # The stubs record their metrics a flush interval late: the count starts once every
+    # window sent so far (this test's and earlier tests') is in it.
+    before = settled(lambda: answered_by_stub(triton, family, model))
     for _ in range(SEQUENTIAL):
         infer_grpc(grpc_client, window, model=entry)
         time.sleep(PACE_S)  # each window finds every instance idle
@@ -80,6 +95,6 @@ def test_sequential_windows_are_all_answered_by_one_warm_instance(
         f"{model}'s metrics count the {SEQUENTIAL} windows",
         within_s=10,
     )
-    answered = answered_by_stub(triton, family, model) - before
+    answered = settled(lambda: answered_by_stub(triton, family, model)) - before
     assert answered.total() == SEQUENTIAL
     assert len(answered) == 1, f"{model}: windows answered by stubs {dict(answered)}"

@@ -8,7 +8,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +30,7 @@ from dispatch_service.core.signing import (
     private_key_pem,
     public_key_pem,
 )
-from dispatch_service.ops import admin
+from dispatch_service.ops import admin, triton_runtime
 from dispatch_service.ops.host import proc_stat
 from dispatch_service.ops.server import Ports
 
@@ -112,9 +111,7 @@ def worse_version(repository: Path, key_file: Path, version: int) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return triton_runtime.free_port()
 
 
 class Launcher:

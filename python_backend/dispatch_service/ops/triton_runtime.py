@@ -4,14 +4,16 @@ embedded build of the `nvidia-pytriton` wheel, or a stock install such as the NG
 
 from __future__ import annotations
 
+import random
 import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from dispatch_service.core.paths import REPO_ROOT
 
-__all__ = ["PRIVATE_SHM_SHIM", "Ports", "TritonRuntime"]
+__all__ = ["PRIVATE_SHM_SHIM", "Ports", "TritonRuntime", "free_port"]
 
 # The LD_PRELOAD shim `make setup` builds from native/private_shm.c: Triton and its stubs
 # then create their /dev/shm regions 0600, where Triton 2.51's Python backend sets 0644.
@@ -26,16 +28,46 @@ class Ports:
 
     @classmethod
     def free(cls) -> Ports:
-        """Three distinct loopback ports nobody listens on right now."""
-        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
-        try:
-            for sock in sockets:  # held open together, so the three differ
-                sock.bind(("127.0.0.1", 0))
-            http, grpc, metrics = (int(sock.getsockname()[1]) for sock in sockets)
-        finally:
-            for sock in sockets:
-                sock.close()
+        """Three distinct loopback ports nobody listens on right now (`free_port`)."""
+        chosen: list[int] = []
+        while len(chosen) < 3:
+            port = free_port()
+            if port not in chosen:
+                chosen.append(port)
+        http, grpc, metrics = chosen
         return cls(http, grpc, metrics)
+
+
+# Ports for servers are drawn below the kernel's ephemeral range: a port drawn from it
+# (bind to 0) is free only until some process's outgoing connection takes it, and with
+# tests starting servers in two processes beside thousands of client connections, a
+# server's port was taken before it bound ("address already in use").
+_LISTEN_PORTS_FROM: Final = 10_000
+
+
+def free_port(*, rng: random.Random | None = None) -> int:
+    """A loopback port nobody listens on right now, below the ephemeral range where the
+    host leaves room for it (else the kernel's pick)."""
+    draw = rng or random.SystemRandom()
+    below = _ephemeral_start()
+    for _ in range(100 if below - _LISTEN_PORTS_FROM >= 1_000 else 0):
+        port = draw.randrange(_LISTEN_PORTS_FROM, below)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ephemeral_start(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _LISTEN_PORTS_FROM  # unknown: no range of our own
 
 
 @dataclass(frozen=True)

@@ -443,3 +443,16 @@ def test_a_start_that_died_of_a_signal_is_retried_once_with_its_cause_logged(
             server.start(timeout_s=60)
     finally:
         del os.environ["FAKE_TRITON_REPORT"]
+
+
+def test_free_ports_are_drawn_below_the_ephemeral_range_where_there_is_room() -> None:
+    """A client connection takes its port from the ephemeral range: a server port drawn
+    there could be taken before the server binds it."""
+    from dispatch_service.ops import triton_runtime
+
+    start = triton_runtime._ephemeral_start()
+    ports = [triton_runtime.free_port() for _ in range(20)]
+    if start - 10_000 >= 1_000:
+        assert all(10_000 <= port < start for port in ports), (start, ports)
+    chosen = Ports.free()
+    assert len({chosen.http, chosen.grpc, chosen.metrics}) == 3

@@ -2,7 +2,7 @@
 encoder, ONNX Runtime and the resolver, a one-order window on the straight path), called
 directly, no serving, on the same windows and the same model configuration as the server,
 and as a stub runs it: BLAS on the calling thread only (`stub_setup.single_threaded_blas`;
-OpenBLAS's own threads would otherwise spin beside it, about 30 ms of CPU per large window).
+OpenBLAS's own threads would otherwise spin beside it, CPU no served window pays).
 
 - single thread: per-window latency p50/p99 and windows (orders) per second;
 - N worker processes (default 2, one per core): aggregate throughput, each process with its

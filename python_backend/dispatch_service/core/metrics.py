@@ -215,10 +215,9 @@ class InMemoryMetrics:
 # recording every value (four histograms per window, one round trip to the server each).
 HISTOGRAM_SAMPLES_PER_FLUSH: Final = 5
 # How often a stub records what it queued. Each flush is a round trip to the server per
-# counter series and per kept histogram value: a py-spy profile of a dispatch_fused stub at
-# c=64 found 8 % of its samples in those calls at this interval (0.25 s measured about 20 %
-# less server CPU per window, within a wide spread; tests that read metric deltas then need
-# to wait for the counts to settle first).
+# counter series and per kept histogram value, a visible share of a busy stub's CPU; a
+# longer interval costs less, but tests that read metric deltas must then wait for the
+# counts to settle first.
 FLUSH_INTERVAL_S: Final = 0.05
 
 

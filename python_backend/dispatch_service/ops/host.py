@@ -230,8 +230,7 @@ def die_with_parent(signum: int = signal.SIGTERM) -> list[str]:
     child then outlives a SIGKILLed parent, as without it).
 
     A prefix, not a ``preexec_fn``: Python code run between fork and exec in a multi-threaded
-    parent (the launcher, a test worker) is unsafe, as Python's subprocess docs warn; a child
-    started that way once died of SIGABRT before it ran, in a loaded suite run. The kernel
+    parent (the launcher, a test worker) is unsafe, as Python's subprocess docs warn. The kernel
     watches the starting thread, not the process: start children from a thread that lives as
     long as they should (the launcher's main thread, or the supervisor's watcher, which ends
     only when the server is being stopped anyway). A parent that dies in the instant before

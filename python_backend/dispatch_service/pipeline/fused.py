@@ -114,9 +114,8 @@ class _Prepared:
 
 
 # One-order windows share an execute's steps from this many on: below it the shared steps'
-# fixed cost is more than `run`'s straight path saves (in process, thread CPU per small
-# window: 2 windows 1.76x, 3 1.28x, 4 1.07x, 5 0.96x, 8 0.77x the cost of running each
-# alone; medium windows cost less shared from 2 on).
+# fixed cost is more than `run`'s straight path saves (medium windows cost less shared from
+# 2 on; the measurement is in the commit that set it).
 _SHARED_FROM: Final = 5
 
 
